@@ -1,0 +1,31 @@
+//! `memory_budget`: the peak device memory of a training configuration stays
+//! within a bound derived from the arithmetic of its weights, adapters,
+//! optimizer state and activations.
+
+use serde::Deserialize;
+
+use super::params::{BaseWeights, ModelName, Positive};
+use super::{Measurement, TrialContext, Validate};
+use crate::error::Result;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    pub model: ModelName,
+    #[serde(default)]
+    pub base: BaseWeights,
+    /// Upper bound on peak device memory, GiB.
+    pub max_gib: Positive,
+}
+
+impl Validate for Params {
+    fn validate(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
+}
+
+impl Params {
+    pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+        crate::train::checks::memory_budget(self, cx)
+    }
+}

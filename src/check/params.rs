@@ -1,0 +1,289 @@
+//! Validated parameter types shared by the check kinds.
+//!
+//! Range checks happen while deserialising, so serde_yaml attaches the exact
+//! line and column of the offending value to the error.
+
+use std::collections::BTreeMap;
+
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+
+use crate::model::ModelConfig;
+
+/// A finite number `>= 0` (tolerances, bounds).
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct NonNegative(pub f64);
+
+/// A finite number `> 0` (ratios, learning rates, step sizes).
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct Positive(pub f64);
+
+/// A fraction in `(0, 1]`.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct Fraction(pub f64);
+
+/// A count `> 0` (steps, repeats, cases).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Count(pub usize);
+
+/// Deserialises a number and checks it inside the visitor, so serde_yaml marks
+/// the error with the line and column of the value itself.
+fn checked_f64<'de, D: Deserializer<'de>>(
+    d: D,
+    rule: &'static str,
+    ok: fn(f64) -> bool,
+) -> Result<f64, D::Error> {
+    struct V {
+        rule: &'static str,
+        ok: fn(f64) -> bool,
+    }
+    impl de::Visitor<'_> for V {
+        type Value = f64;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "a finite number that is {}", self.rule)
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<f64, E> {
+            if !v.is_finite() {
+                Err(E::custom(format!("{v} is not a finite number")))
+            } else if !(self.ok)(v) {
+                Err(E::custom(format!("{v} is out of range: it must be {}", self.rule)))
+            } else {
+                Ok(v)
+            }
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<f64, E> {
+            self.visit_f64(v as f64)
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<f64, E> {
+            self.visit_f64(v as f64)
+        }
+    }
+    d.deserialize_f64(V { rule, ok })
+}
+
+impl<'de> Deserialize<'de> for NonNegative {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_f64(d, ">= 0", |v| v >= 0.0).map(NonNegative)
+    }
+}
+
+impl<'de> Deserialize<'de> for Positive {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_f64(d, "> 0", |v| v > 0.0).map(Positive)
+    }
+}
+
+impl<'de> Deserialize<'de> for Fraction {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_f64(d, "in (0, 1]", |v| v > 0.0 && v <= 1.0).map(Fraction)
+    }
+}
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = Count;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a whole number > 0")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Count, E> {
+                match usize::try_from(v) {
+                    Ok(0) => Err(E::custom("0 is out of range: it must be > 0")),
+                    Ok(n) if n <= 1 << 40 => Ok(Count(n)),
+                    _ => Err(E::custom(format!("{v} is too large"))),
+                }
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Count, E> {
+                u64::try_from(v)
+                    .map_err(|_| E::custom(format!("{v} is out of range: it must be > 0")))
+                    .and_then(|v| self.visit_u64(v))
+            }
+        }
+        d.deserialize_u64(V)
+    }
+}
+
+/// The name of a model preset, checked against [`crate::model::PRESETS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelName(pub ModelConfig);
+
+impl<'de> Deserialize<'de> for ModelName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = ModelName;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a model preset name")
+            }
+            fn visit_str<E: de::Error>(self, name: &str) -> Result<ModelName, E> {
+                ModelConfig::preset(name).map(ModelName).ok_or_else(|| {
+                    E::custom(format!(
+                        "unknown model preset `{name}`; known presets: {}",
+                        ModelConfig::preset_names().join(", ")
+                    ))
+                })
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// Named dimensions of one op invocation, e.g. `{rows: 4, hidden: 33}`.
+/// Each op checks that it got exactly the dimensions it needs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Shape(pub BTreeMap<String, Count>);
+
+impl Shape {
+    /// The dimension `name`; callers validate the key set first with [`Shape::expect_dims`].
+    pub fn dim(&self, name: &str) -> usize {
+        self.0.get(name).map_or(0, |c| c.0)
+    }
+
+    /// Checks that the shape names exactly `dims`.
+    pub fn expect_dims(&self, dims: &[&str]) -> Result<(), String> {
+        let got: Vec<&str> = self.0.keys().map(String::as_str).collect();
+        let mut want: Vec<&str> = dims.to_vec();
+        want.sort_unstable();
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "shape has dimensions [{}]; this op needs [{}]",
+                got.join(", "),
+                dims.join(", ")
+            ))
+        }
+    }
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(|(k, v)| format!("{k}={}", v.0)).collect();
+        write!(f, "{{{}}}", parts.join(", "))
+    }
+}
+
+/// Numeric precision of an op or GEMM path; picks the default tolerance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    #[default]
+    F32,
+    Tf32,
+    F16,
+    Bf16,
+}
+
+impl Precision {
+    /// Default relative-L2 tolerance against the f64-accumulated reference.
+    pub fn default_tolerance(self) -> f64 {
+        match self {
+            Precision::F32 => 1e-5,
+            Precision::Tf32 => 2e-3,
+            Precision::F16 => 5e-3,
+            Precision::Bf16 => 2e-2,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_enforced_with_locations() {
+        let e = serde_yaml::from_str::<NonNegative>("-1e-3").unwrap_err();
+        assert!(e.to_string().contains(">= 0"), "{e}");
+        assert!(e.location().is_some());
+        assert!(serde_yaml::from_str::<NonNegative>(".nan").is_err());
+        assert!(serde_yaml::from_str::<Positive>("0").is_err());
+        assert!(serde_yaml::from_str::<Fraction>("1.5").is_err());
+        assert!(serde_yaml::from_str::<Count>("0").is_err());
+        assert_eq!(serde_yaml::from_str::<Count>("3").ok(), Some(Count(3)));
+        assert!(serde_yaml::from_str::<ModelName>("gpt-17").is_err());
+    }
+}
+
+/// How the frozen base weights are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BaseWeights {
+    #[default]
+    Fp32,
+    Nf4,
+}
+
+/// How gradients are clipped before the optimizer step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ClipMode {
+    /// One scale from the norm of all gradients together.
+    #[default]
+    Global,
+    /// Each layer's gradients scaled by their own norm.
+    PerLayer,
+}
+
+/// One way of running the training step, as a contract names it.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StepMode {
+    /// Replay backward + clip + optimizer as one captured CUDA graph.
+    #[serde(default)]
+    pub graph: bool,
+    #[serde(default)]
+    pub clip: ClipMode,
+    #[serde(default)]
+    pub base: BaseWeights,
+}
+
+impl std::fmt::Display for StepMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let graph = if self.graph { "graphed" } else { "eager" };
+        let clip = match self.clip {
+            ClipMode::Global => "global-clip",
+            ClipMode::PerLayer => "per-layer-clip",
+        };
+        let base = match self.base {
+            BaseWeights::Fp32 => "fp32",
+            BaseWeights::Nf4 => "nf4",
+        };
+        write!(f, "{graph}/{clip}/{base}")
+    }
+}
+
+/// Optimiser hyper-parameters a training check may override.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hyper {
+    #[serde(default = "Hyper::default_lr")]
+    pub lr: Positive,
+    #[serde(default = "Hyper::default_max_grad_norm")]
+    pub max_grad_norm: Positive,
+    #[serde(default = "Hyper::default_weight_decay")]
+    pub weight_decay: NonNegative,
+}
+
+impl Hyper {
+    fn default_lr() -> Positive {
+        Positive(1e-3)
+    }
+    fn default_max_grad_norm() -> Positive {
+        Positive(1.0)
+    }
+    fn default_weight_decay() -> NonNegative {
+        NonNegative(0.0)
+    }
+}
+
+impl Default for Hyper {
+    fn default() -> Self {
+        Hyper {
+            lr: Hyper::default_lr(),
+            max_grad_norm: Hyper::default_max_grad_norm(),
+            weight_decay: Hyper::default_weight_decay(),
+        }
+    }
+}

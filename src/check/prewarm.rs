@@ -1,0 +1,49 @@
+//! `prewarm`: after `prewarm(config)`, running the forward and backward (or
+//! whole training steps) compiles nothing, and every kernel used was pre-warmed.
+
+use serde::Deserialize;
+
+use super::params::{BaseWeights, Count, ModelName};
+use super::{Measurement, TrialContext, Validate};
+use crate::error::Result;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    pub models: Vec<ModelName>,
+    /// Base-weight formats to exercise after pre-warm.
+    #[serde(default = "default_bases")]
+    pub bases: Vec<BaseWeights>,
+    /// Forward + backward passes run after pre-warm, per model and base.
+    #[serde(default = "default_steps")]
+    pub steps: Count,
+    /// Compilations allowed after pre-warm.
+    #[serde(default)]
+    pub max_compilations: usize,
+}
+
+fn default_bases() -> Vec<BaseWeights> {
+    vec![BaseWeights::Fp32, BaseWeights::Nf4]
+}
+
+fn default_steps() -> Count {
+    Count(2)
+}
+
+impl Validate for Params {
+    fn validate(&self) -> std::result::Result<(), String> {
+        if self.models.is_empty() {
+            return Err("`models` must list at least one preset".into());
+        }
+        if self.bases.is_empty() {
+            return Err("`bases` must list at least one base-weight format".into());
+        }
+        Ok(())
+    }
+}
+
+impl Params {
+    pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+        crate::gpu::checks::prewarm(self, cx)
+    }
+}

@@ -1,0 +1,102 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in `falsify`, from a malformed contract to a
+/// CUDA launch failure. Contract errors carry the file and the 1-based line and
+/// column so a user can jump straight to the offending key.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A contract file that does not parse or does not validate.
+    #[error("{}: {message}", location(path, *line, *column))]
+    Contract {
+        path: PathBuf,
+        /// 1-based line, 0 when unknown.
+        line: usize,
+        /// 1-based column, 0 when unknown.
+        column: usize,
+        message: String,
+    },
+
+    /// Reading or writing a file failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Writing a CSV report failed.
+    #[error("{}: {source}", path.display())]
+    Csv {
+        path: PathBuf,
+        #[source]
+        source: csv::Error,
+    },
+
+    /// A run selected no trial at all (an empty directory or a filter matching nothing).
+    #[error("no trials selected: {0}")]
+    NothingSelected(String),
+
+    /// Buffers passed to an op do not have the shape the op needs.
+    #[error("{op}: shape mismatch: expected {expected}, got {got}")]
+    ShapeMismatch {
+        op: &'static str,
+        expected: String,
+        got: String,
+    },
+
+    /// A parameter outside the range the op or model supports.
+    #[error("{op}: {message}")]
+    InvalidArgument { op: &'static str, message: String },
+
+    /// A kernel module whose PTX `.target` is not the device's own architecture.
+    #[error("PTX targets {ptx} but the device is {device}; refusing to load it")]
+    TargetMismatch { ptx: String, device: String },
+
+    /// The CUDA driver is missing or no device could be opened.
+    #[error("CUDA unavailable: {0}")]
+    CudaUnavailable(String),
+
+    /// A model configuration does not fit on the device.
+    #[error("{model} needs {needed_gib:.2} GiB of device memory, the device has {available_gib:.2} GiB")]
+    OutOfMemory {
+        model: String,
+        needed_gib: f64,
+        available_gib: f64,
+    },
+
+    #[error(transparent)]
+    Driver(#[from] cudarc::driver::DriverError),
+
+    /// NVRTC failed; the compiler log is kept so the kernel author can read it.
+    #[error("NVRTC failed to compile {module}: {log}")]
+    Compile { module: String, log: String },
+
+    #[error(transparent)]
+    Nvrtc(#[from] cudarc::nvrtc::CompileError),
+
+    #[error(transparent)]
+    Cublas(#[from] cudarc::cublas::result::CublasError),
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn location(path: &std::path::Path, line: usize, column: usize) -> String {
+    match (line, column) {
+        (0, _) => path.display().to_string(),
+        (l, 0) => format!("{}:{l}", path.display()),
+        (l, c) => format!("{}:{l}:{c}", path.display()),
+    }
+}
+
+impl Error {
+    /// Shorthand for an I/O error on `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

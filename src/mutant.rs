@@ -1,0 +1,118 @@
+//! Named, test-only fault injections.
+//!
+//! A check that cannot fail is a defect, so every falsification test names the
+//! mutant that must make it fail, and the harness runs a self-test trial
+//! (`{contract}::{test}::mutant`) that passes only when the check, run with that
+//! fault injected, reports `falsified`. Mutants travel as options into the code
+//! under test (a field of the step or context options, an argument of the
+//! check); they are never environment variables or global switches.
+
+use serde::Deserialize;
+
+/// Every fault the system under test knows how to inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mutant {
+    // ---- reference ops: forward -------------------------------------------------
+    /// Softmax computes `exp(x)` without subtracting the row maximum: large
+    /// logits overflow to `inf` and the row no longer sums to one.
+    SoftmaxWithoutMaxSubtraction,
+    /// RMSNorm multiplies by gamma but forgets to divide by the RMS.
+    RmsnormWithoutNormalisation,
+    /// RoPE uses `+sin` in both halves, which is not a rotation.
+    RopeUnbalancedRotation,
+    /// The inverse RoPE rotates by `+theta` instead of `-theta`.
+    RopeInverseSameDirection,
+    /// NF4 quantisation picks the code next to the nearest one.
+    Nf4NeighbourCode,
+    /// Cross-entropy returns `-logit[target]`, forgetting log-sum-exp.
+    CrossEntropyWithoutLogSumExp,
+    // ---- reference ops: backward ------------------------------------------------
+    /// Cross-entropy's logit gradient is `-onehot` (the softmax term is dropped).
+    CrossEntropyGradMissingSoftmax,
+    /// RMSNorm backward drops the projection term `-x * <dy*g, x> / (n * rms^2)`.
+    RmsnormBackwardMissingProjection,
+    /// RoPE backward applies the forward rotation instead of its inverse.
+    RopeBackwardForwardRotation,
+    /// Softmax backward returns `y * dy`, dropping `- y * <y, dy>`.
+    SoftmaxBackwardMissingDot,
+    /// Attention backward forgets the `1/sqrt(head_dim)` score scale.
+    AttentionBackwardUnscaled,
+    /// SwiGLU backward drops the derivative of SiLU (treats it as identity).
+    SwigluBackwardMissingSiluDerivative,
+    /// GEMM backward multiplies by `B` where `B^T` is needed.
+    GemmBackwardUntransposed,
+    /// Embedding backward overwrites instead of accumulating repeated tokens.
+    EmbeddingBackwardOverwrites,
+    /// Scale backward passes the gradient through unscaled.
+    ScaleBackwardIgnoresScale,
+    /// Residual backward drops the skip branch.
+    ResidualBackwardDropsSkip,
+    // ---- clipping and optimizer -------------------------------------------------
+    /// Clipping scales each layer by its own norm where global clipping is claimed.
+    ClipPerLayer,
+    /// Clipping always rescales to `max_norm`, even gradients already below it.
+    ClipAlwaysScales,
+    /// The clip is skipped altogether.
+    ClipSkipped,
+    /// AdamW without bias correction of the moments.
+    AdamwWithoutBiasCorrection,
+    /// AdamW moves parameters up the gradient instead of down.
+    AdamwUpdateSignFlipped,
+    /// The optimizer step runs twice per training step (e.g. twice on graph replay).
+    OptimizerStepTwice,
+    /// The training step's LoRA branch scale is applied twice in backward.
+    LoraBackwardScaleTwice,
+    // ---- GPU runtime ------------------------------------------------------------
+    /// The kernel cache compiles for an older architecture than the device's.
+    PtxOlderTarget,
+    /// One kernel the training step uses is left out of pre-warm.
+    KernelLeftOutOfPrewarm,
+    /// An op leaves the last element of its output unwritten.
+    LastElementUnwritten,
+    /// A host synchronisation inside the captured region.
+    HostSyncInsideCapture,
+    /// The candidate runs without CUDA-graph replay.
+    GraphReplayDisabled,
+    /// Activations are kept for every layer in fp32 twice over (a memory leak).
+    ActivationsDoubled,
+}
+
+impl Mutant {
+    /// The snake_case name used in contracts and reports.
+    pub fn name(self) -> String {
+        // The Debug form is CamelCase; contracts spell it snake_case.
+        let camel = format!("{self:?}");
+        let mut out = String::with_capacity(camel.len() + 8);
+        for (i, ch) in camel.chars().enumerate() {
+            if ch.is_ascii_uppercase() {
+                if i > 0 {
+                    out.push('_');
+                }
+                out.push(ch.to_ascii_lowercase());
+            } else {
+                out.push(ch);
+            }
+        }
+        out
+    }
+}
+
+impl std::fmt::Display for Mutant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_through_serde() {
+        for m in [Mutant::PtxOlderTarget, Mutant::Nf4NeighbourCode, Mutant::ClipPerLayer] {
+            let parsed: Mutant = serde_yaml::from_str(&m.name()).expect("parses");
+            assert_eq!(parsed, m);
+        }
+    }
+}

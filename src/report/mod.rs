@@ -1,0 +1,262 @@
+//! CSV reports: one row per trial in `falsification.csv`, one per throughput
+//! measurement in `speedups.csv`, written atomically (temp file + rename).
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Name of the per-trial report.
+pub const FALSIFICATION_CSV: &str = "falsification.csv";
+/// Name of the throughput report.
+pub const SPEEDUPS_CSV: &str = "speedups.csv";
+
+/// The outcome of a trial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// The claim survived the measurement.
+    Passed,
+    /// The measurement contradicts the claim.
+    Falsified,
+    /// Not run, with the reason in `detail` (e.g. no CUDA driver).
+    Skipped,
+    /// The check could not measure (a launch failed, an op refused its input).
+    Error,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Passed => "passed",
+            Status::Falsified => "falsified",
+            Status::Skipped => "skipped",
+            Status::Error => "error",
+        }
+    }
+}
+
+/// One row of `falsification.csv` (column order as in the design brief).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FalsificationRow {
+    pub run_id: String,
+    pub timestamp: String,
+    pub git_sha: String,
+    pub contract: String,
+    pub contract_version: String,
+    pub test_id: String,
+    pub check_kind: String,
+    pub backend: String,
+    pub device: String,
+    pub compute_capability: String,
+    pub driver_version: String,
+    pub status: Status,
+    pub metric: String,
+    pub observed: Option<f64>,
+    pub comparator: String,
+    pub threshold: Option<f64>,
+    pub unit: String,
+    pub duration_ms: f64,
+    pub detail: String,
+}
+
+/// One row of `speedups.csv`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpeedupRow {
+    pub run_id: String,
+    pub test_id: String,
+    pub subject: String,
+    pub model: String,
+    pub batch: usize,
+    pub seq_len: usize,
+    pub baseline: String,
+    pub candidate: String,
+    pub baseline_median_ms: f64,
+    pub candidate_median_ms: f64,
+    pub ratio: f64,
+    pub ratio_ci_low: f64,
+    pub ratio_ci_high: f64,
+    pub repeats: usize,
+    pub device: String,
+}
+
+/// Reads a CSV file of `T` rows. A missing file is an empty report.
+pub fn read_rows<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let csv_err = |source| Error::Csv {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut reader = csv::Reader::from_path(path).map_err(csv_err)?;
+    reader
+        .deserialize()
+        .collect::<std::result::Result<Vec<T>, _>>()
+        .map_err(csv_err)
+}
+
+/// Writes `rows` to `path` through a temporary file in the same directory and
+/// a rename, so a reader (or a crash) never sees a torn file.
+pub fn write_rows_atomic<T: Serialize>(path: &Path, rows: &[T]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let file_name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("report.csv");
+    let tmp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
+    let result = write_then_rename(&tmp, path, rows);
+    if result.is_err() {
+        // Best effort: the temp file is ours and is useless after a failure.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn write_then_rename<T: Serialize>(tmp: &Path, path: &Path, rows: &[T]) -> Result<()> {
+    let csv_err = |source| Error::Csv {
+        path: tmp.to_path_buf(),
+        source,
+    };
+    let file = File::create(tmp).map_err(|e| Error::io(tmp, e))?;
+    let mut writer = csv::Writer::from_writer(file);
+    for row in rows {
+        writer.serialize(row).map_err(csv_err)?;
+    }
+    let mut file = writer
+        .into_inner()
+        .map_err(|e| Error::io(tmp, e.into_error()))?;
+    file.flush().map_err(|e| Error::io(tmp, e))?;
+    file.sync_all().map_err(|e| Error::io(tmp, e))?;
+    std::fs::rename(tmp, path).map_err(|e| Error::io(path, e))
+}
+
+/// The key that identifies a trial across runs.
+fn trial_key(contract: &str, test_id: &str) -> String {
+    format!("{contract}::{test_id}")
+}
+
+/// Where a run writes, and how it merges with what is already there.
+pub struct ReportDir {
+    pub dir: PathBuf,
+}
+
+impl ReportDir {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        ReportDir { dir: dir.into() }
+    }
+
+    pub fn falsification_path(&self) -> PathBuf {
+        self.dir.join(FALSIFICATION_CSV)
+    }
+
+    pub fn speedups_path(&self) -> PathBuf {
+        self.dir.join(SPEEDUPS_CSV)
+    }
+
+    /// Merges this run's rows into the reports and writes them atomically.
+    ///
+    /// A run that executed only some trials (a filter, or cargo-nextest's one
+    /// process per trial) replaces those trials' rows and keeps the others, so
+    /// nothing measured earlier is lost; rows of trials that no longer exist
+    /// (`known` is every trial name the contracts define) are dropped. An
+    /// exclusive lock serialises concurrent writers.
+    pub fn merge_and_write(
+        &self,
+        rows: Vec<FalsificationRow>,
+        speedups: Vec<SpeedupRow>,
+        known: &HashSet<String>,
+    ) -> Result<()> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+        let lock_path = self.dir.join(".lock");
+        let lock = File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
+        lock.lock().map_err(|e| Error::io(&lock_path, e))?;
+
+        let replaced: HashSet<String> = rows
+            .iter()
+            .map(|r| trial_key(&r.contract, &r.test_id))
+            .collect();
+        let replaced_tests: HashSet<String> = rows.iter().map(|r| r.test_id.clone()).collect();
+
+        // An unreadable old report (e.g. written by an older column layout) is
+        // replaced rather than allowed to stop the run from recording results.
+        let old: Vec<FalsificationRow> =
+            read_rows(&self.falsification_path()).unwrap_or_default();
+        let mut merged: Vec<FalsificationRow> = old
+            .into_iter()
+            .filter(|r| {
+                let key = trial_key(&r.contract, &r.test_id);
+                !replaced.contains(&key) && known.contains(&key)
+            })
+            .collect();
+        merged.extend(rows);
+        merged.sort_by(|a, b| (&a.contract, &a.test_id).cmp(&(&b.contract, &b.test_id)));
+        write_rows_atomic(&self.falsification_path(), &merged)?;
+
+        let old: Vec<SpeedupRow> = read_rows(&self.speedups_path()).unwrap_or_default();
+        let mut merged: Vec<SpeedupRow> = old
+            .into_iter()
+            .filter(|r| !replaced_tests.contains(&r.test_id))
+            .collect();
+        merged.extend(speedups);
+        if !merged.is_empty() || self.speedups_path().exists() {
+            write_rows_atomic(&self.speedups_path(), &merged)?;
+        }
+        lock.unlock().map_err(|e| Error::io(&lock_path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(contract: &str, test: &str, status: Status) -> FalsificationRow {
+        FalsificationRow {
+            run_id: "r".into(),
+            timestamp: "t".into(),
+            git_sha: "g".into(),
+            contract: contract.into(),
+            contract_version: "1".into(),
+            test_id: test.into(),
+            check_kind: "property".into(),
+            backend: "cpu".into(),
+            device: "cpu".into(),
+            compute_capability: String::new(),
+            driver_version: String::new(),
+            status,
+            metric: "m".into(),
+            observed: Some(1.0),
+            comparator: "<=".into(),
+            threshold: Some(2.0),
+            unit: String::new(),
+            duration_ms: 1.0,
+            detail: "a, \"quoted\" detail".into(),
+        }
+    }
+
+    #[test]
+    fn merge_replaces_reruns_keeps_others_and_drops_unknown() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let report = ReportDir::new(dir.path());
+        let known: HashSet<String> = ["c::A", "c::B"].iter().map(|s| s.to_string()).collect();
+        report
+            .merge_and_write(
+                vec![row("c", "A", Status::Passed), row("c", "B", Status::Passed), row("c", "Gone", Status::Passed)],
+                vec![],
+                &known,
+            )
+            .expect("first write");
+        report
+            .merge_and_write(vec![row("c", "B", Status::Falsified)], vec![], &known)
+            .expect("second write");
+        let rows: Vec<FalsificationRow> = read_rows(&report.falsification_path()).expect("read");
+        let got: Vec<(&str, Status)> = rows.iter().map(|r| (r.test_id.as_str(), r.status)).collect();
+        assert_eq!(got, vec![("A", Status::Passed), ("B", Status::Falsified)]);
+        assert_eq!(rows[0].detail, "a, \"quoted\" detail");
+    }
+}

@@ -1,0 +1,436 @@
+//! The engine shared by the `cargo test` harness and the CLI: it plans trials
+//! from contracts, decides what can run here, executes one trial at a time on
+//! the GPU, times every trial, and collects the report rows.
+
+mod meta;
+
+use std::collections::HashSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+pub use meta::RunMeta;
+
+use crate::check::{Measurement, TrialContext};
+use crate::contract::{Backend, Contract, FalsificationTest};
+use crate::error::{Error, Result};
+use crate::gpu::{driver_present, GpuContext, GpuOptions};
+use crate::report::{FalsificationRow, ReportDir, SpeedupRow, Status};
+
+/// Options of a run. Front ends fill this in; nothing is read from the environment.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Where the reports go (`reports/latest`).
+    pub out_dir: PathBuf,
+    /// Mixed into every trial's seed; change it to draw different inputs.
+    pub seed: u64,
+    pub gpu: GpuOptions,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            out_dir: PathBuf::from("reports/latest"),
+            seed: 0,
+            gpu: GpuOptions::default(),
+        }
+    }
+}
+
+/// One trial: a falsification test, or the mutant self-test of one.
+#[derive(Debug, Clone)]
+pub struct TrialSpec {
+    /// `{contract}::{test_id}`, with `::mutant` appended for the self-test.
+    pub name: String,
+    pub contract: Arc<Contract>,
+    test_index: usize,
+    pub backend: Backend,
+    /// Run with the test's mutant injected; passes only if the check falsifies.
+    pub selftest: bool,
+}
+
+impl TrialSpec {
+    pub fn test(&self) -> &FalsificationTest {
+        &self.contract.falsification_tests[self.test_index]
+    }
+
+    /// The `test_id` column: the test id, with `::mutant` for the self-test.
+    pub fn test_id(&self) -> String {
+        if self.selftest {
+            format!("{}::mutant", self.test().id)
+        } else {
+            self.test().id.clone()
+        }
+    }
+}
+
+/// Every trial the contracts define, in file order: each test, then its mutant self-test.
+pub fn plan(contracts: Vec<Contract>) -> Vec<TrialSpec> {
+    let mut trials = Vec::new();
+    for contract in contracts {
+        let contract = Arc::new(contract);
+        for (i, test) in contract.falsification_tests.iter().enumerate() {
+            let backend = contract.backend_of(test);
+            for selftest in [false, true] {
+                let mut name = format!("{}::{}", contract.metadata.id, test.id);
+                if selftest {
+                    name.push_str("::mutant");
+                }
+                trials.push(TrialSpec {
+                    name,
+                    contract: Arc::clone(&contract),
+                    test_index: i,
+                    backend,
+                    selftest,
+                });
+            }
+        }
+    }
+    trials
+}
+
+/// What a finished trial says, for the front end.
+#[derive(Debug, Clone)]
+pub struct TrialOutcome {
+    pub status: Status,
+    /// One line: the metric against its threshold, or the reason.
+    pub summary: String,
+    /// The detail column: seed, shapes, violations, the contract's `if_fails`.
+    pub detail: String,
+}
+
+enum GpuSlot {
+    Unprobed,
+    Unavailable(String),
+    Ready(Box<GpuContext>),
+}
+
+/// Runs trials and collects their rows. Shared by reference across the
+/// harness's worker threads; GPU trials serialise on the one context.
+pub struct Engine {
+    options: RunOptions,
+    meta: RunMeta,
+    gpu: Mutex<GpuSlot>,
+    rows: Mutex<Vec<FalsificationRow>>,
+    speedups: Mutex<Vec<SpeedupRow>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking trial is caught and recorded; its lock is still usable.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Engine {
+    pub fn new(options: RunOptions) -> Self {
+        Engine {
+            options,
+            meta: RunMeta::detect(),
+            gpu: Mutex::new(GpuSlot::Unprobed),
+            rows: Mutex::new(Vec::new()),
+            speedups: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn meta(&self) -> &RunMeta {
+        &self.meta
+    }
+
+    pub fn options(&self) -> &RunOptions {
+        &self.options
+    }
+
+    /// Why `cuda` trials cannot run here, or `None` when a device is usable.
+    /// Opens the device on first call.
+    pub fn cuda_skip_reason(&self) -> Option<String> {
+        let mut slot = lock(&self.gpu);
+        Self::ensure_gpu(&mut slot, &self.options.gpu);
+        match &*slot {
+            GpuSlot::Ready(_) => None,
+            GpuSlot::Unavailable(why) => Some(why.clone()),
+            GpuSlot::Unprobed => Some("CUDA was not probed".into()),
+        }
+    }
+
+    fn ensure_gpu(slot: &mut GpuSlot, options: &GpuOptions) {
+        if let GpuSlot::Unprobed = slot {
+            *slot = if !driver_present() {
+                GpuSlot::Unavailable("no CUDA driver".into())
+            } else {
+                match GpuContext::new(options.clone()) {
+                    Ok(ctx) => GpuSlot::Ready(Box::new(ctx)),
+                    Err(e) => GpuSlot::Unavailable(format!("no usable CUDA device: {e}")),
+                }
+            };
+        }
+    }
+
+    /// Records `trial` as skipped without running it.
+    pub fn skip(&self, trial: &TrialSpec, reason: &str) -> TrialOutcome {
+        let row = self.row(trial, Status::Skipped, None, 0.0, reason.to_string());
+        lock(&self.rows).push(row);
+        TrialOutcome {
+            status: Status::Skipped,
+            summary: reason.to_string(),
+            detail: reason.to_string(),
+        }
+    }
+
+    /// Runs one trial to completion and records its row. Never panics: a
+    /// panicking check and a check error both become `error` rows.
+    pub fn run(&self, trial: &TrialSpec) -> TrialOutcome {
+        let test = trial.test();
+        let seed = trial_seed(self.options.seed, &trial.contract.metadata.id, &test.id);
+        let mutant = trial.selftest.then_some(test.mutant);
+        let artifacts_dir = self.options.out_dir.join("artifacts");
+        let started = Instant::now();
+
+        let mut gpu_guard = None;
+        if trial.backend == Backend::Cuda {
+            let mut slot = lock(&self.gpu);
+            Self::ensure_gpu(&mut slot, &self.options.gpu);
+            if let GpuSlot::Unavailable(why) = &*slot {
+                let why = why.clone();
+                drop(slot);
+                return self.skip(trial, &why);
+            }
+            gpu_guard = Some(slot);
+        }
+        let gpu = gpu_guard.as_mut().and_then(|slot| match &mut **slot {
+            GpuSlot::Ready(ctx) => Some(&mut **ctx),
+            _ => None,
+        });
+        let mut cx = TrialContext {
+            seed,
+            mutant,
+            gpu,
+            artifacts_dir,
+        };
+        let result = catch_unwind(AssertUnwindSafe(|| test.check.execute(trial.backend, &mut cx)))
+            .unwrap_or_else(|panic| Err(panic_error(panic)));
+        drop(cx);
+        // A driver error can leave the context unusable (e.g. after an illegal
+        // address); drop it so the next cuda trial opens a fresh one.
+        if let (Some(slot), Err(Error::Driver(_))) = (gpu_guard.as_mut(), &result) {
+            **slot = GpuSlot::Unprobed;
+        }
+        drop(gpu_guard);
+        let duration_ms = started.elapsed().as_secs_f64() * 1e3;
+
+        let (status, measurement, detail) = judge(trial, seed, result);
+        let summary = match &measurement {
+            Some(m) => format!(
+                "{} = {} {} {}{}",
+                m.metric,
+                format_number(m.observed),
+                m.comparator.symbol(),
+                format_number(m.threshold),
+                if m.unit.is_empty() { String::new() } else { format!(" {}", m.unit) }
+            ),
+            None => detail.clone(),
+        };
+        if let Some(m) = &measurement {
+            let device = self.device_name(trial.backend);
+            let mut speedups = lock(&self.speedups);
+            for s in &m.speedups {
+                speedups.push(SpeedupRow {
+                    run_id: self.meta.run_id.clone(),
+                    test_id: trial.test_id(),
+                    subject: s.subject.clone(),
+                    model: s.model.clone(),
+                    batch: s.batch,
+                    seq_len: s.seq_len,
+                    baseline: s.baseline.clone(),
+                    candidate: s.candidate.clone(),
+                    baseline_median_ms: s.baseline_median_ms,
+                    candidate_median_ms: s.candidate_median_ms,
+                    ratio: s.ratio,
+                    ratio_ci_low: s.ratio_ci_low,
+                    ratio_ci_high: s.ratio_ci_high,
+                    repeats: s.repeats,
+                    device: device.clone(),
+                });
+            }
+        }
+        let row = self.row(trial, status, measurement.as_ref(), duration_ms, detail.clone());
+        lock(&self.rows).push(row);
+        TrialOutcome {
+            status,
+            summary,
+            detail,
+        }
+    }
+
+    fn device_name(&self, backend: Backend) -> String {
+        match backend {
+            Backend::Cpu => self.meta.cpu.clone(),
+            Backend::Cuda => match &*lock(&self.gpu) {
+                GpuSlot::Ready(ctx) => ctx.facts().name.clone(),
+                _ => "none".into(),
+            },
+        }
+    }
+
+    fn row(
+        &self,
+        trial: &TrialSpec,
+        status: Status,
+        m: Option<&Measurement>,
+        duration_ms: f64,
+        detail: String,
+    ) -> FalsificationRow {
+        let (device, cc, driver) = match trial.backend {
+            Backend::Cpu => (self.meta.cpu.clone(), String::new(), String::new()),
+            Backend::Cuda => match &*lock(&self.gpu) {
+                GpuSlot::Ready(ctx) => {
+                    let f = ctx.facts();
+                    (
+                        f.name.clone(),
+                        format!("{}.{}", f.compute_capability.0, f.compute_capability.1),
+                        f.driver_version.clone(),
+                    )
+                }
+                _ => ("none".into(), String::new(), String::new()),
+            },
+        };
+        let test = trial.test();
+        FalsificationRow {
+            run_id: self.meta.run_id.clone(),
+            timestamp: RunMeta::now_rfc3339(),
+            git_sha: self.meta.git_sha.clone(),
+            contract: trial.contract.metadata.id.clone(),
+            contract_version: trial.contract.metadata.version.clone(),
+            test_id: trial.test_id(),
+            check_kind: test.check.kind_name().to_string(),
+            backend: trial.backend.to_string(),
+            device,
+            compute_capability: cc,
+            driver_version: driver,
+            status,
+            metric: m.map(|m| m.metric.clone()).unwrap_or_default(),
+            observed: m.map(|m| m.observed),
+            comparator: m.map(|m| m.comparator.symbol().to_string()).unwrap_or_default(),
+            threshold: m.map(|m| m.threshold),
+            unit: m.map(|m| m.unit.clone()).unwrap_or_default(),
+            duration_ms,
+            detail,
+        }
+    }
+
+    /// Rows recorded so far.
+    pub fn rows(&self) -> Vec<FalsificationRow> {
+        lock(&self.rows).clone()
+    }
+
+    /// Writes this run's rows into the report directory, merging with the rows
+    /// of trials this run did not execute. `all_trials` is every trial the
+    /// contracts define (rows of other trials are dropped as stale).
+    pub fn write_reports(&self, all_trials: &[TrialSpec]) -> Result<PathBuf> {
+        let known: HashSet<String> = all_trials
+            .iter()
+            .map(|t| format!("{}::{}", t.contract.metadata.id, t.test_id()))
+            .collect();
+        let report = ReportDir::new(&self.options.out_dir);
+        report.merge_and_write(self.rows(), lock(&self.speedups).clone(), &known)?;
+        Ok(report.falsification_path())
+    }
+}
+
+/// Turns a check's result into a status and the detail column.
+fn judge(
+    trial: &TrialSpec,
+    seed: u64,
+    result: Result<Measurement>,
+) -> (Status, Option<Measurement>, String) {
+    let test = trial.test();
+    match result {
+        Err(e) => (Status::Error, None, format!("seed {seed}: {e}")),
+        Ok(m) => {
+            let mut detail = format!("seed {seed}");
+            if !m.detail.is_empty() {
+                detail.push_str("; ");
+                detail.push_str(&m.detail);
+            }
+            if !m.violations.is_empty() {
+                detail.push_str("; violations: ");
+                detail.push_str(&m.violations.join("; "));
+            }
+            let held = m.passed();
+            let status = if trial.selftest {
+                // The self-test passes when the injected fault is caught.
+                if held {
+                    detail = format!(
+                        "mutant `{}` survived: the check did not falsify it ({detail})",
+                        test.mutant
+                    );
+                    Status::Falsified
+                } else {
+                    detail = format!("mutant `{}` caught ({detail})", test.mutant);
+                    Status::Passed
+                }
+            } else if held {
+                Status::Passed
+            } else {
+                detail = format!("{detail}; if it fails: {}", test.if_fails);
+                Status::Falsified
+            };
+            (status, Some(m), detail)
+        }
+    }
+}
+
+fn panic_error(panic: Box<dyn std::any::Any + Send>) -> Error {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    Error::InvalidArgument {
+        op: "check",
+        message: format!("panicked: {message}"),
+    }
+}
+
+/// Deterministic per-test seed: FNV-1a of the trial's identity, mixed with the
+/// run's seed option. The self-test uses the same inputs as its test.
+fn trial_seed(run_seed: u64, contract: &str, test: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in contract.bytes().chain([0u8]).chain(test.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^ run_seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Compact number formatting for summaries: `1.2e-7`, `0.034`, `1234.5`.
+pub fn format_number(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    let a = x.abs();
+    if !(1e-3..1e6).contains(&a) {
+        format!("{x:.3e}")
+    } else {
+        let s = format!("{x:.4}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_differ_per_test_and_follow_the_run_seed() {
+        assert_ne!(trial_seed(0, "c", "A"), trial_seed(0, "c", "B"));
+        assert_ne!(trial_seed(0, "c", "A"), trial_seed(1, "c", "A"));
+        assert_eq!(trial_seed(7, "c", "A"), trial_seed(7, "c", "A"));
+    }
+
+    #[test]
+    fn numbers_are_compact() {
+        assert_eq!(format_number(0.034), "0.034");
+        assert_eq!(format_number(1.5e-7), "1.500e-7");
+        assert_eq!(format_number(2.0), "2");
+    }
+}
