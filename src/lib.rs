@@ -15,6 +15,7 @@ pub mod check;
 pub mod contract;
 pub mod error;
 pub mod gpu;
+pub mod kernels;
 pub mod model;
 pub mod mutant;
 pub mod ops;

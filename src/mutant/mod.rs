@@ -116,3 +116,6 @@ mod tests {
         }
     }
 }
+
+pub mod optim;
+pub mod reference_ops;

@@ -1,0 +1,1 @@
+// activation kernels: filled in by the kernel author.

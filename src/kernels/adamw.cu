@@ -1,0 +1,1 @@
+// adamw kernels: filled in by the kernel author.

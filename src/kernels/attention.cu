@@ -1,0 +1,1 @@
+// attention kernels: filled in by the kernel author.

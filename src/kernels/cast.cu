@@ -1,0 +1,1 @@
+// cast kernels: filled in by the kernel author.

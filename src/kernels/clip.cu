@@ -1,0 +1,1 @@
+// clip kernels: filled in by the kernel author.

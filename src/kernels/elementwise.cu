@@ -1,0 +1,1 @@
+// elementwise kernels: filled in by the kernel author.

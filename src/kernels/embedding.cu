@@ -1,0 +1,1 @@
+// embedding kernels: filled in by the kernel author.

@@ -1,0 +1,1 @@
+// gemm kernels: filled in by the kernel author.

@@ -1,0 +1,1 @@
+// nf4 kernels: filled in by the kernel author.

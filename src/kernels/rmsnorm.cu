@@ -1,0 +1,1 @@
+// rmsnorm kernels: filled in by the kernel author.

@@ -1,0 +1,1 @@
+// rope kernels: filled in by the kernel author.

@@ -1,0 +1,1 @@
+// softmax kernels: filled in by the kernel author.

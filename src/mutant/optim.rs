@@ -1,0 +1,1 @@
+//! Faulty variants of NF4, clipping, AdamW and the reference training step.

@@ -1,0 +1,1 @@
+//! Faulty variants of the reference ops, selected by [`super::Mutant`].

@@ -1,0 +1,1 @@
+//! Reference nf4.
