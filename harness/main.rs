@@ -56,7 +56,11 @@ fn main() -> ExitCode {
             for e in &errors {
                 eprintln!("error: {e}");
             }
-            eprintln!("{} invalid contract file(s) in {}", errors.len(), dir.display());
+            eprintln!(
+                "{} invalid contract file(s) in {}",
+                errors.len(),
+                dir.display()
+            );
             return ExitCode::FAILURE;
         }
     };

@@ -59,7 +59,9 @@ pub enum Error {
     CudaUnavailable(String),
 
     /// A model configuration does not fit on the device.
-    #[error("{model} needs {needed_gib:.2} GiB of device memory, the device has {available_gib:.2} GiB")]
+    #[error(
+        "{model} needs {needed_gib:.2} GiB of device memory, the device has {available_gib:.2} GiB"
+    )]
     OutOfMemory {
         model: String,
         needed_gib: f64,

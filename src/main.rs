@@ -1,7 +1,7 @@
 //! The `falsify` command line: `run` the contracts with a progress bar and a
 //! summary table, or `list` the trials they define.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
@@ -12,7 +12,11 @@ use falsify::run::{plan, Engine, RunOptions, TrialOutcome, TrialSpec};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
-#[command(name = "falsify", version, about = "Executable contracts for a GPU training stack")]
+#[command(
+    name = "falsify",
+    version,
+    about = "Executable contracts for a GPU training stack"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -56,7 +60,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn load(contracts: &PathBuf) -> anyhow::Result<Vec<TrialSpec>> {
+fn load(contracts: &Path) -> anyhow::Result<Vec<TrialSpec>> {
     match load_dir(contracts) {
         Ok(c) => Ok(plan(c)),
         Err(errors) => {
@@ -107,9 +111,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
                 ..RunOptions::default()
             });
             let outcomes = run_all(&engine, &selected);
-            let path = engine
-                .write_reports(&all)
-                .context("writing the report")?;
+            let path = engine.write_reports(&all).context("writing the report")?;
             print_summary(&selected, &outcomes);
             println!("report: {}", path.display());
             let bad = outcomes
@@ -159,8 +161,16 @@ fn run_all(engine: &Engine, trials: &[&TrialSpec]) -> Vec<TrialOutcome> {
 }
 
 fn print_summary(trials: &[&TrialSpec], outcomes: &[TrialOutcome]) {
-    let width = trials.iter().map(|t| t.name.len()).max().unwrap_or(5).min(70);
-    println!("{:<width$}  {:<4}  {:<9}  measured", "trial", "on", "status");
+    let width = trials
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(5)
+        .min(70);
+    println!(
+        "{:<width$}  {:<4}  {:<9}  measured",
+        "trial", "on", "status"
+    );
     for (t, o) in trials.iter().zip(outcomes) {
         let mut summary = o.summary.clone();
         if summary.len() > 90 {

@@ -51,7 +51,8 @@ impl Validate for Params {
                     return Err("`shapes` must list at least one shape".into());
                 }
                 for s in &self.shapes {
-                    s.expect_dims(op.dims()).map_err(|e| format!("op `{op}`: {e}"))?;
+                    s.expect_dims(op.dims())
+                        .map_err(|e| format!("op `{op}`: {e}"))?;
                 }
                 Ok(())
             }

@@ -7,6 +7,7 @@
 
 pub mod gradient_check;
 pub mod loss_descent;
+mod measurement;
 pub mod memory_budget;
 pub mod op;
 pub mod op_parity;
@@ -17,7 +18,6 @@ pub mod sync_count;
 pub mod target_parity;
 pub mod throughput_ratio;
 pub mod trajectory_match;
-mod measurement;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -57,16 +57,56 @@ const BOTH: &[Backend] = &[Backend::Cpu, Backend::Cuda];
 
 /// The registry of check kinds, in the order the design brief lists them.
 pub const KINDS: &[KindInfo] = &[
-    KindInfo { name: "op_parity", measures: "rel-L2 error of an op on a backend vs the CPU reference", backends: CUDA },
-    KindInfo { name: "gradient_check", measures: "rel error of the reference backward vs central finite differences", backends: CPU },
-    KindInfo { name: "property", measures: "a named invariant over proptest-generated inputs", backends: CPU },
-    KindInfo { name: "target_parity", measures: "PTX .target of every cached module vs the device's sm_XY", backends: CUDA },
-    KindInfo { name: "prewarm", measures: "JIT compilations during training steps after pre-warm", backends: CUDA },
-    KindInfo { name: "trajectory_match", measures: "max abs loss difference of two training modes at checkpoints", backends: BOTH },
-    KindInfo { name: "sync_count", measures: "host syncs inside the captured region and per step", backends: CUDA },
-    KindInfo { name: "throughput_ratio", measures: "median-time ratio of baseline over candidate", backends: CUDA },
-    KindInfo { name: "loss_descent", measures: "final loss as a fraction of the initial loss", backends: BOTH },
-    KindInfo { name: "memory_budget", measures: "peak device memory of a configuration", backends: CUDA },
+    KindInfo {
+        name: "op_parity",
+        measures: "rel-L2 error of an op on a backend vs the CPU reference",
+        backends: CUDA,
+    },
+    KindInfo {
+        name: "gradient_check",
+        measures: "rel error of the reference backward vs central finite differences",
+        backends: CPU,
+    },
+    KindInfo {
+        name: "property",
+        measures: "a named invariant over proptest-generated inputs",
+        backends: CPU,
+    },
+    KindInfo {
+        name: "target_parity",
+        measures: "PTX .target of every cached module vs the device's sm_XY",
+        backends: CUDA,
+    },
+    KindInfo {
+        name: "prewarm",
+        measures: "JIT compilations during training steps after pre-warm",
+        backends: CUDA,
+    },
+    KindInfo {
+        name: "trajectory_match",
+        measures: "max abs loss difference of two training modes at checkpoints",
+        backends: BOTH,
+    },
+    KindInfo {
+        name: "sync_count",
+        measures: "host syncs inside the captured region and per step",
+        backends: CUDA,
+    },
+    KindInfo {
+        name: "throughput_ratio",
+        measures: "median-time ratio of baseline over candidate",
+        backends: CUDA,
+    },
+    KindInfo {
+        name: "loss_descent",
+        measures: "final loss as a fraction of the initial loss",
+        backends: BOTH,
+    },
+    KindInfo {
+        name: "memory_budget",
+        measures: "peak device memory of a configuration",
+        backends: CUDA,
+    },
 ];
 
 /// The `check:` block of a falsification test.
@@ -103,10 +143,7 @@ impl CheckSpec {
 
     fn info(&self) -> &'static KindInfo {
         let name = self.kind_name();
-        KINDS
-            .iter()
-            .find(|k| k.name == name)
-            .unwrap_or(&KINDS[0])
+        KINDS.iter().find(|k| k.name == name).unwrap_or(&KINDS[0])
     }
 
     /// Whether this kind can run on `backend`.

@@ -48,7 +48,11 @@ impl Validate for Params {
         if self.pass == Pass::Backward && !self.op.has_backward() {
             return Err(format!("op `{}` has no backward pass", self.op));
         }
-        for s in self.shapes.iter().chain(self.refuse.iter().map(|r| &r.shape)) {
+        for s in self
+            .shapes
+            .iter()
+            .chain(self.refuse.iter().map(|r| &r.shape))
+        {
             s.expect_dims(self.op.dims())
                 .map_err(|e| format!("op `{}`: {e}", self.op))?;
         }

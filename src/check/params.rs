@@ -46,7 +46,10 @@ fn checked_f64<'de, D: Deserializer<'de>>(
             if !v.is_finite() {
                 Err(E::custom(format!("{v} is not a finite number")))
             } else if !(self.ok)(v) {
-                Err(E::custom(format!("{v} is out of range: it must be {}", self.rule)))
+                Err(E::custom(format!(
+                    "{v} is out of range: it must be {}",
+                    self.rule
+                )))
             } else {
                 Ok(v)
             }
@@ -99,8 +102,12 @@ impl<'de> Deserialize<'de> for Count {
                     .map_err(|_| E::custom(format!("{v} is out of range: it must be > 0")))
                     .and_then(|v| self.visit_u64(v))
             }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Count, E> {
+                Err(E::custom(format!("{v} is not a whole number > 0")))
+            }
         }
-        d.deserialize_u64(V)
+        // `any`, so that negative numbers reach `visit_i64` and get the range message.
+        d.deserialize_any(V)
     }
 }
 

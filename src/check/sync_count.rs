@@ -24,7 +24,9 @@ pub struct Params {
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {
         if !self.mode.graph {
-            return Err("`mode.graph` must be true: sync_count inspects the captured region".into());
+            return Err(
+                "`mode.graph` must be true: sync_count inspects the captured region".into(),
+            );
         }
         Ok(())
     }

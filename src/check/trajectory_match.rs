@@ -34,7 +34,9 @@ impl Validate for Params {
             ));
         }
         if self.baseline == self.candidate {
-            return Err("`baseline` and `candidate` are the same mode; nothing would be compared".into());
+            return Err(
+                "`baseline` and `candidate` are the same mode; nothing would be compared".into(),
+            );
         }
         Ok(())
     }

@@ -4,8 +4,13 @@
 //! column, and (where one is involved) the contract and test id. Loading a
 //! directory reports every bad file, not just the first.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
 use std::path::{Path, PathBuf};
+
+use serde::de::{
+    self, DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess, Visitor,
+};
 
 use crate::contract::schema::Contract;
 use crate::error::{Error, Result};
@@ -61,17 +66,38 @@ pub fn load_dir(dir: &Path) -> std::result::Result<Vec<Contract>, Vec<Error>> {
 
 /// Reads, parses and validates one contract file.
 pub fn load_file(path: &Path) -> Result<Contract> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = read_capped(path)?;
     let text = decode(path, &bytes)?;
     parse(path, &text)
+}
+
+/// Reads at most one byte more than [`MAX_CONTRACT_BYTES`], so a huge (or
+/// endless) file costs no more memory than the cap before it is refused.
+fn read_capped(path: &Path) -> Result<Vec<u8>> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CONTRACT_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, e))?;
+    Ok(bytes)
 }
 
 /// Parses and validates contract text that came from `path`.
 pub fn parse(path: &Path, text: &str) -> Result<Contract> {
     if text.trim().is_empty() {
-        return Err(contract_error(path, 1, 1, "the file is empty; a contract needs `metadata` and `falsification_tests`"));
+        return Err(contract_error(
+            path,
+            1,
+            1,
+            "the file is empty; a contract needs `metadata` and `falsification_tests`",
+        ));
     }
-    let mut contract: Contract = serde_yaml::from_str(text).map_err(|e| yaml_error(path, &e))?;
+    check_flow_cost(path, text)?;
+    // Structure first (duplicate keys, alias expansion), so the typed parse
+    // below never works on a document that expands without bound.
+    scan(text).map_err(|e| yaml_error(path, text, &e))?;
+    let mut contract: Contract =
+        serde_yaml::from_str(text).map_err(|e| yaml_error(path, text, &e))?;
     contract.path = path.to_path_buf();
     validate(&contract, text)?;
     Ok(contract)
@@ -84,9 +110,8 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<String> {
             0,
             0,
             &format!(
-                "the file is {} bytes; contracts are limited to {} bytes",
-                bytes.len(),
-                MAX_CONTRACT_BYTES
+                "the file is over {MAX_CONTRACT_BYTES} bytes; contracts are limited to \
+                 {MAX_CONTRACT_BYTES} bytes"
             ),
         ));
     }
@@ -121,30 +146,326 @@ fn contract_error(path: &Path, line: usize, column: usize, message: &str) -> Err
     }
 }
 
-fn yaml_error(path: &Path, e: &serde_yaml::Error) -> Error {
-    let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
-    // serde_yaml appends " at line L column C" to its message; the location is
-    // already in our prefix, so drop the duplicate.
+/// An error from serde_yaml, located. serde_yaml gives no location for a few
+/// whole-document conditions; those are located here from the text, so every
+/// error from [`parse`] has a line in `1..=lines + 1`.
+fn yaml_error(path: &Path, text: &str, e: &serde_yaml::Error) -> Error {
     let message = e.to_string();
-    let message = match message.rfind(" at line ") {
-        Some(i) if line > 0 => message[..i].to_string(),
-        _ => message,
+    if let Some(l) = e.location() {
+        // serde_yaml appends " at line L column C" to its message; the
+        // location is already in our prefix, so drop the duplicate.
+        let message = match message.rfind(" at line ") {
+            Some(i) => &message[..i],
+            None => &message,
+        };
+        return contract_error(path, l.line().max(1), l.column(), message);
+    }
+    if message.starts_with("EOF while parsing") {
+        return contract_error(
+            path,
+            1,
+            0,
+            "no YAML document in the file (only comments or directives); a contract needs \
+             `metadata` and `falsification_tests`",
+        );
+    }
+    if message.contains("more than one document") {
+        return contract_error(
+            path,
+            second_document_line(text),
+            0,
+            "a contract file holds exactly one YAML document; a second one starts here",
+        );
+    }
+    if message.contains("repetition limit exceeded") {
+        return contract_error(
+            path,
+            first_alias_line(text),
+            0,
+            &format!("{message}: aliases expand too many times (first alias here)"),
+        );
+    }
+    contract_error(path, 1, 0, &message)
+}
+
+/// The line of the `---` (or `...`) that starts the second document: the
+/// second marker when the file opens with one, else the first.
+fn second_document_line(text: &str) -> usize {
+    let is_marker = |l: &str| l.starts_with("---") || l.starts_with("...");
+    let is_content = |l: &str| {
+        let t = l.trim();
+        !t.is_empty() && !t.starts_with('#') && !t.starts_with('%')
     };
-    contract_error(path, line, column, &message)
+    let opens_with_marker = text.lines().find(|l| is_content(l)).is_some_and(is_marker);
+    let skip = usize::from(opens_with_marker);
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| is_marker(l))
+        .nth(skip)
+        .map_or(1, |(i, _)| i + 1)
+}
+
+/// The line of the first `*alias` (a `*` right after a space, `[`, `{` or
+/// `,` and followed by a name character), else 1.
+fn first_alias_line(text: &str) -> usize {
+    text.lines()
+        .position(|l| {
+            let b = l.as_bytes();
+            (0..b.len()).any(|i| {
+                b[i] == b'*'
+                    && (i == 0 || matches!(b[i - 1], b' ' | b'[' | b'{' | b','))
+                    && b.get(i + 1)
+                        .is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_')
+            })
+        })
+        .map_or(1, |i| i + 1)
+}
+
+/// Bound on the flow-nesting work [`check_flow_cost`] estimates. libyaml
+/// spends time proportional to the current flow nesting depth on every
+/// token, so a file of nested `[` costs time quadratic in its size (1 MiB of
+/// `[` takes tens of minutes), although serde_yaml refuses the depth
+/// afterwards. At this bound one parse costs a fraction of a second; real
+/// contracts score orders of magnitude below it.
+const MAX_FLOW_COST: u64 = 20_000_000;
+
+/// Refuses text whose flow collections could make libyaml slow: the sum,
+/// over every byte, of an upper bound on the flow depth there.
+///
+/// The bound counts every `[` and `{`. A `]` or `}` lowers it only when it
+/// closes an opening earlier on the same line and the line has no quote or
+/// `#`: such a line lies either wholly inside a multi-line quoted or block
+/// scalar (every bracket on it is text, so nothing real is cancelled) or
+/// wholly outside quotes and comments, where after a real opening every
+/// closing bracket is real (flow context ends plain scalars at `]` and `}`).
+/// So the bound never underestimates, and one-line collections such as
+/// `{ rows: 2, seq: 3 }` cost nothing beyond their own line.
+fn check_flow_cost(path: &Path, text: &str) -> Result<()> {
+    let (mut depth, mut cost) = (0u64, 0u64);
+    for (i, line) in text.split('\n').enumerate() {
+        let cancels = !line.contains(['"', '\'', '#']);
+        let mut open_here = 0u64;
+        for b in line.bytes() {
+            cost += depth;
+            match b {
+                b'[' | b'{' => {
+                    depth += 1;
+                    open_here += 1;
+                }
+                b']' | b'}' if cancels && open_here > 0 => {
+                    depth -= 1;
+                    open_here -= 1;
+                }
+                _ => {}
+            }
+        }
+        if cost > MAX_FLOW_COST {
+            return Err(contract_error(
+                path,
+                i + 1,
+                0,
+                &format!(
+                    "flow collections (`[`, `{{`) nest too deeply or stay open too long to \
+                     parse in bounded time ({depth} may be open at the end of this line); \
+                     write long or deep collections in block style"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Most YAML nodes (scalars, sequences, mappings) a contract may expand to,
+/// aliases included. Every node takes at least one byte of the file, so a
+/// file within [`MAX_CONTRACT_BYTES`] stays within this unless aliases
+/// multiply it; it bounds the time and memory of the typed parse.
+const MAX_NODES: usize = MAX_CONTRACT_BYTES;
+
+/// Walks the document once as untyped YAML: counts nodes (expanding aliases,
+/// as the typed parse will) up to [`MAX_NODES`], and refuses duplicate
+/// mapping keys, which YAML forbids and serde would silently merge in a map
+/// (e.g. two `equations` with the same name). Nesting depth is bounded by
+/// serde_yaml itself (128 levels) and libyaml parses without recursion.
+fn scan(text: &str) -> std::result::Result<(), serde_yaml::Error> {
+    let mut budget = MAX_NODES;
+    Node {
+        budget: &mut budget,
+    }
+    .deserialize(serde_yaml::Deserializer::from_str(text))
+}
+
+/// One node of the [`scan`]; `budget` is the number of nodes still allowed.
+struct Node<'a> {
+    budget: &'a mut usize,
+}
+
+impl Node<'_> {
+    fn take<E: de::Error>(&mut self) -> std::result::Result<(), E> {
+        match self.budget.checked_sub(1) {
+            Some(left) => {
+                *self.budget = left;
+                Ok(())
+            }
+            None => Err(E::custom(format!(
+                "the document expands to more than {MAX_NODES} YAML nodes (aliases expanded); \
+                 contracts must be smaller"
+            ))),
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Node<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Node<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any YAML node")
+    }
+    fn visit_bool<E: de::Error>(mut self, _: bool) -> std::result::Result<(), E> {
+        self.take()
+    }
+    fn visit_i64<E: de::Error>(mut self, _: i64) -> std::result::Result<(), E> {
+        self.take()
+    }
+    fn visit_u64<E: de::Error>(mut self, _: u64) -> std::result::Result<(), E> {
+        self.take()
+    }
+    fn visit_i128<E: de::Error>(mut self, _: i128) -> std::result::Result<(), E> {
+        self.take()
+    }
+    fn visit_u128<E: de::Error>(mut self, _: u128) -> std::result::Result<(), E> {
+        self.take()
+    }
+    fn visit_f64<E: de::Error>(mut self, _: f64) -> std::result::Result<(), E> {
+        self.take()
+    }
+    fn visit_str<E: de::Error>(mut self, _: &str) -> std::result::Result<(), E> {
+        self.take()
+    }
+    fn visit_unit<E: de::Error>(mut self) -> std::result::Result<(), E> {
+        self.take()
+    }
+    fn visit_none<E: de::Error>(mut self) -> std::result::Result<(), E> {
+        self.take()
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        self.deserialize(d)
+    }
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        self.deserialize(d)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> std::result::Result<(), A::Error> {
+        self.take()?;
+        while seq
+            .next_element_seed(Node {
+                budget: &mut *self.budget,
+            })?
+            .is_some()
+        {}
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> std::result::Result<(), A::Error> {
+        self.take()?;
+        let mut seen = HashSet::new();
+        while map
+            .next_key_seed(Key {
+                budget: &mut *self.budget,
+                seen: &mut seen,
+            })?
+            .is_some()
+        {
+            map.next_value_seed(Node {
+                budget: &mut *self.budget,
+            })?;
+        }
+        Ok(())
+    }
+    fn visit_enum<A: EnumAccess<'de>>(mut self, data: A) -> std::result::Result<(), A::Error> {
+        // A tagged node (`!tag value`): serde_yaml offers it as an enum.
+        self.take()?;
+        let ((), variant) = data.variant_seed(Node {
+            budget: &mut *self.budget,
+        })?;
+        variant.newtype_variant_seed(Node {
+            budget: &mut *self.budget,
+        })
+    }
+}
+
+/// A mapping key of the [`scan`]: a scalar, compared by its text with the
+/// keys already seen in the same mapping. The error is raised while the key
+/// is being read, so serde_yaml marks it with the key's own line.
+struct Key<'a> {
+    budget: &'a mut usize,
+    seen: &'a mut HashSet<String>,
+}
+
+impl<'de> DeserializeSeed<'de> for Key<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for Key<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a scalar mapping key")
+    }
+    fn visit_str<E: de::Error>(self, key: &str) -> std::result::Result<(), E> {
+        Node {
+            budget: &mut *self.budget,
+        }
+        .take()?;
+        if self.seen.insert(key.to_string()) {
+            Ok(())
+        } else {
+            Err(E::custom(format!(
+                "duplicate key `{key}` in this mapping; YAML keys must be unique"
+            )))
+        }
+    }
 }
 
 /// The 1-based line of the first `key: value` (or `- key: value`) in `text`,
 /// used to locate problems found after parsing (ids, cross-file checks).
 pub fn locate(text: &str, key: &str, value: &str) -> usize {
+    locate_nth(text, key, value, 0)
+}
+
+/// The 1-based line of the `n`-th (0-based) `key: value` in `text`, 0 if none.
+fn locate_nth(text: &str, key: &str, value: &str, n: usize) -> usize {
     text.lines()
-        .position(|l| {
+        .enumerate()
+        .filter(|(_, l)| {
             let l = l.trim_start().trim_start_matches("- ").trim_start();
             l.strip_prefix(key)
                 .and_then(|rest| rest.trim_start().strip_prefix(':'))
                 .map(|v| v.trim().trim_matches(['"', '\'']) == value)
                 .unwrap_or(false)
         })
-        .map_or(0, |i| i + 1)
+        .nth(n)
+        .map_or(0, |(i, _)| i + 1)
+}
+
+/// [`locate_nth`], falling back (for flow style such as `{id: x}`, which
+/// `locate` does not read) to the first line that mentions `value`, then to
+/// line 1, so a validation error always has a line.
+fn locate_or_mention(text: &str, key: &str, value: &str, n: usize) -> usize {
+    match locate_nth(text, key, value, n) {
+        0 => text
+            .lines()
+            .position(|l| !value.is_empty() && l.contains(value))
+            .map_or(1, |i| i + 1),
+        line => line,
+    }
 }
 
 fn validate(contract: &Contract, text: &str) -> Result<()> {
@@ -154,7 +475,7 @@ fn validate(contract: &Contract, text: &str) -> Result<()> {
     if id != stem {
         return Err(contract_error(
             path,
-            locate(text, "id", id),
+            locate_or_mention(text, "id", id, 0),
             0,
             &format!("metadata.id `{id}` must equal the file stem `{stem}`"),
         ));
@@ -162,23 +483,30 @@ fn validate(contract: &Contract, text: &str) -> Result<()> {
     if contract.falsification_tests.is_empty() {
         return Err(contract_error(
             path,
-            locate(text, "falsification_tests", "[]").max(1),
+            locate_or_mention(text, "falsification_tests", "[]", 0),
             0,
             &format!("contract `{id}` has no falsification test; a contract that cannot be falsified is a defect"),
         ));
     }
-    let mut seen: HashMap<&str, ()> = HashMap::new();
+    // How many tests so far had each id: the n-th repeat is located at the
+    // n-th `id:` line with that value, not at the first.
+    let mut seen: HashMap<&str, usize> = HashMap::new();
     for test in &contract.falsification_tests {
-        let line = locate(text, "id", &test.id);
+        let repeats = seen.entry(&test.id).or_insert(0);
+        let line = locate_or_mention(text, "id", &test.id, *repeats);
+        *repeats += 1;
         if test.id.trim().is_empty() || test.id.contains("::") {
             return Err(contract_error(
                 path,
                 line,
                 0,
-                &format!("contract `{id}`: test id `{}` must be non-empty and must not contain `::`", test.id),
+                &format!(
+                    "contract `{id}`: test id `{}` must be non-empty and must not contain `::`",
+                    test.id
+                ),
             ));
         }
-        if seen.insert(&test.id, ()).is_some() {
+        if *repeats > 1 {
             return Err(contract_error(
                 path,
                 line,
@@ -211,7 +539,13 @@ fn check_unique_ids(contracts: &[Contract]) -> Vec<Error> {
     let mut ids: HashMap<&str, &Path> = HashMap::new();
     for c in contracts {
         if let Some(first) = ids.insert(&c.metadata.id, &c.path) {
-            errors.push(duplicate_error(c, "id", &c.metadata.id, "contract id", first));
+            errors.push(duplicate_error(
+                c,
+                "id",
+                &c.metadata.id,
+                "contract id",
+                first,
+            ));
         }
         for t in &c.falsification_tests {
             if let Some(first) = tests.insert(&t.id, &c.path) {
@@ -225,9 +559,12 @@ fn check_unique_ids(contracts: &[Contract]) -> Vec<Error> {
 }
 
 fn duplicate_error(c: &Contract, key: &str, value: &str, what: &str, first: &Path) -> Error {
-    let line = std::fs::read_to_string(&c.path)
-        .map(|text| locate(&text, key, value))
-        .unwrap_or(0);
+    // The file was read moments ago; if it can no longer be read, line 1
+    // still names the file.
+    let line = read_capped(&c.path)
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .map_or(1, |text| locate_or_mention(&text, key, value, 0));
     contract_error(
         &c.path,
         line,
@@ -248,6 +585,35 @@ mod tests {
         let text = "a: 1\nfalsification_tests:\n  - id: \"T-1\"\n    rule: x\n";
         assert_eq!(locate(text, "id", "T-1"), 3);
         assert_eq!(locate(text, "id", "T-2"), 0);
+    }
+
+    #[test]
+    fn flow_cost_cancels_only_unquoted_same_line_pairs() {
+        let path = Path::new("c.yaml");
+        // One-line collections cost nothing after their line.
+        let shapes = "  - { rows: 2, seq: 3 }\n".repeat(50_000);
+        assert!(check_flow_cost(path, &shapes).is_ok());
+        // A quoted "]" is text: each line leaves one collection open.
+        let nested = "  [ \"]\",\n".repeat(20_000);
+        assert!(check_flow_cost(path, &nested).is_err());
+        // A close before any opening on its line cancels nothing.
+        let text = format!("{}\n{}", "[".repeat(6_000), "]".repeat(6_000));
+        assert!(check_flow_cost(path, &text).is_err());
+    }
+
+    #[test]
+    fn the_second_document_is_located() {
+        assert_eq!(second_document_line("a: 1\n---\nb: 2\n"), 2);
+        assert_eq!(second_document_line("# c\n---\na: 1\n---\nb: 2\n"), 4);
+        assert_eq!(first_alias_line("a: &x 1\nb: [*x]\n"), 2);
+    }
+
+    #[test]
+    fn scan_refuses_duplicate_keys_at_the_key() {
+        let e = scan("a: 1\nb:\n  c: 1\n  c: 2\n").unwrap_err();
+        assert!(e.to_string().contains("duplicate key `c`"), "{e}");
+        assert_eq!(e.location().map(|l| l.line()), Some(4));
+        assert!(scan("a: {c: 1}\nb: {c: 1}\n").is_ok());
     }
 
     #[test]

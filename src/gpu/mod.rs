@@ -1,6 +1,13 @@
 //! The CUDA runtime: one context per device, its stream, cuBLAS, and the kernel cache.
 
+pub mod cache;
 pub mod checks;
 mod context;
+pub mod prewarm;
 
-pub use context::{driver_present, DeviceFacts, GpuContext, GpuOptions};
+pub use cache::{CacheStats, CompileRecord, KernelCache};
+pub use context::{
+    cublas_present, driver_present, launch_config_1d, launch_config_rows, nvrtc_present, to_i32,
+    DeviceFacts, GemmMath, GpuContext, GpuOptions, THREADS_1D,
+};
+pub use prewarm::{modules_for, PrewarmReport};

@@ -23,19 +23,74 @@ macro_rules! module {
 
 /// Every kernel module of the system under test.
 pub const MODULES: &[ModuleSource] = &[
-    module!("embedding", []),
-    module!("rmsnorm", []),
-    module!("rope", []),
-    module!("softmax", []),
-    module!("activation", []),
-    module!("elementwise", []),
-    module!("cross_entropy", []),
-    module!("clip", []),
-    module!("adamw", []),
-    module!("gemm", []),
-    module!("nf4", []),
-    module!("cast", []),
-    module!("attention", []),
+    module!("embedding", ["embedding_fwd_f32", "embedding_bwd_f32"]),
+    module!(
+        "rmsnorm",
+        [
+            "rmsnorm_fwd_f32",
+            "rmsnorm_residual_fwd_f32",
+            "rmsnorm_bwd_f32",
+            "rmsnorm_bwd_dgamma_partial_f32",
+            "rmsnorm_bwd_dgamma_final_f32"
+        ]
+    ),
+    module!("rope", ["rope_fwd_f32", "rope_bwd_f32"]),
+    module!("softmax", ["softmax_fwd_f32", "softmax_bwd_f32"]),
+    module!(
+        "activation",
+        [
+            "silu_fwd_f32",
+            "silu_bwd_f32",
+            "swiglu_fwd_f32",
+            "swiglu_bwd_f32"
+        ]
+    ),
+    module!(
+        "elementwise",
+        [
+            "residual_add_fwd_f32",
+            "residual_add_bwd_f32",
+            "scale_fwd_f32",
+            "scale_bwd_f32"
+        ]
+    ),
+    module!(
+        "cross_entropy",
+        [
+            "cross_entropy_fwd_f32",
+            "cross_entropy_mean_f32",
+            "cross_entropy_bwd_f32"
+        ]
+    ),
+    module!(
+        "clip",
+        [
+            "squared_sum_partial_f32",
+            "squared_sum_final_f32",
+            "clip_scale_f32",
+            "clip_apply_f32"
+        ]
+    ),
+    module!("adamw", ["adamw_step_f32"]),
+    module!("gemm", ["gemm_fwd_f32"]),
+    module!(
+        "nf4",
+        [
+            "nf4_quantize_f32",
+            "nf4_dequantize_f32",
+            "nf4_gemm_fwd_f32",
+            "nf4_gemm_bwd_f32"
+        ]
+    ),
+    module!("cast", ["cast_fwd_f32_f16", "cast_fwd_f16_f32"]),
+    module!(
+        "attention",
+        [
+            "attention_fwd_f32",
+            "attention_bwd_dq_f32",
+            "attention_bwd_dkv_f32"
+        ]
+    ),
 ];
 
 /// The module called `name`.

@@ -142,6 +142,9 @@ mod tests {
             assert_eq!(p.head_dim % 2, 0, "{}", p.name);
             assert!(ModelConfig::preset(p.name).is_some());
         }
-        assert_eq!(ModelConfig::preset("qwen2.5-0.5b").map(|p| p.q_dim()), Some(896));
+        assert_eq!(
+            ModelConfig::preset("qwen2.5-0.5b").map(|p| p.q_dim()),
+            Some(896)
+        );
     }
 }

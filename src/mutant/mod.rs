@@ -110,7 +110,11 @@ mod tests {
 
     #[test]
     fn names_round_trip_through_serde() {
-        for m in [Mutant::PtxOlderTarget, Mutant::Nf4NeighbourCode, Mutant::ClipPerLayer] {
+        for m in [
+            Mutant::PtxOlderTarget,
+            Mutant::Nf4NeighbourCode,
+            Mutant::ClipPerLayer,
+        ] {
             let parsed: Mutant = serde_yaml::from_str(&m.name()).expect("parses");
             assert_eq!(parsed, m);
         }

@@ -1,11 +1,243 @@
-//! Launchers for `kernels/clip.cu`.
+//! Launchers for `kernels/clip.cu`: global gradient-norm clipping on the device,
+//! with no device-to-host copy:
+//!
+//! ```text
+//! S     = sum_t sum_i g_ti^2                       (squared_sum, f64, fixed order)
+//! scale = min(1, max_norm / (sqrt(S) + 1e-6))      (scale: a device scalar)
+//! g    <- scale * g                                (apply: reads the device scalar)
+//! ```
 
-use super::parity::{unsupported, Case, Comparison};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use rand::Rng;
+
+use super::parity::{
+    case_rng, compare, compare_in_place, elements, uniform, widen, written, Arg, Case, Comparison,
+    Signatures,
+};
 use crate::check::op::Op;
-use crate::error::Result;
-use crate::gpu::GpuContext;
+use crate::error::{Error, Result};
+use crate::gpu::{GpuContext, THREADS_1D};
+use crate::mutant::Mutant;
+use crate::reference::clip as refop;
+use crate::reference::elementwise::expect_len;
 
-/// `op_parity` for one shape.
-pub fn parity(_op: Op, _gpu: &mut GpuContext, _case: &Case<'_>) -> Result<Comparison> {
-    Err(unsupported("clip"))
+pub const MODULE: &str = "clip";
+
+/// Kernel argument lists, checked against the compiled PTX by a unit test.
+pub const SIGNATURES: Signatures = &[
+    ("squared_sum_partial_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
+    ("squared_sum_final_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
+    ("clip_scale_f32", &[Arg::Ptr, Arg::Ptr, Arg::F32, Arg::I32]),
+    ("clip_apply_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
+];
+
+/// At most this many partial sums (blocks) per tensor.
+const MAX_PARTIALS_PER_TENSOR: usize = 512;
+/// Threads of the one-block final reduction.
+const FINAL_THREADS: u32 = 256;
+
+/// Blocks (and so partial sums) of the squared sum of a tensor of `n` values.
+fn partials_for(n: usize) -> usize {
+    n.div_ceil(THREADS_1D as usize)
+        .clamp(1, MAX_PARTIALS_PER_TENSOR)
+}
+
+/// The per-block partial sums of [`squared_sum`] over a fixed list of tensor
+/// lengths. The grid of every launch is derived from these lengths alone, so
+/// the reduction order (and the result, bit for bit) depends on nothing else.
+pub struct SquaredSumWorkspace {
+    lens: Vec<usize>,
+    partials: CudaSlice<f64>,
+}
+
+impl SquaredSumWorkspace {
+    /// Scratch for tensors of the given lengths, in the order they will be passed.
+    pub fn new(gpu: &GpuContext, lens: &[usize]) -> Result<Self> {
+        let total: usize = lens.iter().map(|&n| partials_for(n)).sum();
+        Ok(SquaredSumWorkspace {
+            lens: lens.to_vec(),
+            partials: gpu.zeros(total.max(1))?,
+        })
+    }
+}
+
+/// `sq[0] = sum_t sum_i g_ti^2` over all `tensors`, accumulated in f64 on the
+/// device in a fixed order.
+pub fn squared_sum(
+    gpu: &mut GpuContext,
+    tensors: &[CudaView<'_, f32>],
+    ws: &mut SquaredSumWorkspace,
+    sq: &mut CudaViewMut<'_, f64>,
+    fault: Option<Mutant>,
+) -> Result<()> {
+    let lens: Vec<usize> = tensors.iter().map(|t| t.len()).collect();
+    if lens != ws.lens {
+        return Err(Error::ShapeMismatch {
+            op: "squared_sum",
+            expected: format!("tensors of lengths {:?}", ws.lens),
+            got: format!("{lens:?}"),
+        });
+    }
+    expect_len("squared_sum", "sq", sq.len(), &[1])?;
+    let f = gpu.function(MODULE, "squared_sum_partial_f32")?;
+    let mut offset = 0;
+    for t in tensors {
+        let n = t.len();
+        let blocks = partials_for(n);
+        let n_i = elements("squared_sum", n)?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (THREADS_1D, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut part = ws.partials.slice_mut(offset..offset + blocks);
+        let mut l = gpu.stream().launch_builder(&f);
+        l.arg(t).arg(&mut part).arg(&n_i);
+        // SAFETY: squared_sum_partial_f32(const float* x, double* partials, int n):
+        // x holds n elements; `part` is the blocks-long slice of the workspace
+        // (sized from the same lengths, checked above) and block b writes
+        // partials[b], b < blocks = gridDim.x.
+        unsafe { l.launch(cfg) }?;
+        offset += blocks;
+    }
+    if written(1, fault) == 0 {
+        return Ok(());
+    }
+    let nparts = crate::gpu::to_i32("squared_sum", "partials", offset)?;
+    let f = gpu.function(MODULE, "squared_sum_final_f32")?;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (FINAL_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(&ws.partials).arg(sq).arg(&nparts);
+    // SAFETY: squared_sum_final_f32(const double* partials, double* sq, int nparts):
+    // the workspace holds at least nparts partials, sq one element; one block.
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+/// `scale[0] = min(1, max_norm / (sqrt(sq[0]) + 1e-6))`, device to device.
+pub fn scale(
+    gpu: &mut GpuContext,
+    sq: &CudaView<'_, f64>,
+    max_norm: f64,
+    scale: &mut CudaViewMut<'_, f32>,
+    fault: Option<Mutant>,
+) -> Result<()> {
+    if !(max_norm.is_finite() && max_norm > 0.0) {
+        return Err(Error::InvalidArgument {
+            op: "clip_scale",
+            message: format!("max_norm must be a finite number > 0, got {max_norm}"),
+        });
+    }
+    expect_len("clip_scale", "sq", sq.len(), &[1])?;
+    expect_len("clip_scale", "scale", scale.len(), &[1])?;
+    let write = i32::from(written(1, fault) == 1);
+    let max_norm_f = max_norm as f32;
+    let f = gpu.function(MODULE, "clip_scale_f32")?;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(sq).arg(scale).arg(&max_norm_f).arg(&write);
+    // SAFETY: clip_scale_f32(const double* sq, float* scale, float max_norm,
+    // int write): sq and scale hold one element each (checked above); only
+    // thread 0 of block 0 reads and writes.
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+/// `g <- scale[0] * g`, in place; the scale is read on the device.
+pub fn apply(
+    gpu: &mut GpuContext,
+    g: &mut CudaViewMut<'_, f32>,
+    scale: &CudaView<'_, f32>,
+    fault: Option<Mutant>,
+) -> Result<()> {
+    expect_len("clip_apply", "scale", scale.len(), &[1])?;
+    let n_w = written(g.len(), fault);
+    if n_w == 0 {
+        return Ok(());
+    }
+    let n_i = elements("clip_apply", n_w)?;
+    let f = gpu.function(MODULE, "clip_apply_f32")?;
+    let cfg = gpu.launch_1d(n_w);
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(g).arg(scale).arg(&n_i);
+    // SAFETY: clip_apply_f32(float* g, const float* scale, int n): g holds
+    // n >= n_i elements, scale one (checked above); g and scale are distinct
+    // buffers (a mutable and a shared borrow).
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+/// Splits `n` values into three tensors of unequal length (fewer when `n < 3`),
+/// so the multi-tensor path of the squared sum is exercised.
+fn split(n: usize) -> Vec<usize> {
+    if n < 3 {
+        return vec![n];
+    }
+    let a = n / 2;
+    let b = n / 3;
+    vec![a, b, n - a - b]
+}
+
+/// `op_parity` of the squared sum, clip scale or clip apply for one `{n}` shape.
+pub fn parity(op: Op, gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
+    let n = case.shape.dim("n");
+    let mut rng = case_rng(case.seed);
+    let fault = case.mutant;
+    let g = uniform(&mut rng, n, -1.0, 1.0);
+    match op {
+        Op::SquaredSum => {
+            let lens = split(n);
+            let mut parts = Vec::new();
+            let mut start = 0;
+            for &len in &lens {
+                parts.push(widen(&g[start..start + len]));
+                start += len;
+            }
+            let refs: Vec<&[f64]> = parts.iter().map(Vec::as_slice).collect();
+            let want = refop::squared_sum(&refs);
+            let d_g = gpu.upload(&g)?;
+            let mut views = Vec::new();
+            let mut start = 0;
+            for &len in &lens {
+                views.push(d_g.slice(start..start + len));
+                start += len;
+            }
+            let mut ws = SquaredSumWorkspace::new(gpu, &lens)?;
+            let mut sq = gpu.upload(&[f64::NAN])?;
+            squared_sum(gpu, &views, &mut ws, &mut sq.as_view_mut(), fault)?;
+            let got: Vec<f32> = gpu.download(&sq)?.iter().map(|&v| v as f32).collect();
+            Ok(compare(&got, &[want]))
+        }
+        Op::ClipScale => {
+            // max_norm between 0.1x and 2x the norm: both the clipping and the
+            // pass-through (scale == 1) side occur across seeds.
+            let sq_val = refop::squared_sum(&[&widen(&g)]);
+            let max_norm =
+                f64::from((sq_val.sqrt() as f32) * rng.random_range(0.1f32..2.0)).max(1e-3);
+            let max_norm_ref = f64::from(max_norm as f32);
+            let want = refop::scale(sq_val, max_norm_ref);
+            let d_sq = gpu.upload(&[sq_val])?;
+            let mut s = gpu.poisoned(1)?;
+            scale(gpu, &d_sq.as_view(), max_norm, &mut s.as_view_mut(), fault)?;
+            Ok(compare(&gpu.download(&s)?, &[want]))
+        }
+        _ => {
+            // A scale well below one, so every element must change.
+            let s = rng.random_range(0.05f32..0.5);
+            let mut want = widen(&g);
+            refop::apply(&mut want, f64::from(s));
+            let mut d_g = gpu.upload(&g)?;
+            let d_s = gpu.upload(&[s])?;
+            apply(gpu, &mut d_g.as_view_mut(), &d_s.as_view(), fault)?;
+            Ok(compare_in_place(&gpu.download(&d_g)?, &g, &want))
+        }
+    }
 }

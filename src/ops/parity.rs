@@ -12,6 +12,8 @@ use crate::contract::Backend;
 use crate::error::{Error, Result};
 use crate::gpu::GpuContext;
 use crate::mutant::Mutant;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 /// What one op invocation on one shape produced, compared with the reference.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -111,7 +113,11 @@ fn run_case(op: Op, gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison>
     }
 }
 
-pub fn measure(p: &op_parity::Params, backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+pub fn measure(
+    p: &op_parity::Params,
+    backend: Backend,
+    cx: &mut TrialContext<'_>,
+) -> Result<Measurement> {
     if backend != Backend::Cuda {
         return Err(Error::InvalidArgument {
             op: "op_parity",
@@ -135,9 +141,15 @@ pub fn measure(p: &op_parity::Params, backend: Backend, cx: &mut TrialContext<'_
             mutant,
         };
         let c = run_case(p.op, gpu, &case)?;
-        per_shape.push(format!("{shape}: rel_l2 {:.3e} max_abs {:.3e}", c.rel_l2, c.max_abs));
+        per_shape.push(format!(
+            "{shape}: rel_l2 {:.3e} max_abs {:.3e}",
+            c.rel_l2, c.max_abs
+        ));
         if c.unwritten > 0 {
-            violations.push(format!("{shape}: {} of {} elements unwritten", c.unwritten, c.len));
+            violations.push(format!(
+                "{shape}: {} of {} elements unwritten",
+                c.unwritten, c.len
+            ));
         }
         if c.non_finite > 0 {
             violations.push(format!("{shape}: {} non-finite elements", c.non_finite));
@@ -159,7 +171,10 @@ pub fn measure(p: &op_parity::Params, backend: Backend, cx: &mut TrialContext<'_
             mutant,
         };
         match run_case(p.op, gpu, &case) {
-            Ok(_) => violations.push(format!("{} was accepted; it must be refused", refusal.shape)),
+            Ok(_) => violations.push(format!(
+                "{} was accepted; it must be refused",
+                refusal.shape
+            )),
             Err(e) if e.to_string().contains(&refusal.error_contains) => {
                 per_shape.push(format!("{} refused: {e}", refusal.shape));
             }
@@ -169,25 +184,212 @@ pub fn measure(p: &op_parity::Params, backend: Backend, cx: &mut TrialContext<'_
             )),
         }
     }
-    let mut m = Measurement::new("rel_l2_error", worst.rel_l2, Comparator::Le, tolerance, "ratio")
-        .with_detail(format!(
-            "{} {} {:?}; worst {worst_shape}; max_abs {:.3e}; {}",
-            p.op,
-            p.pass.as_str(),
-            p.precision,
-            worst.max_abs,
-            per_shape.join("; ")
-        ));
+    let mut m = Measurement::new(
+        "rel_l2_error",
+        worst.rel_l2,
+        Comparator::Le,
+        tolerance,
+        "ratio",
+    )
+    .with_detail(format!(
+        "{} {} {:?}; worst {worst_shape}; max_abs {:.3e}; {}",
+        p.op,
+        p.pass.as_str(),
+        p.precision,
+        worst.max_abs,
+        per_shape.join("; ")
+    ));
     for v in violations {
         m.violate(v);
     }
     Ok(m)
 }
 
-/// The error every not-yet-built launcher returns.
-pub(crate) fn unsupported(op: &'static str) -> Error {
-    Error::InvalidArgument {
-        op,
-        message: "no GPU launcher for this op yet".into(),
+/// The number of elements (or rows) a launcher writes: all `n`, or `n - 1`
+/// under the test-only fault [`Mutant::LastElementUnwritten`].
+pub(crate) fn written(n: usize, fault: Option<Mutant>) -> usize {
+    if fault == Some(Mutant::LastElementUnwritten) {
+        n.saturating_sub(1)
+    } else {
+        n
+    }
+}
+
+/// The seeded generator of one parity case.
+pub(crate) fn case_rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// `len` values drawn uniformly from `[lo, hi)`.
+pub(crate) fn uniform(rng: &mut ChaCha8Rng, len: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..len).map(|_| rng.random_range(lo..hi)).collect()
+}
+
+/// The f32 inputs widened (exactly) for the f64 reference.
+pub(crate) fn widen(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| f64::from(v)).collect()
+}
+
+/// For an op that updates its buffer in place (no poison possible): elements
+/// still bit-identical to their input although the reference changed them.
+pub(crate) fn unchanged(out: &[f32], input: &[f32], reference: &[f64]) -> usize {
+    out.iter()
+        .zip(input)
+        .zip(reference)
+        .filter(|((o, i), r)| {
+            let i = f64::from(**i);
+            // Changed beyond f32 rounding, so a correct kernel must have changed it too.
+            o.to_bits() == (i as f32).to_bits() && (**r - i).abs() > 1e-6 * i.abs()
+        })
+        .count()
+}
+
+/// [`compare`] of an in-place output, counting unchanged elements as unwritten.
+pub(crate) fn compare_in_place(out: &[f32], input: &[f32], reference: &[f64]) -> Comparison {
+    let mut c = compare(out, reference);
+    c.unwritten += unchanged(out, input, reference);
+    c
+}
+
+/// Threads per block of a row kernel over `cols` columns: a multiple of 32,
+/// at least 32, at most `max`.
+pub(crate) fn row_threads(cols: usize, max: u32) -> u32 {
+    let want = cols.div_ceil(32).saturating_mul(32).max(32);
+    u32::try_from(want).unwrap_or(max).min(max)
+}
+
+/// Largest element count of a grid-stride kernel: with `n <= 2^30` and a grid
+/// of at most `2^30` threads, `k + stride` never overflows the kernel's `int`.
+pub(crate) const MAX_ELEMENTS: usize = 1 << 30;
+
+/// `n` as the kernel's `int` element count, or an error above [`MAX_ELEMENTS`].
+pub(crate) fn elements(op: &'static str, n: usize) -> Result<i32> {
+    if n > MAX_ELEMENTS {
+        return Err(Error::InvalidArgument {
+            op,
+            message: format!("{n} elements exceed the kernel limit of {MAX_ELEMENTS}"),
+        });
+    }
+    crate::gpu::to_i32(op, "elements", n)
+}
+
+/// The PTX parameter class of a kernel argument, so a test can check the
+/// launchers' argument lists against the compiled kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arg {
+    /// A device pointer (`.u64`).
+    Ptr,
+    /// `int` / `unsigned int` (`.u32`).
+    I32,
+    /// `long long` (`.u64`).
+    I64,
+    /// `float` (`.f32`).
+    F32,
+    /// `double` (`.f64`).
+    F64,
+}
+
+impl Arg {
+    /// The PTX `.param` type of this argument.
+    pub fn ptx_type(self) -> &'static str {
+        match self {
+            Arg::Ptr | Arg::I64 => ".u64",
+            Arg::I32 => ".u32",
+            Arg::F32 => ".f32",
+            Arg::F64 => ".f64",
+        }
+    }
+}
+
+/// The argument list of every kernel of a module, by symbol.
+pub type Signatures = &'static [(&'static str, &'static [Arg])];
+
+/// The `.param` types of kernel `symbol` in a PTX text, in order.
+pub fn ptx_param_types(ptx: &str, symbol: &str) -> Option<Vec<String>> {
+    let head = format!(".entry {symbol}(");
+    let start = ptx.find(&head)? + head.len();
+    let end = start + ptx[start..].find(')')?;
+    Some(
+        ptx[start..end]
+            .split(',')
+            .filter_map(|p| p.split_whitespace().nth(1).map(str::to_string))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::cache::compile_module;
+    use crate::gpu::nvrtc_present;
+    use crate::kernels;
+
+    /// The launchers' argument lists of every module with one, by module.
+    fn signatures() -> Vec<(&'static str, Signatures)> {
+        use super::super::*;
+        vec![
+            (embedding::MODULE, embedding::SIGNATURES),
+            (rmsnorm::MODULE, rmsnorm::SIGNATURES),
+            (rope::MODULE, rope::SIGNATURES),
+            (softmax::MODULE, softmax::SIGNATURES),
+            (activation::MODULE, activation::SIGNATURES),
+            (elementwise::MODULE, elementwise::SIGNATURES),
+            (cross_entropy::MODULE, cross_entropy::SIGNATURES),
+            (clip::MODULE, clip::SIGNATURES),
+            (adamw::MODULE, adamw::SIGNATURES),
+        ]
+    }
+
+    #[test]
+    fn every_declared_kernel_has_a_signature() {
+        for (module, sigs) in signatures() {
+            let Some(m) = kernels::module(module) else {
+                panic!("no module {module}");
+            };
+            let mut declared: Vec<&str> = m.symbols.to_vec();
+            let mut signed: Vec<&str> = sigs.iter().map(|s| s.0).collect();
+            declared.sort_unstable();
+            signed.sort_unstable();
+            assert_eq!(declared, signed, "{module}");
+        }
+    }
+
+    /// Compiles each module (when NVRTC is loadable) and checks every kernel's
+    /// PTX parameter list against the launcher's declared argument list.
+    #[test]
+    fn launcher_arguments_match_the_ptx() {
+        if !nvrtc_present() {
+            return;
+        }
+        for (module, sigs) in signatures() {
+            let Some(m) = kernels::module(module) else {
+                panic!("no module {module}");
+            };
+            let ptx = compile_module(m, "compute_90").unwrap();
+            for (symbol, args) in sigs {
+                let got = ptx_param_types(&ptx, symbol).unwrap_or_default();
+                let want: Vec<&str> = args.iter().map(|a| a.ptx_type()).collect();
+                assert_eq!(got, want, "{module}::{symbol}");
+            }
+        }
+    }
+
+    #[test]
+    fn comparison_helpers() {
+        assert_eq!(written(5, Some(Mutant::LastElementUnwritten)), 4);
+        assert_eq!(written(0, Some(Mutant::LastElementUnwritten)), 0);
+        assert_eq!(written(5, None), 5);
+        assert_eq!(row_threads(1, 256), 32);
+        assert_eq!(row_threads(33, 256), 64);
+        assert_eq!(row_threads(151_936, 1024), 1024);
+        let c = compare_in_place(&[1.0, 2.0], &[1.0, 4.0], &[0.5, 2.0]);
+        assert_eq!(c.unwritten, 1);
+        let c = compare(&[f32::NAN, 1.0], &[1.0, 1.0]);
+        assert_eq!(c.unwritten, 1);
+        let ptx = ".visible .entry k(\n\t.param .u64 k_param_0,\n\t.param .f32 k_param_1\n)\n{";
+        assert_eq!(
+            ptx_param_types(ptx, "k"),
+            Some(vec![".u64".to_string(), ".f32".to_string()])
+        );
     }
 }

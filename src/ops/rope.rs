@@ -1,10 +1,214 @@
-//! Launchers for `kernels/rope.cu`.
+//! Launchers for `kernels/rope.cu`: rotary position embedding, NeoX halves,
+//! layout `[batch, seq, heads, head_dim]`. Pair `(x_i, x_{i+half})` at position
+//! `pos` is rotated by `pos * theta^(-2i / head_dim)`; the backward rotates by
+//! the negative angle (the transpose of a rotation).
 
-use super::parity::{unsupported, Case, Comparison};
-use crate::error::Result;
-use crate::gpu::GpuContext;
+use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
-/// `op_parity` for one shape.
-pub fn parity(_gpu: &mut GpuContext, _case: &Case<'_>) -> Result<Comparison> {
-    Err(unsupported("rope"))
+use super::parity::{
+    case_rng, compare, uniform, widen, written, Arg, Case, Comparison, Signatures, MAX_ELEMENTS,
+};
+use crate::check::op::Pass;
+use crate::error::{Error, Result};
+use crate::gpu::{to_i32, GpuContext};
+use crate::model::ModelConfig;
+use crate::mutant::Mutant;
+use crate::reference::elementwise::expect_len;
+use crate::reference::rope as refop;
+
+pub const MODULE: &str = "rope";
+
+/// Kernel argument lists, checked against the compiled PTX by a unit test.
+pub const SIGNATURES: Signatures = &[
+    (
+        "rope_fwd_f32",
+        &[
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I64,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::F64,
+        ],
+    ),
+    (
+        "rope_bwd_f32",
+        &[
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I64,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::F64,
+        ],
+    ),
+];
+
+/// The dimensions of a RoPE launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RopeDims {
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    head_dim: usize,
+}
+
+impl RopeDims {
+    fn len(&self) -> usize {
+        self.batch * self.seq * self.heads * self.head_dim
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    gpu: &mut GpuContext,
+    symbol: &str,
+    x: &CudaView<'_, f32>,
+    d: RopeDims,
+    theta: f64,
+    y: &mut CudaViewMut<'_, f32>,
+    fault: Option<Mutant>,
+) -> Result<()> {
+    if d.head_dim == 0 || !d.head_dim.is_multiple_of(2) {
+        return Err(Error::InvalidArgument {
+            op: "rope",
+            message: format!("head_dim must be even and > 0, got {}", d.head_dim),
+        });
+    }
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(Error::InvalidArgument {
+            op: "rope",
+            message: format!("theta must be a finite number > 0, got {theta}"),
+        });
+    }
+    let dims = [d.batch, d.seq, d.heads, d.head_dim];
+    expect_len("rope", "input", x.len(), &dims)?;
+    expect_len("rope", "output", y.len(), &dims)?;
+    let npairs = written(d.len() / 2, fault);
+    if npairs == 0 {
+        return Ok(());
+    }
+    if npairs > MAX_ELEMENTS {
+        return Err(Error::InvalidArgument {
+            op: "rope",
+            message: format!("{npairs} pairs exceed the kernel limit of {MAX_ELEMENTS}"),
+        });
+    }
+    let npairs_i = npairs as i64;
+    let seq_i = to_i32("rope", "seq", d.seq)?;
+    let heads_i = to_i32("rope", "heads", d.heads)?;
+    let head_dim_i = to_i32("rope", "head_dim", d.head_dim)?;
+    let f = gpu.function(MODULE, symbol)?;
+    let cfg = gpu.launch_1d(npairs);
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(x)
+        .arg(y)
+        .arg(&npairs_i)
+        .arg(&seq_i)
+        .arg(&heads_i)
+        .arg(&head_dim_i)
+        .arg(&theta);
+    // SAFETY: rope_{fwd,bwd}_f32(const float* x, float* y, long long npairs,
+    // int seq, int heads, int head_dim, double theta): pair p touches elements
+    // (p / half) * head_dim + (p % half) and that + half, both < 2 * npairs <=
+    // batch * seq * heads * head_dim = len(x) = len(y) (checked above); x and
+    // y do not alias.
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+/// RoPE: `y = R(angle) x`, `x` and `y` `[batch, seq, heads, head_dim]`.
+#[allow(clippy::too_many_arguments)]
+pub fn forward(
+    gpu: &mut GpuContext,
+    x: &CudaView<'_, f32>,
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    head_dim: usize,
+    theta: f64,
+    y: &mut CudaViewMut<'_, f32>,
+    fault: Option<Mutant>,
+) -> Result<()> {
+    let d = RopeDims {
+        batch,
+        seq,
+        heads,
+        head_dim,
+    };
+    launch(gpu, "rope_fwd_f32", x, d, theta, y, fault)
+}
+
+/// Gradient of RoPE: `dx = R(-angle) dy`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    gpu: &mut GpuContext,
+    dy: &CudaView<'_, f32>,
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    head_dim: usize,
+    theta: f64,
+    dx: &mut CudaViewMut<'_, f32>,
+    fault: Option<Mutant>,
+) -> Result<()> {
+    let d = RopeDims {
+        batch,
+        seq,
+        heads,
+        head_dim,
+    };
+    launch(gpu, "rope_bwd_f32", dy, d, theta, dx, fault)
+}
+
+/// `op_parity` of RoPE for one `{batch, seq, heads, head_dim}` shape, with the
+/// presets' theta (1e6).
+pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
+    let d = RopeDims {
+        batch: case.shape.dim("batch"),
+        seq: case.shape.dim("seq"),
+        heads: case.shape.dim("heads"),
+        head_dim: case.shape.dim("head_dim"),
+    };
+    let theta = ModelConfig::ROPE_THETA;
+    let n = d.len();
+    let mut rng = case_rng(case.seed);
+    let x = uniform(&mut rng, n, -2.0, 2.0);
+    let d_x = gpu.upload(&x)?;
+    let mut y = gpu.poisoned(n)?;
+    let want = match case.pass {
+        Pass::Forward => {
+            let (b, s, h, hd) = (d.batch, d.seq, d.heads, d.head_dim);
+            forward(
+                gpu,
+                &d_x.as_view(),
+                b,
+                s,
+                h,
+                hd,
+                theta,
+                &mut y.as_view_mut(),
+                case.mutant,
+            )?;
+            refop::forward(&widen(&x), d.batch, d.seq, d.heads, d.head_dim, theta)?
+        }
+        Pass::Backward => {
+            let (b, s, h, hd) = (d.batch, d.seq, d.heads, d.head_dim);
+            backward(
+                gpu,
+                &d_x.as_view(),
+                b,
+                s,
+                h,
+                hd,
+                theta,
+                &mut y.as_view_mut(),
+                case.mutant,
+            )?;
+            refop::backward(&widen(&x), d.batch, d.seq, d.heads, d.head_dim, theta)?
+        }
+    };
+    Ok(compare(&gpu.download(&y)?, &want))
 }

@@ -159,6 +159,25 @@ impl ReportDir {
         self.dir.join(SPEEDUPS_CSV)
     }
 
+    /// Removes temp files left by writers that were killed mid-write. Called
+    /// with the lock held, so any temp file present belongs to a dead writer.
+    fn remove_stale_temp_files(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let ours = [FALSIFICATION_CSV, SPEEDUPS_CSV]
+                .iter()
+                .any(|csv| name.starts_with(&format!(".{csv}.")));
+            if ours && name.ends_with(".tmp") {
+                // Best effort: a file we cannot remove is only clutter.
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+
     /// Merges this run's rows into the reports and writes them atomically.
     ///
     /// A run that executed only some trials (a filter, or cargo-nextest's one
@@ -176,6 +195,7 @@ impl ReportDir {
         let lock_path = self.dir.join(".lock");
         let lock = File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
         lock.lock().map_err(|e| Error::io(&lock_path, e))?;
+        self.remove_stale_temp_files();
 
         let replaced: HashSet<String> = rows
             .iter()
@@ -185,8 +205,7 @@ impl ReportDir {
 
         // An unreadable old report (e.g. written by an older column layout) is
         // replaced rather than allowed to stop the run from recording results.
-        let old: Vec<FalsificationRow> =
-            read_rows(&self.falsification_path()).unwrap_or_default();
+        let old: Vec<FalsificationRow> = read_rows(&self.falsification_path()).unwrap_or_default();
         let mut merged: Vec<FalsificationRow> = old
             .into_iter()
             .filter(|r| {
@@ -246,7 +265,11 @@ mod tests {
         let known: HashSet<String> = ["c::A", "c::B"].iter().map(|s| s.to_string()).collect();
         report
             .merge_and_write(
-                vec![row("c", "A", Status::Passed), row("c", "B", Status::Passed), row("c", "Gone", Status::Passed)],
+                vec![
+                    row("c", "A", Status::Passed),
+                    row("c", "B", Status::Passed),
+                    row("c", "Gone", Status::Passed),
+                ],
                 vec![],
                 &known,
             )
@@ -255,7 +278,10 @@ mod tests {
             .merge_and_write(vec![row("c", "B", Status::Falsified)], vec![], &known)
             .expect("second write");
         let rows: Vec<FalsificationRow> = read_rows(&report.falsification_path()).expect("read");
-        let got: Vec<(&str, Status)> = rows.iter().map(|r| (r.test_id.as_str(), r.status)).collect();
+        let got: Vec<(&str, Status)> = rows
+            .iter()
+            .map(|r| (r.test_id.as_str(), r.status))
+            .collect();
         assert_eq!(got, vec![("A", Status::Passed), ("B", Status::Falsified)]);
         assert_eq!(rows[0].detail, "a, \"quoted\" detail");
     }

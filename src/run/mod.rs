@@ -206,8 +206,10 @@ impl Engine {
             gpu,
             artifacts_dir,
         };
-        let result = catch_unwind(AssertUnwindSafe(|| test.check.execute(trial.backend, &mut cx)))
-            .unwrap_or_else(|panic| Err(panic_error(panic)));
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            test.check.execute(trial.backend, &mut cx)
+        }))
+        .unwrap_or_else(|panic| Err(panic_error(panic)));
         drop(cx);
         // A driver error can leave the context unusable (e.g. after an illegal
         // address); drop it so the next cuda trial opens a fresh one.
@@ -225,7 +227,11 @@ impl Engine {
                 format_number(m.observed),
                 m.comparator.symbol(),
                 format_number(m.threshold),
-                if m.unit.is_empty() { String::new() } else { format!(" {}", m.unit) }
+                if m.unit.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {}", m.unit)
+                }
             ),
             None => detail.clone(),
         };
@@ -252,7 +258,13 @@ impl Engine {
                 });
             }
         }
-        let row = self.row(trial, status, measurement.as_ref(), duration_ms, detail.clone());
+        let row = self.row(
+            trial,
+            status,
+            measurement.as_ref(),
+            duration_ms,
+            detail.clone(),
+        );
         lock(&self.rows).push(row);
         TrialOutcome {
             status,
@@ -309,7 +321,9 @@ impl Engine {
             status,
             metric: m.map(|m| m.metric.clone()).unwrap_or_default(),
             observed: m.map(|m| m.observed),
-            comparator: m.map(|m| m.comparator.symbol().to_string()).unwrap_or_default(),
+            comparator: m
+                .map(|m| m.comparator.symbol().to_string())
+                .unwrap_or_default(),
             threshold: m.map(|m| m.threshold),
             unit: m.map(|m| m.unit.clone()).unwrap_or_default(),
             duration_ms,

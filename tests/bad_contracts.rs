@@ -1,0 +1,479 @@
+//! The loader against a corpus of broken contracts (`tests/bad-contracts/`, see
+//! its README.md) and against inputs too large to commit, generated here.
+//!
+//! Every case must be refused with an `Error::Contract` that names the
+//! offending file, a line (> 0, except for a file over the size cap, which is
+//! refused before it is read and so has no line: 0), and a message containing
+//! the expected text; it must not panic and must finish within
+//! [`TIME_LIMIT`]. The expectations table and the corpus are kept in step: a
+//! corpus entry without an expectation, or an expectation without its entry,
+//! fails the test.
+
+use std::collections::BTreeSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use falsify::contract::{load_dir, load_file, MAX_CONTRACT_BYTES};
+use falsify::Error;
+
+/// The most one case may take. Generous for a 2-core CI machine; the real
+/// figures are a few milliseconds.
+const TIME_LIMIT: Duration = Duration::from_secs(2);
+
+/// One corpus entry: a file (`name.yaml`) or a directory loaded with
+/// `load_dir` (`name/`, where `file` is the offending file inside it).
+struct Case {
+    /// File name or directory name inside the corpus.
+    name: &'static str,
+    /// For a directory case, the file the error must name.
+    file: Option<&'static str>,
+    /// Text the error message must contain.
+    expect: &'static str,
+    /// The 1-based line the error must give.
+    line: usize,
+}
+
+const fn case(name: &'static str, expect: &'static str, line: usize) -> Case {
+    Case {
+        name,
+        file: None,
+        expect,
+        line,
+    }
+}
+
+const fn dir_case(
+    name: &'static str,
+    file: &'static str,
+    expect: &'static str,
+    line: usize,
+) -> Case {
+    Case {
+        name,
+        file: Some(file),
+        expect,
+        line,
+    }
+}
+
+/// file -> expected message text and line.
+const CASES: &[Case] = &[
+    // YAML syntax
+    case(
+        "syntax-bad-indentation.yaml",
+        "mapping values are not allowed in this context",
+        3,
+    ),
+    case(
+        "syntax-unclosed-quote.yaml",
+        "found unexpected end of stream",
+        16,
+    ),
+    case(
+        "syntax-unclosed-bracket.yaml",
+        "did not find expected ',' or ']'",
+        6,
+    ),
+    case(
+        "syntax-tab-indentation.yaml",
+        "found a tab character that violates indentation",
+        7,
+    ),
+    // wrong types
+    case(
+        "type-string-for-number.yaml",
+        "invalid type: string \"many\"",
+        14,
+    ),
+    case(
+        "type-list-for-map.yaml",
+        "invalid type: sequence, expected struct Metadata",
+        1,
+    ),
+    case(
+        "type-number-for-list.yaml",
+        "invalid type: integer `3`, expected a sequence",
+        5,
+    ),
+    case(
+        "type-map-for-string.yaml",
+        "invalid type: map, expected a string",
+        7,
+    ),
+    // unknown keys, at every level
+    case("unknown-key-top.yaml", "unknown field `owner`", 5),
+    case("unknown-key-metadata.yaml", "unknown field `licence`", 5),
+    case("unknown-key-equation.yaml", "unknown field `range`", 8),
+    case("unknown-key-obligation.yaml", "unknown field `severity`", 8),
+    case("unknown-key-test.yaml", "unknown field `owner`", 10),
+    case(
+        "unknown-key-check-params.yaml",
+        "unknown field `tolerence`",
+        15,
+    ),
+    case("unknown-key-step-mode.yaml", "unknown field `grpah`", 16),
+    case("unknown-obligation-type.yaml", "unknown variant `vibes`", 6),
+    case("unknown-requirement.yaml", "unknown variant `tpu`", 5),
+    case("merge-key.yaml", "unknown field `<<`", 13),
+    // ids
+    case(
+        "duplicate-test-id.yaml",
+        "test id `F-BAD-001` appears twice",
+        16,
+    ),
+    case("test-id-with-separator.yaml", "must not contain `::`", 6),
+    case(
+        "id-mismatch.yaml",
+        "must equal the file stem `id-mismatch`",
+        2,
+    ),
+    case("id-mismatch-flow-style.yaml", "must equal the file stem", 1),
+    case(
+        "no-falsification-tests.yaml",
+        "has no falsification test",
+        5,
+    ),
+    case(
+        "missing-falsification-tests.yaml",
+        "missing field `falsification_tests`",
+        1,
+    ),
+    case("missing-rule.yaml", "missing field `rule`", 6),
+    // check kinds, mutants, model presets
+    case(
+        "unknown-check-kind.yaml",
+        "unknown check kind `vibe_check`; known kinds: op_parity",
+        12,
+    ),
+    case(
+        "kind-not-first.yaml",
+        "`kind` must be the first key of `check`, found `property`",
+        12,
+    ),
+    case("check-without-kind.yaml", "missing field `kind`", 12),
+    case(
+        "unknown-mutant.yaml",
+        "unknown variant `softmax_that_is_wrong`",
+        10,
+    ),
+    case(
+        "unknown-model-preset.yaml",
+        "unknown model preset `gpt-17`; known presets:",
+        13,
+    ),
+    case(
+        "kind-wrong-backend.yaml",
+        "check kind `memory_budget` cannot run on `cpu`",
+        6,
+    ),
+    // numbers out of range
+    case("negative-tolerance.yaml", "it must be >= 0", 15),
+    case("zero-steps.yaml", "0 is out of range: it must be > 0", 14),
+    case("zero-ratio.yaml", "0 is out of range: it must be > 0", 16),
+    case(
+        "fraction-too-large.yaml",
+        "1.5 is out of range: it must be in (0, 1]",
+        15,
+    ),
+    case(
+        "checkpoint-beyond-steps.yaml",
+        "checkpoint 8 is beyond `steps` (4)",
+        12,
+    ),
+    case(
+        "count-negative.yaml",
+        "-3 is out of range: it must be > 0",
+        14,
+    ),
+    case("count-huge.yaml", "expected a whole number > 0", 14),
+    // numbers that are not finite
+    case("nan-tolerance.yaml", "NaN is not a finite number", 15),
+    case("inf-max-abs-diff.yaml", "inf is not a finite number", 18),
+    case(
+        "overflow-to-inf.yaml",
+        "invalid type: string \"1.0e999\", expected a finite number",
+        15,
+    ),
+    // whole-file conditions and document structure
+    case("empty.yaml", "the file is empty", 1),
+    case("whitespace-only.yaml", "the file is empty", 1),
+    case("comments-only.yaml", "missing field `metadata`", 4),
+    case(
+        "null-document.yaml",
+        "invalid type: unit value, expected struct Contract",
+        1,
+    ),
+    case("scalar-document.yaml", "invalid type: string", 1),
+    case("not-a-contract.yaml", "invalid type: string", 1),
+    case(
+        "two-documents.yaml",
+        "exactly one YAML document; a second one starts here",
+        16,
+    ),
+    case("duplicate-mapping-key.yaml", "duplicate key `version`", 4),
+    case("duplicate-equation-key.yaml", "duplicate key `softmax`", 8),
+    case("unknown-anchor.yaml", "unknown anchor", 5),
+    case("tagged-value.yaml", "invalid type", 14),
+    case(
+        "non-utf8.yaml",
+        "not valid UTF-8 (invalid byte at offset",
+        9,
+    ),
+    // hostile inputs
+    case("alias-bomb.yaml", "repetition limit exceeded", 7),
+    case("deep-nesting.yaml", "nest too deeply", 1),
+    // directories: problems only visible when files are loaded together
+    dir_case(
+        "dir-duplicate-test-id",
+        "second.yaml",
+        "test id `F-SHARED-001` is already used in",
+        6,
+    ),
+    dir_case(
+        "dir-duplicate-contract-id",
+        "twin.yml",
+        "contract id `twin` is already used in",
+        2,
+    ),
+    dir_case("dir-one-bad-one-good", "bad.yaml", "0 is out of range", 14),
+];
+
+fn corpus_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bad-contracts")
+}
+
+/// What a case produced: the errors, or a note that it loaded.
+type Outcome = Result<(), Vec<Error>>;
+
+/// Loads `path` (a file, or a directory with `load_dir`), proving that it
+/// neither panics nor takes longer than [`TIME_LIMIT`].
+fn load_guarded(path: &Path) -> Outcome {
+    let start = Instant::now();
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        if path.is_dir() {
+            load_dir(path).map(|_| ())
+        } else {
+            load_file(path).map(|_| ()).map_err(|e| vec![e])
+        }
+    }));
+    let elapsed = start.elapsed();
+    let outcome = match result {
+        Ok(outcome) => outcome,
+        Err(_) => panic!("{}: the loader panicked", path.display()),
+    };
+    assert!(
+        elapsed < TIME_LIMIT,
+        "{}: loading took {elapsed:?}, more than {TIME_LIMIT:?}",
+        path.display()
+    );
+    outcome
+}
+
+/// Checks that `outcome` holds a contract error on `file` at `line` whose
+/// message contains `expect`.
+fn assert_refused(outcome: Outcome, file: &Path, expect: &str, line: usize) {
+    let errors = match outcome {
+        Ok(()) => panic!("{}: loaded, but it must be refused", file.display()),
+        Err(errors) => errors,
+    };
+    let found = errors.iter().any(|e| match e {
+        Error::Contract {
+            path,
+            line: l,
+            message,
+            ..
+        } => path == file && *l == line && message.contains(expect),
+        _ => false,
+    });
+    let shown: Vec<String> = errors.iter().map(|e| format!("{e:?}")).collect();
+    assert!(
+        found,
+        "{}: expected a contract error at line {line} containing {expect:?}; got:\n  {}",
+        file.display(),
+        shown.join("\n  ")
+    );
+    for e in &errors {
+        if let Error::Contract { path, .. } = e {
+            assert!(
+                e.to_string().starts_with(&path.display().to_string()),
+                "the message must start with the file: {e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_corpus_entry_has_an_expectation_and_vice_versa() {
+    let dir = corpus_dir();
+    let on_disk: BTreeSet<String> = std::fs::read_dir(&dir)
+        .expect("corpus directory")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "README.md")
+        .collect();
+    let expected: BTreeSet<String> = CASES.iter().map(|c| c.name.to_string()).collect();
+    let missing: Vec<_> = on_disk.difference(&expected).collect();
+    let stale: Vec<_> = expected.difference(&on_disk).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "corpus entries without an expectation: {missing:?}; expectations without an entry: {stale:?}"
+    );
+    assert!(CASES.len() >= 30, "the corpus must hold at least 30 cases");
+}
+
+#[test]
+fn every_bad_contract_is_refused_with_a_located_error() {
+    let dir = corpus_dir();
+    let mut failures = Vec::new();
+    for c in CASES {
+        let path = dir.join(c.name);
+        let file = c.file.map_or(path.clone(), |f| path.join(f));
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            assert_refused(load_guarded(&path), &file, c.expect, c.line)
+        }));
+        if let Err(payload) = result {
+            let text = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            failures.push(text);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} case(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn the_shipped_contracts_load() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("contracts");
+    match load_dir(&dir) {
+        Ok(contracts) => assert!(!contracts.is_empty()),
+        Err(errors) => {
+            let shown: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+            panic!("shipped contracts fail to load:\n{}", shown.join("\n"));
+        }
+    }
+}
+
+/// A valid contract for `stem`, the base of the generated cases.
+fn valid(stem: &str) -> String {
+    format!(
+        "metadata:\n  id: {stem}\n  version: 1.0.0\n  description: generated\n\
+         falsification_tests:\n  - id: F-GEN-001\n    rule: r\n    prediction: p\n    if_fails: f\n\
+         \x20   mutant: softmax_without_max_subtraction\n    check:\n      kind: property\n\
+         \x20     property: softmax_rows_sum_to_one\n      tolerance: 1.0e-12\n"
+    )
+}
+
+/// Writes `bytes` to `{dir}/{stem}.yaml`, loads it, and checks the refusal.
+fn generated(stem: &str, bytes: &[u8], expect: &str, line: usize) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join(format!("{stem}.yaml"));
+    std::fs::write(&path, bytes).expect("write");
+    assert_refused(load_guarded(&path), &path, expect, line);
+}
+
+#[test]
+fn generated_valid_contract_loads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gen.yaml");
+    std::fs::write(&path, valid("gen")).expect("write");
+    load_file(&path).expect("the generator's base contract is valid");
+}
+
+#[test]
+fn a_file_over_the_size_cap_is_refused_before_parsing() {
+    // 10 MB of otherwise valid YAML: a comment padding the file.
+    let mut text = valid("oversize");
+    let pad = format!("# {}\n", "x".repeat(1022));
+    while text.len() < 10_000_000 {
+        text.push_str(&pad);
+    }
+    generated("oversize", text.as_bytes(), "contracts are limited to", 0);
+}
+
+#[test]
+fn a_very_long_line_is_located() {
+    // One 512 KiB line: a description, then an unknown key on the next line.
+    let long = "y".repeat(512 * 1024);
+    let text = valid("long-line").replace(
+        "description: generated",
+        &format!("description: {long}\n  colour: red"),
+    );
+    generated("long-line", text.as_bytes(), "unknown field `colour`", 5);
+}
+
+#[test]
+fn nesting_up_to_the_size_cap_is_refused_quickly() {
+    // libyaml's work grows with the square of the flow depth: without the
+    // loader's bound these take tens of minutes.
+    let text = format!("metadata: {}\n", "[".repeat(MAX_CONTRACT_BYTES - 16));
+    generated("deep-nesting-max", text.as_bytes(), "nest too deeply", 1);
+    let text = format!(
+        "metadata: {}\n",
+        "{a: ".repeat((MAX_CONTRACT_BYTES - 16) / 4)
+    );
+    generated("deep-nesting-maps", text.as_bytes(), "nest too deeply", 1);
+    // One level per line, each with a quoted "]" that must not count as a close.
+    let text = format!("metadata:\n{}", "  [ \"]\",\n".repeat(20_000));
+    generated(
+        "deep-nesting-lines",
+        text.as_bytes(),
+        "nest too deeply",
+        2_237,
+    );
+    // Shallow enough for serde_yaml's depth limit, but 400 KB of entries
+    // inside 100 open collections: too much work per entry for libyaml.
+    let text = format!("metadata: {}{}\n", "[".repeat(100), "a, ".repeat(130_000));
+    generated("wide-and-deep", text.as_bytes(), "nest too deeply", 1);
+}
+
+#[test]
+fn nesting_within_the_flow_bound_hits_the_depth_limit() {
+    let text = format!("metadata: {}\n", "[".repeat(1_000));
+    generated(
+        "nested-1000",
+        text.as_bytes(),
+        "recursion limit exceeded",
+        1,
+    );
+    let text = format!("metadata:\n{}", "  - ".repeat(200));
+    generated("nested-block", text.as_bytes(), "", 2);
+}
+
+/// A contract whose `equations` reference one anchored list of `n` strings
+/// `m` times: every alias expands to `n` strings, so a naive parse builds
+/// `n * m` of them from a file of about `2n + 40m` bytes.
+fn amplified(stem: &str, n: usize, m: usize) -> String {
+    let list = vec!["a"; n].join(",");
+    let mut text = valid(stem).replace(
+        "falsification_tests:\n",
+        &format!(
+            "equations:\n  e0: {{formula: x, invariants: &big [{list}]}}\nfalsification_tests:\n"
+        ),
+    );
+    let at = text.find("falsification_tests:").unwrap_or(0);
+    let refs: String = (1..m)
+        .map(|i| format!("  e{i}: {{formula: x, invariants: *big}}\n"))
+        .collect();
+    text.insert_str(at, &refs);
+    text
+}
+
+#[test]
+fn alias_amplification_is_bounded() {
+    // 400 million strings (tens of GiB) from a file under the size cap.
+    let text = amplified("alias-amplification", 20_000, 20_000);
+    assert!(text.len() < MAX_CONTRACT_BYTES);
+    generated(
+        "alias-amplification",
+        text.as_bytes(),
+        "aliases expanded",
+        6,
+    );
+}
