@@ -157,6 +157,28 @@ impl CheckSpec {
         names.join(", ")
     }
 
+    /// Why this check cannot execute on `backend` in this build, if it cannot.
+    /// Such trials are reported ignored and recorded `skipped` with the
+    /// reason: they never pass silently, and they are not errors of the code
+    /// under test.
+    pub fn unavailable(&self, backend: Backend) -> Option<&'static str> {
+        const NO_GPU_STEP: &str =
+            "not built yet: the GPU training step does not exist in this build";
+        match self {
+            CheckSpec::SyncCount(_) | CheckSpec::MemoryBudget(_) => Some(NO_GPU_STEP),
+            CheckSpec::ThroughputRatio(p) if p.subject == throughput_ratio::Subject::TrainStep => {
+                Some(NO_GPU_STEP)
+            }
+            CheckSpec::ThroughputRatio(_) => Some("not built yet: kernel throughput comparisons"),
+            CheckSpec::TrajectoryMatch(_) | CheckSpec::LossDescent(_)
+                if backend == Backend::Cuda =>
+            {
+                Some(NO_GPU_STEP)
+            }
+            _ => None,
+        }
+    }
+
     /// Runs the measurement. Errors (a kernel that fails to launch, a shape the
     /// op refuses) become `error` rows; they never abort the run.
     pub fn execute(&self, backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
