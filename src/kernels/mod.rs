@@ -91,6 +91,7 @@ pub const MODULES: &[ModuleSource] = &[
             "attention_bwd_dkv_f32"
         ]
     ),
+    module!("faults", ["fault_oob_write_f32"]),
 ];
 
 /// The module called `name`.

@@ -76,6 +76,9 @@ pub enum Mutant {
     GraphReplayDisabled,
     /// Activations are kept for every layer in fp32 twice over (a memory leak).
     ActivationsDoubled,
+    /// A kernel writes far outside its buffer before the op runs: an illegal
+    /// address that poisons the CUDA context (proves the run survives it).
+    OutOfBoundsWrite,
 }
 
 impl Mutant {

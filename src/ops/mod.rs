@@ -10,6 +10,7 @@ pub mod clip;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod embedding;
+pub mod faults;
 pub mod gemm;
 pub mod nf4;
 pub mod parity;

@@ -127,6 +127,10 @@ pub fn measure(
     let seed = cx.seed;
     let mutant = cx.mutant;
     let gpu = require_gpu(cx)?;
+    if mutant == Some(Mutant::OutOfBoundsWrite) {
+        // Fault isolation: a kernel on the op's stream faults before the op.
+        super::faults::out_of_bounds_write(gpu)?;
+    }
     let tolerance = p.tolerance();
     let mut worst = Comparison::default();
     let mut worst_shape = String::new();
@@ -337,6 +341,7 @@ mod tests {
             (cross_entropy::MODULE, cross_entropy::SIGNATURES),
             (clip::MODULE, clip::SIGNATURES),
             (adamw::MODULE, adamw::SIGNATURES),
+            (faults::MODULE, faults::SIGNATURES),
         ]
     }
 

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-pub use meta::RunMeta;
+pub use meta::{nvidia_smi_query, read_clocks, GpuMeta, RecordedOptions, RunMeta, RUN_JSON};
 
 use crate::check::{Measurement, TrialContext};
 use crate::contract::{Backend, Contract, FalsificationTest};
@@ -102,8 +102,12 @@ pub struct TrialOutcome {
 
 enum GpuSlot {
     Unprobed,
+    /// No usable device: cuda trials are skipped with this reason.
     Unavailable(String),
     Ready(Box<GpuContext>),
+    /// The context faulted and could not be re-created: the remaining cuda
+    /// trials are errors with this reason.
+    Lost(String),
 }
 
 /// Runs trials and collects their rows. Shared by reference across the
@@ -123,9 +127,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Engine {
     pub fn new(options: RunOptions) -> Self {
+        let mut meta = RunMeta::detect();
+        meta.options = RecordedOptions {
+            seed: options.seed,
+            out_dir: options.out_dir.display().to_string(),
+            gpu: format!("{:?}", options.gpu),
+        };
         Engine {
             options,
-            meta: RunMeta::detect(),
+            meta,
             gpu: Mutex::new(GpuSlot::Unprobed),
             rows: Mutex::new(Vec::new()),
             speedups: Mutex::new(Vec::new()),
@@ -149,6 +159,7 @@ impl Engine {
             GpuSlot::Ready(_) => None,
             GpuSlot::Unavailable(why) => Some(why.clone()),
             GpuSlot::Unprobed => Some("CUDA was not probed".into()),
+            GpuSlot::Lost(_) => None,
         }
     }
 
@@ -162,6 +173,39 @@ impl Engine {
                     Err(e) => GpuSlot::Unavailable(format!("no usable CUDA device: {e}")),
                 }
             };
+        }
+    }
+
+    /// After a failed cuda trial: if the context no longer answers, drop it
+    /// (all its buffers and modules with it) and open a fresh one.
+    fn recover_if_faulted(slot: &mut GpuSlot, options: &GpuOptions) {
+        let healthy = match &*slot {
+            GpuSlot::Ready(ctx) => {
+                ctx.stream().synchronize().is_ok() && ctx.context().check_err().is_ok()
+            }
+            _ => return,
+        };
+        if healthy {
+            return;
+        }
+        log::warn!("the CUDA context faulted; re-creating it");
+        // The old context must be released before the device's primary
+        // context can be created afresh.
+        *slot = GpuSlot::Unprobed;
+        *slot = match GpuContext::new(options.clone()) {
+            Ok(ctx) => GpuSlot::Ready(Box::new(ctx)),
+            Err(e) => GpuSlot::Lost(format!("context lost: {e}")),
+        };
+    }
+
+    /// Records `trial` as an error without running it.
+    fn record_error(&self, trial: &TrialSpec, reason: &str) -> TrialOutcome {
+        let row = self.row(trial, Status::Error, None, 0.0, reason.to_string());
+        lock(&self.rows).push(row);
+        TrialOutcome {
+            status: Status::Error,
+            summary: reason.to_string(),
+            detail: reason.to_string(),
         }
     }
 
@@ -192,10 +236,18 @@ impl Engine {
         if trial.backend == Backend::Cuda {
             let mut slot = lock(&self.gpu);
             Self::ensure_gpu(&mut slot, &self.options.gpu);
-            if let GpuSlot::Unavailable(why) = &*slot {
-                let why = why.clone();
-                drop(slot);
-                return self.skip(trial, &why);
+            match &*slot {
+                GpuSlot::Unavailable(why) => {
+                    let why = why.clone();
+                    drop(slot);
+                    return self.skip(trial, &why);
+                }
+                GpuSlot::Lost(why) => {
+                    let why = why.clone();
+                    drop(slot);
+                    return self.record_error(trial, &why);
+                }
+                _ => {}
             }
             gpu_guard = Some(slot);
         }
@@ -214,10 +266,10 @@ impl Engine {
         }))
         .unwrap_or_else(|panic| Err(panic_error(panic)));
         drop(cx);
-        // A driver error can leave the context unusable (e.g. after an illegal
-        // address); drop it so the next cuda trial opens a fresh one.
-        if let (Some(slot), Err(Error::Driver(_))) = (gpu_guard.as_mut(), &result) {
-            **slot = GpuSlot::Unprobed;
+        // A fault (e.g. an illegal address) leaves the context unusable for
+        // every later call; replace it so the rest of the run still measures.
+        if let (Some(slot), Err(_)) = (gpu_guard.as_mut(), &result) {
+            Self::recover_if_faulted(slot, &self.options.gpu);
         }
         drop(gpu_guard);
         let duration_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -349,7 +401,22 @@ impl Engine {
             .collect();
         let report = ReportDir::new(&self.options.out_dir);
         report.merge_and_write(self.rows(), lock(&self.speedups).clone(), &known)?;
+        self.run_record().write_json(&self.options.out_dir)?;
         Ok(report.falsification_path())
+    }
+
+    /// The run record as of now: the device facts and clock state when this
+    /// run opened a GPU.
+    pub fn run_record(&self) -> RunMeta {
+        let mut meta = self.meta.clone();
+        meta.finished = RunMeta::now_rfc3339();
+        if let GpuSlot::Ready(ctx) = &*lock(&self.gpu) {
+            meta.gpu = Some(GpuMeta::from_facts(ctx.facts()));
+            meta.clocks = read_clocks();
+        } else {
+            meta.clocks = "not read (no GPU was used)".into();
+        }
+        meta
     }
 }
 
@@ -361,6 +428,9 @@ fn judge(
 ) -> (Status, Option<Measurement>, String) {
     let test = trial.test();
     match result {
+        // A configuration that does not fit is reported before allocating:
+        // not run, and said so, rather than a crash or an error of the code.
+        Err(e @ Error::OutOfMemory { .. }) => (Status::Skipped, None, e.to_string()),
         Err(e) => (Status::Error, None, format!("seed {seed}: {e}")),
         Ok(m) => {
             let mut detail = format!("seed {seed}");

@@ -1,0 +1,83 @@
+//! A kernel that faults (an illegal address) poisons its CUDA context. The run
+//! must record that one trial as `error` with the CUDA error, replace the
+//! context, and finish every other trial and the CSV.
+//!
+//! Needs a GPU: run on the GPU machine with
+//! `gpu_fault_isolation --ignored --test-threads 1`.
+
+use falsify::contract::load_dir;
+use falsify::report::{read_rows, FalsificationRow, Status};
+use falsify::run::{plan, Engine, RunOptions};
+
+const CONTRACT: &str = r#"
+metadata:
+  id: fault-isolation
+  version: 1.0.0
+  description: A faulting kernel costs one trial, not the run.
+requires: [cuda]
+falsification_tests:
+  - id: F-FAULT-001
+    rule: Scale matches the reference
+    prediction: rel-L2 <= 1e-5
+    if_fails: The scale kernel is wrong
+    mutant: out_of_bounds_write
+    check:
+      kind: op_parity
+      op: scale
+      shapes: [{rows: 4, cols: 33}]
+  - id: F-FAULT-002
+    rule: Residual add matches the reference after a fault was recovered
+    prediction: rel-L2 <= 1e-5
+    if_fails: The context was not replaced after the fault
+    mutant: last_element_unwritten
+    check:
+      kind: op_parity
+      op: residual_add
+      shapes: [{rows: 4, cols: 33}, {rows: 1, cols: 896}]
+"#;
+
+#[test]
+#[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
+fn a_faulting_kernel_costs_one_error_row_and_the_run_completes() {
+    assert!(falsify::gpu::driver_present(), "this test needs a CUDA driver");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let contracts = dir.path().join("contracts");
+    std::fs::create_dir_all(&contracts).expect("mkdir");
+    std::fs::write(contracts.join("fault-isolation.yaml"), CONTRACT).expect("write contract");
+    let trials = plan(load_dir(&contracts).expect("the contract loads"));
+    let out = dir.path().join("latest");
+    let engine = Engine::new(RunOptions {
+        out_dir: out.clone(),
+        ..RunOptions::default()
+    });
+    assert_eq!(engine.cuda_skip_reason(), None, "a usable device");
+
+    let statuses: Vec<(String, Status, String)> = trials
+        .iter()
+        .map(|t| {
+            let o = engine.run(t);
+            (t.name.clone(), o.status, o.detail)
+        })
+        .collect();
+    for (name, status, detail) in &statuses {
+        println!("{name}: {status:?}: {detail}");
+    }
+    let expect = [
+        ("fault-isolation::F-FAULT-001", Status::Passed),
+        ("fault-isolation::F-FAULT-001::mutant", Status::Error),
+        ("fault-isolation::F-FAULT-002", Status::Passed),
+        ("fault-isolation::F-FAULT-002::mutant", Status::Passed),
+    ];
+    let got: Vec<(&str, Status)> = statuses.iter().map(|(n, s, _)| (n.as_str(), *s)).collect();
+    assert_eq!(got, expect);
+    let fault = &statuses[1].2;
+    assert!(
+        fault.contains("ILLEGAL_ADDRESS") || fault.contains("illegal"),
+        "the error names the CUDA fault: {fault}"
+    );
+
+    let path = engine.write_reports(&trials).expect("the report is written");
+    let rows: Vec<FalsificationRow> = read_rows(&path).expect("the report reads back");
+    assert_eq!(rows.len(), 4);
+    assert_eq!(rows.iter().filter(|r| r.status == Status::Error).count(), 1);
+}
