@@ -173,8 +173,8 @@ fn print_summary(trials: &[&TrialSpec], outcomes: &[TrialOutcome]) {
     );
     for (t, o) in trials.iter().zip(outcomes) {
         let mut summary = o.summary.clone();
-        if summary.len() > 90 {
-            summary.truncate(87);
+        if summary.len() > 130 {
+            summary.truncate(127);
             summary.push_str("...");
         }
         println!(

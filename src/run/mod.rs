@@ -276,18 +276,26 @@ impl Engine {
 
         let (status, measurement, detail) = judge(trial, seed, result);
         let summary = match &measurement {
-            Some(m) => format!(
-                "{} = {} {} {}{}",
-                m.metric,
-                format_number(m.observed),
-                m.comparator.symbol(),
-                format_number(m.threshold),
-                if m.unit.is_empty() {
-                    String::new()
+            Some(m) => {
+                let held = if m.passed() { "holds" } else { "fails" };
+                let line = format!(
+                    "{} = {} (claim {} {}{}: {held})",
+                    m.metric,
+                    format_number(m.observed),
+                    m.comparator.symbol(),
+                    format_number(m.threshold),
+                    if m.unit.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {}", m.unit)
+                    }
+                );
+                if trial.selftest {
+                    format!("with mutant `{}`: {line}", test.mutant)
                 } else {
-                    format!(" {}", m.unit)
+                    line
                 }
-            ),
+            }
             None => detail.clone(),
         };
         if let Some(m) = &measurement {
