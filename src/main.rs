@@ -173,9 +173,8 @@ fn print_summary(trials: &[&TrialSpec], outcomes: &[TrialOutcome]) {
     );
     for (t, o) in trials.iter().zip(outcomes) {
         let mut summary = o.summary.clone();
-        if summary.len() > 130 {
-            summary.truncate(127);
-            summary.push_str("...");
+        if summary.chars().count() > 130 {
+            summary = summary.chars().take(127).collect::<String>() + "...";
         }
         println!(
             "{:<width$}  {:<4}  {:<9}  {}",
