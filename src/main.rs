@@ -1,5 +1,6 @@
 //! The `falsify` command line: `run` the contracts with a progress bar and a
-//! summary table, or `list` the trials they define.
+//! summary table, `list` the trials they define, or `report` how the latest
+//! run compares with a baseline.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -7,7 +8,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use falsify::contract::{load_dir, Backend};
-use falsify::report::Status;
+use falsify::report::markdown::write_report;
+use falsify::report::{compare::Verdict, Status};
 use falsify::run::{plan, Engine, RunOptions, TrialOutcome, TrialSpec};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -47,6 +49,16 @@ enum Command {
         #[arg(long, default_value = "contracts")]
         contracts: PathBuf,
     },
+    /// Compare a run with a baseline: writes REPORT.md and SVG charts into the
+    /// current run's directory; exits non-zero on any regression.
+    Report {
+        /// The baseline run's report directory.
+        #[arg(long, default_value = "reports/baseline")]
+        baseline: PathBuf,
+        /// The run to judge.
+        #[arg(long, default_value = "reports/latest")]
+        current: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -83,6 +95,32 @@ fn real_main() -> anyhow::Result<ExitCode> {
                 println!("{}: {}", t.name, t.backend);
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Report { baseline, current } => {
+            let outcome = write_report(&baseline, &current).with_context(|| {
+                format!(
+                    "comparing {} with the baseline {}",
+                    current.display(),
+                    baseline.display()
+                )
+            })?;
+            for c in &outcome.charts {
+                if let Some(file) = &c.file {
+                    println!("chart: {}", current.join(file).display());
+                }
+            }
+            println!("report: {}", outcome.path.display());
+            for r in &outcome.regressions {
+                println!("REGRESSION {r}");
+            }
+            for r in &outcome.speedup_regressions {
+                println!("SPEEDUP REGRESSION {r}");
+            }
+            println!("verdict: {}", outcome.verdict.as_str());
+            Ok(match outcome.verdict {
+                Verdict::Clean => ExitCode::SUCCESS,
+                Verdict::Regressed => ExitCode::FAILURE,
+            })
         }
         Command::Run {
             contracts,

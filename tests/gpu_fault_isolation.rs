@@ -39,7 +39,10 @@ falsification_tests:
 #[test]
 #[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
 fn a_faulting_kernel_costs_one_error_row_and_the_run_completes() {
-    assert!(falsify::gpu::driver_present(), "this test needs a CUDA driver");
+    assert!(
+        falsify::gpu::driver_present(),
+        "this test needs a CUDA driver"
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let contracts = dir.path().join("contracts");
     std::fs::create_dir_all(&contracts).expect("mkdir");
@@ -76,7 +79,9 @@ fn a_faulting_kernel_costs_one_error_row_and_the_run_completes() {
         "the error names the CUDA fault: {fault}"
     );
 
-    let path = engine.write_reports(&trials).expect("the report is written");
+    let path = engine
+        .write_reports(&trials)
+        .expect("the report is written");
     let rows: Vec<FalsificationRow> = read_rows(&path).expect("the report reads back");
     assert_eq!(rows.len(), 4);
     assert_eq!(rows.iter().filter(|r| r.status == Status::Error).count(), 1);

@@ -1,6 +1,8 @@
 //! What a check reports: one headline metric compared with a threshold, plus any
 //! violations that fail the trial regardless of the metric.
 
+use crate::report::artifacts::FailureDump;
+
 /// How `observed` is compared with `threshold`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Comparator {
@@ -64,6 +66,10 @@ pub struct Measurement {
     pub violations: Vec<String>,
     /// Throughput rows, for `throughput_ratio`.
     pub speedups: Vec<Speedup>,
+    /// The tensors of the worst failing case (inputs, output, reference), if
+    /// the check captured them; the engine writes them as a safetensors
+    /// artifact when the trial is falsified.
+    pub failure: Option<FailureDump>,
 }
 
 impl Measurement {
@@ -84,7 +90,14 @@ impl Measurement {
             detail: String::new(),
             violations: Vec::new(),
             speedups: Vec::new(),
+            failure: None,
         }
+    }
+
+    /// Attaches the tensors of the worst failing case (see [`FailureDump`]).
+    pub fn with_failure(mut self, dump: FailureDump) -> Self {
+        self.failure = Some(dump);
+        self
     }
 
     /// Sets the detail text.

@@ -5,7 +5,9 @@
 //! `execute` that measures and returns a [`Measurement`]. [`CheckSpec`] is the
 //! registry: the `kind:` key of a contract's `check:` block selects the variant.
 
+pub mod bandwidth;
 pub mod gradient_check;
+pub mod gradient_parity;
 pub mod loss_descent;
 mod measurement;
 pub mod memory_budget;
@@ -103,8 +105,18 @@ pub const KINDS: &[KindInfo] = &[
         backends: BOTH,
     },
     KindInfo {
+        name: "gradient_parity",
+        measures: "rel-L2 error of the GPU training step's gradients vs the CPU reference's",
+        backends: CUDA,
+    },
+    KindInfo {
         name: "memory_budget",
         measures: "peak device memory of a configuration",
+        backends: CUDA,
+    },
+    KindInfo {
+        name: "bandwidth",
+        measures: "a memory-bound kernel's bandwidth as a fraction of the d2d copy bandwidth",
         backends: CUDA,
     },
 ];
@@ -122,6 +134,8 @@ pub enum CheckSpec {
     ThroughputRatio(throughput_ratio::Params),
     LossDescent(loss_descent::Params),
     MemoryBudget(memory_budget::Params),
+    Bandwidth(bandwidth::Params),
+    GradientParity(gradient_parity::Params),
 }
 
 impl CheckSpec {
@@ -138,6 +152,8 @@ impl CheckSpec {
             CheckSpec::ThroughputRatio(_) => "throughput_ratio",
             CheckSpec::LossDescent(_) => "loss_descent",
             CheckSpec::MemoryBudget(_) => "memory_budget",
+            CheckSpec::GradientParity(_) => "gradient_parity",
+            CheckSpec::Bandwidth(_) => "bandwidth",
         }
     }
 
@@ -161,22 +177,8 @@ impl CheckSpec {
     /// Such trials are reported ignored and recorded `skipped` with the
     /// reason: they never pass silently, and they are not errors of the code
     /// under test.
-    pub fn unavailable(&self, backend: Backend) -> Option<&'static str> {
-        const NO_GPU_STEP: &str =
-            "not built yet: the GPU training step does not exist in this build";
-        match self {
-            CheckSpec::SyncCount(_) | CheckSpec::MemoryBudget(_) => Some(NO_GPU_STEP),
-            CheckSpec::ThroughputRatio(p) if p.subject == throughput_ratio::Subject::TrainStep => {
-                Some(NO_GPU_STEP)
-            }
-            CheckSpec::ThroughputRatio(_) => Some("not built yet: kernel throughput comparisons"),
-            CheckSpec::TrajectoryMatch(_) | CheckSpec::LossDescent(_)
-                if backend == Backend::Cuda =>
-            {
-                Some(NO_GPU_STEP)
-            }
-            _ => None,
-        }
+    pub fn unavailable(&self, _backend: Backend) -> Option<&'static str> {
+        None
     }
 
     /// Runs the measurement. Errors (a kernel that fails to launch, a shape the
@@ -193,6 +195,8 @@ impl CheckSpec {
             CheckSpec::ThroughputRatio(p) => p.execute(cx),
             CheckSpec::LossDescent(p) => p.execute(backend, cx),
             CheckSpec::MemoryBudget(p) => p.execute(cx),
+            CheckSpec::GradientParity(p) => p.execute(cx),
+            CheckSpec::Bandwidth(p) => p.execute(cx),
         }
     }
 }
@@ -252,6 +256,8 @@ impl<'de> Visitor<'de> for CheckVisitor {
             "throughput_ratio" => CheckSpec::ThroughputRatio(parse_kind(map)?),
             "loss_descent" => CheckSpec::LossDescent(parse_kind(map)?),
             "memory_budget" => CheckSpec::MemoryBudget(parse_kind(map)?),
+            "gradient_parity" => CheckSpec::GradientParity(parse_kind(map)?),
+            "bandwidth" => CheckSpec::Bandwidth(parse_kind(map)?),
             other => {
                 let known: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
                 return Err(de::Error::custom(format!(

@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use super::params::{BaseWeights, Count, ModelName};
+use super::params::{BaseWeights, Count, ModelName, Positive};
 use super::{Measurement, TrialContext, Validate};
 use crate::error::Result;
 
@@ -20,6 +20,10 @@ pub struct Params {
     /// Compilations allowed after pre-warm.
     #[serde(default)]
     pub max_compilations: usize,
+    /// Bound on the wall time of each cold pre-warm (NVRTC compilation plus
+    /// module loads) in milliseconds; none by default.
+    #[serde(default)]
+    pub max_prewarm_ms: Option<Positive>,
 }
 
 fn default_bases() -> Vec<BaseWeights> {

@@ -14,10 +14,14 @@ use crate::error::Result;
 pub enum Subject {
     /// One whole training step of `model`.
     TrainStep,
-    /// The NF4 GEMM vs dequantise-then-cuBLAS on `model`'s projection shapes.
+    /// The TF32 GEMM on fp32 weights vs the NF4 path (dequantise, then the
+    /// same GEMM) on `model`'s projection shapes; the fused NF4 kernel is
+    /// reported next to it.
     Nf4Gemm,
     /// The fused kernels vs their unfused sequences on `model`'s shapes.
     Fusion,
+    /// A direct cuBLAS call vs our GEMM launcher on `model`'s projection shapes.
+    Gemm,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -64,6 +68,11 @@ impl Validate for Params {
 
 impl Params {
     pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        crate::train::checks::throughput_ratio(self, cx)
+        match self.subject {
+            Subject::TrainStep => crate::train::checks::throughput_ratio(self, cx),
+            Subject::Nf4Gemm | Subject::Fusion | Subject::Gemm => {
+                crate::gpu::throughput::measure(self, cx)
+            }
+        }
     }
 }

@@ -8,6 +8,18 @@ use super::{Measurement, TrialContext, Validate};
 use crate::contract::Backend;
 use crate::error::Result;
 
+/// Where the baseline run executes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BaselineOn {
+    /// On the trial's backend, like the candidate.
+    #[default]
+    Trial,
+    /// On the CPU reference step (f64), whatever the trial's backend: the
+    /// candidate is then compared with the oracle itself.
+    Cpu,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Params {
@@ -20,6 +32,9 @@ pub struct Params {
     pub max_abs_diff: NonNegative,
     #[serde(default)]
     pub hyper: Hyper,
+    /// Where the baseline runs (default: the trial's backend).
+    #[serde(default)]
+    pub baseline_on: BaselineOn,
 }
 
 impl Validate for Params {
@@ -33,7 +48,12 @@ impl Validate for Params {
                 c.0, self.steps.0
             ));
         }
-        if self.baseline == self.candidate {
+        if self.baseline_on == BaselineOn::Cpu && self.baseline.graph {
+            return Err(
+                "`baseline_on: cpu` runs the CPU reference, which has no CUDA graphs; `baseline.graph` must be false".into(),
+            );
+        }
+        if self.baseline == self.candidate && self.baseline_on == BaselineOn::Trial {
             return Err(
                 "`baseline` and `candidate` are the same mode; nothing would be compared".into(),
             );

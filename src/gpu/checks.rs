@@ -177,6 +177,14 @@ pub fn prewarm(p: &prewarm::Params, cx: &mut TrialContext<'_>) -> Result<Measure
                     missing.join(", ")
                 ));
             }
+            if let Some(bound) = p.max_prewarm_ms {
+                if report.wall_ms > bound.0 {
+                    violations.push(format!(
+                        "{tag}: pre-warm took {:.0} ms, over the bound of {:.0} ms",
+                        report.wall_ms, bound.0
+                    ));
+                }
+            }
             detail.push(summary(&tag, &report, after, &unused));
         }
     }

@@ -274,9 +274,24 @@ impl GpuContext {
         self.upload(&vec![f32::NAN; len])
     }
 
-    /// [`launch_config_1d`] capped at 32 blocks per SM.
+    /// [`launch_config_1d`] capped at 32 blocks per SM; one block under the
+    /// test-only fault [`Mutant::SerialisedLaunch`] (the grid-stride loop
+    /// still covers every element).
     pub fn launch_1d(&self, n: usize) -> LaunchConfig {
+        if self.cache.fault() == Some(Mutant::SerialisedLaunch) {
+            return launch_config_1d(n, 1);
+        }
         launch_config_1d(n, self.facts.sm_count.max(1).saturating_mul(32))
+    }
+
+    /// [`launch_config_rows`]: one block of `threads` threads per row; one
+    /// warp per row under the test-only fault [`Mutant::SerialisedLaunch`]
+    /// (row kernels loop over their row with stride `blockDim.x`).
+    pub fn launch_rows(&self, rows: usize, threads: u32) -> Result<LaunchConfig> {
+        if self.cache.fault() == Some(Mutant::SerialisedLaunch) {
+            return launch_config_rows(rows, 32);
+        }
+        launch_config_rows(rows, threads)
     }
 
     /// Waits until the work stream is idle.

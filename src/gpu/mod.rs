@@ -1,9 +1,12 @@
 //! The CUDA runtime: one context per device, its stream, cuBLAS, and the kernel cache.
 
+pub mod bandwidth;
 pub mod cache;
 pub mod checks;
 mod context;
 pub mod prewarm;
+pub mod throughput;
+pub mod timing;
 
 pub use cache::{CacheStats, CompileRecord, KernelCache};
 pub use context::{

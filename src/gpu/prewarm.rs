@@ -34,6 +34,7 @@ pub fn modules_for(_config: &ModelConfig, base: BaseWeights) -> Vec<&'static str
         "gemm",
         "clip",
         "adamw",
+        "train",
     ];
     if base == BaseWeights::Nf4 {
         modules.push("nf4");

@@ -66,14 +66,34 @@ __device__ float block_max(float v) {
 }
 
 // (m, ln sum_j exp(x_j - m)) of one row; every thread gets both.
+//
+// One pass over the row (the online normaliser of Milakov & Gimelshein,
+// 2018): each thread keeps its running max m_t and s_t = sum exp(x - m_t),
+// rescaling s_t by exp(m_old - m_new) when its max grows; the block then
+// combines m = max_t m_t and s = sum_t s_t exp(m_t - m). A row of the full
+// vocabulary (600 KB) does not stay in cache between two passes, so this
+// halves the bytes read. Elements equal to -inf contribute exp(-inf) = 0;
+// a NaN element makes the row's result NaN.
 __device__ float2 row_shifted_lse(const float* xr, int vocab) {
-    float m = __int_as_float(0xff800000);
-    for (int j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, xr[j]);
-    m = block_max(m);
+    const float ninf = __int_as_float(0xff800000);
+    float m = ninf;
     float s = 0.0f;
-    for (int j = threadIdx.x; j < vocab; j += blockDim.x) s += expf(xr[j] - m);
-    s = block_sum(s);
-    return make_float2(m, logf(s));
+    #pragma unroll 4
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+        const float x = xr[j];
+        if (x > m) {
+            s = s * expf(m - x) + 1.0f;
+            m = x;
+        } else if (x != ninf) {
+            // NaN lands here too and poisons s, as it must.
+            s += expf(x - m);
+        }
+    }
+    const float mb = block_max(m);
+    // A thread that saw only -inf (or nothing) adds 0, not 0 * exp(nan).
+    float t = s > 0.0f ? s * expf(m - mb) : 0.0f;
+    t = block_sum(t);
+    return make_float2(mb, logf(t));
 }
 
 // losses[r] = loss_r for rows [0, rows).

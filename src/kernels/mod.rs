@@ -84,6 +84,14 @@ pub const MODULES: &[ModuleSource] = &[
     ),
     module!("cast", ["cast_fwd_f32_f16", "cast_fwd_f16_f32"]),
     module!(
+        "train",
+        [
+            "adamw_step_devt_f32",
+            "step_count_advance_i32",
+            "accumulate_fwd_f32"
+        ]
+    ),
+    module!(
         "attention",
         [
             "attention_fwd_f32",

@@ -136,16 +136,24 @@ extern "C" __global__ void nf4_quantize_f32(const float* __restrict__ w,
 }
 
 // out[i] = NF4_CODE_BOOK[code_i] * absmax[i / 64] for i < len.
-// Launch: 1-D, grid-stride loop, any grid.
+// Launch: 1-D, grid-stride loop, any grid of blocks of at least 16 threads.
 extern "C" __global__ void nf4_dequantize_f32(const unsigned char* __restrict__ codes,
                                               const float* __restrict__ absmax,
                                               float* __restrict__ out,
                                               long long len,
                                               long long write_limit) {
+    // The code book in shared memory: a warp's 32 lookups hit up to 16
+    // different entries, which the constant cache would serve one address at
+    // a time, while shared memory serves them in one access (16 banks).
+    __shared__ float book[16];
+    if (threadIdx.x < 16) {
+        book[threadIdx.x] = NF4_CODE_BOOK_F32[threadIdx.x];
+    }
+    __syncthreads();
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += stride) {
         if (i < write_limit) {
-            out[i] = nf4_value_at(codes, absmax, i);
+            out[i] = book[nf4_code_at(codes, i)] * absmax[i / NF4_BLOCK];
         }
     }
 }

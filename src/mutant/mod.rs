@@ -76,6 +76,13 @@ pub enum Mutant {
     GraphReplayDisabled,
     /// Activations are kept for every layer in fp32 twice over (a memory leak).
     ActivationsDoubled,
+    /// Kernels are launched under-parallelised: grid-stride kernels with one
+    /// block, row kernels with one warp per row. Results stay correct; the
+    /// achieved bandwidth collapses.
+    SerialisedLaunch,
+    /// The timed GEMM path runs plain FP32 math where TF32 tensor ops are
+    /// configured (the math mode is lost): several times slower.
+    GemmWithoutTensorOps,
     /// A kernel writes far outside its buffer before the op runs: an illegal
     /// address that poisons the CUDA context (proves the run survives it).
     OutOfBoundsWrite,

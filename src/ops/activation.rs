@@ -47,7 +47,8 @@ pub fn silu_forward(
         return Ok(());
     };
     let f = gpu.function(MODULE, "silu_fwd_f32")?;
-    let cfg = gpu.launch_1d(n_i as usize);
+    // One thread per float4: the kernels move 4 values per thread.
+    let cfg = gpu.launch_1d((n_i as usize).div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x).arg(y).arg(&n_i);
     // SAFETY: silu_fwd_f32(const float* x, float* y, int n): x and y hold
@@ -71,7 +72,8 @@ pub fn silu_backward(
         return Ok(());
     };
     let f = gpu.function(MODULE, "silu_bwd_f32")?;
-    let cfg = gpu.launch_1d(n_i as usize);
+    // One thread per float4: the kernels move 4 values per thread.
+    let cfg = gpu.launch_1d((n_i as usize).div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x).arg(dy).arg(dx).arg(&n_i);
     // SAFETY: silu_bwd_f32(const float* x, const float* dy, float* dx, int n):
@@ -95,7 +97,8 @@ pub fn swiglu_forward(
         return Ok(());
     };
     let f = gpu.function(MODULE, "swiglu_fwd_f32")?;
-    let cfg = gpu.launch_1d(n_i as usize);
+    // One thread per float4: the kernels move 4 values per thread.
+    let cfg = gpu.launch_1d((n_i as usize).div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(gate).arg(up).arg(y).arg(&n_i);
     // SAFETY: swiglu_fwd_f32(const float* gate, const float* up, float* y, int n):
@@ -123,7 +126,8 @@ pub fn swiglu_backward(
         return Ok(());
     };
     let f = gpu.function(MODULE, "swiglu_bwd_f32")?;
-    let cfg = gpu.launch_1d(n_i as usize);
+    // One thread per float4: the kernels move 4 values per thread.
+    let cfg = gpu.launch_1d((n_i as usize).div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(gate).arg(up).arg(dy).arg(dgate).arg(dup).arg(&n_i);
     // SAFETY: swiglu_bwd_f32(const float* gate, const float* up, const float* dy,

@@ -165,7 +165,8 @@ pub fn apply(
     }
     let n_i = elements("clip_apply", n_w)?;
     let f = gpu.function(MODULE, "clip_apply_f32")?;
-    let cfg = gpu.launch_1d(n_w);
+    // One thread per float4: the kernel moves 4 values per thread.
+    let cfg = gpu.launch_1d(n_w.div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(g).arg(scale).arg(&n_i);
     // SAFETY: clip_apply_f32(float* g, const float* scale, int n): g holds

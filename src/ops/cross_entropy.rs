@@ -10,7 +10,7 @@ use super::parity::{
 };
 use crate::check::op::Pass;
 use crate::error::{Error, Result};
-use crate::gpu::{launch_config_rows, to_i32, GpuContext};
+use crate::gpu::{to_i32, GpuContext};
 use crate::mutant::Mutant;
 use crate::reference::cross_entropy as refop;
 use crate::reference::elementwise::expect_len;
@@ -73,7 +73,7 @@ pub fn forward(
     if rows_w > 0 {
         let rows_w_i = to_i32("cross_entropy", "rows", rows_w)?;
         let f = gpu.function(MODULE, "cross_entropy_fwd_f32")?;
-        let cfg = launch_config_rows(rows_w, row_threads(vocab, ROW_THREADS))?;
+        let cfg = gpu.launch_rows(rows_w, row_threads(vocab, ROW_THREADS))?;
         let mut l = gpu.stream().launch_builder(&f);
         l.arg(logits)
             .arg(targets)
@@ -123,7 +123,7 @@ pub fn backward(
     let vocab_i = to_i32("cross_entropy", "vocab", vocab)?;
     let grad_scale = (1.0 / rows as f64) as f32;
     let f = gpu.function(MODULE, "cross_entropy_bwd_f32")?;
-    let cfg = launch_config_rows(rows_w, row_threads(vocab, ROW_THREADS))?;
+    let cfg = gpu.launch_rows(rows_w, row_threads(vocab, ROW_THREADS))?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(logits)
         .arg(targets)

@@ -47,7 +47,8 @@ pub fn residual_add(
     }
     let n_i = elements("residual_add", n_w)?;
     let f = gpu.function(MODULE, "residual_add_fwd_f32")?;
-    let cfg = gpu.launch_1d(n_w);
+    // One thread per float4: the kernels move 4 values per thread.
+    let cfg = gpu.launch_1d(n_w.div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(a).arg(b).arg(y).arg(&n_i);
     // SAFETY: residual_add_fwd_f32(const float* a, const float* b, float* y, int n):
@@ -74,7 +75,8 @@ pub fn residual_add_backward(
     }
     let n_i = elements("residual_add", n_w)?;
     let f = gpu.function(MODULE, "residual_add_bwd_f32")?;
-    let cfg = gpu.launch_1d(n_w);
+    // One thread per float4: the kernels move 4 values per thread.
+    let cfg = gpu.launch_1d(n_w.div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(dy).arg(da).arg(db).arg(&n_i);
     // SAFETY: residual_add_bwd_f32(const float* dy, float* da, float* db, int n):
@@ -122,7 +124,8 @@ fn launch_scale(
     let n_i = elements("scale", n_w)?;
     let s_f = s as f32;
     let f = gpu.function(MODULE, symbol)?;
-    let cfg = gpu.launch_1d(n_w);
+    // One thread per float4: the kernels move 4 values per thread.
+    let cfg = gpu.launch_1d(n_w.div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x).arg(y).arg(&s_f).arg(&n_i);
     // SAFETY: scale_{fwd,bwd}_f32(const float* x, float* y, float s, int n):

@@ -67,7 +67,7 @@ pub fn forward(
     let vocab_i = to_i32("embedding", "vocab", vocab)?;
     let hidden_i = to_i32("embedding", "hidden", hidden)?;
     let f = gpu.function(MODULE, "embedding_fwd_f32")?;
-    let cfg = launch_config_rows(ntok_w, row_threads(hidden, ROW_THREADS))?;
+    let cfg = gpu.launch_rows(ntok_w, row_threads(hidden, ROW_THREADS))?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(table)
         .arg(tokens)

@@ -4,6 +4,10 @@
 //! NaN before launch, then `rel_l2 = ||out - ref|| / ||ref||` in f64 against the
 //! f64 reference. An element still NaN after the launch counts as unwritten; a
 //! non-finite output or an all-constant output never passes.
+//!
+//! When a shape fails, the output and reference of the worst failing shape
+//! (and any inputs the per-op function attached) go into the measurement's
+//! [`FailureDump`], which the engine writes as a safetensors artifact.
 
 use crate::check::op::{Op, Pass};
 use crate::check::params::{Precision, Shape};
@@ -12,6 +16,7 @@ use crate::contract::Backend;
 use crate::error::{Error, Result};
 use crate::gpu::GpuContext;
 use crate::mutant::Mutant;
+use crate::report::artifacts::{ArtifactTensor, FailureDump};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -27,11 +32,30 @@ pub struct Comparison {
     /// The output is constant (all equal) although the reference is not.
     pub constant: bool,
     pub len: usize,
+    /// Host copies of the compared tensors (`output`, `reference`; a per-op
+    /// function may add its inputs), kept for a failure artifact. Empty for
+    /// outputs above [`CAPTURE_LIMIT`] elements.
+    pub tensors: Vec<ArtifactTensor>,
 }
+
+/// Largest output (in elements) whose host copy is kept for a failure
+/// artifact: 4 Mi elements is 16 MiB of f32 plus 32 MiB of f64 reference.
+pub const CAPTURE_LIMIT: usize = 1 << 22;
 
 impl Comparison {
     /// Folds another output of the same invocation (e.g. dgamma next to dx).
     pub fn merge(self, other: Comparison) -> Comparison {
+        let mut tensors = self.tensors;
+        for mut t in other.tensors {
+            // Two outputs of one invocation: keep both under distinct names.
+            let base = t.name.clone();
+            let mut k = 1;
+            while tensors.iter().any(|u| u.name == t.name) {
+                t.name = format!("{base}_{k}");
+                k += 1;
+            }
+            tensors.push(t);
+        }
         Comparison {
             rel_l2: self.rel_l2.max(other.rel_l2),
             max_abs: self.max_abs.max(other.max_abs),
@@ -39,6 +63,7 @@ impl Comparison {
             non_finite: self.non_finite + other.non_finite,
             constant: self.constant || other.constant,
             len: self.len + other.len,
+            tensors,
         }
     }
 }
@@ -74,6 +99,14 @@ pub fn compare(out: &[f32], reference: &[f64]) -> Comparison {
     } else {
         diff2.sqrt()
     };
+    let tensors = if out.len().max(reference.len()) <= CAPTURE_LIMIT {
+        vec![
+            ArtifactTensor::f32("output", out.to_vec(), vec![out.len()]),
+            ArtifactTensor::f64("reference", reference.to_vec(), vec![reference.len()]),
+        ]
+    } else {
+        Vec::new()
+    };
     Comparison {
         rel_l2,
         max_abs,
@@ -81,6 +114,7 @@ pub fn compare(out: &[f32], reference: &[f64]) -> Comparison {
         non_finite,
         constant: out.len() > 1 && out_constant && !ref_constant,
         len: reference.len(),
+        tensors,
     }
 }
 
@@ -136,6 +170,7 @@ pub fn measure(
     let mut worst_shape = String::new();
     let mut per_shape = Vec::new();
     let mut violations = Vec::new();
+    let mut dump: Option<(f64, FailureDump)> = None;
     for (i, shape) in p.shapes.iter().enumerate() {
         let case = Case {
             pass: p.pass,
@@ -144,7 +179,37 @@ pub fn measure(
             seed: seed.wrapping_add(i as u64),
             mutant,
         };
-        let c = run_case(p.op, gpu, &case)?;
+        let mut c = run_case(p.op, gpu, &case)?;
+        let tensors = std::mem::take(&mut c.tensors);
+        let failed = c.rel_l2.is_nan()
+            || c.rel_l2 > tolerance
+            || c.unwritten > 0
+            || c.non_finite > 0
+            || c.constant;
+        // The worst failing shape: the largest error among the failing ones
+        // (NaN counts as the largest).
+        let score = if c.rel_l2.is_nan() {
+            f64::INFINITY
+        } else {
+            c.rel_l2
+        };
+        if failed && dump.as_ref().is_none_or(|(best, _)| score > *best) {
+            let mut metadata = vec![
+                ("op".to_string(), p.op.to_string()),
+                ("pass".to_string(), p.pass.as_str().to_string()),
+                ("precision".to_string(), format!("{:?}", p.precision)),
+                ("shape".to_string(), shape.to_string()),
+                ("case_seed".to_string(), case.seed.to_string()),
+                ("rel_l2".to_string(), format!("{:e}", c.rel_l2)),
+            ];
+            if tensors.is_empty() {
+                metadata.push((
+                    "note".to_string(),
+                    format!("output above {CAPTURE_LIMIT} elements: not captured"),
+                ));
+            }
+            dump = Some((score, FailureDump { tensors, metadata }));
+        }
         per_shape.push(format!(
             "{shape}: rel_l2 {:.3e} max_abs {:.3e}",
             c.rel_l2, c.max_abs
@@ -205,6 +270,9 @@ pub fn measure(
     ));
     for v in violations {
         m.violate(v);
+    }
+    if let Some((_, dump)) = dump {
+        m = m.with_failure(dump);
     }
     Ok(m)
 }
@@ -377,6 +445,18 @@ mod tests {
                 assert_eq!(got, want, "{module}::{symbol}");
             }
         }
+    }
+
+    #[test]
+    fn comparisons_keep_their_tensors_for_a_failure_artifact() {
+        let a = compare(&[1.0, 2.0], &[1.0, 2.5]);
+        let names: Vec<&str> = a.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["output", "reference"]);
+        let b = compare(&[3.0], &[3.0]);
+        let merged = a.merge(b);
+        let names: Vec<&str> = merged.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["output", "reference", "output_1", "reference_1"]);
+        assert_eq!(merged.tensors[2].shape, vec![1]);
     }
 
     #[test]

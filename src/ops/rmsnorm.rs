@@ -9,7 +9,7 @@ use super::parity::{
 };
 use crate::check::op::Pass;
 use crate::error::{Error, Result};
-use crate::gpu::{launch_config_rows, to_i32, GpuContext};
+use crate::gpu::{to_i32, GpuContext};
 use crate::model::ModelConfig;
 use crate::mutant::Mutant;
 use crate::reference::elementwise::expect_len;
@@ -111,7 +111,7 @@ pub fn forward(
     let (rows_i, hidden_i) = check_dims(rows_w, hidden)?;
     let eps_f = eps as f32;
     let f = gpu.function(MODULE, "rmsnorm_fwd_f32")?;
-    let cfg = launch_config_rows(rows_w, row_threads(hidden, ROW_THREADS))?;
+    let cfg = gpu.launch_rows(rows_w, row_threads(hidden, ROW_THREADS))?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x)
         .arg(gamma)
@@ -159,7 +159,7 @@ pub fn forward_residual(
     let (rows_i, hidden_i) = check_dims(rows_w, hidden)?;
     let eps_f = eps as f32;
     let f = gpu.function(MODULE, "rmsnorm_residual_fwd_f32")?;
-    let cfg = launch_config_rows(rows_w, row_threads(hidden, ROW_THREADS))?;
+    let cfg = gpu.launch_rows(rows_w, row_threads(hidden, ROW_THREADS))?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(a)
         .arg(b)
@@ -244,7 +244,7 @@ pub fn backward(
     let eps_f = eps as f32;
     if rows_w > 0 {
         let f = gpu.function(MODULE, "rmsnorm_bwd_f32")?;
-        let cfg = launch_config_rows(rows_w, row_threads(hidden, ROW_THREADS))?;
+        let cfg = gpu.launch_rows(rows_w, row_threads(hidden, ROW_THREADS))?;
         let mut l = gpu.stream().launch_builder(&f);
         l.arg(x)
             .arg(gamma)

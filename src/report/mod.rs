@@ -1,5 +1,12 @@
 //! CSV reports: one row per trial in `falsification.csv`, one per throughput
-//! measurement in `speedups.csv`, written atomically (temp file + rename).
+//! measurement in `speedups.csv`, written atomically (temp file + rename);
+//! failure artifacts; and the regression report that compares a run with a
+//! baseline (`REPORT.md` with SVG charts).
+
+pub mod artifacts;
+pub mod charts;
+pub mod compare;
+pub mod markdown;
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -134,6 +141,26 @@ fn write_then_rename<T: Serialize>(tmp: &Path, path: &Path, rows: &[T]) -> Resul
     file.flush().map_err(|e| Error::io(tmp, e))?;
     file.sync_all().map_err(|e| Error::io(tmp, e))?;
     std::fs::rename(tmp, path).map_err(|e| Error::io(path, e))
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and
+/// a rename (atomic on one file system), so a reader never sees a torn file.
+pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        file.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
+        file.sync_all().map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    })();
+    if result.is_err() {
+        // Best effort: the temp file is ours and is useless after a failure.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }
 
 /// The key that identifies a trial across runs.

@@ -16,6 +16,7 @@ use crate::check::{Measurement, TrialContext};
 use crate::contract::{Backend, Contract, FalsificationTest};
 use crate::error::{Error, Result};
 use crate::gpu::{driver_present, GpuContext, GpuOptions};
+use crate::report::artifacts::{self, artifact_stem, ArtifactWriter, ARTIFACTS_DIR};
 use crate::report::{FalsificationRow, ReportDir, SpeedupRow, Status};
 
 /// Options of a run. Front ends fill this in; nothing is read from the environment.
@@ -226,7 +227,7 @@ impl Engine {
         let test = trial.test();
         let seed = trial_seed(self.options.seed, &trial.contract.metadata.id, &test.id);
         let mutant = trial.selftest.then_some(test.mutant);
-        let artifacts_dir = self.options.out_dir.join("artifacts");
+        let artifacts_dir = self.options.out_dir.join(ARTIFACTS_DIR);
         let started = Instant::now();
 
         if let Some(reason) = test.check.unavailable(trial.backend) {
@@ -274,7 +275,13 @@ impl Engine {
         drop(gpu_guard);
         let duration_ms = started.elapsed().as_secs_f64() * 1e3;
 
-        let (status, measurement, detail) = judge(trial, seed, result);
+        let (status, measurement, mut detail) = judge(trial, seed, result);
+        if !trial.selftest {
+            if let Some(note) = self.write_artifact(trial, status, measurement.as_ref(), seed) {
+                detail.push_str("; ");
+                detail.push_str(&note);
+            }
+        }
         let summary = match &measurement {
             Some(m) => {
                 let held = if m.passed() { "holds" } else { "fails" };
@@ -334,6 +341,42 @@ impl Engine {
             summary,
             detail,
         }
+    }
+
+    /// Replaces the trial's failure artifact: removes the one an earlier run
+    /// left, and writes the measurement's tensors when the trial is falsified.
+    /// Returns a note for the detail column when something was written or failed.
+    fn write_artifact(
+        &self,
+        trial: &TrialSpec,
+        status: Status,
+        m: Option<&Measurement>,
+        seed: u64,
+    ) -> Option<String> {
+        let dir = self.options.out_dir.join(ARTIFACTS_DIR);
+        let stem = artifact_stem(&trial.contract.metadata.id, &trial.test_id());
+        let stale = dir.join(format!("{stem}.{}", artifacts::EXTENSION));
+        // Best effort: an old artifact that cannot be removed still names its
+        // own run in its header.
+        let _ = std::fs::remove_file(&stale);
+        let dump = m.and_then(|m| m.failure.as_ref())?;
+        if status != Status::Falsified {
+            return None;
+        }
+        let mut metadata = vec![
+            ("contract".to_string(), trial.contract.metadata.id.clone()),
+            ("test_id".to_string(), trial.test_id()),
+            ("seed".to_string(), seed.to_string()),
+            ("run_id".to_string(), self.meta.run_id.clone()),
+            ("git_sha".to_string(), self.meta.git_sha.clone()),
+        ];
+        metadata.extend(dump.metadata.iter().cloned());
+        Some(
+            match ArtifactWriter::write(&dir, &stem, &dump.tensors, &metadata) {
+                Ok(path) => format!("artifact: {}", path.display()),
+                Err(e) => format!("artifact not written: {e}"),
+            },
+        )
     }
 
     fn device_name(&self, backend: Backend) -> String {
@@ -514,6 +557,44 @@ pub fn format_number(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::Comparator;
+    use crate::report::artifacts::{ArtifactTensor, FailureDump};
+
+    #[test]
+    fn a_falsified_trial_with_tensors_leaves_an_artifact_and_a_pass_removes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("contracts/softmax-properties-v1.yaml");
+        let contract = crate::contract::load_file(&path).unwrap();
+        let trials = plan(vec![contract]);
+        let trial = &trials[0];
+        let engine = Engine::new(RunOptions {
+            out_dir: dir.path().to_path_buf(),
+            ..RunOptions::default()
+        });
+        let m = Measurement::new("e", 2.0, Comparator::Le, 1.0, "").with_failure(FailureDump {
+            tensors: vec![ArtifactTensor::f32("output", vec![1.0, 2.0], vec![2])],
+            metadata: vec![("shape".into(), "{n=2}".into())],
+        });
+        let note = engine
+            .write_artifact(trial, Status::Falsified, Some(&m), 7)
+            .unwrap();
+        let file = dir.path().join(ARTIFACTS_DIR).join(format!(
+            "softmax-properties-v1__{}.safetensors",
+            trial.test_id()
+        ));
+        assert_eq!(note, format!("artifact: {}", file.display()));
+        let (tensors, meta) = ArtifactWriter::read(&file).unwrap();
+        assert_eq!(tensors.len(), 1);
+        assert_eq!(meta.get("seed").map(String::as_str), Some("7"));
+        assert_eq!(meta.get("shape").map(String::as_str), Some("{n=2}"));
+        // The same trial passing later removes the stale artifact.
+        assert_eq!(
+            engine.write_artifact(trial, Status::Passed, Some(&m), 7),
+            None
+        );
+        assert!(!file.exists());
+    }
 
     #[test]
     fn seeds_differ_per_test_and_follow_the_run_seed() {

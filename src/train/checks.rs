@@ -2,16 +2,25 @@
 //!
 //! On `cpu` the checks run the reference training step
 //! ([`crate::reference::train`]) on models small enough for CI; on `cuda` they
-//! will run the GPU step.
+//! run the GPU step ([`super::GpuTrainer`]) from the same seeds, so both
+//! backends train the same model on the same batches.
 
-use crate::check::params::{Hyper, StepMode};
+use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::{GpuTrainOptions, GpuTrainer};
+use crate::check::params::{ClipMode, Hyper, Precision, StepMode};
+use crate::check::trajectory_match::BaselineOn;
 use crate::check::{
-    loss_descent, memory_budget, sync_count, throughput_ratio, trajectory_match, Comparator,
-    Measurement, TrialContext,
+    gradient_parity, loss_descent, memory_budget, require_gpu, sync_count, throughput_ratio,
+    trajectory_match, Comparator, Measurement, TrialContext,
 };
 use crate::contract::Backend;
 use crate::error::{Error, Result};
+use crate::gpu::{GemmMath, GpuContext};
 use crate::model::ModelConfig;
+use crate::model::{BaseModel, Corpus, Trainable};
+use crate::reference::train::{Model, BATCH_SALT, CORPUS_SALT};
 use crate::reference::train::{StepReport, TrainOptions, Trainer};
 
 /// The CPU reference trains in f64 with plain loops; beyond this many frozen
@@ -27,8 +36,37 @@ const EVAL_BATCHES: usize = 4;
 /// the training batches.
 const EVAL_SALT: u64 = 0xe7a1;
 
-fn gpu_not_built() -> Error {
-    Error::CudaUnavailable("GPU training step not built yet".into())
+/// Losses of `steps` GPU steps of a fresh trainer.
+fn gpu_losses(
+    gpu: &mut GpuContext,
+    cfg: &ModelConfig,
+    options: GpuTrainOptions,
+    steps: usize,
+    seed: u64,
+) -> Result<(Vec<f64>, usize)> {
+    let mut t = GpuTrainer::new(gpu, cfg, options, seed)?;
+    let mut losses = Vec::with_capacity(steps);
+    let mut replayed = 0;
+    for _ in 0..steps {
+        let r = t.step(gpu)?;
+        replayed += usize::from(r.replayed);
+        losses.push(r.loss);
+    }
+    Ok((losses, replayed))
+}
+
+fn cpu_losses(
+    cfg: &ModelConfig,
+    options: TrainOptions,
+    steps: usize,
+    seed: u64,
+) -> Result<(Vec<f64>, String)> {
+    let mut t = Trainer::new(cfg, options, seed)?;
+    let reports: Vec<StepReport> = (0..steps).map(|_| t.step()).collect::<Result<_>>()?;
+    Ok((
+        reports.iter().map(|r| r.loss).collect(),
+        clip_summary(&reports),
+    ))
 }
 
 fn cpu_model(cfg: &ModelConfig) -> Result<ModelConfig> {
@@ -77,7 +115,7 @@ pub fn loss_descent(
     cx: &mut TrialContext<'_>,
 ) -> Result<Measurement> {
     if b == Backend::Cuda {
-        return Err(gpu_not_built());
+        return loss_descent_gpu(p, cx);
     }
     let cfg = cpu_model(&p.model.0)?;
     let options = TrainOptions::from_mode(&p.mode, p.hyper, cx.mutant)?;
@@ -108,6 +146,38 @@ pub fn loss_descent(
     )))
 }
 
+fn loss_descent_gpu(p: &loss_descent::Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+    let cfg = p.model.0;
+    let seed = cx.seed;
+    let options = GpuTrainOptions::from_mode(&p.mode, p.hyper, cx.mutant);
+    let gpu = require_gpu(cx)?;
+    let mut t = GpuTrainer::new(gpu, &cfg, options, seed)?;
+    let eval = t.eval_batches(EVAL_BATCHES, seed ^ EVAL_SALT)?;
+    let initial = t.eval_loss(gpu, &eval)?;
+    let mut losses = Vec::with_capacity(p.steps.0);
+    for _ in 0..p.steps.0 {
+        losses.push(t.step(gpu)?.loss);
+    }
+    let last = t.eval_loss(gpu, &eval)?;
+    let first_train = losses.first().copied().unwrap_or(f64::NAN);
+    let last_train = losses.last().copied().unwrap_or(f64::NAN);
+    Ok(Measurement::new(
+        "final_over_initial_loss",
+        last / initial,
+        Comparator::Le,
+        p.max_fraction.0,
+        "ratio",
+    )
+    .with_detail(format!(
+        "model {} on {}, {} GPU steps of {}; eval loss on {EVAL_BATCHES} fixed batches {initial:.4} -> {last:.4}; train loss step 1 {first_train:.4}, step {} {last_train:.4}",
+        cfg.name,
+        gpu.facts().name,
+        p.steps.0,
+        mode_text(&p.mode, &p.hyper),
+        p.steps.0,
+    )))
+}
+
 /// Passes when `max_c |loss_baseline(c) - loss_candidate(c)| <= max_abs_diff`.
 /// Both runs start from the same seeded weights and see the same batches; the
 /// trial's mutant is injected into the candidate only.
@@ -116,24 +186,53 @@ pub fn trajectory_match(
     b: Backend,
     cx: &mut TrialContext<'_>,
 ) -> Result<Measurement> {
-    if b == Backend::Cuda {
-        return Err(gpu_not_built());
-    }
-    let cfg = cpu_model(&p.model.0)?;
-    let base_opts = TrainOptions::from_mode(&p.baseline, p.hyper, None)?;
-    let cand_opts = TrainOptions::from_mode(&p.candidate, p.hyper, cx.mutant)?;
-    let run = |options: TrainOptions| -> Result<Vec<StepReport>> {
-        let mut t = Trainer::new(&cfg, options, cx.seed)?;
-        (0..p.steps.0).map(|_| t.step()).collect()
+    let seed = cx.seed;
+    let steps = p.steps.0;
+    let (base, base_text) = if b == Backend::Cpu || p.baseline_on == BaselineOn::Cpu {
+        let cfg = cpu_model(&p.model.0)?;
+        let opts = TrainOptions::from_mode(&p.baseline, p.hyper, None)?;
+        let (l, clip) = cpu_losses(&cfg, opts, steps, seed)?;
+        (
+            l,
+            format!("cpu reference {}: {clip}", mode_text(&p.baseline, &p.hyper)),
+        )
+    } else {
+        let opts = GpuTrainOptions::from_mode(&p.baseline, p.hyper, None);
+        let gpu = require_gpu(cx)?;
+        let (l, replayed) = gpu_losses(gpu, &p.model.0, opts, steps, seed)?;
+        (
+            l,
+            format!(
+                "gpu {} ({replayed} graph replays)",
+                mode_text(&p.baseline, &p.hyper)
+            ),
+        )
     };
-    let base = run(base_opts)?;
-    let cand = run(cand_opts)?;
+    let (cand, cand_text) = if b == Backend::Cpu {
+        let cfg = cpu_model(&p.model.0)?;
+        let opts = TrainOptions::from_mode(&p.candidate, p.hyper, cx.mutant)?;
+        let (l, clip) = cpu_losses(&cfg, opts, steps, seed)?;
+        (l, format!("{}: {clip}", mode_text(&p.candidate, &p.hyper)))
+    } else {
+        let opts = GpuTrainOptions::from_mode(&p.candidate, p.hyper, cx.mutant);
+        let gpu = require_gpu(cx)?;
+        let (l, replayed) = gpu_losses(gpu, &p.model.0, opts, steps, seed)?;
+        (
+            l,
+            format!(
+                "gpu {} on {} ({replayed} graph replays)",
+                mode_text(&p.candidate, &p.hyper),
+                gpu.facts().name
+            ),
+        )
+    };
+    let cfg = p.model.0;
     let mut worst = 0.0f64;
     let mut points = Vec::with_capacity(p.checkpoints.len());
     for c in &p.checkpoints {
-        let at = |r: &[StepReport]| {
+        let at = |r: &[f64]| {
             r.get(c.0.wrapping_sub(1))
-                .map(|s| s.loss)
+                .copied()
                 .ok_or_else(|| Error::InvalidArgument {
                     op: "trajectory_match",
                     message: format!("checkpoint {} is outside steps 1..={}", c.0, p.steps.0),
@@ -154,31 +253,347 @@ pub fn trajectory_match(
         "nats",
     )
     .with_detail(format!(
-        "model {}, {} steps; baseline {}: {}; candidate {}: {}; {}",
+        "model {}, {} steps; baseline {base_text}; candidate {cand_text}; {}",
         cfg.name,
         p.steps.0,
-        mode_text(&p.baseline, &p.hyper),
-        clip_summary(&base),
-        mode_text(&p.candidate, &p.hyper),
-        clip_summary(&cand),
         points.join(", ")
     )))
 }
 
-pub fn sync_count(_p: &sync_count::Params, _cx: &mut TrialContext<'_>) -> Result<Measurement> {
-    Err(Error::CudaUnavailable("not built yet".into()))
+/// Passes when no host read happened while the step was being captured
+/// (`inside <= max_inside_capture`) and no step read the host more than
+/// `max_per_step` times. Every device-to-host read of the GPU step goes
+/// through its counted [`GpuTrainer::host_read`]; a read inside capture also
+/// breaks the capture itself, which is reported as a violation.
+pub fn sync_count(p: &sync_count::Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+    let cfg = p.model.0;
+    let seed = cx.seed;
+    let options = GpuTrainOptions::from_mode(&p.mode, Hyper::default(), cx.mutant);
+    let gpu = require_gpu(cx)?;
+    let mut t = GpuTrainer::new(gpu, &cfg, options, seed)?;
+    let mut failure = None;
+    let mut replayed = 0usize;
+    for _ in 0..p.steps.0 {
+        match t.step(gpu) {
+            Ok(r) => replayed += usize::from(r.replayed),
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    let syncs = t.syncs().clone();
+    if syncs.inside_capture == 0 {
+        // A failure with no host read inside capture is an error of the step
+        // itself, not an observation of this check.
+        if let Some(e) = failure {
+            return Err(e);
+        }
+    }
+    let max_step = syncs.per_step.iter().copied().max().unwrap_or(0);
+    let mut m = Measurement::new(
+        "host_syncs_inside_capture",
+        syncs.inside_capture as f64,
+        Comparator::Le,
+        p.max_inside_capture as f64,
+        "syncs",
+    )
+    .with_detail(format!(
+        "model {} on {}, {} steps requested, {} finished, {replayed} graph replays; host reads: {} in all, {} inside capture, at most {max_step} per step (bound {})",
+        cfg.name,
+        gpu.facts().name,
+        p.steps.0,
+        syncs.per_step.len(),
+        syncs.total,
+        syncs.inside_capture,
+        p.max_per_step
+    ));
+    if let Some(e) = failure {
+        m.violate(format!("capture failed: {e}"));
+    }
+    if max_step > p.max_per_step {
+        m.violate(format!(
+            "a step made {max_step} host reads, more than {}",
+            p.max_per_step
+        ));
+    }
+    if p.steps.0 >= 2 && replayed == 0 {
+        m.violate("the step was never replayed from a captured graph");
+    }
+    Ok(m)
 }
 
+/// One step of `t` on `tokens`, timed with CUDA events on the work stream.
+/// The end event is recorded after the step's loss read, so host launch
+/// gaps (what graph replay removes) are inside the interval.
+fn timed_step(gpu: &mut GpuContext, t: &mut GpuTrainer, tokens: &[u32]) -> Result<f64> {
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = gpu.stream().record_event(flags)?;
+    t.step_on(gpu, tokens)?;
+    let end = gpu.stream().record_event(flags)?;
+    Ok(f64::from(start.elapsed_ms(&end)?))
+}
+
+/// `subject: train_step`. Passes when `median(t_baseline) / median(t_candidate)
+/// >= min_ratio`. Both trainers (same seed, so the same model and batches)
+/// run `warmup` untimed steps (at least 2, so a graphed mode has captured
+/// and replayed once), then `repeats` timed steps, alternating baseline and
+/// candidate so drift hits both alike. The 95% bootstrap interval of the
+/// ratio goes to `speedups.csv`; tokens per second go to the detail.
 pub fn throughput_ratio(
-    _p: &throughput_ratio::Params,
-    _cx: &mut TrialContext<'_>,
+    p: &throughput_ratio::Params,
+    cx: &mut TrialContext<'_>,
 ) -> Result<Measurement> {
-    Err(Error::CudaUnavailable("not built yet".into()))
+    use crate::gpu::timing::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
+    let mut cfg = p.model.0;
+    if let Some(b) = p.batch {
+        cfg = cfg.with_batch(b.0);
+    }
+    if let Some(s) = p.seq_len {
+        cfg = cfg.with_seq_len(s.0);
+    }
+    let seed = cx.seed;
+    let base_opts = GpuTrainOptions::from_mode(&p.baseline, Hyper::default(), None);
+    let cand_opts = GpuTrainOptions::from_mode(&p.candidate, Hyper::default(), cx.mutant);
+    let gpu = require_gpu(cx)?;
+    let mut tb = GpuTrainer::new(gpu, &cfg, base_opts, seed)?;
+    let mut tc = GpuTrainer::new(gpu, &cfg, cand_opts, seed)?;
+    for _ in 0..p.warmup.0.max(2) {
+        tb.step(gpu)?;
+        tc.step(gpu)?;
+    }
+    let mut base_ms = Vec::with_capacity(p.repeats.0);
+    let mut cand_ms = Vec::with_capacity(p.repeats.0);
+    for _ in 0..p.repeats.0 {
+        let tokens = tb.next_batch()?;
+        base_ms.push(timed_step(gpu, &mut tb, &tokens)?);
+        let tokens = tc.next_batch()?;
+        cand_ms.push(timed_step(gpu, &mut tc, &tokens)?);
+    }
+    let (mb, mc) = (median(&base_ms), median(&cand_ms));
+    let ratio = mb / mc;
+    let (lo, hi) = ratio_ci(&base_ms, &cand_ms, seed, BOOTSTRAP_RESAMPLES);
+    let tokens = cfg.tokens() as f64;
+    let mut m = Measurement::new("median_step_time_ratio", ratio, Comparator::Ge, p.min_ratio.0, "x")
+        .with_detail(format!(
+            "model {} batch {} seq {} on {}; baseline {} median {mb:.3} ms ({:.0} tokens/s); candidate {} median {mc:.3} ms ({:.0} tokens/s, graph {}); ratio 95% CI [{lo:.3}, {hi:.3}] over {} repeats",
+            cfg.name,
+            cfg.batch,
+            cfg.seq_len,
+            gpu.facts().name,
+            p.baseline,
+            tokens / mb * 1e3,
+            p.candidate,
+            tokens / mc * 1e3,
+            if tc.graph_ready() { "replayed" } else { "not used" },
+            p.repeats.0
+        ));
+    m.speedups.push(crate::check::Speedup {
+        subject: "train_step".into(),
+        model: cfg.name.into(),
+        batch: cfg.batch,
+        seq_len: cfg.seq_len,
+        baseline: p.baseline.to_string(),
+        candidate: p.candidate.to_string(),
+        baseline_median_ms: mb,
+        candidate_median_ms: mc,
+        ratio,
+        ratio_ci_low: lo,
+        ratio_ci_high: hi,
+        repeats: p.repeats.0,
+    });
+    Ok(m)
 }
 
-pub fn memory_budget(
-    _p: &memory_budget::Params,
-    _cx: &mut TrialContext<'_>,
+/// Device memory in use now, `total - free` as the driver reports it.
+fn used_bytes(gpu: &GpuContext) -> Result<usize> {
+    gpu.synchronize()?;
+    let (free, total) = cudarc::driver::result::mem_get_info()?;
+    Ok(total.saturating_sub(free))
+}
+
+/// Passes when the peak device memory a training run of the configuration
+/// adds (over what was in use before it started) is at most `max_gib`. The
+/// peak is the largest `cuMemGetInfo` delta sampled after building the
+/// trainer, after each of the first steps (the second captures a graph when
+/// graphed) and after the last; the trainer's own accounting of its buffers
+/// is in the detail.
+pub fn memory_budget(p: &memory_budget::Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+    const STEPS: usize = 3;
+    let cfg = p.model.0;
+    let seed = cx.seed;
+    let options = GpuTrainOptions {
+        device_quantize: true,
+        ..GpuTrainOptions::from_mode(
+            &StepMode {
+                graph: true,
+                base: p.base,
+                ..StepMode::default()
+            },
+            Hyper::default(),
+            cx.mutant,
+        )
+    };
+    let gpu = require_gpu(cx)?;
+    let before = used_bytes(gpu)?;
+    let mut t = GpuTrainer::new(gpu, &cfg, options, seed)?;
+    let mut peak = used_bytes(gpu)?.saturating_sub(before);
+    let mut loss = f64::NAN;
+    for _ in 0..STEPS {
+        loss = t.step(gpu)?.loss;
+        peak = peak.max(used_bytes(gpu)?.saturating_sub(before));
+    }
+    let (base, params, ws) = t.accounted_bytes();
+    let gib = |b: usize| b as f64 / f64::from(1u32 << 30);
+    let mut m = Measurement::new("peak_device_gib", gib(peak), Comparator::Le, p.max_gib.0, "GiB")
+        .with_detail(format!(
+            "model {} ({:?} base, batch {}, seq {}) on {}, {STEPS} graphed steps (last loss {loss:.3}); accounted: base {:.3} GiB, trainable + grads + moments {:.3} GiB, workspace {:.3} GiB (saved activations {:.3} GiB)",
+            cfg.name,
+            p.base,
+            cfg.batch,
+            cfg.seq_len,
+            gpu.facts().name,
+            gib(base),
+            gib(params),
+            gib(ws),
+            gib(super::workspace::Workspace::activation_bytes(&cfg)),
+        ));
+    if !loss.is_finite() {
+        m.violate(format!("the loss is {loss}"));
+    }
+    Ok(m)
+}
+
+/// Passes when, for every trainable tensor, `||g_gpu - g_ref|| / ||g_ref||
+/// <= tolerance`: one forward + backward of the GPU step and of the CPU
+/// reference from the same base weights, the same trainable point
+/// (`Trainable::perturbed`, so `B != 0`) and the same batch. The trial's
+/// mutant goes into the GPU step only.
+pub fn gradient_parity(
+    p: &gradient_parity::Params,
+    cx: &mut TrialContext<'_>,
 ) -> Result<Measurement> {
-    Err(Error::CudaUnavailable("not built yet".into()))
+    let cfg = p.model.0;
+    let seed = cx.seed;
+    let trainable = Trainable::perturbed(&cfg, seed, p.b_std.0);
+    let corpus = Corpus::arithmetic(seed ^ CORPUS_SALT, crate::model::corpus::DEFAULT_LEN);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ BATCH_SALT);
+    let tokens = corpus.batch(&mut rng, cfg.batch, cfg.seq_len)?;
+    let model = Model {
+        base: BaseModel::init(&cfg, p.base, seed)?,
+        params: trainable.clone(),
+    };
+    let (ref_loss, ref_grads) = model.loss_and_grads(&tokens, cfg.batch, None)?;
+    drop(model);
+    let options = GpuTrainOptions {
+        clip: ClipMode::Global,
+        base: p.base,
+        hyper: Hyper::default(),
+        graph: false,
+        mutant: cx.mutant,
+        forward_math: Some(match p.precision {
+            Precision::Tf32 => GemmMath::Tf32,
+            _ => GemmMath::Fp32,
+        }),
+        device_quantize: false,
+    };
+    let gpu = require_gpu(cx)?;
+    let mut t = GpuTrainer::with_params(gpu, &cfg, options, seed, &trainable)?;
+    let (loss, grads) = t.loss_and_grads(gpu, &tokens)?;
+    let mut worst = 0.0f64;
+    let mut worst_name = String::from("none");
+    let mut nonfinite = 0usize;
+    for (i, (g, r)) in grads.iter().zip(&ref_grads).enumerate() {
+        nonfinite += g.iter().filter(|v| !v.is_finite()).count();
+        let (mut d2, mut r2) = (0.0f64, 0.0f64);
+        for (&a, &b) in g.iter().zip(r) {
+            d2 += (f64::from(a) - b).powi(2);
+            r2 += b * b;
+        }
+        let rel = if r2 > 0.0 {
+            (d2 / r2).sqrt()
+        } else if d2 == 0.0 {
+            0.0
+        } else {
+            f64::INFINITY
+        };
+        if rel > worst || rel.is_nan() {
+            worst = rel;
+            worst_name = format!("{} (||g_ref|| {:.3e})", Trainable::name(i), r2.sqrt());
+        }
+    }
+    let mut m = Measurement::new("max_tensor_rel_l2", worst, Comparator::Le, p.tolerance.0, "rel")
+        .with_detail(format!(
+            "model {} ({:?} base, {:?} forward GEMMs) on {}; {} tensors; loss gpu {loss:.6} vs reference {ref_loss:.6}; worst {worst_name}",
+            cfg.name,
+            p.base,
+            p.precision,
+            gpu.facts().name,
+            grads.len()
+        ));
+    if grads.len() != ref_grads.len() {
+        m.violate(format!(
+            "{} gradient tensors, the reference has {}",
+            grads.len(),
+            ref_grads.len()
+        ));
+    }
+    if nonfinite > 0 {
+        m.violate(format!("{nonfinite} non-finite gradient values"));
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::Validate;
+
+    fn traj(extra: &str) -> std::result::Result<(), String> {
+        let yaml = format!("model: tiny\nsteps: 4\ncheckpoints: [4]\nmax_abs_diff: 0.01\n{extra}");
+        let p: trajectory_match::Params = serde_yaml::from_str(&yaml).map_err(|e| e.to_string())?;
+        p.validate()
+    }
+
+    #[test]
+    fn cpu_baseline_may_share_the_mode_but_never_graphs() {
+        assert!(traj("baseline_on: cpu\nbaseline: {}\ncandidate: {}\n").is_ok());
+        assert!(traj("baseline: {}\ncandidate: {}\n").is_err());
+        let e = traj("baseline_on: cpu\nbaseline: {graph: true}\ncandidate: {}\n").unwrap_err();
+        assert!(e.contains("no CUDA graphs"), "{e}");
+        assert!(traj("baseline_on: gpu\nbaseline: {}\ncandidate: {graph: true}\n").is_err());
+    }
+
+    #[test]
+    fn gradient_parity_takes_f32_or_tf32_only() {
+        let p = |s: &str| {
+            serde_yaml::from_str::<gradient_parity::Params>(&format!(
+                "model: tiny\ntolerance: 1.0e-5\n{s}"
+            ))
+            .map_err(|e| e.to_string())
+            .and_then(|p| p.validate())
+        };
+        assert!(p("").is_ok());
+        assert!(p("precision: tf32\nbase: nf4\n").is_ok());
+        assert!(p("precision: f16\n").is_err());
+        assert!(p("b_std: 0\n").is_err());
+    }
+
+    #[test]
+    fn step_mode_maps_onto_the_gpu_options() {
+        let mode = StepMode {
+            graph: true,
+            clip: ClipMode::PerLayer,
+            base: crate::check::params::BaseWeights::Nf4,
+        };
+        let o = GpuTrainOptions::from_mode(
+            &mode,
+            Hyper::default(),
+            Some(crate::mutant::Mutant::ClipSkipped),
+        );
+        assert!(o.graph && o.clip == ClipMode::PerLayer);
+        assert_eq!(o.base, crate::check::params::BaseWeights::Nf4);
+        assert_eq!(o.mutant, Some(crate::mutant::Mutant::ClipSkipped));
+        assert!(o.forward_math.is_none() && !o.device_quantize);
+    }
 }

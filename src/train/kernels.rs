@@ -1,0 +1,144 @@
+//! Launchers for `kernels/train.cu`: AdamW with the step number in device
+//! memory, the device step counter, and in-place accumulation.
+
+use cudarc::driver::{CudaSlice, PushKernelArg};
+
+use crate::error::{Error, Result};
+use crate::gpu::{to_i32, GpuContext};
+use crate::ops::parity::{Arg, Signatures};
+use crate::reference::adamw::AdamW;
+
+pub const MODULE: &str = "train";
+
+/// Kernel argument lists, checked against the compiled PTX by a unit test.
+pub const SIGNATURES: Signatures = &[
+    (
+        "adamw_step_devt_f32",
+        &[
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I32,
+            Arg::Ptr,
+            Arg::F32,
+            Arg::F32,
+            Arg::F32,
+            Arg::F32,
+            Arg::F32,
+        ],
+    ),
+    ("step_count_advance_i32", &[Arg::Ptr, Arg::I32]),
+    ("accumulate_fwd_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
+];
+
+fn same_len(what: &str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::ShapeMismatch {
+            op: "train",
+            expected: format!("{what}: {want} elements"),
+            got: format!("{got}"),
+        })
+    }
+}
+
+/// One AdamW step on `p` (in place, with `m`, `v`) from gradient `g`, with the
+/// step number `t = step[0]` read on the device. `lr_sign` is `1` for descent
+/// (`-1` only for the sign-flip fault).
+#[allow(clippy::too_many_arguments)]
+pub fn adamw(
+    gpu: &mut GpuContext,
+    p: &mut CudaSlice<f32>,
+    g: &CudaSlice<f32>,
+    m: &mut CudaSlice<f32>,
+    v: &mut CudaSlice<f32>,
+    step: &CudaSlice<i32>,
+    hyper: &AdamW,
+    lr_sign: f32,
+) -> Result<()> {
+    let n = p.len();
+    same_len("g", g.len(), n)?;
+    same_len("m", m.len(), n)?;
+    same_len("v", v.len(), n)?;
+    same_len("step", step.len(), 1)?;
+    let n_i = to_i32("adamw", "elements", n)?;
+    let k = crate::ops::adamw::as_kernel_args(hyper);
+    let lr = lr_sign * k.lr as f32;
+    let (b1, b2, eps, wd) = (
+        k.beta1 as f32,
+        k.beta2 as f32,
+        k.eps as f32,
+        k.weight_decay as f32,
+    );
+    let f = gpu.function(MODULE, "adamw_step_devt_f32")?;
+    let cfg = gpu.launch_1d(n);
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(p).arg(g).arg(m).arg(v).arg(&n_i).arg(step);
+    l.arg(&lr).arg(&b1).arg(&b2).arg(&eps).arg(&wd);
+    // SAFETY: adamw_step_devt_f32(float* p, const float* g, float* m,
+    // float* v, int n, const int* step, float lr, float beta1, float beta2,
+    // float eps, float weight_decay): p, g, m, v hold n elements and step one
+    // (checked above); p, m, v are distinct mutable borrows, g and step shared.
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+/// `step[0] += by` on the device.
+pub fn advance_step(gpu: &mut GpuContext, step: &mut CudaSlice<i32>, by: i32) -> Result<()> {
+    same_len("step", step.len(), 1)?;
+    let f = gpu.function(MODULE, "step_count_advance_i32")?;
+    let cfg = crate::gpu::launch_config_1d(1, 1);
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(step).arg(&by);
+    // SAFETY: step_count_advance_i32(int* step, int by): step holds one
+    // element (checked above); only thread 0 of block 0 touches it.
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+/// `y += x` element-wise.
+pub fn accumulate(gpu: &mut GpuContext, y: &mut CudaSlice<f32>, x: &CudaSlice<f32>) -> Result<()> {
+    same_len("x", x.len(), y.len())?;
+    let n_i = to_i32("accumulate", "elements", y.len())?;
+    let f = gpu.function(MODULE, "accumulate_fwd_f32")?;
+    let cfg = gpu.launch_1d(y.len());
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(y).arg(x).arg(&n_i);
+    // SAFETY: accumulate_fwd_f32(float* y, const float* x, int n): both hold
+    // n elements (checked above) and are distinct buffers (a mutable and a
+    // shared borrow).
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::cache::compile_module;
+    use crate::gpu::nvrtc_present;
+    use crate::kernels;
+    use crate::ops::parity::ptx_param_types;
+
+    #[test]
+    fn signatures_match_the_module_and_the_ptx() {
+        let Some(m) = kernels::module(MODULE) else {
+            panic!("no module {MODULE}");
+        };
+        let mut declared: Vec<&str> = m.symbols.to_vec();
+        let mut signed: Vec<&str> = SIGNATURES.iter().map(|s| s.0).collect();
+        declared.sort_unstable();
+        signed.sort_unstable();
+        assert_eq!(declared, signed);
+        if !nvrtc_present() {
+            return;
+        }
+        let ptx = compile_module(m, "compute_90").unwrap();
+        for (symbol, args) in SIGNATURES {
+            let got = ptx_param_types(&ptx, symbol).unwrap_or_default();
+            let want: Vec<&str> = args.iter().map(|a| a.ptx_type()).collect();
+            assert_eq!(got, want, "{symbol}");
+        }
+    }
+}

@@ -1,0 +1,906 @@
+//! [`GpuTrainer`]: the QLoRA training step on the GPU, the same model, data
+//! and math as the CPU reference ([`crate::reference::train`]), in f32.
+//!
+//! One step, all on the work stream, all into the preallocated
+//! [`Workspace`]:
+//!
+//! ```text
+//! forward    x0 = emb[inputs]; per layer: n1 = rmsnorm(x, g1);
+//!            q = n1 Wq^T + s (n1 Aq^T) Bq^T, k = n1 Wk^T, v = n1 Wv^T + s (n1 Av^T) Bv^T;
+//!            att = attention(rope(q), rope(k), v); x2 = x + att Wo^T;
+//!            n2 = rmsnorm(x2, g2); x' = x2 + (silu(n2 Wg^T) * n2 Wu^T) Wd^T;
+//!            loss = CE(rmsnorm(x_L) Wlm^T, targets)
+//! backward   dx through every op; trainable gradients only (LoRA A, B of q, v;
+//!            both norm weights): dB = s dy^T u, du = s dy B, dA = du^T n1, dn1 += du A
+//! clip       S = sum ||g||^2 (device, f64), scale = min(1, c / (sqrt S + 1e-6)), g *= scale
+//! AdamW      t += 1 (a device counter), then every tensor
+//! ```
+//!
+//! The only device-to-host copy of a step is reading the loss, after
+//! everything else was queued; every such read goes through
+//! [`GpuTrainer::host_read`], which counts it (the `sync_count` check reads
+//! the counters). With `graph`, the first step runs eagerly (it loads every
+//! kernel and lets cuBLAS settle), the second is captured whole as one CUDA
+//! graph, and that graph is replayed from then on: the batch is copied into
+//! the same device buffers before each replay, and AdamW reads its step number
+//! from device memory, so nothing the graph baked in goes stale.
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaView, DeviceRepr};
+use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::blas;
+use super::kernels;
+use super::weights::{BaseDevice, Params};
+use super::workspace::{CublasWorkspace, Workspace, CUBLAS_WORKSPACE_BYTES};
+use crate::check::params::{BaseWeights, ClipMode, Hyper, StepMode};
+use crate::error::{Error, Result};
+use crate::gpu::{GemmMath, GpuContext};
+use crate::model::corpus::{self, Corpus};
+use crate::model::{ModelConfig, Slot, Trainable};
+use crate::mutant::Mutant;
+use crate::ops::attention::{self, AttnShape};
+use crate::ops::clip::{self as clip_ops, SquaredSumWorkspace};
+use crate::ops::{activation, cross_entropy, embedding, rmsnorm, rope};
+use crate::reference::adamw::AdamW;
+use crate::reference::train::{BATCH_SALT, CORPUS_SALT};
+
+/// How the GPU step runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuTrainOptions {
+    pub clip: ClipMode,
+    pub base: BaseWeights,
+    pub hyper: Hyper,
+    /// Capture the step as a CUDA graph and replay it.
+    pub graph: bool,
+    /// A fault to inject: `ClipSkipped`, `ClipPerLayer`,
+    /// `AdamwUpdateSignFlipped`, `OptimizerStepTwice`,
+    /// `LoraBackwardScaleTwice`, `HostSyncInsideCapture`,
+    /// `GraphReplayDisabled` (runs eagerly although `graph` is set) or
+    /// `ActivationsDoubled`; others are ignored.
+    pub mutant: Option<Mutant>,
+    /// Math of the forward GEMMs; `None` takes the context's option.
+    pub forward_math: Option<GemmMath>,
+    /// Quantise an NF4 base on the device from the f32 weights (fast for
+    /// billion-parameter presets) instead of with the reference's f64
+    /// quantiser (exactly the reference's codes; what parity checks need).
+    pub device_quantize: bool,
+}
+
+impl GpuTrainOptions {
+    /// The options of a contract's step mode.
+    pub fn from_mode(mode: &StepMode, hyper: Hyper, mutant: Option<Mutant>) -> Self {
+        GpuTrainOptions {
+            clip: mode.clip,
+            base: mode.base,
+            hyper,
+            graph: mode.graph,
+            mutant,
+            forward_math: None,
+            device_quantize: false,
+        }
+    }
+
+    fn has(&self, m: Mutant) -> bool {
+        self.mutant == Some(m)
+    }
+}
+
+/// Host synchronisations the step made: every device-to-host read goes
+/// through [`GpuTrainer::host_read`], which counts it here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncCounts {
+    /// All host reads since the trainer was made.
+    pub total: usize,
+    /// Host reads issued while the stream was capturing.
+    pub inside_capture: usize,
+    /// Host reads of each finished step.
+    pub per_step: Vec<usize>,
+}
+
+/// The clip reductions: one group (global) or one per layer.
+struct ClipGroup {
+    tensors: Vec<usize>,
+    ws: SquaredSumWorkspace,
+    sq: CudaSlice<f64>,
+    scale: CudaSlice<f32>,
+}
+
+/// What one step did, for reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuStepReport {
+    pub loss: f64,
+    /// Whether this step replayed a captured graph.
+    pub replayed: bool,
+}
+
+/// A model on the device, its optimizer state, workspace and data stream.
+pub struct GpuTrainer {
+    cfg: ModelConfig,
+    options: GpuTrainOptions,
+    base: BaseDevice,
+    params: Params,
+    ws: Workspace,
+    /// Declared after `ws`, and never replaced: resizing the workspace must
+    /// not detach the buffer cuBLAS uses.
+    _cublas: CublasWorkspace,
+    clip: Vec<ClipGroup>,
+    step_count: CudaSlice<i32>,
+    corpus: Corpus,
+    data_rng: ChaCha8Rng,
+    graph: Option<CudaGraph>,
+    steps_done: usize,
+    sync: SyncCounter,
+}
+
+/// Counts host reads as they happen.
+#[derive(Default)]
+struct SyncCounter {
+    counts: SyncCounts,
+    capturing: bool,
+    this_step: usize,
+}
+
+impl SyncCounter {
+    /// Copies `buf` to the host, waiting for the stream: a host sync, counted
+    /// (and counted as inside capture while the stream is capturing).
+    fn host_read<T: DeviceRepr>(
+        &mut self,
+        gpu: &GpuContext,
+        buf: &CudaView<'_, T>,
+    ) -> Result<Vec<T>> {
+        self.counts.total += 1;
+        self.this_step += 1;
+        if self.capturing {
+            self.counts.inside_capture += 1;
+        }
+        gpu.download(buf)
+    }
+}
+
+impl GpuTrainer {
+    /// A fresh model of `cfg` from `seed` (the CPU reference's weights, corpus
+    /// and batch order for the same seed).
+    pub fn new(
+        gpu: &mut GpuContext,
+        cfg: &ModelConfig,
+        options: GpuTrainOptions,
+        seed: u64,
+    ) -> Result<Self> {
+        Self::with_params(gpu, cfg, options, seed, &Trainable::init(cfg, seed))
+    }
+
+    /// As [`GpuTrainer::new`], with the trainable tensors given.
+    pub fn with_params(
+        gpu: &mut GpuContext,
+        cfg: &ModelConfig,
+        options: GpuTrainOptions,
+        seed: u64,
+        trainable: &Trainable,
+    ) -> Result<Self> {
+        if trainable.config != *cfg || trainable.tensors.len() != cfg.layers * Slot::ALL.len() {
+            return Err(Error::ShapeMismatch {
+                op: "train",
+                expected: format!("trainable tensors of model {}", cfg.name),
+                got: format!("those of model {}", trainable.config.name),
+            });
+        }
+        // Every kernel is compiled before anything is allocated or captured.
+        for m in crate::gpu::modules_for(cfg, options.base) {
+            gpu.ensure_module(m)?;
+        }
+        let base = BaseDevice::init(gpu, cfg, options.base, seed, options.device_quantize)?;
+        let params = Params::upload(gpu, trainable)?;
+        let ws = Workspace::new(
+            gpu,
+            cfg,
+            &base.linears(),
+            options.has(Mutant::ActivationsDoubled),
+        )?;
+        let per_layer = options.clip == ClipMode::PerLayer || options.has(Mutant::ClipPerLayer);
+        let groups: Vec<Vec<usize>> = if per_layer {
+            (0..cfg.layers)
+                .map(|l| {
+                    (0..Slot::ALL.len())
+                        .map(|s| l * Slot::ALL.len() + s)
+                        .collect()
+                })
+                .collect()
+        } else {
+            vec![(0..params.p.len()).collect()]
+        };
+        let clip = groups
+            .into_iter()
+            .map(|tensors| {
+                let lens: Vec<usize> = tensors.iter().map(|&i| params.g[i].len()).collect();
+                Ok(ClipGroup {
+                    ws: SquaredSumWorkspace::new(gpu, &lens)?,
+                    tensors,
+                    sq: gpu.zeros(1)?,
+                    scale: gpu.zeros(1)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let step_count = gpu.zeros(1)?;
+        let cublas = CublasWorkspace::new(gpu)?;
+        gpu.synchronize()?;
+        Ok(GpuTrainer {
+            cfg: *cfg,
+            options,
+            base,
+            params,
+            ws,
+            _cublas: cublas,
+            clip,
+            step_count,
+            corpus: Corpus::arithmetic(seed ^ CORPUS_SALT, corpus::DEFAULT_LEN),
+            data_rng: ChaCha8Rng::seed_from_u64(seed ^ BATCH_SALT),
+            graph: None,
+            steps_done: 0,
+            sync: SyncCounter::default(),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn options(&self) -> &GpuTrainOptions {
+        &self.options
+    }
+
+    /// The host reads made so far.
+    pub fn syncs(&self) -> &SyncCounts {
+        &self.sync.counts
+    }
+
+    /// Whether steps now replay a captured graph.
+    pub fn graph_ready(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    /// Device bytes of the base weights, the trainable state and the workspace
+    /// activations (an accounting, not a measurement).
+    pub fn accounted_bytes(&self) -> (usize, usize, usize) {
+        (
+            self.base.bytes(),
+            self.params.bytes(),
+            self.ws.bytes() + CUBLAS_WORKSPACE_BYTES,
+        )
+    }
+
+    /// Makes the workspace fit batches of `seq_len` tokens per row. A new
+    /// length reallocates the workspace (outside any capture) and drops the
+    /// captured graph, whose buffers and launch shapes were the old length's;
+    /// the next graphed step captures anew.
+    pub fn set_seq_len(&mut self, gpu: &mut GpuContext, seq_len: usize) -> Result<()> {
+        if seq_len == self.cfg.seq_len {
+            return Ok(());
+        }
+        if seq_len == 0 {
+            return Err(Error::InvalidArgument {
+                op: "train",
+                message: "seq_len must be > 0".into(),
+            });
+        }
+        let cfg = self.cfg.with_seq_len(seq_len);
+        self.graph = None;
+        gpu.synchronize()?;
+        let doubled = self.options.has(Mutant::ActivationsDoubled);
+        self.ws = Workspace::new(gpu, &cfg, &self.base.linears(), doubled)?;
+        self.cfg = cfg;
+        Ok(())
+    }
+
+    /// The next training batch, `[batch, seq_len + 1]`.
+    pub fn next_batch(&mut self) -> Result<Vec<u32>> {
+        self.corpus
+            .batch(&mut self.data_rng, self.cfg.batch, self.cfg.seq_len)
+    }
+
+    /// `n` batches from a stream of their own (seeded by `seed`).
+    pub fn eval_batches(&self, n: usize, seed: u64) -> Result<Vec<Vec<u32>>> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| {
+                self.corpus
+                    .batch(&mut rng, self.cfg.batch, self.cfg.seq_len)
+            })
+            .collect()
+    }
+
+    fn read_loss(&mut self, gpu: &GpuContext) -> Result<f64> {
+        let v = self.sync.host_read(gpu, &self.ws.loss.as_view())?;
+        v.first()
+            .map(|&x| f64::from(x))
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "train",
+                message: "the loss buffer is empty".into(),
+            })
+    }
+
+    /// Resizes for `tokens` when they are `[batch, s + 1]` with another `s`.
+    fn fit(&mut self, gpu: &mut GpuContext, tokens: &[u32]) -> Result<()> {
+        let b = self.cfg.batch;
+        if tokens.len().is_multiple_of(b) && tokens.len() / b >= 2 {
+            self.set_seq_len(gpu, tokens.len() / b - 1)?;
+        }
+        Ok(())
+    }
+
+    fn upload_batch(&mut self, gpu: &GpuContext, tokens: &[u32]) -> Result<()> {
+        let (b, s) = (self.cfg.batch, self.cfg.seq_len);
+        let (inputs, targets) = corpus::inputs_targets(tokens, b, s)?;
+        gpu.stream().memcpy_htod(&inputs, &mut self.ws.inputs)?;
+        gpu.stream().memcpy_htod(&targets, &mut self.ws.targets)?;
+        Ok(())
+    }
+
+    /// The mean loss of `tokens` (`[batch, seq_len + 1]`), forward only.
+    pub fn loss(&mut self, gpu: &mut GpuContext, tokens: &[u32]) -> Result<f64> {
+        self.fit(gpu, tokens)?;
+        self.upload_batch(gpu, tokens)?;
+        self.forward(gpu)?;
+        self.sync.this_step = 0;
+        self.read_loss(gpu)
+    }
+
+    /// The mean loss over `batches`, without training.
+    pub fn eval_loss(&mut self, gpu: &mut GpuContext, batches: &[Vec<u32>]) -> Result<f64> {
+        let mut sum = 0.0;
+        for t in batches {
+            sum += self.loss(gpu, t)?;
+        }
+        Ok(sum / batches.len().max(1) as f64)
+    }
+
+    /// The loss of `tokens` and the gradient of every trainable tensor
+    /// (before clipping), copied to the host.
+    pub fn loss_and_grads(
+        &mut self,
+        gpu: &mut GpuContext,
+        tokens: &[u32],
+    ) -> Result<(f64, Vec<Vec<f32>>)> {
+        self.fit(gpu, tokens)?;
+        self.upload_batch(gpu, tokens)?;
+        self.forward(gpu)?;
+        self.backward(gpu)?;
+        self.sync.this_step = 0;
+        let loss = self.read_loss(gpu)?;
+        let grads = self
+            .params
+            .g
+            .iter()
+            .map(|g| gpu.download(g))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((loss, grads))
+    }
+
+    /// The trainable tensors, copied to the host.
+    pub fn params_host(&self, gpu: &GpuContext) -> Result<Vec<Vec<f32>>> {
+        self.params.p.iter().map(|p| gpu.download(p)).collect()
+    }
+
+    /// One step on the next batch.
+    pub fn step(&mut self, gpu: &mut GpuContext) -> Result<GpuStepReport> {
+        let tokens = self.next_batch()?;
+        self.step_on(gpu, &tokens)
+    }
+
+    /// One step on `tokens` (`[batch, seq_len + 1]`): forward, backward, clip,
+    /// AdamW; eager, or as a captured graph (captured on the second step).
+    pub fn step_on(&mut self, gpu: &mut GpuContext, tokens: &[u32]) -> Result<GpuStepReport> {
+        self.fit(gpu, tokens)?;
+        self.sync.this_step = 0;
+        self.upload_batch(gpu, tokens)?;
+        let graphed = self.options.graph && !self.options.has(Mutant::GraphReplayDisabled);
+        let mut replayed = false;
+        if graphed && self.steps_done >= 1 {
+            if self.graph.is_none() {
+                self.graph = Some(self.capture(gpu)?);
+            }
+            if let Some(g) = &self.graph {
+                g.launch()?;
+                replayed = true;
+            }
+        } else {
+            self.body(gpu)?;
+        }
+        let loss = self.read_loss(gpu)?;
+        self.steps_done += 1;
+        self.sync.counts.per_step.push(self.sync.this_step);
+        Ok(GpuStepReport { loss, replayed })
+    }
+
+    /// Captures one whole step into a graph. A failed capture still leaves
+    /// the stream out of capture mode.
+    fn capture(&mut self, gpu: &mut GpuContext) -> Result<CudaGraph> {
+        gpu.stream()
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        self.sync.capturing = true;
+        let recorded = self.body(gpu).and_then(|()| {
+            if self.options.has(Mutant::HostSyncInsideCapture) {
+                // The fault: read the clip's squared norm on the host
+                // mid-step, as a host-side clipping decision would.
+                let sq = self.clip[0].sq.as_view();
+                self.sync.host_read(gpu, &sq).map(|_| ())
+            } else {
+                Ok(())
+            }
+        });
+        self.sync.capturing = false;
+        let ended = gpu.stream().end_capture(CUgraphInstantiate_flags(0));
+        recorded?;
+        let graph = ended?.ok_or_else(|| Error::InvalidArgument {
+            op: "train",
+            message: "stream capture produced no graph".into(),
+        })?;
+        graph.upload()?;
+        Ok(graph)
+    }
+
+    /// Forward, backward, clip and AdamW, queued on the stream.
+    fn body(&mut self, gpu: &mut GpuContext) -> Result<()> {
+        self.forward(gpu)?;
+        self.backward(gpu)?;
+        self.clip_grads(gpu)?;
+        let times = if self.options.has(Mutant::OptimizerStepTwice) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..times {
+            self.adamw(gpu)?;
+        }
+        Ok(())
+    }
+
+    fn math(&self, gpu: &GpuContext) -> (GemmMath, GemmMath) {
+        (
+            self.options
+                .forward_math
+                .unwrap_or(gpu.options().forward_math),
+            gpu.options().backward_math,
+        )
+    }
+
+    fn attn_shape(&self) -> AttnShape {
+        AttnShape {
+            batch: self.cfg.batch,
+            seq: self.cfg.seq_len,
+            heads: self.cfg.heads,
+            kv_heads: self.cfg.kv_heads,
+            head_dim: self.cfg.head_dim,
+        }
+    }
+
+    fn forward(&mut self, gpu: &mut GpuContext) -> Result<()> {
+        let c = self.cfg;
+        let (fwd, _) = self.math(gpu);
+        let rows = c.tokens();
+        let (h, qd, kvd, inter, r) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate, c.lora_rank);
+        let (b, s) = (c.batch, c.seq_len);
+        let eps = ModelConfig::RMS_EPS;
+        let theta = ModelConfig::ROPE_THETA;
+        let sh = self.attn_shape();
+        let lora_s = self.params.scale as f32;
+        let ws = &mut self.ws;
+        let p = &self.params.p;
+        embedding::forward(
+            gpu,
+            &self.base.embedding.as_view(),
+            c.vocab,
+            h,
+            &ws.inputs.as_view(),
+            &mut ws.xs[0].as_view_mut(),
+            None,
+        )?;
+        let sc = &mut ws.scratch;
+        for (l, w) in self.base.layers.iter().enumerate() {
+            let a = &mut ws.layers[l];
+            let (head, tail) = ws.xs.split_at_mut(l + 1);
+            let x = &head[l];
+            let x_next = &mut tail[0];
+            let pi = |slot: Slot| &p[Trainable::index(l, slot)];
+            rmsnorm::forward(
+                gpu,
+                &x.as_view(),
+                &pi(Slot::AttnNorm).as_view(),
+                rows,
+                h,
+                eps,
+                &mut a.n1.as_view_mut(),
+                None,
+            )?;
+            let wq = Workspace::weight(&mut ws.deq, gpu, &w.q)?;
+            blas::linear(gpu, fwd, 1.0, &a.n1, wq, 0.0, &mut sc.q, (rows, h, qd))?;
+            blas::linear(
+                gpu,
+                fwd,
+                1.0,
+                &a.n1,
+                pi(Slot::QA),
+                0.0,
+                &mut a.uq,
+                (rows, h, r),
+            )?;
+            blas::linear(
+                gpu,
+                fwd,
+                lora_s,
+                &a.uq,
+                pi(Slot::QB),
+                1.0,
+                &mut sc.q,
+                (rows, r, qd),
+            )?;
+            let wk = Workspace::weight(&mut ws.deq, gpu, &w.k)?;
+            blas::linear(gpu, fwd, 1.0, &a.n1, wk, 0.0, &mut sc.k, (rows, h, kvd))?;
+            let wv = Workspace::weight(&mut ws.deq, gpu, &w.v)?;
+            blas::linear(gpu, fwd, 1.0, &a.n1, wv, 0.0, &mut a.v, (rows, h, kvd))?;
+            blas::linear(
+                gpu,
+                fwd,
+                1.0,
+                &a.n1,
+                pi(Slot::VA),
+                0.0,
+                &mut a.uv,
+                (rows, h, r),
+            )?;
+            blas::linear(
+                gpu,
+                fwd,
+                lora_s,
+                &a.uv,
+                pi(Slot::VB),
+                1.0,
+                &mut a.v,
+                (rows, r, kvd),
+            )?;
+            rope::forward(
+                gpu,
+                &sc.q.as_view(),
+                b,
+                s,
+                c.heads,
+                c.head_dim,
+                theta,
+                &mut a.qr.as_view_mut(),
+                None,
+            )?;
+            rope::forward(
+                gpu,
+                &sc.k.as_view(),
+                b,
+                s,
+                c.kv_heads,
+                c.head_dim,
+                theta,
+                &mut a.kr.as_view_mut(),
+                None,
+            )?;
+            attention::forward(gpu, (&a.qr, &a.kr, &a.v), &mut sc.att, &mut a.probs, &sh)?;
+            gpu.stream().memcpy_dtod(x, &mut a.x2)?;
+            let wo = Workspace::weight(&mut ws.deq, gpu, &w.o)?;
+            blas::linear(gpu, fwd, 1.0, &sc.att, wo, 1.0, &mut a.x2, (rows, qd, h))?;
+            rmsnorm::forward(
+                gpu,
+                &a.x2.as_view(),
+                &pi(Slot::MlpNorm).as_view(),
+                rows,
+                h,
+                eps,
+                &mut a.n2.as_view_mut(),
+                None,
+            )?;
+            let wg = Workspace::weight(&mut ws.deq, gpu, &w.gate)?;
+            blas::linear(
+                gpu,
+                fwd,
+                1.0,
+                &a.n2,
+                wg,
+                0.0,
+                &mut sc.gate,
+                (rows, h, inter),
+            )?;
+            let wu = Workspace::weight(&mut ws.deq, gpu, &w.up)?;
+            blas::linear(gpu, fwd, 1.0, &a.n2, wu, 0.0, &mut sc.up, (rows, h, inter))?;
+            activation::swiglu_forward(
+                gpu,
+                &sc.gate.as_view(),
+                &sc.up.as_view(),
+                &mut sc.act.as_view_mut(),
+                None,
+            )?;
+            gpu.stream().memcpy_dtod(&a.x2, x_next)?;
+            let wd = Workspace::weight(&mut ws.deq, gpu, &w.down)?;
+            blas::linear(gpu, fwd, 1.0, &sc.act, wd, 1.0, x_next, (rows, inter, h))?;
+        }
+        rmsnorm::forward(
+            gpu,
+            &ws.xs[c.layers].as_view(),
+            &self.base.final_norm.as_view(),
+            rows,
+            h,
+            eps,
+            &mut ws.nf.as_view_mut(),
+            None,
+        )?;
+        blas::linear(
+            gpu,
+            fwd,
+            1.0,
+            &ws.nf,
+            &self.base.lm_head,
+            0.0,
+            &mut ws.logits,
+            (rows, h, c.vocab),
+        )?;
+        cross_entropy::forward(
+            gpu,
+            &ws.logits.as_view(),
+            rows,
+            c.vocab,
+            &ws.targets.as_view(),
+            &mut ws.losses.as_view_mut(),
+            &mut ws.loss.as_view_mut(),
+            None,
+        )?;
+        Ok(())
+    }
+
+    fn backward(&mut self, gpu: &mut GpuContext) -> Result<()> {
+        let c = self.cfg;
+        let (_, bwd) = self.math(gpu);
+        let rows = c.tokens();
+        let (h, qd, kvd, inter, r) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate, c.lora_rank);
+        let (b, s) = (c.batch, c.seq_len);
+        let eps = ModelConfig::RMS_EPS;
+        let theta = ModelConfig::ROPE_THETA;
+        let sh = self.attn_shape();
+        let lora_s = self.params.scale;
+        let s_bwd = if self.options.has(Mutant::LoraBackwardScaleTwice) {
+            lora_s * lora_s
+        } else {
+            lora_s
+        } as f32;
+        let (fwd, _) = self.math(gpu);
+        let ws = &mut self.ws;
+        let d = &mut ws.grads;
+        let sc = &mut ws.scratch;
+        let p = &self.params.p;
+        let g = &mut self.params.g;
+
+        cross_entropy::backward(
+            gpu,
+            &ws.logits.as_view(),
+            rows,
+            c.vocab,
+            &ws.targets.as_view(),
+            &mut d.dlogits.as_view_mut(),
+            None,
+        )?;
+        blas::linear_dx(
+            gpu,
+            bwd,
+            1.0,
+            &d.dlogits,
+            &self.base.lm_head,
+            0.0,
+            &mut d.dnf,
+            (rows, h, c.vocab),
+        )?;
+        rmsnorm::backward(
+            gpu,
+            &ws.xs[c.layers].as_view(),
+            &self.base.final_norm.as_view(),
+            &d.dnf.as_view(),
+            rows,
+            h,
+            eps,
+            &mut d.dx.as_view_mut(),
+            &mut d.dfinal_gamma.as_view_mut(),
+            &mut d.norm,
+            None,
+        )?;
+        for (l, w) in self.base.layers.iter().enumerate().rev() {
+            let a = &ws.layers[l];
+            let x = &ws.xs[l];
+            let idx = |slot: Slot| Trainable::index(l, slot);
+            // MLP branch: x' = x2 + down(swiglu(gate(n2), up(n2))); gate and
+            // up are recomputed from n2 exactly as the forward computed them.
+            let wg = Workspace::weight(&mut ws.deq, gpu, &w.gate)?;
+            blas::linear(
+                gpu,
+                fwd,
+                1.0,
+                &a.n2,
+                wg,
+                0.0,
+                &mut sc.gate,
+                (rows, h, inter),
+            )?;
+            let wu = Workspace::weight(&mut ws.deq, gpu, &w.up)?;
+            blas::linear(gpu, fwd, 1.0, &a.n2, wu, 0.0, &mut sc.up, (rows, h, inter))?;
+            let wd = Workspace::weight(&mut ws.deq, gpu, &w.down)?;
+            blas::linear_dx(gpu, bwd, 1.0, &d.dx, wd, 0.0, &mut d.dact, (rows, inter, h))?;
+            activation::swiglu_backward(
+                gpu,
+                &sc.gate.as_view(),
+                &sc.up.as_view(),
+                &d.dact.as_view(),
+                &mut d.dgate.as_view_mut(),
+                &mut d.dup.as_view_mut(),
+                None,
+            )?;
+            let wg = Workspace::weight(&mut ws.deq, gpu, &w.gate)?;
+            blas::linear_dx(
+                gpu,
+                bwd,
+                1.0,
+                &d.dgate,
+                wg,
+                0.0,
+                &mut d.dn2,
+                (rows, h, inter),
+            )?;
+            let wu = Workspace::weight(&mut ws.deq, gpu, &w.up)?;
+            blas::linear_dx(gpu, bwd, 1.0, &d.dup, wu, 1.0, &mut d.dn2, (rows, h, inter))?;
+            rmsnorm::backward(
+                gpu,
+                &a.x2.as_view(),
+                &p[idx(Slot::MlpNorm)].as_view(),
+                &d.dn2.as_view(),
+                rows,
+                h,
+                eps,
+                &mut d.dtmp.as_view_mut(),
+                &mut g[idx(Slot::MlpNorm)].as_view_mut(),
+                &mut d.norm,
+                None,
+            )?;
+            kernels::accumulate(gpu, &mut d.dx, &d.dtmp)?;
+
+            // Attention branch: x2 = x + o(attention(rope(q), rope(k), v)).
+            let wo = Workspace::weight(&mut ws.deq, gpu, &w.o)?;
+            blas::linear_dx(gpu, bwd, 1.0, &d.dx, wo, 0.0, &mut d.datt, (rows, qd, h))?;
+            attention::backward(
+                gpu,
+                (&a.qr, &a.kr, &a.v),
+                &a.probs,
+                &d.datt,
+                (&mut d.dqr, &mut d.dkr, &mut d.dv),
+                &sh,
+            )?;
+            rope::backward(
+                gpu,
+                &d.dqr.as_view(),
+                b,
+                s,
+                c.heads,
+                c.head_dim,
+                theta,
+                &mut d.dq.as_view_mut(),
+                None,
+            )?;
+            rope::backward(
+                gpu,
+                &d.dkr.as_view(),
+                b,
+                s,
+                c.kv_heads,
+                c.head_dim,
+                theta,
+                &mut d.dk.as_view_mut(),
+                None,
+            )?;
+            let wq = Workspace::weight(&mut ws.deq, gpu, &w.q)?;
+            blas::linear_dx(gpu, bwd, 1.0, &d.dq, wq, 0.0, &mut d.dn1, (rows, h, qd))?;
+            let wk = Workspace::weight(&mut ws.deq, gpu, &w.k)?;
+            blas::linear_dx(gpu, bwd, 1.0, &d.dk, wk, 1.0, &mut d.dn1, (rows, h, kvd))?;
+            let wv = Workspace::weight(&mut ws.deq, gpu, &w.v)?;
+            blas::linear_dx(gpu, bwd, 1.0, &d.dv, wv, 1.0, &mut d.dn1, (rows, h, kvd))?;
+
+            // LoRA branches: y += s (n1 A^T) B^T.
+            for (dy, u, sa, sb, out) in [
+                (&d.dq, &a.uq, Slot::QA, Slot::QB, qd),
+                (&d.dv, &a.uv, Slot::VA, Slot::VB, kvd),
+            ] {
+                blas::linear_dw(gpu, bwd, s_bwd, dy, u, &mut g[idx(sb)], (rows, r, out))?;
+                blas::linear_dx(
+                    gpu,
+                    bwd,
+                    s_bwd,
+                    dy,
+                    &p[idx(sb)],
+                    0.0,
+                    &mut d.du,
+                    (rows, r, out),
+                )?;
+                blas::linear_dw(gpu, bwd, 1.0, &d.du, &a.n1, &mut g[idx(sa)], (rows, h, r))?;
+                blas::linear_dx(
+                    gpu,
+                    bwd,
+                    1.0,
+                    &d.du,
+                    &p[idx(sa)],
+                    1.0,
+                    &mut d.dn1,
+                    (rows, h, r),
+                )?;
+            }
+            rmsnorm::backward(
+                gpu,
+                &x.as_view(),
+                &p[idx(Slot::AttnNorm)].as_view(),
+                &d.dn1.as_view(),
+                rows,
+                h,
+                eps,
+                &mut d.dtmp.as_view_mut(),
+                &mut g[idx(Slot::AttnNorm)].as_view_mut(),
+                &mut d.norm,
+                None,
+            )?;
+            kernels::accumulate(gpu, &mut d.dx, &d.dtmp)?;
+        }
+        Ok(())
+    }
+
+    /// Global (or per-layer) norm clipping, entirely on the device.
+    fn clip_grads(&mut self, gpu: &mut GpuContext) -> Result<()> {
+        if self.options.has(Mutant::ClipSkipped) {
+            return Ok(());
+        }
+        let max_norm = self.options.hyper.max_grad_norm.0;
+        let g = &mut self.params.g;
+        for group in &mut self.clip {
+            let views: Vec<CudaView<'_, f32>> =
+                group.tensors.iter().map(|&i| g[i].as_view()).collect();
+            clip_ops::squared_sum(
+                gpu,
+                &views,
+                &mut group.ws,
+                &mut group.sq.as_view_mut(),
+                None,
+            )?;
+            drop(views);
+            clip_ops::scale(
+                gpu,
+                &group.sq.as_view(),
+                max_norm,
+                &mut group.scale.as_view_mut(),
+                None,
+            )?;
+            for &i in &group.tensors {
+                clip_ops::apply(gpu, &mut g[i].as_view_mut(), &group.scale.as_view(), None)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `t += 1` on the device, then AdamW on every trainable tensor.
+    fn adamw(&mut self, gpu: &mut GpuContext) -> Result<()> {
+        let h = self.options.hyper;
+        let opt = AdamW::new(h.lr.0, h.weight_decay.0);
+        let sign = if self.options.has(Mutant::AdamwUpdateSignFlipped) {
+            -1.0
+        } else {
+            1.0
+        };
+        kernels::advance_step(gpu, &mut self.step_count, 1)?;
+        let pr = &mut self.params;
+        for (((p, g), m), v) in
+            pr.p.iter_mut()
+                .zip(&pr.g)
+                .zip(pr.m.iter_mut())
+                .zip(pr.v.iter_mut())
+        {
+            kernels::adamw(gpu, p, g, m, v, &self.step_count, &opt, sign)?;
+        }
+        Ok(())
+    }
+}

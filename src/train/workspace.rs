@@ -1,0 +1,302 @@
+//! The preallocated device memory of the training step: every activation the
+//! backward needs, every gradient scratch buffer, the NF4 dequantisation
+//! scratch, and the cuBLAS workspace. Nothing is allocated after
+//! [`Workspace::new`], which is what lets a whole step be captured as one CUDA
+//! graph (an allocation inside stream capture is an error).
+
+use cudarc::cublas::sys as blas_sys;
+use cudarc::driver::{sys, CudaSlice, DevicePtrMut};
+
+use super::weights::{Frozen, Linear};
+use crate::error::Result;
+use crate::gpu::GpuContext;
+use crate::model::ModelConfig;
+use crate::ops::nf4;
+use crate::ops::rmsnorm::BackwardWorkspace;
+
+/// Bytes of the cuBLAS workspace we give the handle, so it never allocates
+/// during capture (32 MiB covers every SGEMM split-K heuristic on Hopper).
+pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// What the forward pass keeps of one layer for the backward (`T = batch *
+/// seq` rows). The MLP's `gate` and `up` (`2 x intermediate` wide, the widest
+/// activations by far) are not kept: the backward recomputes them from `n2`,
+/// which keeps a 1.5B model's saved activations near 1.2 GiB instead of 4.
+pub struct LayerActs {
+    /// `rmsnorm(x, g1)` `[T, hidden]`.
+    pub n1: CudaSlice<f32>,
+    /// `n1 Aq^T`, `n1 Av^T` `[T, r]`.
+    pub uq: CudaSlice<f32>,
+    pub uv: CudaSlice<f32>,
+    /// q, k after RoPE; v `[T, q_dim]`, `[T, kv_dim]`, `[T, kv_dim]`.
+    pub qr: CudaSlice<f32>,
+    pub kr: CudaSlice<f32>,
+    pub v: CudaSlice<f32>,
+    /// Attention probabilities `[batch, heads, seq, seq]`.
+    pub probs: CudaSlice<f32>,
+    /// `x + att Wo^T` `[T, hidden]` and its norm.
+    pub x2: CudaSlice<f32>,
+    pub n2: CudaSlice<f32>,
+}
+
+impl LayerActs {
+    fn new(gpu: &GpuContext, c: &ModelConfig) -> Result<Self> {
+        let t = c.tokens();
+        let z = |n: usize| gpu.zeros::<f32>(n);
+        Ok(LayerActs {
+            n1: z(t * c.hidden)?,
+            uq: z(t * c.lora_rank)?,
+            uv: z(t * c.lora_rank)?,
+            qr: z(t * c.q_dim())?,
+            kr: z(t * c.kv_dim())?,
+            v: z(t * c.kv_dim())?,
+            probs: z(c.batch * c.heads * c.seq_len * c.seq_len)?,
+            x2: z(t * c.hidden)?,
+            n2: z(t * c.hidden)?,
+        })
+    }
+
+    /// f32 values per layer (with the layer's residual input `x`).
+    fn floats(c: &ModelConfig) -> usize {
+        let t = c.tokens();
+        t * (4 * c.hidden + c.q_dim() + 2 * c.kv_dim() + 2 * c.lora_rank)
+            + c.batch * c.heads * c.seq_len * c.seq_len
+    }
+}
+
+/// Forward values used once and not kept: one set for all layers.
+pub struct Scratch {
+    /// q, k before RoPE.
+    pub q: CudaSlice<f32>,
+    pub k: CudaSlice<f32>,
+    /// Attention output `[T, q_dim]`.
+    pub att: CudaSlice<f32>,
+    /// MLP `[T, intermediate]`: gate, up (recomputed in backward), `silu(gate) * up`.
+    pub gate: CudaSlice<f32>,
+    pub up: CudaSlice<f32>,
+    pub act: CudaSlice<f32>,
+}
+
+/// Gradient scratch of the backward, shared by all layers.
+pub struct Grads {
+    pub dlogits: CudaSlice<f32>,
+    pub dnf: CudaSlice<f32>,
+    /// The residual-stream gradient, accumulated in place.
+    pub dx: CudaSlice<f32>,
+    /// An RMSNorm's input gradient, before it is added to `dx`.
+    pub dtmp: CudaSlice<f32>,
+    pub dn1: CudaSlice<f32>,
+    pub dn2: CudaSlice<f32>,
+    pub dact: CudaSlice<f32>,
+    pub dgate: CudaSlice<f32>,
+    pub dup: CudaSlice<f32>,
+    pub datt: CudaSlice<f32>,
+    pub dqr: CudaSlice<f32>,
+    pub dkr: CudaSlice<f32>,
+    pub dq: CudaSlice<f32>,
+    pub dk: CudaSlice<f32>,
+    pub dv: CudaSlice<f32>,
+    pub du: CudaSlice<f32>,
+    /// The (discarded) gradient of the frozen final norm weight.
+    pub dfinal_gamma: CudaSlice<f32>,
+    pub norm: BackwardWorkspace,
+}
+
+/// Every buffer of one step of a configuration.
+pub struct Workspace {
+    pub inputs: CudaSlice<u32>,
+    pub targets: CudaSlice<u32>,
+    /// Residual stream: `xs[l]` is the input of layer `l`, `xs[layers]` the
+    /// input of the final norm.
+    pub xs: Vec<CudaSlice<f32>>,
+    pub layers: Vec<LayerActs>,
+    pub scratch: Scratch,
+    pub nf: CudaSlice<f32>,
+    pub logits: CudaSlice<f32>,
+    pub losses: CudaSlice<f32>,
+    pub loss: CudaSlice<f32>,
+    pub grads: Grads,
+    /// NF4 base only: one dequantisation target per distinct weight length.
+    pub deq: Vec<CudaSlice<f32>>,
+    /// Under [`crate::mutant::Mutant::ActivationsDoubled`]: a second copy of
+    /// every layer's activations, MLP ones included, held for the trainer's
+    /// life (the leak the memory budget must catch).
+    pub leaked: Vec<CudaSlice<f32>>,
+}
+
+impl Workspace {
+    /// All buffers for `c` (its `batch` and `seq_len`), zeroed.
+    pub fn new(
+        gpu: &GpuContext,
+        c: &ModelConfig,
+        linears: &[&Linear],
+        doubled: bool,
+    ) -> Result<Self> {
+        let t = c.tokens();
+        let z = |n: usize| gpu.zeros::<f32>(n);
+        let mut deq_lens: Vec<usize> = linears
+            .iter()
+            .filter(|l| matches!(l.w, Frozen::Nf4(_)))
+            .map(|l| l.out_dim * l.in_dim)
+            .collect();
+        deq_lens.sort_unstable();
+        deq_lens.dedup();
+        let layers = (0..c.layers)
+            .map(|_| LayerActs::new(gpu, c))
+            .collect::<Result<Vec<_>>>()?;
+        let leaked = if doubled {
+            (0..c.layers)
+                .map(|_| z(LayerActs::floats(c) + 3 * t * c.intermediate))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
+        Ok(Workspace {
+            inputs: gpu.zeros(t)?,
+            targets: gpu.zeros(t)?,
+            xs: (0..=c.layers)
+                .map(|_| z(t * c.hidden))
+                .collect::<Result<_>>()?,
+            layers,
+            scratch: Scratch {
+                q: z(t * c.q_dim())?,
+                k: z(t * c.kv_dim())?,
+                att: z(t * c.q_dim())?,
+                gate: z(t * c.intermediate)?,
+                up: z(t * c.intermediate)?,
+                act: z(t * c.intermediate)?,
+            },
+            nf: z(t * c.hidden)?,
+            logits: z(t * c.vocab)?,
+            losses: z(t)?,
+            loss: z(1)?,
+            grads: Grads {
+                dlogits: z(t * c.vocab)?,
+                dnf: z(t * c.hidden)?,
+                dx: z(t * c.hidden)?,
+                dtmp: z(t * c.hidden)?,
+                dn1: z(t * c.hidden)?,
+                dn2: z(t * c.hidden)?,
+                dact: z(t * c.intermediate)?,
+                dgate: z(t * c.intermediate)?,
+                dup: z(t * c.intermediate)?,
+                datt: z(t * c.q_dim())?,
+                dqr: z(t * c.q_dim())?,
+                dkr: z(t * c.kv_dim())?,
+                dq: z(t * c.q_dim())?,
+                dk: z(t * c.kv_dim())?,
+                dv: z(t * c.kv_dim())?,
+                du: z(t * c.lora_rank)?,
+                dfinal_gamma: z(c.hidden)?,
+                norm: BackwardWorkspace::new(gpu, t, c.hidden)?,
+            },
+            deq: deq_lens.into_iter().map(z).collect::<Result<_>>()?,
+            leaked,
+        })
+    }
+
+    /// Bytes of activations the forward keeps per step (all layers).
+    pub fn activation_bytes(c: &ModelConfig) -> usize {
+        4 * c.layers * LayerActs::floats(c)
+    }
+
+    /// Device bytes of the whole workspace.
+    pub fn bytes(&self) -> usize {
+        let f32s = |v: &[&CudaSlice<f32>]| 4 * v.iter().map(|b| b.len()).sum::<usize>();
+        let d = &self.grads;
+        let sc = &self.scratch;
+        let per_layer: usize = self
+            .layers
+            .iter()
+            .map(|a| {
+                f32s(&[
+                    &a.n1, &a.uq, &a.uv, &a.qr, &a.kr, &a.v, &a.probs, &a.x2, &a.n2,
+                ])
+            })
+            .sum();
+        per_layer
+            + self.xs.iter().map(|x| 4 * x.len()).sum::<usize>()
+            + f32s(&[&sc.q, &sc.k, &sc.att, &sc.gate, &sc.up, &sc.act])
+            + f32s(&[&self.nf, &self.logits, &self.losses, &self.loss])
+            + f32s(&[
+                &d.dlogits, &d.dnf, &d.dx, &d.dtmp, &d.dn1, &d.dn2, &d.dact, &d.dgate, &d.dup,
+                &d.datt, &d.dqr, &d.dkr, &d.dq, &d.dk, &d.dv, &d.du,
+            ])
+            + self.deq.iter().map(|b| 4 * b.len()).sum::<usize>()
+            + self.leaked.iter().map(|b| 4 * b.len()).sum::<usize>()
+    }
+
+    /// The device copy of `lin`'s weight: the fp32 tensor itself, or its NF4
+    /// codes dequantised (on the stream) into the scratch of its length.
+    pub fn weight<'a>(
+        deq: &'a mut [CudaSlice<f32>],
+        gpu: &mut GpuContext,
+        lin: &'a Linear,
+    ) -> Result<&'a CudaSlice<f32>> {
+        match &lin.w {
+            Frozen::Fp32(w) => Ok(w),
+            Frozen::Nf4(t) => {
+                let len = t.len;
+                let slot = deq.iter_mut().find(|b| b.len() == len).ok_or_else(|| {
+                    crate::error::Error::InvalidArgument {
+                        op: "train",
+                        message: format!("no dequantisation scratch of {len} values"),
+                    }
+                })?;
+                nf4::dequantize(gpu, t, slot)?;
+                Ok(slot)
+            }
+        }
+    }
+}
+
+/// A device buffer handed to cuBLAS as its workspace. cuBLAS would otherwise
+/// use its own pool; giving it ours makes sure no cuBLAS call allocates while
+/// a graph is being captured. Dropping it resets the handle to its default
+/// pool (`cublasSetStream` does that) before the buffer is freed.
+pub struct CublasWorkspace {
+    handle: blas_sys::cublasHandle_t,
+    stream: sys::CUstream,
+    _buf: CudaSlice<u8>,
+}
+
+impl CublasWorkspace {
+    /// Allocates the buffer and hands it to the context's cuBLAS handle.
+    pub fn new(gpu: &GpuContext) -> Result<Self> {
+        let mut buf = gpu.zeros::<u8>(CUBLAS_WORKSPACE_BYTES)?;
+        let handle = *gpu.cublas().handle();
+        let stream = gpu.stream().cu_stream();
+        let ptr = {
+            let (ptr, _sync) = buf.device_ptr_mut(gpu.stream());
+            ptr
+        };
+        // SAFETY: `handle` is the context's live cuBLAS handle, bound to the
+        // work stream; `ptr` is a device buffer of exactly
+        // CUBLAS_WORKSPACE_BYTES that this struct keeps alive until Drop has
+        // detached it from the handle.
+        unsafe {
+            blas_sys::cublasSetWorkspace_v2(
+                handle,
+                ptr as *mut std::ffi::c_void,
+                CUBLAS_WORKSPACE_BYTES,
+            )
+        }
+        .result()?;
+        Ok(CublasWorkspace {
+            handle,
+            stream,
+            _buf: buf,
+        })
+    }
+}
+
+impl Drop for CublasWorkspace {
+    fn drop(&mut self) {
+        // SAFETY: the handle and stream outlive this struct (the GpuContext
+        // owns both and trainers borrow it); re-setting the stream makes cuBLAS
+        // drop our workspace for its default pool, so the buffer freed after
+        // this line is no longer referenced. A failure here can only be
+        // reported by later cuBLAS calls, which check their status.
+        let _ = unsafe { blas_sys::cublasSetStream_v2(self.handle, self.stream as _) };
+    }
+}
