@@ -5,7 +5,7 @@
 #   scripts/gpu-suite.sh OUTDIR
 #
 # 1. the contract suite, twice (the second run must give the same verdicts);
-# 2. the GPU-only integration test (fault isolation);
+# 2. the GPU-only integration tests (fault isolation, the training step);
 # 3. compute-sanitizer memcheck, racecheck and initcheck over the cuda op-parity trials;
 # 4. the criterion kernel benches, when staged.
 # Everything lands in OUTDIR; a short summary is printed last.
@@ -31,6 +31,8 @@ cp reports/latest/falsification.csv "$out/falsification-rerun.csv"
 
 "$bin/gpu_fault_isolation" --ignored --test-threads 1 --nocapture > "$out/fault.log" 2>&1
 echo "fault isolation exit $?" >> "$out/summary.txt"
+"$bin/train_gpu" --ignored --test-threads 1 > "$out/train-gpu.log" 2>&1
+echo "train_gpu exit $?" >> "$out/summary.txt"
 
 for tool in memcheck racecheck initcheck; do
   timeout 110 compute-sanitizer --tool "$tool" --print-limit 20 \
@@ -43,5 +45,5 @@ if [ -x "$bin/kernels" ]; then
   echo "bench kernels exit $?" >> "$out/summary.txt"
 fi
 
-grep -h "test result" "$out"/run1.log "$out"/run2.log "$out"/fault.log >> "$out/summary.txt"
+grep -h "test result" "$out"/run1.log "$out"/run2.log "$out"/fault.log "$out"/train-gpu.log >> "$out/summary.txt"
 cat "$out/gpu.txt" "$out/summary.txt"

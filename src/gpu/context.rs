@@ -288,10 +288,17 @@ impl GpuContext {
     /// warp per row under the test-only fault [`Mutant::SerialisedLaunch`]
     /// (row kernels loop over their row with stride `blockDim.x`).
     pub fn launch_rows(&self, rows: usize, threads: u32) -> Result<LaunchConfig> {
+        launch_config_rows(rows, self.block_threads(threads))
+    }
+
+    /// `threads` per block, or one warp under the test-only fault
+    /// [`Mutant::SerialisedLaunch`], for launchers that fix their own grid.
+    pub fn block_threads(&self, threads: u32) -> u32 {
         if self.cache.fault() == Some(Mutant::SerialisedLaunch) {
-            return launch_config_rows(rows, 32);
+            32
+        } else {
+            threads
         }
-        launch_config_rows(rows, threads)
     }
 
     /// Waits until the work stream is idle.

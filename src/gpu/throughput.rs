@@ -468,3 +468,24 @@ fn fusion_pairs(
     };
     Ok((vec![pair], Vec::new()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn projections_cover_one_layer_of_qwen() {
+        let c = ModelConfig::preset("qwen2.5-0.5b").unwrap();
+        let dims: Vec<(usize, usize)> = projections(&c)
+            .iter()
+            .map(|p| (p.in_dim, p.out_dim))
+            .collect();
+        assert_eq!(
+            dims,
+            vec![(896, 896), (896, 128), (896, 896), (896, 4864), (4864, 896)]
+        );
+        // 17 MB weights: 160 MiB would take 10 sets, capped at 8.
+        assert_eq!(sets_for(4 * 896 * 4864), MAX_SETS);
+        assert_eq!(sets_for(usize::MAX), 1);
+    }
+}

@@ -16,10 +16,6 @@
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-__device__ __forceinline__ bool act_aligned16(const void* p) {
-    return ((unsigned long long)p & 15ull) == 0;
-}
-
 __device__ __forceinline__ float silu_fwd_1(float v) { return v * sigmoidf(v); }
 
 __device__ __forceinline__ float silu_bwd_1(float v, float d) {
@@ -39,7 +35,7 @@ extern "C" __global__ void silu_fwd_f32(const float* __restrict__ x, float* __re
     const int tid = blockIdx.x * blockDim.x + threadIdx.x;
     const int stride = gridDim.x * blockDim.x;
     int done = 0;
-    if (act_aligned16(x) && act_aligned16(y)) {
+    if (aligned16(x) && aligned16(y)) {
         const int n4 = n / 4;
         const float4* x4 = reinterpret_cast<const float4*>(x);
         float4* y4 = reinterpret_cast<float4*>(y);
@@ -59,7 +55,7 @@ extern "C" __global__ void silu_bwd_f32(const float* __restrict__ x, const float
     const int tid = blockIdx.x * blockDim.x + threadIdx.x;
     const int stride = gridDim.x * blockDim.x;
     int done = 0;
-    if (act_aligned16(x) && act_aligned16(dy) && act_aligned16(dx)) {
+    if (aligned16(x) && aligned16(dy) && aligned16(dx)) {
         const int n4 = n / 4;
         const float4* x4 = reinterpret_cast<const float4*>(x);
         const float4* d4 = reinterpret_cast<const float4*>(dy);
@@ -82,7 +78,7 @@ extern "C" __global__ void swiglu_fwd_f32(const float* __restrict__ gate, const 
     const int tid = blockIdx.x * blockDim.x + threadIdx.x;
     const int stride = gridDim.x * blockDim.x;
     int done = 0;
-    if (act_aligned16(gate) && act_aligned16(up) && act_aligned16(y)) {
+    if (aligned16(gate) && aligned16(up) && aligned16(y)) {
         const int n4 = n / 4;
         const float4* g4 = reinterpret_cast<const float4*>(gate);
         const float4* u4 = reinterpret_cast<const float4*>(up);
@@ -106,8 +102,8 @@ extern "C" __global__ void swiglu_bwd_f32(const float* __restrict__ gate, const 
     const int tid = blockIdx.x * blockDim.x + threadIdx.x;
     const int stride = gridDim.x * blockDim.x;
     int done = 0;
-    if (act_aligned16(gate) && act_aligned16(up) && act_aligned16(dy) && act_aligned16(dgate) &&
-        act_aligned16(dup)) {
+    if (aligned16(gate) && aligned16(up) && aligned16(dy) && aligned16(dgate) &&
+        aligned16(dup)) {
         const int n4 = n / 4;
         const float4* g4 = reinterpret_cast<const float4*>(gate);
         const float4* u4 = reinterpret_cast<const float4*>(up);

@@ -13,82 +13,48 @@
 // multiple of 32. The mean is one block summing the row losses in a fixed
 // order, so the loss is bit-for-bit reproducible.
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
-// Sum of v over the block (blockDim.x a multiple of 32); every thread gets it.
-__device__ float block_sum(float v) {
-    __shared__ float partial[32];
-    __shared__ float total;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int nwarps = (blockDim.x + 31) >> 5;
-    v = warp_sum(v);
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float s = lane < nwarps ? partial[lane] : 0.0f;
-        s = warp_sum(s);
-        if (lane == 0) total = s;
+
+
+// Adds x to a thread's running (max m, sum s of exp(. - m)): the online
+// normaliser of Milakov & Gimelshein (2018). s is rescaled by exp(m_old -
+// m_new) when the max grows. -inf contributes exp(-inf) = 0; a NaN lands in
+// the second branch and poisons s, as it must.
+__device__ __forceinline__ void online_add(float& m, float& s, float x) {
+    if (x > m) {
+        s = s * expf(m - x) + 1.0f;
+        m = x;
+    } else if (x != __int_as_float(0xff800000)) {
+        s += expf(x - m);
     }
-    __syncthreads();
-    const float out = total;
-    __syncthreads();  // `partial` and `total` may be reused by the next call
-    return out;
-}
-
-// Maximum of v over the block; every thread gets it.
-__device__ float block_max(float v) {
-    __shared__ float partial[32];
-    __shared__ float total;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int nwarps = (blockDim.x + 31) >> 5;
-    v = warp_max(v);
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float s = lane < nwarps ? partial[lane] : __int_as_float(0xff800000);
-        s = warp_max(s);
-        if (lane == 0) total = s;
-    }
-    __syncthreads();
-    const float out = total;
-    __syncthreads();
-    return out;
 }
 
 // (m, ln sum_j exp(x_j - m)) of one row; every thread gets both.
 //
-// One pass over the row (the online normaliser of Milakov & Gimelshein,
-// 2018): each thread keeps its running max m_t and s_t = sum exp(x - m_t),
-// rescaling s_t by exp(m_old - m_new) when its max grows; the block then
-// combines m = max_t m_t and s = sum_t s_t exp(m_t - m). A row of the full
-// vocabulary (600 KB) does not stay in cache between two passes, so this
-// halves the bytes read. Elements equal to -inf contribute exp(-inf) = 0;
-// a NaN element makes the row's result NaN.
+// One pass over the row: each thread keeps its own running (m_t, s_t) with
+// online_add, then the block combines m = max_t m_t and
+// s = sum_t s_t exp(m_t - m). A row of the full vocabulary (600 KB) does not
+// stay in cache between two passes, so one pass halves the bytes read. When
+// the row is 16-byte aligned the thread reads float4s (enough bytes in flight
+// to cover DRAM latency); the last vocab % 4 values are read one by one.
 __device__ float2 row_shifted_lse(const float* xr, int vocab) {
-    const float ninf = __int_as_float(0xff800000);
-    float m = ninf;
+    float m = __int_as_float(0xff800000);
     float s = 0.0f;
-    #pragma unroll 4
-    for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-        const float x = xr[j];
-        if (x > m) {
-            s = s * expf(m - x) + 1.0f;
-            m = x;
-        } else if (x != ninf) {
-            // NaN lands here too and poisons s, as it must.
-            s += expf(x - m);
+    int done = 0;
+    if (aligned16(xr)) {
+        const int v4 = vocab / 4;
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        for (int j = threadIdx.x; j < v4; j += blockDim.x) {
+            const float4 x = x4[j];
+            online_add(m, s, x.x);
+            online_add(m, s, x.y);
+            online_add(m, s, x.z);
+            online_add(m, s, x.w);
         }
+        done = 4 * v4;
     }
+    for (int j = done + threadIdx.x; j < vocab; j += blockDim.x) online_add(m, s, xr[j]);
     const float mb = block_max(m);
     // A thread that saw only -inf (or nothing) adds 0, not 0 * exp(nan).
     float t = s > 0.0f ? s * expf(m - mb) : 0.0f;
@@ -135,9 +101,24 @@ extern "C" __global__ void cross_entropy_bwd_f32(const float* __restrict__ logit
     const float2 ml = row_shifted_lse(xr, vocab);
     const unsigned int t = targets[row];
     const float bad = t < (unsigned int)vocab ? 0.0f : __int_as_float(0x7fc00000);
-    for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-        const float p = expf((xr[j] - ml.x) - ml.y);
+    float* dr = dlogits + base;
+    // (softmax - onehot) * grad_scale of element j with logit x.
+    auto grad = [&](int j, float x) {
+        const float p = expf((x - ml.x) - ml.y);
         const float onehot = (unsigned int)j == t ? 1.0f : 0.0f;
-        dlogits[base + j] = (p - onehot) * grad_scale + bad;
+        return (p - onehot) * grad_scale + bad;
+    };
+    int done = 0;
+    if (aligned16(xr) && aligned16(dr)) {
+        const int v4 = vocab / 4;
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        float4* d4 = reinterpret_cast<float4*>(dr);
+        for (int j = threadIdx.x; j < v4; j += blockDim.x) {
+            const float4 x = x4[j];
+            const int e = 4 * j;
+            d4[j] = make_float4(grad(e, x.x), grad(e + 1, x.y), grad(e + 2, x.z), grad(e + 3, x.w));
+        }
+        done = 4 * v4;
     }
+    for (int j = done + threadIdx.x; j < vocab; j += blockDim.x) dr[j] = grad(j, xr[j]);
 }

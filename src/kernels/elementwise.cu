@@ -13,16 +13,12 @@
 // them for an unaligned buffer) take the scalar loop. Each element gets the
 // same f32 operation either way, so results are bit-identical.
 
-__device__ __forceinline__ bool ew_aligned16(const void* p) {
-    return ((unsigned long long)p & 15ull) == 0;
-}
-
 extern "C" __global__ void residual_add_fwd_f32(const float* __restrict__ a, const float* __restrict__ b,
                                                 float* __restrict__ y, int n) {
     const int tid = blockIdx.x * blockDim.x + threadIdx.x;
     const int stride = gridDim.x * blockDim.x;
     int done = 0;
-    if (ew_aligned16(a) && ew_aligned16(b) && ew_aligned16(y)) {
+    if (aligned16(a) && aligned16(b) && aligned16(y)) {
         const int n4 = n / 4;
         const float4* a4 = reinterpret_cast<const float4*>(a);
         const float4* b4 = reinterpret_cast<const float4*>(b);
@@ -44,7 +40,7 @@ extern "C" __global__ void residual_add_bwd_f32(const float* __restrict__ dy, fl
     const int tid = blockIdx.x * blockDim.x + threadIdx.x;
     const int stride = gridDim.x * blockDim.x;
     int done = 0;
-    if (ew_aligned16(dy) && ew_aligned16(da) && ew_aligned16(db)) {
+    if (aligned16(dy) && aligned16(da) && aligned16(db)) {
         const int n4 = n / 4;
         const float4* g4 = reinterpret_cast<const float4*>(dy);
         float4* da4 = reinterpret_cast<float4*>(da);
@@ -69,7 +65,7 @@ __device__ __forceinline__ void scale_body(const float* __restrict__ x, float* _
     const int tid = blockIdx.x * blockDim.x + threadIdx.x;
     const int stride = gridDim.x * blockDim.x;
     int done = 0;
-    if (ew_aligned16(x) && ew_aligned16(y)) {
+    if (aligned16(x) && aligned16(y)) {
         const int n4 = n / 4;
         const float4* x4 = reinterpret_cast<const float4*>(x);
         float4* y4 = reinterpret_cast<float4*>(y);

@@ -15,7 +15,8 @@ macro_rules! module {
     ($name:literal, [$($sym:literal),* $(,)?]) => {
         ModuleSource {
             name: $name,
-            source: include_str!(concat!($name, ".cu")),
+            // Every module is compiled with the shared helpers in front of it.
+            source: concat!(include_str!("common.cuh"), "\n", include_str!(concat!($name, ".cu"))),
             symbols: &[$($sym),*],
         }
     };

@@ -136,24 +136,52 @@ extern "C" __global__ void nf4_quantize_f32(const float* __restrict__ w,
 }
 
 // out[i] = NF4_CODE_BOOK[code_i] * absmax[i / 64] for i < len.
-// Launch: 1-D, grid-stride loop, any grid of blocks of at least 16 threads.
+//
+// Each thread dequantises groups of 8 consecutive elements: one 4-byte load
+// of their packed codes, one absmax (8 divides the block size 64, so a group
+// never straddles two blocks), two float4 stores. One element per thread
+// would load one byte per thread, far too few bytes in flight to cover DRAM
+// latency. A group that reaches past `write_limit` stores element by element.
+// The code book sits in shared memory: a warp's lookups hit up to 16
+// different entries, which the constant cache would serve one address at a
+// time, while shared memory serves them in one access (16 banks).
+//
+// Launch: 1-D, grid-stride loop over the len / 8 groups, any grid of blocks
+// of at least 16 threads. Requires len % 64 == 0 (the launcher checks) and
+// 16-byte aligned `out` and 4-byte aligned `codes` (whole allocations are).
 extern "C" __global__ void nf4_dequantize_f32(const unsigned char* __restrict__ codes,
                                               const float* __restrict__ absmax,
                                               float* __restrict__ out,
                                               long long len,
                                               long long write_limit) {
-    // The code book in shared memory: a warp's 32 lookups hit up to 16
-    // different entries, which the constant cache would serve one address at
-    // a time, while shared memory serves them in one access (16 banks).
     __shared__ float book[16];
     if (threadIdx.x < 16) {
         book[threadIdx.x] = NF4_CODE_BOOK_F32[threadIdx.x];
     }
     __syncthreads();
+    const long long groups = len / 8;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += stride) {
-        if (i < write_limit) {
-            out[i] = book[nf4_code_at(codes, i)] * absmax[i / NF4_BLOCK];
+    const unsigned int* codes4 = reinterpret_cast<const unsigned int*>(codes);
+    for (long long gi = (long long)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += stride) {
+        const long long e0 = gi * 8;
+        // Byte b of the word holds elements e0 + 2b (low nibble) and e0 + 2b + 1 (high).
+        const unsigned int word = codes4[gi];
+        const float amax = absmax[e0 / NF4_BLOCK];
+        float v[8];
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            v[j] = book[(word >> (4 * j)) & 0x0fu] * amax;
+        }
+        if (e0 + 8 <= write_limit) {
+            float4* o4 = reinterpret_cast<float4*>(out + e0);
+            o4[0] = make_float4(v[0], v[1], v[2], v[3]);
+            o4[1] = make_float4(v[4], v[5], v[6], v[7]);
+        } else {
+            for (int j = 0; j < 8; ++j) {
+                if (e0 + j < write_limit) {
+                    out[e0 + j] = v[j];
+                }
+            }
         }
     }
 }

@@ -15,31 +15,7 @@
 // each column, a fixed chunk of rows in row order; a final kernel sums the
 // chunk partials in chunk order. No atomics.
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
-// Sum of v over the block; every thread gets the total.
-__device__ float block_sum(float v) {
-    __shared__ float partial[32];
-    __shared__ float total;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int nwarps = (blockDim.x + 31) >> 5;
-    v = warp_sum(v);
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float s = lane < nwarps ? partial[lane] : 0.0f;
-        s = warp_sum(s);
-        if (lane == 0) total = s;
-    }
-    __syncthreads();
-    const float out = total;
-    __syncthreads();  // `partial` and `total` may be reused by the next call
-    return out;
-}
 
 // 1 / sqrt(mean(x^2) + eps) of row x[0..hidden).
 __device__ float row_inv_rms(const float* x, int hidden, float eps) {

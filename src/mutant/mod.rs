@@ -77,8 +77,8 @@ pub enum Mutant {
     /// Activations are kept for every layer in fp32 twice over (a memory leak).
     ActivationsDoubled,
     /// Kernels are launched under-parallelised: grid-stride kernels with one
-    /// block, row kernels with one warp per row. Results stay correct; the
-    /// achieved bandwidth collapses.
+    /// block, row kernels (and the squared sum's partial kernel) with one warp
+    /// per block. Results stay correct; the achieved bandwidth collapses.
     SerialisedLaunch,
     /// The timed GEMM path runs plain FP32 math where TF32 tensor ops are
     /// configured (the math mode is lost): several times slower.

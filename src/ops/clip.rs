@@ -87,7 +87,7 @@ pub fn squared_sum(
         let n_i = elements("squared_sum", n)?;
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
-            block_dim: (THREADS_1D, 1, 1),
+            block_dim: (gpu.block_threads(THREADS_1D), 1, 1),
             shared_mem_bytes: 0,
         };
         let mut part = ws.partials.slice_mut(offset..offset + blocks);
@@ -96,7 +96,8 @@ pub fn squared_sum(
         // SAFETY: squared_sum_partial_f32(const float* x, double* partials, int n):
         // x holds n elements; `part` is the blocks-long slice of the workspace
         // (sized from the same lengths, checked above) and block b writes
-        // partials[b], b < blocks = gridDim.x.
+        // partials[b], b < blocks = gridDim.x; blockDim (256, or 32 under the
+        // SerialisedLaunch fault) is a multiple of 32, as the reduction needs.
         unsafe { l.launch(cfg) }?;
         offset += blocks;
     }

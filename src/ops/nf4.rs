@@ -219,7 +219,8 @@ fn dequantize_limited(
     }
     let len = to_i64("nf4_dequantize", t.len)?;
     let limit = to_i64("nf4_dequantize", write_limit.min(t.len))?;
-    let cfg = gpu.launch_1d(t.len);
+    // One thread per group of 8 elements (one 4-byte word of codes).
+    let cfg = gpu.launch_1d(t.len / 8);
     let func = gpu.function(MODULE, "nf4_dequantize_f32")?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
@@ -231,8 +232,11 @@ fn dequantize_limited(
     // SAFETY: arguments match `nf4_dequantize_f32(const unsigned char* codes,
     // const float* absmax, float* out, long long len, long long write_limit)`
     // in order and type. check_device proved codes holds len/2 bytes and
-    // absmax len/64 floats, out holds len floats; the grid-stride loop reads
-    // codes[i/2], absmax[i/64] and writes out[i] only for i < len.
+    // absmax len/64 floats, out holds len floats (len a multiple of 64); the
+    // grid-stride loop over groups g < len/8 reads the code word at bytes
+    // [4g, 4g + 4) and absmax[8g/64], and writes out[8g .. 8g + 8) < len.
+    // Both buffers are whole allocations, so the word loads and float4
+    // stores are aligned.
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }

@@ -18,10 +18,8 @@ use crate::check::{
 use crate::contract::Backend;
 use crate::error::{Error, Result};
 use crate::gpu::{GemmMath, GpuContext};
-use crate::model::ModelConfig;
-use crate::model::{BaseModel, Corpus, Trainable};
-use crate::reference::train::{Model, BATCH_SALT, CORPUS_SALT};
-use crate::reference::train::{StepReport, TrainOptions, Trainer};
+use crate::model::{BaseModel, Corpus, ModelConfig, Trainable};
+use crate::reference::train::{Model, StepReport, TrainOptions, Trainer, BATCH_SALT, CORPUS_SALT};
 
 /// The CPU reference trains in f64 with plain loops; beyond this many frozen
 /// parameters a step takes seconds, so a contract asking for more on `cpu`
@@ -36,7 +34,8 @@ const EVAL_BATCHES: usize = 4;
 /// the training batches.
 const EVAL_SALT: u64 = 0xe7a1;
 
-/// Losses of `steps` GPU steps of a fresh trainer.
+/// Losses of `steps` GPU steps of a fresh trainer, and how many of the steps
+/// replayed a captured graph.
 fn gpu_losses(
     gpu: &mut GpuContext,
     cfg: &ModelConfig,
@@ -55,6 +54,7 @@ fn gpu_losses(
     Ok((losses, replayed))
 }
 
+/// Losses of `steps` reference steps, and the clip summary of the run.
 fn cpu_losses(
     cfg: &ModelConfig,
     options: TrainOptions,

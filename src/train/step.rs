@@ -23,7 +23,9 @@
 //! kernel and lets cuBLAS settle), the second is captured whole as one CUDA
 //! graph, and that graph is replayed from then on: the batch is copied into
 //! the same device buffers before each replay, and AdamW reads its step number
-//! from device memory, so nothing the graph baked in goes stale.
+//! from device memory, so nothing the graph baked in goes stale. A batch of
+//! another sequence length reallocates the workspace and drops the graph; the
+//! next step captures a new one ([`GpuTrainer::set_seq_len`]).
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaView, DeviceRepr};
