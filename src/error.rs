@@ -60,7 +60,7 @@ pub enum Error {
 
     /// A model configuration does not fit on the device.
     #[error(
-        "{model} needs {needed_gib:.2} GiB of device memory, the device has {available_gib:.2} GiB"
+        "{model} needs {needed_gib:.2} GiB of device memory, the device has {available_gib:.2} GiB free"
     )]
     OutOfMemory {
         model: String,

@@ -86,3 +86,50 @@ fn a_faulting_kernel_costs_one_error_row_and_the_run_completes() {
     assert_eq!(rows.len(), 4);
     assert_eq!(rows.iter().filter(|r| r.status == Status::Error).count(), 1);
 }
+
+const TOO_BIG: &str = r#"
+metadata:
+  id: too-big
+  version: 1.0.0
+  description: A configuration that cannot fit is refused before allocating.
+requires: [cuda]
+falsification_tests:
+  - id: F-TOO-BIG-001
+    rule: qwen2.5-0.5b at batch 1024 trains within 1000 GiB
+    prediction: It does not fit on one GPU, so it is skipped with the arithmetic
+    if_fails: The memory estimate or the budget is wrong
+    mutant: activations_doubled
+    check:
+      kind: memory_budget
+      model: qwen2.5-0.5b
+      batch: 1024
+      max_gib: 1000.0
+"#;
+
+#[test]
+#[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
+fn a_configuration_that_does_not_fit_is_skipped_before_allocation() {
+    assert!(
+        falsify::gpu::driver_present(),
+        "this test needs a CUDA driver"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let contracts = dir.path().join("contracts");
+    std::fs::create_dir_all(&contracts).expect("mkdir");
+    std::fs::write(contracts.join("too-big.yaml"), TOO_BIG).expect("write contract");
+    let trials = plan(load_dir(&contracts).expect("the contract loads"));
+    let engine = Engine::new(RunOptions {
+        out_dir: dir.path().join("latest"),
+        ..RunOptions::default()
+    });
+    let outcome = engine.run(&trials[0]);
+    println!("{:?}: {}", outcome.status, outcome.detail);
+    assert_eq!(outcome.status, Status::Skipped);
+    assert!(
+        outcome.detail.contains("needs") && outcome.detail.contains("GiB free"),
+        "says what it needs and what the device has: {}",
+        outcome.detail
+    );
+    // The device is still usable afterwards: nothing was half-allocated.
+    assert_eq!(engine.cuda_skip_reason(), None);
+}

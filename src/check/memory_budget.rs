@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-use super::params::{BaseWeights, ModelName, Positive};
+use super::params::{BaseWeights, Count, ModelName, Positive};
 use super::{Measurement, TrialContext, Validate};
 use crate::error::Result;
 
@@ -16,6 +16,9 @@ pub struct Params {
     pub base: BaseWeights,
     /// Upper bound on peak device memory, GiB.
     pub max_gib: Positive,
+    /// Overrides the preset's batch size.
+    #[serde(default)]
+    pub batch: Option<Count>,
 }
 
 impl Validate for Params {

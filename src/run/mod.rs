@@ -15,7 +15,7 @@ pub use meta::{nvidia_smi_query, read_clocks, GpuMeta, RecordedOptions, RunMeta,
 use crate::check::{Measurement, TrialContext};
 use crate::contract::{Backend, Contract, FalsificationTest};
 use crate::error::{Error, Result};
-use crate::gpu::{driver_present, GpuContext, GpuOptions};
+use crate::gpu::{driver_present, reset_primary_context, GpuContext, GpuOptions};
 use crate::report::artifacts::{self, artifact_stem, ArtifactWriter, ARTIFACTS_DIR};
 use crate::report::{FalsificationRow, ReportDir, SpeedupRow, Status};
 
@@ -193,7 +193,11 @@ impl Engine {
         // The old context must be released before the device's primary
         // context can be created afresh.
         *slot = GpuSlot::Unprobed;
-        *slot = match GpuContext::new(options.clone()) {
+        // The fault is sticky: the primary context must be reset, not just
+        // released, before a working one can be created.
+        *slot = match reset_primary_context(options.ordinal)
+            .and_then(|()| GpuContext::new(options.clone()))
+        {
             Ok(ctx) => GpuSlot::Ready(Box::new(ctx)),
             Err(e) => GpuSlot::Lost(format!("context lost: {e}")),
         };

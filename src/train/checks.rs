@@ -420,7 +420,7 @@ fn used_bytes(gpu: &GpuContext) -> Result<usize> {
 /// is in the detail.
 pub fn memory_budget(p: &memory_budget::Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     const STEPS: usize = 3;
-    let cfg = p.model.0;
+    let cfg = p.batch.map_or(p.model.0, |b| p.model.0.with_batch(b.0));
     let seed = cx.seed;
     let options = GpuTrainOptions {
         device_quantize: true,

@@ -188,6 +188,7 @@ impl GpuTrainer {
                 got: format!("those of model {}", trainable.config.name),
             });
         }
+        refuse_if_too_big(gpu, cfg, options.base)?;
         // Every kernel is compiled before anything is allocated or captured.
         for m in crate::gpu::modules_for(cfg, options.base) {
             gpu.ensure_module(m)?;
@@ -905,4 +906,32 @@ impl GpuTrainer {
         }
         Ok(())
     }
+}
+
+/// Refuses, before allocating anything, a configuration whose planned device
+/// memory (frozen base, trainable state x4, workspace) exceeds what is free:
+/// [`Error::OutOfMemory`], which a run records as `skipped`.
+fn refuse_if_too_big(gpu: &GpuContext, cfg: &ModelConfig, base: BaseWeights) -> Result<()> {
+    let n_base = cfg.layers * cfg.base_params_per_layer();
+    let base_bytes = match base {
+        BaseWeights::Fp32 => 4 * n_base,
+        // 4-bit codes plus one f32 absmax per 64 values, and an f32
+        // dequantisation target for the largest projection.
+        BaseWeights::Nf4 => n_base / 2 + 4 * (n_base / 64) + 4 * cfg.hidden * cfg.intermediate,
+    };
+    let embed_head = 4 * 2 * cfg.vocab * cfg.hidden;
+    let needed = base_bytes
+        + embed_head
+        + 16 * cfg.trainable_params()
+        + super::workspace::Workspace::planned_bytes(cfg);
+    let (free, _total) = gpu.context().mem_get_info()?;
+    if needed > free {
+        let gib = |b: usize| b as f64 / f64::from(1u32 << 30);
+        return Err(Error::OutOfMemory {
+            model: format!("{} (batch {}, seq {})", cfg.name, cfg.batch, cfg.seq_len),
+            needed_gib: gib(needed),
+            available_gib: gib(free),
+        });
+    }
+    Ok(())
 }

@@ -195,6 +195,23 @@ impl Workspace {
         })
     }
 
+    /// Device bytes [`Workspace::new`] will allocate for `c` (without the
+    /// NF4 dequantisation targets and the leak mutant), computed before
+    /// allocating so that a configuration that cannot fit is refused up front:
+    /// `4 * (layers * saved + (layers + 1 + 6) * T * hidden + 2 * T * vocab
+    /// + 7 * T * intermediate + 6 * T * q_dim or kv_dim)` plus the cuBLAS workspace.
+    pub fn planned_bytes(c: &ModelConfig) -> usize {
+        let t = c.tokens();
+        let floats = c.layers * LayerActs::floats(c)
+            + (c.layers + 1 + 6) * t * c.hidden
+            + 2 * t * c.vocab
+            + 7 * t * c.intermediate
+            + 3 * t * c.q_dim()
+            + 3 * t * c.kv_dim()
+            + t * c.lora_rank;
+        4 * floats + CUBLAS_WORKSPACE_BYTES
+    }
+
     /// Bytes of activations the forward keeps per step (all layers).
     pub fn activation_bytes(c: &ModelConfig) -> usize {
         4 * c.layers * LayerActs::floats(c)
