@@ -1,6 +1,8 @@
-//! A kernel that faults (an illegal address) poisons its CUDA context. The run
-//! must record that one trial as `error` with the CUDA error, replace the
-//! context, and finish every other trial and the CSV.
+//! A kernel that faults (an illegal address) poisons its CUDA context, and
+//! CUDA refuses all further work in that process. The run must record the
+//! faulting trial as `error` with the CUDA error, record the remaining cuda
+//! trials as `error: context lost` without touching the device, and still
+//! finish every other trial and write its CSV.
 //!
 //! Needs a GPU: run on the GPU machine with
 //! `gpu_fault_isolation --ignored --test-threads 1`.
@@ -34,6 +36,17 @@ falsification_tests:
       kind: op_parity
       op: residual_add
       shapes: [{rows: 4, cols: 33}, {rows: 1, cols: 896}]
+  - id: F-CPU-001
+    requires: []
+    rule: CPU trials run on after the device is lost
+    prediction: Rows of softmax sum to one
+    if_fails: The fault stopped the run
+    mutant: softmax_without_max_subtraction
+    check:
+      kind: property
+      property: softmax_rows_sum_to_one
+      cases: 16
+      tolerance: 1.0e-12
 "#;
 
 #[test]
@@ -68,8 +81,10 @@ fn a_faulting_kernel_costs_one_error_row_and_the_run_completes() {
     let expect = [
         ("fault-isolation::F-FAULT-001", Status::Passed),
         ("fault-isolation::F-FAULT-001::mutant", Status::Error),
-        ("fault-isolation::F-FAULT-002", Status::Passed),
-        ("fault-isolation::F-FAULT-002::mutant", Status::Passed),
+        ("fault-isolation::F-FAULT-002", Status::Error),
+        ("fault-isolation::F-FAULT-002::mutant", Status::Error),
+        ("fault-isolation::F-CPU-001", Status::Passed),
+        ("fault-isolation::F-CPU-001::mutant", Status::Passed),
     ];
     let got: Vec<(&str, Status)> = statuses.iter().map(|(n, s, _)| (n.as_str(), *s)).collect();
     assert_eq!(got, expect);
@@ -78,13 +93,21 @@ fn a_faulting_kernel_costs_one_error_row_and_the_run_completes() {
         fault.contains("ILLEGAL_ADDRESS") || fault.contains("illegal"),
         "the error names the CUDA fault: {fault}"
     );
+    for (name, _, detail) in &statuses[2..4] {
+        assert!(detail.starts_with("context lost"), "{name}: {detail}");
+    }
 
     let path = engine
         .write_reports(&trials)
         .expect("the report is written");
     let rows: Vec<FalsificationRow> = read_rows(&path).expect("the report reads back");
-    assert_eq!(rows.len(), 4);
-    assert_eq!(rows.iter().filter(|r| r.status == Status::Error).count(), 1);
+    assert_eq!(rows.len(), 6);
+    let faulted: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.status == Status::Error && !r.detail.starts_with("context lost"))
+        .map(|r| r.test_id.as_str())
+        .collect();
+    assert_eq!(faulted, ["F-FAULT-001::mutant"], "one trial faulted");
 }
 
 const TOO_BIG: &str = r#"

@@ -42,23 +42,6 @@ pub enum GemmMath {
     Fp32,
 }
 
-/// Destroys every allocation and all state of device `ordinal`'s primary
-/// context in this process, so that a context poisoned by a sticky fault (an
-/// illegal address) can be created afresh. Call only after every
-/// [`GpuContext`] of that device has been dropped.
-pub fn reset_primary_context(ordinal: usize) -> Result<()> {
-    let ordinal = i32::try_from(ordinal).map_err(|_| Error::InvalidArgument {
-        op: "reset_primary_context",
-        message: format!("device ordinal {ordinal} is out of range"),
-    })?;
-    let dev = cudarc::driver::result::device::get(ordinal)?;
-    // SAFETY: resets this process's primary context of `dev`. The caller has
-    // dropped every handle into it (buffers, modules, streams, cuBLAS), so
-    // nothing refers to the state this destroys.
-    unsafe { sys::cuDevicePrimaryCtxReset_v2(dev) }.result()?;
-    Ok(())
-}
-
 /// Options of a [`GpuContext`]. Test-only fault injection lives on the context
 /// (see [`GpuContext::set_fault`]), never in environment variables.
 #[derive(Debug, Clone)]

@@ -10,7 +10,7 @@ pub mod timing;
 
 pub use cache::{CacheStats, CompileRecord, KernelCache};
 pub use context::{
-    cublas_present, driver_present, launch_config_1d, launch_config_rows, nvrtc_present,
-    reset_primary_context, to_i32, DeviceFacts, GemmMath, GpuContext, GpuOptions, THREADS_1D,
+    cublas_present, driver_present, launch_config_1d, launch_config_rows, nvrtc_present, to_i32,
+    DeviceFacts, GemmMath, GpuContext, GpuOptions, THREADS_1D,
 };
 pub use prewarm::{modules_for, PrewarmReport};

@@ -52,11 +52,39 @@ struct Item {
 
 /// Draws every chart into `dir` and says what was drawn.
 pub fn write_charts(dir: &Path, cmp: &RunComparison) -> Result<Vec<Chart>> {
-    let current: Vec<&SpeedupDiff> = cmp
-        .speedups
+    // A run that measured no speedups (e.g. CPU-only) still gets the charts:
+    // they show the baseline's measurements, labelled as such.
+    let from_baseline = !cmp.speedups.iter().any(|s| s.current.is_some());
+    let baseline_only: Vec<SpeedupDiff> = if from_baseline {
+        cmp.speedups
+            .iter()
+            .map(|s| SpeedupDiff {
+                baseline: None,
+                current: s.baseline.clone(),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let source = if from_baseline {
+        &baseline_only
+    } else {
+        &cmp.speedups
+    };
+    // Self-test rows measure an injected fault, not the system: not charted.
+    let current: Vec<&SpeedupDiff> = source
         .iter()
-        .filter(|s| s.current.is_some())
+        .filter(|s| {
+            s.current
+                .as_ref()
+                .is_some_and(|r| !r.test_id.ends_with("::mutant"))
+        })
         .collect();
+    let of_run = if from_baseline {
+        " (baseline run: the current run measured none)"
+    } else {
+        ""
+    };
     let ratio_item = |s: &SpeedupDiff| -> Option<Item> {
         let c = s.current.as_ref()?;
         Some(Item {
@@ -80,7 +108,7 @@ pub fn write_charts(dir: &Path, cmp: &RunComparison) -> Result<Vec<Chart>> {
     charts.push(draw_or_omit(
         dir,
         "speedups.svg",
-        "Speedups (baseline time / candidate time)",
+        &format!("Speedups (baseline time / candidate time){of_run}"),
         "ratio, 95% CI whiskers; dot: baseline run; red line: 1.0 (no speedup)",
         speedups,
         Some(1.0),
@@ -94,7 +122,7 @@ pub fn write_charts(dir: &Path, cmp: &RunComparison) -> Result<Vec<Chart>> {
         .filter_map(|s| {
             let mut item = ratio_item(s)?;
             if let Some(c) = &s.current {
-                item.label = format!("{} {} b{} s{}", c.candidate, c.model, c.batch, c.seq_len);
+                item.label = format!("{} {} {}", c.test_id, c.candidate, c.model);
             }
             Some(item)
         })
@@ -102,7 +130,7 @@ pub fn write_charts(dir: &Path, cmp: &RunComparison) -> Result<Vec<Chart>> {
     charts.push(draw_or_omit(
         dir,
         "bandwidth.svg",
-        "Kernel bandwidth as a fraction of the d2d copy ceiling",
+        &format!("Kernel bandwidth as a fraction of the d2d copy ceiling{of_run}"),
         "copy time / kernel time over the same bytes; red line: the copy ceiling",
         bandwidth,
         Some(1.0),
@@ -148,7 +176,7 @@ pub fn write_charts(dir: &Path, cmp: &RunComparison) -> Result<Vec<Chart>> {
     charts.push(draw_or_omit(
         dir,
         "tokens.svg",
-        "Training throughput (tokens/s) per preset and mode",
+        &format!("Training throughput (tokens/s) per preset and mode{of_run}"),
         "tokens/s = batch x seq_len / median step time; dot: baseline run",
         tokens,
         None,

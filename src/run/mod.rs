@@ -15,7 +15,7 @@ pub use meta::{nvidia_smi_query, read_clocks, GpuMeta, RecordedOptions, RunMeta,
 use crate::check::{Measurement, TrialContext};
 use crate::contract::{Backend, Contract, FalsificationTest};
 use crate::error::{Error, Result};
-use crate::gpu::{driver_present, reset_primary_context, GpuContext, GpuOptions};
+use crate::gpu::{driver_present, GpuContext, GpuOptions};
 use crate::report::artifacts::{self, artifact_stem, ArtifactWriter, ARTIFACTS_DIR};
 use crate::report::{FalsificationRow, ReportDir, SpeedupRow, Status};
 
@@ -106,8 +106,7 @@ enum GpuSlot {
     /// No usable device: cuda trials are skipped with this reason.
     Unavailable(String),
     Ready(Box<GpuContext>),
-    /// The context faulted and could not be re-created: the remaining cuda
-    /// trials are errors with this reason.
+    /// The context faulted: the remaining cuda trials are errors with this reason.
     Lost(String),
 }
 
@@ -177,30 +176,24 @@ impl Engine {
         }
     }
 
-    /// After a failed cuda trial: if the context no longer answers, drop it
-    /// (all its buffers and modules with it) and open a fresh one.
-    fn recover_if_faulted(slot: &mut GpuSlot, options: &GpuOptions) {
-        let healthy = match &*slot {
-            GpuSlot::Ready(ctx) => {
-                ctx.stream().synchronize().is_ok() && ctx.context().check_err().is_ok()
-            }
+    /// After a failed cuda trial: if the context no longer answers, the fault
+    /// was sticky (e.g. an illegal address). CUDA then refuses all further
+    /// work in this process, so the remaining cuda trials are recorded as
+    /// errors ("context lost") and the run goes on with everything else.
+    fn recover_if_faulted(slot: &mut GpuSlot) {
+        let health = match &*slot {
+            GpuSlot::Ready(ctx) => ctx
+                .stream()
+                .synchronize()
+                .and_then(|()| ctx.context().check_err()),
             _ => return,
         };
-        if healthy {
-            return;
+        if let Err(e) = health {
+            log::warn!("the CUDA context faulted: {e}");
+            *slot = GpuSlot::Lost(format!(
+                "context lost: an earlier trial faulted the CUDA context ({e})"
+            ));
         }
-        log::warn!("the CUDA context faulted; re-creating it");
-        // The old context must be released before the device's primary
-        // context can be created afresh.
-        *slot = GpuSlot::Unprobed;
-        // The fault is sticky: the primary context must be reset, not just
-        // released, before a working one can be created.
-        *slot = match reset_primary_context(options.ordinal)
-            .and_then(|()| GpuContext::new(options.clone()))
-        {
-            Ok(ctx) => GpuSlot::Ready(Box::new(ctx)),
-            Err(e) => GpuSlot::Lost(format!("context lost: {e}")),
-        };
     }
 
     /// Records `trial` as an error without running it.
@@ -274,7 +267,7 @@ impl Engine {
         // A fault (e.g. an illegal address) leaves the context unusable for
         // every later call; replace it so the rest of the run still measures.
         if let (Some(slot), Err(_)) = (gpu_guard.as_mut(), &result) {
-            Self::recover_if_faulted(slot, &self.options.gpu);
+            Self::recover_if_faulted(slot);
         }
         drop(gpu_guard);
         let duration_ms = started.elapsed().as_secs_f64() * 1e3;
