@@ -1,49 +1,53 @@
 #!/usr/bin/env bash
-# The whole GPU run, as executed on the GPU machine from a copy of this tree
-# with the staged executables in .gpu/bin (see ../shared/gpu/stage):
+# The whole GPU run, executed on the GPU machine from a copy of this tree with
+# the staged executables in .gpu/bin (`../shared/gpu/stage --benches`):
 #
-#   scripts/gpu-suite.sh OUTDIR
+#   scripts/gpu-suite.sh OUTDIR [sanitizers]
 #
 # 1. the contract suite, twice (the second run must give the same verdicts);
-# 2. the GPU-only integration tests (fault isolation, the training step);
-# 3. compute-sanitizer memcheck, racecheck and initcheck over the cuda op-parity trials;
-# 4. the criterion kernel benches, when staged.
-# Everything lands in OUTDIR; a short summary is printed last.
+# 2. the GPU-only integration tests (fault isolation, out of memory, training step);
+# 3. compute-sanitizer memcheck and initcheck over the cuda op-parity trials
+#    (and racecheck too when the second argument is `sanitizers`);
+# 4. the criterion kernel benches.
+# Everything is packed into OUTDIR/suite.tgz (the device tool returns at most
+# 8 files); a short summary is printed last.
 set -uo pipefail
-out=${1:?usage: scripts/gpu-suite.sh OUTDIR}
+out=${1:?usage: scripts/gpu-suite.sh OUTDIR [sanitizers]}
 bin=.gpu/bin
-mkdir -p "$out"
+work=$(mktemp -d)/suite
+mkdir -p "$work"
 # The driver's on-disk JIT cache would hide module-load cost from pre-warm timings.
 export CUDA_CACHE_DISABLE=1
+note() { echo "$*" >> "$work/summary.txt"; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu \
-  --format=csv > "$out/gpu.txt" 2>&1
+  --format=csv > "$work/gpu.txt" 2>&1
 
-"$bin/contracts" --test-threads 1 > "$out/run1.log" 2>&1
-echo "run1 exit $?" >> "$out/summary.txt"
-cp reports/latest/falsification.csv "$out/falsification.csv"
-[ -f reports/latest/speedups.csv ] && cp reports/latest/speedups.csv "$out/speedups.csv"
-[ -f reports/latest/run.json ] && cp reports/latest/run.json "$out/run.json"
+"$bin/contracts" --test-threads 1 > "$work/run1.log" 2>&1
+note "run1 exit $?"
+cp reports/latest/falsification.csv reports/latest/speedups.csv reports/latest/run.json "$work/"
+"$bin/contracts" --test-threads 1 > "$work/run2.log" 2>&1
+note "run2 exit $?"
+cp reports/latest/falsification.csv "$work/falsification-rerun.csv"
 
-"$bin/contracts" --test-threads 1 > "$out/run2.log" 2>&1
-echo "run2 exit $?" >> "$out/summary.txt"
-cp reports/latest/falsification.csv "$out/falsification-rerun.csv"
+for t in gpu_fault_isolation train_gpu; do
+  "$bin/$t" --ignored --test-threads 1 --nocapture > "$work/$t.log" 2>&1
+  note "$t exit $?"
+done
 
-"$bin/gpu_fault_isolation" --ignored --test-threads 1 --nocapture > "$out/fault.log" 2>&1
-echo "fault isolation exit $?" >> "$out/summary.txt"
-"$bin/train_gpu" --ignored --test-threads 1 > "$out/train-gpu.log" 2>&1
-echo "train_gpu exit $?" >> "$out/summary.txt"
-
-for tool in memcheck racecheck initcheck; do
-  timeout 110 compute-sanitizer --tool "$tool" --print-limit 20 \
-    "$bin/contracts" --test-threads 1 --skip ::mutant kernel-parity > "$out/sanitizer-$tool.log" 2>&1
-  echo "sanitizer $tool exit $? :: $(grep 'ERROR SUMMARY' "$out/sanitizer-$tool.log" | tail -1)" >> "$out/summary.txt"
+tools=(memcheck initcheck)
+[ "${2:-}" = sanitizers ] && tools+=(racecheck)
+for tool in "${tools[@]}"; do
+  timeout 200 compute-sanitizer --tool "$tool" --print-limit 20 \
+    "$bin/contracts" --test-threads 1 --skip ::mutant kernel-parity > "$work/sanitizer-$tool.log" 2>&1
+  note "sanitizer $tool exit $? :: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$work/sanitizer-$tool.log" | tail -1)"
 done
 
 if [ -x "$bin/kernels" ]; then
-  timeout 100 "$bin/kernels" --bench --warm-up-time 0.5 --measurement-time 1 > "$out/bench-kernels.log" 2>&1
-  echo "bench kernels exit $?" >> "$out/summary.txt"
+  timeout 120 "$bin/kernels" --bench --warm-up-time 0.5 --measurement-time 1 > "$work/bench-kernels.log" 2>&1
+  note "bench kernels exit $?"
 fi
 
-grep -h "test result" "$out"/run1.log "$out"/run2.log "$out"/fault.log "$out"/train-gpu.log >> "$out/summary.txt"
-cat "$out/gpu.txt" "$out/summary.txt"
+grep -h "test result" "$work"/run1.log "$work"/run2.log "$work"/gpu_fault_isolation.log "$work"/train_gpu.log >> "$work/summary.txt"
+tar czf "$out/suite.tgz" -C "$(dirname "$work")" suite
+cat "$work/gpu.txt" "$work/summary.txt"
