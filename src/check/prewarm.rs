@@ -14,7 +14,7 @@ pub struct Params {
     /// Base-weight formats to exercise after pre-warm.
     #[serde(default = "default_bases")]
     pub bases: Vec<BaseWeights>,
-    /// Forward + backward passes run after pre-warm, per model and base.
+    /// Training steps run after pre-warm, per model and base.
     #[serde(default = "default_steps")]
     pub steps: Count,
     /// Compilations allowed after pre-warm.
