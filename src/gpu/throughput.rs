@@ -148,7 +148,6 @@ pub fn measure(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         Subject::Gemm => gemm_pairs(gpu, p, &config, seed, fault),
         Subject::Nf4Gemm => nf4_pairs(gpu, p, &config, seed, fault),
         Subject::Fusion => {
-            gpu.set_fault(fault);
             let r = fusion_pairs(gpu, p, &config, seed, fault);
             gpu.set_fault(None);
             r
@@ -426,6 +425,9 @@ fn fusion_pairs(
             gpu.zeros::<f32>(n)?,
         ));
     }
+    // The fault (a slowed launch) applies to the fused candidate only: it is
+    // the claim "fusion pays" that the mutant must break.
+    gpu.set_fault(None);
     let unfused = time_graph(gpu, sets, warmup, repeats, |gpu, i| {
         let (a, b, hs, y) = &mut bufs[i];
         ops::elementwise::residual_add(
@@ -433,7 +435,7 @@ fn fusion_pairs(
             &a.as_view(),
             &b.as_view(),
             &mut hs.as_view_mut(),
-            fault,
+            None,
         )?;
         ops::rmsnorm::forward(
             gpu,
@@ -443,9 +445,10 @@ fn fusion_pairs(
             h,
             eps,
             &mut y.as_view_mut(),
-            fault,
+            None,
         )
     })?;
+    gpu.set_fault(fault);
     let fused = time_graph(gpu, sets, warmup, repeats, |gpu, i| {
         let (a, b, hs, y) = &mut bufs[i];
         ops::rmsnorm::forward_residual(
