@@ -43,6 +43,10 @@ enum Command {
         /// Skip the mutant self-tests.
         #[arg(long)]
         no_mutants: bool,
+        /// Run this test with its mutant injected, to rehearse a regression
+        /// (repeatable; the row says so in its detail).
+        #[arg(long, value_name = "TEST_ID")]
+        inject: Vec<String>,
     },
     /// List the trials the contracts define.
     List {
@@ -128,6 +132,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
             out,
             seed,
             no_mutants,
+            inject,
         } => {
             let all = load(&contracts)?;
             let selected: Vec<&TrialSpec> = all
@@ -143,9 +148,16 @@ fn real_main() -> anyhow::Result<ExitCode> {
                         .unwrap_or_default()
                 );
             }
+            if let Some(unknown) = inject
+                .iter()
+                .find(|id| !all.iter().any(|t| t.test().id == **id))
+            {
+                bail!("--inject {unknown}: no test has that id");
+            }
             let engine = Engine::new(RunOptions {
                 out_dir: out,
                 seed,
+                inject,
                 ..RunOptions::default()
             });
             let outcomes = run_all(&engine, &selected);

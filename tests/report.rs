@@ -283,3 +283,40 @@ fn the_cli_exits_non_zero_on_a_regression_and_zero_without() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+/// The release rehearsal end to end: a real trial run with its mutant injected
+/// (`falsify run --inject`) is named as a regression against the committed
+/// GPU baseline, and `report` exits non-zero.
+#[test]
+fn an_injected_mutant_is_reported_as_a_regression_against_the_baseline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let current = tmp.path().join("latest");
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let run = Command::new(env!("CARGO_BIN_EXE_falsify"))
+        .current_dir(manifest)
+        .args(["run", "--filter", "F-GRAD-GEMM-001", "--no-mutants"])
+        .args(["--inject", "F-GRAD-GEMM-001", "--out"])
+        .arg(&current)
+        .output()
+        .unwrap();
+    assert!(
+        !run.status.success(),
+        "the injected mutant falsifies the trial"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_falsify"))
+        .current_dir(manifest)
+        .args(["report", "--baseline", "reports/baseline", "--current"])
+        .arg(&current)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("REGRESSION reference-gradients-v1::F-GRAD-GEMM-001"),
+        "{stdout}"
+    );
+    let md = std::fs::read_to_string(current.join("REPORT.md")).unwrap();
+    let regressions = section(&md, "## Regressions");
+    assert!(regressions.contains("F-GRAD-GEMM-001"), "{regressions}");
+    assert!(md.find("## Regressions") < md.find("## Changes of status"));
+}

@@ -27,6 +27,9 @@ pub struct RunOptions {
     /// Mixed into every trial's seed; change it to draw different inputs.
     pub seed: u64,
     pub gpu: GpuOptions,
+    /// Test ids whose own trial runs with the test's mutant injected: a
+    /// rehearsal of a regression (the report must then flag it).
+    pub inject: Vec<String>,
 }
 
 impl Default for RunOptions {
@@ -35,6 +38,7 @@ impl Default for RunOptions {
             out_dir: PathBuf::from("reports/latest"),
             seed: 0,
             gpu: GpuOptions::default(),
+            inject: Vec::new(),
         }
     }
 }
@@ -223,7 +227,8 @@ impl Engine {
     pub fn run(&self, trial: &TrialSpec) -> TrialOutcome {
         let test = trial.test();
         let seed = trial_seed(self.options.seed, &trial.contract.metadata.id, &test.id);
-        let mutant = trial.selftest.then_some(test.mutant);
+        let injected = !trial.selftest && self.options.inject.iter().any(|id| *id == test.id);
+        let mutant = (trial.selftest || injected).then_some(test.mutant);
         let artifacts_dir = self.options.out_dir.join(ARTIFACTS_DIR);
         let started = Instant::now();
 
@@ -264,8 +269,9 @@ impl Engine {
         }))
         .unwrap_or_else(|panic| Err(panic_error(panic)));
         drop(cx);
-        // A fault (e.g. an illegal address) leaves the context unusable for
-        // every later call; replace it so the rest of the run still measures.
+        // A sticky fault (e.g. an illegal address) leaves the context unusable
+        // for every later call; the remaining cuda trials are then recorded
+        // as errors and the rest of the run goes on.
         if let (Some(slot), Err(_)) = (gpu_guard.as_mut(), &result) {
             Self::recover_if_faulted(slot);
         }
@@ -273,6 +279,12 @@ impl Engine {
         let duration_ms = started.elapsed().as_secs_f64() * 1e3;
 
         let (status, measurement, mut detail) = judge(trial, seed, result);
+        if injected {
+            detail = format!(
+                "mutant `{}` injected on purpose (--inject); {detail}",
+                test.mutant
+            );
+        }
         if !trial.selftest {
             if let Some(note) = self.write_artifact(trial, status, measurement.as_ref(), seed) {
                 detail.push_str("; ");
