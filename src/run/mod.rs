@@ -227,7 +227,7 @@ impl Engine {
     pub fn run(&self, trial: &TrialSpec) -> TrialOutcome {
         let test = trial.test();
         let seed = trial_seed(self.options.seed, &trial.contract.metadata.id, &test.id);
-        let injected = !trial.selftest && self.options.inject.iter().any(|id| *id == test.id);
+        let injected = !trial.selftest && self.options.inject.contains(&test.id);
         let mutant = (trial.selftest || injected).then_some(test.mutant);
         let artifacts_dir = self.options.out_dir.join(ARTIFACTS_DIR);
         let started = Instant::now();
