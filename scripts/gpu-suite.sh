@@ -8,7 +8,7 @@
 # 2. the GPU-only integration tests (fault isolation, out of memory, training step);
 # 3. compute-sanitizer memcheck and initcheck over the cuda op-parity trials
 #    (and racecheck too when the second argument is `sanitizers`);
-# 4. the criterion kernel benches.
+# 4. the criterion benches (kernels, training step).
 # Everything is packed into OUTDIR/suite.tgz (the device tool returns at most
 # 8 files); a short summary is printed last.
 set -uo pipefail
@@ -46,6 +46,10 @@ done
 if [ -x "$bin/kernels" ]; then
   timeout 120 "$bin/kernels" --bench --warm-up-time 0.5 --measurement-time 1 > "$work/bench-kernels.log" 2>&1
   note "bench kernels exit $?"
+fi
+if [ -x "$bin/train_step" ]; then
+  timeout 120 "$bin/train_step" --bench > "$work/bench-train-step.log" 2>&1
+  note "bench train_step exit $?"
 fi
 
 grep -h "test result" "$work"/run1.log "$work"/run2.log "$work"/gpu_fault_isolation.log "$work"/train_gpu.log >> "$work/summary.txt"

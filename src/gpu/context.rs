@@ -244,8 +244,9 @@ impl GpuContext {
         self.cache.reset();
     }
 
-    /// Injects a runtime fault (`PtxOlderTarget`, `KernelLeftOutOfPrewarm`);
-    /// `None` removes it. Other mutants are ignored by the cache.
+    /// Injects a runtime fault (`PtxOlderTarget`, `KernelLeftOutOfPrewarm` in
+    /// the cache; `SerialisedLaunch` in the launch-shape helpers); `None`
+    /// removes it. Other mutants are ignored here.
     pub fn set_fault(&mut self, fault: Option<Mutant>) {
         self.cache.set_fault(fault);
     }

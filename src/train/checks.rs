@@ -19,6 +19,7 @@ use crate::contract::Backend;
 use crate::error::{Error, Result};
 use crate::gpu::{GemmMath, GpuContext};
 use crate::model::{BaseModel, Corpus, ModelConfig, Trainable};
+use crate::mutant::Mutant;
 use crate::reference::train::{Model, StepReport, TrainOptions, Trainer, BATCH_SALT, CORPUS_SALT};
 
 /// The CPU reference trains in f64 with plain loops; beyond this many frozen
@@ -353,22 +354,43 @@ pub fn throughput_ratio(
         cfg = cfg.with_seq_len(s.0);
     }
     let seed = cx.seed;
-    let base_opts = GpuTrainOptions::from_mode(&p.baseline, Hyper::default(), None);
-    let cand_opts = GpuTrainOptions::from_mode(&p.candidate, Hyper::default(), cx.mutant);
+    // Speed only: an NF4 base may be quantised on the device (fast for the
+    // large presets); parity checks use the reference's quantiser instead.
+    let speed = |mode: &StepMode, mutant| GpuTrainOptions {
+        device_quantize: true,
+        ..GpuTrainOptions::from_mode(mode, Hyper::default(), mutant)
+    };
+    let base_opts = speed(&p.baseline, None);
+    let cand_opts = speed(&p.candidate, cx.mutant);
+    // A slowed launch is injected into the candidate's kernels only (set
+    // while it is built, captured and stepped): the claim is about it.
+    let cand_fault = cx.mutant.filter(|m| *m == Mutant::SerialisedLaunch);
     let gpu = require_gpu(cx)?;
     let mut tb = GpuTrainer::new(gpu, &cfg, base_opts, seed)?;
-    let mut tc = GpuTrainer::new(gpu, &cfg, cand_opts, seed)?;
+    gpu.set_fault(cand_fault);
+    let tc = GpuTrainer::new(gpu, &cfg, cand_opts, seed);
+    gpu.set_fault(None);
+    let mut tc = tc?;
+    let cand_step = |gpu: &mut GpuContext, tc: &mut GpuTrainer, timed: bool| {
+        gpu.set_fault(cand_fault);
+        let r = match tc.next_batch() {
+            Ok(tokens) if timed => timed_step(gpu, tc, &tokens),
+            Ok(tokens) => tc.step_on(gpu, &tokens).map(|_| 0.0),
+            Err(e) => Err(e),
+        };
+        gpu.set_fault(None);
+        r
+    };
     for _ in 0..p.warmup.0.max(2) {
         tb.step(gpu)?;
-        tc.step(gpu)?;
+        cand_step(gpu, &mut tc, false)?;
     }
     let mut base_ms = Vec::with_capacity(p.repeats.0);
     let mut cand_ms = Vec::with_capacity(p.repeats.0);
     for _ in 0..p.repeats.0 {
         let tokens = tb.next_batch()?;
         base_ms.push(timed_step(gpu, &mut tb, &tokens)?);
-        let tokens = tc.next_batch()?;
-        cand_ms.push(timed_step(gpu, &mut tc, &tokens)?);
+        cand_ms.push(cand_step(gpu, &mut tc, true)?);
     }
     let (mb, mc) = (median(&base_ms), median(&cand_ms));
     let ratio = mb / mc;
