@@ -517,50 +517,30 @@ impl GpuTrainer {
                 None,
             )?;
             let wq = Workspace::weight(&mut ws.deq, gpu, &w.q)?;
-            blas::linear(gpu, fwd, 1.0, &a.n1, wq, 0.0, &mut sc.q, (rows, h, qd))?;
-            blas::linear(
+            let (qa, qb) = (pi(Slot::QA), pi(Slot::QB));
+            lora_linear(
                 gpu,
                 fwd,
-                1.0,
                 &a.n1,
-                pi(Slot::QA),
-                0.0,
+                wq,
+                (qa, qb, lora_s),
                 &mut a.uq,
-                (rows, h, r),
-            )?;
-            blas::linear(
-                gpu,
-                fwd,
-                lora_s,
-                &a.uq,
-                pi(Slot::QB),
-                1.0,
                 &mut sc.q,
-                (rows, r, qd),
+                (rows, h, r, qd),
             )?;
             let wk = Workspace::weight(&mut ws.deq, gpu, &w.k)?;
             blas::linear(gpu, fwd, 1.0, &a.n1, wk, 0.0, &mut sc.k, (rows, h, kvd))?;
             let wv = Workspace::weight(&mut ws.deq, gpu, &w.v)?;
-            blas::linear(gpu, fwd, 1.0, &a.n1, wv, 0.0, &mut a.v, (rows, h, kvd))?;
-            blas::linear(
+            let (va, vb) = (pi(Slot::VA), pi(Slot::VB));
+            lora_linear(
                 gpu,
                 fwd,
-                1.0,
                 &a.n1,
-                pi(Slot::VA),
-                0.0,
+                wv,
+                (va, vb, lora_s),
                 &mut a.uv,
-                (rows, h, r),
-            )?;
-            blas::linear(
-                gpu,
-                fwd,
-                lora_s,
-                &a.uv,
-                pi(Slot::VB),
-                1.0,
                 &mut a.v,
-                (rows, r, kvd),
+                (rows, h, r, kvd),
             )?;
             rope::forward(
                 gpu,
@@ -934,4 +914,23 @@ fn refuse_if_too_big(gpu: &GpuContext, cfg: &ModelConfig, base: BaseWeights) -> 
         });
     }
     Ok(())
+}
+
+/// A frozen projection with its LoRA branch: `y = x W^T + s (x A^T) B^T`,
+/// keeping `u = x A^T` for the backward. `W` is `[out, in]`, `A` is `[r, in]`,
+/// `B` is `[out, r]`.
+#[allow(clippy::too_many_arguments)]
+fn lora_linear(
+    gpu: &GpuContext,
+    math: GemmMath,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    (a, b, s): (&CudaSlice<f32>, &CudaSlice<f32>, f32),
+    u: &mut CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    (rows, in_dim, r, out_dim): (usize, usize, usize, usize),
+) -> Result<()> {
+    blas::linear(gpu, math, 1.0, x, w, 0.0, y, (rows, in_dim, out_dim))?;
+    blas::linear(gpu, math, 1.0, x, a, 0.0, u, (rows, in_dim, r))?;
+    blas::linear(gpu, math, s, u, b, 1.0, y, (rows, r, out_dim))
 }
