@@ -89,15 +89,13 @@ fn main() -> ExitCode {
         return conclusion.exit_code();
     }
 
-    // Ignored trials never ran; record them as skipped, with the reason.
-    if !args.ignored && !args.include_ignored {
-        for spec in specs.iter().filter(|s| selected(&args, &s.name)) {
-            let unavailable = spec.test().check.unavailable(spec.backend);
-            let no_cuda = skip_reason
-                .as_deref()
-                .filter(|_| spec.backend == Backend::Cuda);
-            if let Some(reason) = unavailable.or(no_cuda) {
-                engine.skip(spec, reason);
+    // Ignored cuda trials never ran; record them as skipped, with the reason.
+    if let Some(reason) = &skip_reason {
+        if !args.ignored && !args.include_ignored {
+            for spec in specs.iter().filter(|s| s.backend == Backend::Cuda) {
+                if selected(&args, &spec.name) {
+                    engine.skip(spec, reason);
+                }
             }
         }
     }
@@ -118,8 +116,7 @@ fn main() -> ExitCode {
 
 fn make_trial(spec: &TrialSpec, engine: &Arc<Engine>, cuda_missing: bool) -> Trial {
     let kind = spec.backend.as_str();
-    let ignored = (spec.backend == Backend::Cuda && cuda_missing)
-        || spec.test().check.unavailable(spec.backend).is_some();
+    let ignored = spec.backend == Backend::Cuda && cuda_missing;
     let engine = Arc::clone(engine);
     let owned = spec.clone();
     Trial::test(spec.name.clone(), move || {

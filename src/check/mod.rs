@@ -173,14 +173,6 @@ impl CheckSpec {
         names.join(", ")
     }
 
-    /// Why this check cannot execute on `backend` in this build, if it cannot.
-    /// Such trials are reported ignored and recorded `skipped` with the
-    /// reason: they never pass silently, and they are not errors of the code
-    /// under test.
-    pub fn unavailable(&self, _backend: Backend) -> Option<&'static str> {
-        None
-    }
-
     /// Runs the measurement. Errors (a kernel that fails to launch, a shape the
     /// op refuses) become `error` rows; they never abort the run.
     pub fn execute(&self, backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {

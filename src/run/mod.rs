@@ -232,9 +232,6 @@ impl Engine {
         let artifacts_dir = self.options.out_dir.join(ARTIFACTS_DIR);
         let started = Instant::now();
 
-        if let Some(reason) = test.check.unavailable(trial.backend) {
-            return self.skip(trial, reason);
-        }
         let mut gpu_guard = None;
         if trial.backend == Backend::Cuda {
             let mut slot = lock(&self.gpu);
