@@ -9,10 +9,9 @@
 // s is 0; for x >> 0 exp(-x) is 0 and s is 1.
 //
 // Grid-stride loops over [0, n); `n` smaller than the buffers only under the
-// test-only "last element unwritten" fault. As in elementwise.cu, when every
-// buffer is 16-byte aligned the first 4 * (n / 4) elements move as float4s
-// (enough bytes in flight per thread to cover DRAM latency) and the rest take
-// the scalar loop; each element gets the same f32 arithmetic either way.
+// test-only "last element unwritten" fault. The float4 fast path with its
+// scalar tail is map1 / map2 in common.cuh; the two-output backward spells
+// it out.
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -32,68 +31,17 @@ __device__ __forceinline__ float2 swiglu_bwd_1(float g, float u, float d) {
 }
 
 extern "C" __global__ void silu_fwd_f32(const float* __restrict__ x, float* __restrict__ y, int n) {
-    const int tid = blockIdx.x * blockDim.x + threadIdx.x;
-    const int stride = gridDim.x * blockDim.x;
-    int done = 0;
-    if (aligned16(x) && aligned16(y)) {
-        const int n4 = n / 4;
-        const float4* x4 = reinterpret_cast<const float4*>(x);
-        float4* y4 = reinterpret_cast<float4*>(y);
-        for (int k = tid; k < n4; k += stride) {
-            const float4 v = x4[k];
-            y4[k] = make_float4(silu_fwd_1(v.x), silu_fwd_1(v.y), silu_fwd_1(v.z), silu_fwd_1(v.w));
-        }
-        done = 4 * n4;
-    }
-    for (int k = done + tid; k < n; k += stride) {
-        y[k] = silu_fwd_1(x[k]);
-    }
+    map1(x, y, n, [](float v) { return silu_fwd_1(v); });
 }
 
 extern "C" __global__ void silu_bwd_f32(const float* __restrict__ x, const float* __restrict__ dy,
                                         float* __restrict__ dx, int n) {
-    const int tid = blockIdx.x * blockDim.x + threadIdx.x;
-    const int stride = gridDim.x * blockDim.x;
-    int done = 0;
-    if (aligned16(x) && aligned16(dy) && aligned16(dx)) {
-        const int n4 = n / 4;
-        const float4* x4 = reinterpret_cast<const float4*>(x);
-        const float4* d4 = reinterpret_cast<const float4*>(dy);
-        float4* o4 = reinterpret_cast<float4*>(dx);
-        for (int k = tid; k < n4; k += stride) {
-            const float4 v = x4[k];
-            const float4 d = d4[k];
-            o4[k] = make_float4(silu_bwd_1(v.x, d.x), silu_bwd_1(v.y, d.y), silu_bwd_1(v.z, d.z),
-                                silu_bwd_1(v.w, d.w));
-        }
-        done = 4 * n4;
-    }
-    for (int k = done + tid; k < n; k += stride) {
-        dx[k] = silu_bwd_1(x[k], dy[k]);
-    }
+    map2(x, dy, dx, n, [](float v, float d) { return silu_bwd_1(v, d); });
 }
 
 extern "C" __global__ void swiglu_fwd_f32(const float* __restrict__ gate, const float* __restrict__ up,
                                           float* __restrict__ y, int n) {
-    const int tid = blockIdx.x * blockDim.x + threadIdx.x;
-    const int stride = gridDim.x * blockDim.x;
-    int done = 0;
-    if (aligned16(gate) && aligned16(up) && aligned16(y)) {
-        const int n4 = n / 4;
-        const float4* g4 = reinterpret_cast<const float4*>(gate);
-        const float4* u4 = reinterpret_cast<const float4*>(up);
-        float4* y4 = reinterpret_cast<float4*>(y);
-        for (int k = tid; k < n4; k += stride) {
-            const float4 g = g4[k];
-            const float4 u = u4[k];
-            y4[k] = make_float4(swiglu_fwd_1(g.x, u.x), swiglu_fwd_1(g.y, u.y), swiglu_fwd_1(g.z, u.z),
-                                swiglu_fwd_1(g.w, u.w));
-        }
-        done = 4 * n4;
-    }
-    for (int k = done + tid; k < n; k += stride) {
-        y[k] = swiglu_fwd_1(gate[k], up[k]);
-    }
+    map2(gate, up, y, n, [](float g, float u) { return swiglu_fwd_1(g, u); });
 }
 
 extern "C" __global__ void swiglu_bwd_f32(const float* __restrict__ gate, const float* __restrict__ up,
