@@ -318,18 +318,20 @@ fn kernels(c: &mut Criterion) {
     let mut dq = zeros(gpu, q_len);
     let mut dk = zeros(gpu, kv_len);
     let mut dv = zeros(gpu, kv_len);
+    let mut ds = zeros(gpu, attention::backward_scratch_len(&sh));
     bench(&mut g, gpu, "attention_bwd", flops(2 * attn_flops), |gpu| {
         attention::backward(
             gpu,
             (&q, &k, &v),
             &probs,
             &dout,
+            &mut ds,
             (&mut dq, &mut dk, &mut dv),
             &sh,
         )
         .expect("attention backward")
     });
-    drop((q, q_out, k, v, probs, dout, dq, dk, dv));
+    drop((q, q_out, k, v, probs, dout, dq, dk, dv, ds));
 
     // SwiGLU MLP activations over [T, intermediate].
     let gate = random(gpu, ti, 13);

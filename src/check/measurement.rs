@@ -64,8 +64,12 @@ pub struct Measurement {
     /// Conditions that falsify the claim whatever the metric says (NaN, an
     /// unwritten output element, a refused planted PTX that loaded).
     pub violations: Vec<String>,
-    /// Throughput rows, for `throughput_ratio`.
+    /// Throughput rows, for `throughput_ratio` and `step_throughput`.
     pub speedups: Vec<Speedup>,
+    /// Why the claim does not apply to what was measured (a target stated
+    /// for another GPU kind): the trial is recorded `skipped` with this
+    /// reason, and its measurement and speedup rows are kept.
+    pub not_applicable: Option<String>,
     /// The tensors of the worst failing case (inputs, output, reference), if
     /// the check captured them; the engine writes them as a safetensors
     /// artifact when the trial is falsified.
@@ -90,6 +94,7 @@ impl Measurement {
             detail: String::new(),
             violations: Vec::new(),
             speedups: Vec::new(),
+            not_applicable: None,
             failure: None,
         }
     }

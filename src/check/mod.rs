@@ -16,6 +16,7 @@ pub mod op_parity;
 pub mod params;
 pub mod prewarm;
 pub mod property;
+pub mod step_throughput;
 pub mod sync_count;
 pub mod target_parity;
 pub mod throughput_ratio;
@@ -100,6 +101,11 @@ pub const KINDS: &[KindInfo] = &[
         backends: CUDA,
     },
     KindInfo {
+        name: "step_throughput",
+        measures: "training tokens per second of one step mode (median step time)",
+        backends: CUDA,
+    },
+    KindInfo {
         name: "loss_descent",
         measures: "final loss as a fraction of the initial loss",
         backends: BOTH,
@@ -132,6 +138,7 @@ pub enum CheckSpec {
     TrajectoryMatch(trajectory_match::Params),
     SyncCount(sync_count::Params),
     ThroughputRatio(throughput_ratio::Params),
+    StepThroughput(step_throughput::Params),
     LossDescent(loss_descent::Params),
     MemoryBudget(memory_budget::Params),
     Bandwidth(bandwidth::Params),
@@ -150,6 +157,7 @@ impl CheckSpec {
             CheckSpec::TrajectoryMatch(_) => "trajectory_match",
             CheckSpec::SyncCount(_) => "sync_count",
             CheckSpec::ThroughputRatio(_) => "throughput_ratio",
+            CheckSpec::StepThroughput(_) => "step_throughput",
             CheckSpec::LossDescent(_) => "loss_descent",
             CheckSpec::MemoryBudget(_) => "memory_budget",
             CheckSpec::GradientParity(_) => "gradient_parity",
@@ -185,6 +193,7 @@ impl CheckSpec {
             CheckSpec::TrajectoryMatch(p) => p.execute(backend, cx),
             CheckSpec::SyncCount(p) => p.execute(cx),
             CheckSpec::ThroughputRatio(p) => p.execute(cx),
+            CheckSpec::StepThroughput(p) => p.execute(cx),
             CheckSpec::LossDescent(p) => p.execute(backend, cx),
             CheckSpec::MemoryBudget(p) => p.execute(cx),
             CheckSpec::GradientParity(p) => p.execute(cx),
@@ -246,6 +255,7 @@ impl<'de> Visitor<'de> for CheckVisitor {
             "trajectory_match" => CheckSpec::TrajectoryMatch(parse_kind(map)?),
             "sync_count" => CheckSpec::SyncCount(parse_kind(map)?),
             "throughput_ratio" => CheckSpec::ThroughputRatio(parse_kind(map)?),
+            "step_throughput" => CheckSpec::StepThroughput(parse_kind(map)?),
             "loss_descent" => CheckSpec::LossDescent(parse_kind(map)?),
             "memory_budget" => CheckSpec::MemoryBudget(parse_kind(map)?),
             "gradient_parity" => CheckSpec::GradientParity(parse_kind(map)?),

@@ -244,6 +244,36 @@ pub struct StepMode {
     pub clip: ClipMode,
     #[serde(default)]
     pub base: BaseWeights,
+    /// Math of the backward GEMMs (the forward ones are TF32 on the GPU).
+    #[serde(default)]
+    pub backward_math: BackwardMath,
+    /// Whether the MLP's gate and up activations are recomputed in the
+    /// backward or kept from the forward.
+    #[serde(default)]
+    pub mlp_activations: MlpActivations,
+}
+
+/// What the backward does for the MLP's `gate` and `up` activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum MlpActivations {
+    /// Recompute them from the saved norm output (two more GEMMs per layer,
+    /// `2 x tokens x intermediate` fewer floats kept per layer).
+    #[default]
+    Recompute,
+    /// Keep the forward's: faster, more memory.
+    Keep,
+}
+
+/// Math of the training step's backward GEMMs on the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BackwardMath {
+    /// Plain IEEE f32: what the gradient-parity checks hold to 1e-5.
+    #[default]
+    Fp32,
+    /// TF32 tensor-op products with f32 accumulation, as the forward.
+    Tf32,
 }
 
 impl std::fmt::Display for StepMode {
@@ -257,7 +287,15 @@ impl std::fmt::Display for StepMode {
             BaseWeights::Fp32 => "fp32",
             BaseWeights::Nf4 => "nf4",
         };
-        write!(f, "{graph}/{clip}/{base}")
+        write!(f, "{graph}/{clip}/{base}")?;
+        // The default is left out, so the names of fp32-backward rows stay as they were.
+        if self.backward_math == BackwardMath::Tf32 {
+            write!(f, "/tf32-backward")?;
+        }
+        if self.mlp_activations == MlpActivations::Keep {
+            write!(f, "/keep-mlp")?;
+        }
+        Ok(())
     }
 }
 

@@ -5,6 +5,7 @@ pub mod cache;
 pub mod checks;
 mod context;
 pub mod prewarm;
+pub mod table;
 pub mod throughput;
 pub mod timing;
 
@@ -14,3 +15,4 @@ pub use context::{
     DeviceFacts, GemmMath, GpuContext, GpuOptions, THREADS_1D,
 };
 pub use prewarm::{modules_for, PrewarmReport};
+pub use table::TensorTable;

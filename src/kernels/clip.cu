@@ -54,6 +54,27 @@ extern "C" __global__ void squared_sum_partial_f32(const float* __restrict__ x,
     if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
+// The same over every tensor of a table (gpu/table.rs, one column: g_i), in
+// one launch: block b sums the elements b * blockDim + tid + j * stride of the
+// concatenation, in j order, then the fixed-shape tree. The grid is fixed by
+// the caller, so the order, and the sum, are the same on every run.
+extern "C" __global__ void squared_sum_multi_partial_f32(const unsigned long long* __restrict__ ptrs,
+                                                         const long long* __restrict__ offsets,
+                                                         int n_tensors,
+                                                         double* __restrict__ partials) {
+    const long long total = offsets[n_tensors];
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    double acc = 0.0;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += stride) {
+        const int i = table_find(offsets, n_tensors, k);
+        const float* g = reinterpret_cast<const float*>(ptrs[i]);
+        const double v = (double)g[k - offsets[i]];
+        acc += v * v;
+    }
+    acc = block_sum_d(acc);
+    if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
 // sq[0] = sum_{p < nparts} partials[p]. One block.
 extern "C" __global__ void squared_sum_final_f32(const double* __restrict__ partials,
                                                  double* __restrict__ sq,

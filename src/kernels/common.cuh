@@ -7,6 +7,23 @@ static __device__ __forceinline__ bool aligned16(const void* p) {
     return ((unsigned long long)p & 15ull) == 0;
 }
 
+// The tensor of element k of a tensor table's concatenation: the largest i
+// with offsets[i] <= k, for 0 <= k < offsets[n] (see gpu/table.rs).
+static __device__ __forceinline__ int table_find(const long long* __restrict__ offsets, int n,
+                                                 long long k) {
+    int lo = 0;
+    int hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (offsets[mid] <= k) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
+
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

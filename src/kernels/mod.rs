@@ -69,7 +69,8 @@ pub const MODULES: &[ModuleSource] = &[
             "squared_sum_partial_f32",
             "squared_sum_final_f32",
             "clip_scale_f32",
-            "clip_apply_f32"
+            "clip_apply_f32",
+            "squared_sum_multi_partial_f32"
         ]
     ),
     module!("adamw", ["adamw_step_f32"]),
@@ -87,9 +88,9 @@ pub const MODULES: &[ModuleSource] = &[
     module!(
         "train",
         [
-            "adamw_step_devt_f32",
             "step_count_advance_i32",
-            "accumulate_fwd_f32"
+            "accumulate_fwd_f32",
+            "adamw_multi_devt_f32"
         ]
     ),
     module!(
@@ -97,7 +98,8 @@ pub const MODULES: &[ModuleSource] = &[
         [
             "attention_fwd_f32",
             "attention_bwd_dq_f32",
-            "attention_bwd_dkv_f32"
+            "attention_bwd_dkv_f32",
+            "attention_bwd_kv_sum_f32"
         ]
     ),
     module!("faults", ["fault_oob_write_f32"]),

@@ -17,14 +17,17 @@
 // npairs = batch * seq * heads * half (a smaller value only under the test-only
 // "last element unwritten" fault).
 
+// Index is int when every pair index fits in one (the usual case): 64-bit
+// division and remainder cost several times more than the rotation itself.
+template <typename Index>
 __device__ void rope_rotate(const float* __restrict__ x, float* __restrict__ y,
-                            long long npairs, int seq, int heads, int head_dim,
+                            Index npairs, int seq, int heads, int head_dim,
                             double theta, double sign) {
     const int half = head_dim / 2;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < npairs; p += stride) {
+    const Index stride = (Index)gridDim.x * blockDim.x;
+    for (Index p = (Index)blockIdx.x * blockDim.x + threadIdx.x; p < npairs; p += stride) {
         const int i = (int)(p % half);
-        const long long vec = p / half;            // (b * seq + pos) * heads + h
+        const Index vec = p / half;            // (b * seq + pos) * heads + h
         const int pos = (int)((vec / heads) % seq);
         const size_t base = (size_t)vec * head_dim;
         const double angle = sign * (double)pos * pow(theta, -2.0 * (double)i / (double)head_dim);
@@ -39,14 +42,25 @@ __device__ void rope_rotate(const float* __restrict__ x, float* __restrict__ y,
     }
 }
 
+__device__ void rope_apply(const float* __restrict__ x, float* __restrict__ y, long long npairs,
+                           int seq, int heads, int head_dim, double theta, double sign) {
+    // The grid-stride index may pass npairs by up to one grid before the loop ends.
+    const long long reach = npairs + (long long)gridDim.x * blockDim.x;
+    if (reach <= 0x7fffffffLL) {
+        rope_rotate<int>(x, y, (int)npairs, seq, heads, head_dim, theta, sign);
+    } else {
+        rope_rotate<long long>(x, y, npairs, seq, heads, head_dim, theta, sign);
+    }
+}
+
 extern "C" __global__ void rope_fwd_f32(const float* __restrict__ x, float* __restrict__ y,
                                         long long npairs, int seq, int heads, int head_dim,
                                         double theta) {
-    rope_rotate(x, y, npairs, seq, heads, head_dim, theta, 1.0);
+    rope_apply(x, y, npairs, seq, heads, head_dim, theta, 1.0);
 }
 
 extern "C" __global__ void rope_bwd_f32(const float* __restrict__ dy, float* __restrict__ dx,
                                         long long npairs, int seq, int heads, int head_dim,
                                         double theta) {
-    rope_rotate(dy, dx, npairs, seq, heads, head_dim, theta, -1.0);
+    rope_apply(dy, dx, npairs, seq, heads, head_dim, theta, -1.0);
 }

@@ -10,9 +10,14 @@
 //!   `dq = s dS k`, `dk = s dS^T q`, `dv = P^T dout`, kv gradients summed over
 //!   the heads of their group.
 //!
+//! The kernels work on tiles of 16 rows with the other dimension staged in
+//! shared memory in chunks (see the comment at the top of the `.cu` file).
 //! The backward is deterministic (no atomics): `attention_bwd_dq_f32` writes
-//! `dS` to a scratch buffer, and `attention_bwd_dkv_f32` gathers `dk` and
-//! `dv` per key row in a fixed order.
+//! `dS` to a caller's scratch buffer (the training step's workspace owns one,
+//! so nothing is allocated per step), `attention_bwd_dkv_f32` gathers each
+//! query head's share of `dk` and `dv` per tile of key rows into the same
+//! scratch, and `attention_bwd_kv_sum_f32` adds the shares of a group in a
+//! fixed order.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -78,6 +83,19 @@ pub const SIGNATURES: Signatures = &[
             Arg::I32,
             Arg::I32,
             Arg::I32,
+        ],
+    ),
+    (
+        "attention_bwd_kv_sum_f32",
+        &[
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
             Arg::I32,
             Arg::F32,
             Arg::I64,
@@ -85,12 +103,21 @@ pub const SIGNATURES: Signatures = &[
     ),
 ];
 
-/// Threads per block of the row kernels (forward, dq): a multiple of 32, as
-/// their block reductions need.
-const ROW_THREADS: u32 = 128;
+/// Threads per block of every attention kernel: 16 rows x 16 lanes, as the
+/// kernels' tiling (`ATT_ROWS`, `ATT_LANES`) assumes.
+const THREADS: u32 = 256;
 
-/// Dynamic shared memory a block may use without raising the function's limit.
-const MAX_DYNAMIC_SHARED: usize = 48 * 1024;
+/// Rows of a tile (`ATT_ROWS` in the kernels).
+const TILE_ROWS: usize = 16;
+
+/// Keys per staged chunk of the forward and dq kernels (`ATT_CHUNK`).
+const KEY_CHUNK: usize = 64;
+
+/// Query rows per staged chunk of the dk/dv kernel (`ATT_QCHUNK`).
+const QUERY_CHUNK: usize = 32;
+
+/// The largest head_dim the kernels' per-thread accumulators hold (`ATT_MAX_DIM`).
+pub const MAX_HEAD_DIM: usize = 128;
 
 /// Grid limit of the y and z dimensions.
 const MAX_GRID_YZ: u32 = 65_535;
@@ -128,10 +155,10 @@ fn validate(sh: &AttnShape) -> Result<Dims> {
             sh.heads, sh.kv_heads
         )));
     }
-    if (sh.head_dim + sh.seq) * 4 > MAX_DYNAMIC_SHARED {
+    if sh.head_dim > MAX_HEAD_DIM {
         return Err(bad(format!(
-            "head_dim + seq = {} floats exceed the {MAX_DYNAMIC_SHARED}-byte shared-memory row buffer",
-            sh.head_dim + sh.seq
+            "head_dim {} exceeds the kernels' {MAX_HEAD_DIM}",
+            sh.head_dim
         )));
     }
     grid_dim("attention", "heads", sh.heads, MAX_GRID_YZ)?;
@@ -158,13 +185,36 @@ fn expect(what: &str, got: usize, want: usize) -> Result<()> {
     }
 }
 
-/// One block per (query row, head, batch), with the row buffer in shared memory.
+/// The forward and dq kernels: one block per (16 query rows, head, batch);
+/// shared memory holds a row tile and a key chunk (rows padded to
+/// head_dim + 1) and a 16 x 65 tile of probabilities. At head_dim 128 that
+/// is 45,440 bytes, within the 48 KiB a launch gets without opting in.
 fn row_config(sh: &AttnShape) -> LaunchConfig {
+    let floats = (TILE_ROWS + KEY_CHUNK) * (sh.head_dim + 1) + TILE_ROWS * (KEY_CHUNK + 1);
     LaunchConfig {
-        grid_dim: (sh.seq as u32, sh.heads as u32, sh.batch as u32),
-        block_dim: (ROW_THREADS, 1, 1),
-        // validate() bounded this by MAX_DYNAMIC_SHARED.
-        shared_mem_bytes: ((sh.head_dim + sh.seq) * 4) as u32,
+        grid_dim: (
+            sh.seq.div_ceil(TILE_ROWS) as u32,
+            sh.heads as u32,
+            sh.batch as u32,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: (floats * 4) as u32,
+    }
+}
+
+/// The dk/dv kernel: one block per (16 key rows, query head, batch); shared
+/// memory holds a chunk of q and of dout rows and the matching 16 x 33 tiles
+/// of dS and P (37,248 bytes at head_dim 128).
+fn kv_config(sh: &AttnShape) -> LaunchConfig {
+    let floats = 2 * QUERY_CHUNK * (sh.head_dim + 1) + 2 * TILE_ROWS * (QUERY_CHUNK + 1);
+    LaunchConfig {
+        grid_dim: (
+            sh.seq.div_ceil(TILE_ROWS) as u32,
+            sh.heads as u32,
+            sh.batch as u32,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: (floats * 4) as u32,
     }
 }
 
@@ -217,21 +267,32 @@ fn forward_limited(
     // heads, int kv_heads, int head_dim, float scale, long long write_limit)`
     // in order and type. The lengths were checked against the shape above;
     // heads is a multiple of kv_heads, so every kv head index is < kv_heads.
-    // The grid is exactly (seq, heads, batch), each block touches only its
-    // row's q/out/probs and rows j <= i < seq of k and v, and uses
-    // (head_dim + seq) floats of dynamic shared memory, which is what
-    // shared_mem_bytes provides. The block is 128 threads, a multiple of 32,
-    // as the warp-shuffle reductions need.
+    // The grid is (ceil(seq / 16), heads, batch); each block touches only
+    // its 16 rows of q/out/probs (guarded by i < seq) and rows j < seq of k
+    // and v, and uses the dynamic shared memory row_config provides for this
+    // head_dim (validate() bounded head_dim by the kernels' 128). The block
+    // is 256 threads, the 16 x 16 layout the kernel's half-warp row
+    // reductions assume.
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }
 
-/// Backward from the saved `probs`: writes `dq`, `dk`, `dv`.
+/// Floats of the scratch [`backward`] needs: `dS` (the length of `probs`)
+/// and each query head's share of `dk` and `dv` (twice the length of `q`).
+pub fn backward_scratch_len(sh: &AttnShape) -> usize {
+    let (q_len, _, p_len) = lens(sh);
+    p_len + 2 * q_len
+}
+
+/// Backward from the saved `probs`: writes `dq`, `dk`, `dv`, using `scratch`
+/// ([`backward_scratch_len`] floats) for `dS` and the per-head shares.
+#[allow(clippy::too_many_arguments)]
 pub fn backward(
     gpu: &mut GpuContext,
     (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     probs: &CudaSlice<f32>,
     dout: &CudaSlice<f32>,
+    scratch: &mut CudaSlice<f32>,
     (dq, dk, dv): (
         &mut CudaSlice<f32>,
         &mut CudaSlice<f32>,
@@ -240,14 +301,16 @@ pub fn backward(
     sh: &AttnShape,
 ) -> Result<()> {
     let len = dv.len();
-    backward_limited(gpu, (q, k, v), probs, dout, (dq, dk, dv), sh, len)
+    backward_limited(gpu, (q, k, v), probs, dout, scratch, (dq, dk, dv), sh, len)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn backward_limited(
     gpu: &mut GpuContext,
     (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     probs: &CudaSlice<f32>,
     dout: &CudaSlice<f32>,
+    scratch: &mut CudaSlice<f32>,
     (dq, dk, dv): (
         &mut CudaSlice<f32>,
         &mut CudaSlice<f32>,
@@ -266,9 +329,10 @@ fn backward_limited(
     expect("dq", dq.len(), q_len)?;
     expect("dk", dk.len(), kv_len)?;
     expect("dv", dv.len(), kv_len)?;
+    expect("scratch", scratch.len(), backward_scratch_len(sh))?;
     let limit = to_i64("attention", dv_write_limit.min(kv_len))?;
-    // dS, written in full (zeros above the diagonal) by the first kernel.
-    let mut ds = gpu.zeros::<f32>(p_len)?;
+    let (mut ds, mut shares) = scratch.split_at_mut(p_len);
+    let (mut pk, mut pv) = shares.split_at_mut(q_len);
 
     let cfg = row_config(sh);
     let func = gpu.function(MODULE, "attention_bwd_dq_f32")?;
@@ -289,26 +353,51 @@ fn backward_limited(
     // SAFETY: arguments match `attention_bwd_dq_f32(const float* k, const
     // float* v, const float* probs, const float* dout, float* dq, float* ds,
     // int batch, int seq, int heads, int kv_heads, int head_dim, float scale)`
-    // in order and type. Lengths were checked against the shape (ds was just
-    // allocated with the probs length); the grid is exactly (seq, heads,
-    // batch), each block reads rows j <= i of k and v and row (b, h, i) of
-    // probs, writes row (b, h, i) of ds and dq, and uses (head_dim + seq)
-    // floats of dynamic shared memory, as provided. 128 threads, a multiple of 32.
+    // in order and type. Lengths were checked against the shape (ds is the
+    // first probs-length part of the scratch); the grid is (ceil(seq / 16), heads, batch), each block
+    // reads rows j < seq of k and v and its rows i < seq of probs and dout,
+    // writes those rows of ds and dq, and uses the dynamic shared memory
+    // row_config provides (head_dim <= 128 was validated). 256 threads, the
+    // 16 x 16 layout of the kernel's half-warp reductions.
     unsafe { launch.launch(cfg) }?;
 
-    let kv_threads = (sh.head_dim.div_ceil(32) * 32).min(ROW_THREADS as usize) as u32;
-    let cfg = LaunchConfig {
-        grid_dim: (sh.seq as u32, sh.kv_heads as u32, sh.batch as u32),
-        block_dim: (kv_threads, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = kv_config(sh);
     let func = gpu.function(MODULE, "attention_bwd_dkv_f32")?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
         .arg(q)
         .arg(dout)
         .arg(probs)
-        .arg(&ds)
+        .arg(&mut ds)
+        .arg(&mut pk)
+        .arg(&mut pv)
+        .arg(&d.batch)
+        .arg(&d.seq)
+        .arg(&d.heads)
+        .arg(&d.head_dim);
+    // SAFETY: arguments match `attention_bwd_dkv_f32(const float* q, const
+    // float* dout, const float* probs, const float* ds, float* pk, float* pv,
+    // int batch, int seq, int heads, int head_dim)` in order and type. q and
+    // dout hold q_len floats, probs and ds p_len, pk and pv are the two
+    // q_len-float parts of the scratch after ds (split, so disjoint). The
+    // grid is (ceil(seq / 16), heads, batch); each block reads only entries
+    // i >= j, i < seq of its 16 columns of probs/ds (exactly the entries the
+    // dq kernel wrote, which ran before it on this stream) and rows i < seq
+    // of q/dout of its head, writes elements t < head_dim of its rows j < seq
+    // of pk and pv, and uses the dynamic shared memory kv_config provides.
+    unsafe { launch.launch(cfg) }?;
+
+    let n = sh.batch * sh.seq * sh.kv_heads * sh.head_dim;
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(THREADS as usize).min(65_535) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let func = gpu.function(MODULE, "attention_bwd_kv_sum_f32")?;
+    let mut launch = gpu.stream().launch_builder(&func);
+    launch
+        .arg(&mut pk)
+        .arg(&mut pv)
         .arg(dk)
         .arg(dv)
         .arg(&d.batch)
@@ -318,15 +407,13 @@ fn backward_limited(
         .arg(&d.head_dim)
         .arg(&d.scale)
         .arg(&limit);
-    // SAFETY: arguments match `attention_bwd_dkv_f32(const float* q, const
-    // float* dout, const float* probs, const float* ds, float* dk, float* dv,
-    // int batch, int seq, int heads, int kv_heads, int head_dim, float scale,
-    // long long write_limit)` in order and type. Lengths were checked; the
-    // grid is exactly (seq, kv_heads, batch) (kv_heads <= heads, within the
-    // grid limit), each thread reads column j of probs/ds and rows i >= j of
-    // q/dout for the heads of its group only, and writes element t <
-    // head_dim of row (b, j, g) of dk and dv. The launch is ordered after the
-    // dq kernel on the same stream, so ds is complete.
+    // SAFETY: arguments match `attention_bwd_kv_sum_f32(const float* pk,
+    // const float* pv, float* dk, float* dv, int batch, int seq, int heads,
+    // int kv_heads, int head_dim, float scale, long long write_limit)` in
+    // order and type. The grid-stride loop covers the kv_len elements of dk
+    // and dv (checked lengths) and reads the group's heads of pk and pv, each
+    // q_len long (heads is a multiple of kv_heads, validated), written by the
+    // previous kernel on this stream.
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }
@@ -386,12 +473,15 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
             let mut dq = gpu.poisoned(q_len)?;
             let mut dk = gpu.poisoned(kv_len)?;
             let mut dv = gpu.poisoned(kv_len)?;
+            // Poisoned scratch: the kernels must never read what they did not write.
+            let mut scratch = gpu.poisoned(backward_scratch_len(&sh))?;
             let limit = written(kv_len, case.mutant);
             backward_limited(
                 gpu,
                 (&q, &k, &v),
                 &probs,
                 &dout,
+                &mut scratch,
                 (&mut dq, &mut dk, &mut dv),
                 &sh,
                 limit,
@@ -420,7 +510,12 @@ mod tests {
         assert!(validate(&ok).is_ok());
         assert!(validate(&AttnShape { kv_heads: 5, ..ok }).is_err());
         assert!(validate(&AttnShape { kv_heads: 0, ..ok }).is_err());
-        assert!(validate(&AttnShape { seq: 20_000, ..ok }).is_err());
+        assert!(validate(&AttnShape { seq: 20_000, ..ok }).is_ok());
+        assert!(validate(&AttnShape {
+            head_dim: 130,
+            ..ok
+        })
+        .is_err());
         assert!(validate(&AttnShape {
             heads: 70_000,
             kv_heads: 1,

@@ -16,7 +16,7 @@ use super::parity::{
 };
 use crate::check::op::Op;
 use crate::error::{Error, Result};
-use crate::gpu::{GpuContext, THREADS_1D};
+use crate::gpu::{GpuContext, TensorTable, THREADS_1D};
 use crate::mutant::Mutant;
 use crate::reference::clip as refop;
 use crate::reference::elementwise::expect_len;
@@ -29,7 +29,15 @@ pub const SIGNATURES: Signatures = &[
     ("squared_sum_final_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
     ("clip_scale_f32", &[Arg::Ptr, Arg::Ptr, Arg::F32, Arg::I32]),
     ("clip_apply_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
+    (
+        "squared_sum_multi_partial_f32",
+        &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::Ptr],
+    ),
 ];
+
+/// Blocks (and partials) of [`squared_sum_table`]: a fixed grid, so the
+/// summation order is the same on every run; two blocks per SM of an H100/H200.
+pub const TABLE_PARTIALS: usize = 264;
 
 /// At most this many partial sums (blocks) per tensor.
 const MAX_PARTIALS_PER_TENSOR: usize = 512;
@@ -104,7 +112,25 @@ pub fn squared_sum(
     if written(1, fault) == 0 {
         return Ok(());
     }
-    let nparts = crate::gpu::to_i32("squared_sum", "partials", offset)?;
+    sum_partials(gpu, &ws.partials, offset, sq)
+}
+
+/// `sq[0] = sum of the first nparts partials`, one block, fixed order.
+fn sum_partials(
+    gpu: &mut GpuContext,
+    partials: &CudaSlice<f64>,
+    nparts: usize,
+    sq: &mut CudaViewMut<'_, f64>,
+) -> Result<()> {
+    if nparts > partials.len() {
+        return Err(Error::ShapeMismatch {
+            op: "squared_sum",
+            expected: format!("at least {nparts} partials"),
+            got: format!("{}", partials.len()),
+        });
+    }
+    expect_len("squared_sum", "sq", sq.len(), &[1])?;
+    let nparts = crate::gpu::to_i32("squared_sum", "partials", nparts)?;
     let f = gpu.function(MODULE, "squared_sum_final_f32")?;
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
@@ -112,11 +138,49 @@ pub fn squared_sum(
         shared_mem_bytes: 0,
     };
     let mut l = gpu.stream().launch_builder(&f);
-    l.arg(&ws.partials).arg(sq).arg(&nparts);
+    l.arg(partials).arg(sq).arg(&nparts);
     // SAFETY: squared_sum_final_f32(const double* partials, double* sq, int nparts):
-    // the workspace holds at least nparts partials, sq one element; one block.
+    // partials holds at least nparts values and sq one (both checked); one block.
     unsafe { l.launch(cfg) }?;
     Ok(())
+}
+
+/// `sq[0] = sum_i ||g_i||^2` over every tensor of `table` (one column: the
+/// tensors themselves), in two launches whatever the number of tensors:
+/// [`TABLE_PARTIALS`] block partials, then their sum.
+pub fn squared_sum_table(
+    gpu: &mut GpuContext,
+    table: &TensorTable,
+    partials: &mut CudaSlice<f64>,
+    sq: &mut CudaViewMut<'_, f64>,
+) -> Result<()> {
+    if table.columns != 1 || partials.len() != TABLE_PARTIALS {
+        return Err(Error::ShapeMismatch {
+            op: "squared_sum",
+            expected: format!("a one-column table and {TABLE_PARTIALS} partials"),
+            got: format!("{} columns, {} partials", table.columns, partials.len()),
+        });
+    }
+    let n = crate::gpu::to_i32("squared_sum", "tensors", table.tensors)?;
+    let f = gpu.function(MODULE, "squared_sum_multi_partial_f32")?;
+    let cfg = LaunchConfig {
+        grid_dim: (TABLE_PARTIALS as u32, 1, 1),
+        block_dim: (THREADS_1D, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(&table.ptrs)
+        .arg(&table.offsets)
+        .arg(&n)
+        .arg(&mut *partials);
+    // SAFETY: squared_sum_multi_partial_f32(const unsigned long long* ptrs,
+    // const long long* offsets, int n_tensors, double* partials): the table
+    // holds n_tensors addresses of live f32 tensors whose lengths are the
+    // offsets' differences (TensorTable's owner keeps them alive), so every
+    // read is in bounds; the grid is exactly TABLE_PARTIALS blocks, one
+    // partial each, and THREADS_1D is a multiple of 32 as the reduction needs.
+    unsafe { l.launch(cfg) }?;
+    sum_partials(gpu, partials, TABLE_PARTIALS, sq)
 }
 
 /// `scale[0] = min(1, max_norm / (sqrt(sq[0]) + 1e-6))`, device to device.

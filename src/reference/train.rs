@@ -33,7 +33,7 @@ use super::adamw::{AdamState, AdamW};
 use super::attention::{self, AttnShape};
 use super::clip::GroupClip;
 use super::{activation, cross_entropy, embedding, gemm, rmsnorm, rope};
-use crate::check::params::{BaseWeights, ClipMode, Hyper, StepMode};
+use crate::check::params::{BackwardMath, BaseWeights, ClipMode, Hyper, StepMode};
 use crate::check::{gradient_check, Comparator, Measurement, TrialContext};
 use crate::error::{Error, Result};
 use crate::model::corpus::{self, Corpus};
@@ -69,6 +69,14 @@ impl TrainOptions {
             return Err(Error::InvalidArgument {
                 op: "train",
                 message: format!("step mode {mode}: graph capture needs cuda"),
+            });
+        }
+        if mode.backward_math != BackwardMath::Fp32 {
+            return Err(Error::InvalidArgument {
+                op: "train",
+                message: format!(
+                    "step mode {mode}: the reference computes in f64; a GEMM math needs cuda"
+                ),
             });
         }
         Ok(TrainOptions {

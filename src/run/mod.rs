@@ -489,6 +489,11 @@ fn judge(
         // not run, and said so, rather than a crash or an error of the code.
         Err(e @ Error::OutOfMemory { .. }) => (Status::Skipped, None, e.to_string()),
         Err(e) => (Status::Error, None, format!("seed {seed}: {e}")),
+        Ok(m) if m.not_applicable.is_some() => {
+            let why = m.not_applicable.clone().unwrap_or_default();
+            let detail = format!("{why}; seed {seed}; {}", m.detail);
+            (Status::Skipped, Some(m), detail)
+        }
         Ok(m) => {
             let mut detail = format!("seed {seed}");
             if !m.detail.is_empty() {

@@ -12,8 +12,8 @@ use super::{GpuTrainOptions, GpuTrainer};
 use crate::check::params::{ClipMode, Hyper, Precision, StepMode};
 use crate::check::trajectory_match::BaselineOn;
 use crate::check::{
-    gradient_parity, loss_descent, memory_budget, require_gpu, sync_count, throughput_ratio,
-    trajectory_match, Comparator, Measurement, TrialContext,
+    gradient_parity, loss_descent, memory_budget, require_gpu, step_throughput, sync_count,
+    throughput_ratio, trajectory_match, Comparator, Measurement, TrialContext,
 };
 use crate::contract::Backend;
 use crate::error::{Error, Result};
@@ -427,6 +427,93 @@ pub fn throughput_ratio(
     Ok(m)
 }
 
+/// `step_throughput`: the median step time of one mode over `repeats` steps
+/// after `warmup` (at least 2, so a graphed mode has captured and replayed),
+/// as tokens per second against `min_tokens_per_s`. The trial's mutant goes
+/// to the trainer; a slowed launch (`SerialisedLaunch`) is set on the context
+/// while the trainer is built and stepped, and removed whatever the outcome.
+pub fn step_throughput(
+    p: &step_throughput::Params,
+    cx: &mut TrialContext<'_>,
+) -> Result<Measurement> {
+    use crate::gpu::timing::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
+    let mut cfg = p.model.0;
+    if let Some(b) = p.batch {
+        cfg = cfg.with_batch(b.0);
+    }
+    if let Some(s) = p.seq_len {
+        cfg = cfg.with_seq_len(s.0);
+    }
+    let seed = cx.seed;
+    let options = GpuTrainOptions {
+        device_quantize: true,
+        ..GpuTrainOptions::from_mode(&p.mode, Hyper::default(), cx.mutant)
+    };
+    let fault = cx.mutant.filter(|m| *m == Mutant::SerialisedLaunch);
+    let gpu = require_gpu(cx)?;
+    gpu.set_fault(fault);
+    let times = (|| {
+        let mut t = GpuTrainer::new(gpu, &cfg, options, seed)?;
+        for _ in 0..p.warmup.0.max(2) {
+            t.step(gpu)?;
+        }
+        let mut ms = Vec::with_capacity(p.repeats.0);
+        for _ in 0..p.repeats.0 {
+            let tokens = t.next_batch()?;
+            ms.push(timed_step(gpu, &mut t, &tokens)?);
+        }
+        Ok::<_, Error>((ms, t.graph_ready()))
+    })();
+    gpu.set_fault(None);
+    let (ms, replayed) = times?;
+    let tokens = cfg.tokens() as f64;
+    let med = median(&ms);
+    let rate = tokens / med * 1e3;
+    let target = p.min_tokens_per_s.0;
+    let target_ms = tokens / target * 1e3;
+    // The target as a constant "baseline" series: the interval of
+    // target_ms / median(step times) is the interval of rate / target.
+    let (lo, hi) = ratio_ci(&vec![target_ms; ms.len()], &ms, seed, BOOTSTRAP_RESAMPLES);
+    let device = gpu.facts().name.clone();
+    let on = p
+        .gpu
+        .as_deref()
+        .map_or(String::new(), |g| format!(" on {g}"));
+    let mut m = Measurement::new("tokens_per_s", rate, Comparator::Ge, target, "tokens/s")
+        .with_detail(format!(
+            "model {} batch {} seq {} {} on {device}: median step {med:.3} ms over {} steps ({rate:.0} tokens/s, {:.3}x the target{on}, 95% CI [{lo:.3}, {hi:.3}]; graph {})",
+            cfg.name,
+            cfg.batch,
+            cfg.seq_len,
+            p.mode,
+            p.repeats.0,
+            rate / target,
+            if replayed { "replayed" } else { "not used" },
+        ));
+    if let Some(kind) = p.gpu.as_deref() {
+        if !device.to_lowercase().contains(&kind.to_lowercase()) {
+            m.not_applicable = Some(format!(
+                "the target {target:.0} tokens/s is stated for {kind}; measured on {device}, recorded, not judged"
+            ));
+        }
+    }
+    m.speedups.push(crate::check::Speedup {
+        subject: "tokens/s".into(),
+        model: cfg.name.into(),
+        batch: cfg.batch,
+        seq_len: cfg.seq_len,
+        baseline: format!("target {target:.0} tokens/s{on}"),
+        candidate: p.mode.to_string(),
+        baseline_median_ms: target_ms,
+        candidate_median_ms: med,
+        ratio: target_ms / med,
+        ratio_ci_low: lo,
+        ratio_ci_high: hi,
+        repeats: p.repeats.0,
+    });
+    Ok(m)
+}
+
 /// Device memory in use now, `total - free` as the driver reports it.
 fn used_bytes(gpu: &GpuContext) -> Result<usize> {
     gpu.synchronize()?;
@@ -517,6 +604,8 @@ pub fn gradient_parity(
             Precision::Tf32 => GemmMath::Tf32,
             _ => GemmMath::Fp32,
         }),
+        backward_math: None,
+        keep_mlp: false,
         device_quantize: false,
     };
     let gpu = require_gpu(cx)?;
@@ -607,6 +696,8 @@ mod tests {
             graph: true,
             clip: ClipMode::PerLayer,
             base: crate::check::params::BaseWeights::Nf4,
+            backward_math: crate::check::params::BackwardMath::Tf32,
+            mlp_activations: crate::check::params::MlpActivations::Keep,
         };
         let o = GpuTrainOptions::from_mode(
             &mode,
@@ -617,5 +708,11 @@ mod tests {
         assert_eq!(o.base, crate::check::params::BaseWeights::Nf4);
         assert_eq!(o.mutant, Some(crate::mutant::Mutant::ClipSkipped));
         assert!(o.forward_math.is_none() && !o.device_quantize);
+        assert_eq!(o.backward_math, Some(crate::gpu::GemmMath::Tf32));
+        assert!(o.keep_mlp);
+        assert_eq!(
+            mode.to_string(),
+            "graphed/per-layer-clip/nf4/tf32-backward/keep-mlp"
+        );
     }
 }

@@ -1,10 +1,11 @@
-//! Launchers for `kernels/train.cu`: AdamW with the step number in device
-//! memory, the device step counter, and in-place accumulation.
+//! Launchers for `kernels/train.cu`: the one-launch AdamW over a tensor table
+//! with the step number in device memory, the device step counter, and
+//! in-place accumulation.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use crate::error::{Error, Result};
-use crate::gpu::{to_i32, GpuContext};
+use crate::gpu::{to_i32, GpuContext, TensorTable};
 use crate::ops::parity::{Arg, Signatures};
 use crate::reference::adamw::AdamW;
 
@@ -12,11 +13,11 @@ pub const MODULE: &str = "train";
 
 /// Kernel argument lists, checked against the compiled PTX by a unit test.
 pub const SIGNATURES: Signatures = &[
+    ("step_count_advance_i32", &[Arg::Ptr, Arg::I32]),
+    ("accumulate_fwd_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
     (
-        "adamw_step_devt_f32",
+        "adamw_multi_devt_f32",
         &[
-            Arg::Ptr,
-            Arg::Ptr,
             Arg::Ptr,
             Arg::Ptr,
             Arg::I32,
@@ -28,9 +29,11 @@ pub const SIGNATURES: Signatures = &[
             Arg::F32,
         ],
     ),
-    ("step_count_advance_i32", &[Arg::Ptr, Arg::I32]),
-    ("accumulate_fwd_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
 ];
+
+/// Columns of the optimizer's tensor table: parameter, gradient, first and
+/// second moment, clip scale (0 = none).
+pub const ADAMW_COLUMNS: usize = 5;
 
 fn same_len(what: &str, got: usize, want: usize) -> Result<()> {
     if got == want {
@@ -44,26 +47,21 @@ fn same_len(what: &str, got: usize, want: usize) -> Result<()> {
     }
 }
 
-/// One AdamW step on `p` (in place, with `m`, `v`) from gradient `g`, with the
-/// step number `t = step[0]` read on the device. `lr_sign` is `1` for descent
-/// (`-1` only for the sign-flip fault).
-#[allow(clippy::too_many_arguments)]
-pub fn adamw(
+/// AdamW on every tensor of `table` (columns p, g, m, v, scale; see
+/// [`ADAMW_COLUMNS`]) in one launch, each gradient multiplied by its clip
+/// scale first when the tensor has one, with the step number `t = step[0]`
+/// read on the device. `lr_sign` is `1` for descent (`-1` only for the
+/// sign-flip fault).
+pub fn adamw_table(
     gpu: &mut GpuContext,
-    p: &mut CudaSlice<f32>,
-    g: &CudaSlice<f32>,
-    m: &mut CudaSlice<f32>,
-    v: &mut CudaSlice<f32>,
+    table: &TensorTable,
     step: &CudaSlice<i32>,
     hyper: &AdamW,
     lr_sign: f32,
 ) -> Result<()> {
-    let n = p.len();
-    same_len("g", g.len(), n)?;
-    same_len("m", m.len(), n)?;
-    same_len("v", v.len(), n)?;
+    same_len("table columns", table.columns, ADAMW_COLUMNS)?;
     same_len("step", step.len(), 1)?;
-    let n_i = to_i32("adamw", "elements", n)?;
+    let n = to_i32("adamw", "tensors", table.tensors)?;
     let k = crate::ops::adamw::as_kernel_args(hyper);
     let lr = lr_sign * k.lr as f32;
     let (b1, b2, eps, wd) = (
@@ -72,15 +70,18 @@ pub fn adamw(
         k.eps as f32,
         k.weight_decay as f32,
     );
-    let f = gpu.function(MODULE, "adamw_step_devt_f32")?;
-    let cfg = gpu.launch_1d(n);
+    let f = gpu.function(MODULE, "adamw_multi_devt_f32")?;
+    let cfg = gpu.launch_1d(table.total);
     let mut l = gpu.stream().launch_builder(&f);
-    l.arg(p).arg(g).arg(m).arg(v).arg(&n_i).arg(step);
+    l.arg(&table.ptrs).arg(&table.offsets).arg(&n).arg(step);
     l.arg(&lr).arg(&b1).arg(&b2).arg(&eps).arg(&wd);
-    // SAFETY: adamw_step_devt_f32(float* p, const float* g, float* m,
-    // float* v, int n, const int* step, float lr, float beta1, float beta2,
-    // float eps, float weight_decay): p, g, m, v hold n elements and step one
-    // (checked above); p, m, v are distinct mutable borrows, g and step shared.
+    // SAFETY: adamw_multi_devt_f32(const unsigned long long* ptrs, const long
+    // long* offsets, int n_tensors, const int* step, float lr, float beta1,
+    // float beta2, float eps, float weight_decay): the table has 5 columns
+    // of n_tensors addresses of live f32 buffers (the trainer that built it
+    // owns them and never reallocates them) whose lengths are the offsets'
+    // differences, or 0 in the scale column; p, m, v of one tensor are
+    // distinct buffers, and no tensor appears twice; step holds one element.
     unsafe { l.launch(cfg) }?;
     Ok(())
 }

@@ -36,14 +36,15 @@ use super::blas;
 use super::kernels;
 use super::weights::{BaseDevice, Params};
 use super::workspace::{CublasWorkspace, Workspace, CUBLAS_WORKSPACE_BYTES};
-use crate::check::params::{BaseWeights, ClipMode, Hyper, StepMode};
+use crate::check::params::{BackwardMath, BaseWeights, ClipMode, Hyper, MlpActivations, StepMode};
 use crate::error::{Error, Result};
+use crate::gpu::table::{address, TensorTable};
 use crate::gpu::{GemmMath, GpuContext};
 use crate::model::corpus::{self, Corpus};
 use crate::model::{ModelConfig, Slot, Trainable};
 use crate::mutant::Mutant;
 use crate::ops::attention::{self, AttnShape};
-use crate::ops::clip::{self as clip_ops, SquaredSumWorkspace};
+use crate::ops::clip::{self as clip_ops, TABLE_PARTIALS};
 use crate::ops::{activation, cross_entropy, embedding, rmsnorm, rope};
 use crate::reference::adamw::AdamW;
 use crate::reference::train::{BATCH_SALT, CORPUS_SALT};
@@ -64,6 +65,11 @@ pub struct GpuTrainOptions {
     pub mutant: Option<Mutant>,
     /// Math of the forward GEMMs; `None` takes the context's option.
     pub forward_math: Option<GemmMath>,
+    /// Math of the backward GEMMs; `None` takes the context's option.
+    pub backward_math: Option<GemmMath>,
+    /// Keep the MLP's gate and up activations for the backward instead of
+    /// recomputing them (faster, `2 x tokens x intermediate` floats more per layer).
+    pub keep_mlp: bool,
     /// Quantise an NF4 base on the device from the f32 weights (fast for
     /// billion-parameter presets) instead of with the reference's f64
     /// quantiser (exactly the reference's codes; what parity checks need).
@@ -80,6 +86,11 @@ impl GpuTrainOptions {
             graph: mode.graph,
             mutant,
             forward_math: None,
+            backward_math: match mode.backward_math {
+                BackwardMath::Fp32 => None,
+                BackwardMath::Tf32 => Some(GemmMath::Tf32),
+            },
+            keep_mlp: mode.mlp_activations == MlpActivations::Keep,
             device_quantize: false,
         }
     }
@@ -101,10 +112,13 @@ pub struct SyncCounts {
     pub per_step: Vec<usize>,
 }
 
-/// The clip reductions: one group (global) or one per layer.
+/// The clip reductions: one group (global) or one per layer. `table` lists
+/// the group's gradients, so its squared norm takes two launches however many
+/// tensors it has.
 struct ClipGroup {
     tensors: Vec<usize>,
-    ws: SquaredSumWorkspace,
+    table: TensorTable,
+    partials: CudaSlice<f64>,
     sq: CudaSlice<f64>,
     scale: CudaSlice<f32>,
 }
@@ -128,6 +142,10 @@ pub struct GpuTrainer {
     /// not detach the buffer cuBLAS uses.
     _cublas: CublasWorkspace,
     clip: Vec<ClipGroup>,
+    /// Every trainable tensor with its gradient, moments and its group's clip
+    /// scale, for the one-launch AdamW. Built from `params` and `clip`, which
+    /// live as long as it and are never reallocated.
+    optimizer: TensorTable,
     step_count: CudaSlice<i32>,
     corpus: Corpus,
     data_rng: ChaCha8Rng,
@@ -188,7 +206,7 @@ impl GpuTrainer {
                 got: format!("those of model {}", trainable.config.name),
             });
         }
-        refuse_if_too_big(gpu, cfg, options.base)?;
+        refuse_if_too_big(gpu, cfg, options.base, options.keep_mlp)?;
         // Every kernel is compiled before anything is allocated or captured.
         for m in crate::gpu::modules_for(cfg, options.base) {
             gpu.ensure_module(m)?;
@@ -200,6 +218,7 @@ impl GpuTrainer {
             cfg,
             &base.linears(),
             options.has(Mutant::ActivationsDoubled),
+            options.keep_mlp,
         )?;
         let per_layer = options.clip == ClipMode::PerLayer || options.has(Mutant::ClipPerLayer);
         let groups: Vec<Vec<usize>> = if per_layer {
@@ -217,14 +236,20 @@ impl GpuTrainer {
             .into_iter()
             .map(|tensors| {
                 let lens: Vec<usize> = tensors.iter().map(|&i| params.g[i].len()).collect();
+                let grads = tensors
+                    .iter()
+                    .map(|&i| address(gpu, &params.g[i]))
+                    .collect();
                 Ok(ClipGroup {
-                    ws: SquaredSumWorkspace::new(gpu, &lens)?,
+                    table: TensorTable::new(gpu, &[grads], &lens)?,
+                    partials: gpu.zeros(TABLE_PARTIALS)?,
                     tensors,
                     sq: gpu.zeros(1)?,
                     scale: gpu.zeros(1)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let optimizer = optimizer_table(gpu, &params, &clip, options.has(Mutant::ClipSkipped))?;
         let step_count = gpu.zeros(1)?;
         let cublas = CublasWorkspace::new(gpu)?;
         gpu.synchronize()?;
@@ -236,6 +261,7 @@ impl GpuTrainer {
             ws,
             _cublas: cublas,
             clip,
+            optimizer,
             step_count,
             corpus: Corpus::arithmetic(seed ^ CORPUS_SALT, corpus::DEFAULT_LEN),
             data_rng: ChaCha8Rng::seed_from_u64(seed ^ BATCH_SALT),
@@ -291,7 +317,13 @@ impl GpuTrainer {
         self.graph = None;
         gpu.synchronize()?;
         let doubled = self.options.has(Mutant::ActivationsDoubled);
-        self.ws = Workspace::new(gpu, &cfg, &self.base.linears(), doubled)?;
+        self.ws = Workspace::new(
+            gpu,
+            &cfg,
+            &self.base.linears(),
+            doubled,
+            self.options.keep_mlp,
+        )?;
         self.cfg = cfg;
         Ok(())
     }
@@ -464,7 +496,9 @@ impl GpuTrainer {
             self.options
                 .forward_math
                 .unwrap_or(gpu.options().forward_math),
-            gpu.options().backward_math,
+            self.options
+                .backward_math
+                .unwrap_or(gpu.options().backward_math),
         )
     }
 
@@ -578,23 +612,18 @@ impl GpuTrainer {
                 &mut a.n2.as_view_mut(),
                 None,
             )?;
+            let (gate, up) = match &mut a.mlp {
+                Some((g, u)) => (g, u),
+                None => (&mut sc.gate, &mut sc.up),
+            };
             let wg = Workspace::weight(&mut ws.deq, gpu, &w.gate)?;
-            blas::linear(
-                gpu,
-                fwd,
-                1.0,
-                &a.n2,
-                wg,
-                0.0,
-                &mut sc.gate,
-                (rows, h, inter),
-            )?;
+            blas::linear(gpu, fwd, 1.0, &a.n2, wg, 0.0, gate, (rows, h, inter))?;
             let wu = Workspace::weight(&mut ws.deq, gpu, &w.up)?;
-            blas::linear(gpu, fwd, 1.0, &a.n2, wu, 0.0, &mut sc.up, (rows, h, inter))?;
+            blas::linear(gpu, fwd, 1.0, &a.n2, wu, 0.0, up, (rows, h, inter))?;
             activation::swiglu_forward(
                 gpu,
-                &sc.gate.as_view(),
-                &sc.up.as_view(),
+                &gate.as_view(),
+                &up.as_view(),
                 &mut sc.act.as_view_mut(),
                 None,
             )?;
@@ -694,26 +723,33 @@ impl GpuTrainer {
             let x = &ws.xs[l];
             let idx = |slot: Slot| Trainable::index(l, slot);
             // MLP branch: x' = x2 + down(swiglu(gate(n2), up(n2))); gate and
-            // up are recomputed from n2 exactly as the forward computed them.
-            let wg = Workspace::weight(&mut ws.deq, gpu, &w.gate)?;
-            blas::linear(
-                gpu,
-                fwd,
-                1.0,
-                &a.n2,
-                wg,
-                0.0,
-                &mut sc.gate,
-                (rows, h, inter),
-            )?;
-            let wu = Workspace::weight(&mut ws.deq, gpu, &w.up)?;
-            blas::linear(gpu, fwd, 1.0, &a.n2, wu, 0.0, &mut sc.up, (rows, h, inter))?;
+            // up are the forward's when kept, else recomputed from n2 exactly
+            // as the forward computed them.
+            let (gate, up) = match &a.mlp {
+                Some((g, u)) => (g, u),
+                None => {
+                    let wg = Workspace::weight(&mut ws.deq, gpu, &w.gate)?;
+                    blas::linear(
+                        gpu,
+                        fwd,
+                        1.0,
+                        &a.n2,
+                        wg,
+                        0.0,
+                        &mut sc.gate,
+                        (rows, h, inter),
+                    )?;
+                    let wu = Workspace::weight(&mut ws.deq, gpu, &w.up)?;
+                    blas::linear(gpu, fwd, 1.0, &a.n2, wu, 0.0, &mut sc.up, (rows, h, inter))?;
+                    (&sc.gate, &sc.up)
+                }
+            };
             let wd = Workspace::weight(&mut ws.deq, gpu, &w.down)?;
             blas::linear_dx(gpu, bwd, 1.0, &d.dx, wd, 0.0, &mut d.dact, (rows, inter, h))?;
             activation::swiglu_backward(
                 gpu,
-                &sc.gate.as_view(),
-                &sc.up.as_view(),
+                &gate.as_view(),
+                &up.as_view(),
                 &d.dact.as_view(),
                 &mut d.dgate.as_view_mut(),
                 &mut d.dup.as_view_mut(),
@@ -755,6 +791,7 @@ impl GpuTrainer {
                 (&a.qr, &a.kr, &a.v),
                 &a.probs,
                 &d.datt,
+                &mut d.attn,
                 (&mut d.dqr, &mut d.dkr, &mut d.dv),
                 &sh,
             )?;
@@ -833,24 +870,21 @@ impl GpuTrainer {
         Ok(())
     }
 
-    /// Global (or per-layer) norm clipping, entirely on the device.
+    /// Global (or per-layer) norm clipping, entirely on the device: each
+    /// group's squared norm and scale. The scale is applied to the gradients
+    /// inside the AdamW launch (`g * scale` in f32, as a separate pass would).
     fn clip_grads(&mut self, gpu: &mut GpuContext) -> Result<()> {
         if self.options.has(Mutant::ClipSkipped) {
             return Ok(());
         }
         let max_norm = self.options.hyper.max_grad_norm.0;
-        let g = &mut self.params.g;
         for group in &mut self.clip {
-            let views: Vec<CudaView<'_, f32>> =
-                group.tensors.iter().map(|&i| g[i].as_view()).collect();
-            clip_ops::squared_sum(
+            clip_ops::squared_sum_table(
                 gpu,
-                &views,
-                &mut group.ws,
+                &group.table,
+                &mut group.partials,
                 &mut group.sq.as_view_mut(),
-                None,
             )?;
-            drop(views);
             clip_ops::scale(
                 gpu,
                 &group.sq.as_view(),
@@ -858,9 +892,6 @@ impl GpuTrainer {
                 &mut group.scale.as_view_mut(),
                 None,
             )?;
-            for &i in &group.tensors {
-                clip_ops::apply(gpu, &mut g[i].as_view_mut(), &group.scale.as_view(), None)?;
-            }
         }
         Ok(())
     }
@@ -875,23 +906,58 @@ impl GpuTrainer {
             1.0
         };
         kernels::advance_step(gpu, &mut self.step_count, 1)?;
-        let pr = &mut self.params;
-        for (((p, g), m), v) in
-            pr.p.iter_mut()
-                .zip(&pr.g)
-                .zip(pr.m.iter_mut())
-                .zip(pr.v.iter_mut())
-        {
-            kernels::adamw(gpu, p, g, m, v, &self.step_count, &opt, sign)?;
-        }
-        Ok(())
+        // The table addresses params' p, g, m, v: AdamW writes p, m, v in
+        // place, which this &mut self borrow makes exclusive.
+        kernels::adamw_table(gpu, &self.optimizer, &self.step_count, &opt, sign)
     }
+}
+
+/// The optimizer's table: for every trainable tensor its parameter, gradient,
+/// moments and the scale of its clip group (none when clipping is skipped).
+fn optimizer_table(
+    gpu: &GpuContext,
+    params: &Params,
+    clip: &[ClipGroup],
+    clip_skipped: bool,
+) -> Result<TensorTable> {
+    let n = params.p.len();
+    let mut scales = vec![0u64; n];
+    if !clip_skipped {
+        for group in clip {
+            let scale = {
+                let (ptr, _sync) =
+                    cudarc::driver::DevicePtr::device_ptr(&group.scale, gpu.stream());
+                ptr
+            };
+            for &i in &group.tensors {
+                scales[i] = scale;
+            }
+        }
+    }
+    let col = |bufs: &[CudaSlice<f32>]| bufs.iter().map(|b| address(gpu, b)).collect::<Vec<_>>();
+    let lens: Vec<usize> = params.p.iter().map(|p| p.len()).collect();
+    TensorTable::new(
+        gpu,
+        &[
+            col(&params.p),
+            col(&params.g),
+            col(&params.m),
+            col(&params.v),
+            scales,
+        ],
+        &lens,
+    )
 }
 
 /// Refuses, before allocating anything, a configuration whose planned device
 /// memory (frozen base, trainable state x4, workspace) exceeds what is free:
 /// [`Error::OutOfMemory`], which a run records as `skipped`.
-fn refuse_if_too_big(gpu: &GpuContext, cfg: &ModelConfig, base: BaseWeights) -> Result<()> {
+fn refuse_if_too_big(
+    gpu: &GpuContext,
+    cfg: &ModelConfig,
+    base: BaseWeights,
+    keep_mlp: bool,
+) -> Result<()> {
     let n_base = cfg.layers * cfg.base_params_per_layer();
     let base_bytes = match base {
         BaseWeights::Fp32 => 4 * n_base,
@@ -903,7 +969,7 @@ fn refuse_if_too_big(gpu: &GpuContext, cfg: &ModelConfig, base: BaseWeights) -> 
     let needed = base_bytes
         + embed_head
         + 16 * cfg.trainable_params()
-        + super::workspace::Workspace::planned_bytes(cfg);
+        + super::workspace::Workspace::planned_bytes(cfg, keep_mlp);
     let (free, _total) = gpu.context().mem_get_info()?;
     if needed > free {
         let gib = |b: usize| b as f64 / f64::from(1u32 << 30);

@@ -4,6 +4,7 @@
 //! [`Workspace::new`], which is what lets a whole step be captured as one CUDA
 //! graph (an allocation inside stream capture is an error).
 
+use crate::ops::attention::AttnShape;
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{sys, CudaSlice, DevicePtrMut};
 
@@ -20,8 +21,9 @@ pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 /// What the forward pass keeps of one layer for the backward (`T = batch *
 /// seq` rows). The MLP's `gate` and `up` (`2 x intermediate` wide, the widest
-/// activations by far) are not kept: the backward recomputes them from `n2`,
-/// which keeps a 1.5B model's saved activations near 1.2 GiB instead of 4.
+/// activations by far) are kept only when asked (`keep_mlp`); otherwise the
+/// backward recomputes them from `n2`, which keeps a 1.5B model's saved
+/// activations near 1.2 GiB instead of 4.
 pub struct LayerActs {
     /// `rmsnorm(x, g1)` `[T, hidden]`.
     pub n1: CudaSlice<f32>,
@@ -37,10 +39,12 @@ pub struct LayerActs {
     /// `x + att Wo^T` `[T, hidden]` and its norm.
     pub x2: CudaSlice<f32>,
     pub n2: CudaSlice<f32>,
+    /// `n2 Wg^T` and `n2 Wu^T` `[T, intermediate]`, when kept.
+    pub mlp: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
 }
 
 impl LayerActs {
-    fn new(gpu: &GpuContext, c: &ModelConfig) -> Result<Self> {
+    fn new(gpu: &GpuContext, c: &ModelConfig, keep_mlp: bool) -> Result<Self> {
         let t = c.tokens();
         let z = |n: usize| gpu.zeros::<f32>(n);
         Ok(LayerActs {
@@ -53,7 +57,21 @@ impl LayerActs {
             probs: z(c.batch * c.heads * c.seq_len * c.seq_len)?,
             x2: z(t * c.hidden)?,
             n2: z(t * c.hidden)?,
+            mlp: if keep_mlp {
+                Some((z(t * c.intermediate)?, z(t * c.intermediate)?))
+            } else {
+                None
+            },
         })
+    }
+
+    /// Floats of the kept MLP activations per layer (zero when recomputed).
+    fn mlp_floats(c: &ModelConfig, keep_mlp: bool) -> usize {
+        if keep_mlp {
+            2 * c.tokens() * c.intermediate
+        } else {
+            0
+        }
     }
 
     /// f32 values per layer (with the layer's residual input `x`).
@@ -97,6 +115,8 @@ pub struct Grads {
     pub dk: CudaSlice<f32>,
     pub dv: CudaSlice<f32>,
     pub du: CudaSlice<f32>,
+    /// Attention's backward scratch (`dS` and per-head kv shares), shared by the layers.
+    pub attn: CudaSlice<f32>,
     /// The (discarded) gradient of the frozen final norm weight.
     pub dfinal_gamma: CudaSlice<f32>,
     pub norm: BackwardWorkspace,
@@ -131,6 +151,7 @@ impl Workspace {
         c: &ModelConfig,
         linears: &[&Linear],
         doubled: bool,
+        keep_mlp: bool,
     ) -> Result<Self> {
         let t = c.tokens();
         let z = |n: usize| gpu.zeros::<f32>(n);
@@ -142,7 +163,7 @@ impl Workspace {
         deq_lens.sort_unstable();
         deq_lens.dedup();
         let layers = (0..c.layers)
-            .map(|_| LayerActs::new(gpu, c))
+            .map(|_| LayerActs::new(gpu, c, keep_mlp))
             .collect::<Result<Vec<_>>>()?;
         let leaked = if doubled {
             (0..c.layers)
@@ -187,6 +208,7 @@ impl Workspace {
                 dk: z(t * c.kv_dim())?,
                 dv: z(t * c.kv_dim())?,
                 du: z(t * c.lora_rank)?,
+                attn: z(attention_scratch(c))?,
                 dfinal_gamma: z(c.hidden)?,
                 norm: BackwardWorkspace::new(gpu, t, c.hidden)?,
             },
@@ -200,15 +222,16 @@ impl Workspace {
     /// allocating so that a configuration that cannot fit is refused up front:
     /// `4 * (layers * saved + (layers + 1 + 6) * T * hidden + 2 * T * vocab
     /// + 7 * T * intermediate + 6 * T * q_dim or kv_dim)` plus the cuBLAS workspace.
-    pub fn planned_bytes(c: &ModelConfig) -> usize {
+    pub fn planned_bytes(c: &ModelConfig, keep_mlp: bool) -> usize {
         let t = c.tokens();
-        let floats = c.layers * LayerActs::floats(c)
+        let floats = c.layers * (LayerActs::floats(c) + LayerActs::mlp_floats(c, keep_mlp))
             + (c.layers + 1 + 6) * t * c.hidden
             + 2 * t * c.vocab
             + 7 * t * c.intermediate
             + 3 * t * c.q_dim()
             + 3 * t * c.kv_dim()
-            + t * c.lora_rank;
+            + t * c.lora_rank
+            + attention_scratch(c);
         4 * floats + CUBLAS_WORKSPACE_BYTES
     }
 
@@ -228,7 +251,7 @@ impl Workspace {
             .map(|a| {
                 f32s(&[
                     &a.n1, &a.uq, &a.uv, &a.qr, &a.kr, &a.v, &a.probs, &a.x2, &a.n2,
-                ])
+                ]) + a.mlp.as_ref().map_or(0, |(g, u)| f32s(&[g, u]))
             })
             .sum();
         per_layer
@@ -237,7 +260,7 @@ impl Workspace {
             + f32s(&[&self.nf, &self.logits, &self.losses, &self.loss])
             + f32s(&[
                 &d.dlogits, &d.dnf, &d.dx, &d.dtmp, &d.dn1, &d.dn2, &d.dact, &d.dgate, &d.dup,
-                &d.datt, &d.dqr, &d.dkr, &d.dq, &d.dk, &d.dv, &d.du,
+                &d.datt, &d.dqr, &d.dkr, &d.dq, &d.dk, &d.dv, &d.du, &d.attn,
             ])
             + self.deq.iter().map(|b| 4 * b.len()).sum::<usize>()
             + self.leaked.iter().map(|b| 4 * b.len()).sum::<usize>()
@@ -316,4 +339,15 @@ impl Drop for CublasWorkspace {
         // reported by later cuBLAS calls, which check their status.
         let _ = unsafe { blas_sys::cublasSetStream_v2(self.handle, self.stream as _) };
     }
+}
+
+/// Floats of attention's backward scratch for `c`.
+fn attention_scratch(c: &ModelConfig) -> usize {
+    crate::ops::attention::backward_scratch_len(&AttnShape {
+        batch: c.batch,
+        seq: c.seq_len,
+        heads: c.heads,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+    })
 }

@@ -1,0 +1,90 @@
+//! One preset's training step, timed, with exactly one step bracketed by
+//! `cuProfilerStart`/`cuProfilerStop` so that a profiler started with
+//! "profile from start off" sees one whole step and nothing else:
+//!
+//! ```text
+//! cargo run --release --example step_profile -- qwen2.5-0.5b [--graph] [--nf4] [--tf32-backward] [--keep-mlp] [--steps N]
+//! ncu --profile-from-start off --metrics gpu__time_duration.sum --csv target/release/examples/step_profile qwen2.5-0.5b
+//! ```
+//!
+//! It prints the median step time and tokens/s over `--steps` timed steps
+//! (CUDA events around each step, after two warm-up steps).
+
+use falsify::check::params::{BackwardMath, BaseWeights, Hyper, MlpActivations, StepMode};
+use falsify::gpu::{driver_present, GpuContext, GpuOptions};
+use falsify::model::ModelConfig;
+use falsify::train::{GpuTrainOptions, GpuTrainer};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let preset = args
+        .iter()
+        .find(|a| !a.starts_with("--") && a.parse::<usize>().is_err())
+        .cloned()
+        .unwrap_or_else(|| "qwen2.5-0.5b".into());
+    let flag = |name: &str| args.iter().any(|a| a == name);
+    let steps: usize = args
+        .iter()
+        .position(|a| a == "--steps")
+        .and_then(|i| args.get(i + 1))
+        .map_or(Ok(20), |s| s.parse())?;
+    if !driver_present() {
+        println!("step_profile: no CUDA driver");
+        return Ok(());
+    }
+    let config = ModelConfig::preset(&preset).ok_or(format!("unknown preset {preset}"))?;
+    let mode = StepMode {
+        graph: flag("--graph"),
+        base: if flag("--nf4") {
+            BaseWeights::Nf4
+        } else {
+            BaseWeights::Fp32
+        },
+        backward_math: if flag("--tf32-backward") {
+            BackwardMath::Tf32
+        } else {
+            BackwardMath::Fp32
+        },
+        mlp_activations: if flag("--keep-mlp") {
+            MlpActivations::Keep
+        } else {
+            MlpActivations::Recompute
+        },
+        ..StepMode::default()
+    };
+    let mut gpu = GpuContext::new(GpuOptions::default())?;
+    let options = GpuTrainOptions {
+        device_quantize: true,
+        ..GpuTrainOptions::from_mode(&mode, Hyper::default(), None)
+    };
+    let mut trainer = GpuTrainer::new(&mut gpu, &config, options, 0)?;
+    for _ in 0..2 {
+        trainer.step(&mut gpu)?;
+    }
+    // Timing events (the default flags; `None` would disable timing).
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let mut times = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        let tokens = trainer.next_batch()?;
+        let start = gpu.stream().record_event(flags)?;
+        trainer.step_on(&mut gpu, &tokens)?;
+        let end = gpu.stream().record_event(flags)?;
+        times.push(f64::from(start.elapsed_ms(&end)?));
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    println!(
+        "{preset} {mode} on {}: median step {median:.3} ms over {steps} steps, {:.0} tokens/s",
+        gpu.facts().name,
+        config.tokens() as f64 / median * 1e3
+    );
+    gpu.synchronize()?;
+    // SAFETY: plain driver calls on the current context; they only switch
+    // profiler collection on and off.
+    unsafe { cudarc::driver::sys::cuProfilerStart() }.result()?;
+    trainer.step(&mut gpu)?;
+    gpu.synchronize()?;
+    // SAFETY: as above.
+    unsafe { cudarc::driver::sys::cuProfilerStop() }.result()?;
+    Ok(())
+}
