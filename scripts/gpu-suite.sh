@@ -8,7 +8,9 @@
 # 2. the GPU-only integration tests (fault isolation, out of memory, training step);
 # 3. compute-sanitizer memcheck and initcheck over the cuda op-parity trials
 #    (and racecheck too when the second argument is `sanitizers`);
-# 4. the criterion benches (kernels, training step).
+# 4. the criterion benches (kernels, training step);
+# 5. when .gpu/bin/step_profile is there (examples/step_profile.rs), one
+#    qwen2.5-0.5b step timed per mode and profiled kernel by kernel with ncu.
 # Everything is packed into OUTDIR/suite.tgz (the device tool returns at most
 # 8 files); a short summary is printed last.
 set -uo pipefail
@@ -50,6 +52,22 @@ fi
 if [ -x "$bin/train_step" ]; then
   timeout 120 "$bin/train_step" --bench > "$work/bench-train-step.log" 2>&1
   note "bench train_step exit $?"
+fi
+
+# One qwen2.5-0.5b step of the fast configuration, timed and profiled kernel
+# by kernel (the example binary, copied into .gpu/bin by hand: stage copies
+# tests and benches only).
+if [ -x "$bin/step_profile" ]; then
+  {
+    for mode in "--graph --tf32-backward --keep-mlp" "--tf32-backward --keep-mlp" "--graph" ""; do
+      timeout 60 "$bin/step_profile" qwen2.5-0.5b $mode --steps 20 2>&1 | tail -1
+    done
+    timeout 150 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
+      --csv "$bin/step_profile" qwen2.5-0.5b --tf32-backward --keep-mlp --steps 3 > "$work/ncu-step.csv" 2>&1
+    echo "one eager step under ncu (exit $?):"
+    python3 scripts/ncu-kernel-times.py "$work/ncu-step.csv" 32
+  } > "$work/profile-qwen-step.txt" 2>&1
+  note "step profile :: $(head -1 "$work/profile-qwen-step.txt")"
 fi
 
 grep -h "test result" "$work"/run1.log "$work"/run2.log "$work"/gpu_fault_isolation.log "$work"/train_gpu.log >> "$work/summary.txt"

@@ -172,6 +172,16 @@ const CASES: &[Case] = &[
     case("zero-steps.yaml", "0 is out of range: it must be > 0", 14),
     case("zero-ratio.yaml", "0 is out of range: it must be > 0", 16),
     case(
+        "zero-tokens-per-second.yaml",
+        "0 is out of range: it must be > 0",
+        16,
+    ),
+    case(
+        "unknown-backward-math.yaml",
+        "unknown variant `bf16`, expected `fp32` or `tf32`",
+        15,
+    ),
+    case(
         "fraction-too-large.yaml",
         "1.5 is out of range: it must be in (0, 1]",
         15,

@@ -572,6 +572,27 @@ mod tests {
     use crate::report::artifacts::{ArtifactTensor, FailureDump};
 
     #[test]
+    fn a_claim_for_another_device_is_skipped_with_its_measurement_kept() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("contracts/train-throughput-v1.yaml");
+        let trials = plan(vec![crate::contract::load_file(&path).unwrap()]);
+        let mut m = Measurement::new("tokens_per_s", 9.0e4, Comparator::Ge, 4.1e4, "tokens/s");
+        m.not_applicable = Some("the target is stated for H200".into());
+        for trial in &trials[..2] {
+            let (status, kept, detail) = judge(trial, 3, Ok(m.clone()));
+            assert_eq!(status, Status::Skipped, "{}", trial.test_id());
+            assert!(kept.is_some_and(|k| k.observed == 9.0e4));
+            assert!(
+                detail.starts_with("the target is stated for H200"),
+                "{detail}"
+            );
+        }
+        // The same measurement without the reason is judged as usual.
+        m.not_applicable = None;
+        assert_eq!(judge(&trials[0], 3, Ok(m)).0, Status::Passed);
+    }
+
+    #[test]
     fn a_falsified_trial_with_tensors_leaves_an_artifact_and_a_pass_removes_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
