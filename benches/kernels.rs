@@ -323,6 +323,7 @@ fn kernels(c: &mut Criterion) {
         attention::backward(
             gpu,
             (&q, &k, &v),
+            &q_out,
             &probs,
             &dout,
             &mut ds,

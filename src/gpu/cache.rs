@@ -210,6 +210,77 @@ impl KernelCache {
         let started = Instant::now();
         let ptx = compile_module(source, &arch)?;
         let compile_ms = started.elapsed().as_secs_f64() * 1e3;
+        self.install(ctx, facts, source, arch, &ptx, compile_ms)
+    }
+
+    /// [`KernelCache::ensure`] for several modules: those not loaded yet are
+    /// compiled by NVRTC concurrently (one thread each; NVRTC programs are
+    /// independent), then loaded one after another on this thread. The first
+    /// error, in `names` order, is returned after every compilation ended.
+    pub fn ensure_all(
+        &mut self,
+        ctx: &Arc<CudaContext>,
+        facts: &DeviceFacts,
+        names: &[&str],
+    ) -> Result<()> {
+        let mut missing = Vec::new();
+        for &name in names {
+            let source = kernels::module(name).ok_or_else(|| Error::InvalidArgument {
+                op: "kernel cache",
+                message: format!("no kernel module `{name}`"),
+            })?;
+            if !self.loaded.contains_key(source.name)
+                && !missing
+                    .iter()
+                    .any(|m: &&ModuleSource| m.name == source.name)
+            {
+                missing.push(source);
+            }
+        }
+        let arch = self.arch_for(facts);
+        let compiled: Vec<(Result<String>, f64)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = missing
+                .iter()
+                .map(|&source| {
+                    let arch = arch.as_str();
+                    scope.spawn(move || {
+                        let started = Instant::now();
+                        let ptx = compile_module(source, arch);
+                        (ptx, started.elapsed().as_secs_f64() * 1e3)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        (
+                            Err(Error::InvalidArgument {
+                                op: "kernel cache",
+                                message: "an NVRTC compilation thread panicked".into(),
+                            }),
+                            0.0,
+                        )
+                    })
+                })
+                .collect()
+        });
+        for (source, (ptx, compile_ms)) in missing.into_iter().zip(compiled) {
+            self.install(ctx, facts, source, arch.clone(), &ptx?, compile_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Counts one compilation of `source`, checks the PTX's target and loads it.
+    fn install(
+        &mut self,
+        ctx: &Arc<CudaContext>,
+        facts: &DeviceFacts,
+        source: &'static ModuleSource,
+        arch: String,
+        ptx: &str,
+        compile_ms: f64,
+    ) -> Result<&'static str> {
         let after_prewarm = self.prewarmed.is_some();
         self.stats.compilations += 1;
         self.stats.compile_ms += compile_ms;
@@ -219,13 +290,13 @@ impl KernelCache {
         let mut record = CompileRecord {
             module: source.name,
             arch,
-            ptx_target: ptx_target(&ptx).unwrap_or("(none)").to_string(),
+            ptx_target: ptx_target(ptx).unwrap_or("(none)").to_string(),
             accepted: false,
             compile_ms,
             after_prewarm,
         };
         let started = Instant::now();
-        let loaded = load_checked(ctx, facts, &ptx);
+        let loaded = load_checked(ctx, facts, ptx);
         self.stats.load_ms += started.elapsed().as_secs_f64() * 1e3;
         match loaded {
             Ok(module) => {
@@ -286,6 +357,33 @@ impl KernelCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `ensure_all` relies on: NVRTC compiles independent programs on
+    /// several threads at once, each giving the PTX a lone compilation gives.
+    /// Skips (passes) when NVRTC cannot be loaded, as in CI.
+    #[test]
+    fn modules_compile_concurrently_as_they_do_alone() {
+        if !nvrtc_present() {
+            return;
+        }
+        let names = ["rope", "clip", "train", "attention_d64"];
+        let alone: Vec<String> = names
+            .iter()
+            .map(|n| compile_module(kernels::module(n).unwrap(), "compute_90").unwrap())
+            .collect();
+        let together: Vec<String> = std::thread::scope(|scope| {
+            let handles: Vec<_> = names
+                .iter()
+                .map(|n| {
+                    scope.spawn(move || {
+                        compile_module(kernels::module(n).unwrap(), "compute_90").unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(alone, together);
+    }
 
     #[test]
     fn target_line_is_parsed() {

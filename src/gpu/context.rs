@@ -218,6 +218,11 @@ impl GpuContext {
             .map(|_| ())
     }
 
+    /// [`GpuContext::ensure_module`] for several modules, compiled concurrently.
+    pub fn ensure_modules(&mut self, modules: &[&str]) -> Result<()> {
+        self.cache.ensure_all(&self.ctx, &self.facts, modules)
+    }
+
     /// The kernel cache, read-only (stats, compile records, used modules).
     pub fn cache(&self) -> &KernelCache {
         &self.cache

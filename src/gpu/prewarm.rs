@@ -18,16 +18,17 @@ pub const LEFT_OUT_MODULE: &str = "rmsnorm";
 /// `base` weights uses. The one place this list is defined.
 ///
 /// Every preset runs the same Qwen2-style decoder, so only the base format
-/// changes the set (NF4 adds the quantise / NF4 GEMM kernels). Attention
+/// (NF4 adds the quantise / NF4 GEMM kernels) and the head dimension (the
+/// attention build, `attention_d64` or `attention_d128`) change the set. Attention
 /// computes its own causal softmax, so the standalone `softmax` module is not
 /// part of the step; `gemm` (the tiled fallback next to cuBLAS) is, so that
 /// switching the GEMM engine never compiles mid-training.
-pub fn modules_for(_config: &ModelConfig, base: BaseWeights) -> Vec<&'static str> {
+pub fn modules_for(config: &ModelConfig, base: BaseWeights) -> Vec<&'static str> {
     let mut modules = vec![
         "embedding",
         "rmsnorm",
         "rope",
-        "attention",
+        crate::ops::attention::module_for(config.head_dim),
         "activation",
         "elementwise",
         "cross_entropy",
@@ -78,9 +79,8 @@ impl GpuContext {
             skipped.push(LEFT_OUT_MODULE);
         }
         let before = self.cache_stats().clone();
-        for &module in &wanted {
-            self.ensure_module(module)?;
-        }
+        let list: Vec<&str> = wanted.iter().copied().collect();
+        self.ensure_modules(&list)?;
         let after = self.cache_stats().clone();
         let mut prewarmed = self.cache().prewarmed().cloned().unwrap_or_default();
         prewarmed.extend(wanted.iter().copied());

@@ -13,39 +13,61 @@
 //   P_ij = exp(S_ij - m_i) / l_i   for j <= i,  m_i = max_j S_ij,  l_i = sum_j exp(S_ij - m_i)
 //   out_i = sum_{j <= i} P_ij v_j
 //
-// Backward, from the saved P:
-//   dP_ij = <dout_i, v_j>,   D_i = sum_j P_ij dP_ij,   dS_ij = P_ij (dP_ij - D_i)
+// Backward, from the saved P and out:
+//   dP_ij = <dout_i, v_j>,   D_i = sum_j P_ij dP_ij = <dout_i, out_i>,   dS_ij = P_ij (dP_ij - D_i)
 //   dq_i = scale sum_j dS_ij k_j
 //   dk_j = scale sum_{h in group} sum_{i >= j} dS_ij q_i
 //   dv_j =       sum_{h in group} sum_{i >= j} P_ij dout_i
 //
-// Kernels: attention_fwd_f32; backward attention_bwd_dq_f32 (dS and dq),
-// attention_bwd_dkv_f32 (pk, pv), attention_bwd_kv_sum_f32 (dk, dv).
+// Kernels, each in two builds: _d64 for head_dim <= 64 and _d128 for
+// head_dim <= 128 (rows staged in shared memory are zero-padded to 64 or 128,
+// so the inner loops have a compile-time length and no bounds tests). Each
+// build is its own module (attention_d64, attention_d128: this file with
+// ATT_BUILD defined), so a model compiles only the one its head_dim needs:
+//   attention_fwd_dXX_f32      out and probs, one pass over the keys;
+//   attention_bwd_dq_dXX_f32   dS (into ds) and dq;
+//   attention_bwd_dkv_dXX_f32  each query head's share of dk and dv (pk, pv);
+//   attention_bwd_kv_sum_f32   dk, dv: the shares of a group added in order.
 //
-// Tiling. Every tiled kernel runs 256 threads on a tile of ATT_ROWS = 16 rows (query
-// rows for the forward and dq, key rows for dk/dv): thread (r, c) with
-// r = tid / 16, c = tid % 16 owns row r of the tile. The other dimension is
-// walked in chunks staged in shared memory; in a chunk of ATT_CHUNK = 64 keys
-// the thread owns keys c, c + 16, c + 32, c + 48, and of a head_dim-wide
-// output row it owns columns c, c + 16, ... (head_dim <= ATT_MAX_DIM). Row
-// reductions (max, sum) combine the 16 threads of a row, which are one half
-// of a warp, with xor shuffles: every thread of the row gets the same value,
+// Tiling. The tiled kernels run 256 threads on a tile of ATT_ROWS = 32 rows
+// (query rows for the forward and dq, key rows for dk/dv): thread (g, c), with
+// g = tid / 16 and c = tid % 16, owns rows 2g and 2g + 1 of the tile. The
+// other dimension is walked in chunks staged in shared memory; of a chunk of
+// keys the thread owns keys c, c + 16, ..., and of a head_dim-wide output row
+// it owns columns c, c + 16, ... Two rows per thread make each value read
+// from shared memory feed two multiply-adds. The next chunk is loaded into
+// registers while the current one is computed, so a chunk costs one memory
+// latency at most. Row reductions (max, sum) combine the 16 threads of a row,
+// half a warp, with xor shuffles: every thread of the row gets the same value,
 // in the same order on every run. Nothing uses atomics, so the results are
 // deterministic. Shared-memory rows are padded to an odd length so the
 // column-strided reads of a warp hit distinct banks.
 //
+// The forward is one pass with a running maximum: for each chunk of keys it
+// rescales the row's sum l and its output accumulator by exp(m_old - m_new)
+// (the online softmax of Milakov & Gimelshein, 2018), and it stores the raw
+// scores in probs; a last loop over each thread's own entries turns them into
+// probabilities with the final m and l.
+//
 // `write_limit` exists only so the test-only fault injection "last element
 // unwritten" skips real stores; it is the output length otherwise.
 
-#define ATT_ROWS 16
 #define ATT_LANES 16
-#define ATT_CHUNK 64
-#define ATT_KEYS_PER_LANE (ATT_CHUNK / ATT_LANES)
-#define ATT_MAX_DIM 128
-#define ATT_COLS_PER_LANE (ATT_MAX_DIM / ATT_LANES)
-// Query rows per chunk of the dk/dv kernel (two head_dim-wide tiles staged at once).
-#define ATT_QCHUNK 32
+#define ATT_THREADS 256
+#define ATT_ROWS 32
 #define ATT_NEG_INF __int_as_float(0xff800000)
+
+// Compile-time shapes of one build: D = padded head_dim.
+template <int D>
+struct AttShape {
+    // Keys per chunk of the forward and dq kernels (smaller at 128 so the
+    // shared memory stays under the 48 KiB a launch gets without opting in).
+    static constexpr int CHUNK = D <= 64 ? 64 : 32;
+    static constexpr int KEYS = CHUNK / ATT_LANES;  // keys of a chunk per thread
+    static constexpr int COLS = D / ATT_LANES;      // output columns per thread
+    static constexpr int LD = D + 1;                // padded shared-memory row
+    static constexpr int QCHUNK = 32;               // query rows per chunk of dk/dv
+};
 
 __device__ __forceinline__ float att_row_max(float v) {
     for (int o = ATT_LANES / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -69,376 +91,455 @@ __device__ __forceinline__ size_t att_p_at(int b, int h, int i, int seq, int hea
     return (((size_t)b * heads + h) * seq + i) * seq;
 }
 
-// Stages `rows` rows of `head_dim` floats, row n at src + n * src_stride, into
-// dst[n * ld + t]; rows past `valid` are zero. All threads of the block take
-// part. Each thread issues its loads four at a time before storing any, so a
-// tile costs a few memory latencies rather than one per element; rows that
-// are float4-aligned are read as float4.
-__device__ __forceinline__ void att_stage(float* dst, int ld, const float* __restrict__ src,
-                                          size_t src_stride, int rows, int valid, int head_dim) {
-    if ((head_dim & 3) == 0 && (src_stride & 3) == 0 && aligned16(src)) {
-        const int per_row = head_dim >> 2;
-        const int total = rows * per_row;
-        for (int base = threadIdx.x; base < total; base += 4 * blockDim.x) {
-            float4 v[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int idx = base + u * blockDim.x;
-                const int n = idx / per_row;
-                v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (idx < total && n < valid) {
-                    v[u] = *reinterpret_cast<const float4*>(src + (size_t)n * src_stride +
-                                                            4 * (idx - n * per_row));
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int idx = base + u * blockDim.x;
-                if (idx < total) {
-                    const int n = idx / per_row;
-                    float* d = dst + n * ld + 4 * (idx - n * per_row);
-                    d[0] = v[u].x;
-                    d[1] = v[u].y;
-                    d[2] = v[u].z;
-                    d[3] = v[u].w;
-                }
-            }
-        }
-        return;
-    }
-    const int total = rows * head_dim;
-    for (int base = threadIdx.x; base < total; base += 4 * blockDim.x) {
-        float v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int idx = base + u * blockDim.x;
-            const int n = idx / head_dim;
-            v[u] = (idx < total && n < valid) ? src[(size_t)n * src_stride + (idx - n * head_dim)]
-                                              : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int idx = base + u * blockDim.x;
-            if (idx < total) {
-                const int n = idx / head_dim;
-                dst[n * ld + (idx - n * head_dim)] = v[u];
-            }
-        }
-    }
-}
+// ROWS rows of a head_dim-wide tensor, held in registers between a load from
+// global memory and a store to shared memory (row n at dst + n * (D + 1)).
+// Entries past `valid` rows or past head_dim are zero. Thread t holds the
+// entries t, t + 256, ... of the tile in row-major order, so a warp reads
+// consecutive floats of a row.
+template <int D, int ROWS>
+struct AttTile {
+    static constexpr int N = ROWS * D / ATT_THREADS;
+    float r[N];
 
-// out[n] = <a[0..head_dim), b_n[0..head_dim)> for the four shared-memory rows
-// b_n = b + (n * ATT_LANES) * ld: four independent accumulation chains.
-__device__ __forceinline__ void att_dot4(const float* a, const float* b, int ld, int head_dim,
-                                         float out[ATT_KEYS_PER_LANE]) {
+    __device__ __forceinline__ void load(const float* __restrict__ src, size_t stride, int valid,
+                                         int head_dim) {
 #pragma unroll
-    for (int n = 0; n < ATT_KEYS_PER_LANE; ++n) out[n] = 0.0f;
-    for (int t = 0; t < head_dim; ++t) {
-        const float av = a[t];
-#pragma unroll
-        for (int n = 0; n < ATT_KEYS_PER_LANE; ++n) {
-            out[n] = fmaf(av, b[(n * ATT_LANES) * ld + t], out[n]);
+        for (int u = 0; u < N; ++u) {
+            const int idx = threadIdx.x + u * ATT_THREADS;
+            const int n = idx / D;
+            const int t = idx % D;
+            r[u] = (n < valid && t < head_dim) ? src[(size_t)n * stride + t] : 0.0f;
         }
     }
-}
 
-// Forward: out[b, i, h, :] and probs[b, h, i, :]. Grid (ceil(seq / 16), heads,
-// batch), 256 threads, dynamic shared memory
-// (ATT_ROWS + ATT_CHUNK) * (head_dim + 1) + ATT_ROWS * (ATT_CHUNK + 1) floats.
-//
-// Pass 1 computes the scaled scores chunk by chunk, stores them in probs and
-// keeps the running row maximum m and sum l (l rescaled by exp(m_old - m_new)
-// when m grows). Pass 2 reads each thread's own scores back, turns them into
-// probabilities, stores them, and accumulates P V from shared memory. The
-// entries right of the last chunk are zeroed.
-extern "C" __global__ void __launch_bounds__(256)
-attention_fwd_f32(const float* __restrict__ q, const float* __restrict__ k,
-                  const float* __restrict__ v, float* __restrict__ out,
-                  float* __restrict__ probs, int batch, int seq, int heads,
-                  int kv_heads, int head_dim, float scale, long long write_limit) {
+    __device__ __forceinline__ void store(float* dst) const {
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+            const int idx = threadIdx.x + u * ATT_THREADS;
+            dst[(idx / D) * (D + 1) + idx % D] = r[u];
+        }
+    }
+};
+
+// Forward: out[b, i, h, :] and probs[b, h, i, :] for 32 query rows i. Grid
+// (ceil(seq / 32), heads, batch), 256 threads, dynamic shared memory
+// (ATT_ROWS + CHUNK) * (D + 1) + ATT_ROWS * (CHUNK + 1) floats.
+template <int D>
+__device__ __forceinline__ void attention_fwd(const float* __restrict__ q,
+                                              const float* __restrict__ k,
+                                              const float* __restrict__ v,
+                                              float* __restrict__ out,
+                                              float* __restrict__ probs, int batch, int seq,
+                                              int heads, int kv_heads, int head_dim, float scale,
+                                              long long write_limit) {
+    using S = AttShape<D>;
     extern __shared__ float att_smem[];
-    const int ld = head_dim + 1;
-    float* qs = att_smem;                      // [ATT_ROWS][ld]
-    float* kvs = qs + ATT_ROWS * ld;           // [ATT_CHUNK][ld]: k, then v
-    float* ps = kvs + ATT_CHUNK * ld;          // [ATT_ROWS][ATT_CHUNK + 1]
+    float* qs = att_smem;                   // [ATT_ROWS][LD]
+    float* kvs = qs + ATT_ROWS * S::LD;     // [CHUNK][LD]: k, then v, of a chunk
+    float* ps = kvs + S::CHUNK * S::LD;     // [ATT_ROWS][CHUNK + 1]
 
     const int r0 = blockIdx.x * ATT_ROWS;
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     if (r0 >= seq || h >= heads || b >= batch) return;  // whole block
     const int kvh = h / (heads / kv_heads);
-    const int r = threadIdx.x / ATT_LANES;
+    const int g = threadIdx.x / ATT_LANES;
     const int c = threadIdx.x % ATT_LANES;
-    const int i = r0 + r;
-    const bool row_ok = i < seq;
-    const int tile_rows = min(ATT_ROWS, seq - r0);
-    // Keys 0 ..= last row of the tile; every chunk starts at or before r0, so
-    // key j0 of a chunk is visible to every row and each chunk maximum is finite.
+    // Keys 0 ..= last row of the tile. Every chunk starts at or before r0, so
+    // key j0 of a chunk is visible to every row and each chunk maximum is
+    // finite (rows past seq see every key j < seq; they are never stored).
     const int key_end = min(seq, r0 + ATT_ROWS);
     const size_t kv_stride = (size_t)kv_heads * head_dim;
-    const size_t p_row = att_p_at(b, h, row_ok ? i : 0, seq, heads);
+    const size_t q_stride = (size_t)heads * head_dim;
 
-    att_stage(qs, ld, q + att_q_at(b, r0, h, seq, heads, head_dim), (size_t)heads * head_dim,
-              ATT_ROWS, tile_rows, head_dim);
-
-    float m = ATT_NEG_INF;
-    float l = 0.0f;
-    for (int j0 = 0; j0 < key_end; j0 += ATT_CHUNK) {
-        __syncthreads();  // qs staged; the previous chunk's kvs no longer read
-        att_stage(kvs, ld, k + att_kv_at(b, j0, kvh, seq, kv_heads, head_dim), kv_stride,
-                  ATT_CHUNK, min(ATT_CHUNK, seq - j0), head_dim);
-        __syncthreads();
-        float s[ATT_KEYS_PER_LANE];
-        att_dot4(qs + r * ld, kvs + c * ld, ld, head_dim, s);
-        float chunk_max = ATT_NEG_INF;
-#pragma unroll
-        for (int n = 0; n < ATT_KEYS_PER_LANE; ++n) {
-            const int j = j0 + c + n * ATT_LANES;
-            float sv = ATT_NEG_INF;
-            if (j < seq && (j <= i || !row_ok)) {
-                sv = scale * s[n];
-                if (row_ok) probs[p_row + j] = sv;
-            }
-            s[n] = sv;
-            chunk_max = fmaxf(chunk_max, sv);
-        }
-        chunk_max = att_row_max(chunk_max);
-        const float m_new = fmaxf(m, chunk_max);
-        float part = 0.0f;
-#pragma unroll
-        for (int n = 0; n < ATT_KEYS_PER_LANE; ++n) part += expf(s[n] - m_new);
-        l = l * expf(m - m_new) + att_row_sum(part);
-        m = m_new;
+    {
+        AttTile<D, ATT_ROWS> tq;
+        tq.load(q + att_q_at(b, r0, h, seq, heads, head_dim), q_stride, seq - r0, head_dim);
+        tq.store(qs);
     }
-    const float inv_l = 1.0f / l;
+    int row[2];
+    bool ok[2];
+    size_t p_row[2];
+    float m[2], l[2], acc[2][S::COLS];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        row[rr] = r0 + 2 * g + rr;
+        ok[rr] = row[rr] < seq;
+        p_row[rr] = att_p_at(b, h, ok[rr] ? row[rr] : 0, seq, heads);
+        m[rr] = ATT_NEG_INF;
+        l[rr] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < S::COLS; ++n) acc[rr][n] = 0.0f;
+    }
 
-    float acc[ATT_COLS_PER_LANE];
+    AttTile<D, S::CHUNK> tk, tv;
+    tk.load(k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim), kv_stride, seq, head_dim);
+    for (int j0 = 0; j0 < key_end; j0 += S::CHUNK) {
+        const int valid = seq - j0;
+        tv.load(v + att_kv_at(b, j0, kvh, seq, kv_heads, head_dim), kv_stride, valid, head_dim);
+        __syncthreads();  // qs stored; the previous chunk's v no longer read
+        tk.store(kvs);
+        __syncthreads();
+        float s[2][S::KEYS];
 #pragma unroll
-    for (int n = 0; n < ATT_COLS_PER_LANE; ++n) acc[n] = 0.0f;
-    for (int j0 = 0; j0 < key_end; j0 += ATT_CHUNK) {
-        __syncthreads();  // the previous chunk's kvs and ps no longer read
-        att_stage(kvs, ld, v + att_kv_at(b, j0, kvh, seq, kv_heads, head_dim), kv_stride,
-                  ATT_CHUNK, min(ATT_CHUNK, seq - j0), head_dim);
+        for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-        for (int n = 0; n < ATT_KEYS_PER_LANE; ++n) {
-            const int jj = c + n * ATT_LANES;
-            const int j = j0 + jj;
+            for (int n = 0; n < S::KEYS; ++n) s[rr][n] = 0.0f;
+#pragma unroll 8
+        for (int t = 0; t < D; ++t) {
+            const float q0 = qs[(2 * g) * S::LD + t];
+            const float q1 = qs[(2 * g + 1) * S::LD + t];
+#pragma unroll
+            for (int n = 0; n < S::KEYS; ++n) {
+                const float kk = kvs[(c + n * ATT_LANES) * S::LD + t];
+                s[0][n] = fmaf(q0, kk, s[0][n]);
+                s[1][n] = fmaf(q1, kk, s[1][n]);
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            float chunk_max = ATT_NEG_INF;
+#pragma unroll
+            for (int n = 0; n < S::KEYS; ++n) {
+                const int j = j0 + c + n * ATT_LANES;
+                float sv = ATT_NEG_INF;
+                if (j < seq && (j <= row[rr] || !ok[rr])) {
+                    sv = scale * s[rr][n];
+                    if (ok[rr]) probs[p_row[rr] + j] = sv;  // raw score; normalised below
+                }
+                s[rr][n] = sv;
+                chunk_max = fmaxf(chunk_max, sv);
+            }
+            const float m_new = fmaxf(m[rr], att_row_max(chunk_max));
+            const float alpha = expf(m[rr] - m_new);
+            float part = 0.0f;
+#pragma unroll
+            for (int n = 0; n < S::KEYS; ++n) {
+                const float e = expf(s[rr][n] - m_new);
+                part += e;
+                ps[(2 * g + rr) * (S::CHUNK + 1) + c + n * ATT_LANES] = e;
+            }
+            l[rr] = l[rr] * alpha + att_row_sum(part);
+            m[rr] = m_new;
+#pragma unroll
+            for (int n = 0; n < S::COLS; ++n) acc[rr][n] *= alpha;
+        }
+        if (j0 + S::CHUNK < key_end) {
+            tk.load(k + att_kv_at(b, j0 + S::CHUNK, kvh, seq, kv_heads, head_dim), kv_stride,
+                    valid - S::CHUNK, head_dim);
+        }
+        __syncthreads();  // k no longer read; ps complete
+        tv.store(kvs);
+        __syncthreads();
+        // Keys past seq have weight exp(-inf) = 0 and zero rows of v.
+#pragma unroll 4
+        for (int jj = 0; jj < S::CHUNK; ++jj) {
+            const float p0 = ps[(2 * g) * (S::CHUNK + 1) + jj];
+            const float p1 = ps[(2 * g + 1) * (S::CHUNK + 1) + jj];
+#pragma unroll
+            for (int n = 0; n < S::COLS; ++n) {
+                const float vv = kvs[jj * S::LD + c + n * ATT_LANES];
+                acc[0][n] = fmaf(p0, vv, acc[0][n]);
+                acc[1][n] = fmaf(p1, vv, acc[1][n]);
+            }
+        }
+    }
+
+    const int zero_from = ((key_end + S::CHUNK - 1) / S::CHUNK) * S::CHUNK;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        if (!ok[rr]) continue;
+        const float inv_l = 1.0f / l[rr];
+        const size_t o_row = att_q_at(b, row[rr], h, seq, heads, head_dim);
+#pragma unroll
+        for (int n = 0; n < S::COLS; ++n) {
+            const int t = c + n * ATT_LANES;
+            const size_t idx = o_row + t;
+            if (t < head_dim && (long long)idx < write_limit) out[idx] = acc[rr][n] * inv_l;
+        }
+        // This thread's own entries: raw scores (j <= i) to probabilities.
+        for (int j = c; j < zero_from && j < seq; j += ATT_LANES) {
             float p = 0.0f;
-            if (row_ok && j < seq) {
-                // This thread stored probs[p_row + j] in pass 1 when j <= i.
-                if (j <= i) p = expf(probs[p_row + j] - m) * inv_l;
-                probs[p_row + j] = p;
-            }
-            ps[r * (ATT_CHUNK + 1) + jj] = p;
+            if (j <= row[rr]) p = expf(probs[p_row[rr] + j] - m[rr]) * inv_l;
+            probs[p_row[rr] + j] = p;
         }
-        __syncthreads();
-        const int chunk = min(ATT_CHUNK, seq - j0);
-        for (int jj = 0; jj < chunk; ++jj) {
-            const float p = ps[r * (ATT_CHUNK + 1) + jj];
-            const float* vj = kvs + jj * ld;
-#pragma unroll
-            for (int n = 0; n < ATT_COLS_PER_LANE; ++n) {
-                const int t = c + n * ATT_LANES;
-                if (t < head_dim) acc[n] = fmaf(p, vj[t], acc[n]);
-            }
-        }
-    }
-    if (!row_ok) return;
-    const int zero_from = ((key_end + ATT_CHUNK - 1) / ATT_CHUNK) * ATT_CHUNK;
-    for (int j = zero_from + c; j < seq; j += ATT_LANES) probs[p_row + j] = 0.0f;
-    const size_t o_row = att_q_at(b, i, h, seq, heads, head_dim);
-#pragma unroll
-    for (int n = 0; n < ATT_COLS_PER_LANE; ++n) {
-        const int t = c + n * ATT_LANES;
-        const size_t idx = o_row + t;
-        if (t < head_dim && (long long)idx < write_limit) out[idx] = acc[n];
+        for (int j = zero_from + c; j < seq; j += ATT_LANES) probs[p_row[rr] + j] = 0.0f;
     }
 }
 
-// Backward, part 1: dS into ds (j <= i; the rest of a row is not written
-// beyond its last chunk) and dq. Grid (ceil(seq / 16), heads, batch), 256
-// threads, the forward's dynamic shared memory.
-//
-// Pass 1 computes dP chunk by chunk, stores it in ds and sums P dP into D_i.
-// Pass 2 reads each thread's own dP back, stores dS = P (dP - D_i) and
-// accumulates dS K from shared memory.
-extern "C" __global__ void __launch_bounds__(256)
-attention_bwd_dq_f32(const float* __restrict__ k, const float* __restrict__ v,
-                     const float* __restrict__ probs, const float* __restrict__ dout,
-                     float* __restrict__ dq, float* __restrict__ ds, int batch, int seq,
-                     int heads, int kv_heads, int head_dim, float scale) {
+// Backward, part 1: dS (into ds, entries j <= i) and dq for 32 query rows.
+// Grid (ceil(seq / 32), heads, batch), 256 threads, the forward's dynamic
+// shared memory. D_i = <dout_i, out_i> needs no pass over the keys, so each
+// chunk is visited once: dP from v, then dS, then dS k.
+template <int D>
+__device__ __forceinline__ void attention_bwd_dq(const float* __restrict__ k,
+                                                 const float* __restrict__ v,
+                                                 const float* __restrict__ probs,
+                                                 const float* __restrict__ out,
+                                                 const float* __restrict__ dout,
+                                                 float* __restrict__ dq, float* __restrict__ ds,
+                                                 int batch, int seq, int heads, int kv_heads,
+                                                 int head_dim, float scale) {
+    using S = AttShape<D>;
     extern __shared__ float att_smem[];
-    const int ld = head_dim + 1;
-    float* dos = att_smem;                     // [ATT_ROWS][ld]: dout rows
-    float* kvs = dos + ATT_ROWS * ld;          // [ATT_CHUNK][ld]: v, then k
-    float* ss = kvs + ATT_CHUNK * ld;          // [ATT_ROWS][ATT_CHUNK + 1]: dS
+    float* dos = att_smem;                  // [ATT_ROWS][LD]: dout rows
+    float* kvs = dos + ATT_ROWS * S::LD;    // [CHUNK][LD]: v, then k, of a chunk
+    float* ss = kvs + S::CHUNK * S::LD;     // [ATT_ROWS][CHUNK + 1]: dS
 
     const int r0 = blockIdx.x * ATT_ROWS;
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     if (r0 >= seq || h >= heads || b >= batch) return;
     const int kvh = h / (heads / kv_heads);
-    const int r = threadIdx.x / ATT_LANES;
+    const int g = threadIdx.x / ATT_LANES;
     const int c = threadIdx.x % ATT_LANES;
-    const int i = r0 + r;
-    const bool row_ok = i < seq;
-    const int tile_rows = min(ATT_ROWS, seq - r0);
     const int key_end = min(seq, r0 + ATT_ROWS);
     const size_t kv_stride = (size_t)kv_heads * head_dim;
-    const size_t p_row = att_p_at(b, h, row_ok ? i : 0, seq, heads);
+    const size_t q_stride = (size_t)heads * head_dim;
 
-    att_stage(dos, ld, dout + att_q_at(b, r0, h, seq, heads, head_dim),
-              (size_t)heads * head_dim, ATT_ROWS, tile_rows, head_dim);
-
-    float d_part = 0.0f;
-    for (int j0 = 0; j0 < key_end; j0 += ATT_CHUNK) {
-        __syncthreads();
-        att_stage(kvs, ld, v + att_kv_at(b, j0, kvh, seq, kv_heads, head_dim), kv_stride,
-                  ATT_CHUNK, min(ATT_CHUNK, seq - j0), head_dim);
-        __syncthreads();
-        float dp[ATT_KEYS_PER_LANE];
-        att_dot4(dos + r * ld, kvs + c * ld, ld, head_dim, dp);
-#pragma unroll
-        for (int n = 0; n < ATT_KEYS_PER_LANE; ++n) {
-            const int j = j0 + c + n * ATT_LANES;
-            if (row_ok && j <= i) {
-                ds[p_row + j] = dp[n];
-                d_part = fmaf(probs[p_row + j], dp[n], d_part);
-            }
-        }
+    {
+        AttTile<D, ATT_ROWS> td;
+        td.load(dout + att_q_at(b, r0, h, seq, heads, head_dim), q_stride, seq - r0, head_dim);
+        td.store(dos);
     }
-    const float d_i = att_row_sum(d_part);
-
-    float acc[ATT_COLS_PER_LANE];
+    int row[2];
+    bool ok[2];
+    size_t p_row[2];
+    float d_row[2], acc[2][S::COLS];
 #pragma unroll
-    for (int n = 0; n < ATT_COLS_PER_LANE; ++n) acc[n] = 0.0f;
-    for (int j0 = 0; j0 < key_end; j0 += ATT_CHUNK) {
-        __syncthreads();
-        att_stage(kvs, ld, k + att_kv_at(b, j0, kvh, seq, kv_heads, head_dim), kv_stride,
-                  ATT_CHUNK, min(ATT_CHUNK, seq - j0), head_dim);
+    for (int rr = 0; rr < 2; ++rr) {
+        row[rr] = r0 + 2 * g + rr;
+        ok[rr] = row[rr] < seq;
+        p_row[rr] = att_p_at(b, h, ok[rr] ? row[rr] : 0, seq, heads);
+        float part = 0.0f;
+        if (ok[rr]) {
+            const size_t o_row = att_q_at(b, row[rr], h, seq, heads, head_dim);
 #pragma unroll
-        for (int n = 0; n < ATT_KEYS_PER_LANE; ++n) {
-            const int jj = c + n * ATT_LANES;
-            const int j = j0 + jj;
-            float g = 0.0f;
-            if (row_ok && j < seq) {
-                // This thread stored ds[p_row + j] = dP in pass 1 when j <= i.
-                if (j <= i) g = probs[p_row + j] * (ds[p_row + j] - d_i);
-                ds[p_row + j] = g;
-            }
-            ss[r * (ATT_CHUNK + 1) + jj] = g;
-        }
-        __syncthreads();
-        const int chunk = min(ATT_CHUNK, seq - j0);
-        for (int jj = 0; jj < chunk; ++jj) {
-            const float g = ss[r * (ATT_CHUNK + 1) + jj];
-            const float* kj = kvs + jj * ld;
-#pragma unroll
-            for (int n = 0; n < ATT_COLS_PER_LANE; ++n) {
+            for (int n = 0; n < S::COLS; ++n) {
                 const int t = c + n * ATT_LANES;
-                if (t < head_dim) acc[n] = fmaf(g, kj[t], acc[n]);
+                if (t < head_dim) part = fmaf(dout[o_row + t], out[o_row + t], part);
+            }
+        }
+        d_row[rr] = att_row_sum(part);
+#pragma unroll
+        for (int n = 0; n < S::COLS; ++n) acc[rr][n] = 0.0f;
+    }
+
+    AttTile<D, S::CHUNK> tv, tk;
+    tv.load(v + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim), kv_stride, seq, head_dim);
+    for (int j0 = 0; j0 < key_end; j0 += S::CHUNK) {
+        const int valid = seq - j0;
+        tk.load(k + att_kv_at(b, j0, kvh, seq, kv_heads, head_dim), kv_stride, valid, head_dim);
+        // This thread's probabilities of the chunk, loaded now so that their
+        // latency overlaps the dP products below.
+        float pr[2][S::KEYS];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+            for (int n = 0; n < S::KEYS; ++n) {
+                const int j = j0 + c + n * ATT_LANES;
+                pr[rr][n] = (ok[rr] && j <= row[rr]) ? probs[p_row[rr] + j] : 0.0f;
+            }
+        __syncthreads();  // dos stored; the previous chunk's k no longer read
+        tv.store(kvs);
+        __syncthreads();
+        float dp[2][S::KEYS];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+            for (int n = 0; n < S::KEYS; ++n) dp[rr][n] = 0.0f;
+#pragma unroll 8
+        for (int t = 0; t < D; ++t) {
+            const float d0 = dos[(2 * g) * S::LD + t];
+            const float d1 = dos[(2 * g + 1) * S::LD + t];
+#pragma unroll
+            for (int n = 0; n < S::KEYS; ++n) {
+                const float vv = kvs[(c + n * ATT_LANES) * S::LD + t];
+                dp[0][n] = fmaf(d0, vv, dp[0][n]);
+                dp[1][n] = fmaf(d1, vv, dp[1][n]);
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+#pragma unroll
+            for (int n = 0; n < S::KEYS; ++n) {
+                const int j = j0 + c + n * ATT_LANES;
+                float gs = 0.0f;
+                if (ok[rr] && j <= row[rr]) {
+                    gs = pr[rr][n] * (dp[rr][n] - d_row[rr]);
+                    ds[p_row[rr] + j] = gs;
+                }
+                ss[(2 * g + rr) * (S::CHUNK + 1) + c + n * ATT_LANES] = gs;
+            }
+        }
+        if (j0 + S::CHUNK < key_end) {
+            tv.load(v + att_kv_at(b, j0 + S::CHUNK, kvh, seq, kv_heads, head_dim), kv_stride,
+                    valid - S::CHUNK, head_dim);
+        }
+        __syncthreads();  // v no longer read; ss complete
+        tk.store(kvs);
+        __syncthreads();
+#pragma unroll 4
+        for (int jj = 0; jj < S::CHUNK; ++jj) {
+            const float g0 = ss[(2 * g) * (S::CHUNK + 1) + jj];
+            const float g1 = ss[(2 * g + 1) * (S::CHUNK + 1) + jj];
+#pragma unroll
+            for (int n = 0; n < S::COLS; ++n) {
+                const float kk = kvs[jj * S::LD + c + n * ATT_LANES];
+                acc[0][n] = fmaf(g0, kk, acc[0][n]);
+                acc[1][n] = fmaf(g1, kk, acc[1][n]);
             }
         }
     }
-    if (!row_ok) return;
-    const size_t o_row = att_q_at(b, i, h, seq, heads, head_dim);
 #pragma unroll
-    for (int n = 0; n < ATT_COLS_PER_LANE; ++n) {
-        const int t = c + n * ATT_LANES;
-        if (t < head_dim) dq[o_row + t] = scale * acc[n];
+    for (int rr = 0; rr < 2; ++rr) {
+        if (!ok[rr]) continue;
+        const size_t o_row = att_q_at(b, row[rr], h, seq, heads, head_dim);
+#pragma unroll
+        for (int n = 0; n < S::COLS; ++n) {
+            const int t = c + n * ATT_LANES;
+            if (t < head_dim) dq[o_row + t] = scale * acc[rr][n];
+        }
     }
 }
 
-// Backward, part 2: one query head's share of dk and dv for a tile of 16
-// key rows j, summed over the query rows i >= j, staged ATT_QCHUNK rows at a
-// time (q and dout rows, and the matching dS and P columns, masked to
-// i >= j), written to pk, pv in the layout of q:
+// Backward, part 2: one query head's share of dk and dv for 32 key rows j,
+// summed over the query rows i >= j, in chunks of QCHUNK query rows (q and
+// dout rows, and the matching dS and P entries, masked to i >= j):
 //   pk[b, j, h, :] = sum_{i >= j} dS_ij q_i,   pv[b, j, h, :] = sum_{i >= j} P_ij dout_i.
 // One block per (key tile, query head, batch) rather than per kv head keeps
 // every SM busy; part 3 sums the group's heads in a fixed order. Grid
-// (ceil(seq / 16), heads, batch), 256 threads, dynamic shared memory
-// 2 * ATT_QCHUNK * (head_dim + 1) + 2 * ATT_ROWS * (ATT_QCHUNK + 1) floats.
-extern "C" __global__ void __launch_bounds__(256)
-attention_bwd_dkv_f32(const float* __restrict__ q, const float* __restrict__ dout,
-                      const float* __restrict__ probs, const float* __restrict__ ds,
-                      float* __restrict__ pk, float* __restrict__ pv, int batch, int seq,
-                      int heads, int head_dim) {
+// (ceil(seq / 32), heads, batch), 256 threads, dynamic shared memory
+// 2 * QCHUNK * (D + 1) + 2 * ATT_ROWS * (QCHUNK + 1) floats.
+template <int D>
+__device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
+                                                  const float* __restrict__ dout,
+                                                  const float* __restrict__ probs,
+                                                  const float* __restrict__ ds,
+                                                  float* __restrict__ pk, float* __restrict__ pv,
+                                                  int batch, int seq, int heads, int head_dim) {
+    using S = AttShape<D>;
+    constexpr int QC = S::QCHUNK;
+    constexpr int LT = QC + 1;
+    // dS and P entries of a chunk per thread: (QC query rows x ATT_ROWS keys) / 256.
+    constexpr int E = QC * ATT_ROWS / ATT_THREADS;
     extern __shared__ float att_smem[];
-    const int ld = head_dim + 1;
-    const int lt = ATT_QCHUNK + 1;
-    float* qs = att_smem;                      // [ATT_QCHUNK][ld]: q rows
-    float* dos = qs + ATT_QCHUNK * ld;         // [ATT_QCHUNK][ld]: dout rows
-    float* sts = dos + ATT_QCHUNK * ld;        // [ATT_ROWS][lt]: dS^T
-    float* pts = sts + ATT_ROWS * lt;          // [ATT_ROWS][lt]: P^T
+    float* qs = att_smem;                   // [QC][LD]: q rows
+    float* dos = qs + QC * S::LD;           // [QC][LD]: dout rows
+    float* sts = dos + QC * S::LD;          // [ATT_ROWS][LT]: dS^T
+    float* pts = sts + ATT_ROWS * LT;       // [ATT_ROWS][LT]: P^T
 
     const int j0 = blockIdx.x * ATT_ROWS;
     const int h = blockIdx.y;
     const int b = blockIdx.z;
     if (j0 >= seq || h >= heads || b >= batch) return;
-    const int r = threadIdx.x / ATT_LANES;
+    const int g = threadIdx.x / ATT_LANES;
     const int c = threadIdx.x % ATT_LANES;
-    const int j = j0 + r;
     const size_t q_stride = (size_t)heads * head_dim;
 
-    float k_acc[ATT_COLS_PER_LANE];
-    float v_acc[ATT_COLS_PER_LANE];
+    float ka[2][S::COLS], va[2][S::COLS];
 #pragma unroll
-    for (int n = 0; n < ATT_COLS_PER_LANE; ++n) {
-        k_acc[n] = 0.0f;
-        v_acc[n] = 0.0f;
-    }
-    for (int i0 = j0; i0 < seq; i0 += ATT_QCHUNK) {
-        const int rows = min(ATT_QCHUNK, seq - i0);
-        __syncthreads();  // the previous chunk is no longer read
-        att_stage(qs, ld, q + att_q_at(b, i0, h, seq, heads, head_dim), q_stride, ATT_QCHUNK,
-                  rows, head_dim);
-        att_stage(dos, ld, dout + att_q_at(b, i0, h, seq, heads, head_dim), q_stride,
-                  ATT_QCHUNK, rows, head_dim);
-        // Columns j0..j0+15 of rows i0..i0+31: 16 consecutive floats per row.
+    for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-        for (int u = 0; u < (ATT_QCHUNK * ATT_ROWS) / 256; ++u) {
-            const int idx = threadIdx.x + u * 256;
-            const int ii = idx / ATT_ROWS;
-            const int rr = idx - ii * ATT_ROWS;
-            const int ir = i0 + ii;
-            const int jr = j0 + rr;
-            float s_val = 0.0f;
-            float p_val = 0.0f;
+        for (int n = 0; n < S::COLS; ++n) {
+            ka[rr][n] = 0.0f;
+            va[rr][n] = 0.0f;
+        }
+    for (int i0 = j0; i0 < seq; i0 += QC) {
+        const int rows = seq - i0;
+        AttTile<D, QC> tq, td;
+        tq.load(q + att_q_at(b, i0, h, seq, heads, head_dim), q_stride, rows, head_dim);
+        td.load(dout + att_q_at(b, i0, h, seq, heads, head_dim), q_stride, rows, head_dim);
+        // Entry e: query row ii = e / 32, key rr = e % 32, so a warp reads 32
+        // consecutive floats of one row of ds and of probs.
+        float se[E], pe[E];
+#pragma unroll
+        for (int u = 0; u < E; ++u) {
+            const int e = threadIdx.x + u * ATT_THREADS;
+            const int ir = i0 + e / ATT_ROWS;
+            const int jr = j0 + e % ATT_ROWS;
+            se[u] = 0.0f;
+            pe[u] = 0.0f;
             if (ir < seq && jr < seq && ir >= jr) {
                 const size_t at = att_p_at(b, h, ir, seq, heads) + jr;
-                s_val = ds[at];
-                p_val = probs[at];
+                se[u] = ds[at];
+                pe[u] = probs[at];
             }
-            sts[rr * lt + ii] = s_val;
-            pts[rr * lt + ii] = p_val;
+        }
+        __syncthreads();  // the previous chunk is no longer read
+        tq.store(qs);
+        td.store(dos);
+#pragma unroll
+        for (int u = 0; u < E; ++u) {
+            const int e = threadIdx.x + u * ATT_THREADS;
+            sts[(e % ATT_ROWS) * LT + e / ATT_ROWS] = se[u];
+            pts[(e % ATT_ROWS) * LT + e / ATT_ROWS] = pe[u];
         }
         __syncthreads();
-        for (int ii = 0; ii < rows; ++ii) {
-            const float s_val = sts[r * lt + ii];
-            const float p_val = pts[r * lt + ii];
-            const float* qi = qs + ii * ld;
-            const float* doi = dos + ii * ld;
+#pragma unroll 4
+        for (int ii = 0; ii < QC; ++ii) {
+            const float s0 = sts[(2 * g) * LT + ii];
+            const float s1 = sts[(2 * g + 1) * LT + ii];
+            const float p0 = pts[(2 * g) * LT + ii];
+            const float p1 = pts[(2 * g + 1) * LT + ii];
 #pragma unroll
-            for (int n = 0; n < ATT_COLS_PER_LANE; ++n) {
-                const int t = c + n * ATT_LANES;
-                if (t < head_dim) {
-                    k_acc[n] = fmaf(s_val, qi[t], k_acc[n]);
-                    v_acc[n] = fmaf(p_val, doi[t], v_acc[n]);
-                }
+            for (int n = 0; n < S::COLS; ++n) {
+                const float qv = qs[ii * S::LD + c + n * ATT_LANES];
+                const float dv = dos[ii * S::LD + c + n * ATT_LANES];
+                ka[0][n] = fmaf(s0, qv, ka[0][n]);
+                ka[1][n] = fmaf(s1, qv, ka[1][n]);
+                va[0][n] = fmaf(p0, dv, va[0][n]);
+                va[1][n] = fmaf(p1, dv, va[1][n]);
             }
         }
     }
-    if (j >= seq) return;
-    const size_t o_row = att_q_at(b, j, h, seq, heads, head_dim);
 #pragma unroll
-    for (int n = 0; n < ATT_COLS_PER_LANE; ++n) {
-        const int t = c + n * ATT_LANES;
-        if (t < head_dim) {
-            pk[o_row + t] = k_acc[n];
-            pv[o_row + t] = v_acc[n];
+    for (int rr = 0; rr < 2; ++rr) {
+        const int j = j0 + 2 * g + rr;
+        if (j >= seq) continue;
+        const size_t o_row = att_q_at(b, j, h, seq, heads, head_dim);
+#pragma unroll
+        for (int n = 0; n < S::COLS; ++n) {
+            const int t = c + n * ATT_LANES;
+            if (t < head_dim) {
+                pk[o_row + t] = ka[rr][n];
+                pv[o_row + t] = va[rr][n];
+            }
         }
     }
 }
+
+#define ATT_BUILDS(D)                                                                          \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_fwd_d##D##_f32(       \
+        const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, \
+        float* __restrict__ out, float* __restrict__ probs, int batch, int seq, int heads,    \
+        int kv_heads, int head_dim, float scale, long long write_limit) {                     \
+        attention_fwd<D>(q, k, v, out, probs, batch, seq, heads, kv_heads, head_dim, scale,  \
+                         write_limit);                                                        \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_bwd_dq_d##D##_f32(    \
+        const float* __restrict__ k, const float* __restrict__ v,                             \
+        const float* __restrict__ probs, const float* __restrict__ out,                       \
+        const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ ds,       \
+        int batch, int seq, int heads, int kv_heads, int head_dim, float scale) {             \
+        attention_bwd_dq<D>(k, v, probs, out, dout, dq, ds, batch, seq, heads, kv_heads,      \
+                            head_dim, scale);                                                 \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_bwd_dkv_d##D##_f32(   \
+        const float* __restrict__ q, const float* __restrict__ dout,                          \
+        const float* __restrict__ probs, const float* __restrict__ ds, float* __restrict__ pk, \
+        float* __restrict__ pv, int batch, int seq, int heads, int head_dim) {                \
+        attention_bwd_dkv<D>(q, dout, probs, ds, pk, pv, batch, seq, heads, head_dim);        \
+    }
+
+// The module defines ATT_BUILD (kernels/mod.rs): one build per module.
+#if ATT_BUILD == 64
+ATT_BUILDS(64)
+#elif ATT_BUILD == 128
+ATT_BUILDS(128)
+#else
+#error "ATT_BUILD must be 64 or 128"
+#endif
 
 // Backward, part 3: dk = scale * (sum over the group's heads of pk) and dv =
 // the same sum of pv, heads in increasing order. One thread per element of

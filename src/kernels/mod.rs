@@ -22,6 +22,24 @@ macro_rules! module {
     };
 }
 
+/// A module compiled from `$file.cu` with `$prelude` (e.g. a `#define`)
+/// between the shared helpers and the source.
+macro_rules! module_with {
+    ($name:literal, $file:literal, $prelude:literal, [$($sym:literal),* $(,)?]) => {
+        ModuleSource {
+            name: $name,
+            source: concat!(
+                include_str!("common.cuh"),
+                "\n",
+                $prelude,
+                "\n",
+                include_str!(concat!($file, ".cu"))
+            ),
+            symbols: &[$($sym),*],
+        }
+    };
+}
+
 /// Every kernel module of the system under test.
 pub const MODULES: &[ModuleSource] = &[
     module!("embedding", ["embedding_fwd_f32", "embedding_bwd_f32"]),
@@ -93,12 +111,28 @@ pub const MODULES: &[ModuleSource] = &[
             "adamw_multi_devt_f32"
         ]
     ),
-    module!(
+    // One source, two modules: a configuration compiles only the build its
+    // head_dim needs (the kernels are template instantiations; both builds
+    // in one module would double the pre-warm cost of attention).
+    module_with!(
+        "attention_d64",
         "attention",
+        "#define ATT_BUILD 64",
         [
-            "attention_fwd_f32",
-            "attention_bwd_dq_f32",
-            "attention_bwd_dkv_f32",
+            "attention_fwd_d64_f32",
+            "attention_bwd_dq_d64_f32",
+            "attention_bwd_dkv_d64_f32",
+            "attention_bwd_kv_sum_f32"
+        ]
+    ),
+    module_with!(
+        "attention_d128",
+        "attention",
+        "#define ATT_BUILD 128",
+        [
+            "attention_fwd_d128_f32",
+            "attention_bwd_dq_d128_f32",
+            "attention_bwd_dkv_d128_f32",
             "attention_bwd_kv_sum_f32"
         ]
     ),

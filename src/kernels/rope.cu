@@ -13,54 +13,47 @@
 // hundreds of radians, where the f32 rounding of the angle alone would cost
 // ~1e-5 relative error. The rotation itself is f32.
 //
-// One thread per pair, grid-stride loop over pairs [0, npairs), where
-// npairs = batch * seq * heads * half (a smaller value only under the test-only
-// "last element unwritten" fault).
+// One thread per (b, pos, i), grid-stride: the angle's sine and cosine are
+// computed once (in double, the expensive part) and applied to pair i of every
+// head at that position. Pairs p = ((b * seq + pos) * heads + h) * half + i at
+// or past npairs are not written (npairs is batch * seq * heads * half, less
+// only under the test-only "last element unwritten" fault).
 
-// Index is int when every pair index fits in one (the usual case): 64-bit
-// division and remainder cost several times more than the rotation itself.
-template <typename Index>
 __device__ void rope_rotate(const float* __restrict__ x, float* __restrict__ y,
-                            Index npairs, int seq, int heads, int head_dim,
+                            long long npairs, int batch, int seq, int heads, int head_dim,
                             double theta, double sign) {
     const int half = head_dim / 2;
-    const Index stride = (Index)gridDim.x * blockDim.x;
-    for (Index p = (Index)blockIdx.x * blockDim.x + threadIdx.x; p < npairs; p += stride) {
-        const int i = (int)(p % half);
-        const Index vec = p / half;            // (b * seq + pos) * heads + h
-        const int pos = (int)((vec / heads) % seq);
-        const size_t base = (size_t)vec * head_dim;
+    const long long n = (long long)batch * seq * half;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long w = (long long)blockIdx.x * blockDim.x + threadIdx.x; w < n; w += stride) {
+        const int i = (int)(w % half);
+        const long long bpos = w / half;  // b * seq + pos
+        const int pos = (int)(bpos % seq);
         const double angle = sign * (double)pos * pow(theta, -2.0 * (double)i / (double)head_dim);
         double s, c;
         sincos(angle, &s, &c);
         const float sf = (float)s;
         const float cf = (float)c;
-        const float x1 = x[base + i];
-        const float x2 = x[base + i + half];
-        y[base + i] = x1 * cf - x2 * sf;
-        y[base + i + half] = x1 * sf + x2 * cf;
-    }
-}
-
-__device__ void rope_apply(const float* __restrict__ x, float* __restrict__ y, long long npairs,
-                           int seq, int heads, int head_dim, double theta, double sign) {
-    // The grid-stride index may pass npairs by up to one grid before the loop ends.
-    const long long reach = npairs + (long long)gridDim.x * blockDim.x;
-    if (reach <= 0x7fffffffLL) {
-        rope_rotate<int>(x, y, (int)npairs, seq, heads, head_dim, theta, sign);
-    } else {
-        rope_rotate<long long>(x, y, npairs, seq, heads, head_dim, theta, sign);
+        for (int h = 0; h < heads; ++h) {
+            const long long vec = bpos * heads + h;
+            if (vec * half + i >= npairs) break;  // later heads have larger p
+            const size_t base = (size_t)vec * head_dim;
+            const float x1 = x[base + i];
+            const float x2 = x[base + i + half];
+            y[base + i] = x1 * cf - x2 * sf;
+            y[base + i + half] = x1 * sf + x2 * cf;
+        }
     }
 }
 
 extern "C" __global__ void rope_fwd_f32(const float* __restrict__ x, float* __restrict__ y,
-                                        long long npairs, int seq, int heads, int head_dim,
-                                        double theta) {
-    rope_apply(x, y, npairs, seq, heads, head_dim, theta, 1.0);
+                                        long long npairs, int batch, int seq, int heads,
+                                        int head_dim, double theta) {
+    rope_rotate(x, y, npairs, batch, seq, heads, head_dim, theta, 1.0);
 }
 
 extern "C" __global__ void rope_bwd_f32(const float* __restrict__ dy, float* __restrict__ dx,
-                                        long long npairs, int seq, int heads, int head_dim,
-                                        double theta) {
-    rope_apply(dy, dx, npairs, seq, heads, head_dim, theta, -1.0);
+                                        long long npairs, int batch, int seq, int heads,
+                                        int head_dim, double theta) {
+    rope_rotate(dy, dx, npairs, batch, seq, heads, head_dim, theta, -1.0);
 }

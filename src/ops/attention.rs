@@ -6,15 +6,18 @@
 //!   query head `h` reads kv head `h / (heads / kv_heads)`;
 //! - `P = causal_softmax(S)`, `S_ij = <q_i, k_j> / sqrt(head_dim)`, `out_i = sum_j P_ij v_j`;
 //!   `probs` (`[batch, heads, seq, seq]`, zeros above the diagonal) is saved for backward;
-//! - backward from `P`: `dS = P (dP - rowsum(P dP))` with `dP_ij = <dout_i, v_j>`,
-//!   `dq = s dS k`, `dk = s dS^T q`, `dv = P^T dout`, kv gradients summed over
-//!   the heads of their group.
+//! - backward from `P` and `out`: `dS = P (dP - D)` with `dP_ij = <dout_i, v_j>`
+//!   and `D_i = <dout_i, out_i>` (= `sum_j P_ij dP_ij`), `dq = s dS k`,
+//!   `dk = s dS^T q`, `dv = P^T dout`, kv gradients summed over the heads of
+//!   their group.
 //!
-//! The kernels work on tiles of 16 rows with the other dimension staged in
-//! shared memory in chunks (see the comment at the top of the `.cu` file).
-//! The backward is deterministic (no atomics): `attention_bwd_dq_f32` writes
+//! The kernels work on tiles of 32 rows, two per thread, with the other
+//! dimension staged in shared memory in chunks; each has a build for
+//! head_dim <= 64 and one for head_dim <= 128 (see the comment at the top of
+//! the `.cu` file). The forward is one pass over the keys (online softmax).
+//! The backward is deterministic (no atomics): `attention_bwd_dq_*` writes
 //! `dS` to a caller's scratch buffer (the training step's workspace owns one,
-//! so nothing is allocated per step), `attention_bwd_dkv_f32` gathers each
+//! so nothing is allocated per step), `attention_bwd_dkv_*` gathers each
 //! query head's share of `dk` and `dv` per tile of key rows into the same
 //! scratch, and `attention_bwd_kv_sum_f32` adds the shares of a group in a
 //! fixed order.
@@ -30,94 +33,114 @@ use crate::gpu::{to_i32, GpuContext};
 use crate::reference;
 pub use crate::reference::attention::AttnShape;
 
-/// The kernel module these launchers use.
-pub const MODULE: &str = "attention";
+/// The kernel module of each build.
+pub const MODULE_D64: &str = "attention_d64";
+pub const MODULE_D128: &str = "attention_d128";
 
-/// Kernel argument lists in the order the launchers push them, checked
-/// against the compiled PTX by a unit test.
-pub const SIGNATURES: Signatures = &[
-    (
-        "attention_fwd_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::F32,
-            Arg::I64,
-        ],
-    ),
-    (
-        "attention_bwd_dq_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::F32,
-        ],
-    ),
-    (
-        "attention_bwd_dkv_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-        ],
-    ),
-    (
-        "attention_bwd_kv_sum_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::F32,
-            Arg::I64,
-        ],
-    ),
+/// The kernel module the launchers use for `head_dim` (see [`build`]).
+pub fn module_for(head_dim: usize) -> &'static str {
+    if head_dim <= 64 {
+        MODULE_D64
+    } else {
+        MODULE_D128
+    }
+}
+
+/// Argument lists of the kernels, in the order the launchers push them.
+const FWD_ARGS: &[Arg] = &[
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::F32,
+    Arg::I64,
+];
+const DQ_ARGS: &[Arg] = &[
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::F32,
+];
+const DKV_ARGS: &[Arg] = &[
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+];
+const KV_SUM_ARGS: &[Arg] = &[
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::F32,
+    Arg::I64,
 ];
 
-/// Threads per block of every attention kernel: 16 rows x 16 lanes, as the
-/// kernels' tiling (`ATT_ROWS`, `ATT_LANES`) assumes.
+/// The kernels of module `attention_d64`, checked against its PTX by a unit test.
+pub const SIGNATURES_D64: Signatures = &[
+    ("attention_fwd_d64_f32", FWD_ARGS),
+    ("attention_bwd_dq_d64_f32", DQ_ARGS),
+    ("attention_bwd_dkv_d64_f32", DKV_ARGS),
+    ("attention_bwd_kv_sum_f32", KV_SUM_ARGS),
+];
+
+/// The kernels of module `attention_d128`.
+pub const SIGNATURES_D128: Signatures = &[
+    ("attention_fwd_d128_f32", FWD_ARGS),
+    ("attention_bwd_dq_d128_f32", DQ_ARGS),
+    ("attention_bwd_dkv_d128_f32", DKV_ARGS),
+    ("attention_bwd_kv_sum_f32", KV_SUM_ARGS),
+];
+
+/// Threads per block of the tiled kernels: 16 row pairs x 16 lanes, as the
+/// kernels' tiling (`ATT_THREADS`, `ATT_LANES`) assumes.
 const THREADS: u32 = 256;
 
 /// Rows of a tile (`ATT_ROWS` in the kernels).
-const TILE_ROWS: usize = 16;
+const TILE_ROWS: usize = 32;
 
-/// Keys per staged chunk of the forward and dq kernels (`ATT_CHUNK`).
-const KEY_CHUNK: usize = 64;
-
-/// Query rows per staged chunk of the dk/dv kernel (`ATT_QCHUNK`).
+/// Query rows per staged chunk of the dk/dv kernel (`AttShape::QCHUNK`).
 const QUERY_CHUNK: usize = 32;
 
-/// The largest head_dim the kernels' per-thread accumulators hold (`ATT_MAX_DIM`).
+/// The largest head_dim the kernels' builds take.
 pub const MAX_HEAD_DIM: usize = 128;
+
+/// The kernel build for `head_dim`: its padded width `D` (64 or 128), the
+/// keys per chunk of its forward and dq kernels (`AttShape::CHUNK`), and the
+/// suffix of its symbols.
+fn build(head_dim: usize) -> (usize, usize, &'static str) {
+    if head_dim <= 64 {
+        (64, 64, "d64")
+    } else {
+        (128, 32, "d128")
+    }
+}
 
 /// Grid limit of the y and z dimensions.
 const MAX_GRID_YZ: u32 = 65_535;
@@ -185,12 +208,13 @@ fn expect(what: &str, got: usize, want: usize) -> Result<()> {
     }
 }
 
-/// The forward and dq kernels: one block per (16 query rows, head, batch);
-/// shared memory holds a row tile and a key chunk (rows padded to
-/// head_dim + 1) and a 16 x 65 tile of probabilities. At head_dim 128 that
-/// is 45,440 bytes, within the 48 KiB a launch gets without opting in.
+/// The forward and dq kernels: one block per (32 query rows, head, batch);
+/// shared memory holds a row tile and a key chunk (rows padded to D + 1)
+/// and a 32 x (chunk + 1) tile of probabilities: 33,280 bytes for the d64
+/// build, 37,248 for d128, within the 48 KiB a launch gets without opting in.
 fn row_config(sh: &AttnShape) -> LaunchConfig {
-    let floats = (TILE_ROWS + KEY_CHUNK) * (sh.head_dim + 1) + TILE_ROWS * (KEY_CHUNK + 1);
+    let (d, chunk, _) = build(sh.head_dim);
+    let floats = (TILE_ROWS + chunk) * (d + 1) + TILE_ROWS * (chunk + 1);
     LaunchConfig {
         grid_dim: (
             sh.seq.div_ceil(TILE_ROWS) as u32,
@@ -202,11 +226,12 @@ fn row_config(sh: &AttnShape) -> LaunchConfig {
     }
 }
 
-/// The dk/dv kernel: one block per (16 key rows, query head, batch); shared
-/// memory holds a chunk of q and of dout rows and the matching 16 x 33 tiles
-/// of dS and P (37,248 bytes at head_dim 128).
+/// The dk/dv kernel: one block per (32 key rows, query head, batch); shared
+/// memory holds a chunk of q and of dout rows and the matching 32 x 33 tiles
+/// of dS and P (25,088 bytes for d64, 41,472 for d128).
 fn kv_config(sh: &AttnShape) -> LaunchConfig {
-    let floats = 2 * QUERY_CHUNK * (sh.head_dim + 1) + 2 * TILE_ROWS * (QUERY_CHUNK + 1);
+    let (d, _, _) = build(sh.head_dim);
+    let floats = 2 * QUERY_CHUNK * (d + 1) + 2 * TILE_ROWS * (QUERY_CHUNK + 1);
     LaunchConfig {
         grid_dim: (
             sh.seq.div_ceil(TILE_ROWS) as u32,
@@ -247,7 +272,10 @@ fn forward_limited(
     expect("probs", probs.len(), p_len)?;
     let limit = to_i64("attention", write_limit.min(q_len))?;
     let cfg = row_config(sh);
-    let func = gpu.function(MODULE, "attention_fwd_f32")?;
+    let func = gpu.function(
+        module_for(sh.head_dim),
+        &format!("attention_fwd_{}_f32", build(sh.head_dim).2),
+    )?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
         .arg(q)
@@ -262,17 +290,17 @@ fn forward_limited(
         .arg(&d.head_dim)
         .arg(&d.scale)
         .arg(&limit);
-    // SAFETY: arguments match `attention_fwd_f32(const float* q, const float*
+    // SAFETY: arguments match `attention_fwd_dXX_f32(const float* q, const float*
     // k, const float* v, float* out, float* probs, int batch, int seq, int
     // heads, int kv_heads, int head_dim, float scale, long long write_limit)`
     // in order and type. The lengths were checked against the shape above;
     // heads is a multiple of kv_heads, so every kv head index is < kv_heads.
-    // The grid is (ceil(seq / 16), heads, batch); each block touches only
-    // its 16 rows of q/out/probs (guarded by i < seq) and rows j < seq of k
-    // and v, and uses the dynamic shared memory row_config provides for this
-    // head_dim (validate() bounded head_dim by the kernels' 128). The block
-    // is 256 threads, the 16 x 16 layout the kernel's half-warp row
-    // reductions assume.
+    // The grid is (ceil(seq / 32), heads, batch); each block touches only
+    // its 32 rows of q/out/probs (guarded by i < seq) and rows j < seq of k
+    // and v (columns t < head_dim), and uses the dynamic shared memory
+    // row_config provides for the build it picked (head_dim <= 64 or <= 128;
+    // validate() refused more). The block is 256 threads, the 16 x 16 layout
+    // the kernel's half-warp row reductions assume.
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }
@@ -290,6 +318,7 @@ pub fn backward_scratch_len(sh: &AttnShape) -> usize {
 pub fn backward(
     gpu: &mut GpuContext,
     (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    out: &CudaSlice<f32>,
     probs: &CudaSlice<f32>,
     dout: &CudaSlice<f32>,
     scratch: &mut CudaSlice<f32>,
@@ -301,13 +330,24 @@ pub fn backward(
     sh: &AttnShape,
 ) -> Result<()> {
     let len = dv.len();
-    backward_limited(gpu, (q, k, v), probs, dout, scratch, (dq, dk, dv), sh, len)
+    backward_limited(
+        gpu,
+        (q, k, v),
+        out,
+        probs,
+        dout,
+        scratch,
+        (dq, dk, dv),
+        sh,
+        len,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
 fn backward_limited(
     gpu: &mut GpuContext,
     (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    out: &CudaSlice<f32>,
     probs: &CudaSlice<f32>,
     dout: &CudaSlice<f32>,
     scratch: &mut CudaSlice<f32>,
@@ -324,6 +364,7 @@ fn backward_limited(
     expect("q", q.len(), q_len)?;
     expect("k", k.len(), kv_len)?;
     expect("v", v.len(), kv_len)?;
+    expect("out", out.len(), q_len)?;
     expect("probs", probs.len(), p_len)?;
     expect("dout", dout.len(), q_len)?;
     expect("dq", dq.len(), q_len)?;
@@ -334,13 +375,16 @@ fn backward_limited(
     let (mut ds, mut shares) = scratch.split_at_mut(p_len);
     let (mut pk, mut pv) = shares.split_at_mut(q_len);
 
+    let suffix = build(sh.head_dim).2;
+    let module = module_for(sh.head_dim);
     let cfg = row_config(sh);
-    let func = gpu.function(MODULE, "attention_bwd_dq_f32")?;
+    let func = gpu.function(module, &format!("attention_bwd_dq_{suffix}_f32"))?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
         .arg(k)
         .arg(v)
         .arg(probs)
+        .arg(out)
         .arg(dout)
         .arg(&mut *dq)
         .arg(&mut ds)
@@ -350,19 +394,20 @@ fn backward_limited(
         .arg(&d.kv_heads)
         .arg(&d.head_dim)
         .arg(&d.scale);
-    // SAFETY: arguments match `attention_bwd_dq_f32(const float* k, const
-    // float* v, const float* probs, const float* dout, float* dq, float* ds,
-    // int batch, int seq, int heads, int kv_heads, int head_dim, float scale)`
-    // in order and type. Lengths were checked against the shape (ds is the
-    // first probs-length part of the scratch); the grid is (ceil(seq / 16), heads, batch), each block
-    // reads rows j < seq of k and v and its rows i < seq of probs and dout,
-    // writes those rows of ds and dq, and uses the dynamic shared memory
-    // row_config provides (head_dim <= 128 was validated). 256 threads, the
+    // SAFETY: arguments match `attention_bwd_dq_dXX_f32(const float* k,
+    // const float* v, const float* probs, const float* out, const float* dout,
+    // float* dq, float* ds, int batch, int seq, int heads, int kv_heads, int
+    // head_dim, float scale)` in order and type. Lengths were checked against
+    // the shape (ds is the first probs-length part of the scratch); the grid
+    // is (ceil(seq / 32), heads, batch), each block reads rows j < seq of k
+    // and v and its rows i < seq of probs, out and dout, writes entries
+    // j <= i of those rows of ds and the rows of dq, and uses the dynamic
+    // shared memory row_config provides for its build. 256 threads, the
     // 16 x 16 layout of the kernel's half-warp reductions.
     unsafe { launch.launch(cfg) }?;
 
     let cfg = kv_config(sh);
-    let func = gpu.function(MODULE, "attention_bwd_dkv_f32")?;
+    let func = gpu.function(module, &format!("attention_bwd_dkv_{suffix}_f32"))?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
         .arg(q)
@@ -375,13 +420,13 @@ fn backward_limited(
         .arg(&d.seq)
         .arg(&d.heads)
         .arg(&d.head_dim);
-    // SAFETY: arguments match `attention_bwd_dkv_f32(const float* q, const
+    // SAFETY: arguments match `attention_bwd_dkv_dXX_f32(const float* q, const
     // float* dout, const float* probs, const float* ds, float* pk, float* pv,
     // int batch, int seq, int heads, int head_dim)` in order and type. q and
     // dout hold q_len floats, probs and ds p_len, pk and pv are the two
     // q_len-float parts of the scratch after ds (split, so disjoint). The
-    // grid is (ceil(seq / 16), heads, batch); each block reads only entries
-    // i >= j, i < seq of its 16 columns of probs/ds (exactly the entries the
+    // grid is (ceil(seq / 32), heads, batch); each block reads only entries
+    // i >= j, i < seq of its 32 columns of probs/ds (exactly the entries the
     // dq kernel wrote, which ran before it on this stream) and rows i < seq
     // of q/dout of its head, writes elements t < head_dim of its rows j < seq
     // of pk and pv, and uses the dynamic shared memory kv_config provides.
@@ -393,7 +438,7 @@ fn backward_limited(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let func = gpu.function(MODULE, "attention_bwd_kv_sum_f32")?;
+    let func = gpu.function(module, "attention_bwd_kv_sum_f32")?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
         .arg(&mut pk)
@@ -479,6 +524,7 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
             backward_limited(
                 gpu,
                 (&q, &k, &v),
+                &out,
                 &probs,
                 &dout,
                 &mut scratch,

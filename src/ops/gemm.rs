@@ -699,8 +699,12 @@ mod tests {
             (super::super::nf4::MODULE, super::super::nf4::SIGNATURES),
             (super::super::cast::MODULE, super::super::cast::SIGNATURES),
             (
-                super::super::attention::MODULE,
-                super::super::attention::SIGNATURES,
+                super::super::attention::MODULE_D64,
+                super::super::attention::SIGNATURES_D64,
+            ),
+            (
+                super::super::attention::MODULE_D128,
+                super::super::attention::SIGNATURES_D128,
             ),
         ];
         for (name, signatures) in families {

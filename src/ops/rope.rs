@@ -29,6 +29,7 @@ pub const SIGNATURES: Signatures = &[
             Arg::I32,
             Arg::I32,
             Arg::I32,
+            Arg::I32,
             Arg::F64,
         ],
     ),
@@ -38,6 +39,7 @@ pub const SIGNATURES: Signatures = &[
             Arg::Ptr,
             Arg::Ptr,
             Arg::I64,
+            Arg::I32,
             Arg::I32,
             Arg::I32,
             Arg::I32,
@@ -97,21 +99,25 @@ fn launch(
         });
     }
     let npairs_i = npairs as i64;
+    let batch_i = to_i32("rope", "batch", d.batch)?;
     let seq_i = to_i32("rope", "seq", d.seq)?;
     let heads_i = to_i32("rope", "heads", d.heads)?;
     let head_dim_i = to_i32("rope", "head_dim", d.head_dim)?;
     let f = gpu.function(MODULE, symbol)?;
-    let cfg = gpu.launch_1d(npairs);
+    // One thread per (b, pos, i); each walks the heads.
+    let cfg = gpu.launch_1d(d.batch * d.seq * (d.head_dim / 2));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x)
         .arg(y)
         .arg(&npairs_i)
+        .arg(&batch_i)
         .arg(&seq_i)
         .arg(&heads_i)
         .arg(&head_dim_i)
         .arg(&theta);
     // SAFETY: rope_{fwd,bwd}_f32(const float* x, float* y, long long npairs,
-    // int seq, int heads, int head_dim, double theta): pair p touches elements
+    // int batch, int seq, int heads, int head_dim, double theta): the kernel
+    // writes only pairs p < npairs, and pair p touches elements
     // (p / half) * head_dim + (p % half) and that + half, both < 2 * npairs <=
     // batch * seq * heads * head_dim = len(x) = len(y) (checked above); x and
     // y do not alias.

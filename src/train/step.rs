@@ -208,9 +208,7 @@ impl GpuTrainer {
         }
         refuse_if_too_big(gpu, cfg, options.base, options.keep_mlp)?;
         // Every kernel is compiled before anything is allocated or captured.
-        for m in crate::gpu::modules_for(cfg, options.base) {
-            gpu.ensure_module(m)?;
-        }
+        gpu.ensure_modules(&crate::gpu::modules_for(cfg, options.base))?;
         let base = BaseDevice::init(gpu, cfg, options.base, seed, options.device_quantize)?;
         let params = Params::upload(gpu, trainable)?;
         let ws = Workspace::new(
@@ -598,10 +596,10 @@ impl GpuTrainer {
                 &mut a.kr.as_view_mut(),
                 None,
             )?;
-            attention::forward(gpu, (&a.qr, &a.kr, &a.v), &mut sc.att, &mut a.probs, &sh)?;
+            attention::forward(gpu, (&a.qr, &a.kr, &a.v), &mut a.att, &mut a.probs, &sh)?;
             gpu.stream().memcpy_dtod(x, &mut a.x2)?;
             let wo = Workspace::weight(&mut ws.deq, gpu, &w.o)?;
-            blas::linear(gpu, fwd, 1.0, &sc.att, wo, 1.0, &mut a.x2, (rows, qd, h))?;
+            blas::linear(gpu, fwd, 1.0, &a.att, wo, 1.0, &mut a.x2, (rows, qd, h))?;
             rmsnorm::forward(
                 gpu,
                 &a.x2.as_view(),
@@ -789,6 +787,7 @@ impl GpuTrainer {
             attention::backward(
                 gpu,
                 (&a.qr, &a.kr, &a.v),
+                &a.att,
                 &a.probs,
                 &d.datt,
                 &mut d.attn,

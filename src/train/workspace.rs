@@ -36,6 +36,8 @@ pub struct LayerActs {
     pub v: CudaSlice<f32>,
     /// Attention probabilities `[batch, heads, seq, seq]`.
     pub probs: CudaSlice<f32>,
+    /// Attention output `[T, q_dim]` (the backward's `D_i = <dout_i, out_i>`).
+    pub att: CudaSlice<f32>,
     /// `x + att Wo^T` `[T, hidden]` and its norm.
     pub x2: CudaSlice<f32>,
     pub n2: CudaSlice<f32>,
@@ -55,6 +57,7 @@ impl LayerActs {
             kr: z(t * c.kv_dim())?,
             v: z(t * c.kv_dim())?,
             probs: z(c.batch * c.heads * c.seq_len * c.seq_len)?,
+            att: z(t * c.q_dim())?,
             x2: z(t * c.hidden)?,
             n2: z(t * c.hidden)?,
             mlp: if keep_mlp {
@@ -77,7 +80,7 @@ impl LayerActs {
     /// f32 values per layer (with the layer's residual input `x`).
     fn floats(c: &ModelConfig) -> usize {
         let t = c.tokens();
-        t * (4 * c.hidden + c.q_dim() + 2 * c.kv_dim() + 2 * c.lora_rank)
+        t * (4 * c.hidden + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.lora_rank)
             + c.batch * c.heads * c.seq_len * c.seq_len
     }
 }
@@ -87,8 +90,6 @@ pub struct Scratch {
     /// q, k before RoPE.
     pub q: CudaSlice<f32>,
     pub k: CudaSlice<f32>,
-    /// Attention output `[T, q_dim]`.
-    pub att: CudaSlice<f32>,
     /// MLP `[T, intermediate]`: gate, up (recomputed in backward), `silu(gate) * up`.
     pub gate: CudaSlice<f32>,
     pub up: CudaSlice<f32>,
@@ -182,7 +183,6 @@ impl Workspace {
             scratch: Scratch {
                 q: z(t * c.q_dim())?,
                 k: z(t * c.kv_dim())?,
-                att: z(t * c.q_dim())?,
                 gate: z(t * c.intermediate)?,
                 up: z(t * c.intermediate)?,
                 act: z(t * c.intermediate)?,
@@ -250,13 +250,13 @@ impl Workspace {
             .iter()
             .map(|a| {
                 f32s(&[
-                    &a.n1, &a.uq, &a.uv, &a.qr, &a.kr, &a.v, &a.probs, &a.x2, &a.n2,
+                    &a.n1, &a.uq, &a.uv, &a.qr, &a.kr, &a.v, &a.probs, &a.att, &a.x2, &a.n2,
                 ]) + a.mlp.as_ref().map_or(0, |(g, u)| f32s(&[g, u]))
             })
             .sum();
         per_layer
             + self.xs.iter().map(|x| 4 * x.len()).sum::<usize>()
-            + f32s(&[&sc.q, &sc.k, &sc.att, &sc.gate, &sc.up, &sc.act])
+            + f32s(&[&sc.q, &sc.k, &sc.gate, &sc.up, &sc.act])
             + f32s(&[&self.nf, &self.logits, &self.losses, &self.loss])
             + f32s(&[
                 &d.dlogits, &d.dnf, &d.dx, &d.dtmp, &d.dn1, &d.dn2, &d.dact, &d.dgate, &d.dup,
