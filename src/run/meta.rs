@@ -164,9 +164,13 @@ pub fn read_clocks() -> String {
     nvidia_smi_query("clocks.sm,clocks.mem,power.draw")
 }
 
-/// The checkout's commit (with `-dirty` when the tree has changes); where there
-/// is no checkout (a staged binary on the GPU machine) the commit it was built from.
+/// The commit of the code that runs. The binary records the commit it was
+/// built from; when the working directory is a checkout of that same commit,
+/// `-dirty` is added if it has changes. A checkout of another commit (a copy
+/// of the tree with stale git metadata, as on the GPU machine) says nothing
+/// about the binary, so then the build commit is reported with "(built)".
 fn git_sha() -> String {
+    let built = env!("FALSIFY_BUILD_GIT_SHA");
     let head = Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
         .output()
@@ -174,7 +178,7 @@ fn git_sha() -> String {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     match head {
-        Some(sha) if !sha.is_empty() => {
+        Some(sha) if sha == built => {
             let dirty = Command::new("git")
                 .args(["status", "--porcelain", "--untracked-files=no"])
                 .output()
@@ -186,7 +190,7 @@ fn git_sha() -> String {
                 sha
             }
         }
-        _ => format!("{} (built)", env!("FALSIFY_BUILD_GIT_SHA")),
+        _ => format!("{built} (built)"),
     }
 }
 
