@@ -218,6 +218,17 @@ fn only_a_speedup_interval_wholly_below_the_baseline_regresses() {
     let outcome = write_report(&baseline, &below).unwrap();
     assert_eq!(outcome.verdict, Verdict::Regressed);
     assert!(outcome.speedup_regressions[0].contains("1.1 [1.05, 1.19] now"));
+    // The same low figure from another GPU is another measurement, not a regression.
+    let elsewhere = run(
+        "elsewhere",
+        SpeedupRow {
+            device: "NVIDIA H100 80GB HBM3".into(),
+            ..speedup(1.1, 1.05, 1.19)
+        },
+    );
+    let outcome = write_report(&baseline, &elsewhere).unwrap();
+    assert_eq!(outcome.verdict, Verdict::Clean);
+    assert!(outcome.speedup_regressions.is_empty());
 }
 
 #[test]

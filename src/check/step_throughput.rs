@@ -60,7 +60,56 @@ impl Validate for Params {
 }
 
 impl Params {
+    /// Why the target does not apply to `device` (a GPU name as the driver
+    /// reports it), or `None` when it does. `gpu` must be one of the name's
+    /// words, case aside: `H200` matches "NVIDIA H200" but not "NVIDIA H20".
+    pub fn not_applicable_on(&self, device: &str) -> Option<String> {
+        let kind = self.gpu.as_deref()?.trim();
+        let matches = device
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|word| word.eq_ignore_ascii_case(kind));
+        (!matches).then(|| {
+            format!(
+                "the target {:.0} tokens/s is stated for {kind}; measured on {device}, recorded, not judged",
+                self.min_tokens_per_s.0
+            )
+        })
+    }
+
     pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         crate::train::checks::step_throughput(self, cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(gpu: Option<&str>) -> Params {
+        let mut yaml = String::from("model: tiny\nmin_tokens_per_s: 1000\n");
+        if let Some(g) = gpu {
+            yaml.push_str(&format!("gpu: {g}\n"));
+        }
+        serde_yaml::from_str(&yaml).unwrap()
+    }
+
+    #[test]
+    fn a_target_applies_only_to_the_gpu_it_names() {
+        let h200 = params(Some("H200"));
+        assert_eq!(h200.not_applicable_on("NVIDIA H200"), None);
+        assert_eq!(h200.not_applicable_on("nvidia h200 nvl"), None);
+        let why = h200.not_applicable_on("NVIDIA H100 80GB HBM3").unwrap();
+        assert!(
+            why.contains("stated for H200") && why.contains("H100"),
+            "{why}"
+        );
+        // A word, not a substring: H20 is another GPU.
+        assert!(params(Some("H20"))
+            .not_applicable_on("NVIDIA H200")
+            .is_some());
+        assert_eq!(
+            params(None).not_applicable_on("NVIDIA H100 80GB HBM3"),
+            None
+        );
     }
 }

@@ -171,50 +171,25 @@ pub struct RunComparison {
 impl RunComparison {
     /// Pairs the rows of `baseline` and `current` by `(contract, test_id)` and
     /// the speedups by what was measured (test, subject, model, batch,
-    /// sequence length, baseline and candidate).
+    /// sequence length, baseline, candidate and device: a figure from another
+    /// GPU is a different measurement, never a regression of this one).
     pub fn new(baseline: &RunData, current: &RunData) -> Self {
-        let mut trials: BTreeMap<(String, String), TrialDiff> = BTreeMap::new();
-        for (row, is_current) in baseline
-            .rows
-            .iter()
-            .map(|r| (r, false))
-            .chain(current.rows.iter().map(|r| (r, true)))
-        {
-            let key = (row.contract.clone(), row.test_id.clone());
-            let diff = trials.entry(key).or_insert_with(|| TrialDiff {
-                contract: row.contract.clone(),
-                test_id: row.test_id.clone(),
-                baseline: None,
-                current: None,
-            });
-            if is_current {
-                diff.current = Some(row.clone());
-            } else {
-                diff.baseline = Some(row.clone());
-            }
-        }
-        let mut speedups: BTreeMap<SpeedupKey, SpeedupDiff> = BTreeMap::new();
-        for (row, is_current) in baseline
-            .speedups
-            .iter()
-            .map(|r| (r, false))
-            .chain(current.speedups.iter().map(|r| (r, true)))
-        {
-            let diff = speedups
-                .entry(SpeedupKey::of(row))
-                .or_insert_with(|| SpeedupDiff {
-                    baseline: None,
-                    current: None,
-                });
-            if is_current {
-                diff.current = Some(row.clone());
-            } else {
-                diff.baseline = Some(row.clone());
-            }
-        }
+        let trials = pair(&baseline.rows, &current.rows, |r| {
+            (r.contract.clone(), r.test_id.clone())
+        })
+        .into_iter()
+        .map(|((contract, test_id), (baseline, current))| TrialDiff {
+            contract,
+            test_id,
+            baseline,
+            current,
+        });
+        let speedups = pair(&baseline.speedups, &current.speedups, SpeedupKey::of)
+            .into_values()
+            .map(|(baseline, current)| SpeedupDiff { baseline, current });
         RunComparison {
-            trials: trials.into_values().collect(),
-            speedups: speedups.into_values().collect(),
+            trials: trials.collect(),
+            speedups: speedups.collect(),
         }
     }
 
@@ -266,6 +241,23 @@ impl RunComparison {
     }
 }
 
+/// Rows of `baseline` and `current` paired by `key`, in key order (a key
+/// repeated within one side keeps its last row).
+fn pair<R: Clone, K: Ord>(
+    baseline: &[R],
+    current: &[R],
+    key: impl Fn(&R) -> K,
+) -> BTreeMap<K, (Option<R>, Option<R>)> {
+    let mut pairs: BTreeMap<K, (Option<R>, Option<R>)> = BTreeMap::new();
+    for r in baseline {
+        pairs.entry(key(r)).or_default().0 = Some(r.clone());
+    }
+    for r in current {
+        pairs.entry(key(r)).or_default().1 = Some(r.clone());
+    }
+    pairs
+}
+
 /// What a speedup row measured, for pairing across runs.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct SpeedupKey {
@@ -276,6 +268,7 @@ struct SpeedupKey {
     seq_len: usize,
     baseline: String,
     candidate: String,
+    device: String,
 }
 
 impl SpeedupKey {
@@ -288,6 +281,7 @@ impl SpeedupKey {
             seq_len: r.seq_len,
             baseline: r.baseline.clone(),
             candidate: r.candidate.clone(),
+            device: r.device.clone(),
         }
     }
 }

@@ -290,7 +290,13 @@ impl Engine {
         }
         let summary = match &measurement {
             Some(m) => {
-                let held = if m.passed() { "holds" } else { "fails" };
+                let held = if m.not_applicable.is_some() {
+                    "not judged"
+                } else if m.passed() {
+                    "holds"
+                } else {
+                    "fails"
+                };
                 let line = format!(
                     "{} = {} (claim {} {}{}: {held})",
                     m.metric,
@@ -489,11 +495,6 @@ fn judge(
         // not run, and said so, rather than a crash or an error of the code.
         Err(e @ Error::OutOfMemory { .. }) => (Status::Skipped, None, e.to_string()),
         Err(e) => (Status::Error, None, format!("seed {seed}: {e}")),
-        Ok(m) if m.not_applicable.is_some() => {
-            let why = m.not_applicable.clone().unwrap_or_default();
-            let detail = format!("{why}; seed {seed}; {}", m.detail);
-            (Status::Skipped, Some(m), detail)
-        }
         Ok(m) => {
             let mut detail = format!("seed {seed}");
             if !m.detail.is_empty() {
@@ -503,6 +504,10 @@ fn judge(
             if !m.violations.is_empty() {
                 detail.push_str("; violations: ");
                 detail.push_str(&m.violations.join("; "));
+            }
+            if let Some(why) = &m.not_applicable {
+                let detail = format!("{why}; {detail}");
+                return (Status::Skipped, Some(m), detail);
             }
             let held = m.passed();
             let status = if trial.selftest {
@@ -576,20 +581,28 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("contracts/train-throughput-v1.yaml");
         let trials = plan(vec![crate::contract::load_file(&path).unwrap()]);
+        let f_tput_003: Vec<&TrialSpec> = trials
+            .iter()
+            .filter(|t| t.test().id == "F-TPUT-003")
+            .collect();
+        assert_eq!(f_tput_003.len(), 2, "the test and its mutant self-test");
+        let crate::check::CheckSpec::StepThroughput(p) = &f_tput_003[0].test().check else {
+            panic!("F-TPUT-003 is a step_throughput check");
+        };
         let mut m = Measurement::new("tokens_per_s", 9.0e4, Comparator::Ge, 4.1e4, "tokens/s");
-        m.not_applicable = Some("the target is stated for H200".into());
-        for trial in &trials[..2] {
+        m.not_applicable = p.not_applicable_on("NVIDIA H100 80GB HBM3");
+        for trial in &f_tput_003 {
             let (status, kept, detail) = judge(trial, 3, Ok(m.clone()));
             assert_eq!(status, Status::Skipped, "{}", trial.test_id());
             assert!(kept.is_some_and(|k| k.observed == 9.0e4));
             assert!(
-                detail.starts_with("the target is stated for H200"),
+                detail.starts_with("the target 41000 tokens/s is stated for H200"),
                 "{detail}"
             );
         }
-        // The same measurement without the reason is judged as usual.
-        m.not_applicable = None;
-        assert_eq!(judge(&trials[0], 3, Ok(m)).0, Status::Passed);
+        // On the GPU it names, the same measurement is judged as usual.
+        m.not_applicable = p.not_applicable_on("NVIDIA H200");
+        assert_eq!(judge(f_tput_003[0], 3, Ok(m)).0, Status::Passed);
     }
 
     #[test]

@@ -490,13 +490,7 @@ pub fn step_throughput(
             rate / target,
             if replayed { "replayed" } else { "not used" },
         ));
-    if let Some(kind) = p.gpu.as_deref() {
-        if !device.to_lowercase().contains(&kind.to_lowercase()) {
-            m.not_applicable = Some(format!(
-                "the target {target:.0} tokens/s is stated for {kind}; measured on {device}, recorded, not judged"
-            ));
-        }
-    }
+    m.not_applicable = p.not_applicable_on(&device);
     m.speedups.push(crate::check::Speedup {
         subject: "tokens/s".into(),
         model: cfg.name.into(),
