@@ -6,35 +6,11 @@
 //   p   -= lr (mhat / (sqrt(vhat) + eps) + wd p)
 //
 // The step t is an argument; the bias corrections are computed from it in
-// double on the device, by repeated squaring as the reference's powi does
-// (a libm pow per thread costs registers and latency the streaming loop
-// needs). p, m and v are updated in place. Grid-stride loop
+// double on the device by adamw_powi (common.cuh), and each element is
+// updated by adamw_1 (common.cuh), which the training step's one-launch
+// AdamW (train.cu) shares. p, m and v are updated in place. Grid-stride loop
 // over [0, n); `n` smaller than the buffers only under the test-only "last
 // element unwritten" fault.
-
-// b^e for e >= 0 by repeated squaring, in double.
-__device__ __forceinline__ double adamw_powi(double b, int e) {
-    double r = 1.0;
-    while (e > 0) {
-        if (e & 1) r *= b;
-        b *= b;
-        e >>= 1;
-    }
-    return r;
-}
-
-// One element's update; returns p and writes m, v.
-__device__ __forceinline__ float adamw_1(float pk, float gk, float& m, float& v, float c1, float c2,
-                                         float lr, float beta1, float beta2, float eps,
-                                         float weight_decay) {
-    const float mk = beta1 * m + (1.0f - beta1) * gk;
-    const float vk = beta2 * v + (1.0f - beta2) * gk * gk;
-    m = mk;
-    v = vk;
-    const float mhat = mk / c1;
-    const float vhat = vk / c2;
-    return pk - lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * pk);
-}
 
 // When all four buffers are 16-byte aligned the first 4 * (n / 4) elements
 // move as float4s (enough bytes in flight per thread to cover DRAM latency),

@@ -126,3 +126,31 @@ static __device__ __forceinline__ void map2(const float* __restrict__ a, const f
         y[k] = f(a[k], b[k]);
     }
 }
+
+// AdamW (adamw.cu, and the training step's one-launch form in train.cu).
+// Bias corrections c = 1 - b^t by repeated squaring, as the reference's powi
+// does (a libm pow per thread costs registers and latency the streaming loop
+// needs).
+// b^e for e >= 0 by repeated squaring, in double.
+static __device__ __forceinline__ double adamw_powi(double b, int e) {
+    double r = 1.0;
+    while (e > 0) {
+        if (e & 1) r *= b;
+        b *= b;
+        e >>= 1;
+    }
+    return r;
+}
+
+// One element's update; returns p and writes m, v.
+static __device__ __forceinline__ float adamw_1(float pk, float gk, float& m, float& v, float c1, float c2,
+                                         float lr, float beta1, float beta2, float eps,
+                                         float weight_decay) {
+    const float mk = beta1 * m + (1.0f - beta1) * gk;
+    const float vk = beta2 * v + (1.0f - beta2) * gk * gk;
+    m = mk;
+    v = vk;
+    const float mhat = mk / c1;
+    const float vhat = vk / c2;
+    return pk - lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * pk);
+}

@@ -56,8 +56,9 @@ __device__ float2 row_shifted_lse(const float* xr, int vocab) {
     }
     for (int j = done + threadIdx.x; j < vocab; j += blockDim.x) online_add(m, s, xr[j]);
     const float mb = block_max(m);
-    // A thread that saw only -inf (or nothing) adds 0, not 0 * exp(nan).
-    float t = s > 0.0f ? s * expf(m - mb) : 0.0f;
+    // A thread that saw only -inf (or nothing) adds 0, not 0 * exp(nan); a
+    // NaN in s (a NaN logit) must reach the sum, so the test is s == 0.
+    float t = s == 0.0f ? 0.0f : s * expf(m - mb);
     t = block_sum(t);
     return make_float2(mb, logf(t));
 }

@@ -1,7 +1,8 @@
 // Helpers of the GPU training step that keep all step state on the device, so
 // that a step captured as a CUDA graph can be replayed unchanged:
 //
-//   adamw_multi_devt_f32    AdamW as in adamw.cu over every tensor of a table
+//   adamw_multi_devt_f32    AdamW as in adamw.cu (adamw_1, adamw_powi from
+//                           common.cuh) over every tensor of a table
 //                           (gpu/table.rs; columns p, g, m, v, scale) in one
 //                           launch, each gradient first multiplied by its
 //                           tensor's clip scale (when the scale column is set)
@@ -33,8 +34,8 @@ extern "C" __global__ void adamw_multi_devt_f32(const unsigned long long* __rest
                                                 float lr, float beta1, float beta2, float eps,
                                                 float weight_decay) {
     const int t = step[0];
-    const float c1 = (float)(1.0 - pow((double)beta1, (double)t));
-    const float c2 = (float)(1.0 - pow((double)beta2, (double)t));
+    const float c1 = (float)(1.0 - adamw_powi((double)beta1, t));
+    const float c2 = (float)(1.0 - adamw_powi((double)beta2, t));
     const long long total = offsets[n_tensors];
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += stride) {
@@ -47,13 +48,6 @@ extern "C" __global__ void adamw_multi_devt_f32(const unsigned long long* __rest
         const float* scale = reinterpret_cast<const float*>(ptrs[4 * n_tensors + i]);
         float gk = g[e];
         if (scale != nullptr) gk *= scale[0];
-        const float mk = beta1 * m[e] + (1.0f - beta1) * gk;
-        const float vk = beta2 * v[e] + (1.0f - beta2) * gk * gk;
-        m[e] = mk;
-        v[e] = vk;
-        const float mhat = mk / c1;
-        const float vhat = vk / c2;
-        const float pk = p[e];
-        p[e] = pk - lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * pk);
+        p[e] = adamw_1(p[e], gk, m[e], v[e], c1, c2, lr, beta1, beta2, eps, weight_decay);
     }
 }
