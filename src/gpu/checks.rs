@@ -34,9 +34,10 @@ fn with_fault<T>(
     out
 }
 
-/// `target_parity`: pre-warm every listed model; every compiled module's PTX
-/// `.target` must equal the device's `sm_XY`; planted older and newer PTX
-/// must be refused by the cache's load path with a target mismatch.
+/// `target_parity`: pre-warm every listed model, then compile every other
+/// kernel module too; every compiled module's PTX `.target` must equal the
+/// device's `sm_XY`; planted older and newer PTX must be refused by the
+/// cache's load path with a target mismatch.
 pub fn target_parity(p: &target_parity::Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     let fault = cx.mutant;
     let gpu = require_gpu(cx)?;
@@ -55,6 +56,14 @@ fn target_parity_body(p: &target_parity::Params, gpu: &mut GpuContext) -> Result
             }
             Err(e) => return Err(e),
         }
+    }
+    let all: Vec<&str> = kernels::MODULES.iter().map(|m| m.name).collect();
+    match gpu.ensure_modules(&all) {
+        Ok(()) => {}
+        Err(e @ Error::TargetMismatch { .. }) => {
+            violations.push(format!("a kernel module was refused: {e}"));
+        }
+        Err(e) => return Err(e),
     }
     let records = gpu.compile_records();
     let mismatched: Vec<String> = records

@@ -19,10 +19,11 @@ pub const LEFT_OUT_MODULE: &str = "rmsnorm";
 ///
 /// Every preset runs the same Qwen2-style decoder, so only the base format
 /// (NF4 adds the quantise / NF4 GEMM kernels) and the head dimension (the
-/// attention build, `attention_d64` or `attention_d128`) change the set. Attention
-/// computes its own causal softmax, so the standalone `softmax` module is not
-/// part of the step; `gemm` (the tiled fallback next to cuBLAS) is, so that
-/// switching the GEMM engine never compiles mid-training.
+/// attention build, `attention_d64` or `attention_d128`) change the set. Not
+/// in it: `softmax` (attention computes its own), `gemm` (the step's GEMMs are
+/// cuBLAS), `adamw` and `elementwise` (the step's optimizer and gradient
+/// accumulation are in `train`). `prewarm` checks reports list any module
+/// pre-warmed but unused, and any used but not pre-warmed.
 pub fn modules_for(config: &ModelConfig, base: BaseWeights) -> Vec<&'static str> {
     let mut modules = vec![
         "embedding",
@@ -30,11 +31,8 @@ pub fn modules_for(config: &ModelConfig, base: BaseWeights) -> Vec<&'static str>
         "rope",
         crate::ops::attention::module_for(config.head_dim),
         "activation",
-        "elementwise",
         "cross_entropy",
-        "gemm",
         "clip",
-        "adamw",
         "train",
     ];
     if base == BaseWeights::Nf4 {
