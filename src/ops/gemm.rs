@@ -6,9 +6,9 @@
 //! Every product is row-major `C[m, n] = op(A)[m, k] op(B)[k, n]` ([`GemmSpec`]):
 //! `op(A) = A` (`A` stored `[m, k]`) or `A^T` (`A` stored `[k, m]`), and
 //! `op(B) = B` (`B` stored `[k, n]`) or `B^T` (`B` stored `[n, k]`). That one
-//! form gives `C = A B` ([`matmul`]), `y = x W^T` ([`linear`]) and the backward
-//! products `dA = dC B^T`, `dB = A^T dC` ([`backward`]), `dx = dy W`,
-//! `dW = dy^T x` ([`linear_backward`]).
+//! form gives `C = A B`, `y = x W^T` ([`linear`]) and the backward
+//! products `dA = dC B^T`, `dB = A^T dC`, `dx = dy W`, `dW = dy^T x`
+//! ([`linear_backward`]).
 //!
 //! cuBLAS is column-major. A row-major `X[r, c]` is, read column-major, the
 //! matrix `X^T` with leading dimension `c`, so we ask cuBLAS for
@@ -101,12 +101,64 @@ impl GemmSpec {
         }
     }
 
+    /// `y[rows, out] = x[rows, in] W^T`: `m = rows`, `n = out`, `k = in`, `W`
+    /// (stored `[out, in]`) transposed.
+    pub fn linear(rows: usize, in_dim: usize, out_dim: usize) -> GemmSpec {
+        GemmSpec {
+            trans_b: true,
+            ..GemmSpec::plain(rows, out_dim, in_dim)
+        }
+    }
+
+    /// `dx[rows, in] = dy[rows, out] W[out, in]`.
+    pub fn linear_dx(rows: usize, in_dim: usize, out_dim: usize) -> GemmSpec {
+        GemmSpec::plain(rows, in_dim, out_dim)
+    }
+
+    /// `dW[out, in] = dy^T x` (dy stored `[rows, out]`, i.e. `[k', m']`).
+    pub fn linear_dw(rows: usize, in_dim: usize, out_dim: usize) -> GemmSpec {
+        GemmSpec {
+            trans_a: true,
+            ..GemmSpec::plain(out_dim, in_dim, rows)
+        }
+    }
+
+    /// The column-major cuBLAS call that computes this row-major product as
+    /// `C^T = op(B)^T op(A)^T`, with `C = alpha op(A) op(B) + beta C`:
+    /// cuBLAS's first operand is our `B`, stored `[k, n]` (ld n) or `[n, k]`
+    /// (ld k); its second is our `A`, stored `[m, k]` (ld k) or `[k, m]` (ld m).
+    pub(crate) fn cublas_config(&self, alpha: f32, beta: f32) -> Result<GemmConfig<f32>> {
+        let m = crate::gpu::to_i32("gemm", "m", self.m)?;
+        let n = crate::gpu::to_i32("gemm", "n", self.n)?;
+        let k = crate::gpu::to_i32("gemm", "k", self.k)?;
+        let op = |t: bool| {
+            if t {
+                cublasOperation_t::CUBLAS_OP_T
+            } else {
+                cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        Ok(GemmConfig {
+            transa: op(self.trans_b),
+            transb: op(self.trans_a),
+            m: n,
+            n: m,
+            k,
+            alpha,
+            lda: if self.trans_b { k } else { n },
+            ldb: if self.trans_a { m } else { k },
+            beta,
+            ldc: n,
+        })
+    }
+
     /// Elements of `A`, `B` and `C`.
     pub fn lens(&self) -> (usize, usize, usize) {
         (self.m * self.k, self.k * self.n, self.m * self.n)
     }
 
-    fn check(&self, a: usize, b: usize, c: usize) -> Result<()> {
+    /// Refuses an empty product, or buffers of other lengths than [`GemmSpec::lens`].
+    pub(crate) fn check(&self, a: usize, b: usize, c: usize) -> Result<()> {
         if self.m == 0 || self.n == 0 || self.k == 0 {
             return Err(Error::InvalidArgument {
                 op: "gemm",
@@ -141,18 +193,6 @@ pub fn gemm(
     gemm_limited(gpu, engine, spec, a, b, c, len)
 }
 
-/// `C[m, n] = A[m, k] B[k, n]`.
-pub fn matmul(
-    gpu: &mut GpuContext,
-    engine: GemmEngine,
-    a: &CudaSlice<f32>,
-    b: &CudaSlice<f32>,
-    c: &mut CudaSlice<f32>,
-    (m, n, k): (usize, usize, usize),
-) -> Result<()> {
-    gemm(gpu, engine, GemmSpec::plain(m, n, k), a, b, c)
-}
-
 /// `y[rows, out] = x[rows, in] W^T` with `W` stored `[out, in]`.
 pub fn linear(
     gpu: &mut GpuContext,
@@ -162,24 +202,14 @@ pub fn linear(
     y: &mut CudaSlice<f32>,
     (rows, in_dim, out_dim): (usize, usize, usize),
 ) -> Result<()> {
-    gemm(gpu, engine, linear_spec(rows, in_dim, out_dim), x, w, y)
-}
-
-/// Gradients of `C = A B`: `dA[m, k] = dC B^T`, `dB[k, n] = A^T dC`.
-#[allow(clippy::too_many_arguments)]
-pub fn backward(
-    gpu: &mut GpuContext,
-    engine: GemmEngine,
-    a: &CudaSlice<f32>,
-    b: &CudaSlice<f32>,
-    dc: &CudaSlice<f32>,
-    da: &mut CudaSlice<f32>,
-    db: &mut CudaSlice<f32>,
-    (m, n, k): (usize, usize, usize),
-) -> Result<()> {
-    let (da_spec, db_spec) = backward_specs(m, n, k);
-    gemm(gpu, engine, da_spec, dc, b, da)?;
-    gemm(gpu, engine, db_spec, a, dc, db)
+    gemm(
+        gpu,
+        engine,
+        GemmSpec::linear(rows, in_dim, out_dim),
+        x,
+        w,
+        y,
+    )
 }
 
 /// Gradients of `y = x W^T`: `dx[rows, in] = dy W`, `dW[out, in] = dy^T x`.
@@ -194,17 +224,22 @@ pub fn linear_backward(
     dw: &mut CudaSlice<f32>,
     (rows, in_dim, out_dim): (usize, usize, usize),
 ) -> Result<()> {
-    let (dx_spec, dw_spec) = linear_backward_specs(rows, in_dim, out_dim);
-    gemm(gpu, engine, dx_spec, dy, w, dx)?;
-    gemm(gpu, engine, dw_spec, dy, x, dw)
-}
-
-/// `y = x W^T`: `m = rows`, `n = out`, `k = in`, `W` (stored `[out, in]`) transposed.
-fn linear_spec(rows: usize, in_dim: usize, out_dim: usize) -> GemmSpec {
-    GemmSpec {
-        trans_b: true,
-        ..GemmSpec::plain(rows, out_dim, in_dim)
-    }
+    gemm(
+        gpu,
+        engine,
+        GemmSpec::linear_dx(rows, in_dim, out_dim),
+        dy,
+        w,
+        dx,
+    )?;
+    gemm(
+        gpu,
+        engine,
+        GemmSpec::linear_dw(rows, in_dim, out_dim),
+        dy,
+        x,
+        dw,
+    )
 }
 
 /// `dA[m, k] = dC[m, n] B^T` (B stored `[k, n]`, i.e. `[n', k']`) and
@@ -219,17 +254,6 @@ fn backward_specs(m: usize, n: usize, k: usize) -> (GemmSpec, GemmSpec) {
         ..GemmSpec::plain(k, n, m)
     };
     (da, db)
-}
-
-/// `dx[rows, in] = dy[rows, out] W[out, in]` and `dW[out, in] = dy^T x`
-/// (dy stored `[rows, out]`, i.e. `[k', m']`).
-fn linear_backward_specs(rows: usize, in_dim: usize, out_dim: usize) -> (GemmSpec, GemmSpec) {
-    let dx = GemmSpec::plain(rows, in_dim, out_dim);
-    let dw = GemmSpec {
-        trans_a: true,
-        ..GemmSpec::plain(out_dim, in_dim, rows)
-    };
-    (dx, dw)
 }
 
 /// [`gemm`] that stores only the first `write_limit` elements of `c` (in
@@ -337,30 +361,7 @@ fn cublas_gemm(
     b: &CudaSlice<f32>,
     c: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    let m = crate::gpu::to_i32("gemm", "m", spec.m)?;
-    let n = crate::gpu::to_i32("gemm", "n", spec.n)?;
-    let k = crate::gpu::to_i32("gemm", "k", spec.k)?;
-    let op = |t: bool| {
-        if t {
-            cublasOperation_t::CUBLAS_OP_T
-        } else {
-            cublasOperation_t::CUBLAS_OP_N
-        }
-    };
-    // cuBLAS's first operand is our B: stored [k, n] (ld n) or [n, k] (ld k).
-    // Its second is our A: stored [m, k] (ld k) or [k, m] (ld m).
-    let cfg = GemmConfig {
-        transa: op(spec.trans_b),
-        transb: op(spec.trans_a),
-        m: n,
-        n: m,
-        k,
-        alpha: 1.0f32,
-        lda: if spec.trans_b { k } else { n },
-        ldb: if spec.trans_a { m } else { k },
-        beta: 0.0f32,
-        ldc: n,
-    };
+    let cfg = spec.cublas_config(1.0, 0.0)?;
     match engine {
         GemmEngine::Cublas(math) => {
             let blas = gpu.cublas();
@@ -388,7 +389,11 @@ fn cublas_gemm(
 
 /// Runs `f` with the handle's math mode set for `math`, then restores the
 /// default mode whether `f` succeeded or not (the handle is shared).
-fn with_math_mode(blas: &CudaBlas, math: GemmMath, f: impl FnOnce() -> Result<()>) -> Result<()> {
+pub(crate) fn with_math_mode(
+    blas: &CudaBlas,
+    math: GemmMath,
+    f: impl FnOnce() -> Result<()>,
+) -> Result<()> {
     let mode = match math {
         GemmMath::Tf32 => cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
         GemmMath::Fp32 => cublasMath_t::CUBLAS_DEFAULT_MATH,
@@ -571,7 +576,7 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
                     &c_ref,
                     case.mutant,
                 )?);
-                let lin = linear_spec(m, k, n);
+                let lin = GemmSpec::linear(m, k, n);
                 fold(check_product(
                     gpu,
                     engine,
@@ -588,7 +593,7 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
             let (da_ref, db_ref) = reference::gemm::backward(&a64, &b64, &dc64, m, n, k)?;
             let dw_ref = transpose(&db_ref, k, n);
             let (da_spec, db_spec) = backward_specs(m, n, k);
-            let (dx_spec, dw_spec) = linear_backward_specs(m, k, n);
+            let (dx_spec, dw_spec) = (GemmSpec::linear_dx(m, k, n), GemmSpec::linear_dw(m, k, n));
             for &engine in &engines {
                 fold(check_product(
                     gpu,
@@ -672,7 +677,7 @@ mod tests {
 
         let c = reference::gemm::matmul(&a, &b, m, n, k).unwrap();
         assert!(close(&host_gemm(GemmSpec::plain(m, n, k), &a, &b), &c));
-        assert!(close(&host_gemm(linear_spec(m, k, n), &a, &w), &c));
+        assert!(close(&host_gemm(GemmSpec::linear(m, k, n), &a, &w), &c));
 
         let (da, db) = reference::gemm::backward(&a, &b, &dc, m, n, k).unwrap();
         let (da_spec, db_spec) = backward_specs(m, n, k);
@@ -680,10 +685,33 @@ mod tests {
         assert!(close(&host_gemm(db_spec, &a, &dc), &db));
 
         let (dx, dw) = reference::gemm::linear_backward(&a, &w, &dc, m, k, n).unwrap();
-        let (dx_spec, dw_spec) = linear_backward_specs(m, k, n);
+        let (dx_spec, dw_spec) = (GemmSpec::linear_dx(m, k, n), GemmSpec::linear_dw(m, k, n));
         assert!(close(&host_gemm(dx_spec, &dc, &w), &dx));
         assert!(close(&host_gemm(dw_spec, &dc, &a), &dw));
         assert!(close(&dw, &transpose(&db, k, n)));
+    }
+
+    /// The cuBLAS call of `y = x W^T` is the one a direct SGEMM writes
+    /// (gpu/throughput.rs `raw_linear`): `W^T` first, both with leading
+    /// dimension `in`, `C^T` with `out`; alpha and beta pass through.
+    #[test]
+    fn the_linear_cublas_call_is_the_direct_sgemm() {
+        let (rows, in_dim, out_dim) = (5usize, 7usize, 3usize);
+        let cfg = GemmSpec::linear(rows, in_dim, out_dim)
+            .cublas_config(0.5, 1.0)
+            .unwrap();
+        assert_eq!(cfg.transa, cublasOperation_t::CUBLAS_OP_T);
+        assert_eq!(cfg.transb, cublasOperation_t::CUBLAS_OP_N);
+        assert_eq!((cfg.m, cfg.n, cfg.k), (3, 5, 7));
+        assert_eq!((cfg.lda, cfg.ldb, cfg.ldc), (7, 7, 3));
+        assert_eq!((cfg.alpha, cfg.beta), (0.5, 1.0));
+        // dW = dy^T x: our A (dy, [rows, out]) transposed is cuBLAS's second operand.
+        let dw = GemmSpec::linear_dw(rows, in_dim, out_dim)
+            .cublas_config(1.0, 0.0)
+            .unwrap();
+        assert_eq!(dw.transb, cublasOperation_t::CUBLAS_OP_T);
+        assert_eq!((dw.m, dw.n, dw.k, dw.ldb), (7, 3, 5, 3));
+        assert!(GemmSpec::plain(0, 1, 1).check(0, 1, 0).is_err());
     }
 
     /// Every module this file family owns compiles for compute_90 and declares
