@@ -71,8 +71,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let end = gpu.stream().record_event(flags)?;
         times.push(f64::from(start.elapsed_ms(&end)?));
     }
-    times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
+    let median = falsify::gpu::timing::median(&times);
     println!(
         "{preset} {mode} on {}: median step {median:.3} ms over {steps} steps, {:.0} tokens/s",
         gpu.facts().name,

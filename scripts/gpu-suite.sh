@@ -5,7 +5,8 @@
 #   scripts/gpu-suite.sh OUTDIR [all|suite|sanitizers|benches]
 #
 # Part `suite` (about 7 minutes on an H200):
-# 1. the contract suite, twice (the second run must give the same verdicts);
+# 1. the contract suite, twice (scripts/compare-verdicts.py says whether the
+#    two runs gave the same verdicts);
 # 2. the GPU-only integration tests (fault isolation, out of memory, training step).
 # Part `sanitizers`:
 # 3. compute-sanitizer memcheck, initcheck and racecheck over the cuda
@@ -43,6 +44,7 @@ if runs suite; then
   "$bin/contracts" --test-threads 1 > "$work/run2.log" 2>&1
   note "run2 exit $?"
   cp reports/latest/falsification.csv "$work/falsification-rerun.csv"
+  note "rerun :: $(python3 scripts/compare-verdicts.py "$work/falsification.csv" "$work/falsification-rerun.csv")"
 
   for t in gpu_fault_isolation train_gpu; do
     "$bin/$t" --ignored --test-threads 1 --nocapture > "$work/$t.log" 2>&1

@@ -10,10 +10,9 @@
 //! complete.
 //!
 //! A killed writer leaves its `.falsification.csv.{pid}.tmp` (or
-//! `.speedups.csv.{pid}.tmp`) behind: nothing runs on SIGKILL, and the writer
-//! does not yet remove stale temp files of dead writers. They are never read,
-//! so they are allowed here; the test counts them as evidence that kills
-//! landed mid-write.
+//! `.speedups.csv.{pid}.tmp`) behind: nothing runs on SIGKILL. They are never
+//! read; the test counts them as evidence that kills landed mid-write, and
+//! checks that the next write removes those of dead writers.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

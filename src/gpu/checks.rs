@@ -144,8 +144,7 @@ fn retarget(ptx: &str, target: &str) -> String {
 }
 
 /// `prewarm`: for each model and base, a cold cache, pre-warm, then `steps`
-/// forward + backward passes of one decoder layer's worth of ops at the
-/// model's real shapes. Counts compilations after pre-warm; a module used but
+/// real training steps of a `GpuTrainer` (eager, captured and replayed). Counts compilations after pre-warm; a module used but
 /// not pre-warmed is a violation; pre-warmed but unused modules are reported.
 pub fn prewarm(p: &prewarm::Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     let fault = cx.mutant;

@@ -13,8 +13,9 @@
 //!
 //! Times are medians of CUDA-event-timed runs after warm-up; each run cycles
 //! over several weight (or buffer) sets so the L2 cache cannot hold them all.
-//! Ratios are of summed medians over the shapes, with a seeded bootstrap
-//! interval of the per-run sums.
+//! A subject's ratio is of the medians of the per-run sums over the shapes
+//! (each timed run adds up one time per shape), with a seeded bootstrap
+//! interval of those sums; each shape also gets its own row.
 
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
 use cudarc::cublas::{sys as blas_sys, Gemm, GemmConfig};

@@ -19,7 +19,7 @@
 //   dk_j = scale sum_{h in group} sum_{i >= j} dS_ij q_i
 //   dv_j =       sum_{h in group} sum_{i >= j} P_ij dout_i
 //
-// Kernels, each in two builds: _d64 for head_dim <= 64 and _d128 for
+// The tiled kernels come in two builds: _d64 for head_dim <= 64 and _d128 for
 // head_dim <= 128 (rows staged in shared memory are zero-padded to 64 or 128,
 // so the inner loops have a compile-time length and no bounds tests). Each
 // build is its own module (attention_d64, attention_d128: this file with
@@ -27,7 +27,8 @@
 //   attention_fwd_dXX_f32      out and probs, one pass over the keys;
 //   attention_bwd_dq_dXX_f32   dS (into ds) and dq;
 //   attention_bwd_dkv_dXX_f32  each query head's share of dk and dv (pk, pv);
-//   attention_bwd_kv_sum_f32   dk, dv: the shares of a group added in order.
+//   attention_bwd_kv_sum_f32   dk, dv: the shares of a group added in order
+//                              (not tiled; the same in both modules).
 //
 // Tiling. The tiled kernels run 256 threads on a tile of ATT_ROWS = 32 rows
 // (query rows for the forward and dq, key rows for dk/dv): thread (g, c), with
@@ -50,7 +51,8 @@
 // probabilities with the final m and l.
 //
 // `write_limit` exists only so the test-only fault injection "last element
-// unwritten" skips real stores; it is the output length otherwise.
+// unwritten" skips real stores (of `out` in the forward, of `dv` in kv_sum);
+// it is the output length otherwise.
 
 #define ATT_LANES 16
 #define ATT_THREADS 256

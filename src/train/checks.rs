@@ -264,7 +264,7 @@ pub fn trajectory_match(
 /// Passes when no host read happened while the step was being captured
 /// (`inside <= max_inside_capture`) and no step read the host more than
 /// `max_per_step` times. Every device-to-host read of the GPU step goes
-/// through its counted [`GpuTrainer::host_read`]; a read inside capture also
+/// through its counting `SyncCounter::host_read`; a read inside capture also
 /// breaks the capture itself, which is reported as a violation.
 pub fn sync_count(p: &sync_count::Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     let cfg = p.model.0;

@@ -12,13 +12,14 @@
 //!            loss = CE(rmsnorm(x_L) Wlm^T, targets)
 //! backward   dx through every op; trainable gradients only (LoRA A, B of q, v;
 //!            both norm weights): dB = s dy^T u, du = s dy B, dA = du^T n1, dn1 += du A
-//! clip       S = sum ||g||^2 (device, f64), scale = min(1, c / (sqrt S + 1e-6)), g *= scale
-//! AdamW      t += 1 (a device counter), then every tensor
+//! clip       S = sum ||g||^2 (device, f64), scale = min(1, c / (sqrt S + 1e-6))
+//! AdamW      t += 1 (a device counter), then every tensor in one launch, each
+//!            gradient multiplied by its clip scale first (g itself is not rewritten)
 //! ```
 //!
 //! The only device-to-host copy of a step is reading the loss, after
-//! everything else was queued; every such read goes through
-//! [`GpuTrainer::host_read`], which counts it (the `sync_count` check reads
+//! everything else was queued; every such read goes through the trainer's
+//! counting `SyncCounter::host_read` (the `sync_count` check reads
 //! the counters). With `graph`, the first step runs eagerly (it loads every
 //! kernel and lets cuBLAS settle), the second is captured whole as one CUDA
 //! graph, and that graph is replayed from then on: the batch is copied into
@@ -101,7 +102,7 @@ impl GpuTrainOptions {
 }
 
 /// Host synchronisations the step made: every device-to-host read goes
-/// through [`GpuTrainer::host_read`], which counts it here.
+/// through `SyncCounter::host_read`, which counts it here.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SyncCounts {
     /// All host reads since the trainer was made.
