@@ -118,13 +118,18 @@ impl std::fmt::Display for Mutant {
 mod tests {
     use super::*;
 
+    /// Every mutant the shipped contracts name prints as the name it was
+    /// parsed from (reports and `--inject` use `name()`).
     #[test]
     fn names_round_trip_through_serde() {
-        for m in [
-            Mutant::PtxOlderTarget,
-            Mutant::Nf4NeighbourCode,
-            Mutant::ClipPerLayer,
-        ] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("contracts");
+        let contracts = crate::contract::load_dir(&dir).expect("the shipped contracts load");
+        let mutants: std::collections::HashSet<Mutant> = contracts
+            .iter()
+            .flat_map(|c| c.falsification_tests.iter().map(|t| t.mutant))
+            .collect();
+        assert!(mutants.len() > 20, "{} mutants", mutants.len());
+        for m in mutants {
             let parsed: Mutant = serde_yaml::from_str(&m.name()).expect("parses");
             assert_eq!(parsed, m);
         }
