@@ -35,7 +35,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::blas;
 use super::kernels;
-use super::weights::{BaseDevice, Params};
+use super::weights::{BaseDevice, LayerWeights, Params};
 use super::workspace::{CublasWorkspace, Workspace, CUBLAS_WORKSPACE_BYTES};
 use crate::check::params::{BackwardMath, BaseWeights, ClipMode, Hyper, MlpActivations, StepMode};
 use crate::error::{Error, Result};
@@ -220,13 +220,12 @@ impl GpuTrainer {
             options.keep_mlp,
         )?;
         let per_layer = options.clip == ClipMode::PerLayer || options.has(Mutant::ClipPerLayer);
-        let groups: Vec<Vec<usize>> = if per_layer {
+        // The skipped-clip fault: no group, so no norm and no scale.
+        let groups: Vec<Vec<usize>> = if options.has(Mutant::ClipSkipped) {
+            Vec::new()
+        } else if per_layer {
             (0..cfg.layers)
-                .map(|l| {
-                    (0..Slot::ALL.len())
-                        .map(|s| l * Slot::ALL.len() + s)
-                        .collect()
-                })
+                .map(|l| Slot::ALL.iter().map(|&s| Trainable::index(l, s)).collect())
                 .collect()
         } else {
             vec![(0..params.p.len()).collect()]
@@ -248,7 +247,7 @@ impl GpuTrainer {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let optimizer = optimizer_table(gpu, &params, &clip, options.has(Mutant::ClipSkipped))?;
+        let optimizer = optimizer_table(gpu, &params, &clip)?;
         let step_count = gpu.zeros(1)?;
         let cublas = CublasWorkspace::new(gpu)?;
         gpu.synchronize()?;
@@ -516,9 +515,7 @@ impl GpuTrainer {
         let (fwd, _) = self.math(gpu);
         let rows = c.tokens();
         let (h, qd, kvd, inter, r) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate, c.lora_rank);
-        let (b, s) = (c.batch, c.seq_len);
         let eps = ModelConfig::RMS_EPS;
-        let theta = ModelConfig::ROPE_THETA;
         let sh = self.attn_shape();
         let lora_s = self.params.scale as f32;
         let ws = &mut self.ws;
@@ -575,27 +572,12 @@ impl GpuTrainer {
                 &mut a.v,
                 (rows, h, r, kvd),
             )?;
-            rope::forward(
+            rope_qk(
                 gpu,
-                &sc.q.as_view(),
-                b,
-                s,
-                c.heads,
-                c.head_dim,
-                theta,
-                &mut a.qr.as_view_mut(),
-                None,
-            )?;
-            rope::forward(
-                gpu,
-                &sc.k.as_view(),
-                b,
-                s,
-                c.kv_heads,
-                c.head_dim,
-                theta,
-                &mut a.kr.as_view_mut(),
-                None,
+                &c,
+                Rotation::Forward,
+                (&sc.q, &sc.k),
+                (&mut a.qr, &mut a.kr),
             )?;
             attention::forward(gpu, (&a.qr, &a.kr, &a.v), &mut a.att, &mut a.probs, &sh)?;
             gpu.stream().memcpy_dtod(x, &mut a.x2)?;
@@ -615,10 +597,15 @@ impl GpuTrainer {
                 Some((g, u)) => (g, u),
                 None => (&mut sc.gate, &mut sc.up),
             };
-            let wg = Workspace::weight(&mut ws.deq, gpu, &w.gate)?;
-            blas::linear(gpu, fwd, 1.0, &a.n2, wg, 0.0, gate, (rows, h, inter))?;
-            let wu = Workspace::weight(&mut ws.deq, gpu, &w.up)?;
-            blas::linear(gpu, fwd, 1.0, &a.n2, wu, 0.0, up, (rows, h, inter))?;
+            gate_up(
+                gpu,
+                fwd,
+                &mut ws.deq,
+                w,
+                &a.n2,
+                (gate, up),
+                (rows, h, inter),
+            )?;
             activation::swiglu_forward(
                 gpu,
                 &gate.as_view(),
@@ -668,9 +655,7 @@ impl GpuTrainer {
         let (_, bwd) = self.math(gpu);
         let rows = c.tokens();
         let (h, qd, kvd, inter, r) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate, c.lora_rank);
-        let (b, s) = (c.batch, c.seq_len);
         let eps = ModelConfig::RMS_EPS;
-        let theta = ModelConfig::ROPE_THETA;
         let sh = self.attn_shape();
         let lora_s = self.params.scale;
         let s_bwd = if self.options.has(Mutant::LoraBackwardScaleTwice) {
@@ -727,19 +712,16 @@ impl GpuTrainer {
             let (gate, up) = match &a.mlp {
                 Some((g, u)) => (g, u),
                 None => {
-                    let wg = Workspace::weight(&mut ws.deq, gpu, &w.gate)?;
-                    blas::linear(
+                    let dims = (rows, h, inter);
+                    gate_up(
                         gpu,
                         fwd,
-                        1.0,
+                        &mut ws.deq,
+                        w,
                         &a.n2,
-                        wg,
-                        0.0,
-                        &mut sc.gate,
-                        (rows, h, inter),
+                        (&mut sc.gate, &mut sc.up),
+                        dims,
                     )?;
-                    let wu = Workspace::weight(&mut ws.deq, gpu, &w.up)?;
-                    blas::linear(gpu, fwd, 1.0, &a.n2, wu, 0.0, &mut sc.up, (rows, h, inter))?;
                     (&sc.gate, &sc.up)
                 }
             };
@@ -795,27 +777,12 @@ impl GpuTrainer {
                 (&mut d.dqr, &mut d.dkr, &mut d.dv),
                 &sh,
             )?;
-            rope::backward(
+            rope_qk(
                 gpu,
-                &d.dqr.as_view(),
-                b,
-                s,
-                c.heads,
-                c.head_dim,
-                theta,
-                &mut d.dq.as_view_mut(),
-                None,
-            )?;
-            rope::backward(
-                gpu,
-                &d.dkr.as_view(),
-                b,
-                s,
-                c.kv_heads,
-                c.head_dim,
-                theta,
-                &mut d.dk.as_view_mut(),
-                None,
+                &c,
+                Rotation::Backward,
+                (&d.dqr, &d.dkr),
+                (&mut d.dq, &mut d.dk),
             )?;
             let wq = Workspace::weight(&mut ws.deq, gpu, &w.q)?;
             blas::linear_dx(gpu, bwd, 1.0, &d.dq, wq, 0.0, &mut d.dn1, (rows, h, qd))?;
@@ -874,9 +841,6 @@ impl GpuTrainer {
     /// group's squared norm and scale. The scale is applied to the gradients
     /// inside the AdamW launch (`g * scale` in f32, as a separate pass would).
     fn clip_grads(&mut self, gpu: &mut GpuContext) -> Result<()> {
-        if self.options.has(Mutant::ClipSkipped) {
-            return Ok(());
-        }
         let max_norm = self.options.hyper.max_grad_norm.0;
         for group in &mut self.clip {
             clip_ops::squared_sum_table(
@@ -913,25 +877,13 @@ impl GpuTrainer {
 }
 
 /// The optimizer's table: for every trainable tensor its parameter, gradient,
-/// moments and the scale of its clip group (none when clipping is skipped).
-fn optimizer_table(
-    gpu: &GpuContext,
-    params: &Params,
-    clip: &[ClipGroup],
-    clip_skipped: bool,
-) -> Result<TensorTable> {
-    let n = params.p.len();
-    let mut scales = vec![0u64; n];
-    if !clip_skipped {
-        for group in clip {
-            let scale = {
-                let (ptr, _sync) =
-                    cudarc::driver::DevicePtr::device_ptr(&group.scale, gpu.stream());
-                ptr
-            };
-            for &i in &group.tensors {
-                scales[i] = scale;
-            }
+/// moments and the scale of its clip group (none for a tensor in no group).
+fn optimizer_table(gpu: &GpuContext, params: &Params, clip: &[ClipGroup]) -> Result<TensorTable> {
+    let mut scales = vec![0u64; params.p.len()];
+    for group in clip {
+        let scale = address(gpu, &group.scale);
+        for &i in &group.tensors {
+            scales[i] = scale;
         }
     }
     let col = |bufs: &[CudaSlice<f32>]| bufs.iter().map(|b| address(gpu, b)).collect::<Vec<_>>();
@@ -980,6 +932,62 @@ fn refuse_if_too_big(
         });
     }
     Ok(())
+}
+
+/// Which way [`rope_qk`] rotates.
+#[derive(Clone, Copy)]
+enum Rotation {
+    Forward,
+    /// The transpose, for the backward.
+    Backward,
+}
+
+/// RoPE on one layer's q and k (`[T, heads * head_dim]`, `[T, kv_heads *
+/// head_dim]`) at the model's theta.
+fn rope_qk(
+    gpu: &mut GpuContext,
+    c: &ModelConfig,
+    rotation: Rotation,
+    (q, k): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (q_out, k_out): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+) -> Result<()> {
+    let apply = match rotation {
+        Rotation::Forward => rope::forward,
+        Rotation::Backward => rope::backward,
+    };
+    let theta = ModelConfig::ROPE_THETA;
+    for (x, y, heads) in [(q, q_out, c.heads), (k, k_out, c.kv_heads)] {
+        let (b, s, d) = (c.batch, c.seq_len, c.head_dim);
+        apply(
+            gpu,
+            &x.as_view(),
+            b,
+            s,
+            heads,
+            d,
+            theta,
+            &mut y.as_view_mut(),
+            None,
+        )?;
+    }
+    Ok(())
+}
+
+/// The MLP's input projections `gate = n2 Wg^T`, `up = n2 Wu^T`: what the
+/// forward computes and the backward recomputes when they are not kept.
+fn gate_up(
+    gpu: &mut GpuContext,
+    math: GemmMath,
+    deq: &mut [CudaSlice<f32>],
+    w: &LayerWeights,
+    n2: &CudaSlice<f32>,
+    (gate, up): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    (rows, hidden, inter): (usize, usize, usize),
+) -> Result<()> {
+    let wg = Workspace::weight(deq, gpu, &w.gate)?;
+    blas::linear(gpu, math, 1.0, n2, wg, 0.0, gate, (rows, hidden, inter))?;
+    let wu = Workspace::weight(deq, gpu, &w.up)?;
+    blas::linear(gpu, math, 1.0, n2, wu, 0.0, up, (rows, hidden, inter))
 }
 
 /// A frozen projection with its LoRA branch: `y = x W^T + s (x A^T) B^T`,
