@@ -22,28 +22,66 @@
 //! scratch, and `attention_bwd_kv_sum_f32` adds the shares of a group in a
 //! fixed order.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::gemm::{grid_dim, random_inputs, to_i64};
 use super::parity::{case_rng, compare, written, Arg, Case, Comparison, Signatures};
 use crate::check::op::Pass;
 use crate::check::params::Precision;
 use crate::error::{Error, Result};
-use crate::gpu::{to_i32, GpuContext};
+use crate::gpu::{launch_config_1d, to_i32, GpuContext};
 use crate::reference;
 pub use crate::reference::attention::AttnShape;
 
-/// The kernel module of each build.
-pub const MODULE_D64: &str = "attention_d64";
-pub const MODULE_D128: &str = "attention_d128";
+/// One build of the tiled kernels (see the `.cu` file): its module, its
+/// padded head width `d`, the keys per chunk of its forward and dq kernels
+/// (`AttShape::CHUNK`), and its symbols.
+struct Build {
+    module: &'static str,
+    d: usize,
+    chunk: usize,
+    fwd: &'static str,
+    dq: &'static str,
+    dkv: &'static str,
+}
 
-/// The kernel module the launchers use for `head_dim` (see [`build`]).
-pub fn module_for(head_dim: usize) -> &'static str {
-    if head_dim <= 64 {
-        MODULE_D64
+const D64: Build = Build {
+    module: "attention_d64",
+    d: 64,
+    chunk: 64,
+    fwd: "attention_fwd_d64_f32",
+    dq: "attention_bwd_dq_d64_f32",
+    dkv: "attention_bwd_dkv_d64_f32",
+};
+
+const D128: Build = Build {
+    module: "attention_d128",
+    d: 128,
+    chunk: 32,
+    fwd: "attention_fwd_d128_f32",
+    dq: "attention_bwd_dq_d128_f32",
+    dkv: "attention_bwd_dkv_d128_f32",
+};
+
+/// The (not tiled) kernel both modules hold.
+const KV_SUM: &str = "attention_bwd_kv_sum_f32";
+
+/// The kernel module of each build.
+pub const MODULE_D64: &str = D64.module;
+pub const MODULE_D128: &str = D128.module;
+
+/// The build for `head_dim` (validated <= [`MAX_HEAD_DIM`]).
+fn build(head_dim: usize) -> &'static Build {
+    if head_dim <= D64.d {
+        &D64
     } else {
-        MODULE_D128
+        &D128
     }
+}
+
+/// The kernel module the launchers use for `head_dim`.
+pub fn module_for(head_dim: usize) -> &'static str {
+    build(head_dim).module
 }
 
 /// Argument lists of the kernels, in the order the launchers push them.
@@ -104,18 +142,18 @@ const KV_SUM_ARGS: &[Arg] = &[
 
 /// The kernels of module `attention_d64`, checked against its PTX by a unit test.
 pub const SIGNATURES_D64: Signatures = &[
-    ("attention_fwd_d64_f32", FWD_ARGS),
-    ("attention_bwd_dq_d64_f32", DQ_ARGS),
-    ("attention_bwd_dkv_d64_f32", DKV_ARGS),
-    ("attention_bwd_kv_sum_f32", KV_SUM_ARGS),
+    (D64.fwd, FWD_ARGS),
+    (D64.dq, DQ_ARGS),
+    (D64.dkv, DKV_ARGS),
+    (KV_SUM, KV_SUM_ARGS),
 ];
 
 /// The kernels of module `attention_d128`.
 pub const SIGNATURES_D128: Signatures = &[
-    ("attention_fwd_d128_f32", FWD_ARGS),
-    ("attention_bwd_dq_d128_f32", DQ_ARGS),
-    ("attention_bwd_dkv_d128_f32", DKV_ARGS),
-    ("attention_bwd_kv_sum_f32", KV_SUM_ARGS),
+    (D128.fwd, FWD_ARGS),
+    (D128.dq, DQ_ARGS),
+    (D128.dkv, DKV_ARGS),
+    (KV_SUM, KV_SUM_ARGS),
 ];
 
 /// Threads per block of the tiled kernels: 16 row pairs x 16 lanes, as the
@@ -130,17 +168,6 @@ const QUERY_CHUNK: usize = 32;
 
 /// The largest head_dim the kernels' builds take.
 pub const MAX_HEAD_DIM: usize = 128;
-
-/// The kernel build for `head_dim`: its padded width `D` (64 or 128), the
-/// keys per chunk of its forward and dq kernels (`AttShape::CHUNK`), and the
-/// suffix of its symbols.
-fn build(head_dim: usize) -> (usize, usize, &'static str) {
-    if head_dim <= 64 {
-        (64, 64, "d64")
-    } else {
-        (128, 32, "d128")
-    }
-}
 
 /// Grid limit of the y and z dimensions.
 const MAX_GRID_YZ: u32 = 65_535;
@@ -162,6 +189,20 @@ struct Dims {
     kv_heads: i32,
     head_dim: i32,
     scale: f32,
+}
+
+impl Dims {
+    /// Pushes `batch, seq, heads, kv_heads, head_dim, scale`, in that order
+    /// (the tail of the forward, dq and kv_sum argument lists).
+    fn push<'a>(&'a self, launch: &mut LaunchArgs<'a>) {
+        launch
+            .arg(&self.batch)
+            .arg(&self.seq)
+            .arg(&self.heads)
+            .arg(&self.kv_heads)
+            .arg(&self.head_dim)
+            .arg(&self.scale);
+    }
 }
 
 fn validate(sh: &AttnShape) -> Result<Dims> {
@@ -208,13 +249,9 @@ fn expect(what: &str, got: usize, want: usize) -> Result<()> {
     }
 }
 
-/// The forward and dq kernels: one block per (32 query rows, head, batch);
-/// shared memory holds a row tile and a key chunk (rows padded to D + 1)
-/// and a 32 x (chunk + 1) tile of probabilities: 33,280 bytes for the d64
-/// build, 37,248 for d128, within the 48 KiB a launch gets without opting in.
-fn row_config(sh: &AttnShape) -> LaunchConfig {
-    let (d, chunk, _) = build(sh.head_dim);
-    let floats = (TILE_ROWS + chunk) * (d + 1) + TILE_ROWS * (chunk + 1);
+/// One block of 256 threads per (32 rows, head, batch), with `floats` of
+/// dynamic shared memory.
+fn tile_config(sh: &AttnShape, floats: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
             sh.seq.div_ceil(TILE_ROWS) as u32,
@@ -226,21 +263,27 @@ fn row_config(sh: &AttnShape) -> LaunchConfig {
     }
 }
 
-/// The dk/dv kernel: one block per (32 key rows, query head, batch); shared
-/// memory holds a chunk of q and of dout rows and the matching 32 x 33 tiles
-/// of dS and P (25,088 bytes for d64, 41,472 for d128).
+/// The forward and dq kernels: one block per 32 query rows; shared memory
+/// holds a row tile and a key chunk (rows padded to D + 1) and a
+/// 32 x (chunk + 1) tile of probabilities: 33,280 bytes for the d64 build,
+/// 37,248 for d128, within the 48 KiB a launch gets without opting in.
+fn row_config(sh: &AttnShape) -> LaunchConfig {
+    let b = build(sh.head_dim);
+    tile_config(
+        sh,
+        (TILE_ROWS + b.chunk) * (b.d + 1) + TILE_ROWS * (b.chunk + 1),
+    )
+}
+
+/// The dk/dv kernel: one block per 32 key rows; shared memory holds a chunk
+/// of q and of dout rows and the matching 32 x 33 tiles of dS and P (25,088
+/// bytes for d64, 41,472 for d128).
 fn kv_config(sh: &AttnShape) -> LaunchConfig {
-    let (d, _, _) = build(sh.head_dim);
-    let floats = 2 * QUERY_CHUNK * (d + 1) + 2 * TILE_ROWS * (QUERY_CHUNK + 1);
-    LaunchConfig {
-        grid_dim: (
-            sh.seq.div_ceil(TILE_ROWS) as u32,
-            sh.heads as u32,
-            sh.batch as u32,
-        ),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: (floats * 4) as u32,
-    }
+    let b = build(sh.head_dim);
+    tile_config(
+        sh,
+        2 * QUERY_CHUNK * (b.d + 1) + 2 * TILE_ROWS * (QUERY_CHUNK + 1),
+    )
 }
 
 /// Forward: writes `out` and `probs`.
@@ -272,24 +315,12 @@ fn forward_limited(
     expect("probs", probs.len(), p_len)?;
     let limit = to_i64("attention", write_limit.min(q_len))?;
     let cfg = row_config(sh);
-    let func = gpu.function(
-        module_for(sh.head_dim),
-        &format!("attention_fwd_{}_f32", build(sh.head_dim).2),
-    )?;
+    let b = build(sh.head_dim);
+    let func = gpu.function(b.module, b.fwd)?;
     let mut launch = gpu.stream().launch_builder(&func);
-    launch
-        .arg(q)
-        .arg(k)
-        .arg(v)
-        .arg(out)
-        .arg(probs)
-        .arg(&d.batch)
-        .arg(&d.seq)
-        .arg(&d.heads)
-        .arg(&d.kv_heads)
-        .arg(&d.head_dim)
-        .arg(&d.scale)
-        .arg(&limit);
+    launch.arg(q).arg(k).arg(v).arg(out).arg(probs);
+    d.push(&mut launch);
+    launch.arg(&limit);
     // SAFETY: arguments match `attention_fwd_dXX_f32(const float* q, const float*
     // k, const float* v, float* out, float* probs, int batch, int seq, int
     // heads, int kv_heads, int head_dim, float scale, long long write_limit)`
@@ -375,10 +406,9 @@ fn backward_limited(
     let (mut ds, mut shares) = scratch.split_at_mut(p_len);
     let (mut pk, mut pv) = shares.split_at_mut(q_len);
 
-    let suffix = build(sh.head_dim).2;
-    let module = module_for(sh.head_dim);
+    let b = build(sh.head_dim);
     let cfg = row_config(sh);
-    let func = gpu.function(module, &format!("attention_bwd_dq_{suffix}_f32"))?;
+    let func = gpu.function(b.module, b.dq)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
         .arg(k)
@@ -387,13 +417,8 @@ fn backward_limited(
         .arg(out)
         .arg(dout)
         .arg(&mut *dq)
-        .arg(&mut ds)
-        .arg(&d.batch)
-        .arg(&d.seq)
-        .arg(&d.heads)
-        .arg(&d.kv_heads)
-        .arg(&d.head_dim)
-        .arg(&d.scale);
+        .arg(&mut ds);
+    d.push(&mut launch);
     // SAFETY: arguments match `attention_bwd_dq_dXX_f32(const float* k,
     // const float* v, const float* probs, const float* out, const float* dout,
     // float* dq, float* ds, int batch, int seq, int heads, int kv_heads, int
@@ -407,7 +432,7 @@ fn backward_limited(
     unsafe { launch.launch(cfg) }?;
 
     let cfg = kv_config(sh);
-    let func = gpu.function(module, &format!("attention_bwd_dkv_{suffix}_f32"))?;
+    let func = gpu.function(b.module, b.dkv)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
         .arg(q)
@@ -432,26 +457,12 @@ fn backward_limited(
     // of pk and pv, and uses the dynamic shared memory kv_config provides.
     unsafe { launch.launch(cfg) }?;
 
-    let n = sh.batch * sh.seq * sh.kv_heads * sh.head_dim;
-    let cfg = LaunchConfig {
-        grid_dim: (n.div_ceil(THREADS as usize).min(65_535) as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let func = gpu.function(module, "attention_bwd_kv_sum_f32")?;
+    let cfg = launch_config_1d(kv_len, 65_535);
+    let func = gpu.function(b.module, KV_SUM)?;
     let mut launch = gpu.stream().launch_builder(&func);
-    launch
-        .arg(&mut pk)
-        .arg(&mut pv)
-        .arg(dk)
-        .arg(dv)
-        .arg(&d.batch)
-        .arg(&d.seq)
-        .arg(&d.heads)
-        .arg(&d.kv_heads)
-        .arg(&d.head_dim)
-        .arg(&d.scale)
-        .arg(&limit);
+    launch.arg(&mut pk).arg(&mut pv).arg(dk).arg(dv);
+    d.push(&mut launch);
+    launch.arg(&limit);
     // SAFETY: arguments match `attention_bwd_kv_sum_f32(const float* pk,
     // const float* pv, float* dk, float* dv, int batch, int seq, int heads,
     // int kv_heads, int head_dim, float scale, long long write_limit)` in
@@ -543,6 +554,27 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shared memory the launch configs ask for: the sizes the doc
+    /// comments state, all within the 48 KiB a launch gets without opting in.
+    #[test]
+    fn launch_configs_fit_the_default_shared_memory() {
+        let sh = |head_dim| AttnShape {
+            batch: 4,
+            seq: 256,
+            heads: 14,
+            kv_heads: 2,
+            head_dim,
+        };
+        let bytes = |c: LaunchConfig| c.shared_mem_bytes;
+        assert_eq!(bytes(row_config(&sh(64))), 33_280);
+        assert_eq!(bytes(row_config(&sh(128))), 37_248);
+        assert_eq!(bytes(kv_config(&sh(64))), 25_088);
+        assert_eq!(bytes(kv_config(&sh(128))), 41_472);
+        assert_eq!(row_config(&sh(16)).grid_dim, (8, 14, 4));
+        assert_eq!(module_for(16), MODULE_D64);
+        assert_eq!(module_for(65), MODULE_D128);
+    }
 
     #[test]
     fn shapes_the_kernels_cannot_take_are_refused() {
