@@ -4,7 +4,7 @@
 use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
 use super::parity::{
-    case_rng, compare, elements, uniform, widen, written, Arg, Case, Comparison, Signatures,
+    case_rng, compare, uniform, vec4_launch, widen, Arg, Case, Comparison, Signatures,
 };
 use crate::check::op::{Op, Pass};
 use crate::error::Result;
@@ -26,14 +26,6 @@ pub const SIGNATURES: Signatures = &[
     ),
 ];
 
-/// The element count actually launched, or `None` when nothing is to be written.
-fn count(op: &'static str, n: usize, fault: Option<Mutant>) -> Result<Option<i32>> {
-    match written(n, fault) {
-        0 => Ok(None),
-        w => elements(op, w).map(Some),
-    }
-}
-
 /// `y = silu(x)`.
 pub fn silu_forward(
     gpu: &mut GpuContext,
@@ -43,12 +35,10 @@ pub fn silu_forward(
 ) -> Result<()> {
     let n = x.len();
     expect_len("silu", "y", y.len(), &[n])?;
-    let Some(n_i) = count("silu", n, fault)? else {
+    let Some((n_i, cfg)) = vec4_launch(gpu, "silu", n, fault)? else {
         return Ok(());
     };
     let f = gpu.function(MODULE, "silu_fwd_f32")?;
-    // One thread per float4: the kernels move 4 values per thread.
-    let cfg = gpu.launch_1d((n_i as usize).div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x).arg(y).arg(&n_i);
     // SAFETY: silu_fwd_f32(const float* x, float* y, int n): x and y hold
@@ -68,12 +58,10 @@ pub fn silu_backward(
     let n = x.len();
     expect_len("silu", "dy", dy.len(), &[n])?;
     expect_len("silu", "dx", dx.len(), &[n])?;
-    let Some(n_i) = count("silu", n, fault)? else {
+    let Some((n_i, cfg)) = vec4_launch(gpu, "silu", n, fault)? else {
         return Ok(());
     };
     let f = gpu.function(MODULE, "silu_bwd_f32")?;
-    // One thread per float4: the kernels move 4 values per thread.
-    let cfg = gpu.launch_1d((n_i as usize).div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x).arg(dy).arg(dx).arg(&n_i);
     // SAFETY: silu_bwd_f32(const float* x, const float* dy, float* dx, int n):
@@ -93,12 +81,10 @@ pub fn swiglu_forward(
     let n = gate.len();
     expect_len("swiglu", "up", up.len(), &[n])?;
     expect_len("swiglu", "y", y.len(), &[n])?;
-    let Some(n_i) = count("swiglu", n, fault)? else {
+    let Some((n_i, cfg)) = vec4_launch(gpu, "swiglu", n, fault)? else {
         return Ok(());
     };
     let f = gpu.function(MODULE, "swiglu_fwd_f32")?;
-    // One thread per float4: the kernels move 4 values per thread.
-    let cfg = gpu.launch_1d((n_i as usize).div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(gate).arg(up).arg(y).arg(&n_i);
     // SAFETY: swiglu_fwd_f32(const float* gate, const float* up, float* y, int n):
@@ -122,12 +108,10 @@ pub fn swiglu_backward(
     expect_len("swiglu", "dy", dy.len(), &[n])?;
     expect_len("swiglu", "dgate", dgate.len(), &[n])?;
     expect_len("swiglu", "dup", dup.len(), &[n])?;
-    let Some(n_i) = count("swiglu", n, fault)? else {
+    let Some((n_i, cfg)) = vec4_launch(gpu, "swiglu", n, fault)? else {
         return Ok(());
     };
     let f = gpu.function(MODULE, "swiglu_bwd_f32")?;
-    // One thread per float4: the kernels move 4 values per thread.
-    let cfg = gpu.launch_1d((n_i as usize).div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(gate).arg(up).arg(dy).arg(dgate).arg(dup).arg(&n_i);
     // SAFETY: swiglu_bwd_f32(const float* gate, const float* up, const float* dy,

@@ -10,8 +10,7 @@ use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 use rand::Rng;
 
 use super::parity::{
-    case_rng, compare_in_place, elements, uniform, widen, written, Arg, Case, Comparison,
-    Signatures,
+    case_rng, compare_in_place, uniform, vec4_launch, widen, Arg, Case, Comparison, Signatures,
 };
 use crate::error::{Error, Result};
 use crate::gpu::GpuContext;
@@ -77,11 +76,9 @@ pub fn step(
                 op: "adamw",
                 message: format!("step must be in [1, 2^31), got {t}"),
             })?;
-    let n_w = written(n, fault);
-    if n_w == 0 {
+    let Some((n_i, cfg)) = vec4_launch(gpu, "adamw", n, fault)? else {
         return Ok(());
-    }
-    let n_i = elements("adamw", n_w)?;
+    };
     let k = as_kernel_args(hyper);
     let (lr, b1, b2, eps, wd) = (
         k.lr as f32,
@@ -91,8 +88,6 @@ pub fn step(
         k.weight_decay as f32,
     );
     let f = gpu.function(MODULE, "adamw_step_f32")?;
-    // One thread per float4: the kernel moves 4 values per thread.
-    let cfg = gpu.launch_1d(n_w.div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(p).arg(g).arg(m).arg(v).arg(&n_i).arg(&step_i);
     l.arg(&lr).arg(&b1).arg(&b2).arg(&eps).arg(&wd);

@@ -11,8 +11,8 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelA
 use rand::Rng;
 
 use super::parity::{
-    case_rng, compare, compare_in_place, elements, uniform, widen, written, Arg, Case, Comparison,
-    Signatures,
+    case_rng, compare, compare_in_place, elements, uniform, vec4_launch, widen, written, Arg, Case,
+    Comparison, Signatures,
 };
 use crate::check::op::Op;
 use crate::error::{Error, Result};
@@ -224,14 +224,10 @@ pub fn apply(
     fault: Option<Mutant>,
 ) -> Result<()> {
     expect_len("clip_apply", "scale", scale.len(), &[1])?;
-    let n_w = written(g.len(), fault);
-    if n_w == 0 {
+    let Some((n_i, cfg)) = vec4_launch(gpu, "clip_apply", g.len(), fault)? else {
         return Ok(());
-    }
-    let n_i = elements("clip_apply", n_w)?;
+    };
     let f = gpu.function(MODULE, "clip_apply_f32")?;
-    // One thread per float4: the kernel moves 4 values per thread.
-    let cfg = gpu.launch_1d(n_w.div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(g).arg(scale).arg(&n_i);
     // SAFETY: clip_apply_f32(float* g, const float* scale, int n): g holds

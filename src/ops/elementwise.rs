@@ -5,7 +5,7 @@ use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 use rand::Rng;
 
 use super::parity::{
-    case_rng, compare, elements, uniform, widen, written, Arg, Case, Comparison, Signatures,
+    case_rng, compare, uniform, vec4_launch, widen, Arg, Case, Comparison, Signatures,
 };
 use crate::check::op::{Op, Pass};
 use crate::error::Result;
@@ -41,14 +41,10 @@ pub fn residual_add(
     let n = a.len();
     expect_len("residual_add", "b", b.len(), &[n])?;
     expect_len("residual_add", "y", y.len(), &[n])?;
-    let n_w = written(n, fault);
-    if n_w == 0 {
+    let Some((n_i, cfg)) = vec4_launch(gpu, "residual_add", n, fault)? else {
         return Ok(());
-    }
-    let n_i = elements("residual_add", n_w)?;
+    };
     let f = gpu.function(MODULE, "residual_add_fwd_f32")?;
-    // One thread per float4: the kernels move 4 values per thread.
-    let cfg = gpu.launch_1d(n_w.div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(a).arg(b).arg(y).arg(&n_i);
     // SAFETY: residual_add_fwd_f32(const float* a, const float* b, float* y, int n):
@@ -69,14 +65,10 @@ pub fn residual_add_backward(
     let n = dy.len();
     expect_len("residual_add", "da", da.len(), &[n])?;
     expect_len("residual_add", "db", db.len(), &[n])?;
-    let n_w = written(n, fault);
-    if n_w == 0 {
+    let Some((n_i, cfg)) = vec4_launch(gpu, "residual_add", n, fault)? else {
         return Ok(());
-    }
-    let n_i = elements("residual_add", n_w)?;
+    };
     let f = gpu.function(MODULE, "residual_add_bwd_f32")?;
-    // One thread per float4: the kernels move 4 values per thread.
-    let cfg = gpu.launch_1d(n_w.div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(dy).arg(da).arg(db).arg(&n_i);
     // SAFETY: residual_add_bwd_f32(const float* dy, float* da, float* db, int n):
@@ -117,15 +109,11 @@ fn launch_scale(
 ) -> Result<()> {
     let n = x.len();
     expect_len("scale", "output", y.len(), &[n])?;
-    let n_w = written(n, fault);
-    if n_w == 0 {
+    let Some((n_i, cfg)) = vec4_launch(gpu, "scale", n, fault)? else {
         return Ok(());
-    }
-    let n_i = elements("scale", n_w)?;
+    };
     let s_f = s as f32;
     let f = gpu.function(MODULE, symbol)?;
-    // One thread per float4: the kernels move 4 values per thread.
-    let cfg = gpu.launch_1d(n_w.div_ceil(4));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x).arg(y).arg(&s_f).arg(&n_i);
     // SAFETY: scale_{fwd,bwd}_f32(const float* x, float* y, float s, int n):

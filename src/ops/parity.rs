@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::gpu::GpuContext;
 use crate::mutant::Mutant;
 use crate::report::artifacts::{ArtifactTensor, FailureDump};
+use cudarc::driver::LaunchConfig;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -333,6 +334,21 @@ pub(crate) fn row_threads(cols: usize, max: u32) -> u32 {
 /// Largest element count of a grid-stride kernel: with `n <= 2^30` and a grid
 /// of at most `2^30` threads, `k + stride` never overflows the kernel's `int`.
 pub(crate) const MAX_ELEMENTS: usize = 1 << 30;
+
+/// A float4 kernel's launch over `n` elements: the count it writes (fewer
+/// only under the "last element unwritten" fault) as its `int n`, and one
+/// thread per four elements; `None` when nothing is to be written.
+pub(crate) fn vec4_launch(
+    gpu: &GpuContext,
+    op: &'static str,
+    n: usize,
+    fault: Option<Mutant>,
+) -> Result<Option<(i32, LaunchConfig)>> {
+    match written(n, fault) {
+        0 => Ok(None),
+        w => Ok(Some((elements(op, w)?, gpu.launch_1d(w.div_ceil(4))))),
+    }
+}
 
 /// `n` as the kernel's `int` element count, or an error above [`MAX_ELEMENTS`].
 pub(crate) fn elements(op: &'static str, n: usize) -> Result<i32> {
