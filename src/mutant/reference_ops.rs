@@ -12,17 +12,7 @@ use crate::reference::{activation, cross_entropy, gemm, rmsnorm, rope, softmax};
 /// [`super::Mutant::SoftmaxWithoutMaxSubtraction`]: `exp(x_j) / sum_k exp(x_k)`
 /// with no max shift, so logits above ~709 overflow to `inf` (and `inf / inf` is NaN).
 pub fn softmax_without_max_subtraction(x: &[f64], rows: usize, seq: usize) -> Result<Vec<f64>> {
-    expect_len("softmax", "x", x.len(), &[rows, seq])?;
-    let mut y = vec![0.0; rows * seq];
-    for r in 0..rows {
-        let n = softmax::visible(r, seq);
-        let e: Vec<f64> = x[r * seq..r * seq + n].iter().map(|v| v.exp()).collect();
-        let sum: f64 = e.iter().sum();
-        for (j, ej) in e.iter().enumerate() {
-            y[r * seq + j] = ej / sum;
-        }
-    }
-    Ok(y)
+    softmax::forward_shifted(x, rows, seq, false)
 }
 
 /// [`super::Mutant::SoftmaxBackwardMissingDot`]: `dx = y * dy`, dropping `- y <y, dy>`.
@@ -84,23 +74,8 @@ pub fn rope_unbalanced_rotation(
     head_dim: usize,
     theta: f64,
 ) -> Result<Vec<f64>> {
-    // The clean forward validates the shape; its output is then recomputed.
-    let mut y = rope::forward(x, batch, seq, heads, head_dim, theta)?;
-    let half = head_dim / 2;
-    for b in 0..batch {
-        for pos in 0..seq {
-            for h in 0..heads {
-                let base = ((b * seq + pos) * heads + h) * head_dim;
-                for i in 0..half {
-                    let (sin, cos) = rope::angle(pos, i, head_dim, theta).sin_cos();
-                    let (x1, x2) = (x[base + i], x[base + i + half]);
-                    y[base + i] = x1 * cos + x2 * sin;
-                    y[base + i + half] = x1 * sin + x2 * cos;
-                }
-            }
-        }
-    }
-    Ok(y)
+    let unbalanced: rope::PairMap = |x1, x2, sin, cos| (x1 * cos + x2 * sin, x1 * sin + x2 * cos);
+    rope::rotate_with(x, (batch, seq, heads, head_dim), theta, 1.0, unbalanced)
 }
 
 /// [`super::Mutant::RopeInverseSameDirection`]: the "inverse" rotates by `+angle`

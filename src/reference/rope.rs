@@ -9,7 +9,7 @@ use super::elementwise::expect_len;
 use crate::error::{Error, Result};
 
 /// Rotation angle of pair `i` at position `pos`: `pos * theta^(-2i / head_dim)`.
-pub fn angle(pos: usize, i: usize, head_dim: usize, theta: f64) -> f64 {
+fn angle(pos: usize, i: usize, head_dim: usize, theta: f64) -> f64 {
     pos as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64)
 }
 
@@ -23,6 +23,14 @@ fn check(len: usize, batch: usize, seq: usize, heads: usize, head_dim: usize) ->
     expect_len("rope", "x", len, &[batch, seq, heads, head_dim])
 }
 
+/// One pair's rotation: `(x_i, x_{i+half}, sin, cos) -> (y_i, y_{i+half})`.
+pub(crate) type PairMap = fn(f64, f64, f64, f64) -> (f64, f64);
+
+/// The rotation `R`: `y_i = x_i cos - x_{i+half} sin`, `y_{i+half} = x_i sin + x_{i+half} cos`.
+fn rotation(x1: f64, x2: f64, sin: f64, cos: f64) -> (f64, f64) {
+    (x1 * cos - x2 * sin, x1 * sin + x2 * cos)
+}
+
 /// Rotates every pair by `sign * angle`; `sign = 1` is RoPE, `sign = -1` its inverse.
 fn rotate(
     x: &[f64],
@@ -33,6 +41,17 @@ fn rotate(
     theta: f64,
     sign: f64,
 ) -> Result<Vec<f64>> {
+    rotate_with(x, (batch, seq, heads, head_dim), theta, sign, rotation)
+}
+
+/// Applies `pair` to every pair at `sign * angle` (mutants pass a wrong map).
+pub(crate) fn rotate_with(
+    x: &[f64],
+    (batch, seq, heads, head_dim): (usize, usize, usize, usize),
+    theta: f64,
+    sign: f64,
+    pair: PairMap,
+) -> Result<Vec<f64>> {
     check(x.len(), batch, seq, heads, head_dim)?;
     let half = head_dim / 2;
     let mut y = vec![0.0; x.len()];
@@ -42,9 +61,8 @@ fn rotate(
                 let base = ((b * seq + pos) * heads + h) * head_dim;
                 for i in 0..half {
                     let (sin, cos) = (sign * angle(pos, i, head_dim, theta)).sin_cos();
-                    let (x1, x2) = (x[base + i], x[base + i + half]);
-                    y[base + i] = x1 * cos - x2 * sin;
-                    y[base + i + half] = x1 * sin + x2 * cos;
+                    (y[base + i], y[base + i + half]) =
+                        pair(x[base + i], x[base + i + half], sin, cos);
                 }
             }
         }

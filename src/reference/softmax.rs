@@ -15,12 +15,28 @@ pub fn visible(r: usize, seq: usize) -> usize {
 
 /// Causal softmax of every row, max-subtracted so large logits cannot overflow.
 pub fn forward(x: &[f64], rows: usize, seq: usize) -> Result<Vec<f64>> {
+    forward_shifted(x, rows, seq, true)
+}
+
+/// [`forward`], with the row maximum subtracted before `exp` only when
+/// `subtract_max` (`false` is the overflow fault a mutant plants; subtracting
+/// 0 instead leaves every value bit for bit what a plain `exp` gives).
+pub(crate) fn forward_shifted(
+    x: &[f64],
+    rows: usize,
+    seq: usize,
+    subtract_max: bool,
+) -> Result<Vec<f64>> {
     expect_len("softmax", "x", x.len(), &[rows, seq])?;
     let mut y = vec![0.0; rows * seq];
     for r in 0..rows {
         let n = visible(r, seq);
         let xr = &x[r * seq..r * seq + n];
-        let m = xr.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let m = if subtract_max {
+            xr.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+        } else {
+            0.0
+        };
         let e: Vec<f64> = xr.iter().map(|v| (v - m).exp()).collect();
         let sum: f64 = e.iter().sum();
         for (j, ej) in e.iter().enumerate() {
