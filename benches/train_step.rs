@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use falsify::check::params::{BackwardMath, BaseWeights, Hyper, MlpActivations, StepMode};
+use falsify::check::params::{BackwardMath, BaseWeights, MlpActivations, StepMode};
 use falsify::gpu::{driver_present, GpuContext, GpuOptions};
 use falsify::model::ModelConfig;
 use falsify::train::{GpuTrainOptions, GpuTrainer};
@@ -48,10 +48,7 @@ fn bench_train_step(c: &mut Criterion) {
             ..StepMode::default()
         });
         for mode in modes {
-            let options = GpuTrainOptions {
-                device_quantize: true,
-                ..GpuTrainOptions::from_mode(&mode, Hyper::default(), None)
-            };
+            let options = GpuTrainOptions::for_speed(&mode, None);
             let mut trainer = GpuTrainer::new(&mut gpu, &config, options, 0).expect("a trainer");
             for _ in 0..2 {
                 trainer.step(&mut gpu).expect("warm-up step");

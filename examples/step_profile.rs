@@ -10,7 +10,7 @@
 //! It prints the median step time and tokens/s over `--steps` timed steps
 //! (CUDA events around each step, after two warm-up steps).
 
-use falsify::check::params::{BackwardMath, BaseWeights, Hyper, MlpActivations, StepMode};
+use falsify::check::params::{BackwardMath, BaseWeights, MlpActivations, StepMode};
 use falsify::gpu::{driver_present, GpuContext, GpuOptions};
 use falsify::model::ModelConfig;
 use falsify::train::{GpuTrainOptions, GpuTrainer};
@@ -53,10 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..StepMode::default()
     };
     let mut gpu = GpuContext::new(GpuOptions::default())?;
-    let options = GpuTrainOptions {
-        device_quantize: true,
-        ..GpuTrainOptions::from_mode(&mode, Hyper::default(), None)
-    };
+    let options = GpuTrainOptions::for_speed(&mode, None);
     let mut trainer = GpuTrainer::new(&mut gpu, &config, options, 0)?;
     for _ in 0..2 {
         trainer.step(&mut gpu)?;

@@ -115,6 +115,20 @@ impl<'de> Deserialize<'de> for Count {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelName(pub ModelConfig);
 
+impl ModelName {
+    /// The preset with `batch` and `seq_len` overridden where given.
+    pub fn sized(&self, batch: Option<Count>, seq_len: Option<Count>) -> ModelConfig {
+        let mut cfg = self.0;
+        if let Some(b) = batch {
+            cfg = cfg.with_batch(b.0);
+        }
+        if let Some(s) = seq_len {
+            cfg = cfg.with_seq_len(s.0);
+        }
+        cfg
+    }
+}
+
 impl<'de> Deserialize<'de> for ModelName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use super::cache::{compile_module, load_checked, ptx_target, OLDER_ARCH};
 use super::context::GpuContext;
 use super::prewarm::PrewarmReport;
-use crate::check::params::{BaseWeights, Hyper, StepMode};
+use crate::check::params::{BaseWeights, StepMode};
 use crate::check::{prewarm, require_gpu, target_parity, Comparator, Measurement, TrialContext};
 use crate::error::{Error, Result};
 use crate::kernels;
@@ -161,18 +161,12 @@ pub fn prewarm(p: &prewarm::Params, cx: &mut TrialContext<'_>) -> Result<Measure
                 gpu.cache_mut().clear_used();
                 // Real training steps, graphed as in production: step 1 runs
                 // eagerly, step 2 captures, later steps replay.
-                let options = GpuTrainOptions {
-                    device_quantize: true,
-                    ..GpuTrainOptions::from_mode(
-                        &StepMode {
-                            graph: true,
-                            base,
-                            ..StepMode::default()
-                        },
-                        Hyper::default(),
-                        None,
-                    )
+                let mode = StepMode {
+                    graph: true,
+                    base,
+                    ..StepMode::default()
                 };
+                let options = GpuTrainOptions::for_speed(&mode, None);
                 let mut trainer = GpuTrainer::new(gpu, &config, options, seed)?;
                 for _ in 0..p.steps.0 {
                     trainer.step(gpu)?;

@@ -138,13 +138,7 @@ struct Pair {
 pub fn measure(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     let (seed, fault) = (cx.seed, cx.mutant);
     let gpu = require_gpu(cx)?;
-    let mut config = p.model.0;
-    if let Some(b) = p.batch {
-        config = config.with_batch(b.0);
-    }
-    if let Some(s) = p.seq_len {
-        config = config.with_seq_len(s.0);
-    }
+    let config = p.model.sized(p.batch, p.seq_len);
     let out = match p.subject {
         Subject::Gemm => gemm_pairs(gpu, p, &config, seed, fault),
         Subject::Nf4Gemm => nf4_pairs(gpu, p, &config, seed, fault),

@@ -346,22 +346,10 @@ pub fn throughput_ratio(
     cx: &mut TrialContext<'_>,
 ) -> Result<Measurement> {
     use crate::gpu::timing::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
-    let mut cfg = p.model.0;
-    if let Some(b) = p.batch {
-        cfg = cfg.with_batch(b.0);
-    }
-    if let Some(s) = p.seq_len {
-        cfg = cfg.with_seq_len(s.0);
-    }
+    let cfg = p.model.sized(p.batch, p.seq_len);
     let seed = cx.seed;
-    // Speed only: an NF4 base may be quantised on the device (fast for the
-    // large presets); parity checks use the reference's quantiser instead.
-    let speed = |mode: &StepMode, mutant| GpuTrainOptions {
-        device_quantize: true,
-        ..GpuTrainOptions::from_mode(mode, Hyper::default(), mutant)
-    };
-    let base_opts = speed(&p.baseline, None);
-    let cand_opts = speed(&p.candidate, cx.mutant);
+    let base_opts = GpuTrainOptions::for_speed(&p.baseline, None);
+    let cand_opts = GpuTrainOptions::for_speed(&p.candidate, cx.mutant);
     // A slowed launch is injected into the candidate's kernels only (set
     // while it is built, captured and stepped): the claim is about it.
     let cand_fault = cx.mutant.filter(|m| *m == Mutant::SerialisedLaunch);
@@ -437,18 +425,9 @@ pub fn step_throughput(
     cx: &mut TrialContext<'_>,
 ) -> Result<Measurement> {
     use crate::gpu::timing::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
-    let mut cfg = p.model.0;
-    if let Some(b) = p.batch {
-        cfg = cfg.with_batch(b.0);
-    }
-    if let Some(s) = p.seq_len {
-        cfg = cfg.with_seq_len(s.0);
-    }
+    let cfg = p.model.sized(p.batch, p.seq_len);
     let seed = cx.seed;
-    let options = GpuTrainOptions {
-        device_quantize: true,
-        ..GpuTrainOptions::from_mode(&p.mode, Hyper::default(), cx.mutant)
-    };
+    let options = GpuTrainOptions::for_speed(&p.mode, cx.mutant);
     let fault = cx.mutant.filter(|m| *m == Mutant::SerialisedLaunch);
     let gpu = require_gpu(cx)?;
     gpu.set_fault(fault);
@@ -523,20 +502,14 @@ fn used_bytes(gpu: &GpuContext) -> Result<usize> {
 /// is in the detail.
 pub fn memory_budget(p: &memory_budget::Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     const STEPS: usize = 3;
-    let cfg = p.batch.map_or(p.model.0, |b| p.model.0.with_batch(b.0));
+    let cfg = p.model.sized(p.batch, None);
     let seed = cx.seed;
-    let options = GpuTrainOptions {
-        device_quantize: true,
-        ..GpuTrainOptions::from_mode(
-            &StepMode {
-                graph: true,
-                base: p.base,
-                ..StepMode::default()
-            },
-            Hyper::default(),
-            cx.mutant,
-        )
+    let mode = StepMode {
+        graph: true,
+        base: p.base,
+        ..StepMode::default()
     };
+    let options = GpuTrainOptions::for_speed(&mode, cx.mutant);
     let gpu = require_gpu(cx)?;
     let before = used_bytes(gpu)?;
     let mut t = GpuTrainer::new(gpu, &cfg, options, seed)?;

@@ -96,6 +96,17 @@ impl GpuTrainOptions {
         }
     }
 
+    /// The options of a mode for speed and memory checks: as
+    /// [`GpuTrainOptions::from_mode`] with default hyper-parameters, and an
+    /// NF4 base quantised on the device (fast for the large presets; parity
+    /// checks use the reference's quantiser instead).
+    pub fn for_speed(mode: &StepMode, mutant: Option<Mutant>) -> Self {
+        GpuTrainOptions {
+            device_quantize: true,
+            ..GpuTrainOptions::from_mode(mode, Hyper::default(), mutant)
+        }
+    }
+
     fn has(&self, m: Mutant) -> bool {
         self.mutant == Some(m)
     }
