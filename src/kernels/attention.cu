@@ -71,15 +71,10 @@ struct AttShape {
     static constexpr int QCHUNK = 32;               // query rows per chunk of dk/dv
 };
 
-__device__ __forceinline__ float att_row_max(float v) {
-    for (int o = ATT_LANES / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
+// Max and sum over the 16 lanes of a row (half a warp).
+__device__ __forceinline__ float att_row_max(float v) { return warp_reduce<ATT_LANES>(v, MaxOp()); }
 
-__device__ __forceinline__ float att_row_sum(float v) {
-    for (int o = ATT_LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
+__device__ __forceinline__ float att_row_sum(float v) { return warp_reduce<ATT_LANES>(v, SumOp()); }
 
 __device__ __forceinline__ size_t att_q_at(int b, int i, int h, int seq, int heads, int head_dim) {
     return (((size_t)b * seq + i) * heads + h) * head_dim;

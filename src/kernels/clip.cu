@@ -14,32 +14,6 @@
 // blockDim.x must be a multiple of 32 and at most 1024 for every kernel here
 // that reduces.
 
-__device__ __forceinline__ double warp_sum_d(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// Sum of v over the block; valid in thread 0 (and every thread).
-__device__ double block_sum_d(double v) {
-    __shared__ double partial[32];
-    __shared__ double total;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int nwarps = (blockDim.x + 31) >> 5;
-    v = warp_sum_d(v);
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        double s = lane < nwarps ? partial[lane] : 0.0;
-        s = warp_sum_d(s);
-        if (lane == 0) total = s;
-    }
-    __syncthreads();
-    const double out = total;
-    __syncthreads();
-    return out;
-}
-
 // partials[blockIdx.x] = sum of x[k]^2 over this block's share of [0, n).
 extern "C" __global__ void squared_sum_partial_f32(const float* __restrict__ x,
                                                    double* __restrict__ partials,

@@ -24,58 +24,54 @@ static __device__ __forceinline__ int table_find(const long long* __restrict__ o
     return lo;
 }
 
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+// Reductions. `W` lanes of a warp (32, or 16 for a half warp) combine by xor
+// shuffles, so every lane gets the result, in the same order on every run.
+struct SumOp {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct MaxOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <int W = 32, typename T, typename Op>
+static __device__ __forceinline__ T warp_reduce(T v, Op op) {
+    for (int o = W / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-static __device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-// Sum of v over the block (blockDim.x a multiple of 32); every thread gets it.
-static __device__ float block_sum(float v) {
-    __shared__ float partial[32];
-    __shared__ float total;
+// The reduction of v over the block (blockDim.x a multiple of 32, at most
+// 1024); every thread gets it. `identity` fills the lanes past the last warp.
+template <typename T, typename Op>
+static __device__ T block_reduce(T v, T identity, Op op) {
+    __shared__ T partial[32];
+    __shared__ T total;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int nwarps = (blockDim.x + 31) >> 5;
-    v = warp_sum(v);
+    v = warp_reduce(v, op);
     if (lane == 0) partial[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        float s = lane < nwarps ? partial[lane] : 0.0f;
-        s = warp_sum(s);
+        T s = lane < nwarps ? partial[lane] : identity;
+        s = warp_reduce(s, op);
         if (lane == 0) total = s;
     }
     __syncthreads();
-    const float out = total;
+    const T out = total;
     __syncthreads();  // `partial` and `total` may be reused by the next call
     return out;
 }
 
-// Maximum of v over the block; every thread gets it.
-static __device__ float block_max(float v) {
-    __shared__ float partial[32];
-    __shared__ float total;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int nwarps = (blockDim.x + 31) >> 5;
-    v = warp_max(v);
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float s = lane < nwarps ? partial[lane] : __int_as_float(0xff800000);
-        s = warp_max(s);
-        if (lane == 0) total = s;
-    }
-    __syncthreads();
-    const float out = total;
-    __syncthreads();
-    return out;
+static __device__ __forceinline__ float block_sum(float v) { return block_reduce(v, 0.0f, SumOp()); }
+
+static __device__ __forceinline__ float block_max(float v) {
+    return block_reduce(v, __int_as_float(0xff800000), MaxOp());
 }
 
+static __device__ __forceinline__ double block_sum_d(double v) {
+    return block_reduce(v, 0.0, SumOp());
+}
 
 // Elementwise maps over [0, n) in a grid-stride loop: y[k] = f(x[k]) and
 // y[k] = f(a[k], b[k]). When every buffer is 16-byte aligned the first

@@ -120,10 +120,7 @@ extern "C" __global__ void nf4_quantize_f32(const float* __restrict__ w,
     const float w0 = w[e0];
     const float w1 = w[e0 + 1];
 
-    float amax = fmaxf(fabsf(w0), fabsf(w1));
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-    }
+    const float amax = warp_reduce(fmaxf(fabsf(w0), fabsf(w1)), MaxOp());
 
     const unsigned int c0 = nf4_nearest_code(w0, amax);
     const unsigned int c1 = nf4_nearest_code(w1, amax);
