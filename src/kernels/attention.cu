@@ -118,6 +118,58 @@ struct AttTile {
     }
 };
 
+// Stores a staged tile to shared memory between two barriers: the first lets
+// every thread finish reading what the buffer held, the second makes the
+// tile visible to all.
+template <int D, int ROWS>
+__device__ __forceinline__ void att_publish(const AttTile<D, ROWS>& tile, float* dst) {
+    __syncthreads();
+    tile.store(dst);
+    __syncthreads();
+}
+
+// out[rr][n] = <a_rr, kv_n> for the thread's two rows a_rr = a + (2g + rr) * LD
+// and its keys kv_n = kv + (c + 16 n) * LD of a chunk (both padded to D).
+template <int D>
+__device__ __forceinline__ void att_dots(const float* a, const float* kv, int g, int c,
+                                         float (&out)[2][AttShape<D>::KEYS]) {
+    using S = AttShape<D>;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+        for (int n = 0; n < S::KEYS; ++n) out[rr][n] = 0.0f;
+#pragma unroll 8
+    for (int t = 0; t < D; ++t) {
+        const float a0 = a[(2 * g) * S::LD + t];
+        const float a1 = a[(2 * g + 1) * S::LD + t];
+#pragma unroll
+        for (int n = 0; n < S::KEYS; ++n) {
+            const float kk = kv[(c + n * ATT_LANES) * S::LD + t];
+            out[0][n] = fmaf(a0, kk, out[0][n]);
+            out[1][n] = fmaf(a1, kk, out[1][n]);
+        }
+    }
+}
+
+// acc[rr][n] += sum_jj w[(2g + rr)][jj] * rows[jj][c + 16 n] over a chunk: the
+// thread's two rows of weights (ld CHUNK + 1) times the chunk's rows (ld LD).
+template <int D>
+__device__ __forceinline__ void att_accumulate(const float* w, const float* rows, int g, int c,
+                                               float (&acc)[2][AttShape<D>::COLS]) {
+    using S = AttShape<D>;
+#pragma unroll 4
+    for (int jj = 0; jj < S::CHUNK; ++jj) {
+        const float w0 = w[(2 * g) * (S::CHUNK + 1) + jj];
+        const float w1 = w[(2 * g + 1) * (S::CHUNK + 1) + jj];
+#pragma unroll
+        for (int n = 0; n < S::COLS; ++n) {
+            const float r = rows[jj * S::LD + c + n * ATT_LANES];
+            acc[0][n] = fmaf(w0, r, acc[0][n]);
+            acc[1][n] = fmaf(w1, r, acc[1][n]);
+        }
+    }
+}
+
 // Forward: out[b, i, h, :] and probs[b, h, i, :] for 32 query rows i. Grid
 // (ceil(seq / 32), heads, batch), 256 threads, dynamic shared memory
 // (ATT_ROWS + CHUNK) * (D + 1) + ATT_ROWS * (CHUNK + 1) floats.
@@ -174,25 +226,9 @@ __device__ __forceinline__ void attention_fwd(const float* __restrict__ q,
     for (int j0 = 0; j0 < key_end; j0 += S::CHUNK) {
         const int valid = seq - j0;
         tv.load(v + att_kv_at(b, j0, kvh, seq, kv_heads, head_dim), kv_stride, valid, head_dim);
-        __syncthreads();  // qs stored; the previous chunk's v no longer read
-        tk.store(kvs);
-        __syncthreads();
+        att_publish(tk, kvs);  // after qs is stored and the previous chunk's v read
         float s[2][S::KEYS];
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-            for (int n = 0; n < S::KEYS; ++n) s[rr][n] = 0.0f;
-#pragma unroll 8
-        for (int t = 0; t < D; ++t) {
-            const float q0 = qs[(2 * g) * S::LD + t];
-            const float q1 = qs[(2 * g + 1) * S::LD + t];
-#pragma unroll
-            for (int n = 0; n < S::KEYS; ++n) {
-                const float kk = kvs[(c + n * ATT_LANES) * S::LD + t];
-                s[0][n] = fmaf(q0, kk, s[0][n]);
-                s[1][n] = fmaf(q1, kk, s[1][n]);
-            }
-        }
+        att_dots<D>(qs, kvs, g, c, s);
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
             float chunk_max = ATT_NEG_INF;
@@ -225,21 +261,9 @@ __device__ __forceinline__ void attention_fwd(const float* __restrict__ q,
             tk.load(k + att_kv_at(b, j0 + S::CHUNK, kvh, seq, kv_heads, head_dim), kv_stride,
                     valid - S::CHUNK, head_dim);
         }
-        __syncthreads();  // k no longer read; ps complete
-        tv.store(kvs);
-        __syncthreads();
+        att_publish(tv, kvs);  // after k is read and ps is complete
         // Keys past seq have weight exp(-inf) = 0 and zero rows of v.
-#pragma unroll 4
-        for (int jj = 0; jj < S::CHUNK; ++jj) {
-            const float p0 = ps[(2 * g) * (S::CHUNK + 1) + jj];
-            const float p1 = ps[(2 * g + 1) * (S::CHUNK + 1) + jj];
-#pragma unroll
-            for (int n = 0; n < S::COLS; ++n) {
-                const float vv = kvs[jj * S::LD + c + n * ATT_LANES];
-                acc[0][n] = fmaf(p0, vv, acc[0][n]);
-                acc[1][n] = fmaf(p1, vv, acc[1][n]);
-            }
-        }
+        att_accumulate<D>(ps, kvs, g, c, acc);
     }
 
     const int zero_from = ((key_end + S::CHUNK - 1) / S::CHUNK) * S::CHUNK;
@@ -337,25 +361,9 @@ __device__ __forceinline__ void attention_bwd_dq(const float* __restrict__ k,
                 const int j = j0 + c + n * ATT_LANES;
                 pr[rr][n] = (ok[rr] && j <= row[rr]) ? probs[p_row[rr] + j] : 0.0f;
             }
-        __syncthreads();  // dos stored; the previous chunk's k no longer read
-        tv.store(kvs);
-        __syncthreads();
+        att_publish(tv, kvs);  // after dos is stored and the previous chunk's k read
         float dp[2][S::KEYS];
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr)
-#pragma unroll
-            for (int n = 0; n < S::KEYS; ++n) dp[rr][n] = 0.0f;
-#pragma unroll 8
-        for (int t = 0; t < D; ++t) {
-            const float d0 = dos[(2 * g) * S::LD + t];
-            const float d1 = dos[(2 * g + 1) * S::LD + t];
-#pragma unroll
-            for (int n = 0; n < S::KEYS; ++n) {
-                const float vv = kvs[(c + n * ATT_LANES) * S::LD + t];
-                dp[0][n] = fmaf(d0, vv, dp[0][n]);
-                dp[1][n] = fmaf(d1, vv, dp[1][n]);
-            }
-        }
+        att_dots<D>(dos, kvs, g, c, dp);
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
 #pragma unroll
@@ -373,20 +381,8 @@ __device__ __forceinline__ void attention_bwd_dq(const float* __restrict__ k,
             tv.load(v + att_kv_at(b, j0 + S::CHUNK, kvh, seq, kv_heads, head_dim), kv_stride,
                     valid - S::CHUNK, head_dim);
         }
-        __syncthreads();  // v no longer read; ss complete
-        tk.store(kvs);
-        __syncthreads();
-#pragma unroll 4
-        for (int jj = 0; jj < S::CHUNK; ++jj) {
-            const float g0 = ss[(2 * g) * (S::CHUNK + 1) + jj];
-            const float g1 = ss[(2 * g + 1) * (S::CHUNK + 1) + jj];
-#pragma unroll
-            for (int n = 0; n < S::COLS; ++n) {
-                const float kk = kvs[jj * S::LD + c + n * ATT_LANES];
-                acc[0][n] = fmaf(g0, kk, acc[0][n]);
-                acc[1][n] = fmaf(g1, kk, acc[1][n]);
-            }
-        }
+        att_publish(tk, kvs);  // after v is read and ss is complete
+        att_accumulate<D>(ss, kvs, g, c, acc);
     }
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
