@@ -924,9 +924,21 @@ fn refuse_if_too_big(
     let n_base = cfg.layers * cfg.base_params_per_layer();
     let base_bytes = match base {
         BaseWeights::Fp32 => 4 * n_base,
-        // 4-bit codes plus one f32 absmax per 64 values, and an f32
-        // dequantisation target for the largest projection.
-        BaseWeights::Nf4 => n_base / 2 + 4 * (n_base / 64) + 4 * cfg.hidden * cfg.intermediate,
+        // 4-bit codes plus one f32 absmax per 64 values, and one f32
+        // dequantisation target per distinct projection size (as
+        // Workspace::new allocates them: q and o, k and v, the MLP's three).
+        BaseWeights::Nf4 => {
+            let h = cfg.hidden;
+            let mut sizes = [h * cfg.q_dim(), h * cfg.kv_dim(), h * cfg.intermediate];
+            sizes.sort_unstable();
+            let distinct: usize = sizes
+                .iter()
+                .enumerate()
+                .filter(|&(i, s)| i == 0 || sizes[i - 1] != *s)
+                .map(|(_, s)| s)
+                .sum();
+            n_base / 2 + 4 * (n_base / 64) + 4 * distinct
+        }
     };
     let embed_head = 4 * 2 * cfg.vocab * cfg.hidden;
     let needed = base_bytes

@@ -218,18 +218,23 @@ impl Workspace {
     }
 
     /// Device bytes [`Workspace::new`] will allocate for `c` (without the
-    /// NF4 dequantisation targets and the leak mutant), computed before
-    /// allocating so that a configuration that cannot fit is refused up front:
-    /// `4 * (layers * saved + (layers + 1 + 6) * T * hidden + 2 * T * vocab
-    /// + 7 * T * intermediate + 6 * T * q_dim or kv_dim)` plus the cuBLAS workspace.
+    /// NF4 dequantisation targets, the leak mutant and buffers of `hidden` or
+    /// `T` floats), computed before allocating so that a configuration that
+    /// cannot fit is refused up front: `4 * (layers * saved + (layers + 7) * T
+    /// * hidden + 2 * T * vocab + 6 * T * intermediate + 4 * T * (q_dim +
+    /// kv_dim) + T * rank + attention scratch)` plus the cuBLAS workspace.
+    /// Term by term: the residual stream (`layers + 1`), the final norm's
+    /// output and five hidden-wide gradients; logits and their gradient; gate,
+    /// up and their product (scratch) and their three gradients; q and k
+    /// (scratch), and three gradients of each of q and k/v.
     pub fn planned_bytes(c: &ModelConfig, keep_mlp: bool) -> usize {
         let t = c.tokens();
         let floats = c.layers * (LayerActs::floats(c) + LayerActs::mlp_floats(c, keep_mlp))
-            + (c.layers + 1 + 6) * t * c.hidden
+            + (c.layers + 7) * t * c.hidden
             + 2 * t * c.vocab
-            + 7 * t * c.intermediate
-            + 3 * t * c.q_dim()
-            + 3 * t * c.kv_dim()
+            + 6 * t * c.intermediate
+            + 4 * t * c.q_dim()
+            + 4 * t * c.kv_dim()
             + t * c.lora_rank
             + attention_scratch(c);
         4 * floats + CUBLAS_WORKSPACE_BYTES
