@@ -220,9 +220,10 @@ impl Workspace {
     /// Device bytes [`Workspace::new`] will allocate for `c` (without the
     /// NF4 dequantisation targets, the leak mutant and buffers of `hidden` or
     /// `T` floats), computed before allocating so that a configuration that
-    /// cannot fit is refused up front: `4 * (layers * saved + (layers + 7) * T
-    /// * hidden + 2 * T * vocab + 6 * T * intermediate + 4 * T * (q_dim +
-    /// kv_dim) + T * rank + attention scratch)` plus the cuBLAS workspace.
+    /// cannot fit is refused up front:
+    /// `4 * (layers * saved + (layers + 7) * T * hidden + 2 * T * vocab`
+    /// `+ 6 * T * intermediate + 4 * T * (q_dim + kv_dim) + T * rank`
+    /// `+ attention scratch)` plus the cuBLAS workspace.
     /// Term by term: the residual stream (`layers + 1`), the final norm's
     /// output and five hidden-wide gradients; logits and their gradient; gate,
     /// up and their product (scratch) and their three gradients; q and k
