@@ -92,6 +92,21 @@ fn ids(rng: &mut ChaCha8Rng, len: usize, below: usize) -> Vec<u32> {
 /// One launch of the op on buffer set `i`.
 type Launch = Box<dyn FnMut(&mut GpuContext, usize) -> Result<()>>;
 
+/// `sets` buffer sets made by `make` (one after another, so the seeded fill
+/// is drawn in the same order as set by set), and the launch that runs `run`
+/// on set `i % sets`.
+fn rotating<T: 'static>(
+    gpu: &mut GpuContext,
+    sets: usize,
+    mut make: impl FnMut(&mut GpuContext) -> Result<T>,
+    mut run: impl FnMut(&mut GpuContext, &mut T) -> Result<()> + 'static,
+) -> Result<Launch> {
+    let mut bufs = (0..sets)
+        .map(|_| make(&mut *gpu))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Box::new(move |gpu, i| run(gpu, &mut bufs[i % sets])))
+}
+
 /// Allocates `sets` buffer sets for `p` and returns the launch closure.
 fn setup(
     gpu: &mut GpuContext,
@@ -109,81 +124,85 @@ fn setup(
         BandwidthOp::Rmsnorm if fwd => {
             let (r, h) = (s.dim("rows"), s.dim("hidden"));
             let gamma = fill.positive(gpu, h)?;
-            let mut bufs = Vec::new();
-            for _ in 0..sets {
-                bufs.push((fill.signed(gpu, r * h)?, z(gpu, r * h)?));
-            }
-            Box::new(move |gpu, i| {
-                let (x, y) = &mut bufs[i % sets];
-                ops::rmsnorm::forward(
-                    gpu,
-                    &x.as_view(),
-                    &gamma.as_view(),
-                    r,
-                    h,
-                    eps,
-                    &mut y.as_view_mut(),
-                    fault,
-                )
-            })
+            rotating(
+                gpu,
+                sets,
+                |gpu| Ok((fill.signed(gpu, r * h)?, z(gpu, r * h)?)),
+                move |gpu, (x, y)| {
+                    ops::rmsnorm::forward(
+                        gpu,
+                        &x.as_view(),
+                        &gamma.as_view(),
+                        r,
+                        h,
+                        eps,
+                        &mut y.as_view_mut(),
+                        fault,
+                    )
+                },
+            )?
         }
         BandwidthOp::Rmsnorm => {
             let (r, h) = (s.dim("rows"), s.dim("hidden"));
             let gamma = fill.positive(gpu, h)?;
             let mut dgamma = z(gpu, h)?;
             let mut ws = ops::rmsnorm::BackwardWorkspace::new(gpu, r, h)?;
-            let mut bufs = Vec::new();
-            for _ in 0..sets {
-                bufs.push((
-                    fill.signed(gpu, r * h)?,
-                    fill.signed(gpu, r * h)?,
-                    z(gpu, r * h)?,
-                ));
-            }
-            Box::new(move |gpu, i| {
-                let (x, dy, dx) = &mut bufs[i % sets];
-                ops::rmsnorm::backward(
-                    gpu,
-                    &x.as_view(),
-                    &gamma.as_view(),
-                    &dy.as_view(),
-                    r,
-                    h,
-                    eps,
-                    &mut dx.as_view_mut(),
-                    &mut dgamma.as_view_mut(),
-                    &mut ws,
-                    fault,
-                )
-            })
+            rotating(
+                gpu,
+                sets,
+                |gpu| {
+                    Ok((
+                        fill.signed(gpu, r * h)?,
+                        fill.signed(gpu, r * h)?,
+                        z(gpu, r * h)?,
+                    ))
+                },
+                move |gpu, (x, dy, dx)| {
+                    ops::rmsnorm::backward(
+                        gpu,
+                        &x.as_view(),
+                        &gamma.as_view(),
+                        &dy.as_view(),
+                        r,
+                        h,
+                        eps,
+                        &mut dx.as_view_mut(),
+                        &mut dgamma.as_view_mut(),
+                        &mut ws,
+                        fault,
+                    )
+                },
+            )?
         }
         BandwidthOp::RmsnormResidual => {
             let (r, h) = (s.dim("rows"), s.dim("hidden"));
             let gamma = fill.positive(gpu, h)?;
-            let mut bufs = Vec::new();
-            for _ in 0..sets {
-                bufs.push((
-                    fill.signed(gpu, r * h)?,
-                    fill.signed(gpu, r * h)?,
-                    z(gpu, r * h)?,
-                    z(gpu, r * h)?,
-                ));
-            }
-            Box::new(move |gpu, i| {
-                let (a, b, hs, y) = &mut bufs[i % sets];
-                ops::rmsnorm::forward_residual(
-                    gpu,
-                    &a.as_view(),
-                    &b.as_view(),
-                    &gamma.as_view(),
-                    r,
-                    h,
-                    eps,
-                    &mut hs.as_view_mut(),
-                    &mut y.as_view_mut(),
-                    fault,
-                )
-            })
+            rotating(
+                gpu,
+                sets,
+                |gpu| {
+                    Ok((
+                        fill.signed(gpu, r * h)?,
+                        fill.signed(gpu, r * h)?,
+                        z(gpu, r * h)?,
+                        z(gpu, r * h)?,
+                    ))
+                },
+                move |gpu, (a, b, hs, y)| {
+                    ops::rmsnorm::forward_residual(
+                        gpu,
+                        &a.as_view(),
+                        &b.as_view(),
+                        &gamma.as_view(),
+                        r,
+                        h,
+                        eps,
+                        &mut hs.as_view_mut(),
+                        &mut y.as_view_mut(),
+                        fault,
+                    )
+                },
+            )?
         }
         BandwidthOp::Rope => {
             let (b, sq, hd, d) = (
@@ -194,204 +213,227 @@ fn setup(
             );
             let n = b * sq * hd * d;
             let theta = ModelConfig::ROPE_THETA;
-            let mut bufs = Vec::new();
-            for _ in 0..sets {
-                bufs.push((fill.signed(gpu, n)?, z(gpu, n)?));
-            }
-            Box::new(move |gpu, i| {
-                let (x, y) = &mut bufs[i % sets];
-                if fwd {
-                    ops::rope::forward(
-                        gpu,
-                        &x.as_view(),
-                        b,
-                        sq,
-                        hd,
-                        d,
-                        theta,
-                        &mut y.as_view_mut(),
-                        fault,
-                    )
-                } else {
-                    ops::rope::backward(
-                        gpu,
-                        &x.as_view(),
-                        b,
-                        sq,
-                        hd,
-                        d,
-                        theta,
-                        &mut y.as_view_mut(),
-                        fault,
-                    )
-                }
-            })
+            rotating(
+                gpu,
+                sets,
+                |gpu| Ok((fill.signed(gpu, n)?, z(gpu, n)?)),
+                move |gpu, (x, y)| {
+                    if fwd {
+                        ops::rope::forward(
+                            gpu,
+                            &x.as_view(),
+                            b,
+                            sq,
+                            hd,
+                            d,
+                            theta,
+                            &mut y.as_view_mut(),
+                            fault,
+                        )
+                    } else {
+                        ops::rope::backward(
+                            gpu,
+                            &x.as_view(),
+                            b,
+                            sq,
+                            hd,
+                            d,
+                            theta,
+                            &mut y.as_view_mut(),
+                            fault,
+                        )
+                    }
+                },
+            )?
         }
         BandwidthOp::Silu => {
             let n = s.dim("rows") * s.dim("cols");
-            let mut bufs = Vec::new();
-            for _ in 0..sets {
-                bufs.push((fill.signed(gpu, n)?, fill.signed(gpu, n)?, z(gpu, n)?));
-            }
-            Box::new(move |gpu, i| {
-                let (x, dy, out) = &mut bufs[i % sets];
-                if fwd {
-                    ops::activation::silu_forward(gpu, &x.as_view(), &mut out.as_view_mut(), fault)
-                } else {
-                    ops::activation::silu_backward(
-                        gpu,
-                        &x.as_view(),
-                        &dy.as_view(),
-                        &mut out.as_view_mut(),
-                        fault,
-                    )
-                }
-            })
+            rotating(
+                gpu,
+                sets,
+                |gpu| Ok((fill.signed(gpu, n)?, fill.signed(gpu, n)?, z(gpu, n)?)),
+                move |gpu, (x, dy, out)| {
+                    if fwd {
+                        ops::activation::silu_forward(
+                            gpu,
+                            &x.as_view(),
+                            &mut out.as_view_mut(),
+                            fault,
+                        )
+                    } else {
+                        ops::activation::silu_backward(
+                            gpu,
+                            &x.as_view(),
+                            &dy.as_view(),
+                            &mut out.as_view_mut(),
+                            fault,
+                        )
+                    }
+                },
+            )?
         }
         BandwidthOp::Swiglu => {
             let n = s.dim("rows") * s.dim("cols");
-            let mut bufs = Vec::new();
-            for _ in 0..sets {
-                let dy = if fwd {
-                    z(gpu, 1)?
-                } else {
-                    fill.signed(gpu, n)?
-                };
-                let dup = if fwd { z(gpu, 1)? } else { z(gpu, n)? };
-                bufs.push((
-                    fill.signed(gpu, n)?,
-                    fill.signed(gpu, n)?,
-                    dy,
-                    z(gpu, n)?,
-                    dup,
-                ));
-            }
-            Box::new(move |gpu, i| {
-                let (gate, up, dy, out, dup) = &mut bufs[i % sets];
-                if fwd {
-                    ops::activation::swiglu_forward(
-                        gpu,
-                        &gate.as_view(),
-                        &up.as_view(),
-                        &mut out.as_view_mut(),
-                        fault,
-                    )
-                } else {
-                    ops::activation::swiglu_backward(
-                        gpu,
-                        &gate.as_view(),
-                        &up.as_view(),
-                        &dy.as_view(),
-                        &mut out.as_view_mut(),
-                        &mut dup.as_view_mut(),
-                        fault,
-                    )
-                }
-            })
+            rotating(
+                gpu,
+                sets,
+                |gpu| {
+                    let dy = if fwd {
+                        z(gpu, 1)?
+                    } else {
+                        fill.signed(gpu, n)?
+                    };
+                    let dup = if fwd { z(gpu, 1)? } else { z(gpu, n)? };
+                    Ok((
+                        fill.signed(gpu, n)?,
+                        fill.signed(gpu, n)?,
+                        dy,
+                        z(gpu, n)?,
+                        dup,
+                    ))
+                },
+                move |gpu, (gate, up, dy, out, dup)| {
+                    if fwd {
+                        ops::activation::swiglu_forward(
+                            gpu,
+                            &gate.as_view(),
+                            &up.as_view(),
+                            &mut out.as_view_mut(),
+                            fault,
+                        )
+                    } else {
+                        ops::activation::swiglu_backward(
+                            gpu,
+                            &gate.as_view(),
+                            &up.as_view(),
+                            &dy.as_view(),
+                            &mut out.as_view_mut(),
+                            &mut dup.as_view_mut(),
+                            fault,
+                        )
+                    }
+                },
+            )?
         }
         BandwidthOp::ResidualAdd => {
             let n = s.dim("rows") * s.dim("cols");
-            let mut bufs = Vec::new();
-            for _ in 0..sets {
-                let b = if fwd {
-                    fill.signed(gpu, n)?
-                } else {
-                    z(gpu, n)?
-                };
-                bufs.push((fill.signed(gpu, n)?, b, z(gpu, n)?));
-            }
-            Box::new(move |gpu, i| {
-                let (a, b, y) = &mut bufs[i % sets];
-                if fwd {
-                    ops::elementwise::residual_add(
-                        gpu,
-                        &a.as_view(),
-                        &b.as_view(),
-                        &mut y.as_view_mut(),
-                        fault,
-                    )
-                } else {
-                    // a is dy; b and y are the two gradients written.
-                    ops::elementwise::residual_add_backward(
-                        gpu,
-                        &a.as_view(),
-                        &mut b.as_view_mut(),
-                        &mut y.as_view_mut(),
-                        fault,
-                    )
-                }
-            })
+            rotating(
+                gpu,
+                sets,
+                |gpu| {
+                    let b = if fwd {
+                        fill.signed(gpu, n)?
+                    } else {
+                        z(gpu, n)?
+                    };
+                    Ok((fill.signed(gpu, n)?, b, z(gpu, n)?))
+                },
+                move |gpu, (a, b, y)| {
+                    if fwd {
+                        ops::elementwise::residual_add(
+                            gpu,
+                            &a.as_view(),
+                            &b.as_view(),
+                            &mut y.as_view_mut(),
+                            fault,
+                        )
+                    } else {
+                        // a is dy; b and y are the two gradients written.
+                        ops::elementwise::residual_add_backward(
+                            gpu,
+                            &a.as_view(),
+                            &mut b.as_view_mut(),
+                            &mut y.as_view_mut(),
+                            fault,
+                        )
+                    }
+                },
+            )?
         }
         BandwidthOp::Scale => {
             let n = s.dim("rows") * s.dim("cols");
-            let mut bufs = Vec::new();
-            for _ in 0..sets {
-                bufs.push((fill.signed(gpu, n)?, z(gpu, n)?));
-            }
-            Box::new(move |gpu, i| {
-                let (x, y) = &mut bufs[i % sets];
-                // Not a power of two, so the product really rounds.
-                let factor = 0.7;
-                if fwd {
-                    ops::elementwise::scale(gpu, &x.as_view(), factor, &mut y.as_view_mut(), fault)
-                } else {
-                    ops::elementwise::scale_backward(
-                        gpu,
-                        &x.as_view(),
-                        factor,
-                        &mut y.as_view_mut(),
-                        fault,
-                    )
-                }
-            })
+            rotating(
+                gpu,
+                sets,
+                |gpu| Ok((fill.signed(gpu, n)?, z(gpu, n)?)),
+                move |gpu, (x, y)| {
+                    // Not a power of two, so the product really rounds.
+                    let factor = 0.7;
+                    if fwd {
+                        ops::elementwise::scale(
+                            gpu,
+                            &x.as_view(),
+                            factor,
+                            &mut y.as_view_mut(),
+                            fault,
+                        )
+                    } else {
+                        ops::elementwise::scale_backward(
+                            gpu,
+                            &x.as_view(),
+                            factor,
+                            &mut y.as_view_mut(),
+                            fault,
+                        )
+                    }
+                },
+            )?
         }
         BandwidthOp::CrossEntropy => {
             let (r, v) = (s.dim("rows"), s.dim("vocab"));
             let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7a);
-            let mut bufs = Vec::new();
-            for _ in 0..sets {
-                let targets = gpu.upload(&ids(&mut rng, r, v))?;
-                let out = if fwd { z(gpu, r)? } else { z(gpu, r * v)? };
-                bufs.push((fill.signed(gpu, r * v)?, targets, out, z(gpu, 1)?));
-            }
-            Box::new(move |gpu, i| {
-                let (logits, targets, out, loss) = &mut bufs[i % sets];
-                if fwd {
-                    ops::cross_entropy::forward(
-                        gpu,
-                        &logits.as_view(),
-                        r,
-                        v,
-                        &targets.as_view(),
-                        &mut out.as_view_mut(),
-                        &mut loss.as_view_mut(),
-                        fault,
-                    )
-                } else {
-                    ops::cross_entropy::backward(
-                        gpu,
-                        &logits.as_view(),
-                        r,
-                        v,
-                        &targets.as_view(),
-                        &mut out.as_view_mut(),
-                        fault,
-                    )
-                }
-            })
+            rotating(
+                gpu,
+                sets,
+                |gpu| {
+                    let targets = gpu.upload(&ids(&mut rng, r, v))?;
+                    let out = if fwd { z(gpu, r)? } else { z(gpu, r * v)? };
+                    Ok((fill.signed(gpu, r * v)?, targets, out, z(gpu, 1)?))
+                },
+                move |gpu, (logits, targets, out, loss)| {
+                    if fwd {
+                        ops::cross_entropy::forward(
+                            gpu,
+                            &logits.as_view(),
+                            r,
+                            v,
+                            &targets.as_view(),
+                            &mut out.as_view_mut(),
+                            &mut loss.as_view_mut(),
+                            fault,
+                        )
+                    } else {
+                        ops::cross_entropy::backward(
+                            gpu,
+                            &logits.as_view(),
+                            r,
+                            v,
+                            &targets.as_view(),
+                            &mut out.as_view_mut(),
+                            fault,
+                        )
+                    }
+                },
+            )?
         }
         BandwidthOp::SquaredSum => {
             let n = s.dim("n");
             let mut ws = ops::clip::SquaredSumWorkspace::new(gpu, &[n])?;
             let mut sq = gpu.zeros::<f64>(1)?;
-            let mut bufs = Vec::new();
-            for _ in 0..sets {
-                bufs.push(fill.signed(gpu, n)?);
-            }
-            Box::new(move |gpu, i| {
-                let g = &bufs[i % sets];
-                ops::clip::squared_sum(gpu, &[g.as_view()], &mut ws, &mut sq.as_view_mut(), fault)
-            })
+            rotating(
+                gpu,
+                sets,
+                |gpu| fill.signed(gpu, n),
+                move |gpu, g| {
+                    ops::clip::squared_sum(
+                        gpu,
+                        &[g.as_view()],
+                        &mut ws,
+                        &mut sq.as_view_mut(),
+                        fault,
+                    )
+                },
+            )?
         }
         BandwidthOp::ClipApply => {
             let n = s.dim("n");
@@ -399,80 +441,80 @@ fn setup(
             // writes every value, and thousands of in-place replays cannot
             // shrink the data to zeros.
             let scale = gpu.upload(&[1.0f32])?;
-            let mut bufs = Vec::new();
-            for _ in 0..sets {
-                bufs.push(fill.signed(gpu, n)?);
-            }
-            Box::new(move |gpu, i| {
-                let g = &mut bufs[i % sets];
-                ops::clip::apply(gpu, &mut g.as_view_mut(), &scale.as_view(), fault)
-            })
+            rotating(
+                gpu,
+                sets,
+                |gpu| fill.signed(gpu, n),
+                move |gpu, g| ops::clip::apply(gpu, &mut g.as_view_mut(), &scale.as_view(), fault),
+            )?
         }
         BandwidthOp::Adamw => {
             let n = s.dim("n");
             let hyper = AdamW::new(1e-3, 0.01);
-            let mut bufs = Vec::new();
-            for _ in 0..sets {
-                bufs.push((
-                    fill.signed(gpu, n)?,
-                    fill.signed(gpu, n)?,
-                    fill.signed(gpu, n)?,
-                    fill.positive(gpu, n)?,
-                ));
-            }
-            Box::new(move |gpu, i| {
-                let (p, g, m, v) = &mut bufs[i % sets];
-                ops::adamw::step(
-                    gpu,
-                    &mut p.as_view_mut(),
-                    &g.as_view(),
-                    &mut m.as_view_mut(),
-                    &mut v.as_view_mut(),
-                    &hyper,
-                    1,
-                    fault,
-                )
-            })
+            rotating(
+                gpu,
+                sets,
+                |gpu| {
+                    Ok((
+                        fill.signed(gpu, n)?,
+                        fill.signed(gpu, n)?,
+                        fill.signed(gpu, n)?,
+                        fill.positive(gpu, n)?,
+                    ))
+                },
+                move |gpu, (p, g, m, v)| {
+                    ops::adamw::step(
+                        gpu,
+                        &mut p.as_view_mut(),
+                        &g.as_view(),
+                        &mut m.as_view_mut(),
+                        &mut v.as_view_mut(),
+                        &hyper,
+                        1,
+                        fault,
+                    )
+                },
+            )?
         }
         BandwidthOp::Embedding => {
             let (t, v, h) = (s.dim("tokens"), s.dim("vocab"), s.dim("hidden"));
             let table = fill.signed(gpu, v * h)?;
             let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xe3);
-            let mut bufs = Vec::new();
-            for _ in 0..sets {
-                bufs.push((gpu.upload(&ids(&mut rng, t, v))?, z(gpu, t * h)?));
-            }
-            Box::new(move |gpu, i| {
-                let (tokens, y) = &mut bufs[i % sets];
-                ops::embedding::forward(
-                    gpu,
-                    &table.as_view(),
-                    v,
-                    h,
-                    &tokens.as_view(),
-                    &mut y.as_view_mut(),
-                    fault,
-                )
-            })
+            rotating(
+                gpu,
+                sets,
+                |gpu| Ok((gpu.upload(&ids(&mut rng, t, v))?, z(gpu, t * h)?)),
+                move |gpu, (tokens, y)| {
+                    ops::embedding::forward(
+                        gpu,
+                        &table.as_view(),
+                        v,
+                        h,
+                        &tokens.as_view(),
+                        &mut y.as_view_mut(),
+                        fault,
+                    )
+                },
+            )?
         }
         BandwidthOp::Nf4Dequantize => {
             let n = s.dim("rows") * s.dim("cols");
             ops::nf4::check_len("bandwidth", n)?;
-            let mut bufs = Vec::new();
-            for _ in 0..sets {
-                let w = fill.signed(gpu, n)?;
-                let mut q = ops::nf4::Nf4Device {
-                    codes: gpu.zeros::<u8>(n / 2)?,
-                    absmax: gpu.zeros::<f32>(n / crate::reference::nf4::BLOCK)?,
-                    len: n,
-                };
-                ops::nf4::quantize(gpu, &w, &mut q)?;
-                bufs.push((q, z(gpu, n)?));
-            }
-            Box::new(move |gpu, i| {
-                let (q, out) = &mut bufs[i % sets];
-                ops::nf4::dequantize(gpu, q, out)
-            })
+            rotating(
+                gpu,
+                sets,
+                |gpu| {
+                    let w = fill.signed(gpu, n)?;
+                    let mut q = ops::nf4::Nf4Device {
+                        codes: gpu.zeros::<u8>(n / 2)?,
+                        absmax: gpu.zeros::<f32>(n / crate::reference::nf4::BLOCK)?,
+                        len: n,
+                    };
+                    ops::nf4::quantize(gpu, &w, &mut q)?;
+                    Ok((q, z(gpu, n)?))
+                },
+                move |gpu, (q, out)| ops::nf4::dequantize(gpu, q, out),
+            )?
         }
     };
     gpu.synchronize()?;
