@@ -445,11 +445,7 @@ fn kernels(c: &mut Criterion) {
     drop(w_plain);
 
     // NF4: the frozen up projection stored [inter, H] as 4-bit codes.
-    let mut w_nf4 = Nf4Device {
-        codes: gpu.zeros(inter * h / 2).expect("alloc"),
-        absmax: gpu.zeros(inter * h / 64).expect("alloc"),
-        len: inter * h,
-    };
+    let mut w_nf4 = Nf4Device::zeros(gpu, inter * h).expect("alloc");
     // Read 4 bytes per weight, write half a byte and a block maximum.
     let nf4_bytes = (inter * h) as u64 * 4 + (inter * h / 2) as u64 + (inter * h / 64) as u64 * F32;
     bench(

@@ -23,7 +23,6 @@ pub mod throughput_ratio;
 pub mod trajectory_match;
 
 use std::fmt;
-use std::path::PathBuf;
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -43,8 +42,6 @@ pub struct TrialContext<'a> {
     pub mutant: Option<Mutant>,
     /// The device, for `cuda` trials.
     pub gpu: Option<&'a mut GpuContext>,
-    /// Where a failing trial may dump its inputs and outputs.
-    pub artifacts_dir: PathBuf,
 }
 
 /// One registered kind: its name, what it measures and where it runs.
@@ -278,5 +275,36 @@ pub(crate) fn require_gpu<'a, 'b>(cx: &'a mut TrialContext<'b>) -> Result<&'a mu
         None => Err(crate::Error::CudaUnavailable(
             "this check needs a GPU context".into(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The registry, the parser and `kind_name` name the same kinds: each
+    /// registered name parses as a kind (its missing parameters aside), and
+    /// each check of the shipped contracts has a registry entry, so `info`
+    /// never falls back.
+    #[test]
+    fn the_registry_and_the_parser_agree() {
+        for kind in KINDS {
+            let err = serde_yaml::from_str::<CheckSpec>(&format!("kind: {}\n", kind.name))
+                .map(|c| c.kind_name().to_string())
+                .map_err(|e| e.to_string());
+            match err {
+                Ok(name) => assert_eq!(name, kind.name),
+                Err(e) => assert!(!e.contains("unknown check kind"), "{}: {e}", kind.name),
+            }
+        }
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("contracts");
+        let contracts = crate::contract::load_dir(&dir).expect("the shipped contracts load");
+        for test in contracts.iter().flat_map(|c| &c.falsification_tests) {
+            let name = test.check.kind_name();
+            assert!(
+                KINDS.iter().any(|k| k.name == name),
+                "{name} is not registered"
+            );
+        }
     }
 }

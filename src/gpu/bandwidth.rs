@@ -505,11 +505,7 @@ fn setup(
                 sets,
                 |gpu| {
                     let w = fill.signed(gpu, n)?;
-                    let mut q = ops::nf4::Nf4Device {
-                        codes: gpu.zeros::<u8>(n / 2)?,
-                        absmax: gpu.zeros::<f32>(n / crate::reference::nf4::BLOCK)?,
-                        len: n,
-                    };
+                    let mut q = ops::nf4::Nf4Device::zeros(gpu, n)?;
                     ops::nf4::quantize(gpu, &w, &mut q)?;
                     Ok((q, z(gpu, n)?))
                 },

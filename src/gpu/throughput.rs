@@ -343,11 +343,7 @@ fn nf4_pairs(
         let mut qs = Vec::new();
         for _ in 0..sets {
             let w = random(gpu, &mut rng, len)?;
-            let mut q = Nf4Device {
-                codes: gpu.zeros::<u8>(len / 2)?,
-                absmax: gpu.zeros::<f32>(len / crate::reference::nf4::BLOCK)?,
-                len,
-            };
+            let mut q = Nf4Device::zeros(gpu, len)?;
             ops::nf4::quantize(gpu, &w, &mut q)?;
             ws.push(w);
             qs.push(q);

@@ -131,6 +131,19 @@ pub fn upload(gpu: &GpuContext, t: &Nf4Tensor) -> Result<Nf4Device> {
     })
 }
 
+impl Nf4Device {
+    /// A zeroed tensor of `len` values (codes and absmax), ready for
+    /// [`quantize`] to fill; `len` must be a multiple of the block.
+    pub fn zeros(gpu: &GpuContext, len: usize) -> Result<Self> {
+        check_len("nf4_quantize", len)?;
+        Ok(Nf4Device {
+            codes: gpu.zeros(len / 2)?,
+            absmax: gpu.zeros(len / BLOCK)?,
+            len,
+        })
+    }
+}
+
 fn check_device(op: &'static str, t: &Nf4Device) -> Result<()> {
     check_len(op, t.len)?;
     if t.codes.len() * 2 != t.len || t.absmax.len() * BLOCK != t.len {

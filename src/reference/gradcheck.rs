@@ -472,7 +472,6 @@ mod tests {
                             seed: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15),
                             mutant,
                             gpu: None,
-                            artifacts_dir: std::env::temp_dir(),
                         };
                         let m = test.check.execute(Backend::Cpu, &mut cx).unwrap();
                         assert_eq!(

@@ -229,7 +229,6 @@ impl Engine {
         let seed = trial_seed(self.options.seed, &trial.contract.metadata.id, &test.id);
         let injected = !trial.selftest && self.options.inject.contains(&test.id);
         let mutant = (trial.selftest || injected).then_some(test.mutant);
-        let artifacts_dir = self.options.out_dir.join(ARTIFACTS_DIR);
         let started = Instant::now();
 
         let mut gpu_guard = None;
@@ -255,17 +254,11 @@ impl Engine {
             GpuSlot::Ready(ctx) => Some(&mut **ctx),
             _ => None,
         });
-        let mut cx = TrialContext {
-            seed,
-            mutant,
-            gpu,
-            artifacts_dir,
-        };
+        let mut cx = TrialContext { seed, mutant, gpu };
         let result = catch_unwind(AssertUnwindSafe(|| {
             test.check.execute(trial.backend, &mut cx)
         }))
         .unwrap_or_else(|panic| Err(panic_error(panic)));
-        drop(cx);
         // A sticky fault (e.g. an illegal address) leaves the context unusable
         // for every later call; the remaining cuda trials are then recorded
         // as errors and the rest of the run goes on.

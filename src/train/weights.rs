@@ -87,13 +87,8 @@ fn linear(
         }
         (BaseWeights::Nf4, true) => {
             let n = w.len();
-            nf4_ops::check_len("nf4_quantize", n)?;
+            let mut t = Nf4Device::zeros(gpu, n)?;
             let src = gpu.upload(&to_f32(&w))?;
-            let mut t = Nf4Device {
-                codes: gpu.zeros(n / 2)?,
-                absmax: gpu.zeros(n / nf4::BLOCK)?,
-                len: n,
-            };
             nf4_ops::quantize(gpu, &src, &mut t)?;
             gpu.synchronize()?;
             Frozen::Nf4(t)
