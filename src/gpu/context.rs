@@ -211,14 +211,8 @@ impl GpuContext {
         self.cache.function(&self.ctx, &self.facts, module, symbol)
     }
 
-    /// Compiles and loads `module` if the cache does not hold it yet.
-    pub fn ensure_module(&mut self, module: &str) -> Result<()> {
-        self.cache
-            .ensure(&self.ctx, &self.facts, module)
-            .map(|_| ())
-    }
-
-    /// [`GpuContext::ensure_module`] for several modules, compiled concurrently.
+    /// Compiles and loads every module of `modules` the cache does not hold
+    /// yet (NVRTC compiles them concurrently).
     pub fn ensure_modules(&mut self, modules: &[&str]) -> Result<()> {
         self.cache.ensure_all(&self.ctx, &self.facts, modules)
     }

@@ -21,7 +21,7 @@ use rand_chacha::ChaCha8Rng;
 use super::ModelConfig;
 use crate::check::params::BaseWeights;
 use crate::error::Result;
-use crate::reference::nf4::{self, Nf4Tensor};
+use crate::reference::nf4;
 
 /// Which tensor of the model a seed is for (mixed into the tensor's seed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,8 +85,6 @@ pub struct FrozenLinear {
     pub in_dim: usize,
     /// The values the forward pass multiplies by: f32-rounded, or dequantised NF4.
     pub weight: Vec<f64>,
-    /// The NF4 codes and block scales, when the base is stored as NF4.
-    pub nf4: Option<Nf4Tensor>,
 }
 
 impl FrozenLinear {
@@ -103,17 +101,12 @@ impl FrozenLinear {
                 out_dim,
                 in_dim,
                 weight: to_f32_precision(w),
-                nf4: None,
             },
-            BaseWeights::Nf4 => {
-                let q = nf4::quantize(&w, nf4::BLOCK)?;
-                FrozenLinear {
-                    out_dim,
-                    in_dim,
-                    weight: nf4::dequantize(&q),
-                    nf4: Some(q),
-                }
-            }
+            BaseWeights::Nf4 => FrozenLinear {
+                out_dim,
+                in_dim,
+                weight: nf4::dequantize(&nf4::quantize(&w, nf4::BLOCK)?),
+            },
         })
     }
 }
@@ -141,7 +134,6 @@ pub struct FrozenLayer {
 #[derive(Debug, Clone, PartialEq)]
 pub struct BaseModel {
     pub config: ModelConfig,
-    pub storage: BaseWeights,
     /// `[vocab, hidden]`
     pub embedding: Vec<f64>,
     pub layers: Vec<FrozenLayer>,
@@ -172,7 +164,6 @@ impl BaseModel {
         }
         Ok(BaseModel {
             config: *cfg,
-            storage: base,
             embedding: to_f32_precision(uniform(seed, TensorId::Embedding, cfg.vocab * h, 1.0)),
             layers,
             final_norm: vec![1.0; h],

@@ -62,8 +62,7 @@ fn cpu_losses(
     steps: usize,
     seed: u64,
 ) -> Result<(Vec<f64>, String)> {
-    let mut t = Trainer::new(cfg, options, seed)?;
-    let reports: Vec<StepReport> = (0..steps).map(|_| t.step()).collect::<Result<_>>()?;
+    let reports = crate::reference::train::train(cfg, options, steps, seed)?;
     Ok((
         reports.iter().map(|r| r.loss).collect(),
         clip_summary(&reports),

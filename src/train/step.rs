@@ -284,10 +284,6 @@ impl GpuTrainer {
         &self.cfg
     }
 
-    pub fn options(&self) -> &GpuTrainOptions {
-        &self.options
-    }
-
     /// The host reads made so far.
     pub fn syncs(&self) -> &SyncCounts {
         &self.sync.counts
@@ -419,11 +415,6 @@ impl GpuTrainer {
             .map(|g| gpu.download(g))
             .collect::<Result<Vec<_>>>()?;
         Ok((loss, grads))
-    }
-
-    /// The trainable tensors, copied to the host.
-    pub fn params_host(&self, gpu: &GpuContext) -> Result<Vec<Vec<f32>>> {
-        self.params.p.iter().map(|p| gpu.download(p)).collect()
     }
 
     /// One step on the next batch.
