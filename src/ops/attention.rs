@@ -32,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{launch_config_1d, to_i32, GpuContext};
 use crate::reference;
 pub use crate::reference::attention::AttnShape;
+use crate::reference::elementwise::expect_len;
 
 /// One build of the tiled kernels (see the `.cu` file): its module, its
 /// padded head width `d`, the keys per chunk of its forward and dq kernels
@@ -237,18 +238,6 @@ fn validate(sh: &AttnShape) -> Result<Dims> {
     })
 }
 
-fn expect(what: &str, got: usize, want: usize) -> Result<()> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(Error::ShapeMismatch {
-            op: "attention",
-            expected: format!("{what}: {want} elements"),
-            got: format!("{got}"),
-        })
-    }
-}
-
 /// One block of 256 threads per (32 rows, head, batch), with `floats` of
 /// dynamic shared memory.
 fn tile_config(sh: &AttnShape, floats: usize) -> LaunchConfig {
@@ -308,11 +297,11 @@ fn forward_limited(
 ) -> Result<()> {
     let d = validate(sh)?;
     let (q_len, kv_len, p_len) = lens(sh);
-    expect("q", q.len(), q_len)?;
-    expect("k", k.len(), kv_len)?;
-    expect("v", v.len(), kv_len)?;
-    expect("out", out.len(), q_len)?;
-    expect("probs", probs.len(), p_len)?;
+    expect_len("attention", "q", q.len(), &[q_len])?;
+    expect_len("attention", "k", k.len(), &[kv_len])?;
+    expect_len("attention", "v", v.len(), &[kv_len])?;
+    expect_len("attention", "out", out.len(), &[q_len])?;
+    expect_len("attention", "probs", probs.len(), &[p_len])?;
     let limit = to_i64("attention", write_limit.min(q_len))?;
     let cfg = row_config(sh);
     let b = build(sh.head_dim);
@@ -392,16 +381,21 @@ fn backward_limited(
 ) -> Result<()> {
     let d = validate(sh)?;
     let (q_len, kv_len, p_len) = lens(sh);
-    expect("q", q.len(), q_len)?;
-    expect("k", k.len(), kv_len)?;
-    expect("v", v.len(), kv_len)?;
-    expect("out", out.len(), q_len)?;
-    expect("probs", probs.len(), p_len)?;
-    expect("dout", dout.len(), q_len)?;
-    expect("dq", dq.len(), q_len)?;
-    expect("dk", dk.len(), kv_len)?;
-    expect("dv", dv.len(), kv_len)?;
-    expect("scratch", scratch.len(), backward_scratch_len(sh))?;
+    expect_len("attention", "q", q.len(), &[q_len])?;
+    expect_len("attention", "k", k.len(), &[kv_len])?;
+    expect_len("attention", "v", v.len(), &[kv_len])?;
+    expect_len("attention", "out", out.len(), &[q_len])?;
+    expect_len("attention", "probs", probs.len(), &[p_len])?;
+    expect_len("attention", "dout", dout.len(), &[q_len])?;
+    expect_len("attention", "dq", dq.len(), &[q_len])?;
+    expect_len("attention", "dk", dk.len(), &[kv_len])?;
+    expect_len("attention", "dv", dv.len(), &[kv_len])?;
+    expect_len(
+        "attention",
+        "scratch",
+        scratch.len(),
+        &[backward_scratch_len(sh)],
+    )?;
     let limit = to_i64("attention", dv_write_limit.min(kv_len))?;
     let (mut ds, mut shares) = scratch.split_at_mut(p_len);
     let (mut pk, mut pv) = shares.split_at_mut(q_len);

@@ -5,15 +5,16 @@
 //! `f32_to_f16`: `y_i = f16(x_i)`, round to nearest even (IEEE 754, as
 //! `half::f16::from_f32`). `f16_to_f32`: `y_i = f32(x_i)`, exact.
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use half::f16;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use super::gemm::to_i64;
 use super::parity::{case_rng, compare, written, Arg, Case, Comparison, Signatures};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::gpu::GpuContext;
+use crate::reference::elementwise::expect_len;
 
 /// The kernel module these launchers use.
 pub const MODULE: &str = "cast";
@@ -30,66 +31,57 @@ pub const F16_NAN_BITS: u16 = 0x7e00;
 
 /// `y = f16(x)` element-wise (round to nearest even).
 pub fn f32_to_f16(gpu: &mut GpuContext, x: &CudaSlice<f32>, y: &mut CudaSlice<u16>) -> Result<()> {
-    check_lens("cast_fwd_f32_f16", x.len(), y.len())?;
+    expect_len("cast_fwd_f32_f16", "y", y.len(), &[x.len()])?;
     launch_f32_to_f16(gpu, x, y, x.len())
 }
 
 /// `y = f32(x)` element-wise (exact).
 pub fn f16_to_f32(gpu: &mut GpuContext, x: &CudaSlice<u16>, y: &mut CudaSlice<f32>) -> Result<()> {
-    check_lens("cast_fwd_f16_f32", x.len(), y.len())?;
+    expect_len("cast_fwd_f16_f32", "y", y.len(), &[x.len()])?;
     launch_f16_to_f32(gpu, x, y, x.len())
 }
 
-fn check_lens(op: &'static str, x: usize, y: usize) -> Result<()> {
-    if x == y {
-        Ok(())
-    } else {
-        Err(Error::ShapeMismatch {
-            op,
-            expected: format!("{x} output elements"),
-            got: format!("{y}"),
-        })
-    }
+/// Runs `symbol` (`cast_fwd_f32_f16` or `cast_fwd_f16_f32`) on the first
+/// `n <= x.len()` elements (`n < len` only for the `LastElementUnwritten`
+/// fault injection).
+fn launch_cast<A: DeviceRepr, B: DeviceRepr>(
+    gpu: &mut GpuContext,
+    symbol: &'static str,
+    x: &CudaSlice<A>,
+    y: &mut CudaSlice<B>,
+    n: usize,
+) -> Result<()> {
+    let n = to_i64(symbol, n.min(x.len()).min(y.len()))?;
+    let cfg = gpu.launch_1d(x.len());
+    let func = gpu.function(MODULE, symbol)?;
+    let mut launch = gpu.stream().launch_builder(&func);
+    launch.arg(x).arg(y).arg(&n);
+    // SAFETY: the callers pair each symbol with its element types:
+    // `cast_fwd_f32_f16(const float* x, unsigned short* y, long long n)` with
+    // (f32, u16) and `cast_fwd_f16_f32(const unsigned short* x, float* y,
+    // long long n)` with (u16, f32), u16 being the 16-bit pattern of an f16.
+    // n is at most the length of both buffers and the grid-stride loop
+    // touches only indices < n.
+    unsafe { launch.launch(cfg) }?;
+    Ok(())
 }
 
-/// Converts the first `n <= x.len()` elements (`n < len` only for the
-/// `LastElementUnwritten` fault injection).
 fn launch_f32_to_f16(
     gpu: &mut GpuContext,
     x: &CudaSlice<f32>,
     y: &mut CudaSlice<u16>,
     n: usize,
 ) -> Result<()> {
-    let n = to_i64("cast_fwd_f32_f16", n.min(x.len()).min(y.len()))?;
-    let cfg = gpu.launch_1d(x.len());
-    let func = gpu.function(MODULE, "cast_fwd_f32_f16")?;
-    let mut launch = gpu.stream().launch_builder(&func);
-    launch.arg(x).arg(y).arg(&n);
-    // SAFETY: arguments match `cast_fwd_f32_f16(const float* x, unsigned
-    // short* y, long long n)` in order and type (u16 is the 16-bit pattern the
-    // kernel stores). n is at most the length of both buffers and the
-    // grid-stride loop touches only indices < n.
-    unsafe { launch.launch(cfg) }?;
-    Ok(())
+    launch_cast(gpu, "cast_fwd_f32_f16", x, y, n)
 }
 
-/// Converts the first `n <= x.len()` elements.
 fn launch_f16_to_f32(
     gpu: &mut GpuContext,
     x: &CudaSlice<u16>,
     y: &mut CudaSlice<f32>,
     n: usize,
 ) -> Result<()> {
-    let n = to_i64("cast_fwd_f16_f32", n.min(x.len()).min(y.len()))?;
-    let cfg = gpu.launch_1d(x.len());
-    let func = gpu.function(MODULE, "cast_fwd_f16_f32")?;
-    let mut launch = gpu.stream().launch_builder(&func);
-    launch.arg(x).arg(y).arg(&n);
-    // SAFETY: arguments match `cast_fwd_f16_f32(const unsigned short* x,
-    // float* y, long long n)` in order and type. n is at most the length of
-    // both buffers and the grid-stride loop touches only indices < n.
-    unsafe { launch.launch(cfg) }?;
-    Ok(())
+    launch_cast(gpu, "cast_fwd_f16_f32", x, y, n)
 }
 
 /// `n` f32 values with random signs and magnitudes log-uniform over
