@@ -6,7 +6,7 @@
 use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
 use super::parity::{
-    case_rng, compare, uniform, widen, written, Arg, Case, Comparison, Signatures, MAX_ELEMENTS,
+    case_rng, compare, elements, uniform, widen, written, Arg, Case, Comparison, Signatures,
 };
 use crate::check::op::Pass;
 use crate::error::{Error, Result};
@@ -47,6 +47,9 @@ pub const SIGNATURES: Signatures = &[
         ],
     ),
 ];
+
+/// A reference RoPE direction: `(x, batch, seq, heads, head_dim, theta)`.
+type RefRope = fn(&[f64], usize, usize, usize, usize, f64) -> Result<Vec<f64>>;
 
 /// The dimensions of a RoPE launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,13 +95,7 @@ fn launch(
     if npairs == 0 {
         return Ok(());
     }
-    if npairs > MAX_ELEMENTS {
-        return Err(Error::InvalidArgument {
-            op: "rope",
-            message: format!("{npairs} pairs exceed the kernel limit of {MAX_ELEMENTS}"),
-        });
-    }
-    let npairs_i = npairs as i64;
+    let npairs_i = i64::from(elements("rope", npairs)?);
     let batch_i = to_i32("rope", "batch", d.batch)?;
     let seq_i = to_i32("rope", "seq", d.seq)?;
     let heads_i = to_i32("rope", "heads", d.heads)?;
@@ -184,37 +181,19 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
     let x = uniform(&mut rng, n, -2.0, 2.0);
     let d_x = gpu.upload(&x)?;
     let mut y = gpu.poisoned(n)?;
-    let want = match case.pass {
-        Pass::Forward => {
-            let (b, s, h, hd) = (d.batch, d.seq, d.heads, d.head_dim);
-            forward(
-                gpu,
-                &d_x.as_view(),
-                b,
-                s,
-                h,
-                hd,
-                theta,
-                &mut y.as_view_mut(),
-                case.mutant,
-            )?;
-            refop::forward(&widen(&x), d.batch, d.seq, d.heads, d.head_dim, theta)?
-        }
-        Pass::Backward => {
-            let (b, s, h, hd) = (d.batch, d.seq, d.heads, d.head_dim);
-            backward(
-                gpu,
-                &d_x.as_view(),
-                b,
-                s,
-                h,
-                hd,
-                theta,
-                &mut y.as_view_mut(),
-                case.mutant,
-            )?;
-            refop::backward(&widen(&x), d.batch, d.seq, d.heads, d.head_dim, theta)?
-        }
+    let (symbol, reference): (_, RefRope) = match case.pass {
+        Pass::Forward => ("rope_fwd_f32", refop::forward),
+        Pass::Backward => ("rope_bwd_f32", refop::backward),
     };
+    launch(
+        gpu,
+        symbol,
+        &d_x.as_view(),
+        d,
+        theta,
+        &mut y.as_view_mut(),
+        case.mutant,
+    )?;
+    let want = reference(&widen(&x), d.batch, d.seq, d.heads, d.head_dim, theta)?;
     Ok(compare(&gpu.download(&y)?, &want))
 }

@@ -104,7 +104,7 @@ pub fn inverse(
     head_dim: usize,
     theta: f64,
 ) -> Result<Vec<f64>> {
-    rotate(y, batch, seq, heads, head_dim, theta, -1.0)
+    backward(y, batch, seq, heads, head_dim, theta)
 }
 
 #[cfg(test)]
