@@ -639,7 +639,6 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::parity::ptx_param_types;
 
     /// The row-major product a [`GemmSpec`] describes, on the host in f64.
     fn host_gemm(spec: GemmSpec, a: &[f64], b: &[f64]) -> Vec<f64> {
@@ -712,50 +711,5 @@ mod tests {
         assert_eq!(dw.transb, cublasOperation_t::CUBLAS_OP_T);
         assert_eq!((dw.m, dw.n, dw.k, dw.ldb), (7, 3, 5, 3));
         assert!(GemmSpec::plain(0, 1, 1).check(0, 1, 0).is_err());
-    }
-
-    /// Every module this file family owns compiles for compute_90 and declares
-    /// each listed symbol as a PTX `.entry`. Skips (passes) when NVRTC cannot
-    /// be loaded, as in CI.
-    #[test]
-    fn kernels_compile_for_sm90_with_every_symbol() {
-        if !crate::gpu::nvrtc_present() {
-            return;
-        }
-        let families = [
-            (MODULE, SIGNATURES),
-            (super::super::nf4::MODULE, super::super::nf4::SIGNATURES),
-            (super::super::cast::MODULE, super::super::cast::SIGNATURES),
-            (
-                super::super::attention::MODULE_D64,
-                super::super::attention::SIGNATURES_D64,
-            ),
-            (
-                super::super::attention::MODULE_D128,
-                super::super::attention::SIGNATURES_D128,
-            ),
-        ];
-        for (name, signatures) in families {
-            let module = crate::kernels::module(name).unwrap();
-            assert_eq!(module.symbols.len(), signatures.len(), "{name}");
-            assert!(!module.symbols.is_empty(), "{name} declares no symbol");
-            let ptx = crate::gpu::cache::compile_module(module, "compute_90")
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            assert_eq!(crate::gpu::cache::ptx_target(&ptx), Some("sm_90"));
-            for sym in module.symbols {
-                let entry = format!(".entry {sym}(");
-                assert!(ptx.contains(&entry), "{name}: no `{entry}` in the PTX");
-                let (_, args) = signatures
-                    .iter()
-                    .find(|(s, _)| s == sym)
-                    .unwrap_or_else(|| panic!("{sym}: no launcher signature"));
-                let want: Vec<&str> = args.iter().map(|a| a.ptx_type()).collect();
-                let got = ptx_param_types(&ptx, sym).unwrap();
-                assert_eq!(
-                    got, want,
-                    "{sym}: PTX parameters vs the launcher's arguments"
-                );
-            }
-        }
     }
 }

@@ -412,7 +412,7 @@ mod tests {
     use crate::gpu::nvrtc_present;
     use crate::kernels;
 
-    /// The launchers' argument lists of every module with one, by module.
+    /// The launchers' argument lists of every module, by module.
     fn signatures() -> Vec<(&'static str, Signatures)> {
         use super::super::*;
         vec![
@@ -426,7 +426,25 @@ mod tests {
             (clip::MODULE, clip::SIGNATURES),
             (adamw::MODULE, adamw::SIGNATURES),
             (faults::MODULE, faults::SIGNATURES),
+            (gemm::MODULE, gemm::SIGNATURES),
+            (nf4::MODULE, nf4::SIGNATURES),
+            (cast::MODULE, cast::SIGNATURES),
+            (attention::MODULE_D64, attention::SIGNATURES_D64),
+            (attention::MODULE_D128, attention::SIGNATURES_D128),
+            (
+                crate::train::kernels::MODULE,
+                crate::train::kernels::SIGNATURES,
+            ),
         ]
+    }
+
+    /// Every kernel module has its launchers' argument lists above.
+    #[test]
+    fn every_module_has_signatures() {
+        let listed: Vec<&str> = signatures().iter().map(|(m, _)| *m).collect();
+        for m in kernels::MODULES {
+            assert!(listed.contains(&m.name), "{} has no signature list", m.name);
+        }
     }
 
     #[test]

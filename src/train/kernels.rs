@@ -113,33 +113,3 @@ pub fn accumulate(gpu: &mut GpuContext, y: &mut CudaSlice<f32>, x: &CudaSlice<f3
     unsafe { l.launch(cfg) }?;
     Ok(())
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::gpu::cache::compile_module;
-    use crate::gpu::nvrtc_present;
-    use crate::kernels;
-    use crate::ops::parity::ptx_param_types;
-
-    #[test]
-    fn signatures_match_the_module_and_the_ptx() {
-        let Some(m) = kernels::module(MODULE) else {
-            panic!("no module {MODULE}");
-        };
-        let mut declared: Vec<&str> = m.symbols.to_vec();
-        let mut signed: Vec<&str> = SIGNATURES.iter().map(|s| s.0).collect();
-        declared.sort_unstable();
-        signed.sort_unstable();
-        assert_eq!(declared, signed);
-        if !nvrtc_present() {
-            return;
-        }
-        let ptx = compile_module(m, "compute_90").unwrap();
-        for (symbol, args) in SIGNATURES {
-            let got = ptx_param_types(&ptx, symbol).unwrap_or_default();
-            let want: Vec<&str> = args.iter().map(|a| a.ptx_type()).collect();
-            assert_eq!(got, want, "{symbol}");
-        }
-    }
-}
