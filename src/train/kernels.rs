@@ -102,7 +102,7 @@ pub fn advance_step(gpu: &mut GpuContext, step: &mut CudaSlice<i32>, by: i32) ->
 /// `y += x` element-wise.
 pub fn accumulate(gpu: &mut GpuContext, y: &mut CudaSlice<f32>, x: &CudaSlice<f32>) -> Result<()> {
     same_len("x", x.len(), y.len())?;
-    let n_i = to_i32("accumulate", "elements", y.len())?;
+    let n_i = crate::ops::parity::elements("accumulate", y.len())?;
     let f = gpu.function(MODULE, "accumulate_fwd_f32")?;
     let cfg = gpu.launch_1d(y.len());
     let mut l = gpu.stream().launch_builder(&f);
