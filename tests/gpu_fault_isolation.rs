@@ -9,7 +9,7 @@
 
 use falsify::contract::load_dir;
 use falsify::report::{read_rows, FalsificationRow, Status};
-use falsify::run::{plan, Engine, RunOptions};
+use falsify::run::{plan, Engine, RunOptions, TrialSpec};
 
 const CONTRACT: &str = r#"
 metadata:
@@ -49,9 +49,9 @@ falsification_tests:
       tolerance: 1.0e-12
 "#;
 
-#[test]
-#[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
-fn a_faulting_kernel_costs_one_error_row_and_the_run_completes() {
+/// A temp directory holding `yaml` as contract `stem`, its planned trials,
+/// and an engine writing to `latest/` there. Needs a CUDA driver.
+fn setup(stem: &str, yaml: &str) -> (tempfile::TempDir, Vec<TrialSpec>, Engine) {
     assert!(
         falsify::gpu::driver_present(),
         "this test needs a CUDA driver"
@@ -59,13 +59,19 @@ fn a_faulting_kernel_costs_one_error_row_and_the_run_completes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let contracts = dir.path().join("contracts");
     std::fs::create_dir_all(&contracts).expect("mkdir");
-    std::fs::write(contracts.join("fault-isolation.yaml"), CONTRACT).expect("write contract");
+    std::fs::write(contracts.join(format!("{stem}.yaml")), yaml).expect("write contract");
     let trials = plan(load_dir(&contracts).expect("the contract loads"));
-    let out = dir.path().join("latest");
     let engine = Engine::new(RunOptions {
-        out_dir: out.clone(),
+        out_dir: dir.path().join("latest"),
         ..RunOptions::default()
     });
+    (dir, trials, engine)
+}
+
+#[test]
+#[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
+fn a_faulting_kernel_costs_one_error_row_and_the_run_completes() {
+    let (_dir, trials, engine) = setup("fault-isolation", CONTRACT);
     assert_eq!(engine.cuda_skip_reason(), None, "a usable device");
 
     let statuses: Vec<(String, Status, String)> = trials
@@ -132,19 +138,7 @@ falsification_tests:
 #[test]
 #[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
 fn a_configuration_that_does_not_fit_is_skipped_before_allocation() {
-    assert!(
-        falsify::gpu::driver_present(),
-        "this test needs a CUDA driver"
-    );
-    let dir = tempfile::tempdir().expect("tempdir");
-    let contracts = dir.path().join("contracts");
-    std::fs::create_dir_all(&contracts).expect("mkdir");
-    std::fs::write(contracts.join("too-big.yaml"), TOO_BIG).expect("write contract");
-    let trials = plan(load_dir(&contracts).expect("the contract loads"));
-    let engine = Engine::new(RunOptions {
-        out_dir: dir.path().join("latest"),
-        ..RunOptions::default()
-    });
+    let (_dir, trials, engine) = setup("too-big", TOO_BIG);
     let outcome = engine.run(&trials[0]);
     println!("{:?}: {}", outcome.status, outcome.detail);
     assert_eq!(outcome.status, Status::Skipped);
