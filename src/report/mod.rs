@@ -107,22 +107,40 @@ pub fn read_rows<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
         .map_err(csv_err)
 }
 
-/// Writes `rows` to `path` as CSV through a temporary file in the same
-/// directory and a rename ([`write_bytes_atomic`]), so a reader (or a crash)
-/// never sees a torn file.
+/// Writes `rows` to `path` through a temporary file in the same directory and
+/// a rename, so a reader (or a crash) never sees a torn file.
 pub fn write_rows_atomic<T: Serialize>(path: &Path, rows: &[T]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let file_name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("report.csv");
+    let tmp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
+    let result = write_then_rename(&tmp, path, rows);
+    if result.is_err() {
+        // Best effort: the temp file is ours and is useless after a failure.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn write_then_rename<T: Serialize>(tmp: &Path, path: &Path, rows: &[T]) -> Result<()> {
     let csv_err = |source| Error::Csv {
-        path: path.to_path_buf(),
+        path: tmp.to_path_buf(),
         source,
     };
-    let mut writer = csv::Writer::from_writer(Vec::new());
+    let file = File::create(tmp).map_err(|e| Error::io(tmp, e))?;
+    let mut writer = csv::Writer::from_writer(file);
     for row in rows {
         writer.serialize(row).map_err(csv_err)?;
     }
-    let bytes = writer
+    let mut file = writer
         .into_inner()
-        .map_err(|e| Error::io(path, e.into_error()))?;
-    write_bytes_atomic(path, &bytes)
+        .map_err(|e| Error::io(tmp, e.into_error()))?;
+    file.flush().map_err(|e| Error::io(tmp, e))?;
+    file.sync_all().map_err(|e| Error::io(tmp, e))?;
+    std::fs::rename(tmp, path).map_err(|e| Error::io(path, e))
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same directory and
