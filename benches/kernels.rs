@@ -16,16 +16,16 @@ use std::time::{Duration, Instant};
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use cudarc::driver::CudaSlice;
-use falsify::gpu::{driver_present, GemmMath, GpuContext, GpuOptions};
-use falsify::model::ModelConfig;
-use falsify::ops::attention::AttnShape;
-use falsify::ops::gemm::{GemmEngine, GemmSpec};
-use falsify::ops::nf4::Nf4Device;
-use falsify::ops::{
+use qlora::gpu::{driver_present, GemmMath, GpuContext, GpuOptions};
+use qlora::model::ModelConfig;
+use qlora::ops::attention::AttnShape;
+use qlora::ops::gemm::{GemmEngine, GemmSpec};
+use qlora::ops::nf4::Nf4Device;
+use qlora::ops::{
     activation, adamw, attention, cast, clip, cross_entropy, elementwise, embedding, gemm, nf4,
     rmsnorm, rope, softmax,
 };
-use falsify::reference::adamw::AdamW;
+use qlora::train::AdamW;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -123,7 +123,6 @@ fn kernels(c: &mut Criterion) {
             h,
             &tokens.as_view(),
             &mut y.as_view_mut(),
-            None,
         )
         .expect("embedding forward")
     });
@@ -144,7 +143,6 @@ fn kernels(c: &mut Criterion) {
                 h,
                 &tokens.as_view(),
                 &mut dtable.as_view_mut(),
-                None,
             )
             .expect("embedding backward")
         },
@@ -165,7 +163,6 @@ fn kernels(c: &mut Criterion) {
             h,
             1e-6,
             &mut y.as_view_mut(),
-            None,
         )
         .expect("rmsnorm forward")
     });
@@ -186,7 +183,6 @@ fn kernels(c: &mut Criterion) {
                 1e-6,
                 &mut hsum.as_view_mut(),
                 &mut y.as_view_mut(),
-                None,
             )
             .expect("rmsnorm residual forward")
         },
@@ -206,18 +202,17 @@ fn kernels(c: &mut Criterion) {
             &mut dx.as_view_mut(),
             &mut dgamma.as_view_mut(),
             &mut ws,
-            None,
         )
         .expect("rmsnorm backward")
     });
 
     // Element-wise over [T, H].
     bench(&mut g, gpu, "residual_add", bytes(3 * th), |gpu| {
-        elementwise::residual_add(gpu, &x.as_view(), &x2.as_view(), &mut y.as_view_mut(), None)
+        elementwise::residual_add(gpu, &x.as_view(), &x2.as_view(), &mut y.as_view_mut())
             .expect("residual add")
     });
     bench(&mut g, gpu, "scale", bytes(2 * th), |gpu| {
-        elementwise::scale(gpu, &x.as_view(), 0.5, &mut y.as_view_mut(), None).expect("scale")
+        elementwise::scale(gpu, &x.as_view(), 0.5, &mut y.as_view_mut()).expect("scale")
     });
     let mut half: CudaSlice<u16> = gpu.zeros(th).expect("alloc");
     // Read 4 bytes, write 2 per element.
@@ -245,7 +240,6 @@ fn kernels(c: &mut Criterion) {
             cfg.head_dim,
             theta,
             &mut q_out.as_view_mut(),
-            None,
         )
         .expect("rope forward")
     });
@@ -259,7 +253,6 @@ fn kernels(c: &mut Criterion) {
             cfg.head_dim,
             theta,
             &mut q_out.as_view_mut(),
-            None,
         )
         .expect("rope backward")
     });
@@ -282,7 +275,6 @@ fn kernels(c: &mut Criterion) {
                 rows,
                 cfg.seq_len,
                 &mut probs.as_view_mut(),
-                None,
             )
             .expect("softmax forward")
         },
@@ -300,7 +292,6 @@ fn kernels(c: &mut Criterion) {
                 rows,
                 cfg.seq_len,
                 &mut dscores.as_view_mut(),
-                None,
             )
             .expect("softmax backward")
         },
@@ -351,7 +342,7 @@ fn kernels(c: &mut Criterion) {
     let mut dgate = zeros(gpu, ti);
     let mut dup = zeros(gpu, ti);
     bench(&mut g, gpu, "silu_fwd", bytes(2 * ti), |gpu| {
-        activation::silu_forward(gpu, &gate.as_view(), &mut act.as_view_mut(), None)
+        activation::silu_forward(gpu, &gate.as_view(), &mut act.as_view_mut())
             .expect("silu forward")
     });
     bench(&mut g, gpu, "silu_bwd", bytes(3 * ti), |gpu| {
@@ -360,19 +351,12 @@ fn kernels(c: &mut Criterion) {
             &gate.as_view(),
             &dact.as_view(),
             &mut dgate.as_view_mut(),
-            None,
         )
         .expect("silu backward")
     });
     bench(&mut g, gpu, "swiglu_fwd", bytes(3 * ti), |gpu| {
-        activation::swiglu_forward(
-            gpu,
-            &gate.as_view(),
-            &up.as_view(),
-            &mut act.as_view_mut(),
-            None,
-        )
-        .expect("swiglu forward")
+        activation::swiglu_forward(gpu, &gate.as_view(), &up.as_view(), &mut act.as_view_mut())
+            .expect("swiglu forward")
     });
     bench(&mut g, gpu, "swiglu_bwd", bytes(5 * ti), |gpu| {
         activation::swiglu_backward(
@@ -382,7 +366,6 @@ fn kernels(c: &mut Criterion) {
             &dact.as_view(),
             &mut dgate.as_view_mut(),
             &mut dup.as_view_mut(),
-            None,
         )
         .expect("swiglu backward")
     });
@@ -494,7 +477,6 @@ fn kernels(c: &mut Criterion) {
             &targets.as_view(),
             &mut losses.as_view_mut(),
             &mut loss.as_view_mut(),
-            None,
         )
         .expect("cross-entropy forward")
     });
@@ -512,7 +494,6 @@ fn kernels(c: &mut Criterion) {
                 vocab,
                 &targets.as_view(),
                 &mut dlogits.as_view_mut(),
-                None,
             )
             .expect("cross-entropy backward")
         },
@@ -542,19 +523,18 @@ fn kernels(c: &mut Criterion) {
             &mut v2.as_view_mut(),
             &hyper,
             1,
-            None,
         )
         .expect("adamw step")
     });
     let mut ws = clip::SquaredSumWorkspace::new(gpu, &[n]).expect("workspace");
     let mut sq: CudaSlice<f64> = gpu.zeros(1).expect("alloc");
     bench(&mut g, gpu, "clip_squared_sum", bytes(n), |gpu| {
-        clip::squared_sum(gpu, &[grad.as_view()], &mut ws, &mut sq.as_view_mut(), None)
+        clip::squared_sum(gpu, &[grad.as_view()], &mut ws, &mut sq.as_view_mut())
             .expect("squared sum")
     });
     let scale = random(gpu, 1, 22);
     bench(&mut g, gpu, "clip_apply", bytes(2 * n), |gpu| {
-        clip::apply(gpu, &mut p.as_view_mut(), &scale.as_view(), None).expect("clip apply")
+        clip::apply(gpu, &mut p.as_view_mut(), &scale.as_view()).expect("clip apply")
     });
     g.finish();
 }

@@ -10,10 +10,10 @@
 //! It prints the median step time and tokens/s over `--steps` timed steps
 //! (CUDA events around each step, after two warm-up steps).
 
-use falsify::check::params::{BackwardMath, BaseWeights, MlpActivations, StepMode};
-use falsify::gpu::{driver_present, GpuContext, GpuOptions};
-use falsify::model::ModelConfig;
-use falsify::train::{GpuTrainOptions, GpuTrainer};
+use falsify::check::stats::median;
+use qlora::gpu::{driver_present, GemmMath, GpuContext, GpuOptions};
+use qlora::model::ModelConfig;
+use qlora::train::{BaseWeights, GpuTrainOptions, GpuTrainer};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -33,27 +33,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let config = ModelConfig::preset(&preset).ok_or(format!("unknown preset {preset}"))?;
-    let mode = StepMode {
+    let options = GpuTrainOptions {
         graph: flag("--graph"),
         base: if flag("--nf4") {
             BaseWeights::Nf4
         } else {
             BaseWeights::Fp32
         },
-        backward_math: if flag("--tf32-backward") {
-            BackwardMath::Tf32
-        } else {
-            BackwardMath::Fp32
-        },
-        mlp_activations: if flag("--keep-mlp") {
-            MlpActivations::Keep
-        } else {
-            MlpActivations::Recompute
-        },
-        ..StepMode::default()
+        backward_math: flag("--tf32-backward").then_some(GemmMath::Tf32),
+        keep_mlp: flag("--keep-mlp"),
+        device_quantize: true,
+        ..GpuTrainOptions::default()
     };
+    let mode = options.mode_name();
     let mut gpu = GpuContext::new(GpuOptions::default())?;
-    let options = GpuTrainOptions::for_speed(&mode, None);
     let mut trainer = GpuTrainer::new(&mut gpu, &config, options, 0)?;
     for _ in 0..2 {
         trainer.step(&mut gpu)?;
@@ -68,7 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let end = gpu.stream().record_event(flags)?;
         times.push(f64::from(start.elapsed_ms(&end)?));
     }
-    let median = falsify::gpu::timing::median(&times);
+    let median = median(&times);
     println!(
         "{preset} {mode} on {}: median step {median:.3} ms over {steps} steps, {:.0} tokens/s",
         gpu.facts().name,

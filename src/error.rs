@@ -50,33 +50,16 @@ pub enum Error {
     #[error("{op}: {message}")]
     InvalidArgument { op: &'static str, message: String },
 
-    /// A kernel module whose PTX `.target` is not the device's own architecture.
-    #[error("PTX targets {ptx} but the device is {device}; refusing to load it")]
-    TargetMismatch { ptx: String, device: String },
-
     /// The CUDA driver is missing or no device could be opened.
     #[error("CUDA unavailable: {0}")]
     CudaUnavailable(String),
 
-    /// A model configuration does not fit on the device.
-    #[error(
-        "{model} needs {needed_gib:.2} GiB of device memory, the device has {available_gib:.2} GiB free"
-    )]
-    OutOfMemory {
-        model: String,
-        needed_gib: f64,
-        available_gib: f64,
-    },
+    /// An error of the training stack under test.
+    #[error(transparent)]
+    Stack(#[from] qlora::Error),
 
     #[error(transparent)]
     Driver(#[from] cudarc::driver::DriverError),
-
-    /// NVRTC failed; the compiler log is kept so the kernel author can read it.
-    #[error("NVRTC failed to compile {module}: {log}")]
-    Compile { module: String, log: String },
-
-    #[error(transparent)]
-    Nvrtc(#[from] cudarc::nvrtc::CompileError),
 
     #[error(transparent)]
     Cublas(#[from] cudarc::cublas::result::CublasError),

@@ -7,21 +7,17 @@
 //! as a trial and writes what it measured to CSV under `reports/latest/`.
 //!
 //! Layout: [`contract`] (schema, discovery, validation), [`check`] (the check
-//! kinds), [`run`] (the engine), [`report`] (CSV), [`reference`] (the CPU
-//! oracle), [`model`], [`gpu`], [`ops`], [`train`] (the system under test) and
-//! [`mutant`] (named fault injections).
+//! kinds), [`reference`] (the CPU oracle), [`mutant`] (named faults, mapped to
+//! the stack's fault knobs or to faulty oracle variants), [`run`] (the engine)
+//! and [`report`] (CSV, Markdown, charts). The system under test is the
+//! [`qlora`] crate, which knows nothing of this one.
 
 pub mod check;
 pub mod contract;
 pub mod error;
-pub mod gpu;
-pub mod kernels;
-pub mod model;
 pub mod mutant;
-pub mod ops;
 pub mod reference;
 pub mod report;
 pub mod run;
-pub mod train;
 
 pub use error::{Error, Result};

@@ -53,7 +53,7 @@ falsification_tests:
 /// and an engine writing to `latest/` there. Needs a CUDA driver.
 fn setup(stem: &str, yaml: &str) -> (tempfile::TempDir, Vec<TrialSpec>, Engine) {
     assert!(
-        falsify::gpu::driver_present(),
+        qlora::gpu::driver_present(),
         "this test needs a CUDA driver"
     );
     let dir = tempfile::tempdir().expect("tempdir");

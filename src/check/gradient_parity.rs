@@ -6,7 +6,7 @@
 
 use serde::Deserialize;
 
-use super::params::{BaseWeights, ModelName, NonNegative, Positive, Precision};
+use super::params::{BaseWeights, BaseWeightsDef, ModelName, NonNegative, Positive, Precision};
 use super::{Measurement, TrialContext, Validate};
 use crate::error::Result;
 
@@ -14,7 +14,7 @@ use crate::error::Result;
 #[serde(deny_unknown_fields)]
 pub struct Params {
     pub model: ModelName,
-    #[serde(default)]
+    #[serde(default, with = "BaseWeightsDef")]
     pub base: BaseWeights,
     /// GEMM precision of the GPU forward pass: `f32` or `tf32` (the backward
     /// GEMMs run as the context's options say).
@@ -45,6 +45,6 @@ impl Validate for Params {
 
 impl Params {
     pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        crate::train::checks::gradient_parity(self, cx)
+        crate::check::training::gradient_parity(self, cx)
     }
 }

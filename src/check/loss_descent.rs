@@ -29,6 +29,6 @@ impl Validate for Params {
 
 impl Params {
     pub fn execute(&self, backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        crate::train::checks::loss_descent(self, backend, cx)
+        crate::check::training::loss_descent(self, backend, cx)
     }
 }

@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-use super::params::{BaseWeights, Count, ModelName, Positive};
+use super::params::{BaseWeights, BaseWeightsDef, Count, ModelName, Positive};
 use super::{Measurement, TrialContext, Validate};
 use crate::error::Result;
 
@@ -12,7 +12,7 @@ use crate::error::Result;
 #[serde(deny_unknown_fields)]
 pub struct Params {
     pub model: ModelName,
-    #[serde(default)]
+    #[serde(default, with = "BaseWeightsDef")]
     pub base: BaseWeights,
     /// Upper bound on peak device memory, GiB.
     pub max_gib: Positive,
@@ -29,6 +29,6 @@ impl Validate for Params {
 
 impl Params {
     pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        crate::train::checks::memory_budget(self, cx)
+        crate::check::training::memory_budget(self, cx)
     }
 }

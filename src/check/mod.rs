@@ -6,6 +6,7 @@
 //! registry: the `kind:` key of a contract's `check:` block selects the variant.
 
 pub mod bandwidth;
+mod gpu_runtime;
 pub mod gradient_check;
 pub mod gradient_parity;
 pub mod loss_descent;
@@ -16,10 +17,12 @@ pub mod op_parity;
 pub mod params;
 pub mod prewarm;
 pub mod property;
+pub mod stats;
 pub mod step_throughput;
 pub mod sync_count;
 pub mod target_parity;
 pub mod throughput_ratio;
+mod training;
 pub mod trajectory_match;
 
 use std::fmt;
@@ -31,8 +34,9 @@ pub use measurement::{Comparator, Measurement, Speedup};
 
 use crate::contract::Backend;
 use crate::error::Result;
-use crate::gpu::GpuContext;
 use crate::mutant::Mutant;
+use qlora::gpu::GpuContext;
+use qlora::Faults;
 
 /// What a trial hands to a check.
 pub struct TrialContext<'a> {
@@ -265,6 +269,15 @@ impl<'de> Visitor<'de> for CheckVisitor {
                 )));
             }
         })
+    }
+}
+
+impl TrialContext<'_> {
+    /// The stack's fault knobs of this trial's mutant (none for a clean trial
+    /// or a mutant of the oracle). A check turns them on with
+    /// `gpu.with_faults(..)` around exactly the code the claim is about.
+    pub fn faults(&self) -> Faults {
+        self.mutant.map_or(Faults::NONE, |m| m.faults())
     }
 }
 

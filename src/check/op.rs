@@ -37,6 +37,14 @@ pub enum Pass {
 }
 
 impl Pass {
+    /// The stack's direction of a GEMM in this pass.
+    pub fn direction(self) -> qlora::gpu::Direction {
+        match self {
+            Pass::Forward => qlora::gpu::Direction::Forward,
+            Pass::Backward => qlora::gpu::Direction::Backward,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Pass::Forward => "fwd",

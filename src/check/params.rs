@@ -8,7 +8,10 @@ use std::collections::BTreeMap;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
-use crate::model::ModelConfig;
+use qlora::gpu::GemmMath;
+use qlora::model::ModelConfig;
+use qlora::train::GpuTrainOptions;
+pub use qlora::train::{BaseWeights, ClipMode};
 
 /// A finite number `>= 0` (tolerances, bounds).
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
@@ -111,7 +114,7 @@ impl<'de> Deserialize<'de> for Count {
     }
 }
 
-/// The name of a model preset, checked against [`crate::model::PRESETS`].
+/// The name of a model preset, checked against [`qlora::model::PRESETS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelName(pub ModelConfig);
 
@@ -227,25 +230,26 @@ mod tests {
     }
 }
 
-/// How the frozen base weights are stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum BaseWeights {
-    #[default]
+/// The contract spelling of [`qlora::train::BaseWeights`].
+#[derive(Deserialize)]
+#[serde(remote = "BaseWeights", rename_all = "snake_case")]
+pub(crate) enum BaseWeightsDef {
     Fp32,
     Nf4,
 }
 
-/// How gradients are clipped before the optimizer step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum ClipMode {
-    /// One scale from the norm of all gradients together.
-    #[default]
+/// The contract spelling of [`qlora::train::ClipMode`].
+#[derive(Deserialize)]
+#[serde(remote = "ClipMode", rename_all = "snake_case")]
+enum ClipModeDef {
     Global,
-    /// Each layer's gradients scaled by their own norm.
     PerLayer,
 }
+
+/// A base format as a contract names it (`fp32` or `nf4`), for lists of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct BaseName(#[serde(with = "BaseWeightsDef")] pub BaseWeights);
 
 /// One way of running the training step, as a contract names it.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize, Default)]
@@ -254,9 +258,9 @@ pub struct StepMode {
     /// Replay backward + clip + optimizer as one captured CUDA graph.
     #[serde(default)]
     pub graph: bool,
-    #[serde(default)]
+    #[serde(default, with = "ClipModeDef")]
     pub clip: ClipMode,
-    #[serde(default)]
+    #[serde(default, with = "BaseWeightsDef")]
     pub base: BaseWeights,
     /// Math of the backward GEMMs (the forward ones are TF32 on the GPU).
     #[serde(default)]
@@ -290,26 +294,40 @@ pub enum BackwardMath {
     Tf32,
 }
 
+impl StepMode {
+    /// The stack's options for this mode with `hyper`.
+    pub fn gpu_options(&self, hyper: Hyper) -> GpuTrainOptions {
+        GpuTrainOptions {
+            clip: self.clip,
+            base: self.base,
+            hyper: hyper.to_stack(),
+            graph: self.graph,
+            forward_math: None,
+            backward_math: match self.backward_math {
+                BackwardMath::Fp32 => None,
+                BackwardMath::Tf32 => Some(GemmMath::Tf32),
+            },
+            keep_mlp: self.mlp_activations == MlpActivations::Keep,
+            device_quantize: false,
+        }
+    }
+
+    /// [`StepMode::gpu_options`] for speed and memory checks: default
+    /// hyper-parameters and an NF4 base quantised on the device (fast for the
+    /// large presets; parity checks use the host's exact quantiser instead).
+    pub fn speed_options(&self) -> GpuTrainOptions {
+        GpuTrainOptions {
+            device_quantize: true,
+            ..self.gpu_options(Hyper::default())
+        }
+    }
+}
+
 impl std::fmt::Display for StepMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let graph = if self.graph { "graphed" } else { "eager" };
-        let clip = match self.clip {
-            ClipMode::Global => "global-clip",
-            ClipMode::PerLayer => "per-layer-clip",
-        };
-        let base = match self.base {
-            BaseWeights::Fp32 => "fp32",
-            BaseWeights::Nf4 => "nf4",
-        };
-        write!(f, "{graph}/{clip}/{base}")?;
-        // The default is left out, so the names of fp32-backward rows stay as they were.
-        if self.backward_math == BackwardMath::Tf32 {
-            write!(f, "/tf32-backward")?;
-        }
-        if self.mlp_activations == MlpActivations::Keep {
-            write!(f, "/keep-mlp")?;
-        }
-        Ok(())
+        // The stack names its modes; the default math and MLP are left out,
+        // so the names of older rows stay as they were.
+        f.write_str(&self.gpu_options(Hyper::default()).mode_name())
     }
 }
 
@@ -334,6 +352,17 @@ impl Hyper {
     }
     fn default_weight_decay() -> NonNegative {
         NonNegative(0.0)
+    }
+}
+
+impl Hyper {
+    /// The stack's plain-number hyper-parameters.
+    pub fn to_stack(self) -> qlora::train::Hyper {
+        qlora::train::Hyper {
+            lr: self.lr.0,
+            max_grad_norm: self.max_grad_norm.0,
+            weight_decay: self.weight_decay.0,
+        }
     }
 }
 

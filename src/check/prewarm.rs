@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use super::params::{BaseWeights, Count, ModelName, Positive};
+use super::params::{BaseName, BaseWeights, Count, ModelName, Positive};
 use super::{Measurement, TrialContext, Validate};
 use crate::error::Result;
 
@@ -13,7 +13,7 @@ pub struct Params {
     pub models: Vec<ModelName>,
     /// Base-weight formats to exercise after pre-warm.
     #[serde(default = "default_bases")]
-    pub bases: Vec<BaseWeights>,
+    pub bases: Vec<BaseName>,
     /// Training steps run after pre-warm, per model and base.
     #[serde(default = "default_steps")]
     pub steps: Count,
@@ -26,8 +26,8 @@ pub struct Params {
     pub max_prewarm_ms: Option<Positive>,
 }
 
-fn default_bases() -> Vec<BaseWeights> {
-    vec![BaseWeights::Fp32, BaseWeights::Nf4]
+fn default_bases() -> Vec<BaseName> {
+    vec![BaseName(BaseWeights::Fp32), BaseName(BaseWeights::Nf4)]
 }
 
 fn default_steps() -> Count {
@@ -48,6 +48,6 @@ impl Validate for Params {
 
 impl Params {
     pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        crate::gpu::checks::prewarm(self, cx)
+        crate::check::gpu_runtime::prewarm(self, cx)
     }
 }

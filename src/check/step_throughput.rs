@@ -77,7 +77,7 @@ impl Params {
     }
 
     pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        crate::train::checks::step_throughput(self, cx)
+        crate::check::training::step_throughput(self, cx)
     }
 }
 

@@ -34,6 +34,6 @@ impl Validate for Params {
 
 impl Params {
     pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        crate::train::checks::sync_count(self, cx)
+        crate::check::training::sync_count(self, cx)
     }
 }

@@ -42,6 +42,6 @@ impl Validate for Params {
 
 impl Params {
     pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        crate::gpu::checks::target_parity(self, cx)
+        crate::check::gpu_runtime::target_parity(self, cx)
     }
 }

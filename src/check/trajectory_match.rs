@@ -64,6 +64,6 @@ impl Validate for Params {
 
 impl Params {
     pub fn execute(&self, backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        crate::train::checks::trajectory_match(self, backend, cx)
+        crate::check::training::trajectory_match(self, backend, cx)
     }
 }

@@ -3,11 +3,16 @@
 //! A check that cannot fail is a defect, so every falsification test names the
 //! mutant that must make it fail, and the harness runs a self-test trial
 //! (`{contract}::{test}::mutant`) that passes only when the check, run with that
-//! fault injected, reports `falsified`. Mutants travel as options into the code
-//! under test (a field of the step or context options, an argument of the
-//! check); they are never environment variables or global switches.
+//! fault injected, reports `falsified`. A mutant of the stack maps to its
+//! fault knobs ([`Mutant::faults`]), which a check applies to the GPU context
+//! through a guard that clears them again; a mutant of the oracle maps to a
+//! faulty variant that reuses the clean code through a parameter. Never an
+//! environment variable or a global switch.
 
+use qlora::Faults;
 use serde::Deserialize;
+
+use crate::reference::train::StepFaults;
 
 /// Every fault the system under test knows how to inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
@@ -89,6 +94,80 @@ pub enum Mutant {
 }
 
 impl Mutant {
+    /// The stack's fault knobs this mutant turns on; [`Faults::NONE`] for a
+    /// mutant of the reference (a faulty oracle variant instead).
+    pub fn faults(self) -> Faults {
+        let none = Faults::NONE;
+        match self {
+            Mutant::PtxOlderTarget => Faults {
+                ptx_older_target: true,
+                ..none
+            },
+            Mutant::KernelLeftOutOfPrewarm => Faults {
+                module_left_out_of_prewarm: true,
+                ..none
+            },
+            Mutant::SerialisedLaunch => Faults {
+                serialised_launch: true,
+                ..none
+            },
+            Mutant::LastElementUnwritten => Faults {
+                last_element_unwritten: true,
+                ..none
+            },
+            Mutant::SoftmaxWithoutMaxSubtraction => Faults {
+                softmax_without_max_subtraction: true,
+                ..none
+            },
+            Mutant::GemmWithoutTensorOps => Faults {
+                gemm_without_tensor_ops: true,
+                ..none
+            },
+            Mutant::OutOfBoundsWrite => Faults {
+                out_of_bounds_write: true,
+                ..none
+            },
+            Mutant::ActivationsDoubled => Faults {
+                activations_doubled: true,
+                ..none
+            },
+            Mutant::ClipPerLayer => Faults {
+                clip_per_layer: true,
+                ..none
+            },
+            Mutant::ClipSkipped => Faults {
+                clip_skipped: true,
+                ..none
+            },
+            Mutant::HostSyncInsideCapture => Faults {
+                host_sync_inside_capture: true,
+                ..none
+            },
+            Mutant::GraphReplayDisabled => Faults {
+                graph_replay_disabled: true,
+                ..none
+            },
+            Mutant::OptimizerStepTwice => Faults {
+                optimizer_step_twice: true,
+                ..none
+            },
+            Mutant::LoraBackwardScaleTwice => Faults {
+                lora_backward_scale_twice: true,
+                ..none
+            },
+            Mutant::AdamwUpdateSignFlipped => Faults {
+                adamw_update_sign_flipped: true,
+                ..none
+            },
+            _ => none,
+        }
+    }
+
+    /// The reference training step's faulty variant under this mutant.
+    pub fn step_faults(self) -> StepFaults {
+        optim::step_faults(self)
+    }
+
     /// The snake_case name used in contracts and reports.
     pub fn name(self) -> String {
         // The Debug form is CamelCase; contracts spell it snake_case.

@@ -2,16 +2,17 @@
 //!
 //! Each is the real code with one deliberate fault, reached through the same
 //! block/grouping/moment logic as the correct version so that the fault is the
-//! only difference. The training step selects them from its options
-//! (`reference::train::TrainOptions::mutant`); the `property` checks select
-//! them from the trial's mutant.
+//! only difference. The reference training step takes them as
+//! [`StepFaults`] ([`step_faults`]); the `property` checks select them from
+//! the trial's mutant.
 
 use super::Mutant;
-use crate::check::params::ClipMode;
 use crate::error::Result;
 use crate::reference::adamw::{AdamState, AdamW, Variant};
 use crate::reference::clip::{self, GroupClip};
 use crate::reference::nf4::{self, Nf4Tensor};
+use crate::reference::train::StepFaults;
+use qlora::train::ClipMode;
 
 /// NF4 with [`Mutant::Nf4NeighbourCode`]: the code next to the nearest one
 /// (one up, or one down from the top code).
@@ -24,14 +25,14 @@ pub fn nf4_quantize_neighbour_code(w: &[f64], block: usize) -> Result<Nf4Tensor>
             c - 1
         }
     }
-    nf4::quantize_with(w, block, neighbour)
+    Ok(nf4::quantize_with(w, block, neighbour)?)
 }
 
 /// NF4 quantisation, faulty when `mutant` is [`Mutant::Nf4NeighbourCode`].
 pub fn nf4_quantize(w: &[f64], block: usize, mutant: Option<Mutant>) -> Result<Nf4Tensor> {
     match mutant {
         Some(Mutant::Nf4NeighbourCode) => nf4_quantize_neighbour_code(w, block),
-        _ => nf4::quantize(w, block),
+        _ => Ok(nf4::quantize(w, block)?),
     }
 }
 
@@ -63,6 +64,54 @@ pub fn clip(
     }
 }
 
+/// The reference training step's faults under `mutant`: clipping, AdamW and
+/// step-level faults reach the clean step through [`StepFaults`].
+pub fn step_faults(mutant: Mutant) -> StepFaults {
+    let clean = StepFaults::default();
+    match mutant {
+        Mutant::ClipPerLayer => StepFaults {
+            clip_mode: Some(ClipMode::PerLayer),
+            ..clean
+        },
+        Mutant::ClipAlwaysScales => StepFaults {
+            clip_scale: clip_scale_always,
+            ..clean
+        },
+        Mutant::ClipSkipped => StepFaults {
+            clip_scale: |_, _| 1.0,
+            ..clean
+        },
+        Mutant::AdamwWithoutBiasCorrection | Mutant::AdamwUpdateSignFlipped => StepFaults {
+            adamw: adamw_variant(Some(mutant)),
+            ..clean
+        },
+        Mutant::OptimizerStepTwice => StepFaults {
+            optimizer_step_twice: true,
+            ..clean
+        },
+        Mutant::LoraBackwardScaleTwice => StepFaults {
+            lora_backward_scale_twice: true,
+            ..clean
+        },
+        _ => clean,
+    }
+}
+
+/// The AdamW update rule under `mutant`.
+fn adamw_variant(mutant: Option<Mutant>) -> Variant {
+    match mutant {
+        Some(Mutant::AdamwWithoutBiasCorrection) => Variant {
+            bias_correction: false,
+            ..Variant::CORRECT
+        },
+        Some(Mutant::AdamwUpdateSignFlipped) => Variant {
+            descend: false,
+            ..Variant::CORRECT
+        },
+        _ => Variant::CORRECT,
+    }
+}
+
 /// One AdamW step with the faults of `mutant`:
 /// [`Mutant::AdamwWithoutBiasCorrection`] uses the raw moments `m, v`;
 /// [`Mutant::AdamwUpdateSignFlipped`] adds the update instead of subtracting it.
@@ -73,18 +122,7 @@ pub fn adamw_step(
     state: &mut AdamState,
     mutant: Option<Mutant>,
 ) -> Result<()> {
-    let variant = match mutant {
-        Some(Mutant::AdamwWithoutBiasCorrection) => Variant {
-            bias_correction: false,
-            ..Variant::CORRECT
-        },
-        Some(Mutant::AdamwUpdateSignFlipped) => Variant {
-            descend: false,
-            ..Variant::CORRECT
-        },
-        _ => Variant::CORRECT,
-    };
-    opt.step_variant(p, g, state, variant)
+    opt.step_variant(p, g, state, adamw_variant(mutant))
 }
 
 #[cfg(test)]

@@ -46,10 +46,10 @@ impl AdamState {
     }
 }
 
-/// Which way a faulty step may differ from the real one (see
-/// [`crate::mutant::optim`]); the real step uses [`Variant::CORRECT`].
+/// Which way a step may differ from the real one; the real step uses
+/// [`Variant::CORRECT`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Variant {
+pub struct Variant {
     pub bias_correction: bool,
     /// `true` moves against the gradient (descent), `false` up it.
     pub descend: bool,
@@ -79,7 +79,7 @@ impl AdamW {
         self.step_variant(p, g, state, Variant::CORRECT)
     }
 
-    pub(crate) fn step_variant(
+    pub fn step_variant(
         &self,
         p: &mut [f64],
         g: &[f64],

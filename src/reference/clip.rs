@@ -15,8 +15,8 @@
 //! bounds each layer's norm by `max_norm`, so the global norm may reach
 //! `sqrt(groups) * max_norm`.
 
-use crate::check::params::ClipMode;
 use crate::error::{Error, Result};
+use qlora::train::ClipMode;
 
 /// Added to the norm so that an all-zero gradient gives a finite scale.
 pub const NORM_EPS: f64 = 1e-6;
@@ -66,9 +66,9 @@ pub fn clip(
     clip_with(tensors, group_of, mode, max_norm, scale)
 }
 
-/// [`clip`] with a pluggable scale rule, so a faulty rule can be injected
-/// (see [`crate::mutant::optim`]) without copying the grouping logic.
-pub(crate) fn clip_with(
+/// [`clip`] with a pluggable scale rule `scale_rule(S, max_norm)`, so a
+/// different rule reuses the same grouping logic.
+pub fn clip_with(
     tensors: &mut [Vec<f64>],
     group_of: &[usize],
     mode: ClipMode,

@@ -26,66 +26,58 @@
 //! option), AdamW on every trainable tensor. Faults are options
 //! ([`TrainOptions::mutant`]), never environment variables.
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use super::adamw::Variant;
 use super::adamw::{AdamState, AdamW};
 use super::attention::{self, AttnShape};
+use super::clip;
 use super::clip::GroupClip;
 use super::{activation, cross_entropy, embedding, gemm, rmsnorm, rope};
-use crate::check::params::{BackwardMath, BaseWeights, ClipMode, Hyper, StepMode};
-use crate::check::{gradient_check, Comparator, Measurement, TrialContext};
 use crate::error::{Error, Result};
-use crate::model::corpus::{self, Corpus};
-use crate::model::{BaseModel, ModelConfig, Slot, Trainable};
-use crate::mutant::{optim, Mutant};
+use qlora::model::corpus::{self, Corpus};
+use qlora::model::{BaseModel, ModelConfig, Slot, Trainable};
+use qlora::train::{BaseWeights, ClipMode, Hyper};
 
-/// Mixed into the run seed for the corpus text, so that it is a stream of its
-/// own, unrelated to the weights drawn from the same seed. A GPU step that
-/// uses these salts sees exactly the batches the reference sees.
-pub const CORPUS_SALT: u64 = 0x00c0_4b05;
-/// Mixed into the run seed for the order of training batches.
-pub const BATCH_SALT: u64 = 0x0ba7_c4e5;
-/// Mixed into the trial seed for the gradient check's batch and coordinates.
-const GRADCHECK_SALT: u64 = 0x0000_97ad;
+pub use qlora::model::corpus::{BATCH_SALT, CORPUS_SALT};
+
+/// What the reference step can be told to get wrong. Each faulty variant
+/// reuses the clean code through one of these parameters; the default is the
+/// real step.
+#[derive(Debug, Clone, Copy)]
+pub struct StepFaults {
+    /// Clip in this mode whatever the options say (per-layer where global is claimed).
+    pub clip_mode: Option<ClipMode>,
+    /// The clip scale rule `scale(S, max_norm)`; [`clip::scale`] in the real step.
+    pub clip_scale: fn(f64, f64) -> f64,
+    /// The AdamW update rule.
+    pub adamw: Variant,
+    /// Run the optimizer twice on the same gradients.
+    pub optimizer_step_twice: bool,
+    /// Apply the LoRA scale twice in the backward.
+    pub lora_backward_scale_twice: bool,
+}
+
+impl Default for StepFaults {
+    fn default() -> Self {
+        StepFaults {
+            clip_mode: None,
+            clip_scale: clip::scale,
+            adamw: Variant::CORRECT,
+            optimizer_step_twice: false,
+            lora_backward_scale_twice: false,
+        }
+    }
+}
 
 /// How the reference step runs.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct TrainOptions {
     pub clip: ClipMode,
     pub base: BaseWeights,
     pub hyper: Hyper,
-    /// A fault to inject: `ClipSkipped`, `ClipPerLayer`, `ClipAlwaysScales`,
-    /// `OptimizerStepTwice`, `AdamwUpdateSignFlipped`,
-    /// `AdamwWithoutBiasCorrection` or `LoraBackwardScaleTwice`; others are ignored.
-    pub mutant: Option<Mutant>,
-}
-
-impl TrainOptions {
-    /// The options of a contract's step mode. The CPU has no CUDA graphs, so a
-    /// graphed mode is refused rather than silently run eagerly.
-    pub fn from_mode(mode: &StepMode, hyper: Hyper, mutant: Option<Mutant>) -> Result<Self> {
-        if mode.graph {
-            return Err(Error::InvalidArgument {
-                op: "train",
-                message: format!("step mode {mode}: graph capture needs cuda"),
-            });
-        }
-        if mode.backward_math != BackwardMath::Fp32 {
-            return Err(Error::InvalidArgument {
-                op: "train",
-                message: format!(
-                    "step mode {mode}: the reference computes in f64; a GEMM math needs cuda"
-                ),
-            });
-        }
-        Ok(TrainOptions {
-            clip: mode.clip,
-            base: mode.base,
-            hyper,
-            mutant,
-        })
-    }
+    pub faults: StepFaults,
 }
 
 /// The model: frozen base plus trainable parameters.
@@ -279,12 +271,13 @@ impl Model {
     }
 
     /// The loss and its gradient for every trainable tensor (layout of
-    /// [`Trainable::tensors`]). `mutant` may inject `LoraBackwardScaleTwice`.
+    /// [`Trainable::tensors`]). `lora_scale_twice` applies the LoRA scale
+    /// twice in the backward (a fault).
     pub fn loss_and_grads(
         &self,
         tokens: &[u32],
         batch: usize,
-        mutant: Option<Mutant>,
+        lora_scale_twice: bool,
     ) -> Result<(f64, Vec<Vec<f64>>)> {
         let c = *self.cfg();
         let f = self.forward(tokens, batch)?;
@@ -296,11 +289,7 @@ impl Model {
         let theta = ModelConfig::ROPE_THETA;
         // The LoRA branch scale as backward applies it; the fault applies it twice.
         let s = self.params.scale;
-        let s_bwd = if mutant == Some(Mutant::LoraBackwardScaleTwice) {
-            s * s
-        } else {
-            s
-        };
+        let s_bwd = if lora_scale_twice { s * s } else { s };
 
         let loss = cross_entropy::forward(&f.logits, rows, c.vocab, &f.targets)?;
         let dlogits = cross_entropy::backward(&f.logits, rows, c.vocab, &f.targets)?;
@@ -386,7 +375,7 @@ impl Trainer {
             .collect();
         Ok(Trainer {
             model,
-            opt: AdamW::new(options.hyper.lr.0, options.hyper.weight_decay.0),
+            opt: AdamW::new(options.hyper.lr, options.hyper.weight_decay),
             options,
             states,
             corpus: Corpus::arithmetic(seed ^ CORPUS_SALT, corpus::DEFAULT_LEN),
@@ -397,7 +386,7 @@ impl Trainer {
     /// The next training batch, `[batch, seq_len + 1]`.
     pub fn next_batch(&mut self) -> Result<Vec<u32>> {
         let c = self.model.base.config;
-        self.corpus.batch(&mut self.data_rng, c.batch, c.seq_len)
+        Ok(self.corpus.batch(&mut self.data_rng, c.batch, c.seq_len)?)
     }
 
     /// `n` batches from a stream of their own (seeded by `seed`), for evaluation.
@@ -405,7 +394,7 @@ impl Trainer {
         let c = self.model.base.config;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         (0..n)
-            .map(|_| self.corpus.batch(&mut rng, c.batch, c.seq_len))
+            .map(|_| Ok(self.corpus.batch(&mut rng, c.batch, c.seq_len)?))
             .collect()
     }
 
@@ -427,24 +416,22 @@ impl Trainer {
 
     /// One step on `tokens` (`[batch, seq_len + 1]`).
     pub fn step_on(&mut self, tokens: &[u32]) -> Result<StepReport> {
-        let mutant = self.options.mutant;
+        let faults = self.options.faults;
         let batch = self.model.base.config.batch;
-        let (loss, mut grads) = self.model.loss_and_grads(tokens, batch, mutant)?;
+        let (loss, mut grads) =
+            self.model
+                .loss_and_grads(tokens, batch, faults.lora_backward_scale_twice)?;
         let layer_of = self.model.params.layer_of();
-        let clip = optim::clip(
+        let clip = clip::clip_with(
             &mut grads,
             &layer_of,
-            self.options.clip,
-            self.options.hyper.max_grad_norm.0,
-            mutant,
+            faults.clip_mode.unwrap_or(self.options.clip),
+            self.options.hyper.max_grad_norm,
+            faults.clip_scale,
         )?;
         // The fault runs the optimizer twice on the same gradients, as a
         // replayed graph that also holds the optimizer would.
-        let repeats = if mutant == Some(Mutant::OptimizerStepTwice) {
-            2
-        } else {
-            1
-        };
+        let repeats = if faults.optimizer_step_twice { 2 } else { 1 };
         for _ in 0..repeats {
             for ((p, g), st) in self
                 .model
@@ -454,7 +441,7 @@ impl Trainer {
                 .zip(&grads)
                 .zip(&mut self.states)
             {
-                optim::adamw_step(&self.opt, p, g, st, mutant)?;
+                self.opt.step_variant(p, g, st, faults.adamw)?;
             }
         }
         Ok(StepReport { loss, clip })
@@ -472,89 +459,12 @@ pub fn train(
     (0..steps).map(|_| t.step()).collect()
 }
 
-/// `gradient_check` with `model`: the analytic gradients of the training loss
-/// for every trainable tensor against central differences
-/// `(L(p + h e_i) - L(p - h e_i)) / 2h` at `samples` seeded coordinates per
-/// tensor, in f64, on one seeded batch. The parameters are moved off the
-/// init first (`B != 0`, norms != 1): at `B = 0` the gradient of `A` is
-/// exactly zero and a relative error of it means nothing. Metric: the largest
-/// per-tensor `||g - g_fd|| / ||g_fd||` over the sampled coordinates.
-pub fn gradcheck(p: &gradient_check::Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-    let cfg = match &p.model {
-        Some(m) => m.0,
-        None => {
-            return Err(Error::InvalidArgument {
-                op: "gradient_check",
-                message: "the training-step gradient check needs `model`".into(),
-            })
-        }
-    };
-    let mut model = Model {
-        base: BaseModel::init(&cfg, BaseWeights::Fp32, cx.seed)?,
-        params: Trainable::perturbed(&cfg, cx.seed, 0.05),
-    };
-    let corpus = Corpus::arithmetic(cx.seed, 4096);
-    let mut rng = ChaCha8Rng::seed_from_u64(cx.seed ^ GRADCHECK_SALT);
-    let tokens = corpus.batch(&mut rng, cfg.batch, cfg.seq_len)?;
-    let (_, grads) = model.loss_and_grads(&tokens, cfg.batch, cx.mutant)?;
-    let h = p.step.0;
-
-    let mut worst = 0.0f64;
-    let mut worst_name = String::from("none");
-    let mut probed = 0usize;
-    for (ti, g) in grads.iter().enumerate() {
-        let n = g.len();
-        let k = p.samples.0.min(n);
-        let mut coords: Vec<usize> = Vec::with_capacity(k);
-        while coords.len() < k {
-            let i = rng.random_range(0..n);
-            if !coords.contains(&i) {
-                coords.push(i);
-            }
-        }
-        let (mut diff2, mut ref2) = (0.0f64, 0.0f64);
-        for &i in &coords {
-            let orig = model.params.tensors[ti][i];
-            model.params.tensors[ti][i] = orig + h;
-            let lp = model.loss(&tokens, cfg.batch)?;
-            model.params.tensors[ti][i] = orig - h;
-            let lm = model.loss(&tokens, cfg.batch)?;
-            model.params.tensors[ti][i] = orig;
-            let fd = (lp - lm) / (2.0 * h);
-            diff2 += (g[i] - fd).powi(2);
-            ref2 += fd * fd;
-            probed += 1;
-        }
-        let rel = if ref2 > 0.0 {
-            (diff2 / ref2).sqrt()
-        } else if diff2 == 0.0 {
-            0.0
-        } else {
-            f64::INFINITY
-        };
-        if rel > worst || rel.is_nan() {
-            worst = rel;
-            worst_name = format!("{} (|g_fd| {:.3e})", Trainable::name(ti), ref2.sqrt());
-        }
-    }
-    Ok(Measurement::new("max_tensor_rel_error", worst, Comparator::Le, p.tolerance.0, "rel").with_detail(format!(
-        "model {}, {} trainable tensors, {probed} coordinates probed, h = {h:e}; worst {worst_name}",
-        cfg.name,
-        grads.len()
-    )))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn options() -> TrainOptions {
-        TrainOptions {
-            clip: ClipMode::Global,
-            base: BaseWeights::Fp32,
-            hyper: Hyper::default(),
-            mutant: None,
-        }
+        TrainOptions::default()
     }
 
     #[test]
@@ -563,15 +473,5 @@ mod tests {
         let mut t = Trainer::new(&cfg, options(), 1).unwrap();
         let r = t.step().unwrap();
         assert!((r.loss - (256f64).ln()).abs() < 1.5, "{}", r.loss);
-    }
-
-    #[test]
-    fn graph_mode_is_refused_on_cpu() {
-        let mode = StepMode {
-            graph: true,
-            ..StepMode::default()
-        };
-        let e = TrainOptions::from_mode(&mode, Hyper::default(), None).unwrap_err();
-        assert!(e.to_string().contains("graph capture needs cuda"), "{e}");
     }
 }

@@ -9,7 +9,7 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use crate::error::{Error, Result};
-use crate::gpu::DeviceFacts;
+use qlora::gpu::DeviceFacts;
 
 /// Name of the run record beside the CSVs.
 pub const RUN_JSON: &str = "run.json";

@@ -15,9 +15,9 @@ pub use meta::{nvidia_smi_query, read_clocks, GpuMeta, RecordedOptions, RunMeta,
 use crate::check::{Measurement, TrialContext};
 use crate::contract::{Backend, Contract, FalsificationTest};
 use crate::error::{Error, Result};
-use crate::gpu::{driver_present, GpuContext, GpuOptions};
 use crate::report::artifacts::{self, artifact_stem, ArtifactWriter, ARTIFACTS_DIR};
 use crate::report::{FalsificationRow, ReportDir, SpeedupRow, Status};
+use qlora::gpu::{driver_present, GpuContext, GpuOptions};
 
 /// Options of a run. Front ends fill this in; nothing is read from the environment.
 #[derive(Debug, Clone)]
@@ -486,7 +486,9 @@ fn judge(
     match result {
         // A configuration that does not fit is reported before allocating:
         // not run, and said so, rather than a crash or an error of the code.
-        Err(e @ Error::OutOfMemory { .. }) => (Status::Skipped, None, e.to_string()),
+        Err(e @ Error::Stack(qlora::Error::OutOfMemory { .. })) => {
+            (Status::Skipped, None, e.to_string())
+        }
         Err(e) => (Status::Error, None, format!("seed {seed}: {e}")),
         Ok(m) => {
             let mut detail = format!("seed {seed}");

@@ -1,0 +1,52 @@
+//! The stack's one error type.
+
+/// Everything that can go wrong in the training stack, from a shape an op
+/// refuses to a CUDA launch failure.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Buffers passed to an op do not have the shape the op needs.
+    #[error("{op}: shape mismatch: expected {expected}, got {got}")]
+    ShapeMismatch {
+        op: &'static str,
+        expected: String,
+        got: String,
+    },
+
+    /// A parameter outside the range the op or model supports.
+    #[error("{op}: {message}")]
+    InvalidArgument { op: &'static str, message: String },
+
+    /// A kernel module whose PTX `.target` is not the device's own architecture.
+    #[error("PTX targets {ptx} but the device is {device}; refusing to load it")]
+    TargetMismatch { ptx: String, device: String },
+
+    /// The CUDA driver is missing or no device could be opened.
+    #[error("CUDA unavailable: {0}")]
+    CudaUnavailable(String),
+
+    /// A model configuration does not fit on the device.
+    #[error(
+        "{model} needs {needed_gib:.2} GiB of device memory, the device has {available_gib:.2} GiB free"
+    )]
+    OutOfMemory {
+        model: String,
+        needed_gib: f64,
+        available_gib: f64,
+    },
+
+    #[error(transparent)]
+    Driver(#[from] cudarc::driver::DriverError),
+
+    /// NVRTC failed; the compiler log is kept so the kernel author can read it.
+    #[error("NVRTC failed to compile {module}: {log}")]
+    Compile { module: String, log: String },
+
+    #[error(transparent)]
+    Nvrtc(#[from] cudarc::nvrtc::CompileError),
+
+    #[error(transparent)]
+    Cublas(#[from] cudarc::cublas::result::CublasError),
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,104 @@
+//! [`Faults`]: the named things the stack can be told to get wrong.
+//!
+//! A contract that cannot fail is a defect, so whoever tests this stack needs
+//! a way to plant a known fault and see the contract catch it. Every such
+//! fault is one knob here; nothing else in the stack takes a fault argument.
+//! A [`crate::gpu::GpuContext`] holds the active knobs and applies them only
+//! inside [`crate::gpu::GpuContext::with_faults`], whose guard clears them on
+//! drop (a panic included).
+
+/// Fault knobs, all off by default. Each says what goes wrong when it is on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Faults {
+    // ---- kernel cache ----------------------------------------------------------
+    /// The kernel cache compiles for an older architecture (`compute_70`)
+    /// than the device's.
+    pub ptx_older_target: bool,
+    /// Pre-warm leaves one module the training step uses uncompiled.
+    pub module_left_out_of_prewarm: bool,
+    // ---- launches --------------------------------------------------------------
+    /// Grid-stride kernels run one block and row kernels one warp per block:
+    /// results stay correct, bandwidth collapses.
+    pub serialised_launch: bool,
+    /// Every launcher leaves the last element (or row) of its output unwritten.
+    pub last_element_unwritten: bool,
+    /// The softmax kernel skips the row-maximum subtraction.
+    pub softmax_without_max_subtraction: bool,
+    /// GEMMs run plain FP32 math where TF32 tensor ops are configured.
+    pub gemm_without_tensor_ops: bool,
+    /// Before the first kernel is fetched, a kernel stores far outside its
+    /// buffer: an illegal address that poisons the CUDA context.
+    pub out_of_bounds_write: bool,
+    // ---- the training step -----------------------------------------------------
+    /// The workspace keeps a second copy of every layer's activations.
+    pub activations_doubled: bool,
+    /// Each layer's gradients are clipped by their own norm.
+    pub clip_per_layer: bool,
+    /// No gradient clipping at all.
+    pub clip_skipped: bool,
+    /// A host read of the loss inside the captured region.
+    pub host_sync_inside_capture: bool,
+    /// A graphed step runs eagerly (no capture, no replay).
+    pub graph_replay_disabled: bool,
+    /// The optimizer step runs twice per training step.
+    pub optimizer_step_twice: bool,
+    /// The LoRA scale is applied twice in the backward.
+    pub lora_backward_scale_twice: bool,
+    /// AdamW moves parameters up the gradient.
+    pub adamw_update_sign_flipped: bool,
+}
+
+impl Faults {
+    /// No fault.
+    pub const NONE: Faults = Faults {
+        ptx_older_target: false,
+        module_left_out_of_prewarm: false,
+        serialised_launch: false,
+        last_element_unwritten: false,
+        softmax_without_max_subtraction: false,
+        gemm_without_tensor_ops: false,
+        out_of_bounds_write: false,
+        activations_doubled: false,
+        clip_per_layer: false,
+        clip_skipped: false,
+        host_sync_inside_capture: false,
+        graph_replay_disabled: false,
+        optimizer_step_twice: false,
+        lora_backward_scale_twice: false,
+        adamw_update_sign_flipped: false,
+    };
+
+    /// Whether any knob is on.
+    pub fn any(&self) -> bool {
+        *self != Faults::NONE
+    }
+
+    /// The number of elements (or rows) a launcher writes out of `n`: all of
+    /// them, or `n - 1` under [`Faults::last_element_unwritten`].
+    pub fn written(&self, n: usize) -> usize {
+        if self.last_element_unwritten {
+            n.saturating_sub(1)
+        } else {
+            n
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn none_is_the_default_and_written_drops_one_element_only_under_its_knob() {
+        assert_eq!(Faults::default(), Faults::NONE);
+        assert!(!Faults::NONE.any());
+        assert_eq!(Faults::NONE.written(5), 5);
+        let f = Faults {
+            last_element_unwritten: true,
+            ..Faults::NONE
+        };
+        assert!(f.any());
+        assert_eq!(f.written(5), 4);
+        assert_eq!(f.written(0), 0);
+    }
+}

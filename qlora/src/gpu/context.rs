@@ -1,0 +1,380 @@
+//! [`GpuContext`]: owns the CUDA context, the work stream, the cuBLAS handle,
+//! the kernel cache and the device facts every report row records.
+
+use std::sync::Arc;
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    ValidAsZeroBits,
+};
+
+use super::cache::{CacheStats, CompileRecord, KernelCache, OLDER_ARCH};
+use crate::error::{Error, Result};
+use crate::faults::Faults;
+
+/// Whether a CUDA driver library can be loaded on this machine. Never panics.
+pub fn driver_present() -> bool {
+    // SAFETY: `is_culib_present` only tries to dlopen the driver library and
+    // reports whether that worked; it touches no CUDA state.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Whether the NVRTC library can be loaded on this machine. Never panics.
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to dlopen libnvrtc and reports whether that worked.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Whether the cuBLAS library can be loaded on this machine. Never panics.
+pub fn cublas_present() -> bool {
+    // SAFETY: only tries to dlopen libcublas and reports whether that worked.
+    unsafe { cudarc::cublas::sys::is_culib_present() }
+}
+
+/// Math mode of the cuBLAS GEMMs of one direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GemmMath {
+    /// TF32 tensor-op math: 10-bit mantissa products, f32 accumulation.
+    #[default]
+    Tf32,
+    /// Plain IEEE f32 products and accumulation.
+    Fp32,
+}
+
+/// Which way through a layer a GEMM goes: each direction has its own math.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Direction {
+    #[default]
+    Forward,
+    Backward,
+}
+
+/// Options of a [`GpuContext`]. Test-only fault knobs live on the context
+/// (see [`GpuContext::with_faults`]), never in environment variables.
+#[derive(Debug, Clone)]
+pub struct GpuOptions {
+    /// Device ordinal.
+    pub ordinal: usize,
+    /// Math of the forward GEMMs (default TF32: fast, within 2e-3 rel-L2).
+    pub forward_math: GemmMath,
+    /// Math of the backward GEMMs (default FP32: gradients feed the optimizer).
+    pub backward_math: GemmMath,
+}
+
+impl GpuOptions {
+    /// The GEMM math of `direction`.
+    pub fn math(&self, direction: Direction) -> GemmMath {
+        match direction {
+            Direction::Forward => self.forward_math,
+            Direction::Backward => self.backward_math,
+        }
+    }
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        GpuOptions {
+            ordinal: 0,
+            forward_math: GemmMath::Tf32,
+            backward_math: GemmMath::Fp32,
+        }
+    }
+}
+
+/// What a report row records about the device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceFacts {
+    pub name: String,
+    /// (major, minor), e.g. (9, 0) for Hopper.
+    pub compute_capability: (u32, u32),
+    pub sm_count: u32,
+    pub total_memory_bytes: usize,
+    /// As the driver reports it, e.g. "13.0".
+    pub driver_version: String,
+}
+
+impl DeviceFacts {
+    /// `sm_90` style architecture name.
+    pub fn sm_arch(&self) -> String {
+        format!(
+            "sm_{}{}",
+            self.compute_capability.0, self.compute_capability.1
+        )
+    }
+
+    /// `compute_90` style virtual architecture NVRTC compiles for.
+    pub fn compute_arch(&self) -> String {
+        format!(
+            "compute_{}{}",
+            self.compute_capability.0, self.compute_capability.1
+        )
+    }
+}
+
+/// Threads per block of the element-wise (1-D, grid-stride) kernels.
+pub const THREADS_1D: u32 = 256;
+
+/// Launch configuration of a 1-D grid-stride kernel over `n` elements:
+/// `THREADS_1D` threads per block, `ceil(n / THREADS_1D)` blocks capped at
+/// `max_blocks` (the kernel's grid-stride loop covers the rest), at least one block.
+pub fn launch_config_1d(n: usize, max_blocks: u32) -> LaunchConfig {
+    let wanted = n.div_ceil(THREADS_1D as usize).max(1);
+    let blocks = u32::try_from(wanted)
+        .unwrap_or(u32::MAX)
+        .min(max_blocks.max(1));
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (THREADS_1D, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Launch configuration of a row kernel: one block of `threads` threads per row.
+pub fn launch_config_rows(rows: usize, threads: u32) -> Result<LaunchConfig> {
+    let blocks = u32::try_from(rows.max(1)).map_err(|_| Error::InvalidArgument {
+        op: "launch",
+        message: format!("{rows} rows exceed the grid limit"),
+    })?;
+    Ok(LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// `v` as the `int` a kernel takes, or an error naming the op and the dimension.
+pub fn to_i32(op: &'static str, what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::InvalidArgument {
+        op,
+        message: format!("{what} = {v} does not fit the kernel's 32-bit int"),
+    })
+}
+
+/// One device: its context, one work stream, cuBLAS, the kernel cache and its facts.
+pub struct GpuContext {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    cache: KernelCache,
+    facts: DeviceFacts,
+    options: GpuOptions,
+    /// The fault knobs in force; [`Faults::NONE`] outside [`GpuContext::with_faults`].
+    faults: Faults,
+}
+
+/// A [`GpuContext`] with fault knobs on, from [`GpuContext::with_faults`].
+/// Use it as the context; dropping it turns every knob off again, also when
+/// the code using it panics.
+pub struct FaultScope<'a> {
+    gpu: &'a mut GpuContext,
+}
+
+impl std::ops::Deref for FaultScope<'_> {
+    type Target = GpuContext;
+    fn deref(&self) -> &GpuContext {
+        self.gpu
+    }
+}
+
+impl std::ops::DerefMut for FaultScope<'_> {
+    fn deref_mut(&mut self) -> &mut GpuContext {
+        self.gpu
+    }
+}
+
+impl Drop for FaultScope<'_> {
+    fn drop(&mut self) {
+        self.gpu.faults = Faults::NONE;
+    }
+}
+
+impl GpuContext {
+    /// Opens device `options.ordinal`.
+    pub fn new(options: GpuOptions) -> Result<Self> {
+        if !driver_present() {
+            return Err(Error::CudaUnavailable("no CUDA driver".into()));
+        }
+        if !cublas_present() {
+            return Err(Error::CudaUnavailable("no cuBLAS library".into()));
+        }
+        let ctx = CudaContext::new(options.ordinal)?;
+        // SAFETY: called before any stream exists. Event tracking makes stream
+        // capture fail with CUDA_ERROR_STREAM_CAPTURE_ISOLATION; we order work
+        // on a single stream ourselves.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
+        let blas = CudaBlas::new(stream.clone())?;
+        let (major, minor) = ctx.compute_capability()?;
+        let sm_count =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let mut version = 0i32;
+        // SAFETY: cuDriverGetVersion writes one int through a valid pointer.
+        unsafe { sys::cuDriverGetVersion(&mut version) }.result()?;
+        let facts = DeviceFacts {
+            name: ctx.name()?,
+            compute_capability: (major as u32, minor as u32),
+            sm_count: sm_count as u32,
+            total_memory_bytes: ctx.total_mem()?,
+            driver_version: format!("{}.{}", version / 1000, (version % 1000) / 10),
+        };
+        Ok(GpuContext {
+            ctx,
+            stream,
+            blas,
+            cache: KernelCache::default(),
+            facts,
+            options,
+            faults: Faults::NONE,
+        })
+    }
+
+    pub fn facts(&self) -> &DeviceFacts {
+        &self.facts
+    }
+
+    pub fn options(&self) -> &GpuOptions {
+        &self.options
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The one work stream every launch, copy and GEMM is ordered on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The cuBLAS handle, bound to the work stream.
+    pub fn cublas(&self) -> &CudaBlas {
+        &self.blas
+    }
+
+    /// The kernel `symbol` of module `module`, compiling and loading the module
+    /// on first use (for the device's own `compute_XY`; PTX of any other target
+    /// is refused with [`Error::TargetMismatch`]). Records the module as used.
+    pub fn function(&mut self, module: &str, symbol: &str) -> Result<CudaFunction> {
+        if self.faults.out_of_bounds_write {
+            // Once only: the fault is meant to poison this context, not to loop.
+            self.faults.out_of_bounds_write = false;
+            crate::ops::faults::out_of_bounds_write(self)?;
+        }
+        let arch = self.compile_arch();
+        self.cache
+            .function(&self.ctx, &self.facts, &arch, module, symbol)
+    }
+
+    /// Compiles and loads every module of `modules` the cache does not hold
+    /// yet (NVRTC compiles them concurrently).
+    pub fn ensure_modules(&mut self, modules: &[&str]) -> Result<()> {
+        let arch = self.compile_arch();
+        self.cache
+            .ensure_all(&self.ctx, &self.facts, &arch, modules)
+    }
+
+    /// The kernel cache, read-only (stats, compile records, used modules).
+    pub fn cache(&self) -> &KernelCache {
+        &self.cache
+    }
+
+    /// The kernel cache, mutable (pre-warm and the checks use it).
+    pub fn cache_mut(&mut self) -> &mut KernelCache {
+        &mut self.cache
+    }
+
+    /// Compile statistics of the cache.
+    pub fn cache_stats(&self) -> &CacheStats {
+        self.cache.stats()
+    }
+
+    /// Every compilation the cache made since it was last reset.
+    pub fn compile_records(&self) -> &[CompileRecord] {
+        self.cache.records()
+    }
+
+    /// Drops every cached module, the counters and the used set, so a check
+    /// starts from a cold cache.
+    pub fn reset_cache(&mut self) {
+        self.cache.reset();
+    }
+
+    /// Turns the knobs of `faults` on until the returned scope is dropped.
+    /// What each knob does is documented on [`Faults`]; with none on, the
+    /// stack runs exactly as in production.
+    pub fn with_faults(&mut self, faults: Faults) -> FaultScope<'_> {
+        self.faults = faults;
+        FaultScope { gpu: self }
+    }
+
+    /// The fault knobs in force now.
+    pub fn faults(&self) -> Faults {
+        self.faults
+    }
+
+    /// The virtual architecture NVRTC compiles for: the device's own, or an
+    /// older one under [`Faults::ptx_older_target`].
+    fn compile_arch(&self) -> String {
+        if self.faults.ptx_older_target {
+            OLDER_ARCH.to_string()
+        } else {
+            self.facts.compute_arch()
+        }
+    }
+
+    /// Copies `data` to a new device buffer.
+    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+        Ok(self.stream.clone_htod(data)?)
+    }
+
+    /// Copies a device buffer (or view) back to the host, waiting for the work
+    /// stream so every launch before it has finished.
+    pub fn download<T: DeviceRepr, S: DevicePtr<T>>(&self, buf: &S) -> Result<Vec<T>> {
+        let out = self.stream.clone_dtoh(buf)?;
+        self.stream.synchronize()?;
+        Ok(out)
+    }
+
+    /// A device buffer of `len` zeros.
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+        Ok(self.stream.alloc_zeros(len)?)
+    }
+
+    /// A device buffer of `len` NaNs, so an element a kernel failed to write
+    /// is still NaN when it is copied back.
+    pub fn poisoned(&self, len: usize) -> Result<CudaSlice<f32>> {
+        self.upload(&vec![f32::NAN; len])
+    }
+
+    /// [`launch_config_1d`] capped at 32 blocks per SM; one block under the
+    /// test-only fault [`Faults::serialised_launch`] (the grid-stride loop
+    /// still covers every element).
+    pub fn launch_1d(&self, n: usize) -> LaunchConfig {
+        if self.faults.serialised_launch {
+            return launch_config_1d(n, 1);
+        }
+        launch_config_1d(n, self.facts.sm_count.max(1).saturating_mul(32))
+    }
+
+    /// [`launch_config_rows`]: one block of `threads` threads per row; one
+    /// warp per row under the test-only fault [`Faults::serialised_launch`]
+    /// (row kernels loop over their row with stride `blockDim.x`).
+    pub fn launch_rows(&self, rows: usize, threads: u32) -> Result<LaunchConfig> {
+        launch_config_rows(rows, self.block_threads(threads))
+    }
+
+    /// `threads` per block, or one warp under the test-only fault
+    /// [`Faults::serialised_launch`], for launchers that fix their own grid.
+    pub fn block_threads(&self, threads: u32) -> u32 {
+        if self.faults.serialised_launch {
+            32
+        } else {
+            threads
+        }
+    }
+
+    /// Waits until the work stream is idle.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.stream.synchronize()?)
+    }
+}

@@ -1,0 +1,15 @@
+//! The CUDA runtime: one context per device, its stream, cuBLAS, and the kernel cache.
+
+pub mod cache;
+mod context;
+pub mod prewarm;
+pub mod table;
+pub mod timing;
+
+pub use cache::{CacheStats, CompileRecord, KernelCache};
+pub use context::{
+    cublas_present, driver_present, launch_config_1d, launch_config_rows, nvrtc_present, to_i32,
+    DeviceFacts, Direction, FaultScope, GemmMath, GpuContext, GpuOptions, THREADS_1D,
+};
+pub use prewarm::{modules_for, PrewarmReport};
+pub use table::TensorTable;

@@ -1,0 +1,109 @@
+//! Pre-warm: compile every kernel module a configuration's training step uses,
+//! before the weights are uploaded, so no JIT compilation happens mid-training.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use super::context::GpuContext;
+use crate::error::Result;
+use crate::model::ModelConfig;
+use crate::train::BaseWeights;
+
+/// The module [`crate::Faults::module_left_out_of_prewarm`] leaves out: one every
+/// configuration's forward pass uses.
+pub const LEFT_OUT_MODULE: &str = "rmsnorm";
+
+/// The kernel modules the forward + backward + optimizer step of `config` with
+/// `base` weights uses. The one place this list is defined.
+///
+/// Every preset runs the same Qwen2-style decoder, so only the base format
+/// (NF4 adds the quantise / NF4 GEMM kernels) and the head dimension (the
+/// attention build, `attention_d64` or `attention_d128`) change the set. Not
+/// in it: `softmax` (attention computes its own), `gemm` (the step's GEMMs are
+/// cuBLAS), `adamw` and `elementwise` (the step's optimizer and gradient
+/// accumulation are in `train`). `prewarm` checks reports list any module
+/// pre-warmed but unused, and any used but not pre-warmed.
+pub fn modules_for(config: &ModelConfig, base: BaseWeights) -> Vec<&'static str> {
+    let mut modules = vec![
+        "embedding",
+        "rmsnorm",
+        "rope",
+        crate::ops::attention::module_for(config.head_dim),
+        "activation",
+        "cross_entropy",
+        "clip",
+        "train",
+    ];
+    if base == BaseWeights::Nf4 {
+        modules.push("nf4");
+    }
+    modules
+}
+
+/// What one pre-warm did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PrewarmReport {
+    /// Modules pre-warm made sure are compiled and loaded, sorted.
+    pub modules: Vec<&'static str>,
+    /// Modules the configuration needs that pre-warm left out (only under a fault).
+    pub skipped: Vec<&'static str>,
+    /// Compilations pre-warm itself made (modules already cached cost none).
+    pub compilations: usize,
+    /// NVRTC time of those compilations.
+    pub compile_ms: f64,
+    /// Wall time of the whole pre-warm, loads included.
+    pub wall_ms: f64,
+}
+
+impl GpuContext {
+    /// Compiles and loads every module that `config`'s training step uses with
+    /// each of `bases`, then marks the cache pre-warmed: any later compilation
+    /// counts as `compiled_after_prewarm`. Allocates no model memory.
+    pub fn prewarm(
+        &mut self,
+        config: &ModelConfig,
+        bases: &[BaseWeights],
+    ) -> Result<PrewarmReport> {
+        let started = Instant::now();
+        let mut wanted = BTreeSet::new();
+        for &base in bases {
+            wanted.extend(modules_for(config, base));
+        }
+        let mut skipped = Vec::new();
+        if self.faults().module_left_out_of_prewarm && wanted.remove(LEFT_OUT_MODULE) {
+            skipped.push(LEFT_OUT_MODULE);
+        }
+        let before = self.cache_stats().clone();
+        let list: Vec<&str> = wanted.iter().copied().collect();
+        self.ensure_modules(&list)?;
+        let after = self.cache_stats().clone();
+        let mut prewarmed = self.cache().prewarmed().cloned().unwrap_or_default();
+        prewarmed.extend(wanted.iter().copied());
+        self.cache_mut().mark_prewarmed(prewarmed);
+        Ok(PrewarmReport {
+            modules: wanted.into_iter().collect(),
+            skipped,
+            compilations: after.compilations - before.compilations,
+            compile_ms: after.compile_ms - before.compile_ms,
+            wall_ms: started.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels;
+
+    #[test]
+    fn every_listed_module_exists() {
+        for config in crate::model::PRESETS {
+            for base in [BaseWeights::Fp32, BaseWeights::Nf4] {
+                for m in modules_for(&config, base) {
+                    assert!(kernels::module(m).is_some(), "{m}");
+                }
+            }
+            assert!(modules_for(&config, BaseWeights::Fp32).contains(&LEFT_OUT_MODULE));
+        }
+    }
+}

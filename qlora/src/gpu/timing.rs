@@ -1,0 +1,93 @@
+//! Timing helpers: CUDA-event timing of a region, optionally replayed as a
+//! captured CUDA graph so the launch gaps of many small kernels do not hide
+//! the kernels.
+
+use cudarc::driver::{sys, CudaGraph};
+
+use super::context::GpuContext;
+use crate::error::{Error, Result};
+
+/// A timing event (timing enabled) recorded on the work stream now.
+fn mark(gpu: &GpuContext) -> Result<cudarc::driver::CudaEvent> {
+    Ok(gpu
+        .stream()
+        .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?)
+}
+
+/// Times `body` with CUDA events: `warmup` untimed runs, then `repeats` runs
+/// each between two events on the work stream. Returns the per-run times in
+/// milliseconds, each divided by `per_run` (the operations one run holds).
+pub fn time_events(
+    gpu: &mut GpuContext,
+    warmup: usize,
+    repeats: usize,
+    per_run: usize,
+    mut body: impl FnMut(&mut GpuContext) -> Result<()>,
+) -> Result<Vec<f64>> {
+    for _ in 0..warmup {
+        body(gpu)?;
+    }
+    gpu.synchronize()?;
+    let mut marks = Vec::with_capacity(repeats);
+    for _ in 0..repeats {
+        let start = mark(gpu)?;
+        body(gpu)?;
+        let end = mark(gpu)?;
+        marks.push((start, end));
+    }
+    gpu.synchronize()?;
+    let per = per_run.max(1) as f64;
+    let mut out = Vec::with_capacity(repeats);
+    for (start, end) in &marks {
+        out.push(f64::from(start.elapsed_ms(end)?) / per);
+    }
+    Ok(out)
+}
+
+/// Captures `launches` calls of `body(gpu, i)` (i = 0..launches) into one
+/// CUDA graph. `body` must already have run once outside capture, so that
+/// every module it uses is compiled and loaded (capture forbids neither, but
+/// a compilation would be timed). Capture is always ended, also when `body`
+/// fails, so the stream is usable afterwards.
+pub fn capture(
+    gpu: &mut GpuContext,
+    launches: usize,
+    mut body: impl FnMut(&mut GpuContext, usize) -> Result<()>,
+) -> Result<CudaGraph> {
+    gpu.synchronize()?;
+    gpu.stream()
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let mut outcome = Ok(());
+    for i in 0..launches {
+        outcome = body(gpu, i);
+        if outcome.is_err() {
+            break;
+        }
+    }
+    let graph = gpu.stream().end_capture(sys::CUgraphInstantiate_flags(0));
+    outcome?;
+    let graph = graph?.ok_or_else(|| Error::InvalidArgument {
+        op: "timing",
+        message: "stream capture produced no graph".into(),
+    })?;
+    graph.upload()?;
+    Ok(graph)
+}
+
+/// Times `launches` calls of `body(gpu, i)` replayed as one captured graph:
+/// one eager pass (compiles and warms), capture, `warmup` untimed replays,
+/// then `repeats` timed replays. Returns per-call milliseconds (replay time
+/// divided by `launches`).
+pub fn time_graph(
+    gpu: &mut GpuContext,
+    launches: usize,
+    warmup: usize,
+    repeats: usize,
+    mut body: impl FnMut(&mut GpuContext, usize) -> Result<()>,
+) -> Result<Vec<f64>> {
+    for i in 0..launches {
+        body(gpu, i)?;
+    }
+    let graph = capture(gpu, launches, &mut body)?;
+    time_events(gpu, warmup, repeats, launches, |_| Ok(graph.launch()?))
+}

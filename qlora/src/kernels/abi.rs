@@ -1,0 +1,131 @@
+//! The kernels' argument lists as the launchers push them, so a test can
+//! check every launcher against the compiled PTX.
+
+/// The PTX parameter class of a kernel argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arg {
+    /// A device pointer (`.u64`).
+    Ptr,
+    /// `int` / `unsigned int` (`.u32`).
+    I32,
+    /// `long long` (`.u64`).
+    I64,
+    /// `float` (`.f32`).
+    F32,
+    /// `double` (`.f64`).
+    F64,
+}
+
+impl Arg {
+    /// The PTX `.param` type of this argument.
+    pub fn ptx_type(self) -> &'static str {
+        match self {
+            Arg::Ptr | Arg::I64 => ".u64",
+            Arg::I32 => ".u32",
+            Arg::F32 => ".f32",
+            Arg::F64 => ".f64",
+        }
+    }
+}
+
+/// The argument list of every kernel of a module, by symbol.
+pub type Signatures = &'static [(&'static str, &'static [Arg])];
+
+/// The `.param` types of kernel `symbol` in a PTX text, in order.
+pub fn ptx_param_types(ptx: &str, symbol: &str) -> Option<Vec<String>> {
+    let head = format!(".entry {symbol}(");
+    let start = ptx.find(&head)? + head.len();
+    let end = start + ptx[start..].find(')')?;
+    Some(
+        ptx[start..end]
+            .split(',')
+            .filter_map(|p| p.split_whitespace().nth(1).map(str::to_string))
+            .collect(),
+    )
+}
+
+/// Every module's launcher argument lists, by module name.
+pub fn signatures() -> Vec<(&'static str, Signatures)> {
+    use crate::ops::*;
+    vec![
+        (embedding::MODULE, embedding::SIGNATURES),
+        (rmsnorm::MODULE, rmsnorm::SIGNATURES),
+        (rope::MODULE, rope::SIGNATURES),
+        (softmax::MODULE, softmax::SIGNATURES),
+        (activation::MODULE, activation::SIGNATURES),
+        (elementwise::MODULE, elementwise::SIGNATURES),
+        (cross_entropy::MODULE, cross_entropy::SIGNATURES),
+        (clip::MODULE, clip::SIGNATURES),
+        (adamw::MODULE, adamw::SIGNATURES),
+        (faults::MODULE, faults::SIGNATURES),
+        (gemm::MODULE, gemm::SIGNATURES),
+        (nf4::MODULE, nf4::SIGNATURES),
+        (cast::MODULE, cast::SIGNATURES),
+        (attention::MODULE_D64, attention::SIGNATURES_D64),
+        (attention::MODULE_D128, attention::SIGNATURES_D128),
+        (
+            crate::train::kernels::MODULE,
+            crate::train::kernels::SIGNATURES,
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::cache::compile_module;
+    use crate::gpu::nvrtc_present;
+    use crate::kernels;
+
+    /// Every kernel module has its launchers' argument lists.
+    #[test]
+    fn every_module_has_signatures() {
+        let listed: Vec<&str> = signatures().iter().map(|(m, _)| *m).collect();
+        for m in kernels::MODULES {
+            assert!(listed.contains(&m.name), "{} has no signature list", m.name);
+        }
+    }
+
+    #[test]
+    fn every_declared_kernel_has_a_signature() {
+        for (module, sigs) in signatures() {
+            let Some(m) = kernels::module(module) else {
+                panic!("no module {module}");
+            };
+            let mut declared: Vec<&str> = m.symbols.to_vec();
+            let mut signed: Vec<&str> = sigs.iter().map(|s| s.0).collect();
+            declared.sort_unstable();
+            signed.sort_unstable();
+            assert_eq!(declared, signed, "{module}");
+        }
+    }
+
+    /// Compiles each module (when NVRTC is loadable) and checks every kernel's
+    /// PTX parameter list against the launcher's declared argument list.
+    #[test]
+    fn launcher_arguments_match_the_ptx() {
+        if !nvrtc_present() {
+            return;
+        }
+        for (module, sigs) in signatures() {
+            let Some(m) = kernels::module(module) else {
+                panic!("no module {module}");
+            };
+            let ptx = compile_module(m, "compute_90").unwrap();
+            for (symbol, args) in sigs {
+                let got = ptx_param_types(&ptx, symbol).unwrap_or_default();
+                let want: Vec<&str> = args.iter().map(|a| a.ptx_type()).collect();
+                assert_eq!(got, want, "{module}::{symbol}");
+            }
+        }
+    }
+
+    #[test]
+    fn ptx_parameter_lists_are_read_in_order() {
+        let ptx = ".visible .entry k(\n\t.param .u64 k_param_0,\n\t.param .f32 k_param_1\n)\n{";
+        assert_eq!(
+            ptx_param_types(ptx, "k"),
+            Some(vec![".u64".to_string(), ".f32".to_string()])
+        );
+    }
+}

@@ -1,0 +1,147 @@
+//! CUDA C sources, one file per kernel family, compiled by NVRTC at run time
+//! for the device's own architecture. Kernel symbols are `{op}_{pass}_{dtype}`.
+
+pub mod abi;
+
+/// One compilable module: a family of kernels in one `.cu` file.
+#[derive(Debug, Clone, Copy)]
+pub struct ModuleSource {
+    /// Module name (the file stem).
+    pub name: &'static str,
+    pub source: &'static str,
+    /// The `extern "C"` kernels the module defines.
+    pub symbols: &'static [&'static str],
+}
+
+macro_rules! module {
+    ($name:literal, [$($sym:literal),* $(,)?]) => {
+        ModuleSource {
+            name: $name,
+            // Every module is compiled with the shared helpers in front of it.
+            source: concat!(include_str!("common.cuh"), "\n", include_str!(concat!($name, ".cu"))),
+            symbols: &[$($sym),*],
+        }
+    };
+}
+
+/// A module compiled from `$file.cu` with `$prelude` (e.g. a `#define`)
+/// between the shared helpers and the source.
+macro_rules! module_with {
+    ($name:literal, $file:literal, $prelude:literal, [$($sym:literal),* $(,)?]) => {
+        ModuleSource {
+            name: $name,
+            source: concat!(
+                include_str!("common.cuh"),
+                "\n",
+                $prelude,
+                "\n",
+                include_str!(concat!($file, ".cu"))
+            ),
+            symbols: &[$($sym),*],
+        }
+    };
+}
+
+/// Every kernel module of the system under test.
+pub const MODULES: &[ModuleSource] = &[
+    module!("embedding", ["embedding_fwd_f32", "embedding_bwd_f32"]),
+    module!(
+        "rmsnorm",
+        [
+            "rmsnorm_fwd_f32",
+            "rmsnorm_residual_fwd_f32",
+            "rmsnorm_bwd_f32",
+            "rmsnorm_bwd_dgamma_partial_f32",
+            "rmsnorm_bwd_dgamma_final_f32"
+        ]
+    ),
+    module!("rope", ["rope_fwd_f32", "rope_bwd_f32"]),
+    module!("softmax", ["softmax_fwd_f32", "softmax_bwd_f32"]),
+    module!(
+        "activation",
+        [
+            "silu_fwd_f32",
+            "silu_bwd_f32",
+            "swiglu_fwd_f32",
+            "swiglu_bwd_f32"
+        ]
+    ),
+    module!(
+        "elementwise",
+        [
+            "residual_add_fwd_f32",
+            "residual_add_bwd_f32",
+            "scale_fwd_f32",
+            "scale_bwd_f32"
+        ]
+    ),
+    module!(
+        "cross_entropy",
+        [
+            "cross_entropy_fwd_f32",
+            "cross_entropy_mean_f32",
+            "cross_entropy_bwd_f32"
+        ]
+    ),
+    module!(
+        "clip",
+        [
+            "squared_sum_partial_f32",
+            "squared_sum_final_f32",
+            "clip_scale_f32",
+            "clip_apply_f32",
+            "squared_sum_multi_partial_f32"
+        ]
+    ),
+    module!("adamw", ["adamw_step_f32"]),
+    module!("gemm", ["gemm_fwd_f32"]),
+    module!(
+        "nf4",
+        [
+            "nf4_quantize_f32",
+            "nf4_dequantize_f32",
+            "nf4_gemm_fwd_f32",
+            "nf4_gemm_bwd_f32"
+        ]
+    ),
+    module!("cast", ["cast_fwd_f32_f16", "cast_fwd_f16_f32"]),
+    module!(
+        "train",
+        [
+            "step_count_advance_i32",
+            "accumulate_fwd_f32",
+            "adamw_multi_devt_f32"
+        ]
+    ),
+    // One source, two modules: a configuration compiles only the build its
+    // head_dim needs (the kernels are template instantiations; both builds
+    // in one module would double the pre-warm cost of attention).
+    module_with!(
+        "attention_d64",
+        "attention",
+        "#define ATT_BUILD 64",
+        [
+            "attention_fwd_d64_f32",
+            "attention_bwd_dq_d64_f32",
+            "attention_bwd_dkv_d64_f32",
+            "attention_bwd_kv_sum_f32"
+        ]
+    ),
+    module_with!(
+        "attention_d128",
+        "attention",
+        "#define ATT_BUILD 128",
+        [
+            "attention_fwd_d128_f32",
+            "attention_bwd_dq_d128_f32",
+            "attention_bwd_dkv_d128_f32",
+            "attention_bwd_kv_sum_f32"
+        ]
+    ),
+    module!("faults", ["fault_oob_write_f32"]),
+];
+
+/// The module called `name`.
+pub fn module(name: &str) -> Option<&'static ModuleSource> {
+    MODULES.iter().find(|m| m.name == name)
+}

@@ -1,0 +1,206 @@
+//! Seeded initialisation of the frozen base model.
+//!
+//! Nothing is downloaded: every weight is drawn from a ChaCha stream seeded by
+//! `(seed, tensor)`, so any tensor can be regenerated on its own (the GPU step
+//! can build its copy tensor by tensor) and two runs with one seed agree.
+//!
+//! Init (uniform, zero mean, standard deviation `std`, i.e. `U(-sqrt(3) std, sqrt(3) std)`):
+//! projections `[out, in]` with `std = 1/sqrt(in)`, so each keeps the scale of
+//! its (RMS-normalised) input; the embedding with `std = 1`; the LM head with
+//! `std = 1/sqrt(hidden)`, so the initial logits are about unit-variance and
+//! the initial loss is near `ln(vocab)`; the final norm is all ones.
+//!
+//! Storage of the frozen projections follows [`BaseWeights`]: `Fp32` rounds
+//! every value to f32 (what the GPU holds); `Nf4` quantises each projection
+//! in blocks of 64 (QLoRA) and the forward pass multiplies by the dequantised
+//! values. The embedding, LM head and final norm stay fp32 in both modes.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::ModelConfig;
+use crate::error::Result;
+use crate::model::nf4;
+use crate::train::BaseWeights;
+
+/// Which tensor of the model a seed is for (mixed into the tensor's seed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorId {
+    Embedding,
+    LmHead,
+    /// A projection of layer `layer`: `0..7` = q, k, v, o, gate, up, down.
+    Proj {
+        layer: usize,
+        which: usize,
+    },
+    /// A LoRA factor of layer `layer`: `0..4` = q.A, q.B, v.A, v.B.
+    Lora {
+        layer: usize,
+        which: usize,
+    },
+    /// A trainable RMSNorm weight of layer `layer` (`0` attention, `1` MLP).
+    Norm {
+        layer: usize,
+        which: usize,
+    },
+}
+
+impl TensorId {
+    fn code(self) -> u64 {
+        match self {
+            TensorId::Embedding => 1,
+            TensorId::LmHead => 2,
+            TensorId::Proj { layer, which } => 0x100 + (layer as u64) * 16 + which as u64,
+            TensorId::Lora { layer, which } => 0x10_0000 + (layer as u64) * 16 + which as u64,
+            TensorId::Norm { layer, which } => 0x20_0000 + (layer as u64) * 16 + which as u64,
+        }
+    }
+}
+
+/// The seed of one tensor: the run seed mixed with the tensor's identity
+/// (SplitMix64 finaliser, so neighbouring ids give unrelated streams).
+pub fn tensor_seed(seed: u64, id: TensorId) -> u64 {
+    let mut z = seed ^ id.code().wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// `len` values from `U(-sqrt(3) std, sqrt(3) std)` (mean 0, standard deviation `std`).
+pub fn uniform(seed: u64, id: TensorId, len: usize, std: f64) -> Vec<f64> {
+    let mut rng = ChaCha8Rng::seed_from_u64(tensor_seed(seed, id));
+    let a = 3f64.sqrt() * std;
+    (0..len).map(|_| rng.random_range(-a..a)).collect()
+}
+
+/// Rounds to the nearest f32, the precision the GPU stores fp32 weights in.
+fn to_f32_precision(v: Vec<f64>) -> Vec<f64> {
+    v.into_iter().map(|x| f64::from(x as f32)).collect()
+}
+
+/// A frozen `[out_dim, in_dim]` projection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrozenLinear {
+    pub out_dim: usize,
+    pub in_dim: usize,
+    /// The values the forward pass multiplies by: f32-rounded, or dequantised NF4.
+    pub weight: Vec<f64>,
+}
+
+impl FrozenLinear {
+    fn init(
+        seed: u64,
+        id: TensorId,
+        out_dim: usize,
+        in_dim: usize,
+        base: BaseWeights,
+    ) -> Result<Self> {
+        let w = uniform(seed, id, out_dim * in_dim, 1.0 / (in_dim as f64).sqrt());
+        Ok(match base {
+            BaseWeights::Fp32 => FrozenLinear {
+                out_dim,
+                in_dim,
+                weight: to_f32_precision(w),
+            },
+            BaseWeights::Nf4 => FrozenLinear {
+                out_dim,
+                in_dim,
+                weight: nf4::dequantize(&nf4::quantize(&w, nf4::BLOCK)?),
+            },
+        })
+    }
+}
+
+/// The frozen projections of one decoder layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrozenLayer {
+    /// `[heads * head_dim, hidden]`
+    pub q: FrozenLinear,
+    /// `[kv_heads * head_dim, hidden]`
+    pub k: FrozenLinear,
+    /// `[kv_heads * head_dim, hidden]`
+    pub v: FrozenLinear,
+    /// `[hidden, heads * head_dim]`
+    pub o: FrozenLinear,
+    /// `[intermediate, hidden]`
+    pub gate: FrozenLinear,
+    /// `[intermediate, hidden]`
+    pub up: FrozenLinear,
+    /// `[hidden, intermediate]`
+    pub down: FrozenLinear,
+}
+
+/// Every frozen weight of the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BaseModel {
+    pub config: ModelConfig,
+    /// `[vocab, hidden]`
+    pub embedding: Vec<f64>,
+    pub layers: Vec<FrozenLayer>,
+    /// `[hidden]`, all ones.
+    pub final_norm: Vec<f64>,
+    /// `[vocab, hidden]`
+    pub lm_head: Vec<f64>,
+}
+
+impl BaseModel {
+    /// Seeded frozen weights for `cfg`, stored as `base` says.
+    pub fn init(cfg: &ModelConfig, base: BaseWeights, seed: u64) -> Result<Self> {
+        let (h, qd, kvd, inter) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
+        let mut layers = Vec::with_capacity(cfg.layers);
+        for layer in 0..cfg.layers {
+            let proj = |which: usize, out_dim: usize, in_dim: usize| {
+                FrozenLinear::init(seed, TensorId::Proj { layer, which }, out_dim, in_dim, base)
+            };
+            layers.push(FrozenLayer {
+                q: proj(0, qd, h)?,
+                k: proj(1, kvd, h)?,
+                v: proj(2, kvd, h)?,
+                o: proj(3, h, qd)?,
+                gate: proj(4, inter, h)?,
+                up: proj(5, inter, h)?,
+                down: proj(6, h, inter)?,
+            });
+        }
+        Ok(BaseModel {
+            config: *cfg,
+            embedding: to_f32_precision(uniform(seed, TensorId::Embedding, cfg.vocab * h, 1.0)),
+            layers,
+            final_norm: vec![1.0; h],
+            lm_head: to_f32_precision(uniform(
+                seed,
+                TensorId::LmHead,
+                cfg.vocab * h,
+                1.0 / (h as f64).sqrt(),
+            )),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_is_seeded_and_nf4_stays_close_to_fp32() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let a = BaseModel::init(&cfg, BaseWeights::Fp32, 7).unwrap();
+        let b = BaseModel::init(&cfg, BaseWeights::Fp32, 7).unwrap();
+        let c = BaseModel::init(&cfg, BaseWeights::Fp32, 8).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a.embedding, c.embedding);
+        assert_ne!(a.layers[0].q.weight, a.layers[1].q.weight);
+        let n = BaseModel::init(&cfg, BaseWeights::Nf4, 7).unwrap();
+        let (wf, wn) = (&a.layers[0].gate.weight, &n.layers[0].gate.weight);
+        assert_eq!(wf.len(), cfg.intermediate * cfg.hidden);
+        let err: f64 = wf
+            .iter()
+            .zip(wn)
+            .map(|(x, y)| (x - y).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let norm: f64 = wf.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!(err / norm < 0.15 && err > 0.0, "{}", err / norm);
+        assert_eq!(n.embedding, a.embedding);
+    }
+}

@@ -1,0 +1,534 @@
+//! Launchers for `kernels/attention.cu`: causal grouped-query attention in
+//! f32, forward and backward, with the layouts and the math of
+//! [`crate::reference::attention`]:
+//!
+//! - `q`, `out` `[batch, seq, heads, head_dim]`; `k`, `v` `[batch, seq, kv_heads, head_dim]`;
+//!   query head `h` reads kv head `h / (heads / kv_heads)`;
+//! - `P = causal_softmax(S)`, `S_ij = <q_i, k_j> / sqrt(head_dim)`, `out_i = sum_j P_ij v_j`;
+//!   `probs` (`[batch, heads, seq, seq]`, zeros above the diagonal) is saved for backward;
+//! - backward from `P` and `out`: `dS = P (dP - D)` with `dP_ij = <dout_i, v_j>`
+//!   and `D_i = <dout_i, out_i>` (= `sum_j P_ij dP_ij`), `dq = s dS k`,
+//!   `dk = s dS^T q`, `dv = P^T dout`, kv gradients summed over the heads of
+//!   their group.
+//!
+//! The kernels work on tiles of 32 rows, two per thread, with the other
+//! dimension staged in shared memory in chunks; each has a build for
+//! head_dim <= 64 and one for head_dim <= 128 (see the comment at the top of
+//! the `.cu` file). The forward is one pass over the keys (online softmax).
+//! The backward is deterministic (no atomics): `attention_bwd_dq_*` writes
+//! `dS` to a caller's scratch buffer (the training step's workspace owns one,
+//! so nothing is allocated per step), `attention_bwd_dkv_*` gathers each
+//! query head's share of `dk` and `dv` per tile of key rows into the same
+//! scratch, and `attention_bwd_kv_sum_f32` adds the shares of a group in a
+//! fixed order.
+
+use cudarc::driver::{CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
+
+use super::gemm::{grid_dim, to_i64};
+use super::launch::expect_len;
+use crate::error::{Error, Result};
+use crate::gpu::{launch_config_1d, to_i32, GpuContext};
+use crate::kernels::abi::{Arg, Signatures};
+
+/// One build of the tiled kernels (see the `.cu` file): its module, its
+/// padded head width `d`, the keys per chunk of its forward and dq kernels
+/// (`AttShape::CHUNK`), and its symbols.
+struct Build {
+    module: &'static str,
+    d: usize,
+    chunk: usize,
+    fwd: &'static str,
+    dq: &'static str,
+    dkv: &'static str,
+}
+
+const D64: Build = Build {
+    module: "attention_d64",
+    d: 64,
+    chunk: 64,
+    fwd: "attention_fwd_d64_f32",
+    dq: "attention_bwd_dq_d64_f32",
+    dkv: "attention_bwd_dkv_d64_f32",
+};
+
+const D128: Build = Build {
+    module: "attention_d128",
+    d: 128,
+    chunk: 32,
+    fwd: "attention_fwd_d128_f32",
+    dq: "attention_bwd_dq_d128_f32",
+    dkv: "attention_bwd_dkv_d128_f32",
+};
+
+/// The (not tiled) kernel both modules hold.
+const KV_SUM: &str = "attention_bwd_kv_sum_f32";
+
+/// The kernel module of each build.
+pub const MODULE_D64: &str = D64.module;
+pub const MODULE_D128: &str = D128.module;
+
+/// The build for `head_dim` (validated <= [`MAX_HEAD_DIM`]).
+fn build(head_dim: usize) -> &'static Build {
+    if head_dim <= D64.d {
+        &D64
+    } else {
+        &D128
+    }
+}
+
+/// The dimensions of one attention call: `q` is `[batch, seq, heads,
+/// head_dim]`, `k` and `v` are `[batch, seq, kv_heads, head_dim]`, and query
+/// head `h` reads kv head `h / (heads / kv_heads)` (grouped-query attention).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnShape {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// The kernel module the launchers use for `head_dim`.
+pub fn module_for(head_dim: usize) -> &'static str {
+    build(head_dim).module
+}
+
+/// Argument lists of the kernels, in the order the launchers push them.
+const FWD_ARGS: &[Arg] = &[
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::F32,
+    Arg::I64,
+];
+const DQ_ARGS: &[Arg] = &[
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::F32,
+];
+const DKV_ARGS: &[Arg] = &[
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+];
+const KV_SUM_ARGS: &[Arg] = &[
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::F32,
+    Arg::I64,
+];
+
+/// The kernels of module `attention_d64`, checked against its PTX by a unit test.
+pub const SIGNATURES_D64: Signatures = &[
+    (D64.fwd, FWD_ARGS),
+    (D64.dq, DQ_ARGS),
+    (D64.dkv, DKV_ARGS),
+    (KV_SUM, KV_SUM_ARGS),
+];
+
+/// The kernels of module `attention_d128`.
+pub const SIGNATURES_D128: Signatures = &[
+    (D128.fwd, FWD_ARGS),
+    (D128.dq, DQ_ARGS),
+    (D128.dkv, DKV_ARGS),
+    (KV_SUM, KV_SUM_ARGS),
+];
+
+/// Threads per block of the tiled kernels: 16 row pairs x 16 lanes, as the
+/// kernels' tiling (`ATT_THREADS`, `ATT_LANES`) assumes.
+const THREADS: u32 = 256;
+
+/// Rows of a tile (`ATT_ROWS` in the kernels).
+const TILE_ROWS: usize = 32;
+
+/// Query rows per staged chunk of the dk/dv kernel (`AttShape::QCHUNK`).
+const QUERY_CHUNK: usize = 32;
+
+/// The largest head_dim the kernels' builds take.
+pub const MAX_HEAD_DIM: usize = 128;
+
+/// Grid limit of the y and z dimensions.
+const MAX_GRID_YZ: u32 = 65_535;
+
+/// Element counts of `q`, `k`/`v` and `probs`.
+pub fn lens(sh: &AttnShape) -> (usize, usize, usize) {
+    (
+        sh.batch * sh.seq * sh.heads * sh.head_dim,
+        sh.batch * sh.seq * sh.kv_heads * sh.head_dim,
+        sh.batch * sh.heads * sh.seq * sh.seq,
+    )
+}
+
+/// The kernels' scalar arguments, validated.
+struct Dims {
+    batch: i32,
+    seq: i32,
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    scale: f32,
+}
+
+impl Dims {
+    /// Pushes `batch, seq, heads, kv_heads, head_dim, scale`, in that order
+    /// (the tail of the forward, dq and kv_sum argument lists).
+    fn push<'a>(&'a self, launch: &mut LaunchArgs<'a>) {
+        launch
+            .arg(&self.batch)
+            .arg(&self.seq)
+            .arg(&self.heads)
+            .arg(&self.kv_heads)
+            .arg(&self.head_dim)
+            .arg(&self.scale);
+    }
+}
+
+/// Checks that `sh` is a shape the kernels take (the launchers check it too).
+pub fn check_shape(sh: &AttnShape) -> Result<()> {
+    validate(sh).map(|_| ())
+}
+
+fn validate(sh: &AttnShape) -> Result<Dims> {
+    let bad = |message: String| Error::InvalidArgument {
+        op: "attention",
+        message,
+    };
+    if sh.batch == 0 || sh.seq == 0 || sh.heads == 0 || sh.head_dim == 0 {
+        return Err(bad(format!("empty shape {sh:?}")));
+    }
+    if sh.kv_heads == 0 || !sh.heads.is_multiple_of(sh.kv_heads) {
+        return Err(bad(format!(
+            "heads ({}) must be a multiple of kv_heads ({})",
+            sh.heads, sh.kv_heads
+        )));
+    }
+    if sh.head_dim > MAX_HEAD_DIM {
+        return Err(bad(format!(
+            "head_dim {} exceeds the kernels' {MAX_HEAD_DIM}",
+            sh.head_dim
+        )));
+    }
+    grid_dim("attention", "heads", sh.heads, MAX_GRID_YZ)?;
+    grid_dim("attention", "batch", sh.batch, MAX_GRID_YZ)?;
+    Ok(Dims {
+        batch: to_i32("attention", "batch", sh.batch)?,
+        seq: to_i32("attention", "seq", sh.seq)?,
+        heads: to_i32("attention", "heads", sh.heads)?,
+        kv_heads: to_i32("attention", "kv_heads", sh.kv_heads)?,
+        head_dim: to_i32("attention", "head_dim", sh.head_dim)?,
+        scale: (1.0 / (sh.head_dim as f64).sqrt()) as f32,
+    })
+}
+
+/// One block of 256 threads per (32 rows, head, batch), with `floats` of
+/// dynamic shared memory.
+fn tile_config(sh: &AttnShape, floats: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            sh.seq.div_ceil(TILE_ROWS) as u32,
+            sh.heads as u32,
+            sh.batch as u32,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: (floats * 4) as u32,
+    }
+}
+
+/// The forward and dq kernels: one block per 32 query rows; shared memory
+/// holds a row tile and a key chunk (rows padded to D + 1) and a
+/// 32 x (chunk + 1) tile of probabilities: 33,280 bytes for the d64 build,
+/// 37,248 for d128, within the 48 KiB a launch gets without opting in.
+fn row_config(sh: &AttnShape) -> LaunchConfig {
+    let b = build(sh.head_dim);
+    tile_config(
+        sh,
+        (TILE_ROWS + b.chunk) * (b.d + 1) + TILE_ROWS * (b.chunk + 1),
+    )
+}
+
+/// The dk/dv kernel: one block per 32 key rows; shared memory holds a chunk
+/// of q and of dout rows and the matching 32 x 33 tiles of dS and P (25,088
+/// bytes for d64, 41,472 for d128).
+fn kv_config(sh: &AttnShape) -> LaunchConfig {
+    let b = build(sh.head_dim);
+    tile_config(
+        sh,
+        2 * QUERY_CHUNK * (b.d + 1) + 2 * TILE_ROWS * (QUERY_CHUNK + 1),
+    )
+}
+
+/// Forward: writes `out` and `probs`.
+pub fn forward(
+    gpu: &mut GpuContext,
+    (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    out: &mut CudaSlice<f32>,
+    probs: &mut CudaSlice<f32>,
+    sh: &AttnShape,
+) -> Result<()> {
+    let len = gpu.faults().written(out.len());
+    forward_limited(gpu, (q, k, v), out, probs, sh, len)
+}
+
+fn forward_limited(
+    gpu: &mut GpuContext,
+    (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    out: &mut CudaSlice<f32>,
+    probs: &mut CudaSlice<f32>,
+    sh: &AttnShape,
+    write_limit: usize,
+) -> Result<()> {
+    let d = validate(sh)?;
+    let (q_len, kv_len, p_len) = lens(sh);
+    expect_len("attention", "q", q.len(), &[q_len])?;
+    expect_len("attention", "k", k.len(), &[kv_len])?;
+    expect_len("attention", "v", v.len(), &[kv_len])?;
+    expect_len("attention", "out", out.len(), &[q_len])?;
+    expect_len("attention", "probs", probs.len(), &[p_len])?;
+    let limit = to_i64("attention", write_limit.min(q_len))?;
+    let cfg = row_config(sh);
+    let b = build(sh.head_dim);
+    let func = gpu.function(b.module, b.fwd)?;
+    let mut launch = gpu.stream().launch_builder(&func);
+    launch.arg(q).arg(k).arg(v).arg(out).arg(probs);
+    d.push(&mut launch);
+    launch.arg(&limit);
+    // SAFETY: arguments match `attention_fwd_dXX_f32(const float* q, const float*
+    // k, const float* v, float* out, float* probs, int batch, int seq, int
+    // heads, int kv_heads, int head_dim, float scale, long long write_limit)`
+    // in order and type. The lengths were checked against the shape above;
+    // heads is a multiple of kv_heads, so every kv head index is < kv_heads.
+    // The grid is (ceil(seq / 32), heads, batch); each block touches only
+    // its 32 rows of q/out/probs (guarded by i < seq) and rows j < seq of k
+    // and v (columns t < head_dim), and uses the dynamic shared memory
+    // row_config provides for the build it picked (head_dim <= 64 or <= 128;
+    // validate() refused more). The block is 256 threads, the 16 x 16 layout
+    // the kernel's half-warp row reductions assume.
+    unsafe { launch.launch(cfg) }?;
+    Ok(())
+}
+
+/// Floats of the scratch [`backward`] needs: `dS` (the length of `probs`)
+/// and each query head's share of `dk` and `dv` (twice the length of `q`).
+pub fn backward_scratch_len(sh: &AttnShape) -> usize {
+    let (q_len, _, p_len) = lens(sh);
+    p_len + 2 * q_len
+}
+
+/// Backward from the saved `probs`: writes `dq`, `dk`, `dv`, using `scratch`
+/// ([`backward_scratch_len`] floats) for `dS` and the per-head shares.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    gpu: &mut GpuContext,
+    (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    out: &CudaSlice<f32>,
+    probs: &CudaSlice<f32>,
+    dout: &CudaSlice<f32>,
+    scratch: &mut CudaSlice<f32>,
+    (dq, dk, dv): (
+        &mut CudaSlice<f32>,
+        &mut CudaSlice<f32>,
+        &mut CudaSlice<f32>,
+    ),
+    sh: &AttnShape,
+) -> Result<()> {
+    let len = gpu.faults().written(dv.len());
+    backward_limited(
+        gpu,
+        (q, k, v),
+        out,
+        probs,
+        dout,
+        scratch,
+        (dq, dk, dv),
+        sh,
+        len,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward_limited(
+    gpu: &mut GpuContext,
+    (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    out: &CudaSlice<f32>,
+    probs: &CudaSlice<f32>,
+    dout: &CudaSlice<f32>,
+    scratch: &mut CudaSlice<f32>,
+    (dq, dk, dv): (
+        &mut CudaSlice<f32>,
+        &mut CudaSlice<f32>,
+        &mut CudaSlice<f32>,
+    ),
+    sh: &AttnShape,
+    dv_write_limit: usize,
+) -> Result<()> {
+    let d = validate(sh)?;
+    let (q_len, kv_len, p_len) = lens(sh);
+    expect_len("attention", "q", q.len(), &[q_len])?;
+    expect_len("attention", "k", k.len(), &[kv_len])?;
+    expect_len("attention", "v", v.len(), &[kv_len])?;
+    expect_len("attention", "out", out.len(), &[q_len])?;
+    expect_len("attention", "probs", probs.len(), &[p_len])?;
+    expect_len("attention", "dout", dout.len(), &[q_len])?;
+    expect_len("attention", "dq", dq.len(), &[q_len])?;
+    expect_len("attention", "dk", dk.len(), &[kv_len])?;
+    expect_len("attention", "dv", dv.len(), &[kv_len])?;
+    expect_len(
+        "attention",
+        "scratch",
+        scratch.len(),
+        &[backward_scratch_len(sh)],
+    )?;
+    let limit = to_i64("attention", dv_write_limit.min(kv_len))?;
+    let (mut ds, mut shares) = scratch.split_at_mut(p_len);
+    let (mut pk, mut pv) = shares.split_at_mut(q_len);
+
+    let b = build(sh.head_dim);
+    let cfg = row_config(sh);
+    let func = gpu.function(b.module, b.dq)?;
+    let mut launch = gpu.stream().launch_builder(&func);
+    launch
+        .arg(k)
+        .arg(v)
+        .arg(probs)
+        .arg(out)
+        .arg(dout)
+        .arg(&mut *dq)
+        .arg(&mut ds);
+    d.push(&mut launch);
+    // SAFETY: arguments match `attention_bwd_dq_dXX_f32(const float* k,
+    // const float* v, const float* probs, const float* out, const float* dout,
+    // float* dq, float* ds, int batch, int seq, int heads, int kv_heads, int
+    // head_dim, float scale)` in order and type. Lengths were checked against
+    // the shape (ds is the first probs-length part of the scratch); the grid
+    // is (ceil(seq / 32), heads, batch), each block reads rows j < seq of k
+    // and v and its rows i < seq of probs, out and dout, writes entries
+    // j <= i of those rows of ds and the rows of dq, and uses the dynamic
+    // shared memory row_config provides for its build. 256 threads, the
+    // 16 x 16 layout of the kernel's half-warp reductions.
+    unsafe { launch.launch(cfg) }?;
+
+    let cfg = kv_config(sh);
+    let func = gpu.function(b.module, b.dkv)?;
+    let mut launch = gpu.stream().launch_builder(&func);
+    launch
+        .arg(q)
+        .arg(dout)
+        .arg(probs)
+        .arg(&mut ds)
+        .arg(&mut pk)
+        .arg(&mut pv)
+        .arg(&d.batch)
+        .arg(&d.seq)
+        .arg(&d.heads)
+        .arg(&d.head_dim);
+    // SAFETY: arguments match `attention_bwd_dkv_dXX_f32(const float* q, const
+    // float* dout, const float* probs, const float* ds, float* pk, float* pv,
+    // int batch, int seq, int heads, int head_dim)` in order and type. q and
+    // dout hold q_len floats, probs and ds p_len, pk and pv are the two
+    // q_len-float parts of the scratch after ds (split, so disjoint). The
+    // grid is (ceil(seq / 32), heads, batch); each block reads only entries
+    // i >= j, i < seq of its 32 columns of probs/ds (exactly the entries the
+    // dq kernel wrote, which ran before it on this stream) and rows i < seq
+    // of q/dout of its head, writes elements t < head_dim of its rows j < seq
+    // of pk and pv, and uses the dynamic shared memory kv_config provides.
+    unsafe { launch.launch(cfg) }?;
+
+    let cfg = launch_config_1d(kv_len, 65_535);
+    let func = gpu.function(b.module, KV_SUM)?;
+    let mut launch = gpu.stream().launch_builder(&func);
+    launch.arg(&mut pk).arg(&mut pv).arg(dk).arg(dv);
+    d.push(&mut launch);
+    launch.arg(&limit);
+    // SAFETY: arguments match `attention_bwd_kv_sum_f32(const float* pk,
+    // const float* pv, float* dk, float* dv, int batch, int seq, int heads,
+    // int kv_heads, int head_dim, float scale, long long write_limit)` in
+    // order and type. The grid-stride loop covers the kv_len elements of dk
+    // and dv (checked lengths) and reads the group's heads of pk and pv, each
+    // q_len long (heads is a multiple of kv_heads, validated), written by the
+    // previous kernel on this stream.
+    unsafe { launch.launch(cfg) }?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shared memory the launch configs ask for: the sizes the doc
+    /// comments state, all within the 48 KiB a launch gets without opting in.
+    #[test]
+    fn launch_configs_fit_the_default_shared_memory() {
+        let sh = |head_dim| AttnShape {
+            batch: 4,
+            seq: 256,
+            heads: 14,
+            kv_heads: 2,
+            head_dim,
+        };
+        let bytes = |c: LaunchConfig| c.shared_mem_bytes;
+        assert_eq!(bytes(row_config(&sh(64))), 33_280);
+        assert_eq!(bytes(row_config(&sh(128))), 37_248);
+        assert_eq!(bytes(kv_config(&sh(64))), 25_088);
+        assert_eq!(bytes(kv_config(&sh(128))), 41_472);
+        assert_eq!(row_config(&sh(16)).grid_dim, (8, 14, 4));
+        assert_eq!(module_for(16), MODULE_D64);
+        assert_eq!(module_for(65), MODULE_D128);
+    }
+
+    #[test]
+    fn shapes_the_kernels_cannot_take_are_refused() {
+        let ok = AttnShape {
+            batch: 1,
+            seq: 256,
+            heads: 12,
+            kv_heads: 2,
+            head_dim: 128,
+        };
+        assert!(validate(&ok).is_ok());
+        assert!(validate(&AttnShape { kv_heads: 5, ..ok }).is_err());
+        assert!(validate(&AttnShape { kv_heads: 0, ..ok }).is_err());
+        assert!(validate(&AttnShape { seq: 20_000, ..ok }).is_ok());
+        assert!(validate(&AttnShape {
+            head_dim: 130,
+            ..ok
+        })
+        .is_err());
+        assert!(validate(&AttnShape {
+            heads: 70_000,
+            kv_heads: 1,
+            ..ok
+        })
+        .is_err());
+    }
+}

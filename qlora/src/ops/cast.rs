@@ -1,0 +1,84 @@
+//! Launchers for `kernels/cast.cu`: f32 <-> f16 on the device, with f16
+//! values held as their raw bit patterns (`u16`, the `half::f16::to_bits`
+//! form).
+//!
+//! `f32_to_f16`: `y_i = f16(x_i)`, round to nearest even (IEEE 754, as
+//! `half::f16::from_f32`). `f16_to_f32`: `y_i = f32(x_i)`, exact.
+
+use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
+
+use super::gemm::to_i64;
+use super::launch::expect_len;
+use crate::error::Result;
+use crate::gpu::GpuContext;
+use crate::kernels::abi::{Arg, Signatures};
+
+/// The kernel module these launchers use.
+pub const MODULE: &str = "cast";
+
+/// Kernel argument lists in the order the launchers push them, checked
+/// against the compiled PTX by a unit test.
+pub const SIGNATURES: Signatures = &[
+    ("cast_fwd_f32_f16", &[Arg::Ptr, Arg::Ptr, Arg::I64]),
+    ("cast_fwd_f16_f32", &[Arg::Ptr, Arg::Ptr, Arg::I64]),
+];
+
+/// The f16 bit pattern of a quiet NaN: the poison of f16 outputs.
+pub const F16_NAN_BITS: u16 = 0x7e00;
+
+/// `y = f16(x)` element-wise (round to nearest even).
+pub fn f32_to_f16(gpu: &mut GpuContext, x: &CudaSlice<f32>, y: &mut CudaSlice<u16>) -> Result<()> {
+    expect_len("cast_fwd_f32_f16", "y", y.len(), &[x.len()])?;
+    let n = gpu.faults().written(x.len());
+    launch_f32_to_f16(gpu, x, y, n)
+}
+
+/// `y = f32(x)` element-wise (exact).
+pub fn f16_to_f32(gpu: &mut GpuContext, x: &CudaSlice<u16>, y: &mut CudaSlice<f32>) -> Result<()> {
+    expect_len("cast_fwd_f16_f32", "y", y.len(), &[x.len()])?;
+    let n = gpu.faults().written(x.len());
+    launch_f16_to_f32(gpu, x, y, n)
+}
+
+/// Runs `symbol` (`cast_fwd_f32_f16` or `cast_fwd_f16_f32`) on the first
+/// `n <= x.len()` elements (`n < len` only for the `LastElementUnwritten`
+/// fault injection).
+fn launch_cast<A: DeviceRepr, B: DeviceRepr>(
+    gpu: &mut GpuContext,
+    symbol: &'static str,
+    x: &CudaSlice<A>,
+    y: &mut CudaSlice<B>,
+    n: usize,
+) -> Result<()> {
+    let n = to_i64(symbol, n.min(x.len()).min(y.len()))?;
+    let cfg = gpu.launch_1d(x.len());
+    let func = gpu.function(MODULE, symbol)?;
+    let mut launch = gpu.stream().launch_builder(&func);
+    launch.arg(x).arg(y).arg(&n);
+    // SAFETY: the callers pair each symbol with its element types:
+    // `cast_fwd_f32_f16(const float* x, unsigned short* y, long long n)` with
+    // (f32, u16) and `cast_fwd_f16_f32(const unsigned short* x, float* y,
+    // long long n)` with (u16, f32), u16 being the 16-bit pattern of an f16.
+    // n is at most the length of both buffers and the grid-stride loop
+    // touches only indices < n.
+    unsafe { launch.launch(cfg) }?;
+    Ok(())
+}
+
+fn launch_f32_to_f16(
+    gpu: &mut GpuContext,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<u16>,
+    n: usize,
+) -> Result<()> {
+    launch_cast(gpu, "cast_fwd_f32_f16", x, y, n)
+}
+
+fn launch_f16_to_f32(
+    gpu: &mut GpuContext,
+    x: &CudaSlice<u16>,
+    y: &mut CudaSlice<f32>,
+    n: usize,
+) -> Result<()> {
+    launch_cast(gpu, "cast_fwd_f16_f32", x, y, n)
+}

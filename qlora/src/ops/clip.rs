@@ -1,0 +1,229 @@
+//! Launchers for `kernels/clip.cu`: global gradient-norm clipping on the device,
+//! with no device-to-host copy:
+//!
+//! ```text
+//! S     = sum_t sum_i g_ti^2                       (squared_sum, f64, fixed order)
+//! scale = min(1, max_norm / (sqrt(S) + 1e-6))      (scale: a device scalar)
+//! g    <- scale * g                                (apply: reads the device scalar)
+//! ```
+
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+use super::launch::expect_len;
+use super::launch::{elements, vec4_launch};
+use crate::error::{Error, Result};
+use crate::gpu::{GpuContext, TensorTable, THREADS_1D};
+use crate::kernels::abi::{Arg, Signatures};
+
+pub const MODULE: &str = "clip";
+
+/// Kernel argument lists, checked against the compiled PTX by a unit test.
+pub const SIGNATURES: Signatures = &[
+    ("squared_sum_partial_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
+    ("squared_sum_final_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
+    ("clip_scale_f32", &[Arg::Ptr, Arg::Ptr, Arg::F32, Arg::I32]),
+    ("clip_apply_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
+    (
+        "squared_sum_multi_partial_f32",
+        &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::Ptr],
+    ),
+];
+
+/// Blocks (and partials) of [`squared_sum_table`]: a fixed grid, so the
+/// summation order is the same on every run; two blocks per SM of an H100/H200.
+pub const TABLE_PARTIALS: usize = 264;
+
+/// At most this many partial sums (blocks) per tensor.
+const MAX_PARTIALS_PER_TENSOR: usize = 512;
+/// Threads of the one-block final reduction.
+const FINAL_THREADS: u32 = 256;
+
+/// Blocks (and so partial sums) of the squared sum of a tensor of `n` values.
+fn partials_for(n: usize) -> usize {
+    n.div_ceil(THREADS_1D as usize)
+        .clamp(1, MAX_PARTIALS_PER_TENSOR)
+}
+
+/// The per-block partial sums of [`squared_sum`] over a fixed list of tensor
+/// lengths. The grid of every launch is derived from these lengths alone, so
+/// the reduction order (and the result, bit for bit) depends on nothing else.
+pub struct SquaredSumWorkspace {
+    lens: Vec<usize>,
+    partials: CudaSlice<f64>,
+}
+
+impl SquaredSumWorkspace {
+    /// Scratch for tensors of the given lengths, in the order they will be passed.
+    pub fn new(gpu: &GpuContext, lens: &[usize]) -> Result<Self> {
+        let total: usize = lens.iter().map(|&n| partials_for(n)).sum();
+        Ok(SquaredSumWorkspace {
+            lens: lens.to_vec(),
+            partials: gpu.zeros(total.max(1))?,
+        })
+    }
+}
+
+/// `sq[0] = sum_t sum_i g_ti^2` over all `tensors`, accumulated in f64 on the
+/// device in a fixed order.
+pub fn squared_sum(
+    gpu: &mut GpuContext,
+    tensors: &[CudaView<'_, f32>],
+    ws: &mut SquaredSumWorkspace,
+    sq: &mut CudaViewMut<'_, f64>,
+) -> Result<()> {
+    let lens: Vec<usize> = tensors.iter().map(|t| t.len()).collect();
+    if lens != ws.lens {
+        return Err(Error::ShapeMismatch {
+            op: "squared_sum",
+            expected: format!("tensors of lengths {:?}", ws.lens),
+            got: format!("{lens:?}"),
+        });
+    }
+    expect_len("squared_sum", "sq", sq.len(), &[1])?;
+    let f = gpu.function(MODULE, "squared_sum_partial_f32")?;
+    let mut offset = 0;
+    for t in tensors {
+        let n = t.len();
+        let blocks = partials_for(n);
+        let n_i = elements("squared_sum", n)?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (gpu.block_threads(THREADS_1D), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut part = ws.partials.slice_mut(offset..offset + blocks);
+        let mut l = gpu.stream().launch_builder(&f);
+        l.arg(t).arg(&mut part).arg(&n_i);
+        // SAFETY: squared_sum_partial_f32(const float* x, double* partials, int n):
+        // x holds n elements; `part` is the blocks-long slice of the workspace
+        // (sized from the same lengths, checked above) and block b writes
+        // partials[b], b < blocks = gridDim.x; blockDim (256, or 32 under the
+        // SerialisedLaunch fault) is a multiple of 32, as the reduction needs.
+        unsafe { l.launch(cfg) }?;
+        offset += blocks;
+    }
+    if gpu.faults().written(1) == 0 {
+        return Ok(());
+    }
+    sum_partials(gpu, &ws.partials, offset, sq)
+}
+
+/// `sq[0] = sum of the first nparts partials`, one block, fixed order.
+fn sum_partials(
+    gpu: &mut GpuContext,
+    partials: &CudaSlice<f64>,
+    nparts: usize,
+    sq: &mut CudaViewMut<'_, f64>,
+) -> Result<()> {
+    if nparts > partials.len() {
+        return Err(Error::ShapeMismatch {
+            op: "squared_sum",
+            expected: format!("at least {nparts} partials"),
+            got: format!("{}", partials.len()),
+        });
+    }
+    expect_len("squared_sum", "sq", sq.len(), &[1])?;
+    let nparts = crate::gpu::to_i32("squared_sum", "partials", nparts)?;
+    let f = gpu.function(MODULE, "squared_sum_final_f32")?;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (FINAL_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(partials).arg(sq).arg(&nparts);
+    // SAFETY: squared_sum_final_f32(const double* partials, double* sq, int nparts):
+    // partials holds at least nparts values and sq one (both checked); one block.
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+/// `sq[0] = sum_i ||g_i||^2` over every tensor of `table` (one column: the
+/// tensors themselves), in two launches whatever the number of tensors:
+/// [`TABLE_PARTIALS`] block partials, then their sum.
+pub fn squared_sum_table(
+    gpu: &mut GpuContext,
+    table: &TensorTable,
+    partials: &mut CudaSlice<f64>,
+    sq: &mut CudaViewMut<'_, f64>,
+) -> Result<()> {
+    if table.columns != 1 || partials.len() != TABLE_PARTIALS {
+        return Err(Error::ShapeMismatch {
+            op: "squared_sum",
+            expected: format!("a one-column table and {TABLE_PARTIALS} partials"),
+            got: format!("{} columns, {} partials", table.columns, partials.len()),
+        });
+    }
+    let n = crate::gpu::to_i32("squared_sum", "tensors", table.tensors)?;
+    let f = gpu.function(MODULE, "squared_sum_multi_partial_f32")?;
+    let cfg = LaunchConfig {
+        grid_dim: (TABLE_PARTIALS as u32, 1, 1),
+        block_dim: (THREADS_1D, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(&table.ptrs)
+        .arg(&table.offsets)
+        .arg(&n)
+        .arg(&mut *partials);
+    // SAFETY: squared_sum_multi_partial_f32(const unsigned long long* ptrs,
+    // const long long* offsets, int n_tensors, double* partials): the table
+    // holds n_tensors addresses of live f32 tensors whose lengths are the
+    // offsets' differences (TensorTable's owner keeps them alive), so every
+    // read is in bounds; the grid is exactly TABLE_PARTIALS blocks, one
+    // partial each, and THREADS_1D is a multiple of 32 as the reduction needs.
+    unsafe { l.launch(cfg) }?;
+    sum_partials(gpu, partials, TABLE_PARTIALS, sq)
+}
+
+/// `scale[0] = min(1, max_norm / (sqrt(sq[0]) + 1e-6))`, device to device.
+pub fn scale(
+    gpu: &mut GpuContext,
+    sq: &CudaView<'_, f64>,
+    max_norm: f64,
+    scale: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    if !(max_norm.is_finite() && max_norm > 0.0) {
+        return Err(Error::InvalidArgument {
+            op: "clip_scale",
+            message: format!("max_norm must be a finite number > 0, got {max_norm}"),
+        });
+    }
+    expect_len("clip_scale", "sq", sq.len(), &[1])?;
+    expect_len("clip_scale", "scale", scale.len(), &[1])?;
+    let write = i32::from(gpu.faults().written(1) == 1);
+    let max_norm_f = max_norm as f32;
+    let f = gpu.function(MODULE, "clip_scale_f32")?;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(sq).arg(scale).arg(&max_norm_f).arg(&write);
+    // SAFETY: clip_scale_f32(const double* sq, float* scale, float max_norm,
+    // int write): sq and scale hold one element each (checked above); only
+    // thread 0 of block 0 reads and writes.
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+/// `g <- scale[0] * g`, in place; the scale is read on the device.
+pub fn apply(
+    gpu: &mut GpuContext,
+    g: &mut CudaViewMut<'_, f32>,
+    scale: &CudaView<'_, f32>,
+) -> Result<()> {
+    expect_len("clip_apply", "scale", scale.len(), &[1])?;
+    let Some((n_i, cfg)) = vec4_launch(gpu, "clip_apply", g.len())? else {
+        return Ok(());
+    };
+    let f = gpu.function(MODULE, "clip_apply_f32")?;
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(g).arg(scale).arg(&n_i);
+    // SAFETY: clip_apply_f32(float* g, const float* scale, int n): g holds
+    // n >= n_i elements, scale one (checked above); g and scale are distinct
+    // buffers (a mutable and a shared borrow).
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}

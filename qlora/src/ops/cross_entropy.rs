@@ -1,0 +1,133 @@
+//! Launchers for `kernels/cross_entropy.cu`: per-row loss
+//! `loss_r = lse(x_r) - x_r[t_r]` (max-shifted), their mean summed in a fixed
+//! order, and the logit gradient `(softmax(x_r) - onehot(t_r)) / rows`.
+
+use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+use super::launch::expect_len;
+use super::launch::row_threads;
+use crate::error::{Error, Result};
+use crate::gpu::{to_i32, GpuContext};
+use crate::kernels::abi::{Arg, Signatures};
+
+pub const MODULE: &str = "cross_entropy";
+
+/// Kernel argument lists, checked against the compiled PTX by a unit test.
+pub const SIGNATURES: Signatures = &[
+    (
+        "cross_entropy_fwd_f32",
+        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32],
+    ),
+    ("cross_entropy_mean_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
+    (
+        "cross_entropy_bwd_f32",
+        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::F32],
+    ),
+];
+
+/// Threads per block of the row kernels: rows are long (up to 151936 logits).
+const ROW_THREADS: u32 = 1024;
+/// Threads of the one-block mean kernel.
+const MEAN_THREADS: u32 = 256;
+
+fn dims(rows: usize, vocab: usize) -> Result<(i32, i32)> {
+    if vocab == 0 || rows == 0 {
+        return Err(Error::InvalidArgument {
+            op: "cross_entropy",
+            message: format!("rows and vocab must be > 0, got {rows} and {vocab}"),
+        });
+    }
+    Ok((
+        to_i32("cross_entropy", "rows", rows)?,
+        to_i32("cross_entropy", "vocab", vocab)?,
+    ))
+}
+
+/// Per-row losses into `losses` `[rows]` and their mean into `loss` `[1]`.
+/// A target `>= vocab` gives that row (and so the mean) NaN: the targets live
+/// on the device, so they are checked there.
+#[allow(clippy::too_many_arguments)]
+pub fn forward(
+    gpu: &mut GpuContext,
+    logits: &CudaView<'_, f32>,
+    rows: usize,
+    vocab: usize,
+    targets: &CudaView<'_, u32>,
+    losses: &mut CudaViewMut<'_, f32>,
+    loss: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    let (rows_i, vocab_i) = dims(rows, vocab)?;
+    expect_len("cross_entropy", "logits", logits.len(), &[rows, vocab])?;
+    expect_len("cross_entropy", "targets", targets.len(), &[rows])?;
+    expect_len("cross_entropy", "losses", losses.len(), &[rows])?;
+    expect_len("cross_entropy", "loss", loss.len(), &[1])?;
+    // Under the fault the last row's loss is left unwritten; the mean still
+    // reads it (it is the mean over all rows).
+    let rows_w = gpu.faults().written(rows);
+    if rows_w > 0 {
+        let rows_w_i = to_i32("cross_entropy", "rows", rows_w)?;
+        let f = gpu.function(MODULE, "cross_entropy_fwd_f32")?;
+        let cfg = gpu.launch_rows(rows_w, row_threads(vocab, ROW_THREADS))?;
+        let mut l = gpu.stream().launch_builder(&f);
+        l.arg(logits)
+            .arg(targets)
+            .arg(&mut *losses)
+            .arg(&rows_w_i)
+            .arg(&vocab_i);
+        // SAFETY: cross_entropy_fwd_f32(const float* logits, const unsigned int*
+        // targets, float* losses, int rows, int vocab): logits hold rows * vocab
+        // elements, targets and losses rows >= rows_w_i (checked above); the
+        // kernel indexes logits by a target only when it is < vocab.
+        unsafe { l.launch(cfg) }?;
+    }
+    let f = gpu.function(MODULE, "cross_entropy_mean_f32")?;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (MEAN_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let losses_view = losses.as_view();
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(&losses_view).arg(loss).arg(&rows_i);
+    // SAFETY: cross_entropy_mean_f32(const float* losses, float* out, int rows):
+    // losses hold rows elements, out one (checked above); one block.
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+/// `dlogits_r = (softmax(x_r) - onehot(t_r)) / rows`, `[rows, vocab]`.
+pub fn backward(
+    gpu: &mut GpuContext,
+    logits: &CudaView<'_, f32>,
+    rows: usize,
+    vocab: usize,
+    targets: &CudaView<'_, u32>,
+    dlogits: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    dims(rows, vocab)?;
+    expect_len("cross_entropy", "logits", logits.len(), &[rows, vocab])?;
+    expect_len("cross_entropy", "targets", targets.len(), &[rows])?;
+    expect_len("cross_entropy", "dlogits", dlogits.len(), &[rows, vocab])?;
+    let rows_w = gpu.faults().written(rows);
+    if rows_w == 0 {
+        return Ok(());
+    }
+    let rows_w_i = to_i32("cross_entropy", "rows", rows_w)?;
+    let vocab_i = to_i32("cross_entropy", "vocab", vocab)?;
+    let grad_scale = (1.0 / rows as f64) as f32;
+    let f = gpu.function(MODULE, "cross_entropy_bwd_f32")?;
+    let cfg = gpu.launch_rows(rows_w, row_threads(vocab, ROW_THREADS))?;
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(logits)
+        .arg(targets)
+        .arg(dlogits)
+        .arg(&rows_w_i)
+        .arg(&vocab_i)
+        .arg(&grad_scale);
+    // SAFETY: cross_entropy_bwd_f32(const float* logits, const unsigned int*
+    // targets, float* dlogits, int rows, int vocab, float grad_scale): logits
+    // and dlogits hold rows * vocab elements, targets rows >= rows_w_i (checked
+    // above); dlogits aliases no input.
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}

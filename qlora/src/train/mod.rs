@@ -1,0 +1,12 @@
+//! The GPU training step ([`step::GpuTrainer`]), its options and its
+//! preallocated workspace.
+
+mod blas;
+pub mod kernels;
+mod options;
+pub mod step;
+pub mod weights;
+pub mod workspace;
+
+pub use options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions, Hyper};
+pub use step::{GpuStepReport, GpuTrainer, SyncCounts};

@@ -1,0 +1,113 @@
+//! How a training step runs: the base format, the clipping, the optimizer's
+//! hyper-parameters, graph capture and the GEMM math of each direction.
+
+use crate::gpu::GemmMath;
+
+/// How the frozen base weights are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BaseWeights {
+    #[default]
+    Fp32,
+    /// 4-bit NormalFloat codes with one f32 absmax per block of 64.
+    Nf4,
+}
+
+/// How gradients are clipped before the optimizer step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClipMode {
+    /// One scale from the norm of all gradients together.
+    #[default]
+    Global,
+    /// Each layer's gradients scaled by their own norm.
+    PerLayer,
+}
+
+/// AdamW's hyper-parameters (Loshchilov & Hutter): for step `t = 1, 2, ...`
+/// `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g^2`,
+/// `p -= lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd p)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamW {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl AdamW {
+    /// `lr` and `weight_decay` with the usual `b1 = 0.9`, `b2 = 0.999`, `eps = 1e-8`.
+    pub fn new(lr: f64, weight_decay: f64) -> Self {
+        AdamW {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+        }
+    }
+}
+
+/// The optimizer's plain-number hyper-parameters a training run may set.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Hyper {
+    /// AdamW learning rate.
+    pub lr: f64,
+    /// Gradients are scaled by `min(1, max_grad_norm / (||g|| + 1e-6))`.
+    pub max_grad_norm: f64,
+    /// AdamW's decoupled weight decay.
+    pub weight_decay: f64,
+}
+
+impl Default for Hyper {
+    fn default() -> Self {
+        Hyper {
+            lr: 1e-3,
+            max_grad_norm: 1.0,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+/// How the GPU step runs.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct GpuTrainOptions {
+    pub clip: ClipMode,
+    pub base: BaseWeights,
+    pub hyper: Hyper,
+    /// Capture the step as a CUDA graph and replay it.
+    pub graph: bool,
+    /// Math of the forward GEMMs; `None` takes the context's option.
+    pub forward_math: Option<GemmMath>,
+    /// Math of the backward GEMMs; `None` takes the context's option.
+    pub backward_math: Option<GemmMath>,
+    /// Keep the MLP's gate and up activations for the backward instead of
+    /// recomputing them (faster, `2 x tokens x intermediate` floats more per layer).
+    pub keep_mlp: bool,
+    /// Quantise an NF4 base on the device from the f32 weights (fast for
+    /// billion-parameter presets) instead of with the host's f64 quantiser
+    /// (exactly the codes [`crate::model::nf4::quantize`] gives).
+    pub device_quantize: bool,
+}
+
+impl GpuTrainOptions {
+    /// A short name of the mode for reports, e.g. `graphed/global-clip/nf4/tf32-backward`.
+    pub fn mode_name(&self) -> String {
+        let graph = if self.graph { "graphed" } else { "eager" };
+        let clip = match self.clip {
+            ClipMode::Global => "global-clip",
+            ClipMode::PerLayer => "per-layer-clip",
+        };
+        let base = match self.base {
+            BaseWeights::Fp32 => "fp32",
+            BaseWeights::Nf4 => "nf4",
+        };
+        let mut name = format!("{graph}/{clip}/{base}");
+        if self.backward_math == Some(GemmMath::Tf32) {
+            name.push_str("/tf32-backward");
+        }
+        if self.keep_mlp {
+            name.push_str("/keep-mlp");
+        }
+        name
+    }
+}

@@ -1,0 +1,947 @@
+//! [`GpuTrainer`]: the QLoRA training step on the GPU, the same model, data
+//! and math as the CPU reference ([`crate::reference::train`]), in f32.
+//!
+//! One step, all on the work stream, all into the preallocated
+//! [`Workspace`]:
+//!
+//! ```text
+//! forward    x0 = emb[inputs]; per layer: n1 = rmsnorm(x, g1);
+//!            q = n1 Wq^T + s (n1 Aq^T) Bq^T, k = n1 Wk^T, v = n1 Wv^T + s (n1 Av^T) Bv^T;
+//!            att = attention(rope(q), rope(k), v); x2 = x + att Wo^T;
+//!            n2 = rmsnorm(x2, g2); x' = x2 + (silu(n2 Wg^T) * n2 Wu^T) Wd^T;
+//!            loss = CE(rmsnorm(x_L) Wlm^T, targets)
+//! backward   dx through every op; trainable gradients only (LoRA A, B of q, v;
+//!            both norm weights): dB = s dy^T u, du = s dy B, dA = du^T n1, dn1 += du A
+//! clip       S = sum ||g||^2 (device, f64), scale = min(1, c / (sqrt S + 1e-6))
+//! AdamW      t += 1 (a device counter), then every tensor in one launch, each
+//!            gradient multiplied by its clip scale first (g itself is not rewritten)
+//! ```
+//!
+//! The only device-to-host copy of a step is reading the loss, after
+//! everything else was queued; every such read goes through the trainer's
+//! counting `SyncCounter::host_read` (the `sync_count` check reads
+//! the counters). With `graph`, the first step runs eagerly (it loads every
+//! kernel and lets cuBLAS settle), the second is captured whole as one CUDA
+//! graph, and that graph is replayed from then on: the batch is copied into
+//! the same device buffers before each replay, and AdamW reads its step number
+//! from device memory, so nothing the graph baked in goes stale. A batch of
+//! another sequence length reallocates the workspace and drops the graph; the
+//! next step captures a new one ([`GpuTrainer::set_seq_len`]).
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaView, DeviceRepr};
+use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::blas;
+use super::kernels;
+use super::options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions};
+use super::weights::{BaseDevice, LayerWeights, Params};
+use super::workspace::{CublasWorkspace, Workspace, CUBLAS_WORKSPACE_BYTES};
+use crate::error::{Error, Result};
+use crate::gpu::table::{address, TensorTable};
+use crate::gpu::{GemmMath, GpuContext};
+use crate::model::corpus::{self, Corpus, BATCH_SALT, CORPUS_SALT};
+use crate::model::{ModelConfig, Slot, Trainable};
+use crate::ops::attention::{self, AttnShape};
+use crate::ops::clip::{self as clip_ops, TABLE_PARTIALS};
+use crate::ops::{activation, cross_entropy, embedding, rmsnorm, rope};
+
+/// Host synchronisations the step made: every device-to-host read goes
+/// through `SyncCounter::host_read`, which counts it here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncCounts {
+    /// All host reads since the trainer was made.
+    pub total: usize,
+    /// Host reads issued while the stream was capturing.
+    pub inside_capture: usize,
+    /// Host reads of each finished step.
+    pub per_step: Vec<usize>,
+}
+
+/// The clip reductions: one group (global) or one per layer. `table` lists
+/// the group's gradients, so its squared norm takes two launches however many
+/// tensors it has.
+struct ClipGroup {
+    tensors: Vec<usize>,
+    table: TensorTable,
+    partials: CudaSlice<f64>,
+    sq: CudaSlice<f64>,
+    scale: CudaSlice<f32>,
+}
+
+/// What one step did, for reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuStepReport {
+    pub loss: f64,
+    /// Whether this step replayed a captured graph.
+    pub replayed: bool,
+}
+
+/// A model on the device, its optimizer state, workspace and data stream.
+pub struct GpuTrainer {
+    cfg: ModelConfig,
+    options: GpuTrainOptions,
+    base: BaseDevice,
+    params: Params,
+    ws: Workspace,
+    /// Declared after `ws`, and never replaced: resizing the workspace must
+    /// not detach the buffer cuBLAS uses.
+    _cublas: CublasWorkspace,
+    clip: Vec<ClipGroup>,
+    /// Every trainable tensor with its gradient, moments and its group's clip
+    /// scale, for the one-launch AdamW. Built from `params` and `clip`, which
+    /// live as long as it and are never reallocated.
+    optimizer: TensorTable,
+    step_count: CudaSlice<i32>,
+    corpus: Corpus,
+    data_rng: ChaCha8Rng,
+    graph: Option<CudaGraph>,
+    steps_done: usize,
+    sync: SyncCounter,
+}
+
+/// Counts host reads as they happen.
+#[derive(Default)]
+struct SyncCounter {
+    counts: SyncCounts,
+    capturing: bool,
+    this_step: usize,
+}
+
+impl SyncCounter {
+    /// Copies `buf` to the host, waiting for the stream: a host sync, counted
+    /// (and counted as inside capture while the stream is capturing).
+    fn host_read<T: DeviceRepr>(
+        &mut self,
+        gpu: &GpuContext,
+        buf: &CudaView<'_, T>,
+    ) -> Result<Vec<T>> {
+        self.counts.total += 1;
+        self.this_step += 1;
+        if self.capturing {
+            self.counts.inside_capture += 1;
+        }
+        gpu.download(buf)
+    }
+}
+
+impl GpuTrainer {
+    /// A fresh model of `cfg` from `seed` (the CPU reference's weights, corpus
+    /// and batch order for the same seed).
+    pub fn new(
+        gpu: &mut GpuContext,
+        cfg: &ModelConfig,
+        options: GpuTrainOptions,
+        seed: u64,
+    ) -> Result<Self> {
+        Self::with_params(gpu, cfg, options, seed, &Trainable::init(cfg, seed))
+    }
+
+    /// As [`GpuTrainer::new`], with the trainable tensors given.
+    pub fn with_params(
+        gpu: &mut GpuContext,
+        cfg: &ModelConfig,
+        options: GpuTrainOptions,
+        seed: u64,
+        trainable: &Trainable,
+    ) -> Result<Self> {
+        if trainable.config != *cfg || trainable.tensors.len() != cfg.layers * Slot::ALL.len() {
+            return Err(Error::ShapeMismatch {
+                op: "train",
+                expected: format!("trainable tensors of model {}", cfg.name),
+                got: format!("those of model {}", trainable.config.name),
+            });
+        }
+        refuse_if_too_big(gpu, cfg, options.base, options.keep_mlp)?;
+        // Every kernel is compiled before anything is allocated or captured.
+        gpu.ensure_modules(&crate::gpu::modules_for(cfg, options.base))?;
+        let base = BaseDevice::init(gpu, cfg, options.base, seed, options.device_quantize)?;
+        let params = Params::upload(gpu, trainable)?;
+        let faults = gpu.faults();
+        let ws = Workspace::new(
+            gpu,
+            cfg,
+            &base.linears(),
+            faults.activations_doubled,
+            options.keep_mlp,
+        )?;
+        let per_layer = options.clip == ClipMode::PerLayer || faults.clip_per_layer;
+        // The skipped-clip fault: no group, so no norm and no scale.
+        let groups: Vec<Vec<usize>> = if faults.clip_skipped {
+            Vec::new()
+        } else if per_layer {
+            (0..cfg.layers)
+                .map(|l| Slot::ALL.iter().map(|&s| Trainable::index(l, s)).collect())
+                .collect()
+        } else {
+            vec![(0..params.p.len()).collect()]
+        };
+        let clip = groups
+            .into_iter()
+            .map(|tensors| {
+                let lens: Vec<usize> = tensors.iter().map(|&i| params.g[i].len()).collect();
+                let grads = tensors
+                    .iter()
+                    .map(|&i| address(gpu, &params.g[i]))
+                    .collect();
+                Ok(ClipGroup {
+                    table: TensorTable::new(gpu, &[grads], &lens)?,
+                    partials: gpu.zeros(TABLE_PARTIALS)?,
+                    tensors,
+                    sq: gpu.zeros(1)?,
+                    scale: gpu.zeros(1)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let optimizer = optimizer_table(gpu, &params, &clip)?;
+        let step_count = gpu.zeros(1)?;
+        let cublas = CublasWorkspace::new(gpu)?;
+        gpu.synchronize()?;
+        Ok(GpuTrainer {
+            cfg: *cfg,
+            options,
+            base,
+            params,
+            ws,
+            _cublas: cublas,
+            clip,
+            optimizer,
+            step_count,
+            corpus: Corpus::arithmetic(seed ^ CORPUS_SALT, corpus::DEFAULT_LEN),
+            data_rng: ChaCha8Rng::seed_from_u64(seed ^ BATCH_SALT),
+            graph: None,
+            steps_done: 0,
+            sync: SyncCounter::default(),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The host reads made so far.
+    pub fn syncs(&self) -> &SyncCounts {
+        &self.sync.counts
+    }
+
+    /// Whether steps now replay a captured graph.
+    pub fn graph_ready(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    /// Device bytes of the base weights, the trainable state and the workspace
+    /// activations (an accounting, not a measurement).
+    pub fn accounted_bytes(&self) -> (usize, usize, usize) {
+        (
+            self.base.bytes(),
+            self.params.bytes(),
+            self.ws.bytes() + CUBLAS_WORKSPACE_BYTES,
+        )
+    }
+
+    /// Makes the workspace fit batches of `seq_len` tokens per row. A new
+    /// length reallocates the workspace (outside any capture) and drops the
+    /// captured graph, whose buffers and launch shapes were the old length's;
+    /// the next graphed step captures anew.
+    pub fn set_seq_len(&mut self, gpu: &mut GpuContext, seq_len: usize) -> Result<()> {
+        if seq_len == self.cfg.seq_len {
+            return Ok(());
+        }
+        if seq_len == 0 {
+            return Err(Error::InvalidArgument {
+                op: "train",
+                message: "seq_len must be > 0".into(),
+            });
+        }
+        let cfg = self.cfg.with_seq_len(seq_len);
+        self.graph = None;
+        gpu.synchronize()?;
+        let doubled = gpu.faults().activations_doubled;
+        self.ws = Workspace::new(
+            gpu,
+            &cfg,
+            &self.base.linears(),
+            doubled,
+            self.options.keep_mlp,
+        )?;
+        self.cfg = cfg;
+        Ok(())
+    }
+
+    /// The next training batch, `[batch, seq_len + 1]`.
+    pub fn next_batch(&mut self) -> Result<Vec<u32>> {
+        self.corpus
+            .batch(&mut self.data_rng, self.cfg.batch, self.cfg.seq_len)
+    }
+
+    /// `n` batches from a stream of their own (seeded by `seed`).
+    pub fn eval_batches(&self, n: usize, seed: u64) -> Result<Vec<Vec<u32>>> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| {
+                self.corpus
+                    .batch(&mut rng, self.cfg.batch, self.cfg.seq_len)
+            })
+            .collect()
+    }
+
+    fn read_loss(&mut self, gpu: &GpuContext) -> Result<f64> {
+        let v = self.sync.host_read(gpu, &self.ws.loss.as_view())?;
+        v.first()
+            .map(|&x| f64::from(x))
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "train",
+                message: "the loss buffer is empty".into(),
+            })
+    }
+
+    /// Resizes for `tokens` when they are `[batch, s + 1]` with another `s`.
+    fn fit(&mut self, gpu: &mut GpuContext, tokens: &[u32]) -> Result<()> {
+        let b = self.cfg.batch;
+        if tokens.len().is_multiple_of(b) && tokens.len() / b >= 2 {
+            self.set_seq_len(gpu, tokens.len() / b - 1)?;
+        }
+        Ok(())
+    }
+
+    fn upload_batch(&mut self, gpu: &GpuContext, tokens: &[u32]) -> Result<()> {
+        let (b, s) = (self.cfg.batch, self.cfg.seq_len);
+        let (inputs, targets) = corpus::inputs_targets(tokens, b, s)?;
+        gpu.stream().memcpy_htod(&inputs, &mut self.ws.inputs)?;
+        gpu.stream().memcpy_htod(&targets, &mut self.ws.targets)?;
+        Ok(())
+    }
+
+    /// The mean loss of `tokens` (`[batch, seq_len + 1]`), forward only.
+    pub fn loss(&mut self, gpu: &mut GpuContext, tokens: &[u32]) -> Result<f64> {
+        self.fit(gpu, tokens)?;
+        self.upload_batch(gpu, tokens)?;
+        self.forward(gpu)?;
+        self.sync.this_step = 0;
+        self.read_loss(gpu)
+    }
+
+    /// The mean loss over `batches`, without training.
+    pub fn eval_loss(&mut self, gpu: &mut GpuContext, batches: &[Vec<u32>]) -> Result<f64> {
+        let mut sum = 0.0;
+        for t in batches {
+            sum += self.loss(gpu, t)?;
+        }
+        Ok(sum / batches.len().max(1) as f64)
+    }
+
+    /// The loss of `tokens` and the gradient of every trainable tensor
+    /// (before clipping), copied to the host.
+    pub fn loss_and_grads(
+        &mut self,
+        gpu: &mut GpuContext,
+        tokens: &[u32],
+    ) -> Result<(f64, Vec<Vec<f32>>)> {
+        self.fit(gpu, tokens)?;
+        self.upload_batch(gpu, tokens)?;
+        self.forward(gpu)?;
+        self.backward(gpu)?;
+        self.sync.this_step = 0;
+        let loss = self.read_loss(gpu)?;
+        let grads = self
+            .params
+            .g
+            .iter()
+            .map(|g| gpu.download(g))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((loss, grads))
+    }
+
+    /// One step on the next batch.
+    pub fn step(&mut self, gpu: &mut GpuContext) -> Result<GpuStepReport> {
+        let tokens = self.next_batch()?;
+        self.step_on(gpu, &tokens)
+    }
+
+    /// One step on `tokens` (`[batch, seq_len + 1]`): forward, backward, clip,
+    /// AdamW; eager, or as a captured graph (captured on the second step).
+    pub fn step_on(&mut self, gpu: &mut GpuContext, tokens: &[u32]) -> Result<GpuStepReport> {
+        self.fit(gpu, tokens)?;
+        self.sync.this_step = 0;
+        self.upload_batch(gpu, tokens)?;
+        let graphed = self.options.graph && !gpu.faults().graph_replay_disabled;
+        let mut replayed = false;
+        if graphed && self.steps_done >= 1 {
+            if self.graph.is_none() {
+                self.graph = Some(self.capture(gpu)?);
+            }
+            if let Some(g) = &self.graph {
+                g.launch()?;
+                replayed = true;
+            }
+        } else {
+            self.body(gpu)?;
+        }
+        let loss = self.read_loss(gpu)?;
+        self.steps_done += 1;
+        self.sync.counts.per_step.push(self.sync.this_step);
+        Ok(GpuStepReport { loss, replayed })
+    }
+
+    /// Captures one whole step into a graph. A failed capture still leaves
+    /// the stream out of capture mode.
+    fn capture(&mut self, gpu: &mut GpuContext) -> Result<CudaGraph> {
+        gpu.stream()
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        self.sync.capturing = true;
+        let recorded = self.body(gpu).and_then(|()| {
+            if gpu.faults().host_sync_inside_capture {
+                // The fault: read the clip's squared norm on the host
+                // mid-step, as a host-side clipping decision would.
+                let sq = self.clip[0].sq.as_view();
+                self.sync.host_read(gpu, &sq).map(|_| ())
+            } else {
+                Ok(())
+            }
+        });
+        self.sync.capturing = false;
+        let ended = gpu.stream().end_capture(CUgraphInstantiate_flags(0));
+        recorded?;
+        let graph = ended?.ok_or_else(|| Error::InvalidArgument {
+            op: "train",
+            message: "stream capture produced no graph".into(),
+        })?;
+        graph.upload()?;
+        Ok(graph)
+    }
+
+    /// Forward, backward, clip and AdamW, queued on the stream.
+    fn body(&mut self, gpu: &mut GpuContext) -> Result<()> {
+        self.forward(gpu)?;
+        self.backward(gpu)?;
+        self.clip_grads(gpu)?;
+        let times = if gpu.faults().optimizer_step_twice {
+            2
+        } else {
+            1
+        };
+        for _ in 0..times {
+            self.adamw(gpu)?;
+        }
+        Ok(())
+    }
+
+    fn math(&self, gpu: &GpuContext) -> (GemmMath, GemmMath) {
+        (
+            self.options
+                .forward_math
+                .unwrap_or(gpu.options().forward_math),
+            self.options
+                .backward_math
+                .unwrap_or(gpu.options().backward_math),
+        )
+    }
+
+    fn attn_shape(&self) -> AttnShape {
+        AttnShape {
+            batch: self.cfg.batch,
+            seq: self.cfg.seq_len,
+            heads: self.cfg.heads,
+            kv_heads: self.cfg.kv_heads,
+            head_dim: self.cfg.head_dim,
+        }
+    }
+
+    fn forward(&mut self, gpu: &mut GpuContext) -> Result<()> {
+        let c = self.cfg;
+        let (fwd, _) = self.math(gpu);
+        let rows = c.tokens();
+        let (h, qd, kvd, inter, r) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate, c.lora_rank);
+        let eps = ModelConfig::RMS_EPS;
+        let sh = self.attn_shape();
+        let lora_s = self.params.scale as f32;
+        let ws = &mut self.ws;
+        let p = &self.params.p;
+        embedding::forward(
+            gpu,
+            &self.base.embedding.as_view(),
+            c.vocab,
+            h,
+            &ws.inputs.as_view(),
+            &mut ws.xs[0].as_view_mut(),
+        )?;
+        let sc = &mut ws.scratch;
+        for (l, w) in self.base.layers.iter().enumerate() {
+            let a = &mut ws.layers[l];
+            let (head, tail) = ws.xs.split_at_mut(l + 1);
+            let x = &head[l];
+            let x_next = &mut tail[0];
+            let pi = |slot: Slot| &p[Trainable::index(l, slot)];
+            rmsnorm::forward(
+                gpu,
+                &x.as_view(),
+                &pi(Slot::AttnNorm).as_view(),
+                rows,
+                h,
+                eps,
+                &mut a.n1.as_view_mut(),
+            )?;
+            let wq = Workspace::weight(&mut ws.deq, gpu, &w.q)?;
+            let (qa, qb) = (pi(Slot::QA), pi(Slot::QB));
+            lora_linear(
+                gpu,
+                fwd,
+                &a.n1,
+                wq,
+                (qa, qb, lora_s),
+                &mut a.uq,
+                &mut sc.q,
+                (rows, h, r, qd),
+            )?;
+            let wk = Workspace::weight(&mut ws.deq, gpu, &w.k)?;
+            blas::linear(gpu, fwd, 1.0, &a.n1, wk, 0.0, &mut sc.k, (rows, h, kvd))?;
+            let wv = Workspace::weight(&mut ws.deq, gpu, &w.v)?;
+            let (va, vb) = (pi(Slot::VA), pi(Slot::VB));
+            lora_linear(
+                gpu,
+                fwd,
+                &a.n1,
+                wv,
+                (va, vb, lora_s),
+                &mut a.uv,
+                &mut a.v,
+                (rows, h, r, kvd),
+            )?;
+            rope_qk(
+                gpu,
+                &c,
+                Rotation::Forward,
+                (&sc.q, &sc.k),
+                (&mut a.qr, &mut a.kr),
+            )?;
+            attention::forward(gpu, (&a.qr, &a.kr, &a.v), &mut a.att, &mut a.probs, &sh)?;
+            gpu.stream().memcpy_dtod(x, &mut a.x2)?;
+            let wo = Workspace::weight(&mut ws.deq, gpu, &w.o)?;
+            blas::linear(gpu, fwd, 1.0, &a.att, wo, 1.0, &mut a.x2, (rows, qd, h))?;
+            rmsnorm::forward(
+                gpu,
+                &a.x2.as_view(),
+                &pi(Slot::MlpNorm).as_view(),
+                rows,
+                h,
+                eps,
+                &mut a.n2.as_view_mut(),
+            )?;
+            let (gate, up) = match &mut a.mlp {
+                Some((g, u)) => (g, u),
+                None => (&mut sc.gate, &mut sc.up),
+            };
+            gate_up(
+                gpu,
+                fwd,
+                &mut ws.deq,
+                w,
+                &a.n2,
+                (gate, up),
+                (rows, h, inter),
+            )?;
+            activation::swiglu_forward(
+                gpu,
+                &gate.as_view(),
+                &up.as_view(),
+                &mut sc.act.as_view_mut(),
+            )?;
+            gpu.stream().memcpy_dtod(&a.x2, x_next)?;
+            let wd = Workspace::weight(&mut ws.deq, gpu, &w.down)?;
+            blas::linear(gpu, fwd, 1.0, &sc.act, wd, 1.0, x_next, (rows, inter, h))?;
+        }
+        rmsnorm::forward(
+            gpu,
+            &ws.xs[c.layers].as_view(),
+            &self.base.final_norm.as_view(),
+            rows,
+            h,
+            eps,
+            &mut ws.nf.as_view_mut(),
+        )?;
+        blas::linear(
+            gpu,
+            fwd,
+            1.0,
+            &ws.nf,
+            &self.base.lm_head,
+            0.0,
+            &mut ws.logits,
+            (rows, h, c.vocab),
+        )?;
+        cross_entropy::forward(
+            gpu,
+            &ws.logits.as_view(),
+            rows,
+            c.vocab,
+            &ws.targets.as_view(),
+            &mut ws.losses.as_view_mut(),
+            &mut ws.loss.as_view_mut(),
+        )?;
+        Ok(())
+    }
+
+    fn backward(&mut self, gpu: &mut GpuContext) -> Result<()> {
+        let c = self.cfg;
+        let (_, bwd) = self.math(gpu);
+        let rows = c.tokens();
+        let (h, qd, kvd, inter, r) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate, c.lora_rank);
+        let eps = ModelConfig::RMS_EPS;
+        let sh = self.attn_shape();
+        let lora_s = self.params.scale;
+        let s_bwd = if gpu.faults().lora_backward_scale_twice {
+            lora_s * lora_s
+        } else {
+            lora_s
+        } as f32;
+        let (fwd, _) = self.math(gpu);
+        let ws = &mut self.ws;
+        let d = &mut ws.grads;
+        let sc = &mut ws.scratch;
+        let p = &self.params.p;
+        let g = &mut self.params.g;
+
+        cross_entropy::backward(
+            gpu,
+            &ws.logits.as_view(),
+            rows,
+            c.vocab,
+            &ws.targets.as_view(),
+            &mut d.dlogits.as_view_mut(),
+        )?;
+        blas::linear_dx(
+            gpu,
+            bwd,
+            1.0,
+            &d.dlogits,
+            &self.base.lm_head,
+            0.0,
+            &mut d.dnf,
+            (rows, h, c.vocab),
+        )?;
+        rmsnorm::backward(
+            gpu,
+            &ws.xs[c.layers].as_view(),
+            &self.base.final_norm.as_view(),
+            &d.dnf.as_view(),
+            rows,
+            h,
+            eps,
+            &mut d.dx.as_view_mut(),
+            &mut d.dfinal_gamma.as_view_mut(),
+            &mut d.norm,
+        )?;
+        for (l, w) in self.base.layers.iter().enumerate().rev() {
+            let a = &ws.layers[l];
+            let x = &ws.xs[l];
+            let idx = |slot: Slot| Trainable::index(l, slot);
+            // MLP branch: x' = x2 + down(swiglu(gate(n2), up(n2))); gate and
+            // up are the forward's when kept, else recomputed from n2 exactly
+            // as the forward computed them.
+            let (gate, up) = match &a.mlp {
+                Some((g, u)) => (g, u),
+                None => {
+                    let dims = (rows, h, inter);
+                    gate_up(
+                        gpu,
+                        fwd,
+                        &mut ws.deq,
+                        w,
+                        &a.n2,
+                        (&mut sc.gate, &mut sc.up),
+                        dims,
+                    )?;
+                    (&sc.gate, &sc.up)
+                }
+            };
+            let wd = Workspace::weight(&mut ws.deq, gpu, &w.down)?;
+            blas::linear_dx(gpu, bwd, 1.0, &d.dx, wd, 0.0, &mut d.dact, (rows, inter, h))?;
+            activation::swiglu_backward(
+                gpu,
+                &gate.as_view(),
+                &up.as_view(),
+                &d.dact.as_view(),
+                &mut d.dgate.as_view_mut(),
+                &mut d.dup.as_view_mut(),
+            )?;
+            let wg = Workspace::weight(&mut ws.deq, gpu, &w.gate)?;
+            blas::linear_dx(
+                gpu,
+                bwd,
+                1.0,
+                &d.dgate,
+                wg,
+                0.0,
+                &mut d.dn2,
+                (rows, h, inter),
+            )?;
+            let wu = Workspace::weight(&mut ws.deq, gpu, &w.up)?;
+            blas::linear_dx(gpu, bwd, 1.0, &d.dup, wu, 1.0, &mut d.dn2, (rows, h, inter))?;
+            rmsnorm::backward(
+                gpu,
+                &a.x2.as_view(),
+                &p[idx(Slot::MlpNorm)].as_view(),
+                &d.dn2.as_view(),
+                rows,
+                h,
+                eps,
+                &mut d.dtmp.as_view_mut(),
+                &mut g[idx(Slot::MlpNorm)].as_view_mut(),
+                &mut d.norm,
+            )?;
+            kernels::accumulate(gpu, &mut d.dx, &d.dtmp)?;
+
+            // Attention branch: x2 = x + o(attention(rope(q), rope(k), v)).
+            let wo = Workspace::weight(&mut ws.deq, gpu, &w.o)?;
+            blas::linear_dx(gpu, bwd, 1.0, &d.dx, wo, 0.0, &mut d.datt, (rows, qd, h))?;
+            attention::backward(
+                gpu,
+                (&a.qr, &a.kr, &a.v),
+                &a.att,
+                &a.probs,
+                &d.datt,
+                &mut d.attn,
+                (&mut d.dqr, &mut d.dkr, &mut d.dv),
+                &sh,
+            )?;
+            rope_qk(
+                gpu,
+                &c,
+                Rotation::Backward,
+                (&d.dqr, &d.dkr),
+                (&mut d.dq, &mut d.dk),
+            )?;
+            let wq = Workspace::weight(&mut ws.deq, gpu, &w.q)?;
+            blas::linear_dx(gpu, bwd, 1.0, &d.dq, wq, 0.0, &mut d.dn1, (rows, h, qd))?;
+            let wk = Workspace::weight(&mut ws.deq, gpu, &w.k)?;
+            blas::linear_dx(gpu, bwd, 1.0, &d.dk, wk, 1.0, &mut d.dn1, (rows, h, kvd))?;
+            let wv = Workspace::weight(&mut ws.deq, gpu, &w.v)?;
+            blas::linear_dx(gpu, bwd, 1.0, &d.dv, wv, 1.0, &mut d.dn1, (rows, h, kvd))?;
+
+            // LoRA branches: y += s (n1 A^T) B^T.
+            for (dy, u, sa, sb, out) in [
+                (&d.dq, &a.uq, Slot::QA, Slot::QB, qd),
+                (&d.dv, &a.uv, Slot::VA, Slot::VB, kvd),
+            ] {
+                blas::linear_dw(gpu, bwd, s_bwd, dy, u, &mut g[idx(sb)], (rows, r, out))?;
+                blas::linear_dx(
+                    gpu,
+                    bwd,
+                    s_bwd,
+                    dy,
+                    &p[idx(sb)],
+                    0.0,
+                    &mut d.du,
+                    (rows, r, out),
+                )?;
+                blas::linear_dw(gpu, bwd, 1.0, &d.du, &a.n1, &mut g[idx(sa)], (rows, h, r))?;
+                blas::linear_dx(
+                    gpu,
+                    bwd,
+                    1.0,
+                    &d.du,
+                    &p[idx(sa)],
+                    1.0,
+                    &mut d.dn1,
+                    (rows, h, r),
+                )?;
+            }
+            rmsnorm::backward(
+                gpu,
+                &x.as_view(),
+                &p[idx(Slot::AttnNorm)].as_view(),
+                &d.dn1.as_view(),
+                rows,
+                h,
+                eps,
+                &mut d.dtmp.as_view_mut(),
+                &mut g[idx(Slot::AttnNorm)].as_view_mut(),
+                &mut d.norm,
+            )?;
+            kernels::accumulate(gpu, &mut d.dx, &d.dtmp)?;
+        }
+        Ok(())
+    }
+
+    /// Global (or per-layer) norm clipping, entirely on the device: each
+    /// group's squared norm and scale. The scale is applied to the gradients
+    /// inside the AdamW launch (`g * scale` in f32, as a separate pass would).
+    fn clip_grads(&mut self, gpu: &mut GpuContext) -> Result<()> {
+        let max_norm = self.options.hyper.max_grad_norm;
+        for group in &mut self.clip {
+            clip_ops::squared_sum_table(
+                gpu,
+                &group.table,
+                &mut group.partials,
+                &mut group.sq.as_view_mut(),
+            )?;
+            clip_ops::scale(
+                gpu,
+                &group.sq.as_view(),
+                max_norm,
+                &mut group.scale.as_view_mut(),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `t += 1` on the device, then AdamW on every trainable tensor.
+    fn adamw(&mut self, gpu: &mut GpuContext) -> Result<()> {
+        let h = self.options.hyper;
+        let opt = AdamW::new(h.lr, h.weight_decay);
+        let sign = if gpu.faults().adamw_update_sign_flipped {
+            -1.0
+        } else {
+            1.0
+        };
+        kernels::advance_step(gpu, &mut self.step_count, 1)?;
+        // The table addresses params' p, g, m, v: AdamW writes p, m, v in
+        // place, which this &mut self borrow makes exclusive.
+        kernels::adamw_table(gpu, &self.optimizer, &self.step_count, &opt, sign)
+    }
+}
+
+/// The optimizer's table: for every trainable tensor its parameter, gradient,
+/// moments and the scale of its clip group (none for a tensor in no group).
+fn optimizer_table(gpu: &GpuContext, params: &Params, clip: &[ClipGroup]) -> Result<TensorTable> {
+    let mut scales = vec![0u64; params.p.len()];
+    for group in clip {
+        let scale = address(gpu, &group.scale);
+        for &i in &group.tensors {
+            scales[i] = scale;
+        }
+    }
+    let col = |bufs: &[CudaSlice<f32>]| bufs.iter().map(|b| address(gpu, b)).collect::<Vec<_>>();
+    let lens: Vec<usize> = params.p.iter().map(|p| p.len()).collect();
+    TensorTable::new(
+        gpu,
+        &[
+            col(&params.p),
+            col(&params.g),
+            col(&params.m),
+            col(&params.v),
+            scales,
+        ],
+        &lens,
+    )
+}
+
+/// Refuses, before allocating anything, a configuration whose planned device
+/// memory (frozen base, trainable state x4, workspace) exceeds what is free:
+/// [`Error::OutOfMemory`], which a run records as `skipped`.
+fn refuse_if_too_big(
+    gpu: &GpuContext,
+    cfg: &ModelConfig,
+    base: BaseWeights,
+    keep_mlp: bool,
+) -> Result<()> {
+    let n_base = cfg.layers * cfg.base_params_per_layer();
+    let base_bytes = match base {
+        BaseWeights::Fp32 => 4 * n_base,
+        // 4-bit codes plus one f32 absmax per 64 values, and one f32
+        // dequantisation target per distinct projection size (as
+        // Workspace::new allocates them: q and o, k and v, the MLP's three).
+        BaseWeights::Nf4 => {
+            let h = cfg.hidden;
+            let mut sizes = [h * cfg.q_dim(), h * cfg.kv_dim(), h * cfg.intermediate];
+            sizes.sort_unstable();
+            let distinct: usize = sizes
+                .iter()
+                .enumerate()
+                .filter(|&(i, s)| i == 0 || sizes[i - 1] != *s)
+                .map(|(_, s)| s)
+                .sum();
+            n_base / 2 + 4 * (n_base / 64) + 4 * distinct
+        }
+    };
+    let embed_head = 4 * 2 * cfg.vocab * cfg.hidden;
+    let needed = base_bytes
+        + embed_head
+        + 16 * cfg.trainable_params()
+        + super::workspace::Workspace::planned_bytes(cfg, keep_mlp);
+    let (free, _total) = gpu.context().mem_get_info()?;
+    if needed > free {
+        let gib = |b: usize| b as f64 / f64::from(1u32 << 30);
+        return Err(Error::OutOfMemory {
+            model: format!("{} (batch {}, seq {})", cfg.name, cfg.batch, cfg.seq_len),
+            needed_gib: gib(needed),
+            available_gib: gib(free),
+        });
+    }
+    Ok(())
+}
+
+/// Which way [`rope_qk`] rotates.
+#[derive(Clone, Copy)]
+enum Rotation {
+    Forward,
+    /// The transpose, for the backward.
+    Backward,
+}
+
+/// RoPE on one layer's q and k (`[T, heads * head_dim]`, `[T, kv_heads *
+/// head_dim]`) at the model's theta.
+fn rope_qk(
+    gpu: &mut GpuContext,
+    c: &ModelConfig,
+    rotation: Rotation,
+    (q, k): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (q_out, k_out): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+) -> Result<()> {
+    let apply = match rotation {
+        Rotation::Forward => rope::forward,
+        Rotation::Backward => rope::backward,
+    };
+    let theta = ModelConfig::ROPE_THETA;
+    for (x, y, heads) in [(q, q_out, c.heads), (k, k_out, c.kv_heads)] {
+        let (b, s, d) = (c.batch, c.seq_len, c.head_dim);
+        apply(
+            gpu,
+            &x.as_view(),
+            b,
+            s,
+            heads,
+            d,
+            theta,
+            &mut y.as_view_mut(),
+        )?;
+    }
+    Ok(())
+}
+
+/// The MLP's input projections `gate = n2 Wg^T`, `up = n2 Wu^T`: what the
+/// forward computes and the backward recomputes when they are not kept.
+fn gate_up(
+    gpu: &mut GpuContext,
+    math: GemmMath,
+    deq: &mut [CudaSlice<f32>],
+    w: &LayerWeights,
+    n2: &CudaSlice<f32>,
+    (gate, up): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    (rows, hidden, inter): (usize, usize, usize),
+) -> Result<()> {
+    let wg = Workspace::weight(deq, gpu, &w.gate)?;
+    blas::linear(gpu, math, 1.0, n2, wg, 0.0, gate, (rows, hidden, inter))?;
+    let wu = Workspace::weight(deq, gpu, &w.up)?;
+    blas::linear(gpu, math, 1.0, n2, wu, 0.0, up, (rows, hidden, inter))
+}
+
+/// A frozen projection with its LoRA branch: `y = x W^T + s (x A^T) B^T`,
+/// keeping `u = x A^T` for the backward. `W` is `[out, in]`, `A` is `[r, in]`,
+/// `B` is `[out, r]`.
+#[allow(clippy::too_many_arguments)]
+fn lora_linear(
+    gpu: &GpuContext,
+    math: GemmMath,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    (a, b, s): (&CudaSlice<f32>, &CudaSlice<f32>, f32),
+    u: &mut CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    (rows, in_dim, r, out_dim): (usize, usize, usize, usize),
+) -> Result<()> {
+    blas::linear(gpu, math, 1.0, x, w, 0.0, y, (rows, in_dim, out_dim))?;
+    blas::linear(gpu, math, 1.0, x, a, 0.0, u, (rows, in_dim, r))?;
+    blas::linear(gpu, math, s, u, b, 1.0, y, (rows, r, out_dim))
+}

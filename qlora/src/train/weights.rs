@@ -1,0 +1,190 @@
+//! The frozen base model on the device, rebuilt tensor by tensor from the
+//! same seeds as [`crate::model::BaseModel::init`] (so the GPU and the CPU
+//! reference train the same model), and the trainable tensors with their
+//! gradients and AdamW moments.
+
+use cudarc::driver::CudaSlice;
+
+use crate::error::Result;
+use crate::gpu::GpuContext;
+use crate::model::nf4;
+use crate::model::weights::{uniform, TensorId};
+use crate::model::{ModelConfig, Trainable};
+use crate::ops::nf4::{self as nf4_ops, Nf4Device};
+use crate::train::BaseWeights;
+
+/// How a frozen projection is stored on the device.
+pub enum Frozen {
+    Fp32(CudaSlice<f32>),
+    Nf4(Nf4Device),
+}
+
+/// A frozen `[out_dim, in_dim]` projection.
+pub struct Linear {
+    pub out_dim: usize,
+    pub in_dim: usize,
+    pub w: Frozen,
+}
+
+impl Linear {
+    /// Bytes on the device.
+    pub fn bytes(&self) -> usize {
+        match &self.w {
+            Frozen::Fp32(w) => 4 * w.len(),
+            Frozen::Nf4(t) => t.codes.len() + 4 * t.absmax.len(),
+        }
+    }
+}
+
+/// The frozen projections of one layer: q, k, v, o, gate, up, down.
+pub struct LayerWeights {
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+impl LayerWeights {
+    pub fn all(&self) -> [&Linear; 7] {
+        [
+            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
+        ]
+    }
+}
+
+/// The frozen base model on the device.
+pub struct BaseDevice {
+    pub embedding: CudaSlice<f32>,
+    pub layers: Vec<LayerWeights>,
+    pub final_norm: CudaSlice<f32>,
+    pub lm_head: CudaSlice<f32>,
+}
+
+fn to_f32(v: &[f64]) -> Vec<f32> {
+    v.iter().map(|&x| x as f32).collect()
+}
+
+/// One projection, drawn exactly as `FrozenLinear::init` draws it. With
+/// `on_device`, an NF4 base is quantised by the device kernel from the f32
+/// values (block absmax rounded to f32 first, so a code may differ from the
+/// f64 reference's at a rounding boundary).
+fn linear(
+    gpu: &mut GpuContext,
+    seed: u64,
+    id: TensorId,
+    (out_dim, in_dim): (usize, usize),
+    base: BaseWeights,
+    on_device: bool,
+) -> Result<Linear> {
+    let w = uniform(seed, id, out_dim * in_dim, 1.0 / (in_dim as f64).sqrt());
+    let w = match (base, on_device) {
+        (BaseWeights::Fp32, _) => Frozen::Fp32(gpu.upload(&to_f32(&w))?),
+        (BaseWeights::Nf4, false) => {
+            Frozen::Nf4(nf4_ops::upload(gpu, &nf4::quantize(&w, nf4::BLOCK)?)?)
+        }
+        (BaseWeights::Nf4, true) => {
+            let n = w.len();
+            let mut t = Nf4Device::zeros(gpu, n)?;
+            let src = gpu.upload(&to_f32(&w))?;
+            nf4_ops::quantize(gpu, &src, &mut t)?;
+            gpu.synchronize()?;
+            Frozen::Nf4(t)
+        }
+    };
+    Ok(Linear { out_dim, in_dim, w })
+}
+
+impl BaseDevice {
+    /// The base model of `cfg` for `seed`, stored as `base`.
+    pub fn init(
+        gpu: &mut GpuContext,
+        cfg: &ModelConfig,
+        base: BaseWeights,
+        seed: u64,
+        quantize_on_device: bool,
+    ) -> Result<Self> {
+        let (h, qd, kvd, inter) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
+        let mut layers = Vec::with_capacity(cfg.layers);
+        for layer in 0..cfg.layers {
+            let mut proj = |which: usize, shape: (usize, usize)| {
+                let id = TensorId::Proj { layer, which };
+                linear(gpu, seed, id, shape, base, quantize_on_device)
+            };
+            layers.push(LayerWeights {
+                q: proj(0, (qd, h))?,
+                k: proj(1, (kvd, h))?,
+                v: proj(2, (kvd, h))?,
+                o: proj(3, (h, qd))?,
+                gate: proj(4, (inter, h))?,
+                up: proj(5, (inter, h))?,
+                down: proj(6, (h, inter))?,
+            });
+        }
+        let n = cfg.vocab * h;
+        Ok(BaseDevice {
+            embedding: gpu.upload(&to_f32(&uniform(seed, TensorId::Embedding, n, 1.0)))?,
+            layers,
+            final_norm: gpu.upload(&vec![1.0f32; h])?,
+            lm_head: gpu.upload(&to_f32(&uniform(
+                seed,
+                TensorId::LmHead,
+                n,
+                1.0 / (h as f64).sqrt(),
+            )))?,
+        })
+    }
+
+    /// Every frozen projection.
+    pub fn linears(&self) -> Vec<&Linear> {
+        self.layers.iter().flat_map(|l| l.all()).collect()
+    }
+
+    /// Bytes on the device.
+    pub fn bytes(&self) -> usize {
+        4 * (self.embedding.len() + self.final_norm.len() + self.lm_head.len())
+            + self.linears().iter().map(|l| l.bytes()).sum::<usize>()
+    }
+}
+
+/// Trainable tensors (layout of [`Trainable::tensors`]) with their gradients
+/// and AdamW moments.
+pub struct Params {
+    pub p: Vec<CudaSlice<f32>>,
+    pub g: Vec<CudaSlice<f32>>,
+    pub m: Vec<CudaSlice<f32>>,
+    pub v: Vec<CudaSlice<f32>>,
+    /// The LoRA scale `s`.
+    pub scale: f64,
+}
+
+impl Params {
+    /// `t` on the device, with zero gradients and moments.
+    pub fn upload(gpu: &GpuContext, t: &Trainable) -> Result<Self> {
+        let p = t
+            .tensors
+            .iter()
+            .map(|x| gpu.upload(&to_f32(x)))
+            .collect::<Result<Vec<_>>>()?;
+        let zeros = || {
+            t.tensors
+                .iter()
+                .map(|x| gpu.zeros::<f32>(x.len()))
+                .collect::<Result<Vec<_>>>()
+        };
+        Ok(Params {
+            p,
+            g: zeros()?,
+            m: zeros()?,
+            v: zeros()?,
+            scale: t.scale,
+        })
+    }
+
+    /// Bytes on the device (parameters, gradients, two moments).
+    pub fn bytes(&self) -> usize {
+        16 * self.p.iter().map(|x| x.len()).sum::<usize>()
+    }
+}

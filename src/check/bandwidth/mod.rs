@@ -1,0 +1,264 @@
+//! `bandwidth`: a memory-bound kernel's achieved bandwidth as a fraction of
+//! the device-to-device copy bandwidth measured in the same trial.
+//!
+//! - bytes `B` = the fewest bytes the op must move: each input read once, each
+//!   output written once ([`Params::bytes`], the one place this is defined);
+//! - kernel time `t_k` = median over `repeats` of one launch, timed with CUDA
+//!   events around a captured graph of launches that rotate over enough
+//!   buffer sets (>= 256 MiB in all) that the L2 cache cannot serve them;
+//! - copy bandwidth `C / t_c` = a 256 MiB device-to-device copy, `C` counting
+//!   bytes read plus bytes written (`2 x 256 MiB`), median time `t_c`;
+//! - `fraction = (B / t_k) / (C / t_c)`; passes when `fraction >= min_fraction`.
+
+mod measure;
+
+use serde::Deserialize;
+
+use super::op::Pass;
+use super::params::{Count, Fraction, Shape};
+use super::{Measurement, TrialContext, Validate};
+use crate::error::Result;
+
+/// The memory-bound kernels this check can time, named as in contracts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BandwidthOp {
+    /// RMSNorm over `{rows, hidden}`.
+    Rmsnorm,
+    /// Fused residual add + RMSNorm over `{rows, hidden}` (forward only).
+    RmsnormResidual,
+    /// RoPE over `{batch, seq, heads, head_dim}`.
+    Rope,
+    /// SiLU over `{rows, cols}`.
+    Silu,
+    /// SwiGLU over `{rows, cols}`.
+    Swiglu,
+    /// Residual add over `{rows, cols}`.
+    ResidualAdd,
+    /// Scale over `{rows, cols}`.
+    Scale,
+    /// Cross-entropy over `{rows, vocab}` logits.
+    CrossEntropy,
+    /// Squared sum of the clip over one tensor of `{n}` values (forward only).
+    SquaredSum,
+    /// Clip apply, `g <- s g` in place over `{n}` (forward only).
+    ClipApply,
+    /// AdamW step over `{n}` parameters (forward only).
+    Adamw,
+    /// Embedding gather `{tokens, vocab, hidden}` (forward only).
+    Embedding,
+    /// NF4 dequantisation of `{rows, cols}` (forward only).
+    Nf4Dequantize,
+}
+
+impl BandwidthOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            BandwidthOp::Rmsnorm => "rmsnorm",
+            BandwidthOp::RmsnormResidual => "rmsnorm_residual",
+            BandwidthOp::Rope => "rope",
+            BandwidthOp::Silu => "silu",
+            BandwidthOp::Swiglu => "swiglu",
+            BandwidthOp::ResidualAdd => "residual_add",
+            BandwidthOp::Scale => "scale",
+            BandwidthOp::CrossEntropy => "cross_entropy",
+            BandwidthOp::SquaredSum => "squared_sum",
+            BandwidthOp::ClipApply => "clip_apply",
+            BandwidthOp::Adamw => "adamw",
+            BandwidthOp::Embedding => "embedding",
+            BandwidthOp::Nf4Dequantize => "nf4_dequantize",
+        }
+    }
+
+    /// The named dimensions a shape for this op must give.
+    pub fn dims(self) -> &'static [&'static str] {
+        match self {
+            BandwidthOp::Rmsnorm | BandwidthOp::RmsnormResidual => &["rows", "hidden"],
+            BandwidthOp::Rope => &["batch", "seq", "heads", "head_dim"],
+            BandwidthOp::Silu
+            | BandwidthOp::Swiglu
+            | BandwidthOp::ResidualAdd
+            | BandwidthOp::Scale
+            | BandwidthOp::Nf4Dequantize => &["rows", "cols"],
+            BandwidthOp::CrossEntropy => &["rows", "vocab"],
+            BandwidthOp::SquaredSum | BandwidthOp::ClipApply | BandwidthOp::Adamw => &["n"],
+            BandwidthOp::Embedding => &["tokens", "vocab", "hidden"],
+        }
+    }
+
+    /// Whether a backward kernel exists to time.
+    pub fn has_backward(self) -> bool {
+        matches!(
+            self,
+            BandwidthOp::Rmsnorm
+                | BandwidthOp::Rope
+                | BandwidthOp::Silu
+                | BandwidthOp::Swiglu
+                | BandwidthOp::ResidualAdd
+                | BandwidthOp::Scale
+                | BandwidthOp::CrossEntropy
+        )
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    pub op: BandwidthOp,
+    #[serde(default)]
+    pub pass: Pass,
+    pub shape: Shape,
+    pub min_fraction: Fraction,
+    #[serde(default = "default_warmup")]
+    pub warmup: Count,
+    #[serde(default = "default_repeats")]
+    pub repeats: Count,
+}
+
+fn default_warmup() -> Count {
+    Count(3)
+}
+
+fn default_repeats() -> Count {
+    Count(20)
+}
+
+impl Validate for Params {
+    fn validate(&self) -> std::result::Result<(), String> {
+        self.shape.expect_dims(self.op.dims())?;
+        if self.pass == Pass::Backward && !self.op.has_backward() {
+            return Err(format!("`{}` has no backward kernel", self.op.name()));
+        }
+        if self.repeats.0 < 5 {
+            return Err("`repeats` must be at least 5 for a median and its interval".into());
+        }
+        if self.op == BandwidthOp::Rope && !self.shape.dim("head_dim").is_multiple_of(2) {
+            return Err("rope needs an even head_dim".into());
+        }
+        if self.op == BandwidthOp::Nf4Dequantize
+            && !(self.shape.dim("rows") * self.shape.dim("cols")).is_multiple_of(64)
+        {
+            return Err("nf4_dequantize needs rows * cols to be a multiple of 64".into());
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of one f32 (and of one u32 token or target).
+const F: usize = 4;
+
+impl Params {
+    /// `op pass`, e.g. `rmsnorm fwd`.
+    pub fn subject(&self) -> String {
+        format!("{} {}", self.op.name(), self.pass.as_str())
+    }
+
+    /// The fewest bytes one invocation must move: each input read once, each
+    /// output written once (f32 and u32 are 4 bytes, NF4 codes half a byte,
+    /// the clip's squared sum an f64). With `N` the element count:
+    ///
+    /// | op, pass | bytes |
+    /// | --- | --- |
+    /// | rmsnorm fwd `{R, H}` | `4 (2RH + H)`: x, gamma in; y out |
+    /// | rmsnorm bwd | `4 (3RH + 2H)`: x, dy, gamma in; dx, dgamma out |
+    /// | rmsnorm_residual fwd | `4 (4RH + H)`: a, b, gamma in; h, y out |
+    /// | rope fwd/bwd | `4 * 2N`: x in, y out |
+    /// | silu fwd | `4 * 2N`; bwd `4 * 3N` (x, dy in; dx out) |
+    /// | swiglu fwd | `4 * 3N` (gate, up in; y out); bwd `4 * 5N` (gate, up, dy in; dgate, dup out) |
+    /// | residual_add fwd/bwd | `4 * 3N` (a, b in, y out / dy in, da, db out) |
+    /// | scale fwd/bwd | `4 * 2N` |
+    /// | cross_entropy fwd `{R, V}` | `4 (RV + 2R + 1)`: logits, targets in; losses, mean out |
+    /// | cross_entropy bwd | `4 (2RV + R)`: logits, targets in; dlogits out |
+    /// | squared_sum `{n}` | `4n + 8`: g in; one f64 out |
+    /// | clip_apply `{n}` | `4 (2n + 1)`: g, scale in; g out |
+    /// | adamw `{n}` | `4 * 7n`: p, g, m, v in; p, m, v out |
+    /// | embedding fwd `{T, V, H}` | `4 (T + 2TH)`: tokens and the T gathered rows in; y out |
+    /// | nf4_dequantize `{R, C}` | `N/2 + 4 N/64 + 4N`: codes, absmax in; f32 out |
+    pub fn bytes(&self) -> usize {
+        let s = &self.shape;
+        let fwd = self.pass == Pass::Forward;
+        match self.op {
+            BandwidthOp::Rmsnorm => {
+                let (r, h) = (s.dim("rows"), s.dim("hidden"));
+                if fwd {
+                    F * (2 * r * h + h)
+                } else {
+                    F * (3 * r * h + 2 * h)
+                }
+            }
+            BandwidthOp::RmsnormResidual => {
+                let (r, h) = (s.dim("rows"), s.dim("hidden"));
+                F * (4 * r * h + h)
+            }
+            BandwidthOp::Rope => {
+                let n = s.dim("batch") * s.dim("seq") * s.dim("heads") * s.dim("head_dim");
+                F * 2 * n
+            }
+            BandwidthOp::Silu => {
+                let n = s.dim("rows") * s.dim("cols");
+                F * if fwd { 2 * n } else { 3 * n }
+            }
+            BandwidthOp::Swiglu => {
+                let n = s.dim("rows") * s.dim("cols");
+                F * if fwd { 3 * n } else { 5 * n }
+            }
+            BandwidthOp::ResidualAdd => F * 3 * s.dim("rows") * s.dim("cols"),
+            BandwidthOp::Scale => F * 2 * s.dim("rows") * s.dim("cols"),
+            BandwidthOp::CrossEntropy => {
+                let (r, v) = (s.dim("rows"), s.dim("vocab"));
+                if fwd {
+                    F * (r * v + 2 * r + 1)
+                } else {
+                    F * (2 * r * v + r)
+                }
+            }
+            BandwidthOp::SquaredSum => F * s.dim("n") + 8,
+            BandwidthOp::ClipApply => F * (2 * s.dim("n") + 1),
+            BandwidthOp::Adamw => F * 7 * s.dim("n"),
+            BandwidthOp::Embedding => {
+                let (t, h) = (s.dim("tokens"), s.dim("hidden"));
+                F * (t + 2 * t * h)
+            }
+            BandwidthOp::Nf4Dequantize => {
+                let n = s.dim("rows") * s.dim("cols");
+                n / 2 + F * n / 64 + F * n
+            }
+        }
+    }
+
+    pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+        measure::measure(self, cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml: &str) -> std::result::Result<Params, String> {
+        let p: Params = serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    #[test]
+    fn bytes_follow_the_formula() {
+        let p = parse("op: rmsnorm\nshape: {rows: 1024, hidden: 896}\nmin_fraction: 0.7").unwrap();
+        assert_eq!(p.bytes(), 4 * (2 * 1024 * 896 + 896));
+        let p = parse("op: swiglu\npass: backward\nshape: {rows: 2, cols: 3}\nmin_fraction: 0.7")
+            .unwrap();
+        assert_eq!(p.bytes(), 4 * 5 * 6);
+        let p = parse("op: adamw\nshape: {n: 10}\nmin_fraction: 0.5").unwrap();
+        assert_eq!(p.bytes(), 280);
+        assert_eq!(p.subject(), "adamw fwd");
+    }
+
+    #[test]
+    fn bad_params_are_refused() {
+        assert!(parse("op: rmsnorm\nshape: {rows: 4}\nmin_fraction: 0.7").is_err());
+        assert!(parse("op: adamw\npass: backward\nshape: {n: 4}\nmin_fraction: 0.7").is_err());
+        assert!(parse("op: adamw\nshape: {n: 4}\nmin_fraction: 1.5").is_err());
+        assert!(parse("op: adamw\nshape: {n: 4}\nmin_fraction: 0.7\nrepeats: 3").is_err());
+        assert!(parse("op: adamw\nshape: {n: 4}\nmin_fraction: 0.7\nspeed: 3").is_err());
+    }
+}

@@ -1,0 +1,76 @@
+//! `op_parity` of `cast`: the launchers of `qlora::ops::cast` against the oracle.
+
+use super::compare::{case_rng, compare, Case, Comparison};
+use crate::error::Result;
+use half::f16;
+use qlora::gpu::GpuContext;
+use qlora::ops::cast::*;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+/// `op_parity` for one shape `{n}`: both directions, bit for bit.
+///
+/// f32 -> f16 on the device is compared with `half::f16::from_f32` of the same
+/// inputs; f16 -> f32 on the device converts those reference bit patterns
+/// back and is compared with `half`'s exact widening. Any rounding difference
+/// shows as a non-zero relative error (contracts use tolerance 0).
+pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
+    let n = case.shape.dim("n");
+    let mut rng = case_rng(case.seed);
+    let x = random_wide(&mut rng, n);
+    let ref_bits: Vec<u16> = x.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+    let reference: Vec<f64> = ref_bits
+        .iter()
+        .map(|&b| f64::from(f16::from_bits(b).to_f32()))
+        .collect();
+
+    // f32 -> f16
+    let x_dev = gpu.upload(&x)?;
+    let mut h_dev = gpu.upload(&vec![F16_NAN_BITS; n])?;
+    f32_to_f16(gpu, &x_dev, &mut h_dev)?;
+    let narrowed: Vec<f32> = gpu
+        .download(&h_dev)?
+        .into_iter()
+        .map(|b| f16::from_bits(b).to_f32())
+        .collect();
+    let down = compare(&narrowed, &reference);
+
+    // f16 -> f32, from the reference bit patterns
+    let bits_dev = gpu.upload(&ref_bits)?;
+    let mut y_dev = gpu.poisoned(n)?;
+    f16_to_f32(gpu, &bits_dev, &mut y_dev)?;
+    let up = compare(&gpu.download(&y_dev)?, &reference);
+
+    Ok(down.merge(up))
+}
+
+/// `n` f32 values with random signs and magnitudes log-uniform over
+/// `[2^-26, 2^15]`: f16 subnormals (below 2^-14), values that round to zero
+/// (below 2^-25) and the top binade of f16 all occur.
+fn random_wide(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let exponent = rng.random_range(-26.0f32..15.0);
+            let sign = if rng.random_bool(0.5) { -1.0 } else { 1.0 };
+            sign * exponent.exp2()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poison_is_nan_and_inputs_stay_finite_in_f16() {
+        assert!(f16::from_bits(F16_NAN_BITS).is_nan());
+        let mut rng = case_rng(1);
+        let x = random_wide(&mut rng, 4096);
+        assert!(x.iter().all(|v| f16::from_f32(*v).is_finite()));
+        // Subnormal and flushed-to-zero values both occur.
+        assert!(x
+            .iter()
+            .any(|v| v.abs() < 6.1e-5 && f16::from_f32(*v).to_f32() != 0.0));
+        assert!(x.iter().any(|v| f16::from_f32(*v).to_f32() == 0.0));
+    }
+}

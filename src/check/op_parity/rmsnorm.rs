@@ -1,0 +1,93 @@
+//! `op_parity` of `rmsnorm`: the launchers of `qlora::ops::rmsnorm` against the oracle.
+
+use super::compare::{case_rng, compare, uniform, widen, Case, Comparison};
+use crate::check::op::Pass;
+use crate::error::Result;
+use crate::reference::rmsnorm as refop;
+use qlora::gpu::GpuContext;
+use qlora::model::ModelConfig;
+use qlora::ops::rmsnorm::*;
+
+/// `op_parity` of RMSNorm for one `{rows, hidden}` shape. Forward runs both the
+/// plain and the fused residual kernel; backward compares dx and dgamma.
+pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
+    let rows = case.shape.dim("rows");
+    let hidden = case.shape.dim("hidden");
+    let eps = ModelConfig::RMS_EPS;
+    let n = rows * hidden;
+    let mut rng = case_rng(case.seed);
+    let x = uniform(&mut rng, n, -2.0, 2.0);
+    let gamma = uniform(&mut rng, hidden, 0.5, 1.5);
+    let d_x = gpu.upload(&x)?;
+    let d_gamma = gpu.upload(&gamma)?;
+    // The kernel sees eps rounded to f32; so does the reference.
+    let eps_ref = f64::from(eps as f32);
+    match case.pass {
+        Pass::Forward => {
+            let want = refop::forward(&widen(&x), &widen(&gamma), rows, hidden, eps_ref)?;
+            let mut y = gpu.poisoned(n)?;
+            forward(
+                gpu,
+                &d_x.as_view(),
+                &d_gamma.as_view(),
+                rows,
+                hidden,
+                eps,
+                &mut y.as_view_mut(),
+            )?;
+            let plain = compare(&gpu.download(&y)?, &want);
+
+            // Fused: h = a + b is rounded to f32 exactly as the kernel rounds it.
+            let b = uniform(&mut rng, n, -1.0, 1.0);
+            let h_f32: Vec<f32> = x.iter().zip(&b).map(|(p, q)| p + q).collect();
+            let want_y = refop::forward(&widen(&h_f32), &widen(&gamma), rows, hidden, eps_ref)?;
+            let d_b = gpu.upload(&b)?;
+            let mut h = gpu.poisoned(n)?;
+            let mut y2 = gpu.poisoned(n)?;
+            forward_residual(
+                gpu,
+                &d_x.as_view(),
+                &d_b.as_view(),
+                &d_gamma.as_view(),
+                rows,
+                hidden,
+                eps,
+                &mut h.as_view_mut(),
+                &mut y2.as_view_mut(),
+            )?;
+            let fused_h = compare(&gpu.download(&h)?, &widen(&h_f32));
+            let fused_y = compare(&gpu.download(&y2)?, &want_y);
+            Ok(plain.merge(fused_h).merge(fused_y))
+        }
+        Pass::Backward => {
+            let dy = uniform(&mut rng, n, -1.0, 1.0);
+            let (want_dx, want_dg) = refop::backward(
+                &widen(&x),
+                &widen(&gamma),
+                &widen(&dy),
+                rows,
+                hidden,
+                eps_ref,
+            )?;
+            let d_dy = gpu.upload(&dy)?;
+            let mut dx = gpu.poisoned(n)?;
+            let mut dgamma = gpu.poisoned(hidden)?;
+            let mut ws = BackwardWorkspace::new(gpu, rows, hidden)?;
+            backward(
+                gpu,
+                &d_x.as_view(),
+                &d_gamma.as_view(),
+                &d_dy.as_view(),
+                rows,
+                hidden,
+                eps,
+                &mut dx.as_view_mut(),
+                &mut dgamma.as_view_mut(),
+                &mut ws,
+            )?;
+            let c_dx = compare(&gpu.download(&dx)?, &want_dx);
+            let c_dg = compare(&gpu.download(&dgamma)?, &want_dg);
+            Ok(c_dx.merge(c_dg))
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Statistics of timing samples: medians and a seeded bootstrap interval of a
+//! ratio of medians. Plain functions of sample slices, tested without a GPU.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Bootstrap resamples of a ratio interval.
+pub const BOOTSTRAP_RESAMPLES: usize = 1000;
+
+/// The median of `xs` (mean of the two middle values for an even count);
+/// NaN for an empty slice, so it can never pass a comparison.
+pub fn median(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len().is_multiple_of(2) {
+        0.5 * (v[mid - 1] + v[mid])
+    } else {
+        v[mid]
+    }
+}
+
+/// The 95% percentile-bootstrap interval of `median(baseline) / median(candidate)`:
+/// `resamples` times, draw each sample set with replacement (same sizes),
+/// take the ratio of the resampled medians; the 2.5th and 97.5th percentiles
+/// of those ratios. Deterministic for a given `seed`.
+pub fn ratio_ci(baseline: &[f64], candidate: &[f64], seed: u64, resamples: usize) -> (f64, f64) {
+    if baseline.is_empty() || candidate.is_empty() || resamples == 0 {
+        return (f64::NAN, f64::NAN);
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let draw = |xs: &[f64], rng: &mut ChaCha8Rng| -> f64 {
+        let picked: Vec<f64> = (0..xs.len())
+            .map(|_| xs[rng.random_range(0..xs.len())])
+            .collect();
+        median(&picked)
+    };
+    let mut ratios: Vec<f64> = (0..resamples)
+        .map(|_| {
+            let b = draw(baseline, &mut rng);
+            let c = draw(candidate, &mut rng);
+            b / c
+        })
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        let i = ((resamples - 1) as f64 * q).round() as usize;
+        ratios[i.min(resamples - 1)]
+    };
+    (at(0.025), at(0.975))
+}
+
+/// The largest value seen so far, where a non-finite value beats every finite one
+/// (so a NaN is reported, never hidden by `f64::max`).
+#[derive(Debug, Clone, Default)]
+pub struct Worst {
+    seen: Option<f64>,
+    what: String,
+}
+
+impl Worst {
+    /// Keeps `(value, what)` if it is worse than the current worst.
+    pub fn offer(&mut self, value: f64, what: impl FnOnce() -> String) {
+        let worse = match self.seen {
+            None => true,
+            Some(cur) => cur.is_finite() && (!value.is_finite() || value > cur),
+        };
+        if worse {
+            self.seen = Some(value);
+            self.what = what();
+        }
+    }
+
+    /// The worst value (0 when nothing was offered).
+    pub fn value(&self) -> f64 {
+        self.seen.unwrap_or(0.0)
+    }
+
+    /// What the worst value was measured on.
+    pub fn what(&self) -> &str {
+        if self.seen.is_some() {
+            &self.what
+        } else {
+            "no case"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn bootstrap_interval_is_seeded_and_brackets_the_ratio() {
+        let b: Vec<f64> = (0..30).map(|i| 2.0 + 0.01 * f64::from(i % 7)).collect();
+        let c: Vec<f64> = (0..30).map(|i| 1.0 + 0.01 * f64::from(i % 5)).collect();
+        let r = median(&b) / median(&c);
+        let (lo, hi) = ratio_ci(&b, &c, 7, BOOTSTRAP_RESAMPLES);
+        assert!(lo <= r && r <= hi, "{lo} {r} {hi}");
+        assert_eq!((lo, hi), ratio_ci(&b, &c, 7, BOOTSTRAP_RESAMPLES));
+        assert!(ratio_ci(&[], &c, 7, 10).0.is_nan());
+    }
+}

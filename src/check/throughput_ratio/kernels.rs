@@ -1,0 +1,473 @@
+//! GPU side of the kernel subjects of `throughput_ratio`, on a model's
+//! projection shapes (`rows = batch * seq_len`; q, k/v, o, gate/up, down):
+//!
+//! - `gemm`: a direct cuBLAS SGEMM call (TF32 tensor-op math, set once) vs our
+//!   launcher `ops::gemm::linear` with the forward engine of the context's
+//!   options; `ratio = t_raw / t_ours` (1 = no overhead);
+//! - `nf4_gemm`: the TF32 GEMM on fp32 weights vs the NF4 path the training
+//!   step takes (dequantise into a workspace, then the same TF32 GEMM);
+//!   `ratio = t_tf32 / t_nf4`. The fused FMA kernel `nf4_gemm_fwd_f32` is
+//!   timed too and reported next to it;
+//! - `fusion`: residual add then RMSNorm vs the fused residual + RMSNorm
+//!   kernel; `ratio = t_unfused / t_fused`.
+//!
+//! Times are medians of CUDA-event-timed runs after warm-up; each run cycles
+//! over several weight (or buffer) sets so the L2 cache cannot hold them all.
+//! A subject's ratio is of the medians of the per-run sums over the shapes
+//! (each timed run adds up one time per shape), with a seeded bootstrap
+//! interval of those sums; each shape also gets its own row.
+
+use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
+use cudarc::cublas::{sys as blas_sys, Gemm, GemmConfig};
+use cudarc::driver::CudaSlice;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
+use crate::check::throughput_ratio::{Params, Subject};
+use crate::check::{require_gpu, Comparator, Measurement, Speedup, TrialContext};
+use crate::error::{Error, Result};
+use qlora::gpu::timing::{time_events, time_graph};
+use qlora::gpu::{Direction, GemmMath, GpuContext};
+use qlora::model::ModelConfig;
+use qlora::ops;
+use qlora::ops::gemm::GemmEngine;
+use qlora::ops::nf4::Nf4Device;
+use qlora::Faults;
+
+/// Weight sets cycled per timed run hold at least this many bytes.
+const ROTATE_BYTES: usize = 160 << 20;
+/// At most this many weight sets.
+const MAX_SETS: usize = 8;
+/// Timed runs of the slow fused NF4 kernel (reported, not judged).
+const FUSED_REPEATS: usize = 5;
+
+/// One projection `y[rows, out] = x[rows, in] W^T`.
+#[derive(Debug, Clone, Copy)]
+struct Proj {
+    name: &'static str,
+    in_dim: usize,
+    out_dim: usize,
+}
+
+/// The distinct projection shapes of one decoder layer of `c`.
+fn projections(c: &ModelConfig) -> Vec<Proj> {
+    let p = |name, in_dim, out_dim| Proj {
+        name,
+        in_dim,
+        out_dim,
+    };
+    vec![
+        p("q", c.hidden, c.q_dim()),
+        p("k/v", c.hidden, c.kv_dim()),
+        p("o", c.q_dim(), c.hidden),
+        p("gate/up", c.hidden, c.intermediate),
+        p("down", c.intermediate, c.hidden),
+    ]
+}
+
+/// `len` values uniform in `[-1, 1)`, on the device.
+fn random(gpu: &GpuContext, rng: &mut ChaCha8Rng, len: usize) -> Result<CudaSlice<f32>> {
+    let v: Vec<f32> = (0..len).map(|_| rng.random_range(-1.0..1.0)).collect();
+    Ok(gpu.upload(&v)?)
+}
+
+fn sets_for(bytes: usize) -> usize {
+    ROTATE_BYTES.div_ceil(bytes.max(1)).clamp(1, MAX_SETS)
+}
+
+/// Direct cuBLAS SGEMM of `y = x W^T` (row-major; cuBLAS computes the
+/// column-major `y^T = W x^T`), with whatever math mode the handle holds.
+fn raw_linear(
+    gpu: &GpuContext,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    (rows, in_dim, out_dim): (usize, usize, usize),
+) -> qlora::Result<()> {
+    let i32_of = |what: &str, v: usize| qlora::gpu::to_i32("gemm", what, v);
+    let (m, n, k) = (
+        i32_of("out", out_dim)?,
+        i32_of("rows", rows)?,
+        i32_of("in", in_dim)?,
+    );
+    if x.len() != rows * in_dim || w.len() != out_dim * in_dim || y.len() != rows * out_dim {
+        return Err(qlora::Error::ShapeMismatch {
+            op: "gemm",
+            expected: format!("x {rows}x{in_dim}, W {out_dim}x{in_dim}, y {rows}x{out_dim}"),
+            got: format!("x {}, W {}, y {}", x.len(), w.len(), y.len()),
+        });
+    }
+    let cfg = GemmConfig {
+        transa: cublasOperation_t::CUBLAS_OP_T,
+        transb: cublasOperation_t::CUBLAS_OP_N,
+        m,
+        n,
+        k,
+        alpha: 1.0f32,
+        lda: k,
+        ldb: k,
+        beta: 0.0f32,
+        ldc: m,
+    };
+    // SAFETY: checked above: W holds out*in, x rows*in and y rows*out f32.
+    // Column-major, W (ld in) transposed is out x in, x (ld in) is in x rows,
+    // y (ld out) is out x rows: cuBLAS reads and writes exactly those
+    // elements; beta = 0, so y's prior contents are unread.
+    unsafe { gpu.cublas().gemm(cfg, w, x, y) }?;
+    Ok(())
+}
+
+/// Sets the cuBLAS handle's math mode.
+fn set_math(gpu: &GpuContext, mode: cublasMath_t) -> Result<()> {
+    // SAFETY: the handle is the context's live cuBLAS handle; setting the math
+    // mode only changes a field of it.
+    unsafe { blas_sys::cublasSetMathMode(*gpu.cublas().handle(), mode) }.result()?;
+    Ok(())
+}
+
+/// Per-run times of one baseline and one candidate on one shape.
+struct Pair {
+    label: String,
+    baseline: Vec<f64>,
+    candidate: Vec<f64>,
+}
+
+/// The `throughput_ratio` kernel subjects; the trial's mutant is applied to
+/// the candidate and removed whatever the outcome.
+pub fn measure(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+    let (seed, faults) = (cx.seed, cx.faults());
+    let gpu = require_gpu(cx)?;
+    let config = p.model.sized(p.batch, p.seq_len);
+    let out = match p.subject {
+        Subject::Gemm => gemm_pairs(gpu, p, &config, seed, faults),
+        Subject::Nf4Gemm => nf4_pairs(gpu, p, &config, seed, faults),
+        Subject::Fusion => fusion_pairs(gpu, p, &config, seed, faults),
+        Subject::TrainStep => Err(Error::InvalidArgument {
+            op: "throughput_ratio",
+            message: "train_step is measured by the training step".into(),
+        }),
+    };
+    let (pairs, extra) = out?;
+    Ok(judge(p, gpu, &config, seed, pairs, extra))
+}
+
+/// Names of (baseline, candidate) per subject.
+fn names(subject: Subject) -> (&'static str, &'static str) {
+    match subject {
+        Subject::Gemm => ("raw cublas tf32", "ops::gemm::linear"),
+        Subject::Nf4Gemm => ("tf32 cublas, fp32 weight", "nf4 dequantise + tf32 cublas"),
+        Subject::Fusion => ("residual_add + rmsnorm", "fused rmsnorm_residual"),
+        Subject::TrainStep => ("baseline", "candidate"),
+    }
+}
+
+fn judge(
+    p: &Params,
+    gpu: &GpuContext,
+    config: &ModelConfig,
+    seed: u64,
+    pairs: Vec<Pair>,
+    extra: Vec<Speedup>,
+) -> Measurement {
+    let (base_name, cand_name) = names(p.subject);
+    let repeats = p.repeats.0;
+    let row = |subject: String, baseline: &str, candidate: &str, b: &[f64], c: &[f64]| {
+        let (lo, hi) = ratio_ci(b, c, seed, BOOTSTRAP_RESAMPLES);
+        Speedup {
+            subject,
+            model: config.name.to_string(),
+            batch: config.batch,
+            seq_len: config.seq_len,
+            baseline: baseline.to_string(),
+            candidate: candidate.to_string(),
+            baseline_median_ms: median(b),
+            candidate_median_ms: median(c),
+            ratio: median(b) / median(c),
+            ratio_ci_low: lo,
+            ratio_ci_high: hi,
+            repeats,
+        }
+    };
+    let subject = match p.subject {
+        Subject::Gemm => "gemm",
+        Subject::Nf4Gemm => "nf4_gemm",
+        Subject::Fusion => "fusion",
+        Subject::TrainStep => "train_step",
+    };
+    let mut speedups = Vec::new();
+    let mut total_b = vec![0.0; repeats];
+    let mut total_c = vec![0.0; repeats];
+    let mut detail = Vec::new();
+    for pair in &pairs {
+        for (t, v) in total_b.iter_mut().zip(&pair.baseline) {
+            *t += v;
+        }
+        for (t, v) in total_c.iter_mut().zip(&pair.candidate) {
+            *t += v;
+        }
+        let r = row(
+            format!("{subject} {}", pair.label),
+            base_name,
+            cand_name,
+            &pair.baseline,
+            &pair.candidate,
+        );
+        detail.push(format!(
+            "{}: {:.1} us vs {:.1} us ({:.3})",
+            pair.label,
+            r.baseline_median_ms * 1e3,
+            r.candidate_median_ms * 1e3,
+            r.ratio
+        ));
+        speedups.push(r);
+    }
+    let total = row(
+        format!("{subject} total"),
+        base_name,
+        cand_name,
+        &total_b,
+        &total_c,
+    );
+    for e in &extra {
+        detail.push(format!(
+            "{}: {} {:.1} us vs {} {:.1} us ({:.3})",
+            e.subject,
+            e.baseline,
+            e.baseline_median_ms * 1e3,
+            e.candidate,
+            e.candidate_median_ms * 1e3,
+            e.ratio
+        ));
+    }
+    let ratio = total.ratio;
+    let ci = (total.ratio_ci_low, total.ratio_ci_high);
+    speedups.push(total);
+    speedups.extend(extra);
+    let mut m = Measurement::new("time_ratio", ratio, Comparator::Ge, p.min_ratio.0, "ratio")
+        .with_detail(format!(
+            "{base_name} / {cand_name} on {} (rows {}): {ratio:.3} [{:.3}, {:.3}]; {}; {}",
+            config.name,
+            config.tokens(),
+            ci.0,
+            ci.1,
+            detail.join("; "),
+            gpu.facts().name
+        ));
+    m.speedups = speedups;
+    m
+}
+
+/// The engine our launcher uses for the forward GEMMs.
+fn our_engine(gpu: &GpuContext) -> GemmEngine {
+    GemmEngine::for_direction(gpu.options(), Direction::Forward)
+}
+
+type Pairs = (Vec<Pair>, Vec<Speedup>);
+
+fn gemm_pairs(
+    gpu: &mut GpuContext,
+    p: &Params,
+    c: &ModelConfig,
+    seed: u64,
+    faults: Faults,
+) -> Result<Pairs> {
+    let (warmup, repeats) = (p.warmup.0, p.repeats.0);
+    let rows = c.tokens();
+    let engine = our_engine(gpu);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut pairs = Vec::new();
+    for proj in projections(c) {
+        let dims = (rows, proj.in_dim, proj.out_dim);
+        let sets = sets_for(4 * proj.in_dim * proj.out_dim);
+        let x = random(gpu, &mut rng, rows * proj.in_dim)?;
+        let mut ws = Vec::new();
+        for _ in 0..sets {
+            ws.push(random(gpu, &mut rng, proj.out_dim * proj.in_dim)?);
+        }
+        let mut y = gpu.zeros::<f32>(rows * proj.out_dim)?;
+        set_math(gpu, cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH)?;
+        let raw = time_events(gpu, warmup, repeats, sets, |gpu| {
+            for w in &ws {
+                raw_linear(gpu, &x, w, &mut y, dims)?;
+            }
+            Ok(())
+        });
+        set_math(gpu, cublasMath_t::CUBLAS_DEFAULT_MATH)?;
+        let raw = raw?;
+        // The trial's faults are on for our launcher only: the claim is about it.
+        let ours = time_events(&mut gpu.with_faults(faults), warmup, repeats, sets, |gpu| {
+            for w in &ws {
+                ops::gemm::linear(gpu, engine, &x, w, &mut y, dims)?;
+            }
+            Ok(())
+        })?;
+        pairs.push(Pair {
+            label: format!("{} {rows}x{}x{}", proj.name, proj.in_dim, proj.out_dim),
+            baseline: raw,
+            candidate: ours,
+        });
+    }
+    Ok((pairs, Vec::new()))
+}
+
+fn nf4_pairs(
+    gpu: &mut GpuContext,
+    p: &Params,
+    c: &ModelConfig,
+    seed: u64,
+    faults: Faults,
+) -> Result<Pairs> {
+    let (warmup, repeats) = (p.warmup.0, p.repeats.0);
+    let rows = c.tokens();
+    let tf32 = GemmEngine::Cublas(GemmMath::Tf32);
+    let engine = our_engine(gpu);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut pairs = Vec::new();
+    let mut extra = Vec::new();
+    for proj in projections(c) {
+        let dims = (rows, proj.in_dim, proj.out_dim);
+        let len = proj.in_dim * proj.out_dim;
+        ops::nf4::check_len("nf4_gemm", len)?;
+        let sets = sets_for(4 * len);
+        let x = random(gpu, &mut rng, rows * proj.in_dim)?;
+        let mut ws = Vec::new();
+        let mut qs = Vec::new();
+        for _ in 0..sets {
+            let w = random(gpu, &mut rng, len)?;
+            let mut q = Nf4Device::zeros(gpu, len)?;
+            ops::nf4::quantize(gpu, &w, &mut q)?;
+            ws.push(w);
+            qs.push(q);
+        }
+        // The dequantised weight lives in one workspace, as in the step.
+        let mut deq = gpu.zeros::<f32>(len)?;
+        let mut y = gpu.zeros::<f32>(rows * proj.out_dim)?;
+        let base = time_events(gpu, warmup, repeats, sets, |gpu| {
+            for w in &ws {
+                ops::gemm::linear(gpu, tf32, &x, w, &mut y, dims)?;
+            }
+            Ok(())
+        })?;
+        let path = time_events(&mut gpu.with_faults(faults), warmup, repeats, sets, |gpu| {
+            for q in &qs {
+                ops::nf4::dequantize(gpu, q, &mut deq)?;
+                ops::gemm::linear(gpu, engine, &x, &deq, &mut y, dims)?;
+            }
+            Ok(())
+        })?;
+        let fused = time_events(gpu, 1, FUSED_REPEATS, 1, |gpu| {
+            ops::nf4::gemm_forward(gpu, &x, &qs[0], &mut y, (rows, proj.out_dim, proj.in_dim))
+        })?;
+        let label = format!("{} {rows}x{}x{}", proj.name, proj.in_dim, proj.out_dim);
+        let (lo, hi) = ratio_ci(&base, &fused, seed, BOOTSTRAP_RESAMPLES);
+        extra.push(Speedup {
+            subject: format!("nf4_gemm fused {label}"),
+            model: c.name.to_string(),
+            batch: c.batch,
+            seq_len: c.seq_len,
+            baseline: "tf32 cublas, fp32 weight".into(),
+            candidate: "nf4 fused fma kernel".into(),
+            baseline_median_ms: median(&base),
+            candidate_median_ms: median(&fused),
+            ratio: median(&base) / median(&fused),
+            ratio_ci_low: lo,
+            ratio_ci_high: hi,
+            repeats: FUSED_REPEATS,
+        });
+        pairs.push(Pair {
+            label,
+            baseline: base,
+            candidate: path,
+        });
+    }
+    Ok((pairs, extra))
+}
+
+fn fusion_pairs(
+    gpu: &mut GpuContext,
+    p: &Params,
+    c: &ModelConfig,
+    seed: u64,
+    faults: Faults,
+) -> Result<Pairs> {
+    let (warmup, repeats) = (p.warmup.0, p.repeats.0);
+    let (rows, h) = (c.tokens(), c.hidden);
+    let n = rows * h;
+    let eps = ModelConfig::RMS_EPS;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    // a, b, h, y: 16 bytes per element per set.
+    let sets = (256usize << 20).div_ceil(16 * n).clamp(1, 64);
+    let gamma = random(gpu, &mut rng, h)?;
+    let mut bufs = Vec::new();
+    for _ in 0..sets {
+        bufs.push((
+            random(gpu, &mut rng, n)?,
+            random(gpu, &mut rng, n)?,
+            gpu.zeros::<f32>(n)?,
+            gpu.zeros::<f32>(n)?,
+        ));
+    }
+    let unfused = time_graph(gpu, sets, warmup, repeats, |gpu, i| {
+        let (a, b, hs, y) = &mut bufs[i];
+        ops::elementwise::residual_add(gpu, &a.as_view(), &b.as_view(), &mut hs.as_view_mut())?;
+        ops::rmsnorm::forward(
+            gpu,
+            &hs.as_view(),
+            &gamma.as_view(),
+            rows,
+            h,
+            eps,
+            &mut y.as_view_mut(),
+        )
+    })?;
+    // The faults (a slowed launch) apply to the fused candidate only: it is
+    // the claim "fusion pays" that the mutant must break.
+    let fused = time_graph(
+        &mut gpu.with_faults(faults),
+        sets,
+        warmup,
+        repeats,
+        |gpu, i| {
+            let (a, b, hs, y) = &mut bufs[i];
+            ops::rmsnorm::forward_residual(
+                gpu,
+                &a.as_view(),
+                &b.as_view(),
+                &gamma.as_view(),
+                rows,
+                h,
+                eps,
+                &mut hs.as_view_mut(),
+                &mut y.as_view_mut(),
+            )
+        },
+    )?;
+    let pair = Pair {
+        label: format!("residual + rmsnorm {rows}x{h}"),
+        baseline: unfused,
+        candidate: fused,
+    };
+    Ok((vec![pair], Vec::new()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn projections_cover_one_layer_of_qwen() {
+        let c = ModelConfig::preset("qwen2.5-0.5b").unwrap();
+        let dims: Vec<(usize, usize)> = projections(&c)
+            .iter()
+            .map(|p| (p.in_dim, p.out_dim))
+            .collect();
+        assert_eq!(
+            dims,
+            vec![(896, 896), (896, 128), (896, 896), (896, 4864), (4864, 896)]
+        );
+        // 17 MB weights: 160 MiB would take 10 sets, capped at 8.
+        assert_eq!(sets_for(4 * 896 * 4864), MAX_SETS);
+        assert_eq!(sets_for(usize::MAX), 1);
+    }
+}
