@@ -46,7 +46,7 @@ if runs suite; then
   cp reports/latest/falsification.csv "$work/falsification-rerun.csv"
   note "rerun :: $(python3 scripts/compare-verdicts.py "$work/falsification.csv" "$work/falsification-rerun.csv")"
 
-  for t in gpu_fault_isolation train_gpu; do
+  for t in gpu_fault_isolation train_gpu fault_scope; do
     "$bin/$t" --ignored --test-threads 1 --nocapture > "$work/$t.log" 2>&1
     note "$t exit $?"
   done

@@ -1,29 +1,17 @@
 //! The check kinds: a closed vocabulary of measurements a contract can ask for.
 //!
-//! Each kind lives in its own module with a strictly parsed `Params` struct, a
-//! `validate` for cross-field rules, the backends it can run on, and an
-//! `execute` that measures and returns a [`Measurement`]. [`CheckSpec`] is the
-//! registry: the `kind:` key of a contract's `check:` block selects the variant.
+//! Each kind lives in its own module with a strictly parsed `Params` struct
+//! that implements [`Kind`]: `validate` for cross-field rules and `execute`,
+//! which measures through the stack's public API and the oracle and returns a
+//! [`Measurement`]. One line of the `registry!` below registers a kind (name,
+//! backends, what it measures); the `kind:` key of a contract's `check:`
+//! block selects it.
 
-pub mod bandwidth;
-mod gpu_runtime;
-pub mod gradient_check;
-pub mod gradient_parity;
-pub mod loss_descent;
 mod measurement;
-pub mod memory_budget;
 pub mod op;
-pub mod op_parity;
 pub mod params;
-pub mod prewarm;
-pub mod property;
 pub mod stats;
-pub mod step_throughput;
-pub mod sync_count;
-pub mod target_parity;
-pub mod throughput_ratio;
 mod training;
-pub mod trajectory_match;
 
 use std::fmt;
 
@@ -32,11 +20,32 @@ use serde::Deserialize;
 
 pub use measurement::{Comparator, Measurement, Speedup};
 
-use crate::contract::Backend;
 use crate::error::Result;
 use crate::mutant::Mutant;
 use qlora::gpu::GpuContext;
 use qlora::Faults;
+
+/// Where a trial executes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Backend {
+    Cpu,
+    Cuda,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// What a trial hands to a check.
 pub struct TrialContext<'a> {
@@ -59,113 +68,82 @@ const CPU: &[Backend] = &[Backend::Cpu];
 const CUDA: &[Backend] = &[Backend::Cuda];
 const BOTH: &[Backend] = &[Backend::Cpu, Backend::Cuda];
 
-/// The registry of check kinds, in the order the design brief lists them.
-pub const KINDS: &[KindInfo] = &[
-    KindInfo {
-        name: "op_parity",
-        measures: "rel-L2 error of an op on a backend vs the CPU reference",
-        backends: CUDA,
-    },
-    KindInfo {
-        name: "gradient_check",
-        measures: "rel error of the reference backward vs central finite differences",
-        backends: CPU,
-    },
-    KindInfo {
-        name: "property",
-        measures: "a named invariant over proptest-generated inputs",
-        backends: CPU,
-    },
-    KindInfo {
-        name: "target_parity",
-        measures: "PTX .target of every cached module vs the device's sm_XY",
-        backends: CUDA,
-    },
-    KindInfo {
-        name: "prewarm",
-        measures: "JIT compilations during training steps after pre-warm",
-        backends: CUDA,
-    },
-    KindInfo {
-        name: "trajectory_match",
-        measures: "max abs loss difference of two training modes at checkpoints",
-        backends: BOTH,
-    },
-    KindInfo {
-        name: "sync_count",
-        measures: "host syncs inside the captured region and per step",
-        backends: CUDA,
-    },
-    KindInfo {
-        name: "throughput_ratio",
-        measures: "median-time ratio of baseline over candidate",
-        backends: CUDA,
-    },
-    KindInfo {
-        name: "step_throughput",
-        measures: "training tokens per second of one step mode (median step time)",
-        backends: CUDA,
-    },
-    KindInfo {
-        name: "loss_descent",
-        measures: "final loss as a fraction of the initial loss",
-        backends: BOTH,
-    },
-    KindInfo {
-        name: "gradient_parity",
-        measures: "rel-L2 error of the GPU training step's gradients vs the CPU reference's",
-        backends: CUDA,
-    },
-    KindInfo {
-        name: "memory_budget",
-        measures: "peak device memory of a configuration",
-        backends: CUDA,
-    },
-    KindInfo {
-        name: "bandwidth",
-        measures: "a memory-bound kernel's bandwidth as a fraction of the d2d copy bandwidth",
-        backends: CUDA,
-    },
-];
+/// A check kind's parameters: parsed strictly (serde, unknown keys refused),
+/// checked across fields ([`Validate`]) and executed on a backend.
+pub trait Kind: Validate {
+    /// Runs the measurement. Errors (a kernel that fails to launch, a shape
+    /// the op refuses) become `error` rows; they never abort the run.
+    fn execute(&self, backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement>;
+}
 
-/// The `check:` block of a falsification test.
-#[derive(Debug, Clone)]
-pub enum CheckSpec {
-    OpParity(op_parity::Params),
-    GradientCheck(gradient_check::Params),
-    Property(property::Params),
-    TargetParity(target_parity::Params),
-    Prewarm(prewarm::Params),
-    TrajectoryMatch(trajectory_match::Params),
-    SyncCount(sync_count::Params),
-    ThroughputRatio(throughput_ratio::Params),
-    StepThroughput(step_throughput::Params),
-    LossDescent(loss_descent::Params),
-    MemoryBudget(memory_budget::Params),
-    Bandwidth(bandwidth::Params),
-    GradientParity(gradient_parity::Params),
+/// Declares every kind from one line each: `Variant(module) "name",
+/// backends, "what it measures";`. The module holds the kind's `Params`
+/// (which implement [`Kind`]); the line makes it a [`CheckSpec`] variant, a
+/// [`KINDS`] entry, a name the parser accepts and an `execute` arm.
+macro_rules! registry {
+    ($($variant:ident($module:ident) $name:literal, $backends:ident, $measures:literal;)*) => {
+        $(pub mod $module;)*
+
+        /// The registry of check kinds, in the order the design brief lists them.
+        pub const KINDS: &[KindInfo] = &[
+            $(KindInfo { name: $name, measures: $measures, backends: $backends },)*
+        ];
+
+        /// The `check:` block of a falsification test.
+        #[derive(Debug, Clone)]
+        pub enum CheckSpec {
+            $($variant($module::Params),)*
+        }
+
+        impl CheckSpec {
+            /// The `kind:` name.
+            pub fn kind_name(&self) -> &'static str {
+                match self {
+                    $(CheckSpec::$variant(_) => $name,)*
+                }
+            }
+
+            /// Runs the measurement (see [`Kind::execute`]).
+            pub fn execute(&self, backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+                match self {
+                    $(CheckSpec::$variant(p) => p.execute(backend, cx),)*
+                }
+            }
+
+            /// Parses the rest of a `check:` mapping as the parameters of kind `kind`.
+            fn parse<'de, A: MapAccess<'de>>(kind: &str, map: A) -> std::result::Result<Self, A::Error> {
+                Ok(match kind {
+                    $($name => CheckSpec::$variant(parse_kind(map)?),)*
+                    other => {
+                        let known: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
+                        return Err(de::Error::custom(format!(
+                            "unknown check kind `{other}`; known kinds: {}",
+                            known.join(", ")
+                        )));
+                    }
+                })
+            }
+        }
+    };
+}
+
+registry! {
+    OpParity(op_parity) "op_parity", CUDA, "rel-L2 error of an op on a backend vs the CPU reference";
+    GradientCheck(gradient_check) "gradient_check", CPU, "rel error of the reference backward vs central finite differences";
+    Property(property) "property", CPU, "a named invariant over proptest-generated inputs";
+    TargetParity(target_parity) "target_parity", CUDA, "PTX .target of every cached module vs the device's sm_XY";
+    Prewarm(prewarm) "prewarm", CUDA, "JIT compilations during training steps after pre-warm";
+    TrajectoryMatch(trajectory_match) "trajectory_match", BOTH, "max abs loss difference of two training modes at checkpoints";
+    SyncCount(sync_count) "sync_count", CUDA, "host syncs inside the captured region and per step";
+    ThroughputRatio(throughput_ratio) "throughput_ratio", CUDA, "median-time ratio of baseline over candidate";
+    StepThroughput(step_throughput) "step_throughput", CUDA, "training tokens per second of one step mode (median step time)";
+    LossDescent(loss_descent) "loss_descent", BOTH, "final loss as a fraction of the initial loss";
+    GradientParity(gradient_parity) "gradient_parity", CUDA, "rel-L2 error of the GPU training step's gradients vs the CPU reference's";
+    MemoryBudget(memory_budget) "memory_budget", CUDA, "peak device memory of a configuration";
+    Bandwidth(bandwidth) "bandwidth", CUDA, "a memory-bound kernel's bandwidth as a fraction of the d2d copy bandwidth";
 }
 
 impl CheckSpec {
-    /// The `kind:` name.
-    pub fn kind_name(&self) -> &'static str {
-        match self {
-            CheckSpec::OpParity(_) => "op_parity",
-            CheckSpec::GradientCheck(_) => "gradient_check",
-            CheckSpec::Property(_) => "property",
-            CheckSpec::TargetParity(_) => "target_parity",
-            CheckSpec::Prewarm(_) => "prewarm",
-            CheckSpec::TrajectoryMatch(_) => "trajectory_match",
-            CheckSpec::SyncCount(_) => "sync_count",
-            CheckSpec::ThroughputRatio(_) => "throughput_ratio",
-            CheckSpec::StepThroughput(_) => "step_throughput",
-            CheckSpec::LossDescent(_) => "loss_descent",
-            CheckSpec::MemoryBudget(_) => "memory_budget",
-            CheckSpec::GradientParity(_) => "gradient_parity",
-            CheckSpec::Bandwidth(_) => "bandwidth",
-        }
-    }
-
     fn info(&self) -> &'static KindInfo {
         let name = self.kind_name();
         KINDS.iter().find(|k| k.name == name).unwrap_or(&KINDS[0])
@@ -180,26 +158,6 @@ impl CheckSpec {
     pub fn backends_text(&self) -> String {
         let names: Vec<&str> = self.info().backends.iter().map(|b| b.as_str()).collect();
         names.join(", ")
-    }
-
-    /// Runs the measurement. Errors (a kernel that fails to launch, a shape the
-    /// op refuses) become `error` rows; they never abort the run.
-    pub fn execute(&self, backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        match self {
-            CheckSpec::OpParity(p) => p.execute(backend, cx),
-            CheckSpec::GradientCheck(p) => p.execute(cx),
-            CheckSpec::Property(p) => p.execute(cx),
-            CheckSpec::TargetParity(p) => p.execute(cx),
-            CheckSpec::Prewarm(p) => p.execute(cx),
-            CheckSpec::TrajectoryMatch(p) => p.execute(backend, cx),
-            CheckSpec::SyncCount(p) => p.execute(cx),
-            CheckSpec::ThroughputRatio(p) => p.execute(cx),
-            CheckSpec::StepThroughput(p) => p.execute(cx),
-            CheckSpec::LossDescent(p) => p.execute(backend, cx),
-            CheckSpec::MemoryBudget(p) => p.execute(cx),
-            CheckSpec::GradientParity(p) => p.execute(cx),
-            CheckSpec::Bandwidth(p) => p.execute(cx),
-        }
     }
 }
 
@@ -247,28 +205,7 @@ impl<'de> Visitor<'de> for CheckVisitor {
             None => return Err(de::Error::missing_field("kind")),
         }
         let kind: String = map.next_value()?;
-        Ok(match kind.as_str() {
-            "op_parity" => CheckSpec::OpParity(parse_kind(map)?),
-            "gradient_check" => CheckSpec::GradientCheck(parse_kind(map)?),
-            "property" => CheckSpec::Property(parse_kind(map)?),
-            "target_parity" => CheckSpec::TargetParity(parse_kind(map)?),
-            "prewarm" => CheckSpec::Prewarm(parse_kind(map)?),
-            "trajectory_match" => CheckSpec::TrajectoryMatch(parse_kind(map)?),
-            "sync_count" => CheckSpec::SyncCount(parse_kind(map)?),
-            "throughput_ratio" => CheckSpec::ThroughputRatio(parse_kind(map)?),
-            "step_throughput" => CheckSpec::StepThroughput(parse_kind(map)?),
-            "loss_descent" => CheckSpec::LossDescent(parse_kind(map)?),
-            "memory_budget" => CheckSpec::MemoryBudget(parse_kind(map)?),
-            "gradient_parity" => CheckSpec::GradientParity(parse_kind(map)?),
-            "bandwidth" => CheckSpec::Bandwidth(parse_kind(map)?),
-            other => {
-                let known: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
-                return Err(de::Error::custom(format!(
-                    "unknown check kind `{other}`; known kinds: {}",
-                    known.join(", ")
-                )));
-            }
-        })
+        CheckSpec::parse(&kind, map)
     }
 }
 

@@ -212,24 +212,6 @@ impl Precision {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ranges_are_enforced_with_locations() {
-        let e = serde_yaml::from_str::<NonNegative>("-1e-3").unwrap_err();
-        assert!(e.to_string().contains(">= 0"), "{e}");
-        assert!(e.location().is_some());
-        assert!(serde_yaml::from_str::<NonNegative>(".nan").is_err());
-        assert!(serde_yaml::from_str::<Positive>("0").is_err());
-        assert!(serde_yaml::from_str::<Fraction>("1.5").is_err());
-        assert!(serde_yaml::from_str::<Count>("0").is_err());
-        assert_eq!(serde_yaml::from_str::<Count>("3").ok(), Some(Count(3)));
-        assert!(serde_yaml::from_str::<ModelName>("gpt-17").is_err());
-    }
-}
-
 /// The contract spelling of [`qlora::train::BaseWeights`].
 #[derive(Deserialize)]
 #[serde(remote = "BaseWeights", rename_all = "snake_case")]
@@ -373,5 +355,23 @@ impl Default for Hyper {
             max_grad_norm: Hyper::default_max_grad_norm(),
             weight_decay: Hyper::default_weight_decay(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_enforced_with_locations() {
+        let e = serde_yaml::from_str::<NonNegative>("-1e-3").unwrap_err();
+        assert!(e.to_string().contains(">= 0"), "{e}");
+        assert!(e.location().is_some());
+        assert!(serde_yaml::from_str::<NonNegative>(".nan").is_err());
+        assert!(serde_yaml::from_str::<Positive>("0").is_err());
+        assert!(serde_yaml::from_str::<Fraction>("1.5").is_err());
+        assert!(serde_yaml::from_str::<Count>("0").is_err());
+        assert_eq!(serde_yaml::from_str::<Count>("3").ok(), Some(Count(3)));
+        assert!(serde_yaml::from_str::<ModelName>("gpt-17").is_err());
     }
 }

@@ -1,11 +1,19 @@
 //! `prewarm`: after `prewarm(config)`, running the forward and backward (or
 //! whole training steps) compiles nothing, and every kernel used was pre-warmed.
 
+use std::collections::BTreeSet;
+
+use crate::check::params::{BaseWeights, StepMode};
+use crate::check::{require_gpu, Comparator};
+use crate::error::Result;
+use qlora::gpu::{GpuContext, PrewarmReport};
+use qlora::train::GpuTrainer;
+use qlora::Faults;
+
 use serde::Deserialize;
 
-use super::params::{BaseName, BaseWeights, Count, ModelName, Positive};
-use super::{Measurement, TrialContext, Validate};
-use crate::error::Result;
+use super::params::{BaseName, Count, ModelName, Positive};
+use super::{Backend, Kind, Measurement, TrialContext, Validate};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,8 +54,118 @@ impl Validate for Params {
     }
 }
 
-impl Params {
-    pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        crate::check::gpu_runtime::prewarm(self, cx)
+/// Runs `body` on a cold cache with `faults` on, then drops the modules
+/// compiled under them, also when `body` fails.
+pub(super) fn on_cold_cache<T>(
+    gpu: &mut GpuContext,
+    faults: Faults,
+    body: impl FnOnce(&mut GpuContext) -> Result<T>,
+) -> Result<T> {
+    gpu.reset_cache();
+    let out = body(&mut gpu.with_faults(faults));
+    gpu.reset_cache();
+    out
+}
+
+/// `prewarm`: for each model and base, a cold cache, pre-warm, then `steps`
+/// real training steps of a `GpuTrainer` (eager, captured and replayed). Counts compilations after pre-warm; a module used but
+/// not pre-warmed is a violation; pre-warmed but unused modules are reported.
+fn prewarm(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+    let faults = cx.faults();
+    let seed = cx.seed;
+    let gpu = require_gpu(cx)?;
+    let mut total_after = 0usize;
+    let mut violations = Vec::new();
+    let mut detail = Vec::new();
+    for model in &p.models {
+        let config = model.0;
+        for &base in p.bases.iter().map(|b| &b.0) {
+            let (report, after, used) = on_cold_cache(gpu, faults, |gpu| {
+                let report = gpu.prewarm(&config, &[base])?;
+                gpu.cache_mut().clear_used();
+                // Real training steps, graphed as in production: step 1 runs
+                // eagerly, step 2 captures, later steps replay.
+                let mode = StepMode {
+                    graph: true,
+                    base,
+                    ..StepMode::default()
+                };
+                let options = mode.speed_options();
+                let mut trainer = GpuTrainer::new(gpu, &config, options, seed)?;
+                for _ in 0..p.steps.0 {
+                    trainer.step(gpu)?;
+                }
+                drop(trainer);
+                gpu.synchronize()?;
+                let after = gpu.cache_stats().compiled_after_prewarm;
+                let used = gpu.cache().used().clone();
+                Ok((report, after, used))
+            })?;
+            total_after += after;
+            let prewarmed: BTreeSet<&str> = report.modules.iter().copied().collect();
+            let missing: Vec<&str> = used.difference(&prewarmed).copied().collect();
+            let unused: Vec<&str> = prewarmed.difference(&used).copied().collect();
+            let tag = format!("{}/{}", config.name, base_name(base));
+            if !missing.is_empty() {
+                violations.push(format!(
+                    "{tag}: used but not pre-warmed: {}",
+                    missing.join(", ")
+                ));
+            }
+            if let Some(bound) = p.max_prewarm_ms {
+                if report.wall_ms > bound.0 {
+                    violations.push(format!(
+                        "{tag}: pre-warm took {:.0} ms, over the bound of {:.0} ms",
+                        report.wall_ms, bound.0
+                    ));
+                }
+            }
+            detail.push(summary(&tag, &report, after, &unused));
+        }
+    }
+    let mut m = Measurement::new(
+        "compilations_after_prewarm",
+        total_after as f64,
+        Comparator::Le,
+        p.max_compilations as f64,
+        "compilations",
+    )
+    .with_detail(detail.join("; "));
+    for v in violations {
+        m.violate(v);
+    }
+    Ok(m)
+}
+
+fn base_name(base: BaseWeights) -> &'static str {
+    match base {
+        BaseWeights::Fp32 => "fp32",
+        BaseWeights::Nf4 => "nf4",
+    }
+}
+
+fn summary(tag: &str, r: &PrewarmReport, after: usize, unused: &[&str]) -> String {
+    format!(
+        "{tag}: pre-warmed {} modules ({} compilations, {:.0} ms JIT, {:.0} ms wall), {after} after{}{}",
+        r.modules.len(),
+        r.compilations,
+        r.compile_ms,
+        r.wall_ms,
+        if r.skipped.is_empty() {
+            String::new()
+        } else {
+            format!(", skipped [{}]", r.skipped.join(", "))
+        },
+        if unused.is_empty() {
+            String::new()
+        } else {
+            format!(", unused [{}]", unused.join(", "))
+        }
+    )
+}
+
+impl Kind for Params {
+    fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+        prewarm(self, cx)
     }
 }

@@ -12,11 +12,16 @@
 //! measured mode, so `ratio = measured tokens/s / target` and its bootstrap
 //! interval comes from the step times.
 
+use crate::check::training::*;
+use crate::check::{require_gpu, Comparator};
+use crate::error::Result;
+use qlora::gpu::GpuContext;
+use qlora::train::GpuTrainer;
+
 use serde::Deserialize;
 
 use super::params::{Count, ModelName, Positive, StepMode};
-use super::{Measurement, TrialContext, Validate};
-use crate::error::Result;
+use super::{Backend, Kind, Measurement, TrialContext, Validate};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -75,10 +80,80 @@ impl Params {
             )
         })
     }
+}
 
-    pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        crate::check::training::step_throughput(self, cx)
+impl Kind for Params {
+    fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+        step_throughput(self, cx)
     }
+}
+
+/// `step_throughput`: the median step time of one mode over `repeats` steps
+/// after `warmup` (at least 2, so a graphed mode has captured and replayed),
+/// as tokens per second against `min_tokens_per_s`. The trial's mutant goes
+/// to the trainer; a slowed launch (`SerialisedLaunch`) is set on the context
+/// while the trainer is built and stepped, and removed whatever the outcome.
+fn step_throughput(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+    use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
+    let cfg = p.model.sized(p.batch, p.seq_len);
+    let seed = cx.seed;
+    let options = p.mode.speed_options();
+    let faults = cx.faults();
+    let gpu = require_gpu(cx)?;
+    let times = {
+        let gpu: &mut GpuContext = &mut gpu.with_faults(faults);
+        let mut t = GpuTrainer::new(gpu, &cfg, options, seed)?;
+        for _ in 0..p.warmup.0.max(2) {
+            t.step(gpu)?;
+        }
+        let mut ms = Vec::with_capacity(p.repeats.0);
+        for _ in 0..p.repeats.0 {
+            let tokens = t.next_batch()?;
+            ms.push(timed_step(gpu, &mut t, &tokens)?);
+        }
+        (ms, t.graph_ready())
+    };
+    let (ms, replayed) = times;
+    let tokens = cfg.tokens() as f64;
+    let med = median(&ms);
+    let rate = tokens / med * 1e3;
+    let target = p.min_tokens_per_s.0;
+    let target_ms = tokens / target * 1e3;
+    // The target as a constant "baseline" series: the interval of
+    // target_ms / median(step times) is the interval of rate / target.
+    let (lo, hi) = ratio_ci(&vec![target_ms; ms.len()], &ms, seed, BOOTSTRAP_RESAMPLES);
+    let device = gpu.facts().name.clone();
+    let on = p
+        .gpu
+        .as_deref()
+        .map_or(String::new(), |g| format!(" on {g}"));
+    let mut m = Measurement::new("tokens_per_s", rate, Comparator::Ge, target, "tokens/s")
+        .with_detail(format!(
+            "model {} batch {} seq {} {} on {device}: median step {med:.3} ms over {} steps ({rate:.0} tokens/s, {:.3}x the target{on}, 95% CI [{lo:.3}, {hi:.3}]; graph {})",
+            cfg.name,
+            cfg.batch,
+            cfg.seq_len,
+            p.mode,
+            p.repeats.0,
+            rate / target,
+            if replayed { "replayed" } else { "not used" },
+        ));
+    m.not_applicable = p.not_applicable_on(&device);
+    m.speedups.push(crate::check::Speedup {
+        subject: "tokens/s".into(),
+        model: cfg.name.into(),
+        batch: cfg.batch,
+        seq_len: cfg.seq_len,
+        baseline: format!("target {target:.0} tokens/s{on}"),
+        candidate: p.mode.to_string(),
+        baseline_median_ms: target_ms,
+        candidate_median_ms: med,
+        ratio: target_ms / med,
+        ratio_ci_low: lo,
+        ratio_ci_high: hi,
+        repeats: p.repeats.0,
+    });
+    Ok(m)
 }
 
 #[cfg(test)]

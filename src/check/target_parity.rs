@@ -1,11 +1,23 @@
 //! `target_parity`: every PTX module the kernel cache holds targets the
 //! device's own `sm_XY`, and planted PTX for an older or a newer target is refused.
 
+use std::collections::BTreeSet;
+
+use super::prewarm::on_cold_cache;
+use crate::check::params::BaseWeights;
+use crate::check::{require_gpu, Comparator};
+use crate::error::{Error, Result};
+use qlora::gpu::cache::{compile_module, load_checked, ptx_target, OLDER_ARCH};
+use qlora::gpu::GpuContext;
+use qlora::kernels;
+
+/// The small module whose PTX is planted with a wrong target.
+const PLANT_MODULE: &str = "elementwise";
+
 use serde::Deserialize;
 
 use super::params::ModelName;
-use super::{Measurement, TrialContext, Validate};
-use crate::error::Result;
+use super::{Backend, Kind, Measurement, TrialContext, Validate};
 
 /// A mismatched target the cache must refuse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -40,8 +52,117 @@ impl Validate for Params {
     }
 }
 
-impl Params {
-    pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        crate::check::gpu_runtime::target_parity(self, cx)
+/// `target_parity`: pre-warm every listed model, then compile every other
+/// kernel module too; every compiled module's PTX `.target` must equal the
+/// device's `sm_XY`; planted older and newer PTX must be refused by the
+/// cache's load path with a target mismatch.
+fn target_parity(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+    let faults = cx.faults();
+    let gpu = require_gpu(cx)?;
+    on_cold_cache(gpu, faults, |gpu| target_parity_body(p, gpu))
+}
+
+fn target_parity_body(p: &Params, gpu: &mut GpuContext) -> Result<Measurement> {
+    let device = gpu.facts().sm_arch();
+    let mut violations = Vec::new();
+    for model in &p.models {
+        let config = model.0;
+        match gpu.prewarm(&config, &[BaseWeights::Fp32, BaseWeights::Nf4]) {
+            Ok(_) => {}
+            Err(e @ qlora::Error::TargetMismatch { .. }) => {
+                violations.push(format!("pre-warm of {} refused a module: {e}", config.name));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let all: Vec<&str> = kernels::MODULES.iter().map(|m| m.name).collect();
+    match gpu.ensure_modules(&all) {
+        Ok(()) => {}
+        Err(e @ qlora::Error::TargetMismatch { .. }) => {
+            violations.push(format!("a kernel module was refused: {e}"));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let records = gpu.compile_records();
+    let mismatched: Vec<String> = records
+        .iter()
+        .filter(|r| r.ptx_target != device)
+        .map(|r| format!("{} ({} -> {})", r.module, r.arch, r.ptx_target))
+        .collect();
+    let targets: BTreeSet<String> = records.iter().map(|r| r.ptx_target.clone()).collect();
+    let loaded = gpu.cache().loaded();
+
+    let source = kernels::module(PLANT_MODULE).ok_or_else(|| Error::InvalidArgument {
+        op: "target_parity",
+        message: format!("no kernel module `{PLANT_MODULE}` to plant"),
+    })?;
+    let mut planted_accepted = 0usize;
+    let mut planted_detail = Vec::new();
+    for planted in &p.planted {
+        let ptx = match planted {
+            Planted::Older => compile_module(source, OLDER_ARCH)?,
+            Planted::Newer => {
+                let own = compile_module(source, &gpu.facts().compute_arch())?;
+                let newer = format!("sm_{}0", gpu.facts().compute_capability.0 + 1);
+                retarget(&own, &newer)
+            }
+        };
+        let target = ptx_target(&ptx).unwrap_or("(none)").to_string();
+        match load_checked(gpu.context(), gpu.facts(), &ptx) {
+            Ok(_) => {
+                planted_accepted += 1;
+                violations.push(format!(
+                    "planted {planted:?} PTX ({target}) was loaded on {device}"
+                ));
+            }
+            Err(e @ qlora::Error::TargetMismatch { .. }) => {
+                planted_detail.push(format!("{planted:?} ({target}) refused: {e}"));
+            }
+            Err(e) => violations.push(format!(
+                "planted {planted:?} PTX ({target}) failed without a target mismatch: {e}"
+            )),
+        }
+    }
+    for m in &mismatched {
+        violations.push(format!("module {m} does not target {device}"));
+    }
+    let observed = (mismatched.len() + planted_accepted) as f64;
+    let mut m = Measurement::new(
+        "mismatched_modules",
+        observed,
+        Comparator::Le,
+        0.0,
+        "modules",
+    )
+    .with_detail(format!(
+        "device {device}; {} compilations, targets {:?}; loaded [{}]; {}",
+        records.len(),
+        targets,
+        loaded.join(", "),
+        planted_detail.join("; ")
+    ));
+    for v in violations {
+        m.violate(v);
+    }
+    Ok(m)
+}
+
+/// `ptx` with its `.target` line naming `target` instead.
+fn retarget(ptx: &str, target: &str) -> String {
+    ptx.lines()
+        .map(|line| {
+            if line.trim_start().starts_with(".target") {
+                format!(".target {target}")
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl Kind for Params {
+    fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+        target_parity(self, cx)
     }
 }

@@ -3,8 +3,8 @@
 mod load;
 mod schema;
 
+pub use crate::check::Backend;
 pub use load::{discover, load_dir, load_file, locate, parse, MAX_CONTRACT_BYTES};
 pub use schema::{
-    Backend, Contract, Equation, FalsificationTest, Metadata, ObligationKind, ProofObligation,
-    Requirement,
+    Contract, Equation, FalsificationTest, Metadata, ObligationKind, ProofObligation, Requirement,
 };

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::check::CheckSpec;
+use crate::check::{Backend, CheckSpec};
 use crate::mutant::Mutant;
 
 /// One YAML contract file.
@@ -110,28 +110,6 @@ pub struct FalsificationTest {
     /// The injected fault that must make this check falsify (the self-test).
     pub mutant: Mutant,
     pub check: CheckSpec,
-}
-
-/// Where a trial executes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Backend {
-    Cpu,
-    Cuda,
-}
-
-impl Backend {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Backend::Cpu => "cpu",
-            Backend::Cuda => "cuda",
-        }
-    }
-}
-
-impl std::fmt::Display for Backend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 impl Contract {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::{read_rows, FalsificationRow, SpeedupRow, Status, FALSIFICATION_CSV, SPEEDUPS_CSV};
 use crate::error::{Error, Result};
-use crate::run::RunMeta;
+use crate::report::meta::RunMeta;
 
 /// The reports of one run directory.
 #[derive(Debug, Clone)]

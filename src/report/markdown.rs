@@ -13,7 +13,7 @@ use super::charts::{write_charts, Chart};
 use super::compare::{RunComparison, RunData, SpeedupDiff, TrialDiff, Verdict};
 use super::{FalsificationRow, SpeedupRow, Status};
 use crate::error::Result;
-use crate::run::format_number;
+use crate::report::format_number;
 
 /// Name of the report file written into the current run's directory.
 pub const REPORT_MD: &str = "REPORT.md";

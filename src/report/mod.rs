@@ -7,6 +7,7 @@ pub mod artifacts;
 pub mod charts;
 pub mod compare;
 pub mod markdown;
+pub mod meta;
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -254,6 +255,20 @@ impl ReportDir {
             write_rows_atomic(&self.speedups_path(), &merged)?;
         }
         lock.unlock().map_err(|e| Error::io(&lock_path, e))
+    }
+}
+
+/// Compact number formatting for summaries: `1.2e-7`, `0.034`, `1234.5`.
+pub fn format_number(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    let a = x.abs();
+    if !(1e-3..1e6).contains(&a) {
+        format!("{x:.3e}")
+    } else {
+        let s = format!("{x:.4}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
     }
 }
 

@@ -2,15 +2,16 @@
 //! from contracts, decides what can run here, executes one trial at a time on
 //! the GPU, times every trial, and collects the report rows.
 
-mod meta;
-
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-pub use meta::{nvidia_smi_query, read_clocks, GpuMeta, RecordedOptions, RunMeta, RUN_JSON};
+use crate::report::format_number;
+pub use crate::report::meta::{
+    nvidia_smi_query, read_clocks, GpuMeta, RecordedOptions, RunMeta, RUN_JSON,
+};
 
 use crate::check::{Measurement, TrialContext};
 use crate::contract::{Backend, Contract, FalsificationTest};
@@ -18,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::report::artifacts::{self, artifact_stem, ArtifactWriter, ARTIFACTS_DIR};
 use crate::report::{FalsificationRow, ReportDir, SpeedupRow, Status};
 use qlora::gpu::{driver_present, GpuContext, GpuOptions};
+use qlora::Faults;
 
 /// Options of a run. Front ends fill this in; nothing is read from the environment.
 #[derive(Debug, Clone)]
@@ -235,7 +237,7 @@ impl Engine {
         if trial.backend == Backend::Cuda {
             let mut slot = lock(&self.gpu);
             Self::ensure_gpu(&mut slot, &self.options.gpu);
-            match &*slot {
+            match &mut *slot {
                 GpuSlot::Unavailable(why) => {
                     let why = why.clone();
                     drop(slot);
@@ -246,7 +248,21 @@ impl Engine {
                     drop(slot);
                     return self.record_error(trial, &why);
                 }
-                _ => {}
+                GpuSlot::Ready(ctx) => {
+                    // Every trial starts with no fault on. The guard of
+                    // `with_faults` makes this hold; should it ever fail, the
+                    // knobs are turned off and this trial is not trusted.
+                    let left = ctx.faults();
+                    if left.any() {
+                        drop(ctx.with_faults(Faults::NONE));
+                        drop(slot);
+                        return self.record_error(
+                            trial,
+                            &format!("fault knobs were on before this trial started ({left:?}); they are off now"),
+                        );
+                    }
+                }
+                GpuSlot::Unprobed => {}
             }
             gpu_guard = Some(slot);
         }
@@ -549,20 +565,6 @@ fn trial_seed(run_seed: u64, contract: &str, test: &str) -> u64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h ^ run_seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-}
-
-/// Compact number formatting for summaries: `1.2e-7`, `0.034`, `1234.5`.
-pub fn format_number(x: f64) -> String {
-    if x == 0.0 || !x.is_finite() {
-        return format!("{x}");
-    }
-    let a = x.abs();
-    if !(1e-3..1e6).contains(&a) {
-        format!("{x:.3e}")
-    } else {
-        let s = format!("{x:.4}");
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    }
 }
 
 #[cfg(test)]

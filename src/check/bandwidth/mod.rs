@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use super::op::Pass;
 use super::params::{Count, Fraction, Shape};
-use super::{Measurement, TrialContext, Validate};
+use super::{Backend, Kind, Measurement, TrialContext, Validate};
 use crate::error::Result;
 
 /// The memory-bound kernels this check can time, named as in contracts.
@@ -225,8 +225,10 @@ impl Params {
             }
         }
     }
+}
 
-    pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+impl Kind for Params {
+    fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         measure::measure(self, cx)
     }
 }

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::op::Op;
 use super::params::{Count, ModelName, NonNegative, Positive, Shape};
-use super::{Measurement, TrialContext, Validate};
+use super::{Backend, Kind, Measurement, TrialContext, Validate};
 use crate::error::Result;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -70,8 +70,8 @@ impl Validate for Params {
     }
 }
 
-impl Params {
-    pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+impl Kind for Params {
+    fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         ops::measure(self, cx)
     }
 }

@@ -11,8 +11,8 @@
 
 use crate::check::op::{Op, Pass};
 use crate::check::params::{Precision, Shape};
+use crate::check::Backend;
 use crate::check::{op_parity, require_gpu, Comparator, Measurement, TrialContext};
-use crate::contract::Backend;
 use crate::error::{Error, Result};
 use crate::report::artifacts::{ArtifactTensor, FailureDump};
 use qlora::gpu::GpuContext;

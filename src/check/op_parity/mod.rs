@@ -24,8 +24,8 @@ use serde::Deserialize;
 
 use super::op::{Op, Pass};
 use super::params::{NonNegative, Precision, Shape};
-use super::{Measurement, TrialContext, Validate};
-use crate::contract::Backend;
+use super::{Kind, Measurement, TrialContext, Validate};
+use crate::check::Backend;
 use crate::error::Result;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -81,8 +81,10 @@ impl Params {
         self.tolerance
             .map_or(self.precision.default_tolerance(), |t| t.0)
     }
+}
 
-    pub fn execute(&self, backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+impl Kind for Params {
+    fn execute(&self, backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         compare::measure(self, backend, cx)
     }
 }

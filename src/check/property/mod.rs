@@ -6,7 +6,7 @@ mod optim;
 use serde::Deserialize;
 
 use super::params::{Count, NonNegative};
-use super::{Measurement, TrialContext, Validate};
+use super::{Backend, Kind, Measurement, TrialContext, Validate};
 use crate::error::Result;
 
 /// The invariants this kind knows.
@@ -58,8 +58,8 @@ impl Validate for Params {
     }
 }
 
-impl Params {
-    pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+impl Kind for Params {
+    fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         ops::measure(self, cx)
     }
 }

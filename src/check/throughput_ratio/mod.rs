@@ -3,11 +3,12 @@
 //! confidence interval of the ratio is recorded in `speedups.csv`.
 
 mod kernels;
+mod train_step;
 
 use serde::Deserialize;
 
 use super::params::{Count, ModelName, Positive, StepMode};
-use super::{Measurement, TrialContext, Validate};
+use super::{Backend, Kind, Measurement, TrialContext, Validate};
 use crate::error::Result;
 
 /// What is timed.
@@ -68,10 +69,10 @@ impl Validate for Params {
     }
 }
 
-impl Params {
-    pub fn execute(&self, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+impl Kind for Params {
+    fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         match self.subject {
-            Subject::TrainStep => crate::check::training::throughput_ratio(self, cx),
+            Subject::TrainStep => train_step::throughput_ratio(self, cx),
             Subject::Nf4Gemm | Subject::Fusion | Subject::Gemm => kernels::measure(self, cx),
         }
     }
