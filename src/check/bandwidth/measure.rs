@@ -9,6 +9,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::check::bandwidth::{BandwidthOp, Params};
 use crate::check::op::Pass;
+use crate::check::params::Shape;
 use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
 use crate::check::{require_gpu, Comparator, Measurement, Speedup, TrialContext};
 use crate::error::{Error, Result};
@@ -106,376 +107,290 @@ fn rotating<T: 'static>(
     Ok(Box::new(move |gpu, i| run(gpu, &mut bufs[i % sets])))
 }
 
+/// One f32 buffer of a set, by length: tiled from the signed or the
+/// positive pattern, or zeroed.
+#[derive(Clone, Copy)]
+enum Buf {
+    Signed(usize),
+    Positive(usize),
+    Zeros(usize),
+}
+
+use Buf::{Positive, Signed, Zeros};
+
+/// What a case sets up from, besides the GPU.
+struct Setup<'a> {
+    fill: &'a Filler,
+    shape: &'a Shape,
+    fwd: bool,
+    sets: usize,
+    seed: u64,
+}
+
+impl Setup<'_> {
+    fn dim(&self, name: &str) -> usize {
+        self.shape.dim(name)
+    }
+
+    /// `rotating` over sets of f32 buffers made as `spec` lists them, in its
+    /// order; `run` gets a set as an array in the same order.
+    fn f32_sets<const K: usize>(
+        &self,
+        gpu: &mut GpuContext,
+        spec: [Buf; K],
+        run: impl FnMut(&mut GpuContext, &mut [CudaSlice<f32>; K]) -> qlora::Result<()> + 'static,
+    ) -> Result<Launch> {
+        let make = |gpu: &mut GpuContext| {
+            let set = spec
+                .iter()
+                .map(|&b| match b {
+                    Signed(n) => self.fill.signed(gpu, n),
+                    Positive(n) => self.fill.positive(gpu, n),
+                    Zeros(n) => Ok(gpu.zeros::<f32>(n)?),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            // Cannot fail: `set` has one buffer per entry of `spec`.
+            <[_; K]>::try_from(set).map_err(|set| Error::InvalidArgument {
+                op: "bandwidth",
+                message: format!("{} buffers made for a set of {K}", set.len()),
+            })
+        };
+        rotating(gpu, self.sets, make, run)
+    }
+}
+
+/// A case: allocates the buffer sets for one op (and pass) and returns the
+/// launch closure.
+type Case = fn(&mut GpuContext, &Setup<'_>) -> Result<Launch>;
+
+/// The case that sets up `op` in `pass`. Ops with no backward kernel run
+/// forward whatever the pass (`Params::validate` refuses them backward).
+fn case(op: BandwidthOp, pass: Pass) -> Case {
+    use BandwidthOp as B;
+    match (op, pass) {
+        (B::Rmsnorm, Pass::Forward) => rmsnorm_fwd,
+        (B::Rmsnorm, Pass::Backward) => rmsnorm_bwd,
+        (B::RmsnormResidual, _) => rmsnorm_residual,
+        (B::Rope, _) => rope,
+        (B::Silu, _) => silu,
+        (B::Swiglu, _) => swiglu,
+        (B::ResidualAdd, _) => residual_add,
+        (B::Scale, _) => scale,
+        (B::CrossEntropy, _) => cross_entropy,
+        (B::SquaredSum, _) => squared_sum,
+        (B::ClipApply, _) => clip_apply,
+        (B::Adamw, _) => adamw,
+        (B::Embedding, _) => embedding,
+        (B::Nf4Dequantize, _) => nf4_dequantize,
+    }
+}
+
 /// Allocates `sets` buffer sets for `p` and returns the launch closure.
 fn setup(gpu: &mut GpuContext, p: &Params, sets: usize, seed: u64) -> Result<Launch> {
     let fill = Filler::new(gpu, seed)?;
-    let s = &p.shape;
-    let eps = ModelConfig::RMS_EPS;
-    let fwd = p.pass == Pass::Forward;
-    let z = |gpu: &GpuContext, n: usize| gpu.zeros::<f32>(n);
-    let launch: Launch = match p.op {
-        BandwidthOp::Rmsnorm if fwd => {
-            let (r, h) = (s.dim("rows"), s.dim("hidden"));
-            let gamma = fill.positive(gpu, h)?;
-            rotating(
-                gpu,
-                sets,
-                |gpu| Ok((fill.signed(gpu, r * h)?, z(gpu, r * h)?)),
-                move |gpu, (x, y)| {
-                    ops::rmsnorm::forward(
-                        gpu,
-                        &x.as_view(),
-                        &gamma.as_view(),
-                        r,
-                        h,
-                        eps,
-                        &mut y.as_view_mut(),
-                    )
-                },
-            )?
-        }
-        BandwidthOp::Rmsnorm => {
-            let (r, h) = (s.dim("rows"), s.dim("hidden"));
-            let gamma = fill.positive(gpu, h)?;
-            let mut dgamma = z(gpu, h)?;
-            let mut ws = ops::rmsnorm::BackwardWorkspace::new(gpu, r, h)?;
-            rotating(
-                gpu,
-                sets,
-                |gpu| {
-                    Ok((
-                        fill.signed(gpu, r * h)?,
-                        fill.signed(gpu, r * h)?,
-                        z(gpu, r * h)?,
-                    ))
-                },
-                move |gpu, (x, dy, dx)| {
-                    ops::rmsnorm::backward(
-                        gpu,
-                        &x.as_view(),
-                        &gamma.as_view(),
-                        &dy.as_view(),
-                        r,
-                        h,
-                        eps,
-                        &mut dx.as_view_mut(),
-                        &mut dgamma.as_view_mut(),
-                        &mut ws,
-                    )
-                },
-            )?
-        }
-        BandwidthOp::RmsnormResidual => {
-            let (r, h) = (s.dim("rows"), s.dim("hidden"));
-            let gamma = fill.positive(gpu, h)?;
-            rotating(
-                gpu,
-                sets,
-                |gpu| {
-                    Ok((
-                        fill.signed(gpu, r * h)?,
-                        fill.signed(gpu, r * h)?,
-                        z(gpu, r * h)?,
-                        z(gpu, r * h)?,
-                    ))
-                },
-                move |gpu, (a, b, hs, y)| {
-                    ops::rmsnorm::forward_residual(
-                        gpu,
-                        &a.as_view(),
-                        &b.as_view(),
-                        &gamma.as_view(),
-                        r,
-                        h,
-                        eps,
-                        &mut hs.as_view_mut(),
-                        &mut y.as_view_mut(),
-                    )
-                },
-            )?
-        }
-        BandwidthOp::Rope => {
-            let (b, sq, hd, d) = (
-                s.dim("batch"),
-                s.dim("seq"),
-                s.dim("heads"),
-                s.dim("head_dim"),
-            );
-            let n = b * sq * hd * d;
-            let theta = ModelConfig::ROPE_THETA;
-            rotating(
-                gpu,
-                sets,
-                |gpu| Ok((fill.signed(gpu, n)?, z(gpu, n)?)),
-                move |gpu, (x, y)| {
-                    if fwd {
-                        ops::rope::forward(
-                            gpu,
-                            &x.as_view(),
-                            b,
-                            sq,
-                            hd,
-                            d,
-                            theta,
-                            &mut y.as_view_mut(),
-                        )
-                    } else {
-                        ops::rope::backward(
-                            gpu,
-                            &x.as_view(),
-                            b,
-                            sq,
-                            hd,
-                            d,
-                            theta,
-                            &mut y.as_view_mut(),
-                        )
-                    }
-                },
-            )?
-        }
-        BandwidthOp::Silu => {
-            let n = s.dim("rows") * s.dim("cols");
-            rotating(
-                gpu,
-                sets,
-                |gpu| Ok((fill.signed(gpu, n)?, fill.signed(gpu, n)?, z(gpu, n)?)),
-                move |gpu, (x, dy, out)| {
-                    if fwd {
-                        ops::activation::silu_forward(gpu, &x.as_view(), &mut out.as_view_mut())
-                    } else {
-                        ops::activation::silu_backward(
-                            gpu,
-                            &x.as_view(),
-                            &dy.as_view(),
-                            &mut out.as_view_mut(),
-                        )
-                    }
-                },
-            )?
-        }
-        BandwidthOp::Swiglu => {
-            let n = s.dim("rows") * s.dim("cols");
-            rotating(
-                gpu,
-                sets,
-                |gpu| {
-                    let dy = if fwd {
-                        z(gpu, 1)?
-                    } else {
-                        fill.signed(gpu, n)?
-                    };
-                    let dup = if fwd { z(gpu, 1)? } else { z(gpu, n)? };
-                    Ok((
-                        fill.signed(gpu, n)?,
-                        fill.signed(gpu, n)?,
-                        dy,
-                        z(gpu, n)?,
-                        dup,
-                    ))
-                },
-                move |gpu, (gate, up, dy, out, dup)| {
-                    if fwd {
-                        ops::activation::swiglu_forward(
-                            gpu,
-                            &gate.as_view(),
-                            &up.as_view(),
-                            &mut out.as_view_mut(),
-                        )
-                    } else {
-                        ops::activation::swiglu_backward(
-                            gpu,
-                            &gate.as_view(),
-                            &up.as_view(),
-                            &dy.as_view(),
-                            &mut out.as_view_mut(),
-                            &mut dup.as_view_mut(),
-                        )
-                    }
-                },
-            )?
-        }
-        BandwidthOp::ResidualAdd => {
-            let n = s.dim("rows") * s.dim("cols");
-            rotating(
-                gpu,
-                sets,
-                |gpu| {
-                    let b = if fwd {
-                        fill.signed(gpu, n)?
-                    } else {
-                        z(gpu, n)?
-                    };
-                    Ok((fill.signed(gpu, n)?, b, z(gpu, n)?))
-                },
-                move |gpu, (a, b, y)| {
-                    if fwd {
-                        ops::elementwise::residual_add(
-                            gpu,
-                            &a.as_view(),
-                            &b.as_view(),
-                            &mut y.as_view_mut(),
-                        )
-                    } else {
-                        // a is dy; b and y are the two gradients written.
-                        ops::elementwise::residual_add_backward(
-                            gpu,
-                            &a.as_view(),
-                            &mut b.as_view_mut(),
-                            &mut y.as_view_mut(),
-                        )
-                    }
-                },
-            )?
-        }
-        BandwidthOp::Scale => {
-            let n = s.dim("rows") * s.dim("cols");
-            rotating(
-                gpu,
-                sets,
-                |gpu| Ok((fill.signed(gpu, n)?, z(gpu, n)?)),
-                move |gpu, (x, y)| {
-                    // Not a power of two, so the product really rounds.
-                    let factor = 0.7;
-                    if fwd {
-                        ops::elementwise::scale(gpu, &x.as_view(), factor, &mut y.as_view_mut())
-                    } else {
-                        ops::elementwise::scale_backward(
-                            gpu,
-                            &x.as_view(),
-                            factor,
-                            &mut y.as_view_mut(),
-                        )
-                    }
-                },
-            )?
-        }
-        BandwidthOp::CrossEntropy => {
-            let (r, v) = (s.dim("rows"), s.dim("vocab"));
-            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7a);
-            rotating(
-                gpu,
-                sets,
-                |gpu| {
-                    let targets = gpu.upload(&ids(&mut rng, r, v))?;
-                    let out = if fwd { z(gpu, r)? } else { z(gpu, r * v)? };
-                    Ok((fill.signed(gpu, r * v)?, targets, out, z(gpu, 1)?))
-                },
-                move |gpu, (logits, targets, out, loss)| {
-                    if fwd {
-                        ops::cross_entropy::forward(
-                            gpu,
-                            &logits.as_view(),
-                            r,
-                            v,
-                            &targets.as_view(),
-                            &mut out.as_view_mut(),
-                            &mut loss.as_view_mut(),
-                        )
-                    } else {
-                        ops::cross_entropy::backward(
-                            gpu,
-                            &logits.as_view(),
-                            r,
-                            v,
-                            &targets.as_view(),
-                            &mut out.as_view_mut(),
-                        )
-                    }
-                },
-            )?
-        }
-        BandwidthOp::SquaredSum => {
-            let n = s.dim("n");
-            let mut ws = ops::clip::SquaredSumWorkspace::new(gpu, &[n])?;
-            let mut sq = gpu.zeros::<f64>(1)?;
-            rotating(
-                gpu,
-                sets,
-                |gpu| fill.signed(gpu, n),
-                move |gpu, g| {
-                    ops::clip::squared_sum(gpu, &[g.as_view()], &mut ws, &mut sq.as_view_mut())
-                },
-            )?
-        }
-        BandwidthOp::ClipApply => {
-            let n = s.dim("n");
-            // A scale of exactly 1: the kernel still reads, multiplies and
-            // writes every value, and thousands of in-place replays cannot
-            // shrink the data to zeros.
-            let scale = gpu.upload(&[1.0f32])?;
-            rotating(
-                gpu,
-                sets,
-                |gpu| fill.signed(gpu, n),
-                move |gpu, g| ops::clip::apply(gpu, &mut g.as_view_mut(), &scale.as_view()),
-            )?
-        }
-        BandwidthOp::Adamw => {
-            let n = s.dim("n");
-            let hyper = qlora::train::AdamW::new(1e-3, 0.01);
-            rotating(
-                gpu,
-                sets,
-                |gpu| {
-                    Ok((
-                        fill.signed(gpu, n)?,
-                        fill.signed(gpu, n)?,
-                        fill.signed(gpu, n)?,
-                        fill.positive(gpu, n)?,
-                    ))
-                },
-                move |gpu, (p, g, m, v)| {
-                    ops::adamw::step(
-                        gpu,
-                        &mut p.as_view_mut(),
-                        &g.as_view(),
-                        &mut m.as_view_mut(),
-                        &mut v.as_view_mut(),
-                        &hyper,
-                        1,
-                    )
-                },
-            )?
-        }
-        BandwidthOp::Embedding => {
-            let (t, v, h) = (s.dim("tokens"), s.dim("vocab"), s.dim("hidden"));
-            let table = fill.signed(gpu, v * h)?;
-            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xe3);
-            rotating(
-                gpu,
-                sets,
-                |gpu| Ok((gpu.upload(&ids(&mut rng, t, v))?, z(gpu, t * h)?)),
-                move |gpu, (tokens, y)| {
-                    ops::embedding::forward(
-                        gpu,
-                        &table.as_view(),
-                        v,
-                        h,
-                        &tokens.as_view(),
-                        &mut y.as_view_mut(),
-                    )
-                },
-            )?
-        }
-        BandwidthOp::Nf4Dequantize => {
-            let n = s.dim("rows") * s.dim("cols");
-            ops::nf4::check_len("bandwidth", n)?;
-            rotating(
-                gpu,
-                sets,
-                |gpu| {
-                    let w = fill.signed(gpu, n)?;
-                    let mut q = ops::nf4::Nf4Device::zeros(gpu, n)?;
-                    ops::nf4::quantize(gpu, &w, &mut q)?;
-                    Ok((q, z(gpu, n)?))
-                },
-                move |gpu, (q, out)| ops::nf4::dequantize(gpu, q, out),
-            )?
-        }
+    let cx = Setup {
+        fill: &fill,
+        shape: &p.shape,
+        fwd: p.pass == Pass::Forward,
+        sets,
+        seed,
     };
+    let launch = case(p.op, p.pass)(gpu, &cx)?;
     gpu.synchronize()?;
     Ok(launch)
+}
+
+/// The RMSNorm cases' epsilon.
+const EPS: f64 = ModelConfig::RMS_EPS;
+
+fn rmsnorm_fwd(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+    let (r, h) = (cx.dim("rows"), cx.dim("hidden"));
+    let gamma = cx.fill.positive(gpu, h)?;
+    cx.f32_sets(gpu, [Signed(r * h), Zeros(r * h)], move |gpu, [x, y]| {
+        let (x, g) = (&x.as_view(), &gamma.as_view());
+        ops::rmsnorm::forward(gpu, x, g, r, h, EPS, &mut y.as_view_mut())
+    })
+}
+
+fn rmsnorm_bwd(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+    let (r, h) = (cx.dim("rows"), cx.dim("hidden"));
+    let gamma = cx.fill.positive(gpu, h)?;
+    let mut dgamma = gpu.zeros::<f32>(h)?;
+    let mut ws = ops::rmsnorm::BackwardWorkspace::new(gpu, r, h)?;
+    let spec = [Signed(r * h), Signed(r * h), Zeros(r * h)];
+    cx.f32_sets(gpu, spec, move |gpu, [x, dy, dx]| {
+        let (x, g, dy) = (&x.as_view(), &gamma.as_view(), &dy.as_view());
+        let (dx, dg) = (&mut dx.as_view_mut(), &mut dgamma.as_view_mut());
+        ops::rmsnorm::backward(gpu, x, g, dy, r, h, EPS, dx, dg, &mut ws)
+    })
+}
+
+fn rmsnorm_residual(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+    let (r, h) = (cx.dim("rows"), cx.dim("hidden"));
+    let gamma = cx.fill.positive(gpu, h)?;
+    let spec = [Signed(r * h), Signed(r * h), Zeros(r * h), Zeros(r * h)];
+    cx.f32_sets(gpu, spec, move |gpu, [a, b, hs, y]| {
+        let (a, b, g) = (&a.as_view(), &b.as_view(), &gamma.as_view());
+        let (hs, y) = (&mut hs.as_view_mut(), &mut y.as_view_mut());
+        ops::rmsnorm::forward_residual(gpu, a, b, g, r, h, EPS, hs, y)
+    })
+}
+
+fn rope(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+    let (b, sq) = (cx.dim("batch"), cx.dim("seq"));
+    let (hd, d) = (cx.dim("heads"), cx.dim("head_dim"));
+    let n = b * sq * hd * d;
+    let theta = ModelConfig::ROPE_THETA;
+    let op = if cx.fwd {
+        ops::rope::forward
+    } else {
+        ops::rope::backward
+    };
+    cx.f32_sets(gpu, [Signed(n), Zeros(n)], move |gpu, [x, y]| {
+        op(gpu, &x.as_view(), b, sq, hd, d, theta, &mut y.as_view_mut())
+    })
+}
+
+fn silu(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+    let n = cx.dim("rows") * cx.dim("cols");
+    let fwd = cx.fwd;
+    let spec = [Signed(n), Signed(n), Zeros(n)];
+    cx.f32_sets(gpu, spec, move |gpu, [x, dy, out]| {
+        let (x, out) = (&x.as_view(), &mut out.as_view_mut());
+        if fwd {
+            ops::activation::silu_forward(gpu, x, out)
+        } else {
+            ops::activation::silu_backward(gpu, x, &dy.as_view(), out)
+        }
+    })
+}
+
+fn swiglu(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+    let n = cx.dim("rows") * cx.dim("cols");
+    let fwd = cx.fwd;
+    // Forward leaves dy and dup unused: one zero each.
+    let dy = if fwd { Zeros(1) } else { Signed(n) };
+    let dup = Zeros(if fwd { 1 } else { n });
+    let spec = [dy, dup, Signed(n), Signed(n), Zeros(n)];
+    cx.f32_sets(gpu, spec, move |gpu, [dy, dup, gate, up, out]| {
+        let (gate, up) = (&gate.as_view(), &up.as_view());
+        let out = &mut out.as_view_mut();
+        if fwd {
+            ops::activation::swiglu_forward(gpu, gate, up, out)
+        } else {
+            let (dy, dup) = (&dy.as_view(), &mut dup.as_view_mut());
+            ops::activation::swiglu_backward(gpu, gate, up, dy, out, dup)
+        }
+    })
+}
+
+fn residual_add(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+    let n = cx.dim("rows") * cx.dim("cols");
+    let fwd = cx.fwd;
+    let b = if fwd { Signed(n) } else { Zeros(n) };
+    cx.f32_sets(gpu, [b, Signed(n), Zeros(n)], move |gpu, [b, a, y]| {
+        let (a, y) = (&a.as_view(), &mut y.as_view_mut());
+        if fwd {
+            ops::elementwise::residual_add(gpu, a, &b.as_view(), y)
+        } else {
+            // a is dy; b and y are the two gradients written.
+            ops::elementwise::residual_add_backward(gpu, a, &mut b.as_view_mut(), y)
+        }
+    })
+}
+
+fn scale(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+    let n = cx.dim("rows") * cx.dim("cols");
+    // Not a power of two, so the product really rounds.
+    let factor = 0.7;
+    let op = if cx.fwd {
+        ops::elementwise::scale
+    } else {
+        ops::elementwise::scale_backward
+    };
+    cx.f32_sets(gpu, [Signed(n), Zeros(n)], move |gpu, [x, y]| {
+        op(gpu, &x.as_view(), factor, &mut y.as_view_mut())
+    })
+}
+
+fn cross_entropy(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+    let (r, v) = (cx.dim("rows"), cx.dim("vocab"));
+    let fwd = cx.fwd;
+    let mut rng = ChaCha8Rng::seed_from_u64(cx.seed ^ 0x7a);
+    let make = |gpu: &mut GpuContext| {
+        let targets = gpu.upload(&ids(&mut rng, r, v))?;
+        let out = gpu.zeros::<f32>(if fwd { r } else { r * v })?;
+        let logits = cx.fill.signed(gpu, r * v)?;
+        Ok((logits, targets, out, gpu.zeros::<f32>(1)?))
+    };
+    rotating(gpu, cx.sets, make, move |gpu, set| {
+        let (logits, targets, out, loss) = set;
+        let (logits, targets) = (&logits.as_view(), &targets.as_view());
+        let out = &mut out.as_view_mut();
+        if fwd {
+            let loss = &mut loss.as_view_mut();
+            ops::cross_entropy::forward(gpu, logits, r, v, targets, out, loss)
+        } else {
+            ops::cross_entropy::backward(gpu, logits, r, v, targets, out)
+        }
+    })
+}
+
+fn squared_sum(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+    let n = cx.dim("n");
+    let mut ws = ops::clip::SquaredSumWorkspace::new(gpu, &[n])?;
+    let mut sq = gpu.zeros::<f64>(1)?;
+    cx.f32_sets(gpu, [Signed(n)], move |gpu, [g]| {
+        ops::clip::squared_sum(gpu, &[g.as_view()], &mut ws, &mut sq.as_view_mut())
+    })
+}
+
+fn clip_apply(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+    let n = cx.dim("n");
+    // A scale of exactly 1: the kernel still reads, multiplies and writes
+    // every value, and thousands of in-place replays cannot shrink the data
+    // to zeros.
+    let scale = gpu.upload(&[1.0f32])?;
+    cx.f32_sets(gpu, [Signed(n)], move |gpu, [g]| {
+        ops::clip::apply(gpu, &mut g.as_view_mut(), &scale.as_view())
+    })
+}
+
+fn adamw(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+    let n = cx.dim("n");
+    let hyper = qlora::train::AdamW::new(1e-3, 0.01);
+    let spec = [Signed(n), Signed(n), Signed(n), Positive(n)];
+    cx.f32_sets(gpu, spec, move |gpu, [p, g, m, v]| {
+        let (p, g) = (&mut p.as_view_mut(), &g.as_view());
+        let (m, v) = (&mut m.as_view_mut(), &mut v.as_view_mut());
+        ops::adamw::step(gpu, p, g, m, v, &hyper, 1)
+    })
+}
+
+fn embedding(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+    let (t, v, h) = (cx.dim("tokens"), cx.dim("vocab"), cx.dim("hidden"));
+    let table = cx.fill.signed(gpu, v * h)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(cx.seed ^ 0xe3);
+    let make =
+        |gpu: &mut GpuContext| Ok((gpu.upload(&ids(&mut rng, t, v))?, gpu.zeros::<f32>(t * h)?));
+    rotating(gpu, cx.sets, make, move |gpu, (tokens, y)| {
+        let (table, tokens) = (&table.as_view(), &tokens.as_view());
+        ops::embedding::forward(gpu, table, v, h, tokens, &mut y.as_view_mut())
+    })
+}
+
+fn nf4_dequantize(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+    let n = cx.dim("rows") * cx.dim("cols");
+    ops::nf4::check_len("bandwidth", n)?;
+    let make = |gpu: &mut GpuContext| {
+        let w = cx.fill.signed(gpu, n)?;
+        let mut q = ops::nf4::Nf4Device::zeros(gpu, n)?;
+        ops::nf4::quantize(gpu, &w, &mut q)?;
+        Ok((q, gpu.zeros::<f32>(n)?))
+    };
+    rotating(gpu, cx.sets, make, move |gpu, (q, out)| {
+        ops::nf4::dequantize(gpu, q, out)
+    })
 }
 
 /// Median-time samples of the 256 MiB device-to-device copy, in ms.
