@@ -1,7 +1,8 @@
 //! [`Faults`]: the named things the stack can be told to get wrong.
 //!
-//! A contract that cannot fail is a defect, so whoever tests this stack needs
-//! a way to plant a known fault and see the contract catch it. Every such
+//! A claim about the stack that no fault could break proves nothing, so
+//! whoever tests this stack needs a way to plant a known fault and see the
+//! test catch it. Every such
 //! fault is one knob here; nothing else in the stack takes a fault argument.
 //! A [`crate::gpu::GpuContext`] holds the active knobs and applies them only
 //! inside [`crate::gpu::GpuContext::with_faults`], whose guard clears them on

@@ -36,7 +36,7 @@ pub const SIGNATURES: Signatures = &[(
 )];
 
 /// The hyper-parameters rounded to the f32 the kernel receives, so a
-/// reference can run with exactly the values the kernel used.
+/// host computation can use exactly the values the kernel used.
 pub fn as_kernel_args(h: &AdamW) -> AdamW {
     let r = |v: f64| f64::from(v as f32);
     AdamW {

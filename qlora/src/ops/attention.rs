@@ -1,6 +1,5 @@
 //! Launchers for `kernels/attention.cu`: causal grouped-query attention in
-//! f32, forward and backward, with the layouts and the math of
-//! [`crate::reference::attention`]:
+//! f32, forward and backward:
 //!
 //! - `q`, `out` `[batch, seq, heads, head_dim]`; `k`, `v` `[batch, seq, kv_heads, head_dim]`;
 //!   query head `h` reads kv head `h / (heads / kv_heads)`;

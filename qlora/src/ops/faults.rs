@@ -1,4 +1,5 @@
-//! Launchers for `kernels/faults.cu`: deliberate faults for fault-isolation mutants.
+//! Launchers for `kernels/faults.cu`: a deliberate illegal-address fault,
+//! for [`crate::Faults::out_of_bounds_write`].
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 

@@ -1,11 +1,11 @@
 //! Launchers for `kernels/nf4.cu`: NF4 quantisation and dequantisation
 //! (block 64, absmax), and the GEMMs that read NF4 weights directly.
 //!
-//! Values, code book, tie rule and zero-block rule are those of
-//! [`crate::reference::nf4`]; only the storage differs: the device packs two
+//! Values, code book, tie rule and zero-block rule are those of the host
+//! format [`crate::model::nf4`]; only the storage differs: the device packs two
 //! codes per byte ([`pack_codes`]), element `e` in byte `e / 2`, low nibble
 //! for even `e`, high nibble for odd `e`. `absmax` is f32 (the max of f32
-//! values, so exactly the reference's).
+//! values, so exactly the host's).
 //!
 //! - quantise: `absmax_b = max |w_i|`, `code_i = argmin_c |w_i / absmax_b - CODE_BOOK[c]|`
 //! - dequantise: `w'_i = CODE_BOOK[code_i] * absmax_{i / 64}`
@@ -103,7 +103,7 @@ pub fn unpack_codes(packed: &[u8]) -> Vec<u8> {
     packed.iter().flat_map(|&b| [b & 0x0f, b >> 4]).collect()
 }
 
-/// Uploads a reference [`Nf4Tensor`] (block 64) in the device layout.
+/// Uploads a host [`Nf4Tensor`] (block 64) in the device layout.
 pub fn upload(gpu: &GpuContext, t: &Nf4Tensor) -> Result<Nf4Device> {
     check_len("nf4_upload", t.len)?;
     if t.block != BLOCK || t.codes.len() != t.len || t.absmax.len() * BLOCK != t.len {
@@ -388,9 +388,9 @@ mod tests {
     }
 
     /// The code book in `nf4.cu` (both the f64 table the code choice uses and
-    /// the f32 table dequantisation uses) is the reference's, value for value.
+    /// the f32 table dequantisation uses) is the host format's, value for value.
     #[test]
-    fn kernel_code_book_is_the_reference_code_book() {
+    fn kernel_code_book_is_the_host_code_book() {
         let src = crate::kernels::module("nf4").unwrap().source;
         // The literals of a table, as written (C rounds each one directly).
         let table = |name: &str| -> Vec<String> {

@@ -39,8 +39,8 @@ fn dims(rows: usize, seq: usize) -> Result<(i32, i32)> {
     ))
 }
 
-/// `y = causal_softmax(x)`, max-subtracted (unless the fault
-/// [`Mutant::SoftmaxWithoutMaxSubtraction`] is injected).
+/// `y = causal_softmax(x)`, max-subtracted (unless the fault knob
+/// [`crate::Faults::softmax_without_max_subtraction`] is on).
 pub fn forward(
     gpu: &mut GpuContext,
     x: &CudaView<'_, f32>,

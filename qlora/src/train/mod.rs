@@ -3,6 +3,7 @@
 
 mod blas;
 pub mod kernels;
+mod layer;
 mod options;
 pub mod step;
 pub mod weights;

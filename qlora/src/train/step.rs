@@ -1,5 +1,7 @@
-//! [`GpuTrainer`]: the QLoRA training step on the GPU, the same model, data
-//! and math as the CPU reference ([`crate::reference::train`]), in f32.
+//! [`GpuTrainer`]: the QLoRA training step on the GPU, in f32. The model,
+//! its weights and the batch order are functions of the seed alone
+//! ([`crate::model`]), so any other implementation of the same math fed the
+//! same seed trains the same model.
 //!
 //! One step, all on the work stream, all into the preallocated
 //! [`Workspace`]:
@@ -35,17 +37,18 @@ use rand_chacha::ChaCha8Rng;
 
 use super::blas;
 use super::kernels;
+use super::layer::{DecoderLayer, LayerCtx};
 use super::options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions};
-use super::weights::{BaseDevice, LayerWeights, Params};
+use super::weights::{BaseDevice, Params};
 use super::workspace::{CublasWorkspace, Workspace, CUBLAS_WORKSPACE_BYTES};
 use crate::error::{Error, Result};
 use crate::gpu::table::{address, TensorTable};
 use crate::gpu::{GemmMath, GpuContext};
 use crate::model::corpus::{self, Corpus, BATCH_SALT, CORPUS_SALT};
 use crate::model::{ModelConfig, Slot, Trainable};
-use crate::ops::attention::{self, AttnShape};
+use crate::ops::attention::AttnShape;
 use crate::ops::clip::{self as clip_ops, TABLE_PARTIALS};
-use crate::ops::{activation, cross_entropy, embedding, rmsnorm, rope};
+use crate::ops::{cross_entropy, embedding, rmsnorm};
 
 /// Host synchronisations the step made: every device-to-host read goes
 /// through `SyncCounter::host_read`, which counts it here.
@@ -127,7 +130,7 @@ impl SyncCounter {
 }
 
 impl GpuTrainer {
-    /// A fresh model of `cfg` from `seed` (the CPU reference's weights, corpus
+    /// A fresh model of `cfg` from `seed` (the seeded weights, corpus
     /// and batch order for the same seed).
     pub fn new(
         gpu: &mut GpuContext,
@@ -448,109 +451,53 @@ impl GpuTrainer {
         }
     }
 
+    /// What every layer's launches share in this step's forward and backward.
+    fn layer_ctx(&self, gpu: &GpuContext) -> LayerCtx {
+        let (fwd, bwd) = self.math(gpu);
+        let lora_s = self.params.scale;
+        // The fault: the LoRA backward applies s twice.
+        let s_bwd = if gpu.faults().lora_backward_scale_twice {
+            lora_s * lora_s
+        } else {
+            lora_s
+        } as f32;
+        LayerCtx {
+            c: self.cfg,
+            fwd,
+            bwd,
+            attn: self.attn_shape(),
+            lora_s: lora_s as f32,
+            lora_s_bwd: s_bwd,
+        }
+    }
+
+    /// `x0 = emb[inputs]`, every layer in order, then the loss
+    /// ([`GpuTrainer::head_forward`]).
     fn forward(&mut self, gpu: &mut GpuContext) -> Result<()> {
         let c = self.cfg;
-        let (fwd, _) = self.math(gpu);
-        let rows = c.tokens();
-        let (h, qd, kvd, inter, r) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate, c.lora_rank);
-        let eps = ModelConfig::RMS_EPS;
-        let sh = self.attn_shape();
-        let lora_s = self.params.scale as f32;
+        let ctx = self.layer_ctx(gpu);
         let ws = &mut self.ws;
-        let p = &self.params.p;
         embedding::forward(
             gpu,
             &self.base.embedding.as_view(),
             c.vocab,
-            h,
+            c.hidden,
             &ws.inputs.as_view(),
             &mut ws.xs[0].as_view_mut(),
         )?;
-        let sc = &mut ws.scratch;
         for (l, w) in self.base.layers.iter().enumerate() {
-            let a = &mut ws.layers[l];
-            let (head, tail) = ws.xs.split_at_mut(l + 1);
-            let x = &head[l];
-            let x_next = &mut tail[0];
-            let pi = |slot: Slot| &p[Trainable::index(l, slot)];
-            rmsnorm::forward(
-                gpu,
-                &x.as_view(),
-                &pi(Slot::AttnNorm).as_view(),
-                rows,
-                h,
-                eps,
-                &mut a.n1.as_view_mut(),
-            )?;
-            let wq = Workspace::weight(&mut ws.deq, gpu, &w.q)?;
-            let (qa, qb) = (pi(Slot::QA), pi(Slot::QB));
-            lora_linear(
-                gpu,
-                fwd,
-                &a.n1,
-                wq,
-                (qa, qb, lora_s),
-                &mut a.uq,
-                &mut sc.q,
-                (rows, h, r, qd),
-            )?;
-            let wk = Workspace::weight(&mut ws.deq, gpu, &w.k)?;
-            blas::linear(gpu, fwd, 1.0, &a.n1, wk, 0.0, &mut sc.k, (rows, h, kvd))?;
-            let wv = Workspace::weight(&mut ws.deq, gpu, &w.v)?;
-            let (va, vb) = (pi(Slot::VA), pi(Slot::VB));
-            lora_linear(
-                gpu,
-                fwd,
-                &a.n1,
-                wv,
-                (va, vb, lora_s),
-                &mut a.uv,
-                &mut a.v,
-                (rows, h, r, kvd),
-            )?;
-            rope_qk(
-                gpu,
-                &c,
-                Rotation::Forward,
-                (&sc.q, &sc.k),
-                (&mut a.qr, &mut a.kr),
-            )?;
-            attention::forward(gpu, (&a.qr, &a.kr, &a.v), &mut a.att, &mut a.probs, &sh)?;
-            gpu.stream().memcpy_dtod(x, &mut a.x2)?;
-            let wo = Workspace::weight(&mut ws.deq, gpu, &w.o)?;
-            blas::linear(gpu, fwd, 1.0, &a.att, wo, 1.0, &mut a.x2, (rows, qd, h))?;
-            rmsnorm::forward(
-                gpu,
-                &a.x2.as_view(),
-                &pi(Slot::MlpNorm).as_view(),
-                rows,
-                h,
-                eps,
-                &mut a.n2.as_view_mut(),
-            )?;
-            let (gate, up) = match &mut a.mlp {
-                Some((g, u)) => (g, u),
-                None => (&mut sc.gate, &mut sc.up),
-            };
-            gate_up(
-                gpu,
-                fwd,
-                &mut ws.deq,
-                w,
-                &a.n2,
-                (gate, up),
-                (rows, h, inter),
-            )?;
-            activation::swiglu_forward(
-                gpu,
-                &gate.as_view(),
-                &up.as_view(),
-                &mut sc.act.as_view_mut(),
-            )?;
-            gpu.stream().memcpy_dtod(&a.x2, x_next)?;
-            let wd = Workspace::weight(&mut ws.deq, gpu, &w.down)?;
-            blas::linear(gpu, fwd, 1.0, &sc.act, wd, 1.0, x_next, (rows, inter, h))?;
+            DecoderLayer::new(l, w, &self.params.p).forward(gpu, &ctx, ws)?;
         }
+        self.head_forward(gpu, ctx.fwd)
+    }
+
+    /// `loss = CE(rmsnorm(x_L) Wlm^T, targets)`: the final norm, the LM head
+    /// and the mean cross-entropy.
+    fn head_forward(&mut self, gpu: &mut GpuContext, fwd: GemmMath) -> Result<()> {
+        let c = self.cfg;
+        let (rows, h) = (c.tokens(), c.hidden);
+        let eps = ModelConfig::RMS_EPS;
+        let ws = &mut self.ws;
         rmsnorm::forward(
             gpu,
             &ws.xs[c.layers].as_view(),
@@ -578,30 +525,31 @@ impl GpuTrainer {
             &ws.targets.as_view(),
             &mut ws.losses.as_view_mut(),
             &mut ws.loss.as_view_mut(),
-        )?;
+        )
+    }
+
+    /// `dx` of `x_L` ([`GpuTrainer::head_backward`]), then every layer in
+    /// reverse, each turning `dx` into the gradient of its input and writing
+    /// its trainable gradients.
+    fn backward(&mut self, gpu: &mut GpuContext) -> Result<()> {
+        let ctx = self.layer_ctx(gpu);
+        self.head_backward(gpu, ctx.bwd)?;
+        let ws = &mut self.ws;
+        let g = &mut self.params.g;
+        for (l, w) in self.base.layers.iter().enumerate().rev() {
+            DecoderLayer::new(l, w, &self.params.p).backward(gpu, &ctx, ws, g)?;
+        }
         Ok(())
     }
 
-    fn backward(&mut self, gpu: &mut GpuContext) -> Result<()> {
+    /// The backward of [`GpuTrainer::head_forward`] into `dx`, the gradient
+    /// of `x_L` (the frozen final norm's weight gradient is discarded).
+    fn head_backward(&mut self, gpu: &mut GpuContext, bwd: GemmMath) -> Result<()> {
         let c = self.cfg;
-        let (_, bwd) = self.math(gpu);
-        let rows = c.tokens();
-        let (h, qd, kvd, inter, r) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate, c.lora_rank);
+        let (rows, h) = (c.tokens(), c.hidden);
         let eps = ModelConfig::RMS_EPS;
-        let sh = self.attn_shape();
-        let lora_s = self.params.scale;
-        let s_bwd = if gpu.faults().lora_backward_scale_twice {
-            lora_s * lora_s
-        } else {
-            lora_s
-        } as f32;
-        let (fwd, _) = self.math(gpu);
         let ws = &mut self.ws;
         let d = &mut ws.grads;
-        let sc = &mut ws.scratch;
-        let p = &self.params.p;
-        let g = &mut self.params.g;
-
         cross_entropy::backward(
             gpu,
             &ws.logits.as_view(),
@@ -631,137 +579,7 @@ impl GpuTrainer {
             &mut d.dx.as_view_mut(),
             &mut d.dfinal_gamma.as_view_mut(),
             &mut d.norm,
-        )?;
-        for (l, w) in self.base.layers.iter().enumerate().rev() {
-            let a = &ws.layers[l];
-            let x = &ws.xs[l];
-            let idx = |slot: Slot| Trainable::index(l, slot);
-            // MLP branch: x' = x2 + down(swiglu(gate(n2), up(n2))); gate and
-            // up are the forward's when kept, else recomputed from n2 exactly
-            // as the forward computed them.
-            let (gate, up) = match &a.mlp {
-                Some((g, u)) => (g, u),
-                None => {
-                    let dims = (rows, h, inter);
-                    gate_up(
-                        gpu,
-                        fwd,
-                        &mut ws.deq,
-                        w,
-                        &a.n2,
-                        (&mut sc.gate, &mut sc.up),
-                        dims,
-                    )?;
-                    (&sc.gate, &sc.up)
-                }
-            };
-            let wd = Workspace::weight(&mut ws.deq, gpu, &w.down)?;
-            blas::linear_dx(gpu, bwd, 1.0, &d.dx, wd, 0.0, &mut d.dact, (rows, inter, h))?;
-            activation::swiglu_backward(
-                gpu,
-                &gate.as_view(),
-                &up.as_view(),
-                &d.dact.as_view(),
-                &mut d.dgate.as_view_mut(),
-                &mut d.dup.as_view_mut(),
-            )?;
-            let wg = Workspace::weight(&mut ws.deq, gpu, &w.gate)?;
-            blas::linear_dx(
-                gpu,
-                bwd,
-                1.0,
-                &d.dgate,
-                wg,
-                0.0,
-                &mut d.dn2,
-                (rows, h, inter),
-            )?;
-            let wu = Workspace::weight(&mut ws.deq, gpu, &w.up)?;
-            blas::linear_dx(gpu, bwd, 1.0, &d.dup, wu, 1.0, &mut d.dn2, (rows, h, inter))?;
-            rmsnorm::backward(
-                gpu,
-                &a.x2.as_view(),
-                &p[idx(Slot::MlpNorm)].as_view(),
-                &d.dn2.as_view(),
-                rows,
-                h,
-                eps,
-                &mut d.dtmp.as_view_mut(),
-                &mut g[idx(Slot::MlpNorm)].as_view_mut(),
-                &mut d.norm,
-            )?;
-            kernels::accumulate(gpu, &mut d.dx, &d.dtmp)?;
-
-            // Attention branch: x2 = x + o(attention(rope(q), rope(k), v)).
-            let wo = Workspace::weight(&mut ws.deq, gpu, &w.o)?;
-            blas::linear_dx(gpu, bwd, 1.0, &d.dx, wo, 0.0, &mut d.datt, (rows, qd, h))?;
-            attention::backward(
-                gpu,
-                (&a.qr, &a.kr, &a.v),
-                &a.att,
-                &a.probs,
-                &d.datt,
-                &mut d.attn,
-                (&mut d.dqr, &mut d.dkr, &mut d.dv),
-                &sh,
-            )?;
-            rope_qk(
-                gpu,
-                &c,
-                Rotation::Backward,
-                (&d.dqr, &d.dkr),
-                (&mut d.dq, &mut d.dk),
-            )?;
-            let wq = Workspace::weight(&mut ws.deq, gpu, &w.q)?;
-            blas::linear_dx(gpu, bwd, 1.0, &d.dq, wq, 0.0, &mut d.dn1, (rows, h, qd))?;
-            let wk = Workspace::weight(&mut ws.deq, gpu, &w.k)?;
-            blas::linear_dx(gpu, bwd, 1.0, &d.dk, wk, 1.0, &mut d.dn1, (rows, h, kvd))?;
-            let wv = Workspace::weight(&mut ws.deq, gpu, &w.v)?;
-            blas::linear_dx(gpu, bwd, 1.0, &d.dv, wv, 1.0, &mut d.dn1, (rows, h, kvd))?;
-
-            // LoRA branches: y += s (n1 A^T) B^T.
-            for (dy, u, sa, sb, out) in [
-                (&d.dq, &a.uq, Slot::QA, Slot::QB, qd),
-                (&d.dv, &a.uv, Slot::VA, Slot::VB, kvd),
-            ] {
-                blas::linear_dw(gpu, bwd, s_bwd, dy, u, &mut g[idx(sb)], (rows, r, out))?;
-                blas::linear_dx(
-                    gpu,
-                    bwd,
-                    s_bwd,
-                    dy,
-                    &p[idx(sb)],
-                    0.0,
-                    &mut d.du,
-                    (rows, r, out),
-                )?;
-                blas::linear_dw(gpu, bwd, 1.0, &d.du, &a.n1, &mut g[idx(sa)], (rows, h, r))?;
-                blas::linear_dx(
-                    gpu,
-                    bwd,
-                    1.0,
-                    &d.du,
-                    &p[idx(sa)],
-                    1.0,
-                    &mut d.dn1,
-                    (rows, h, r),
-                )?;
-            }
-            rmsnorm::backward(
-                gpu,
-                &x.as_view(),
-                &p[idx(Slot::AttnNorm)].as_view(),
-                &d.dn1.as_view(),
-                rows,
-                h,
-                eps,
-                &mut d.dtmp.as_view_mut(),
-                &mut g[idx(Slot::AttnNorm)].as_view_mut(),
-                &mut d.norm,
-            )?;
-            kernels::accumulate(gpu, &mut d.dx, &d.dtmp)?;
-        }
-        Ok(())
+        )
     }
 
     /// Global (or per-layer) norm clipping, entirely on the device: each
@@ -870,78 +688,4 @@ fn refuse_if_too_big(
         });
     }
     Ok(())
-}
-
-/// Which way [`rope_qk`] rotates.
-#[derive(Clone, Copy)]
-enum Rotation {
-    Forward,
-    /// The transpose, for the backward.
-    Backward,
-}
-
-/// RoPE on one layer's q and k (`[T, heads * head_dim]`, `[T, kv_heads *
-/// head_dim]`) at the model's theta.
-fn rope_qk(
-    gpu: &mut GpuContext,
-    c: &ModelConfig,
-    rotation: Rotation,
-    (q, k): (&CudaSlice<f32>, &CudaSlice<f32>),
-    (q_out, k_out): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
-) -> Result<()> {
-    let apply = match rotation {
-        Rotation::Forward => rope::forward,
-        Rotation::Backward => rope::backward,
-    };
-    let theta = ModelConfig::ROPE_THETA;
-    for (x, y, heads) in [(q, q_out, c.heads), (k, k_out, c.kv_heads)] {
-        let (b, s, d) = (c.batch, c.seq_len, c.head_dim);
-        apply(
-            gpu,
-            &x.as_view(),
-            b,
-            s,
-            heads,
-            d,
-            theta,
-            &mut y.as_view_mut(),
-        )?;
-    }
-    Ok(())
-}
-
-/// The MLP's input projections `gate = n2 Wg^T`, `up = n2 Wu^T`: what the
-/// forward computes and the backward recomputes when they are not kept.
-fn gate_up(
-    gpu: &mut GpuContext,
-    math: GemmMath,
-    deq: &mut [CudaSlice<f32>],
-    w: &LayerWeights,
-    n2: &CudaSlice<f32>,
-    (gate, up): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
-    (rows, hidden, inter): (usize, usize, usize),
-) -> Result<()> {
-    let wg = Workspace::weight(deq, gpu, &w.gate)?;
-    blas::linear(gpu, math, 1.0, n2, wg, 0.0, gate, (rows, hidden, inter))?;
-    let wu = Workspace::weight(deq, gpu, &w.up)?;
-    blas::linear(gpu, math, 1.0, n2, wu, 0.0, up, (rows, hidden, inter))
-}
-
-/// A frozen projection with its LoRA branch: `y = x W^T + s (x A^T) B^T`,
-/// keeping `u = x A^T` for the backward. `W` is `[out, in]`, `A` is `[r, in]`,
-/// `B` is `[out, r]`.
-#[allow(clippy::too_many_arguments)]
-fn lora_linear(
-    gpu: &GpuContext,
-    math: GemmMath,
-    x: &CudaSlice<f32>,
-    w: &CudaSlice<f32>,
-    (a, b, s): (&CudaSlice<f32>, &CudaSlice<f32>, f32),
-    u: &mut CudaSlice<f32>,
-    y: &mut CudaSlice<f32>,
-    (rows, in_dim, r, out_dim): (usize, usize, usize, usize),
-) -> Result<()> {
-    blas::linear(gpu, math, 1.0, x, w, 0.0, y, (rows, in_dim, out_dim))?;
-    blas::linear(gpu, math, 1.0, x, a, 0.0, u, (rows, in_dim, r))?;
-    blas::linear(gpu, math, s, u, b, 1.0, y, (rows, r, out_dim))
 }

@@ -1,6 +1,6 @@
 //! The frozen base model on the device, rebuilt tensor by tensor from the
-//! same seeds as [`crate::model::BaseModel::init`] (so the GPU and the CPU
-//! reference train the same model), and the trainable tensors with their
+//! same seeds as [`crate::model::BaseModel::init`] (so the GPU and the host
+//! model are the same model), and the trainable tensors with their
 //! gradients and AdamW moments.
 
 use cudarc::driver::CudaSlice;
@@ -70,7 +70,7 @@ fn to_f32(v: &[f64]) -> Vec<f32> {
 /// One projection, drawn exactly as `FrozenLinear::init` draws it. With
 /// `on_device`, an NF4 base is quantised by the device kernel from the f32
 /// values (block absmax rounded to f32 first, so a code may differ from the
-/// f64 reference's at a rounding boundary).
+/// host quantiser's f64 choice at a rounding boundary).
 fn linear(
     gpu: &mut GpuContext,
     seed: u64,

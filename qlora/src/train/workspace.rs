@@ -139,7 +139,7 @@ pub struct Workspace {
     pub grads: Grads,
     /// NF4 base only: one dequantisation target per distinct weight length.
     pub deq: Vec<CudaSlice<f32>>,
-    /// Under [`crate::mutant::Mutant::ActivationsDoubled`]: a second copy of
+    /// Under [`crate::Faults::activations_doubled`]: a second copy of
     /// every layer's activations, MLP ones included, held for the trainer's
     /// life (the leak the memory budget must catch).
     pub leaked: Vec<CudaSlice<f32>>,
@@ -218,7 +218,7 @@ impl Workspace {
     }
 
     /// Device bytes [`Workspace::new`] will allocate for `c` (without the
-    /// NF4 dequantisation targets, the leak mutant and buffers of `hidden` or
+    /// NF4 dequantisation targets, the leak fault's copy and buffers of `hidden` or
     /// `T` floats), computed before allocating so that a configuration that
     /// cannot fit is refused up front:
     /// `4 * (layers * saved + (layers + 7) * T * hidden + 2 * T * vocab`
