@@ -1,6 +1,6 @@
 // Causal grouped-query attention (GQA), forward and backward, in f32.
 //
-// Layouts (row-major, as in reference/attention.rs):
+// Layouts (row-major, as in ops/attention.rs):
 //   q, out, dq, dout  [batch, seq, heads, head_dim]
 //   k, v, dk, dv      [batch, seq, kv_heads, head_dim]
 //   probs             [batch, heads, seq, seq], masked entries (j > i) exactly 0

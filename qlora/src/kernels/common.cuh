@@ -124,7 +124,7 @@ static __device__ __forceinline__ void map2(const float* __restrict__ a, const f
 }
 
 // AdamW (adamw.cu, and the training step's one-launch form in train.cu).
-// Bias corrections c = 1 - b^t by repeated squaring, as the reference's powi
+// Bias corrections c = 1 - b^t by repeated squaring, as the host's powi
 // does (a libm pow per thread costs registers and latency the streaming loop
 // needs).
 // b^e for e >= 0 by repeated squaring, in double.

@@ -1,4 +1,4 @@
-// Deliberately faulty kernels, launched only by fault-injection mutants.
+// Deliberately faulty kernels, launched only under a fault knob (faults.rs).
 
 // Writes one element 2^40 floats past `out`: far beyond any allocation, so the
 // store raises an illegal-address fault and poisons the CUDA context.

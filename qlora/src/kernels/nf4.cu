@@ -1,7 +1,7 @@
 // NormalFloat4 (NF4) block quantisation (QLoRA), and GEMMs that read NF4
 // weights directly.
 //
-// Layout (matches reference/nf4.rs value for value; only the packing differs):
+// Layout (matches model/nf4.rs value for value; only the packing differs):
 //   - a tensor of `len` values (len a multiple of NF4_BLOCK = 64, checked by
 //     the launcher) is cut into blocks of 64 consecutive values;
 //   - absmax[b] = max_i |w_i| over block b (f32; exact, max does not round);
@@ -12,8 +12,8 @@
 //   - deq_i = NF4_CODE_BOOK[code_i] * absmax[i / 64].
 //
 // The code choice runs in double precision on purpose: w and absmax are f32,
-// so the f64 quotient is exactly the reference's, and the distance
-// comparisons are the reference's too; the codes come out bit-identical
+// so the f64 quotient is exactly the host quantiser's, and the distance
+// comparisons are the host's too; the codes come out bit-identical
 // instead of flipping near the midpoints between two code values.
 //
 // `write_limit` (elements, in order) exists only so the test-only fault
@@ -23,7 +23,7 @@
 #define NF4_BLOCK 64
 #define NF4_TILE 16
 
-// The 16 values of bitsandbytes' NF4 code book, as in reference/nf4.rs.
+// The 16 values of bitsandbytes' NF4 code book, as in model/nf4.rs.
 __constant__ double NF4_CODE_BOOK_F64[16] = {
     -1.0,
     -0.6961928009986877,
@@ -66,7 +66,7 @@ __constant__ float NF4_CODE_BOOK_F32[16] = {
 #define NF4_ZERO_CODE 7
 
 // Nearest code to w / amax (amax > 0), ties to the lower code: the
-// reference's `nearest_code` loop, in the same arithmetic.
+// host's `nearest_code` loop (model/nf4.rs), in the same arithmetic.
 __device__ __forceinline__ unsigned int nf4_nearest_code(float w, float amax) {
     if (!(amax > 0.0f)) {
         return NF4_ZERO_CODE;

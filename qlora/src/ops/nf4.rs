@@ -118,7 +118,7 @@ pub fn upload(gpu: &GpuContext, t: &Nf4Tensor) -> Result<Nf4Device> {
             ),
         });
     }
-    // The reference's absmax is the max of f32 inputs, so the cast is exact
+    // The host's absmax is the max of f32 inputs, so the cast is exact
     // for tensors quantised from f32 data.
     let absmax: Vec<f32> = t.absmax.iter().map(|&a| a as f32).collect();
     Ok(Nf4Device {
