@@ -68,13 +68,58 @@ const CPU: &[Backend] = &[Backend::Cpu];
 const CUDA: &[Backend] = &[Backend::Cuda];
 const BOTH: &[Backend] = &[Backend::Cpu, Backend::Cuda];
 
+/// What the machine a run is planned on offers, read once before any trial.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Here {
+    /// Memory the host can give a trial, in bytes (`MemAvailable`).
+    pub host_memory_bytes: u64,
+    /// The GPU the cuda trials would run on, when one is usable.
+    pub gpu: Option<GpuHere>,
+}
+
+/// The facts of the GPU a run is planned on.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuHere {
+    /// As the driver reports it, e.g. "NVIDIA H200".
+    pub name: String,
+    pub total_memory_bytes: u64,
+    /// Free device memory when the run was planned.
+    pub free_memory_bytes: u64,
+}
+
 /// A check kind's parameters: parsed strictly (serde, unknown keys refused),
 /// checked across fields ([`Validate`]) and executed on a backend.
 pub trait Kind: Validate {
     /// Runs the measurement. Errors (a kernel that fails to launch, a shape
     /// the op refuses) become `error` rows; they never abort the run.
     fn execute(&self, backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement>;
+
+    /// Why this check cannot be judged on `here` although it could run (no
+    /// target stated for this GPU kind, a configuration that does not fit its
+    /// memory), or `None`. Decided before the trial runs: such a trial is
+    /// ignored with the reason and recorded `skipped`, never run and failed.
+    fn unjudged_on(&self, _backend: Backend, _here: &Here) -> Option<String> {
+        None
+    }
+
+    /// Whether running this check on `backend` stays within what `here` has
+    /// and within the kind's documented bounds; the error says what it would
+    /// need, e.g. "steps: 4000000000 needs ~128 GB on cpu; this machine has
+    /// 24 GB". Checked when trials are planned, so a contract that validates
+    /// can also run.
+    fn check_budget(&self, _backend: Backend, _here: &Here) -> std::result::Result<(), String> {
+        Ok(())
+    }
+
+    /// Seconds one trial of this kind may take before it is stopped and
+    /// recorded as an `error` (a contract's `timeout_s` overrides it).
+    fn default_timeout_s(&self) -> f64 {
+        DEFAULT_TIMEOUT_S
+    }
 }
+
+/// The wall-time limit of a trial whose kind states none, in seconds.
+pub const DEFAULT_TIMEOUT_S: f64 = 300.0;
 
 /// Declares every kind from one line each: `Variant(module) "name",
 /// backends, "what it measures";`. The module holds the kind's `Params`
@@ -100,6 +145,27 @@ macro_rules! registry {
             pub fn kind_name(&self) -> &'static str {
                 match self {
                     $(CheckSpec::$variant(_) => $name,)*
+                }
+            }
+
+            /// See [`Kind::unjudged_on`].
+            pub fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
+                match self {
+                    $(CheckSpec::$variant(p) => p.unjudged_on(backend, here),)*
+                }
+            }
+
+            /// See [`Kind::check_budget`].
+            pub fn check_budget(&self, backend: Backend, here: &Here) -> std::result::Result<(), String> {
+                match self {
+                    $(CheckSpec::$variant(p) => p.check_budget(backend, here),)*
+                }
+            }
+
+            /// See [`Kind::default_timeout_s`].
+            pub fn default_timeout_s(&self) -> f64 {
+                match self {
+                    $(CheckSpec::$variant(p) => p.default_timeout_s(),)*
                 }
             }
 

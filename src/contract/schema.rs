@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use crate::check::params::Positive;
 use crate::check::{Backend, CheckSpec};
 use crate::mutant::Mutant;
 
@@ -109,7 +110,19 @@ pub struct FalsificationTest {
     pub requires: Option<Vec<Requirement>>,
     /// The injected fault that must make this check falsify (the self-test).
     pub mutant: Mutant,
+    /// Seconds a trial of this test may take before it is stopped and
+    /// recorded as an `error`; absent, the check kind's default.
+    #[serde(default)]
+    pub timeout_s: Option<Positive>,
     pub check: CheckSpec,
+}
+
+impl FalsificationTest {
+    /// The wall-time limit of one trial of this test, in seconds.
+    pub fn timeout_s(&self) -> f64 {
+        self.timeout_s
+            .map_or_else(|| self.check.default_timeout_s(), |t| t.0)
+    }
 }
 
 impl Contract {
