@@ -2,16 +2,24 @@
 //! (`{contract}::{test_id}`) and one per mutant self-test
 //! (`{contract}::{test_id}::mutant`), with kind `cpu` or `cuda`.
 //!
-//! Without a CUDA driver every `cuda` trial is reported ignored and recorded as
-//! `skipped` with the reason. Results go to `reports/latest/*.csv`.
+//! Each trial runs in a child process of this executable (a crash, a hang
+//! past the trial's timeout or a poisoned CUDA context costs that trial one
+//! `error` row). A trial that cannot be judged here — no CUDA driver, no
+//! target stated for this GPU kind, a configuration that does not fit — is
+//! reported ignored and recorded as `skipped` with the reason, decided before
+//! anything runs. SIGINT or SIGTERM stop the run and keep the rows of the
+//! trials that finished. Results go to `reports/latest/*.csv`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use falsify::contract::{load_dir, Backend};
+use falsify::contract::load_dir;
 use falsify::report::Status;
-use falsify::run::{plan, Engine, RunOptions, TrialSpec};
+use falsify::run::{
+    check_budgets, plan, run_child, ChildCommand, Engine, Isolation, RunOptions, TrialSpec,
+    CHILD_FLAG,
+};
 use libtest_mimic::{Arguments, Failed, Trial};
 
 /// `contracts/` of the working directory (cargo runs tests from the package
@@ -47,7 +55,26 @@ fn selected(args: &Arguments, name: &str) -> bool {
     filter_ok && !args.skip.iter().any(|s| matches(s))
 }
 
+/// As a trial process: runs the one trial `request` names and prints its
+/// reply on stdout for the parent.
+fn child_main(request: &str) -> ExitCode {
+    match run_child(request) {
+        Ok(reply) => {
+            println!("{reply}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(CHILD_FLAG) {
+        return child_main(argv.get(2).map_or("", String::as_str));
+    }
     let args = Arguments::from_args();
     let dir = contracts_dir();
     let contracts = match load_dir(&dir) {
@@ -65,19 +92,37 @@ fn main() -> ExitCode {
         }
     };
     let specs = plan(contracts);
+    let isolation = match ChildCommand::current_exe() {
+        Ok(command) => Isolation::Child(command),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let engine = Arc::new(Engine::new(RunOptions {
         out_dir: reports_dir(&dir),
+        isolation,
         ..RunOptions::default()
     }));
-    let skip_reason = if specs.iter().any(|s| s.backend == Backend::Cuda) {
-        engine.cuda_skip_reason()
-    } else {
-        None
-    };
-
+    if !args.list {
+        let over = check_budgets(&specs, engine.here());
+        if !over.is_empty() {
+            for e in &over {
+                eprintln!("error: {e}");
+            }
+            eprintln!("{} trial(s) would need more than this machine has", over.len());
+            return ExitCode::FAILURE;
+        }
+        let stop = Arc::clone(&engine);
+        if let Err(e) = ctrlc::set_handler(move || stop.interrupt()) {
+            eprintln!("warning: SIGINT/SIGTERM will not keep finished rows: {e}");
+        }
+    }
+    let unjudged: Vec<Option<String>> = specs.iter().map(|s| engine.unjudged(s)).collect();
     let trials: Vec<Trial> = specs
         .iter()
-        .map(|spec| make_trial(spec, &engine, skip_reason.is_some()))
+        .zip(&unjudged)
+        .map(|(spec, why)| make_trial(spec, &engine, why.is_some()))
         .collect();
     if trials.is_empty() {
         eprintln!("no trials: the contracts define no falsification tests");
@@ -89,14 +134,17 @@ fn main() -> ExitCode {
         return conclusion.exit_code();
     }
 
-    // Ignored cuda trials never ran; record them as skipped, with the reason.
-    if let Some(reason) = &skip_reason {
-        if !args.ignored && !args.include_ignored {
-            for spec in specs.iter().filter(|s| s.backend == Backend::Cuda) {
-                if selected(&args, &spec.name) {
-                    engine.skip(spec, reason);
-                }
+    // Ignored trials never ran; record them as skipped, with the reason.
+    if !args.ignored && !args.include_ignored {
+        let mut reasons: std::collections::BTreeMap<&str, usize> = Default::default();
+        for (spec, why) in specs.iter().zip(&unjudged) {
+            if let Some(reason) = why.as_deref().filter(|_| selected(&args, &spec.name)) {
+                engine.skip(spec, reason);
+                *reasons.entry(reason).or_default() += 1;
             }
+        }
+        for (reason, n) in reasons {
+            eprintln!("{n} trial(s) ignored: {reason}");
         }
     }
     let ran = conclusion.num_passed + conclusion.num_failed;
@@ -111,12 +159,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    if engine.was_interrupted() {
+        eprintln!("interrupted: the report holds the trials that finished");
+        return ExitCode::from(130);
+    }
     conclusion.exit_code()
 }
 
-fn make_trial(spec: &TrialSpec, engine: &Arc<Engine>, cuda_missing: bool) -> Trial {
+fn make_trial(spec: &TrialSpec, engine: &Arc<Engine>, ignored: bool) -> Trial {
     let kind = spec.backend.as_str();
-    let ignored = spec.backend == Backend::Cuda && cuda_missing;
     let engine = Arc::clone(engine);
     let owned = spec.clone();
     Trial::test(spec.name.clone(), move || {

@@ -7,10 +7,14 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use falsify::contract::{load_dir, Backend};
+use falsify::contract::load_dir;
 use falsify::report::markdown::write_report;
-use falsify::report::{compare::Verdict, Status};
-use falsify::run::{plan, Engine, RunOptions, TrialOutcome, TrialSpec};
+use falsify::report::compare::{Verdict, EXIT_NO_VERDICT};
+use falsify::report::Status;
+use falsify::run::{
+    check_budgets, plan, run_child, ChildCommand, Engine, Isolation, RunOptions, TrialOutcome,
+    TrialSpec, CHILD_FLAG,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -53,13 +57,16 @@ enum Command {
         #[arg(long, default_value = "contracts")]
         contracts: PathBuf,
     },
-    /// Compare a run with a baseline: writes REPORT.md and SVG charts into the
-    /// current run's directory; exits non-zero on any regression.
+    /// Compare a run with its baseline: writes REPORT.md and SVG charts into
+    /// the current run's directory. Exits 0 clean, 1 regressed, 3 incomplete
+    /// (baseline trials that did not run), 2 when no verdict was reached.
     Report {
-        /// The baseline run's report directory.
+        /// The folder of per-GPU baselines (`<kind>/`, e.g. `h200/`), or one
+        /// baseline's report directory. A GPU run is compared with its GPU
+        /// kind's baseline; a run without a GPU with every baseline's cpu rows.
         #[arg(long, default_value = "reports/baseline")]
         baseline: PathBuf,
-        /// The run to judge.
+        /// The run to judge (never inside the baseline folder).
         #[arg(long, default_value = "reports/latest")]
         current: PathBuf,
     },
@@ -67,6 +74,20 @@ enum Command {
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    // A trial process: run the one trial the parent asks for, answer on stdout.
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(CHILD_FLAG) {
+        return match run_child(argv.get(2).map_or("", String::as_str)) {
+            Ok(reply) => {
+                println!("{reply}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     match real_main() {
         Ok(code) => code,
         Err(e) => {
@@ -100,32 +121,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Report { baseline, current } => {
-            let outcome = write_report(&baseline, &current).with_context(|| {
-                format!(
-                    "comparing {} with the baseline {}",
-                    current.display(),
-                    baseline.display()
-                )
-            })?;
-            for c in &outcome.charts {
-                if let Some(file) = &c.file {
-                    println!("chart: {}", current.join(file).display());
-                }
-            }
-            println!("report: {}", outcome.path.display());
-            for r in &outcome.regressions {
-                println!("REGRESSION {r}");
-            }
-            for r in &outcome.speedup_regressions {
-                println!("SPEEDUP REGRESSION {r}");
-            }
-            println!("verdict: {}", outcome.verdict.as_str());
-            Ok(match outcome.verdict {
-                Verdict::Clean => ExitCode::SUCCESS,
-                Verdict::Regressed => ExitCode::FAILURE,
-            })
-        }
+        Command::Report { baseline, current } => Ok(report(&baseline, &current)),
         Command::Run {
             contracts,
             filter,
@@ -154,16 +150,35 @@ fn real_main() -> anyhow::Result<ExitCode> {
             {
                 bail!("--inject {unknown}: no test has that id");
             }
-            let engine = Engine::new(RunOptions {
+            let engine = std::sync::Arc::new(Engine::new(RunOptions {
                 out_dir: out,
                 seed,
                 inject,
+                isolation: Isolation::Child(ChildCommand::current_exe()?),
                 ..RunOptions::default()
-            });
+            }));
+            let over = check_budgets(&all, engine.here());
+            if !over.is_empty() {
+                for e in &over {
+                    eprintln!("error: {e}");
+                }
+                bail!("{} trial(s) would need more than this machine has", over.len());
+            }
+            let stop = std::sync::Arc::clone(&engine);
+            ctrlc::set_handler(move || stop.interrupt())
+                .context("installing the SIGINT/SIGTERM handler")?;
             let outcomes = run_all(&engine, &selected);
             let path = engine.write_reports(&all).context("writing the report")?;
             print_summary(&selected, &outcomes);
             println!("report: {}", path.display());
+            if engine.was_interrupted() {
+                println!(
+                    "interrupted: {} of {} trials finished; the report holds those",
+                    outcomes.len(),
+                    selected.len()
+                );
+                return Ok(ExitCode::from(130));
+            }
             let bad = outcomes
                 .iter()
                 .filter(|o| matches!(o.status, Status::Falsified | Status::Error))
@@ -177,12 +192,10 @@ fn real_main() -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Runs `trials` one after another, each in a process of its own; a trial
+/// that cannot be judged here is recorded skipped without running. Stops at
+/// an interrupt, returning the outcomes of the trials that finished.
 fn run_all(engine: &Engine, trials: &[&TrialSpec]) -> Vec<TrialOutcome> {
-    let skip_reason = if trials.iter().any(|t| t.backend == Backend::Cuda) {
-        engine.cuda_skip_reason()
-    } else {
-        None
-    };
     let bar = ProgressBar::new(trials.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} [{elapsed}] {wide_msg}")
@@ -191,10 +204,15 @@ fn run_all(engine: &Engine, trials: &[&TrialSpec]) -> Vec<TrialOutcome> {
     let mut outcomes = Vec::with_capacity(trials.len());
     for t in trials {
         bar.set_message(t.name.clone());
-        let outcome = match (&skip_reason, t.backend) {
-            (Some(reason), Backend::Cuda) => engine.skip(t, reason),
-            _ => engine.run(t),
+        let before = engine.row_count();
+        let outcome = match engine.unjudged(t) {
+            Some(reason) => engine.skip(t, &reason),
+            None => engine.run(t),
         };
+        // A trial stopped by an interrupt records no row and is left out.
+        if engine.row_count() == before {
+            break;
+        }
         if matches!(outcome.status, Status::Falsified | Status::Error) {
             bar.println(format!(
                 "{} {}: {}",
@@ -243,4 +261,55 @@ fn print_summary(trials: &[&TrialSpec], outcomes: &[TrialOutcome]) {
         count(Status::Skipped),
         outcomes.len()
     );
+}
+
+/// How many not-run trials the terminal lists; REPORT.md lists them all.
+const NOT_RUN_SHOWN: usize = 20;
+
+/// `falsify report`: the verdict as the exit code (0 clean, 1 regressed,
+/// 3 incomplete), and 2 when no verdict could be reached, so a script can
+/// tell a failed comparison from a regression.
+fn report(baseline: &Path, current: &Path) -> ExitCode {
+    let outcome = match write_report(baseline, current) {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            eprintln!(
+                "error: comparing {} with the baseline {}: {e}",
+                current.display(),
+                baseline.display()
+            );
+            return ExitCode::from(EXIT_NO_VERDICT);
+        }
+    };
+    println!("baseline: {}", outcome.baseline);
+    for c in &outcome.charts {
+        if let Some(file) = &c.file {
+            println!("chart: {}", current.join(file).display());
+        }
+    }
+    println!("report: {}", outcome.path.display());
+    for r in &outcome.regressions {
+        println!("REGRESSION {r}");
+    }
+    for r in &outcome.speedup_regressions {
+        println!("SPEEDUP REGRESSION {r}");
+    }
+    for r in outcome.not_run.iter().take(NOT_RUN_SHOWN) {
+        println!("NOT RUN {r}");
+    }
+    if outcome.not_run.len() > NOT_RUN_SHOWN {
+        println!(
+            "... and {} more not run (REPORT.md lists them all)",
+            outcome.not_run.len() - NOT_RUN_SHOWN
+        );
+    }
+    if outcome.verdict == Verdict::Incomplete {
+        println!(
+            "{} baseline trial(s) did not run: the run is incomplete, not clean",
+            outcome.not_run.len()
+        );
+    }
+    let code = outcome.verdict.exit_code();
+    println!("verdict: {} (exit {code})", outcome.verdict.as_str());
+    ExitCode::from(code)
 }

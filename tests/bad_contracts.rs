@@ -2,12 +2,16 @@
 //! its README.md) and against inputs too large to commit, generated here.
 //!
 //! Every case must be refused with an `Error::Contract` that names the
-//! offending file, a line (> 0, except for a file over the size cap, which is
-//! refused before it is read and so has no line: 0), and a message containing
-//! the expected text; it must not panic and must finish within
-//! [`TIME_LIMIT`]. The expectations table and the corpus are kept in step: a
-//! corpus entry without an expectation, or an expectation without its entry,
-//! fails the test.
+//! offending file, a line (> 0, except for what is refused before it is read
+//! and so has no line: 0, a file over the size cap or an entry discovery
+//! refuses), where given a column, and a message containing the expected
+//! text; it must not panic and must finish within [`TIME_LIMIT`]. The
+//! expectations table and the corpus are kept in step: a corpus entry without
+//! an expectation, or an expectation without its entry, fails the test.
+//!
+//! Special files (FIFOs, sockets, symbolic links) and directories named like
+//! contracts cannot be committed portably; the tests below make them in a
+//! temporary directory.
 
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -32,6 +36,8 @@ struct Case {
     expect: &'static str,
     /// The 1-based line the error must give.
     line: usize,
+    /// The 1-based column the error must give, where the case checks it.
+    column: Option<usize>,
 }
 
 const fn case(name: &'static str, expect: &'static str, line: usize) -> Case {
@@ -40,6 +46,18 @@ const fn case(name: &'static str, expect: &'static str, line: usize) -> Case {
         file: None,
         expect,
         line,
+        column: None,
+    }
+}
+
+/// A case whose error must also give `column`.
+const fn case_at(name: &'static str, expect: &'static str, line: usize, column: usize) -> Case {
+    Case {
+        name,
+        file: None,
+        expect,
+        line,
+        column: Some(column),
     }
 }
 
@@ -54,6 +72,7 @@ const fn dir_case(
         file: Some(file),
         expect,
         line,
+        column: None,
     }
 }
 
@@ -122,7 +141,48 @@ const CASES: &[Case] = &[
         "test id `F-BAD-001` appears twice",
         16,
     ),
-    case("test-id-with-separator.yaml", "must not contain `::`", 6),
+    case_at(
+        "test-id-with-separator.yaml",
+        "test id `F-BAD::001` is not a safe id (`::` joins contract, test and `mutant` in \
+         trial names): ids use only ASCII letters, digits, `-`, `_` and `.`, starting with a \
+         letter or digit",
+        6,
+        9,
+    ),
+    case_at(
+        "test-id-formula.yaml",
+        "test id `=HYPERLINK(\"http://example.com/x\",\"click\")` is not a safe id (it starts \
+         with '=')",
+        6,
+        9,
+    ),
+    case_at("test-id-comma.yaml", "(',' is not allowed)", 6, 9),
+    case_at(
+        "test-id-newline.yaml",
+        "test id `F-BAD\\n001` is not a safe id ('\\n' is not allowed)",
+        6,
+        9,
+    ),
+    case_at("test-id-quote.yaml", "('\"' is not allowed)", 6, 9),
+    case_at(
+        "test-id-path.yaml",
+        "test id `../../etc/passwd` is not a safe id (it starts with '.')",
+        6,
+        9,
+    ),
+    case_at("test-id-leading-dash.yaml", "(it starts with '-')", 6, 9),
+    case_at(
+        "test-id-empty.yaml",
+        "test id `` is not a safe id (it is empty)",
+        6,
+        9,
+    ),
+    case_at(
+        "contract-id-formula.yaml",
+        "contract id `@SUM(A1:A9)` is not a safe id (it starts with '@')",
+        2,
+        7,
+    ),
     case(
         "id-mismatch.yaml",
         "must equal the file stem `id-mismatch`",
@@ -196,15 +256,33 @@ const CASES: &[Case] = &[
         "-3 is out of range: it must be > 0",
         14,
     ),
-    case("count-huge.yaml", "expected a whole number > 0", 14),
+    case_at(
+        "count-huge.yaml",
+        "99999999999999999999999 is out of range: whole numbers must fit in 64 bits",
+        14,
+        14,
+    ),
     // numbers that are not finite
     case("nan-tolerance.yaml", "NaN is not a finite number", 15),
     case("inf-max-abs-diff.yaml", "inf is not a finite number", 18),
-    case(
+    case_at(
         "overflow-to-inf.yaml",
-        "invalid type: string \"1.0e999\", expected a finite number",
+        "1.0e999 is out of range: the largest number is 1.7976931348623157e308",
         15,
+        18,
     ),
+    case_at("overflow-in-count.yaml", "1e400 is out of range", 14, 14),
+    // numbers too small for a 64-bit float: serde_yaml alone reads them as 0
+    case_at(
+        "underflow-to-zero.yaml",
+        "1.0e-400 is out of range: a nonzero number must be at least \
+         2.2250738585072014e-308 in magnitude",
+        15,
+        18,
+    ),
+    case_at("subnormal-tolerance.yaml", "1.0e-310 is out of range", 15, 18),
+    case_at("underflow-in-count.yaml", "1e-400 is out of range", 14, 14),
+    case_at("underflow-in-obligation.yaml", "1.0e-330 is out of range", 8, 16),
     // whole-file conditions and document structure
     case("empty.yaml", "the file is empty", 1),
     case("whitespace-only.yaml", "the file is empty", 1),
@@ -230,6 +308,8 @@ const CASES: &[Case] = &[
         "not valid UTF-8 (invalid byte at offset",
         9,
     ),
+    // a byte order mark is dropped: the error is where it would be without one
+    case("bom-unknown-key.yaml", "unknown field `licence`", 5),
     // hostile inputs
     case("alias-bomb.yaml", "repetition limit exceeded", 7),
     case("deep-nesting.yaml", "nest too deeply", 1),
@@ -242,11 +322,25 @@ const CASES: &[Case] = &[
     ),
     dir_case(
         "dir-duplicate-contract-id",
-        "twin.yml",
+        "twin.yaml",
         "contract id `twin` is already used in",
         2,
     ),
     dir_case("dir-one-bad-one-good", "bad.yaml", "0 is out of range", 14),
+    // discovery: subdirectories are walked; `.yml` is refused, not skipped
+    dir_case(
+        "dir-bad-in-subdirectory",
+        "nested/deeper/bad.yaml",
+        "0 is out of range",
+        14,
+    ),
+    dir_case(
+        "dir-yml-extension",
+        "legacy.yml",
+        "contract files are named `*.yaml` (lower case; `.yml` is not read): rename this file \
+         to `legacy.yaml`",
+        0,
+    ),
 ];
 
 fn corpus_dir() -> PathBuf {
@@ -283,6 +377,17 @@ fn load_guarded(path: &Path) -> Outcome {
 /// Checks that `outcome` holds a contract error on `file` at `line` whose
 /// message contains `expect`.
 fn assert_refused(outcome: Outcome, file: &Path, expect: &str, line: usize) {
+    assert_refused_at(outcome, file, expect, line, None)
+}
+
+/// [`assert_refused`], also checking the column where one is given.
+fn assert_refused_at(
+    outcome: Outcome,
+    file: &Path,
+    expect: &str,
+    line: usize,
+    column: Option<usize>,
+) {
     let errors = match outcome {
         Ok(()) => panic!("{}: loaded, but it must be refused", file.display()),
         Err(errors) => errors,
@@ -291,15 +396,21 @@ fn assert_refused(outcome: Outcome, file: &Path, expect: &str, line: usize) {
         Error::Contract {
             path,
             line: l,
+            column: c,
             message,
-            ..
-        } => path == file && *l == line && message.contains(expect),
+        } => {
+            path == file
+                && *l == line
+                && column.is_none_or(|column| *c == column)
+                && message.contains(expect)
+        }
         _ => false,
     });
     let shown: Vec<String> = errors.iter().map(|e| format!("{e:?}")).collect();
     assert!(
         found,
-        "{}: expected a contract error at line {line} containing {expect:?}; got:\n  {}",
+        "{}: expected a contract error at line {line} (column {column:?}) containing \
+         {expect:?}; got:\n  {}",
         file.display(),
         shown.join("\n  ")
     );
@@ -338,7 +449,7 @@ fn every_bad_contract_is_refused_with_a_located_error() {
         let path = dir.join(c.name);
         let file = c.file.map_or(path.clone(), |f| path.join(f));
         let result = catch_unwind(AssertUnwindSafe(|| {
-            assert_refused(load_guarded(&path), &file, c.expect, c.line)
+            assert_refused_at(load_guarded(&path), &file, c.expect, c.line, c.column)
         }));
         if let Err(payload) = result {
             let text = payload
@@ -371,9 +482,14 @@ fn the_shipped_contracts_load() {
 
 /// A valid contract for `stem`, the base of the generated cases.
 fn valid(stem: &str) -> String {
+    valid_with_test(stem, "F-GEN-001")
+}
+
+/// [`valid`] with its one test named `test`, so that several can load together.
+fn valid_with_test(stem: &str, test: &str) -> String {
     format!(
         "metadata:\n  id: {stem}\n  version: 1.0.0\n  description: generated\n\
-         falsification_tests:\n  - id: F-GEN-001\n    rule: r\n    prediction: p\n    if_fails: f\n\
+         falsification_tests:\n  - id: {test}\n    rule: r\n    prediction: p\n    if_fails: f\n\
          \x20   mutant: softmax_without_max_subtraction\n    check:\n      kind: property\n\
          \x20     property: softmax_rows_sum_to_one\n      tolerance: 1.0e-12\n"
     )
@@ -490,4 +606,194 @@ fn alias_amplification_is_bounded() {
         "aliases expanded",
         6,
     );
+}
+
+// Discovery: which entries of a contract tree are read, and in what order.
+
+/// Writes a valid contract `stem` (its test `F-{stem}`) at `dir/rel`.
+fn put(dir: &Path, rel: &str, stem: &str) {
+    let path = dir.join(rel);
+    std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&path, valid_with_test(stem, &format!("F-{stem}"))).expect("write");
+}
+
+/// Loads `dir` with `load_dir` and checks that it is refused because of
+/// `entry` (relative to `dir`), at line 0, with `expect` in the message.
+fn assert_entry_refused(dir: &Path, entry: &str, expect: &str) {
+    assert_refused(load_guarded(dir), &dir.join(entry), expect, 0);
+}
+
+#[test]
+fn discovery_walks_subdirectories_in_sorted_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    put(dir.path(), "b.yaml", "b");
+    put(dir.path(), "a/z.yaml", "z");
+    put(dir.path(), "a/b/y.yaml", "y");
+    put(dir.path(), "c.yaml", "c");
+    // Regular files that are not contracts are not read.
+    std::fs::write(dir.path().join("README.md"), "# contracts\n").expect("write");
+    std::fs::write(dir.path().join("a/notes.txt"), "x: [").expect("write");
+    let contracts = load_dir(dir.path()).expect("the tree loads");
+    let ids: Vec<&str> = contracts.iter().map(|c| c.metadata.id.as_str()).collect();
+    assert_eq!(ids, ["y", "z", "b", "c"]);
+}
+
+#[test]
+fn an_empty_tree_selects_nothing_and_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("empty")).expect("mkdir");
+    std::fs::write(dir.path().join("README.md"), "# none yet\n").expect("write");
+    match load_dir(dir.path()) {
+        Err(errors) => assert!(
+            matches!(&errors[..], [Error::NothingSelected(m)] if m.contains("or its subdirectories")),
+            "{errors:?}"
+        ),
+        Ok(c) => panic!("loaded {} contracts from an empty tree", c.len()),
+    }
+}
+
+#[test]
+fn a_directory_named_like_a_contract_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    put(dir.path(), "good.yaml", "good");
+    // A contract inside it would be lost if the directory were skipped.
+    put(dir.path(), "x-v1.yaml/x-v1.yaml", "x-v1");
+    assert_entry_refused(
+        dir.path(),
+        "x-v1.yaml",
+        "a directory named like a contract file; contract files are regular files named \
+         `*.yaml`: rename the directory",
+    );
+    assert_refused(
+        load_guarded(&dir.path().join("x-v1.yaml")),
+        &dir.path().join("x-v1.yaml"),
+        "a directory named like a contract file",
+        0,
+    );
+}
+
+#[test]
+fn every_lookalike_extension_is_refused_in_path_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    put(dir.path(), "good.yaml", "good");
+    put(dir.path(), "a.yml", "a");
+    put(dir.path(), "sub/SHOUT.YAML", "SHOUT");
+    put(dir.path(), "sub/z.Yml", "z");
+    let errors = load_dir(dir.path()).expect_err("lookalikes are refused");
+    let refused: Vec<PathBuf> = errors
+        .iter()
+        .map(|e| match e {
+            Error::Contract { path, line: 0, .. } => path.clone(),
+            other => panic!("not a discovery error: {other:?}"),
+        })
+        .collect();
+    let expected: Vec<PathBuf> = ["a.yml", "sub/SHOUT.YAML", "sub/z.Yml"]
+        .iter()
+        .map(|f| dir.path().join(f))
+        .collect();
+    assert_eq!(refused, expected);
+    // `load_file` applies the same rule as discovery.
+    let path = dir.path().join("a.yml");
+    assert_refused(load_guarded(&path), &path, "rename this file to `a.yaml`", 0);
+}
+
+#[test]
+fn a_byte_order_mark_is_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bom.yaml");
+    std::fs::write(&path, format!("\u{feff}{}", valid("bom"))).expect("write");
+    let contract = load_file(&path).expect("a contract with a BOM loads");
+    assert_eq!(contract.metadata.id, "bom");
+}
+
+#[test]
+fn out_of_range_literals_are_text_where_text_is_wanted() {
+    // Plain or quoted, in descriptions, lists of strings and comments: text.
+    let text = valid("text-numbers")
+        .replace(
+            "description: generated",
+            "description: 1e-400\n  references: [1e400, \"1e-400\", 0x1ffffffffffffffffff]",
+        )
+        .replace("rule: r", "rule: 1e-400 # 1e-400")
+        .replace("prediction: p", "prediction: '1e400'");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("text-numbers.yaml");
+    std::fs::write(&path, text).expect("write");
+    let c = load_file(&path).expect("out-of-range literals are text in text fields");
+    assert_eq!(c.metadata.description, "1e-400");
+    assert_eq!(c.metadata.references, ["1e400", "1e-400", "0x1ffffffffffffffffff"]);
+    // Quoted where a number is wanted: a string, and said so.
+    let quoted = valid("quoted-number").replace("tolerance: 1.0e-12", "tolerance: \"1e400\"");
+    generated(
+        "quoted-number",
+        quoted.as_bytes(),
+        "invalid type: string \"1e400\"",
+        14,
+    );
+}
+
+#[cfg(unix)]
+mod special_files {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn a_fifo_and_a_socket_are_refused_without_being_opened() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        put(dir.path(), "good.yaml", "good");
+        let fifo = dir.path().join("pipe.yaml");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo runs");
+        assert!(made.success(), "mkfifo failed");
+        // A socket refused whatever its name: a FIFO or socket never holds a contract.
+        let _socket =
+            std::os::unix::net::UnixListener::bind(dir.path().join("sock")).expect("bind");
+        let expect = "not a regular file (a FIFO, socket or device)";
+        let errors = load_guarded(dir.path()).expect_err("special files are refused");
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert_entry_refused(dir.path(), "pipe.yaml", expect);
+        assert_entry_refused(dir.path(), "sock", expect);
+        // Opening a FIFO blocks until a writer comes: `load_file` must not.
+        assert_refused(load_guarded(&fifo), &fifo, expect, 0);
+    }
+
+    #[test]
+    fn a_dangling_or_looping_symlink_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        put(dir.path(), "good.yaml", "good");
+        symlink(dir.path().join("missing.yaml"), dir.path().join("gone.yaml")).expect("symlink");
+        symlink(dir.path().join("loop"), dir.path().join("loop")).expect("symlink");
+        let expect = "a symbolic link whose target cannot be read";
+        assert_entry_refused(dir.path(), "gone.yaml", expect);
+        assert_entry_refused(dir.path(), "loop", expect);
+        let gone = dir.path().join("gone.yaml");
+        assert_refused(load_guarded(&gone), &gone, expect, 0);
+    }
+
+    #[test]
+    fn a_symlink_to_a_directory_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        put(dir.path(), "real/inner.yaml", "inner");
+        symlink(dir.path().join("real"), dir.path().join("linked")).expect("symlink");
+        assert_entry_refused(
+            dir.path(),
+            "linked",
+            "a symbolic link to a directory; discovery does not follow links to directories",
+        );
+    }
+
+    #[test]
+    fn a_symlink_to_a_contract_is_read() {
+        let outside = tempfile::tempdir().expect("tempdir");
+        put(outside.path(), "shared.yaml", "shared");
+        let dir = tempfile::tempdir().expect("tempdir");
+        put(dir.path(), "own.yaml", "own");
+        symlink(outside.path().join("shared.yaml"), dir.path().join("shared.yaml"))
+            .expect("symlink");
+        let contracts = load_dir(dir.path()).expect("a link to a contract loads");
+        let ids: Vec<&str> = contracts.iter().map(|c| c.metadata.id.as_str()).collect();
+        assert_eq!(ids, ["own", "shared"]);
+    }
 }

@@ -1,15 +1,17 @@
 //! A kernel that faults (an illegal address) poisons its CUDA context, and
-//! CUDA refuses all further work in that process. The run must record the
-//! faulting trial as `error` with the CUDA error, record the remaining cuda
-//! trials as `error: context lost` without touching the device, and still
-//! finish every other trial and write its CSV.
+//! CUDA refuses all further work in that process. With each trial in a
+//! process of its own (what the CLI and `cargo test` do), the faulting trial
+//! costs exactly one `error` row and every other trial passes. In one process,
+//! the run records the faulting trial as `error` with the CUDA error, the
+//! remaining cuda trials as `error: context lost` without touching the
+//! device, and still finishes every other trial and writes its CSV.
 //!
 //! Needs a GPU: run on the GPU machine with
 //! `gpu_fault_isolation --ignored --test-threads 1`.
 
 use falsify::contract::load_dir;
 use falsify::report::{read_rows, FalsificationRow, Status};
-use falsify::run::{plan, Engine, RunOptions, TrialSpec};
+use falsify::run::{plan, ChildCommand, Engine, Isolation, RunOptions, TrialSpec};
 
 const CONTRACT: &str = r#"
 metadata:
@@ -52,6 +54,15 @@ falsification_tests:
 /// A temp directory holding `yaml` as contract `stem`, its planned trials,
 /// and an engine writing to `latest/` there. Needs a CUDA driver.
 fn setup(stem: &str, yaml: &str) -> (tempfile::TempDir, Vec<TrialSpec>, Engine) {
+    setup_with(stem, yaml, Isolation::InProcess)
+}
+
+/// [`setup`] with trials run as `isolation` says.
+fn setup_with(
+    stem: &str,
+    yaml: &str,
+    isolation: Isolation,
+) -> (tempfile::TempDir, Vec<TrialSpec>, Engine) {
     assert!(
         qlora::gpu::driver_present(),
         "this test needs a CUDA driver"
@@ -63,9 +74,45 @@ fn setup(stem: &str, yaml: &str) -> (tempfile::TempDir, Vec<TrialSpec>, Engine) 
     let trials = plan(load_dir(&contracts).expect("the contract loads"));
     let engine = Engine::new(RunOptions {
         out_dir: dir.path().join("latest"),
+        isolation,
         ..RunOptions::default()
     });
     (dir, trials, engine)
+}
+
+#[test]
+#[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
+fn in_child_processes_a_faulting_kernel_costs_exactly_one_row() {
+    let command = ChildCommand {
+        program: env!("CARGO_BIN_EXE_falsify").into(),
+        args: Vec::new(),
+    };
+    let (_dir, trials, engine) =
+        setup_with("fault-isolation", CONTRACT, Isolation::Child(command));
+    assert_eq!(engine.cuda_skip_reason(), None, "a usable device");
+    let got: Vec<(String, Status, String)> = trials
+        .iter()
+        .map(|t| {
+            let o = engine.run(t);
+            (t.name.clone(), o.status, o.detail)
+        })
+        .collect();
+    for (name, status, detail) in &got {
+        println!("{name}: {status:?}: {detail}");
+    }
+    for (name, status, detail) in &got {
+        let want = if name == "fault-isolation::F-FAULT-001::mutant" {
+            Status::Error
+        } else {
+            Status::Passed
+        };
+        assert_eq!(*status, want, "{name}: {detail}");
+    }
+    let fault = &got[1].2;
+    assert!(
+        fault.contains("ILLEGAL_ADDRESS") || fault.contains("illegal"),
+        "the error names the CUDA fault: {fault}"
+    );
 }
 
 #[test]

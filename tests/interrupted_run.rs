@@ -62,7 +62,10 @@ fn row(contract: &str, i: usize) -> FalsificationRow {
 fn speedup(i: usize) -> SpeedupRow {
     SpeedupRow {
         run_id: "run".into(),
+        contract: "kill".into(),
         test_id: format!("F-{i:06}"),
+        status: Some(Status::Passed),
+        threshold: Some(1.1),
         subject: "train_step".into(),
         model: "tiny".into(),
         batch: 4,
@@ -76,6 +79,7 @@ fn speedup(i: usize) -> SpeedupRow {
         ratio_ci_high: 1.3,
         repeats: 9,
         device: "cpu".into(),
+        peak_device_gib: None,
     }
 }
 

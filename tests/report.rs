@@ -1,17 +1,20 @@
 //! The regression report: `falsify report --baseline B --current C` against
-//! small CSV fixtures under tests/fixtures/report/.
+//! small CSV fixtures under tests/fixtures/report/, and against the
+//! committed baselines under reports/baseline/.
 //!
 //! - planted_*: a GPU parity test that passed in the baseline and is falsified
 //!   now (what its mutant produces), and a speedup whose interval fell below
-//!   the baseline's.
+//!   the baseline's. planted_baseline is in the layout of older reports
+//!   (speedups.csv without contract, status and threshold; run.json with the
+//!   tree state inside `git_sha`); planted_current is in today's.
 //! - gpu_baseline: a real baseline from an NVIDIA H200, compared with the same
 //!   trials run on a machine without a CUDA driver.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 use falsify::report::artifacts::{ArtifactTensor, ArtifactWriter};
-use falsify::report::compare::Verdict;
+use falsify::report::compare::{Verdict, EXIT_INCOMPLETE, EXIT_NO_VERDICT, EXIT_REGRESSED};
 use falsify::report::markdown::{write_report, REPORT_MD};
 use falsify::report::{read_rows, write_rows_atomic, FalsificationRow, SpeedupRow, Status};
 
@@ -21,16 +24,25 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Copies a fixture directory into a temp dir, since the report is written
+/// Copies a fixture directory into `into`, since the report is written
 /// into the current run's directory.
 fn copy_fixture(name: &str, into: &Path) -> PathBuf {
-    let dst = into.join(name);
-    std::fs::create_dir_all(&dst).unwrap();
-    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+    copy_dir(&fixture(name), &into.join(name))
+}
+
+fn copy_dir(from: &Path, to: &Path) -> PathBuf {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
-        std::fs::copy(entry.path(), dst.join(entry.file_name())).unwrap();
+        if entry.path().is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
     }
-    dst
+    to.to_path_buf()
+}
+
+fn rows_of(dir: &Path) -> Vec<FalsificationRow> {
+    read_rows(&dir.join("falsification.csv")).unwrap()
 }
 
 fn section<'a>(md: &'a str, heading: &str) -> &'a str {
@@ -40,6 +52,37 @@ fn section<'a>(md: &'a str, heading: &str) -> &'a str {
     let rest = &md[start + line.len()..];
     let end = rest.find("\n## ").unwrap_or(rest.len());
     &rest[..end]
+}
+
+/// `falsify report --baseline <baseline> --current <current>`.
+fn report_cli(baseline: &Path, current: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_falsify"))
+        .arg("report")
+        .arg("--baseline")
+        .arg(baseline)
+        .arg("--current")
+        .arg(current)
+        .output()
+        .unwrap()
+}
+
+/// The text elements of an SVG, trimmed.
+fn svg_texts(svg: &str) -> Vec<String> {
+    svg.split("<text")
+        .skip(1)
+        .filter_map(|t| {
+            let body = t.split_once('>')?.1;
+            Some(body.split("</text>").next()?.trim().to_string())
+        })
+        .collect()
+}
+
+fn has_text(svg: &str, text: &str) -> bool {
+    svg_texts(svg).iter().any(|t| t == text)
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]
@@ -67,28 +110,74 @@ fn a_planted_regression_is_named_at_the_top_and_regresses() {
     let top = section(&md, "## Regressions");
     assert!(top.contains("rmsnorm-kernels-v1::F-RMS-GPU-001"), "{top}");
     assert!(
-        top.contains("passed in the baseline, falsified now"),
+        top.contains("passed in the baseline, falsified now: rel_l2_error 0.31 > 1e-5 ratio: falsified"),
         "{top}"
     );
     assert!(top.contains("speedup dropped"), "{top}");
     // The fixed test and the stable mutant self-test are not regressions.
     assert!(!top.contains("F-SOFTMAX-002"));
     assert!(!top.contains("::mutant"));
-    let runs = section(&md, "## Runs");
-    assert!(runs.contains("base-1") && runs.contains("cur-2"));
-    assert!(runs.contains("aaaa11112222") && runs.contains("bbbb33334444-dirty"));
-    assert!(runs.contains("NVIDIA H200"));
     let changes = section(&md, "## Changes of status");
     assert!(changes
         .contains("softmax-properties-v1::F-SOFTMAX-002 | cpu | falsified | passed | now passes"));
     let verdicts = section(&md, "## Verdicts by contract");
     assert!(verdicts.contains("### rmsnorm-kernels-v1"));
-    assert!(verdicts.contains("rel_l2_error = 0.31 <= 1.000e-5 ratio"));
+    assert!(verdicts.contains("rel_l2_error 0.31 > 1e-5 ratio: falsified"));
+    // A mutant self-test says whether its mutant was caught.
+    assert!(verdicts.contains("rel_l2_error 0.31 > 1e-5 ratio: mutant caught"));
     let speedups = section(&md, "## Speedups");
     assert!(
         speedups.contains("0.91 [0.88, 0.95] | 1.25 [1.2, 1.3] | -27.2% **(regression)**"),
         "{speedups}"
     );
+}
+
+#[test]
+fn a_falsified_result_never_reads_as_a_pass() {
+    let tmp = tempfile::tempdir().unwrap();
+    let baseline = copy_fixture("planted_baseline", tmp.path());
+    let current = copy_fixture("planted_current", tmp.path());
+    let outcome = write_report(&baseline, &current).unwrap();
+    let md = std::fs::read_to_string(&outcome.path).unwrap();
+    // The old form put the claim's own comparator beside a failed number.
+    assert!(!md.contains("0.31 <= 1"), "{md}");
+    assert!(!md.contains("= 0.31"), "{md}");
+    // A trial falsified by a violation while its metric held leads with the
+    // violation (as the engine now writes it), never with the metric.
+    let mut rows = rows_of(&current);
+    let bound = "small-4l/fp32: pre-warm took 2400 ms, over the bound of 2000 ms";
+    rows.push(FalsificationRow {
+        contract: "kernel-prewarm-v1".into(),
+        test_id: "C-PREWARM-001".into(),
+        status: Status::Falsified,
+        metric: bound.into(),
+        observed: None,
+        comparator: String::new(),
+        threshold: None,
+        unit: String::new(),
+        detail: "seed 1; headline metric: compilations_after_prewarm 0 <= 0 compilations held"
+            .into(),
+        ..rows[0].clone()
+    });
+    write_rows_atomic(&current.join("falsification.csv"), &rows).unwrap();
+    let mut base = rows_of(&baseline);
+    base.push(FalsificationRow {
+        contract: "kernel-prewarm-v1".into(),
+        test_id: "C-PREWARM-001".into(),
+        metric: "compilations_after_prewarm".into(),
+        observed: Some(0.0),
+        threshold: Some(0.0),
+        ..base[0].clone()
+    });
+    write_rows_atomic(&baseline.join("falsification.csv"), &base).unwrap();
+    let outcome = write_report(&baseline, &current).unwrap();
+    let md = std::fs::read_to_string(&outcome.path).unwrap();
+    let top = section(&md, "## Regressions");
+    assert!(
+        top.contains(&format!("passed in the baseline, falsified now: {bound}: falsified")),
+        "{top}"
+    );
+    assert!(!top.contains("compilations_after_prewarm 0 <= 0: holds"), "{top}");
 }
 
 #[test]
@@ -105,13 +194,22 @@ fn charts_are_drawn_next_to_the_report_and_linked() {
             md.contains(&format!("]({file})\n")) && md.contains(&format!("[{file}]({file})")),
             "{file}"
         );
+        // Every chart draws its pass threshold, and names it in its legend.
+        assert!(has_text(&svg, "pass threshold"), "{file}");
     }
     let speedups = std::fs::read_to_string(current.join("speedups.svg")).unwrap();
     assert!(speedups.contains("F-NF4-SPEED-001"));
-    // The copy-ceiling rows go to the bandwidth chart only.
-    assert!(!speedups.contains("d2d copy"));
+    // The copy-ceiling rows go to the bandwidth chart only, targets to tokens.svg.
+    assert!(!speedups.contains("d2d copy") && !speedups.contains("F-TPUT-003"));
+    let bandwidth = std::fs::read_to_string(current.join("bandwidth.svg")).unwrap();
+    assert!(bandwidth.contains("F-BW-RMSNORM-001 rmsnorm fwd"));
     let tokens = std::fs::read_to_string(current.join("tokens.svg")).unwrap();
-    assert!(tokens.contains("qwen2.5-0.5b b4 s512 graph"));
+    assert!(has_text(&tokens, "qwen2.5-0.5b, batch 4 x seq 512") && has_text(&tokens, "graph"));
+    // A target is the threshold of the mode it judges, never a bar of its own.
+    assert!(has_text(&tokens, "graphed/fast"));
+    assert!(!tokens.contains("target 41000"), "a target drawn as a bar");
+    // The legend names only what is drawn: no dot that is not on the chart.
+    assert!(has_text(&tokens, "baseline run"));
 }
 
 /// The current run as a machine without a CUDA driver records it: every
@@ -138,37 +236,31 @@ fn cpu_only(rows: &[FalsificationRow]) -> Vec<FalsificationRow> {
 }
 
 #[test]
-fn a_cpu_only_run_says_which_gpu_trials_were_not_run() {
+fn a_cpu_only_run_is_judged_on_its_cpu_trials() {
     let tmp = tempfile::tempdir().unwrap();
     let baseline = fixture("gpu_baseline");
-    let rows: Vec<FalsificationRow> = read_rows(&baseline.join("falsification.csv")).unwrap();
-    let gpu_run = rows
-        .iter()
-        .filter(|r| r.backend == "cuda" && r.status != Status::Skipped)
-        .count();
-    assert!(gpu_run > 0);
+    let rows = rows_of(&baseline);
+    let gpu_trials = rows.iter().filter(|r| r.backend == "cuda").count();
+    assert!(gpu_trials > 0);
     let current = tmp.path().join("latest");
     write_rows_atomic(&current.join("falsification.csv"), &cpu_only(&rows)).unwrap();
 
     let outcome = write_report(&baseline, &current).unwrap();
-    // Skipped is not a regression: nothing that passed fails now.
+    // Skipped for a recorded reason is neither a regression nor a gap.
     assert_eq!(outcome.verdict, Verdict::Clean, "{:?}", outcome.regressions);
     let md = std::fs::read_to_string(&outcome.path).unwrap();
     let sentence = format!(
-        "{gpu_run} GPU trials were not run in this run (skipped: no CUDA driver) — their baseline verdicts are shown for reference."
+        "This run used no GPU (its {gpu_trials} `cuda` trials were skipped: no CUDA driver), so it is judged on its `cpu` trials against the `cpu` rows of the baseline: `h200` (`{}`).",
+        baseline.display()
     );
-    assert!(
-        md.contains(&sentence),
-        "{}",
-        section(&md, "## Changes of status")
-    );
+    assert!(md.contains(&sentence), "{md}");
+    assert_eq!(outcome.baseline, sentence);
+    // The GPU trials are not listed as changes: they were not compared.
     let changes = section(&md, "## Changes of status");
-    // Each of them is listed with its baseline verdict.
-    assert!(changes.contains(
-        "kernel-parity-matmul-v1::F-NF4-GPU-001 | cuda | falsified | skipped | not run here"
-    ));
+    assert!(changes.contains("No trial changed status."), "{changes}");
     assert!(section(&md, "## Runs").contains("NVIDIA H200"));
     assert!(section(&md, "## Regressions").contains("None."));
+    assert!(section(&md, "## Not run").starts_with("\nNone"));
     // No speedup rows and no GPU: every chart omitted, with the reason.
     assert!(md.contains("so the speedup chart is omitted"));
     assert!(md.contains("so the bandwidth chart is omitted"));
@@ -176,10 +268,253 @@ fn a_cpu_only_run_says_which_gpu_trials_were_not_run() {
     assert!(!current.join("speedups.svg").exists());
 }
 
+#[test]
+fn a_partial_run_is_incomplete_and_lists_what_did_not_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let baseline = copy_fixture("planted_baseline", tmp.path());
+    // The baseline's own trials, all passing as before, but two missing.
+    let current = tmp.path().join("partial");
+    let rows: Vec<FalsificationRow> = rows_of(&baseline)
+        .into_iter()
+        .filter(|r| r.test_id != "F-SOFTMAX-001" && r.test_id != "F-RMS-GPU-001::mutant")
+        .collect();
+    write_rows_atomic(&current.join("falsification.csv"), &rows).unwrap();
+    let outcome = write_report(&baseline, &current).unwrap();
+    assert_eq!(outcome.verdict, Verdict::Incomplete);
+    assert_eq!(outcome.verdict.exit_code(), EXIT_INCOMPLETE);
+    assert!(outcome.regressions.is_empty());
+    assert_eq!(
+        outcome.not_run,
+        [
+            "rmsnorm-kernels-v1::F-RMS-GPU-001::mutant (absent from this run; passed in the baseline)",
+            "softmax-properties-v1::F-SOFTMAX-001 (absent from this run; passed in the baseline)",
+        ]
+    );
+    let md = std::fs::read_to_string(&outcome.path).unwrap();
+    assert!(md.contains("**Verdict: INCOMPLETE**"), "{md}");
+    assert!(!md.contains("Verdict: clean"));
+    let not_run = section(&md, "## Not run");
+    assert!(not_run.contains(
+        "| softmax-properties-v1::F-SOFTMAX-001 | cpu | passed | absent from this run |"
+    ));
+    assert!(section(&md, "## Changes of status").contains("| **not run** |"));
+
+    // The command line exits with the incomplete code and names them.
+    let out = report_cli(&baseline, &current);
+    assert_eq!(out.status.code(), Some(EXIT_INCOMPLETE.into()), "{}", stdout(&out));
+    assert!(stdout(&out).contains("NOT RUN softmax-properties-v1::F-SOFTMAX-001"));
+    assert!(stdout(&out).contains("verdict: incomplete (exit 3)"));
+}
+
+#[test]
+fn only_a_recorded_reason_excuses_a_skipped_trial() {
+    let tmp = tempfile::tempdir().unwrap();
+    let baseline = copy_fixture("planted_baseline", tmp.path());
+    let current = tmp.path().join("skipping");
+    let skip = |detail: &str| {
+        let rows: Vec<FalsificationRow> = rows_of(&baseline)
+            .into_iter()
+            .map(|mut r| {
+                if r.test_id == "F-TPUT-003" {
+                    r.status = Status::Skipped;
+                    r.detail = detail.into();
+                }
+                r
+            })
+            .collect();
+        write_rows_atomic(&current.join("falsification.csv"), &rows).unwrap();
+        write_report(&baseline, &current).unwrap()
+    };
+    let outcome = skip("no target for NVIDIA H200 (the target is stated for H100)");
+    assert_eq!(outcome.verdict, Verdict::Clean, "{:?}", outcome.not_run);
+    let md = std::fs::read_to_string(&outcome.path).unwrap();
+    assert!(section(&md, "## Changes of status").contains("skipped in this run for a recorded reason (no target for NVIDIA H200"));
+    let outcome = skip("");
+    assert_eq!(outcome.verdict, Verdict::Incomplete);
+    assert!(outcome.not_run[0].contains("F-TPUT-003 (skipped, no reason recorded"));
+}
+
+#[test]
+fn a_regression_outranks_an_incomplete_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let baseline = copy_fixture("planted_baseline", tmp.path());
+    let current = copy_fixture("planted_current", tmp.path());
+    let rows: Vec<FalsificationRow> = rows_of(&current)
+        .into_iter()
+        .filter(|r| r.test_id != "F-SOFTMAX-001")
+        .collect();
+    write_rows_atomic(&current.join("falsification.csv"), &rows).unwrap();
+    let outcome = write_report(&baseline, &current).unwrap();
+    assert_eq!(outcome.verdict, Verdict::Regressed);
+    assert_eq!(outcome.not_run.len(), 1);
+    let md = std::fs::read_to_string(&outcome.path).unwrap();
+    assert!(md.contains("besides, 1 baseline trial(s) did not run"));
+}
+
+/// A folder of per-GPU baselines, `h200/` and `h100/`, made from the
+/// planted baseline with the device renamed.
+fn baselines_by_kind(into: &Path) -> PathBuf {
+    let root = into.join("baseline");
+    for (kind, device) in [("h200", "NVIDIA H200"), ("h100", "NVIDIA H100 80GB HBM3")] {
+        let dir = copy_dir(&fixture("planted_baseline"), &root.join(kind));
+        std::fs::remove_file(dir.join("run.json")).unwrap();
+        let rows: Vec<FalsificationRow> = rows_of(&dir)
+            .into_iter()
+            .map(|mut r| {
+                if r.backend == "cuda" {
+                    r.device = device.into();
+                }
+                r.run_id = format!("{kind}-run");
+                r
+            })
+            .collect();
+        write_rows_atomic(&dir.join("falsification.csv"), &rows).unwrap();
+    }
+    root
+}
+
+/// The planted baseline's trials as run on `device`, all as in the baseline.
+fn run_on(dir: &Path, device: &str) -> PathBuf {
+    let rows: Vec<FalsificationRow> = rows_of(&fixture("planted_baseline"))
+        .into_iter()
+        .map(|mut r| {
+            if r.backend == "cuda" {
+                r.device = device.into();
+            }
+            r
+        })
+        .collect();
+    write_rows_atomic(&dir.join("falsification.csv"), &rows).unwrap();
+    dir.to_path_buf()
+}
+
+#[test]
+fn a_gpu_run_is_compared_with_the_baseline_of_its_gpu_kind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = baselines_by_kind(tmp.path());
+    let current = run_on(&tmp.path().join("h100-run"), "NVIDIA H100 80GB HBM3");
+    let outcome = write_report(&root, &current).unwrap();
+    assert_eq!(outcome.verdict, Verdict::Clean, "{:?}", outcome.not_run);
+    assert_eq!(
+        outcome.baseline,
+        format!(
+            "Baseline `h100` (`{}`): the baseline of the GPU this run used, NVIDIA H100 80GB HBM3.",
+            root.join("h100").display()
+        )
+    );
+    let md = std::fs::read_to_string(&outcome.path).unwrap();
+    assert!(section(&md, "## Runs").contains("h100-run"));
+    assert!(!section(&md, "## Runs").contains("h200-run"));
+
+    // A GPU kind without a baseline is no verdict at all, and says why.
+    let current = run_on(&tmp.path().join("a100-run"), "NVIDIA A100-SXM4-80GB");
+    let err = write_report(&root, &current).unwrap_err().to_string();
+    assert!(
+        err.contains("no baseline for `a100` here (baselines: h100, h200)"),
+        "{err}"
+    );
+    let out = report_cli(&root, &current);
+    assert_eq!(out.status.code(), Some(EXIT_NO_VERDICT.into()));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no baseline for `a100`"));
+    assert!(!current.join(REPORT_MD).exists());
+}
+
+#[test]
+fn a_cpu_only_run_is_compared_with_the_cpu_rows_of_every_baseline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = baselines_by_kind(tmp.path());
+    // The h100 baseline had F-SOFTMAX-001 falsified; the h200 one passed it.
+    let h100 = root.join("h100");
+    let rows: Vec<FalsificationRow> = rows_of(&h100)
+        .into_iter()
+        .map(|mut r| {
+            if r.test_id == "F-SOFTMAX-001" {
+                r.status = Status::Falsified;
+            }
+            r
+        })
+        .collect();
+    write_rows_atomic(&h100.join("falsification.csv"), &rows).unwrap();
+    // This run: no GPU, and F-SOFTMAX-001 falsified.
+    let current = tmp.path().join("cpu-run");
+    let rows: Vec<FalsificationRow> = cpu_only(&rows_of(&fixture("planted_baseline")))
+        .into_iter()
+        .map(|mut r| {
+            if r.test_id == "F-SOFTMAX-001" {
+                r.status = Status::Falsified;
+            }
+            r
+        })
+        .collect();
+    write_rows_atomic(&current.join("falsification.csv"), &rows).unwrap();
+    let outcome = write_report(&root, &current).unwrap();
+    assert_eq!(outcome.verdict, Verdict::Regressed);
+    assert_eq!(
+        outcome.regressions,
+        ["softmax-properties-v1::F-SOFTMAX-001 (passed -> falsified) against h200"]
+    );
+    assert!(
+        outcome.baseline.contains("against the `cpu` rows of every baseline: `h100`"),
+        "{}",
+        outcome.baseline
+    );
+    let md = std::fs::read_to_string(&outcome.path).unwrap();
+    let runs = section(&md, "## Runs");
+    assert!(runs.contains("| | baseline `h100` | baseline `h200` | current |"), "{runs}");
+    assert!(section(&md, "## Regressions").contains("### Against `h200`"));
+    let verdicts = section(&md, "## Verdicts by contract");
+    assert!(verdicts.contains("### Against `h100`") && verdicts.contains("#### softmax-properties-v1"));
+    // Only cpu rows were compared: no GPU trial appears anywhere in the tables.
+    assert!(!verdicts.contains("F-RMS-GPU-001"), "{verdicts}");
+}
+
+#[test]
+fn the_committed_baselines_are_found_from_the_parent_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest.join("reports/baseline");
+    let h200 = root.join("h200");
+    // The committed H200 run against itself, as a copy: clean.
+    let current = copy_dir(&h200, &tmp.path().join("again"));
+    let outcome = write_report(&root, &current).unwrap();
+    assert_eq!(outcome.verdict, Verdict::Clean, "{:?}", outcome.regressions);
+    assert!(outcome.baseline.starts_with("Baseline `h200`"), "{}", outcome.baseline);
+    let md = std::fs::read_to_string(&outcome.path).unwrap();
+    let runs = section(&md, "## Runs");
+    // An older record's tree state and options read as today's.
+    assert!(runs.contains("ca3b3dd9d71e (not run from a checkout: tree state unknown)"), "{runs}");
+    assert!(runs.contains("`gpu.forward_math=Tf32`") && !runs.contains("GpuOptions {"));
+    assert!(!runs.contains("cpu: Intel"), "{runs}");
+    // Bandwidth rows show their shape, never `0 x 0`.
+    let speedups = section(&md, "## Speedups");
+    assert!(speedups.contains("| K-EFF-BW-001 | rmsnorm fwd | {hidden=896, rows=1024} |"));
+    assert!(!md.contains("0 x 0"));
+    // The committed rows lack the newer columns; they are filled from the trials.
+    assert!(speedups.contains("| >= 0.7 |"), "{speedups}");
+}
+
+#[test]
+fn the_report_never_writes_into_the_baseline_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = baselines_by_kind(tmp.path());
+    let inside = root.join("h200");
+    let before: Vec<_> = std::fs::read_dir(&inside).unwrap().flatten().map(|e| e.path()).collect();
+    let err = write_report(&root, &inside).unwrap_err().to_string();
+    assert!(err.contains("never writes there"), "{err}");
+    let out = report_cli(&root, &inside);
+    assert_eq!(out.status.code(), Some(EXIT_NO_VERDICT.into()));
+    let after: Vec<_> = std::fs::read_dir(&inside).unwrap().flatten().map(|e| e.path()).collect();
+    assert_eq!(before, after, "nothing was written into the baseline");
+    assert!(!inside.join(REPORT_MD).exists());
+}
+
 fn speedup(ratio: f64, low: f64, high: f64) -> SpeedupRow {
     SpeedupRow {
         run_id: "r".into(),
+        contract: "fusion-v1".into(),
         test_id: "F-SPEED-001".into(),
+        status: Some(Status::Passed),
+        threshold: Some(1.0),
         subject: "fusion".into(),
         model: "qwen2.5-0.5b".into(),
         batch: 1,
@@ -193,42 +528,118 @@ fn speedup(ratio: f64, low: f64, high: f64) -> SpeedupRow {
         ratio_ci_high: high,
         repeats: 30,
         device: "NVIDIA H200".into(),
+        peak_device_gib: None,
     }
 }
 
 #[test]
 fn only_a_speedup_interval_wholly_below_the_baseline_regresses() {
     let tmp = tempfile::tempdir().unwrap();
-    let rows: Vec<FalsificationRow> =
-        read_rows(&fixture("planted_baseline").join("falsification.csv")).unwrap();
-    let run = |name: &str, s: SpeedupRow| {
+    let rows = rows_of(&fixture("planted_baseline"));
+    let run = |name: &str, s: Vec<SpeedupRow>| {
         let dir = tmp.path().join(name);
         write_rows_atomic(&dir.join("falsification.csv"), &rows).unwrap();
-        write_rows_atomic(&dir.join("speedups.csv"), &[s]).unwrap();
+        write_rows_atomic(&dir.join("speedups.csv"), &s).unwrap();
         dir
     };
-    let baseline = run("baseline", speedup(1.3, 1.2, 1.4));
+    let mutant = |s: SpeedupRow| SpeedupRow {
+        test_id: "F-SPEED-001::mutant".into(),
+        ..s
+    };
+    let baseline = run(
+        "baseline",
+        vec![speedup(1.3, 1.2, 1.4), mutant(speedup(0.5, 0.45, 0.55))],
+    );
     // Lower, but the intervals overlap: noise.
-    let overlapping = run("overlap", speedup(1.18, 1.1, 1.21));
+    let overlapping = run("overlap", vec![speedup(1.18, 1.1, 1.21)]);
     assert_eq!(
         write_report(&baseline, &overlapping).unwrap().verdict,
         Verdict::Clean
     );
-    let below = run("below", speedup(1.1, 1.05, 1.19));
+    let below = run("below", vec![speedup(1.1, 1.05, 1.19)]);
     let outcome = write_report(&baseline, &below).unwrap();
     assert_eq!(outcome.verdict, Verdict::Regressed);
+    assert_eq!(outcome.verdict.exit_code(), EXIT_REGRESSED);
     assert!(outcome.speedup_regressions[0].contains("1.1 [1.05, 1.19] now"));
+    // A mutant's row times an injected fault: slower is never a regression.
+    let slow_mutant = run(
+        "slow-mutant",
+        vec![speedup(1.3, 1.2, 1.4), mutant(speedup(0.2, 0.19, 0.21))],
+    );
+    assert_eq!(
+        write_report(&baseline, &slow_mutant).unwrap().verdict,
+        Verdict::Clean
+    );
     // The same low figure from another GPU is another measurement, not a regression.
     let elsewhere = run(
         "elsewhere",
-        SpeedupRow {
+        vec![SpeedupRow {
             device: "NVIDIA H100 80GB HBM3".into(),
             ..speedup(1.1, 1.05, 1.19)
-        },
+        }],
     );
     let outcome = write_report(&baseline, &elsewhere).unwrap();
     assert_eq!(outcome.verdict, Verdict::Clean);
     assert!(outcome.speedup_regressions.is_empty());
+}
+
+#[test]
+fn speedups_csv_has_the_design_columns_and_older_files_still_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("speedups.csv");
+    write_rows_atomic(&path, &[speedup(1.3, 1.2, 1.4)]).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        text.lines().next().unwrap(),
+        "run_id,contract,test_id,status,threshold,subject,model,batch,seq_len,baseline,candidate,\
+         baseline_median_ms,candidate_median_ms,ratio,ratio_ci_low,ratio_ci_high,repeats,device,\
+         peak_device_gib"
+    );
+    let back: Vec<SpeedupRow> = read_rows(&path).unwrap();
+    assert_eq!(back, [speedup(1.3, 1.2, 1.4)]);
+    // An older file (no contract, status, threshold, peak memory) reads, and
+    // the report fills what the trial rows know.
+    let old: Vec<SpeedupRow> = read_rows(&fixture("planted_baseline").join("speedups.csv")).unwrap();
+    assert!(old.iter().all(|s| s.status.is_none() && s.contract.is_empty()));
+    let tmp_baseline = copy_fixture("planted_baseline", tmp.path());
+    let data = falsify::report::compare::RunData::load(&tmp_baseline).unwrap();
+    let bw = data
+        .speedups
+        .iter()
+        .find(|s| s.test_id == "F-BW-RMSNORM-001")
+        .unwrap();
+    assert_eq!(
+        (bw.contract.as_str(), bw.status, bw.threshold),
+        ("kernel-efficiency-v1", Some(Status::Passed), Some(0.7))
+    );
+    // A rate over its target passes at 1.0.
+    let target = data.speedups.iter().find(|s| s.test_id == "F-TPUT-003").unwrap();
+    assert_eq!(target.threshold, Some(1.0));
+}
+
+#[test]
+fn cells_that_would_run_as_formulas_are_neutralised_and_numbers_stay_numbers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("falsification.csv");
+    let mut row = rows_of(&fixture("planted_baseline")).remove(0);
+    row.test_id = "=HYPERLINK(\"http://x\",\"click\")".into();
+    row.detail = "-1+2, then @SUM(A1)".into();
+    row.device = "+cmd|' /C calc'!A0".into();
+    row.comparator = "==".into();
+    row.observed = Some(-0.5);
+    row.threshold = Some(-1e-7);
+    write_rows_atomic(&path, std::slice::from_ref(&row)).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let record = text.lines().nth(1).unwrap();
+    assert!(record.contains(r#""'=HYPERLINK(""http://x"",""click"")""#), "{record}");
+    assert!(record.contains("'-1+2, then @SUM(A1)"), "{record}");
+    assert!(record.contains("'+cmd|"), "{record}");
+    assert!(record.contains(",'==,"), "{record}");
+    // Numbers are not text: a negative number is written as a number.
+    assert!(record.contains(",-0.5,") && record.contains(",-1e-7,"), "{record}");
+    // Reading undoes the neutralisation exactly.
+    let back: Vec<FalsificationRow> = read_rows(&path).unwrap();
+    assert_eq!(back, [row]);
 }
 
 #[test]
@@ -254,50 +665,54 @@ fn artifacts_present_are_shown_with_how_to_load_them() {
 }
 
 #[test]
-fn the_cli_exits_non_zero_on_a_regression_and_zero_without() {
+fn the_runs_table_shows_plain_facts() {
     let tmp = tempfile::tempdir().unwrap();
     let baseline = copy_fixture("planted_baseline", tmp.path());
     let current = copy_fixture("planted_current", tmp.path());
-    let report = |current: &Path| {
-        Command::new(env!("CARGO_BIN_EXE_falsify"))
-            .arg("report")
-            .arg("--baseline")
-            .arg(&baseline)
-            .arg("--current")
-            .arg(current)
-            .output()
-            .unwrap()
-    };
-    let out = report(&current);
-    assert!(!out.status.success());
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let outcome = write_report(&baseline, &current).unwrap();
+    let md = std::fs::read_to_string(&outcome.path).unwrap();
+    let runs = section(&md, "## Runs");
+    assert!(runs.contains("base-1") && runs.contains("cur-2"));
+    assert!(runs.contains("aaaa11112222 (not run from a checkout: tree state unknown)"), "{runs}");
+    assert!(runs.contains("bbbb33334444 (checkout with uncommitted changes)"), "{runs}");
+    assert!(runs.contains("| devices | Xeon; NVIDIA H200 |") || runs.contains("NVIDIA H200; Xeon"), "{runs}");
+    assert!(!runs.contains("cpu: Xeon"));
+    assert!(runs.contains(
+        "`seed=0`, `out_dir=reports/latest`, `gpu.ordinal=0`, `gpu.forward_math=Tf32`, `gpu.backward_math=Fp32`"
+    ));
+    let speedups = section(&md, "## Speedups");
+    assert!(speedups.contains("| F-BW-RMSNORM-001 | rmsnorm fwd | {hidden=896, rows=1024} |"), "{speedups}");
+    assert!(speedups.contains("| qwen2.5-0.5b, batch 4 x seq 512 |"));
+    assert!(!md.contains("0 x 0"));
+}
+
+#[test]
+fn the_cli_exit_codes_tell_clean_regressed_and_no_verdict_apart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let baseline = copy_fixture("planted_baseline", tmp.path());
+    let current = copy_fixture("planted_current", tmp.path());
+    let out = report_cli(&baseline, &current);
+    assert_eq!(out.status.code(), Some(EXIT_REGRESSED.into()));
+    let text = stdout(&out);
     assert!(
-        stdout.contains("REGRESSION rmsnorm-kernels-v1::F-RMS-GPU-001"),
-        "{stdout}"
+        text.contains("REGRESSION rmsnorm-kernels-v1::F-RMS-GPU-001"),
+        "{text}"
     );
-    assert!(stdout.contains("verdict: regressed"));
+    assert!(text.contains("verdict: regressed (exit 1)"));
+    assert!(text.contains("baseline: Baseline `h200`"));
     // The baseline against itself: clean, exit 0.
     let same = copy_fixture("planted_baseline", &tmp.path().join("again"));
-    let out = report(&same);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    // A missing baseline is an error, not a clean report.
-    let out = Command::new(env!("CARGO_BIN_EXE_falsify"))
-        .args(["report", "--baseline"])
-        .arg(tmp.path().join("nowhere"))
-        .arg("--current")
-        .arg(&current)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
+    let out = report_cli(&baseline, &same);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    // A missing baseline is no verdict, not a clean report.
+    let out = report_cli(&tmp.path().join("nowhere"), &current);
+    assert_eq!(out.status.code(), Some(EXIT_NO_VERDICT.into()));
 }
 
 /// The release rehearsal end to end: a real trial run with its mutant injected
 /// (`falsify run --inject`) is named as a regression against the committed
-/// GPU baseline, and `report` exits non-zero.
+/// baselines, and `report` exits with the regression code although most
+/// baseline trials did not run.
 #[test]
 fn an_injected_mutant_is_reported_as_a_regression_against_the_baseline() {
     let tmp = tempfile::tempdir().unwrap();
@@ -314,18 +729,35 @@ fn an_injected_mutant_is_reported_as_a_regression_against_the_baseline() {
         !run.status.success(),
         "the injected mutant falsifies the trial"
     );
+    // The summary reads as a failure: the relation that is true, then the verdict.
+    let summary = stdout(&run);
+    let line = summary
+        .lines()
+        .find(|l| l.contains("F-GRAD-GEMM-001") && l.contains("falsified"))
+        .unwrap_or_else(|| panic!("{summary}"));
+    assert!(line.contains(" > ") && line.trim_end().ends_with(": falsified"), "{line}");
+    // Rows name the build commit and the CPU model, nothing more.
+    let rows = rows_of(&current);
+    assert!(rows.iter().all(|r| !r.git_sha.contains(' ') && !r.git_sha.ends_with("-dirty")));
+    assert!(rows.iter().all(|r| !r.device.starts_with("cpu:")), "{:?}", rows[0].device);
+    let record = std::fs::read_to_string(current.join("run.json")).unwrap();
+    assert!(record.contains("\"git_source\""), "{record}");
+
     let out = Command::new(env!("CARGO_BIN_EXE_falsify"))
         .current_dir(manifest)
         .args(["report", "--baseline", "reports/baseline", "--current"])
         .arg(&current)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "{stdout}");
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(EXIT_REGRESSED.into()), "{text}");
     assert!(
-        stdout.contains("REGRESSION reference-gradients-v1::F-GRAD-GEMM-001"),
-        "{stdout}"
+        text.contains("REGRESSION reference-gradients-v1::F-GRAD-GEMM-001"),
+        "{text}"
     );
+    // A run on a machine without a GPU: judged on the cpu rows of h200.
+    assert!(text.contains("`cpu` rows of the baseline: `h200`"), "{text}");
+    assert!(text.contains("NOT RUN "), "{text}");
     let md = std::fs::read_to_string(current.join("REPORT.md")).unwrap();
     let regressions = section(&md, "## Regressions");
     assert!(regressions.contains("F-GRAD-GEMM-001"), "{regressions}");

@@ -7,18 +7,19 @@
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::check::params::ClipMode;
+use crate::check::params::{fits_host, ClipMode};
+use crate::check::training::{reference_bytes, trainer_bytes, trainer_shortfall};
 use crate::check::{require_gpu, Comparator};
 use crate::error::Result;
 use crate::reference::train::{Model, BATCH_SALT, CORPUS_SALT};
 use qlora::gpu::{GemmMath, GpuContext};
-use qlora::model::{BaseModel, Corpus, Trainable};
+use qlora::model::{BaseModel, Corpus, ModelConfig, Trainable};
 use qlora::train::{GpuTrainOptions, GpuTrainer};
 
 use serde::Deserialize;
 
 use super::params::{BaseWeights, BaseWeightsDef, ModelName, NonNegative, Positive, Precision};
-use super::{Backend, Kind, Measurement, TrialContext, Validate};
+use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -71,19 +72,7 @@ fn gradient_parity(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
     };
     let (ref_loss, ref_grads) = model.loss_and_grads(&tokens, cfg.batch, false)?;
     drop(model);
-    let options = GpuTrainOptions {
-        clip: ClipMode::Global,
-        base: p.base,
-        hyper: qlora::train::Hyper::default(),
-        graph: false,
-        forward_math: Some(match p.precision {
-            Precision::Tf32 => GemmMath::Tf32,
-            _ => GemmMath::Fp32,
-        }),
-        backward_math: None,
-        keep_mlp: false,
-        device_quantize: false,
-    };
+    let options = p.options();
     let faults = cx.faults();
     let mut scope = require_gpu(cx)?.with_faults(faults);
     let gpu: &mut GpuContext = &mut scope;
@@ -133,8 +122,104 @@ fn gradient_parity(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
     Ok(m)
 }
 
+/// Most multiply-adds of the host's f64 reference forward and backward
+/// ([`reference_macs`]): small-4l takes 6e9 (1.5 s for the whole trial on an
+/// H200's host); qwen2.5-0.5b would take 1.5e12, about an hour.
+pub const MAX_REFERENCE_MACS: f64 = 3e10;
+
+/// Multiply-adds of one forward and backward of the f64 reference on `cfg`,
+/// the dominant GEMM terms: `3 T (n_base + V H)` (forward, and the input
+/// gradients of the backward at twice that), with `T = batch x seq_len`.
+pub fn reference_macs(cfg: &ModelConfig) -> f64 {
+    let params = (cfg.layers * cfg.base_params_per_layer()) as f64 + (cfg.vocab * cfg.hidden) as f64;
+    3.0 * cfg.tokens() as f64 * params
+}
+
+impl Params {
+    /// The GPU step's options: one global clip, no graph, the contract's
+    /// forward GEMM math.
+    fn options(&self) -> GpuTrainOptions {
+        GpuTrainOptions {
+            clip: ClipMode::Global,
+            base: self.base,
+            hyper: qlora::train::Hyper::default(),
+            graph: false,
+            forward_math: Some(match self.precision {
+                Precision::Tf32 => GemmMath::Tf32,
+                _ => GemmMath::Fp32,
+            }),
+            backward_math: None,
+            keep_mlp: false,
+            device_quantize: false,
+        }
+    }
+}
+
 impl Kind for Params {
     fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         gradient_parity(self, cx)
+    }
+
+    /// The oracle runs on the host: its work ([`MAX_REFERENCE_MACS`]) and
+    /// its memory ([`reference_bytes`]) against this machine.
+    fn check_budget(&self, _backend: Backend, here: &Here) -> std::result::Result<(), String> {
+        let cfg = self.model.0;
+        let macs = reference_macs(&cfg);
+        if macs > MAX_REFERENCE_MACS {
+            return Err(format!(
+                "model: {}: the CPU reference forward and backward need ~{macs:.1e} multiply-adds; the bound is {MAX_REFERENCE_MACS:.0e} (use `tiny` or `small-4l`)",
+                cfg.name
+            ));
+        }
+        fits_host(&format!("model: {}", cfg.name), reference_bytes(&cfg), here)
+    }
+
+    /// Whether the GPU trainer fits the GPU's free memory.
+    fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
+        let cfg = self.model.0;
+        let needed = trainer_bytes(&cfg, &self.options());
+        (backend == Backend::Cuda)
+            .then(|| trainer_shortfall(&cfg, needed, here))
+            .flatten()
+    }
+
+    /// Observed: at most 1.5 s on an H200 (small-4l, most of it the host's
+    /// reference); the reference bound keeps it under ~10 s.
+    fn default_timeout_s(&self) -> f64 {
+        120.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::params::tests::{ci, with_gpu};
+
+    fn params(model: &str) -> Params {
+        serde_yaml::from_str(&format!("model: {model}\ntolerance: 1.0e-5")).unwrap()
+    }
+
+    #[test]
+    fn the_host_reference_bounds_the_model() {
+        for model in ["tiny", "small-4l"] {
+            assert_eq!(params(model).check_budget(Backend::Cuda, &ci()), Ok(()), "{model}");
+        }
+        let e = params("qwen2.5-0.5b")
+            .check_budget(Backend::Cuda, &ci())
+            .unwrap_err();
+        assert!(
+            e.starts_with("model: qwen2.5-0.5b: the CPU reference forward and backward need ~1.5e12"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_gpu_trainer_must_fit() {
+        let p = params("small-4l");
+        let mut here = with_gpu("NVIDIA H100 80GB HBM3", 80);
+        assert_eq!(p.unjudged_on(Backend::Cuda, &here), None);
+        here.gpu.as_mut().unwrap().free_memory_bytes = 1 << 20;
+        let why = p.unjudged_on(Backend::Cuda, &here).unwrap();
+        assert!(why.starts_with("model small-4l (batch 4, seq 128) needs ~"), "{why}");
     }
 }

@@ -2,7 +2,8 @@
 //! within a bound derived from the arithmetic of its weights, adapters,
 //! optimizer state and activations.
 
-use crate::check::params::StepMode;
+use crate::check::params::{at_most, StepMode};
+use crate::check::training::{trainer_bytes, trainer_shortfall, TRAINING_TIMEOUT_S};
 use crate::check::{require_gpu, Comparator};
 use crate::error::Result;
 use qlora::gpu::GpuContext;
@@ -11,7 +12,7 @@ use qlora::train::GpuTrainer;
 use serde::Deserialize;
 
 use super::params::{BaseWeights, BaseWeightsDef, Count, ModelName, Positive};
-use super::{Backend, Kind, Measurement, TrialContext, Validate};
+use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -21,14 +22,29 @@ pub struct Params {
     pub base: BaseWeights,
     /// Upper bound on peak device memory, GiB.
     pub max_gib: Positive,
-    /// Overrides the preset's batch size.
+    /// Overrides the preset's batch size: at most [`MAX_BATCH`].
     #[serde(default)]
     pub batch: Option<Count>,
 }
 
+/// Largest batch: 1,024 sequences (256x the presets'); the device memory
+/// decides below that.
+pub const MAX_BATCH: usize = 1_024;
+
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {
-        Ok(())
+        at_most("batch", self.batch.map_or(0, |b| b.0), MAX_BATCH)
+    }
+}
+
+impl Params {
+    /// The step mode the check trains in: graphed, on the contract's base.
+    fn mode(&self) -> StepMode {
+        StepMode {
+            graph: true,
+            base: self.base,
+            ..StepMode::default()
+        }
     }
 }
 
@@ -42,12 +58,7 @@ fn memory_budget(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     const STEPS: usize = 3;
     let cfg = p.model.sized(p.batch, None);
     let seed = cx.seed;
-    let mode = StepMode {
-        graph: true,
-        base: p.base,
-        ..StepMode::default()
-    };
-    let options = mode.speed_options();
+    let options = p.mode().speed_options();
     let faults = cx.faults();
     let mut scope = require_gpu(cx)?.with_faults(faults);
     let gpu: &mut GpuContext = &mut scope;
@@ -90,5 +101,61 @@ fn used_bytes(gpu: &GpuContext) -> Result<usize> {
 impl Kind for Params {
     fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         memory_budget(self, cx)
+    }
+
+    /// Whether the trainer the stack plans fits the GPU's free memory (a
+    /// budget for a GPU too small for the configuration says nothing).
+    fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
+        let cfg = self.model.sized(self.batch, None);
+        let needed = trainer_bytes(&cfg, &self.mode().speed_options());
+        (backend == Backend::Cuda)
+            .then(|| trainer_shortfall(&cfg, needed, here))
+            .flatten()
+    }
+
+    /// Observed: at most 15 s on an H200 (qwen2.5-coder-1.5b, NF4 base).
+    fn default_timeout_s(&self) -> f64 {
+        TRAINING_TIMEOUT_S
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::params::tests::with_gpu;
+
+    fn params(extra: &str) -> std::result::Result<Params, String> {
+        let yaml = format!("model: qwen2.5-coder-1.5b\nbase: nf4\nmax_gib: 6.0\n{extra}");
+        let p: Params = serde_yaml::from_str(&yaml).map_err(|e| e.to_string())?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    #[test]
+    fn a_configuration_beyond_the_free_memory_is_not_judged() {
+        let p = params("").unwrap();
+        let mut here = with_gpu("NVIDIA H100 80GB HBM3", 80);
+        assert_eq!(p.unjudged_on(Backend::Cuda, &here), None);
+        here.gpu.as_mut().unwrap().free_memory_bytes = 3 << 30;
+        let why = p.unjudged_on(Backend::Cuda, &here).unwrap();
+        assert!(
+            why.starts_with("model qwen2.5-coder-1.5b (batch 4, seq 256) needs ~")
+                && why.ends_with("NVIDIA H100 80GB HBM3 has 3.0 GiB free"),
+            "{why}"
+        );
+        // The stack's plan of this configuration, the same the budget names.
+        let needed = trainer_bytes(&p.model.0, &p.mode().speed_options());
+        assert!(needed > 3.0 * f64::from(1u32 << 30) && needed < 6.0 * f64::from(1u32 << 30));
+    }
+
+    #[test]
+    fn the_batch_is_bounded() {
+        let e = params("batch: 100000").unwrap_err();
+        assert_eq!(e, "batch: 100000 is above its bound of 1024");
+        let p = params("batch: 1024").unwrap();
+        let why = p
+            .unjudged_on(Backend::Cuda, &with_gpu("NVIDIA H200", 141))
+            .unwrap();
+        assert!(why.contains("(batch 1024, seq 256)"), "{why}");
     }
 }

@@ -2,6 +2,8 @@
 
 use serde::Deserialize;
 
+use super::params::Shape;
+
 /// Every op of the system under test, named as in contracts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -107,6 +109,97 @@ impl Op {
             Op::ClipApply => "clip_apply",
             Op::Adamw => "adamw",
         }
+    }
+}
+
+impl Op {
+    /// Elements of all tensors one invocation in `pass` reads and writes:
+    /// what the memory estimates scale with. `N` is the product of the
+    /// shape's dims for the element-wise ops; otherwise:
+    ///
+    /// | op | forward | backward |
+    /// | --- | --- | --- |
+    /// | embedding `{T, V, H}` | `VH + T + TH` | the same (dy, dtable) |
+    /// | rmsnorm `{R, H}` | `2RH + H` | `3RH + 2H` |
+    /// | rope, scale, cast_f16, clip_apply, nf4 (de)quantize | `2N` | `2N` |
+    /// | softmax, silu | `2N` | `3N` |
+    /// | swiglu | `3N` | `5N` |
+    /// | residual_add | `3N` | `3N` |
+    /// | attention `{B, S, Hq, Hkv, D}`, `q = BSHqD`, `kv = BSHkvD`, `P = BHqS^2` | `2q + 2kv + P` | `3q + 4kv + 2P` |
+    /// | cross_entropy `{R, V}` | `RV + 2R` | `2RV + R` |
+    /// | gemm, nf4_gemm `{m, n, k}` | `mk + 2kn + mn` (W also transposed) | `2mk + 3kn + 2mn` |
+    /// | squared_sum, clip_scale | `N` | - |
+    /// | adamw `{n}` | `7n` | - |
+    pub fn elements(self, s: &Shape, pass: Pass) -> f64 {
+        let bwd = pass == Pass::Backward;
+        let pick = |f: f64, b: f64| if bwd { b } else { f };
+        let n = s.0.values().map(|c| c.0 as f64).product::<f64>();
+        match self {
+            Op::Embedding => {
+                let (t, v, h) = (s.dim("tokens") as f64, s.dim("vocab") as f64, s.dim("hidden") as f64);
+                v * h + t + t * h
+            }
+            Op::Rmsnorm => {
+                let (r, h) = (s.dim("rows") as f64, s.dim("hidden") as f64);
+                pick(2.0 * r * h + h, 3.0 * r * h + 2.0 * h)
+            }
+            Op::Attention => attention_elements(s, bwd),
+            Op::CrossEntropy => {
+                let (r, v) = (s.dim("rows") as f64, s.dim("vocab") as f64);
+                pick(r * v + 2.0 * r, 2.0 * r * v + r)
+            }
+            Op::Gemm | Op::Nf4Gemm => {
+                let (m, n, k) = (s.dim("m") as f64, s.dim("n") as f64, s.dim("k") as f64);
+                pick(m * k + 2.0 * k * n + m * n, 2.0 * m * k + 3.0 * k * n + 2.0 * m * n)
+            }
+            Op::Softmax | Op::Silu => pick(2.0 * n, 3.0 * n),
+            Op::Swiglu => pick(3.0 * n, 5.0 * n),
+            Op::ResidualAdd => 3.0 * n,
+            Op::SquaredSum | Op::ClipScale => n,
+            Op::Adamw => 7.0 * n,
+            Op::Rope | Op::Scale | Op::CastF16 | Op::ClipApply => 2.0 * n,
+            Op::Nf4Quantize | Op::Nf4Dequantize => 2.0 * n,
+        }
+    }
+
+    /// Multiply-adds of the f64 reference for one invocation in `pass`:
+    /// `mnk` for a GEMM (`2mnk` backward, two products), `2 B Hq S^2 D` for
+    /// attention (`6 B Hq S^2 D` backward: the forward again and four
+    /// products), and [`Op::elements`] for everything else, which is
+    /// linear in its tensors.
+    pub fn work(self, s: &Shape, pass: Pass) -> f64 {
+        let bwd = pass == Pass::Backward;
+        match self {
+            Op::Gemm | Op::Nf4Gemm => {
+                let mnk = s.product(&["m", "n", "k"]);
+                if bwd {
+                    2.0 * mnk
+                } else {
+                    mnk
+                }
+            }
+            Op::Attention => {
+                let scores = s.product(&["batch", "heads", "seq", "seq", "head_dim"]);
+                if bwd {
+                    6.0 * scores
+                } else {
+                    2.0 * scores
+                }
+            }
+            _ => self.elements(s, pass),
+        }
+    }
+}
+
+/// [`Op::elements`] of attention.
+fn attention_elements(s: &Shape, bwd: bool) -> f64 {
+    let q = s.product(&["batch", "seq", "heads", "head_dim"]);
+    let kv = s.product(&["batch", "seq", "kv_heads", "head_dim"]);
+    let probs = s.product(&["batch", "heads", "seq", "seq"]);
+    if bwd {
+        3.0 * q + 4.0 * kv + 2.0 * probs
+    } else {
+        2.0 * q + 2.0 * kv + probs
     }
 }
 

@@ -11,6 +11,8 @@ use serde::Deserialize;
 use qlora::gpu::GemmMath;
 use qlora::model::ModelConfig;
 use qlora::train::GpuTrainOptions;
+
+use super::Here;
 pub use qlora::train::{BaseWeights, ClipMode};
 
 /// A finite number `>= 0` (tolerances, bounds).
@@ -25,9 +27,13 @@ pub struct Positive(pub f64);
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
 pub struct Fraction(pub f64);
 
-/// A count `> 0` (steps, repeats, cases).
+/// A count `> 0` (steps, repeats, cases), at most [`MAX_COUNT`]; each
+/// kind states a tighter bound for each of its counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Count(pub usize);
+
+/// The largest count any parameter parses as (2^40).
+pub const MAX_COUNT: usize = 1 << 40;
 
 /// Deserialises a number and checks it inside the visitor, so serde_yaml marks
 /// the error with the line and column of the value itself.
@@ -96,7 +102,7 @@ impl<'de> Deserialize<'de> for Count {
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Count, E> {
                 match usize::try_from(v) {
                     Ok(0) => Err(E::custom("0 is out of range: it must be > 0")),
-                    Ok(n) if n <= 1 << 40 => Ok(Count(n)),
+                    Ok(n) if n <= MAX_COUNT => Ok(Count(n)),
                     _ => Err(E::custom(format!("{v} is too large"))),
                 }
             }
@@ -105,13 +111,72 @@ impl<'de> Deserialize<'de> for Count {
                     .map_err(|_| E::custom(format!("{v} is out of range: it must be > 0")))
                     .and_then(|v| self.visit_u64(v))
             }
+            /// A whole float (`1e6`) is the count it spells; the bound check
+            /// is the integer one.
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Count, E> {
-                Err(E::custom(format!("{v} is not a whole number > 0")))
+                if v.is_finite() && v.fract() == 0.0 && v > 0.0 && v <= MAX_COUNT as f64 {
+                    self.visit_u64(v as u64)
+                } else if v.is_finite() && v.fract() == 0.0 && v > 0.0 {
+                    Err(E::custom(format!("{v} is too large")))
+                } else {
+                    Err(E::custom(format!("{v} is not a whole number > 0")))
+                }
             }
         }
         // `any`, so that negative numbers reach `visit_i64` and get the range message.
         d.deserialize_any(V)
     }
+}
+
+/// Refuses `value` above the documented `bound` of parameter `name`.
+pub fn at_most(name: &str, value: usize, bound: usize) -> Result<(), String> {
+    if value > bound {
+        Err(format!("{name}: {value} is above its bound of {bound}"))
+    } else {
+        Ok(())
+    }
+}
+
+/// `bytes` in GiB, or MiB below one GiB, for messages.
+pub fn gib(bytes: f64) -> String {
+    let (gib, mib) = (f64::from(1u32 << 30), f64::from(1u32 << 20));
+    if bytes >= gib {
+        format!("{:.1} GiB", bytes / gib)
+    } else {
+        format!("{:.1} MiB", bytes / mib)
+    }
+}
+
+/// Refuses a cpu trial whose estimated host memory `needed` (bytes) is more
+/// than `here` has; `what` names the parameter and its value. A machine
+/// whose memory is unknown (0) refuses nothing.
+pub fn fits_host(what: &str, needed: f64, here: &Here) -> Result<(), String> {
+    let have = here.host_memory_bytes as f64;
+    if here.host_memory_bytes > 0 && needed > have {
+        Err(format!(
+            "{what} needs ~{} on cpu; this machine has {}",
+            gib(needed),
+            gib(have)
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// Why a cuda trial needing `needed` device bytes cannot be judged on the
+/// GPU of `here` (more than its free memory), or `None` when it fits or no
+/// GPU is known.
+pub fn gpu_shortfall(what: &str, needed: f64, here: &Here) -> Option<String> {
+    let gpu = here.gpu.as_ref()?;
+    let free = gpu.free_memory_bytes as f64;
+    (needed > free).then(|| {
+        format!(
+            "{what} needs ~{}, {} has {} free",
+            gib(needed),
+            gpu.name,
+            gib(free)
+        )
+    })
 }
 
 /// The name of a model preset, checked against [`qlora::model::PRESETS`].
@@ -163,6 +228,12 @@ impl Shape {
     /// The dimension `name`; callers validate the key set first with [`Shape::expect_dims`].
     pub fn dim(&self, name: &str) -> usize {
         self.0.get(name).map_or(0, |c| c.0)
+    }
+
+    /// The product of the named dimensions, in f64 so that no product of
+    /// counts overflows (each is at most [`MAX_COUNT`]).
+    pub fn product(&self, dims: &[&str]) -> f64 {
+        dims.iter().map(|d| self.dim(d) as f64).product()
     }
 
     /// Checks that the shape names exactly `dims`.
@@ -358,8 +429,9 @@ impl Default for Hyper {
     }
 }
 
+/// Tests, and the machines other kinds' tests plan on.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -373,5 +445,86 @@ mod tests {
         assert!(serde_yaml::from_str::<Count>("0").is_err());
         assert_eq!(serde_yaml::from_str::<Count>("3").ok(), Some(Count(3)));
         assert!(serde_yaml::from_str::<ModelName>("gpt-17").is_err());
+    }
+
+    #[test]
+    fn whole_floats_are_counts_and_large_ones_are_refused() {
+        assert_eq!(serde_yaml::from_str::<Count>("1e6").ok(), Some(Count(1_000_000)));
+        let e = serde_yaml::from_str::<Count>("1.5").unwrap_err();
+        assert!(e.to_string().contains("not a whole number"), "{e}");
+        let e = serde_yaml::from_str::<Count>("1e20").unwrap_err();
+        assert!(e.to_string().contains("too large"), "{e}");
+        let e = serde_yaml::from_str::<Count>("2000000000000").unwrap_err();
+        assert!(e.to_string().contains("too large"), "{e}");
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    /// The CI machine the cpu trials must fit: 24 GB, no GPU.
+    pub(crate) fn ci() -> Here {
+        Here {
+            host_memory_bytes: 24 * GIB,
+            gpu: None,
+        }
+    }
+
+    /// A machine with one GPU of `total_gib`, nearly all of it free.
+    pub(crate) fn with_gpu(name: &str, total_gib: u64) -> Here {
+        Here {
+            host_memory_bytes: 128 * GIB,
+            gpu: Some(crate::check::GpuHere {
+                name: name.into(),
+                total_memory_bytes: total_gib * GIB,
+                free_memory_bytes: total_gib * GIB - GIB / 2,
+            }),
+        }
+    }
+
+    #[test]
+    fn estimates_are_compared_with_what_is_here() {
+        assert_eq!(at_most("steps", 10, 10), Ok(()));
+        assert_eq!(
+            at_most("steps", 11, 10).unwrap_err(),
+            "steps: 11 is above its bound of 10"
+        );
+        let e = fits_host("steps: 5", 30.0 * GIB as f64, &ci()).unwrap_err();
+        assert_eq!(e, "steps: 5 needs ~30.0 GiB on cpu; this machine has 24.0 GiB");
+        assert!(fits_host("x", 20.0 * GIB as f64, &ci()).is_ok());
+        // Unknown memory refuses nothing.
+        assert!(fits_host("x", 1e30, &Here::default()).is_ok());
+        let h100 = with_gpu("NVIDIA H100 80GB HBM3", 80);
+        assert_eq!(gpu_shortfall("x", 79.0 * GIB as f64, &h100), None);
+        assert_eq!(
+            gpu_shortfall("x", 90.0 * GIB as f64, &h100).unwrap(),
+            "x needs ~90.0 GiB, NVIDIA H100 80GB HBM3 has 79.5 GiB free"
+        );
+        assert_eq!(gpu_shortfall("x", 1e30, &ci()), None);
+    }
+
+    /// Every shipped trial fits its machine: the cpu ones a 24 GB CI machine,
+    /// the cuda ones an H100 and an H200, where each is also judged.
+    #[test]
+    fn the_shipped_contracts_fit_ci_an_h100_and_an_h200() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("contracts");
+        let contracts = crate::contract::load_dir(&dir).expect("the shipped contracts load");
+        let gpus = [
+            with_gpu("NVIDIA H100 80GB HBM3", 80),
+            with_gpu("NVIDIA H200", 141),
+        ];
+        for c in &contracts {
+            for test in &c.falsification_tests {
+                let (backend, check) = (c.backend_of(test), &test.check);
+                let heres: Vec<Here> = match backend {
+                    crate::check::Backend::Cpu => vec![ci()],
+                    crate::check::Backend::Cuda => gpus.to_vec(),
+                };
+                for here in &heres {
+                    let id = format!("{}::{} on {:?}", c.metadata.id, test.id, here.gpu);
+                    assert_eq!(check.check_budget(backend, here), Ok(()), "{id}");
+                    assert_eq!(check.unjudged_on(backend, here), None, "{id}");
+                }
+                assert!(check.default_timeout_s() >= 30.0, "{}", test.id);
+            }
+        }
     }
 }

@@ -4,6 +4,8 @@
 use std::collections::BTreeSet;
 
 use crate::check::params::{BaseWeights, StepMode};
+use crate::check::params::at_most;
+use crate::check::training::{trainer_bytes, trainer_shortfall, TRAINING_TIMEOUT_S};
 use crate::check::{require_gpu, Comparator};
 use crate::error::Result;
 use qlora::gpu::{GpuContext, PrewarmReport};
@@ -13,16 +15,18 @@ use qlora::Faults;
 use serde::Deserialize;
 
 use super::params::{BaseName, Count, ModelName, Positive};
-use super::{Backend, Kind, Measurement, TrialContext, Validate};
+use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Params {
+    /// Presets to pre-warm for, one after another: at most [`MAX_MODELS`].
     pub models: Vec<ModelName>,
-    /// Base-weight formats to exercise after pre-warm.
+    /// Base-weight formats to exercise after pre-warm: at most [`MAX_BASES`].
     #[serde(default = "default_bases")]
     pub bases: Vec<BaseName>,
-    /// Training steps run after pre-warm, per model and base.
+    /// Training steps run after pre-warm, per model and base: at most
+    /// [`MAX_PREWARM_STEPS`].
     #[serde(default = "default_steps")]
     pub steps: Count,
     /// Compilations allowed after pre-warm.
@@ -42,6 +46,15 @@ fn default_steps() -> Count {
     Count(2)
 }
 
+/// Most models one trial pre-warms (each a cold cache, NVRTC compilations
+/// of ~1 s per module set, and a trainer): twice the number of presets.
+pub const MAX_MODELS: usize = 8;
+/// Most base formats per model: each of the two at most twice.
+pub const MAX_BASES: usize = 4;
+/// Most training steps after each pre-warm: the claim is about the first
+/// steps (eager, capture, replay); the shipped check runs 3.
+pub const MAX_PREWARM_STEPS: usize = 100;
+
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {
         if self.models.is_empty() {
@@ -50,7 +63,46 @@ impl Validate for Params {
         if self.bases.is_empty() {
             return Err("`bases` must list at least one base-weight format".into());
         }
-        Ok(())
+        at_most("models", self.models.len(), MAX_MODELS)?;
+        at_most("bases", self.bases.len(), MAX_BASES)?;
+        at_most("steps", self.steps.0, MAX_PREWARM_STEPS)
+    }
+}
+
+impl Kind for Params {
+    fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+        prewarm(self, cx)
+    }
+
+    /// Whether the largest trainer (one at a time) fits the GPU's free
+    /// memory; the reason names the model that does not.
+    fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
+        if backend != Backend::Cuda {
+            return None;
+        }
+        self.models.iter().find_map(|model| {
+            let needed = self
+                .bases
+                .iter()
+                .map(|b| trainer_bytes(&model.0, &graphed(b.0).speed_options()))
+                .fold(0.0, f64::max);
+            trainer_shortfall(&model.0, needed, here)
+        })
+    }
+
+    /// Observed: at most 13 s on an H200 (two models, two bases, cold NVRTC
+    /// compilations each).
+    fn default_timeout_s(&self) -> f64 {
+        TRAINING_TIMEOUT_S
+    }
+}
+
+/// The step mode pre-warm is checked under: graphed, as in production.
+fn graphed(base: BaseWeights) -> StepMode {
+    StepMode {
+        graph: true,
+        base,
+        ..StepMode::default()
     }
 }
 
@@ -85,12 +137,7 @@ fn prewarm(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
                 gpu.cache_mut().clear_used();
                 // Real training steps, graphed as in production: step 1 runs
                 // eagerly, step 2 captures, later steps replay.
-                let mode = StepMode {
-                    graph: true,
-                    base,
-                    ..StepMode::default()
-                };
-                let options = mode.speed_options();
+                let options = graphed(base).speed_options();
                 let mut trainer = GpuTrainer::new(gpu, &config, options, seed)?;
                 for _ in 0..p.steps.0 {
                     trainer.step(gpu)?;
@@ -164,8 +211,35 @@ fn summary(tag: &str, r: &PrewarmReport, after: usize, unused: &[&str]) -> Strin
     )
 }
 
-impl Kind for Params {
-    fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        prewarm(self, cx)
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::params::tests::with_gpu;
+
+    fn params(yaml: &str) -> std::result::Result<Params, String> {
+        let p: Params = serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    #[test]
+    fn lists_and_steps_are_bounded() {
+        let e = params("models: [tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny]").unwrap_err();
+        assert_eq!(e, "models: 9 is above its bound of 8");
+        let e = params("models: [tiny]\nbases: [nf4, nf4, nf4, nf4, nf4]").unwrap_err();
+        assert_eq!(e, "bases: 5 is above its bound of 4");
+        let e = params("models: [tiny]\nsteps: 100000").unwrap_err();
+        assert_eq!(e, "steps: 100000 is above its bound of 100");
+    }
+
+    #[test]
+    fn the_model_that_does_not_fit_is_named() {
+        let p = params("models: [tiny, qwen2.5-coder-1.5b]").unwrap();
+        let mut here = with_gpu("NVIDIA H100 80GB HBM3", 80);
+        assert_eq!(p.unjudged_on(Backend::Cuda, &here), None);
+        here.gpu.as_mut().unwrap().free_memory_bytes = 1 << 30;
+        let why = p.unjudged_on(Backend::Cuda, &here).unwrap();
+        assert!(why.starts_with("model qwen2.5-coder-1.5b "), "{why}");
     }
 }

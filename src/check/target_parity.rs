@@ -16,7 +16,7 @@ const PLANT_MODULE: &str = "elementwise";
 
 use serde::Deserialize;
 
-use super::params::ModelName;
+use super::params::{at_most, ModelName};
 use super::{Backend, Kind, Measurement, TrialContext, Validate};
 
 /// A mismatched target the cache must refuse.
@@ -32,12 +32,20 @@ pub enum Planted {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Params {
-    /// Pre-warm the cache for each of these presets before inspecting it.
+    /// Pre-warm the cache for each of these presets before inspecting it:
+    /// at most [`MAX_MODELS`].
     pub models: Vec<ModelName>,
-    /// Mismatched PTX to plant; each must be refused.
+    /// Mismatched PTX to plant; each must be refused: at most
+    /// [`MAX_PLANTED`].
     #[serde(default = "default_planted")]
     pub planted: Vec<Planted>,
 }
+
+/// Most presets pre-warmed (no trainer is built; each is NVRTC
+/// compilations): twice the number of presets.
+pub const MAX_MODELS: usize = 8;
+/// Most planted modules (each an NVRTC compilation): each kind twice.
+pub const MAX_PLANTED: usize = 4;
 
 fn default_planted() -> Vec<Planted> {
     vec![Planted::Older, Planted::Newer]
@@ -48,7 +56,8 @@ impl Validate for Params {
         if self.models.is_empty() {
             return Err("`models` must list at least one preset".into());
         }
-        Ok(())
+        at_most("models", self.models.len(), MAX_MODELS)?;
+        at_most("planted", self.planted.len(), MAX_PLANTED)
     }
 }
 
@@ -164,5 +173,35 @@ fn retarget(ptx: &str, target: &str) -> String {
 impl Kind for Params {
     fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         target_parity(self, cx)
+    }
+
+    /// Observed: at most 1.3 s on an H200 (every module compiled cold).
+    /// Kernel modules hold kilobytes: there is no memory to budget.
+    fn default_timeout_s(&self) -> f64 {
+        120.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_are_bounded() {
+        let p = |yaml: &str| {
+            serde_yaml::from_str::<Params>(yaml)
+                .map_err(|e| e.to_string())
+                .and_then(|p| p.validate())
+        };
+        assert_eq!(p("models: [small-4l]"), Ok(()));
+        assert_eq!(
+            p("models: [tiny]\nplanted: [older, newer, older, newer, older]").unwrap_err(),
+            "planted: 5 is above its bound of 4"
+        );
+        let nine = vec!["tiny"; 9].join(", ");
+        assert_eq!(
+            p(&format!("models: [{nine}]")).unwrap_err(),
+            "models: 9 is above its bound of 8"
+        );
     }
 }

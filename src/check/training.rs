@@ -9,7 +9,9 @@ use crate::check::params::BackwardMath;
 use crate::check::params::{Hyper, StepMode};
 use crate::error::{Error, Result};
 use crate::mutant::Mutant;
-use crate::reference::train::{StepFaults, StepReport, TrainOptions};
+use crate::check::params::{fits_host, gpu_shortfall};
+use crate::check::Here;
+use crate::reference::train::{StepFaults, StepReport, TrainOptions, Trainer};
 use qlora::gpu::GpuContext;
 use qlora::model::ModelConfig;
 use qlora::train::{GpuTrainOptions, GpuTrainer};
@@ -18,6 +20,23 @@ use qlora::train::{GpuTrainOptions, GpuTrainer};
 /// parameters a step takes seconds, so a contract asking for more on `cpu`
 /// is refused instead of stalling the suite.
 pub(super) const CPU_MAX_BASE_PARAMS: usize = 1 << 20;
+
+/// Most steps a training check runs on any backend (`steps`): 10,000
+/// graphed steps of small-4l take ~15 s on an H200 (1.2-1.5 ms each); the
+/// shipped checks run up to 1,000.
+pub(super) const MAX_STEPS: usize = 10_000;
+
+/// Most steps one run of the CPU reference trains: a step of `tiny` takes
+/// ~10 ms on a 2-core CI machine (20 steps and the evaluations, 0.23 s), so
+/// 2,000 steps are ~20 s and a `trajectory_match` of two runs ~40 s, well
+/// inside the training kinds' timeout.
+pub(super) const CPU_MAX_STEPS: usize = 2_000;
+
+/// Seconds a GPU training or throughput trial may take by default: the
+/// slowest trial of the H200 suite took 16 s (a serialised-launch mutant on
+/// qwen2.5-0.5b), and a trial in its own process also creates its CUDA
+/// context and compiles its kernels; 180 s leaves ~10x headroom.
+pub(super) const TRAINING_TIMEOUT_S: f64 = 180.0;
 
 /// Evaluation batches for `loss_descent`: the loss before and after training
 /// is measured on the same fixed batches, so batch-to-batch noise does not
@@ -47,18 +66,23 @@ pub(super) fn gpu_losses(
     Ok((losses, replayed))
 }
 
-/// Losses of `steps` reference steps, and the clip summary of the run.
+/// Losses of `steps` reference steps, and the clip summary of the run. Only
+/// the losses are kept per step (8 bytes each), not the steps' reports.
 pub(super) fn cpu_losses(
     cfg: &ModelConfig,
     options: TrainOptions,
     steps: usize,
     seed: u64,
 ) -> Result<(Vec<f64>, String)> {
-    let reports = crate::reference::train::train(cfg, options, steps, seed)?;
-    Ok((
-        reports.iter().map(|r| r.loss).collect(),
-        clip_summary(&reports),
-    ))
+    let mut t = Trainer::new(cfg, options, seed)?;
+    let mut losses = Vec::with_capacity(steps);
+    let mut clip = ClipTally::default();
+    for _ in 0..steps {
+        let r = t.step()?;
+        clip.add(&r);
+        losses.push(r.loss);
+    }
+    Ok((losses, clip.summary()))
 }
 
 /// The reference step's options for a contract's step mode, with the
@@ -92,35 +116,107 @@ pub(super) fn reference_options(
     })
 }
 
+/// `cfg` itself when the CPU reference step runs it (see [`cpu_model_refusal`]).
 pub(super) fn cpu_model(cfg: &ModelConfig) -> Result<ModelConfig> {
-    let base = cfg.layers * cfg.base_params_per_layer() + 2 * cfg.vocab * cfg.hidden;
-    if base > CPU_MAX_BASE_PARAMS {
-        return Err(Error::InvalidArgument {
+    match cpu_model_refusal(cfg) {
+        Some(why) => Err(Error::InvalidArgument {
             op: "train",
-            message: format!(
-                "model {} has {base} frozen parameters; the CPU reference step runs models up to {CPU_MAX_BASE_PARAMS} (use `tiny`, or run on cuda)",
-                cfg.name
-            ),
-        });
+            message: format!("model {} has {why}", cfg.name),
+        }),
+        None => Ok(*cfg),
     }
-    Ok(*cfg)
+}
+
+/// Why the CPU reference step does not run `cfg`: more than
+/// [`CPU_MAX_BASE_PARAMS`] frozen parameters, `layers x base_per_layer + 2 x
+/// vocab x hidden` (embedding and LM head included).
+pub(super) fn cpu_model_refusal(cfg: &ModelConfig) -> Option<String> {
+    let base = cfg.layers * cfg.base_params_per_layer() + 2 * cfg.vocab * cfg.hidden;
+    (base > CPU_MAX_BASE_PARAMS).then(|| {
+        format!(
+            "{base} frozen parameters; the CPU reference step runs models up to {CPU_MAX_BASE_PARAMS} (use `tiny`, or run on cuda)"
+        )
+    })
+}
+
+/// Host bytes of the CPU reference model of `cfg` and one step of it, an
+/// estimate counting every value as an f64: the frozen weights
+/// `8 (n_base + 2 V H)`, the trainable parameters with their gradients and
+/// two moments `32 P`, and the activations of one step,
+/// `8 T (L (8 H + 3 I + Hq S) + 2 V)` (per layer the hidden-wide tensors, the
+/// MLP's three and the attention probabilities; then logits and their
+/// gradient), with `T = batch x seq_len`.
+pub(super) fn reference_bytes(cfg: &ModelConfig) -> f64 {
+    let f = |v: usize| v as f64;
+    let base = f(cfg.layers) * f(cfg.base_params_per_layer()) + 2.0 * f(cfg.vocab) * f(cfg.hidden);
+    let per_layer = 8.0 * f(cfg.hidden) + 3.0 * f(cfg.intermediate) + f(cfg.heads) * f(cfg.seq_len);
+    let acts = f(cfg.tokens()) * (f(cfg.layers) * per_layer + 2.0 * f(cfg.vocab));
+    8.0 * (base + acts) + 32.0 * f(cfg.trainable_params())
+}
+
+/// The cpu side of a training check that trains `runs` reference runs of
+/// `steps` steps of `cfg`: the model bound, [`CPU_MAX_STEPS`], and host
+/// memory, [`reference_bytes`] plus 8 bytes a step for each run's losses.
+pub(super) fn cpu_budget(
+    cfg: &ModelConfig,
+    steps: usize,
+    runs: usize,
+    here: &Here,
+) -> std::result::Result<(), String> {
+    if let Some(why) = cpu_model_refusal(cfg) {
+        return Err(format!("model: {} has {why}", cfg.name));
+    }
+    if steps > CPU_MAX_STEPS {
+        return Err(format!(
+            "steps: {steps} is above the cpu bound of {CPU_MAX_STEPS} (a reference step of `tiny` takes ~10 ms on a 2-core CI machine); run longer trainings on cuda"
+        ));
+    }
+    let needed = reference_bytes(cfg) + 8.0 * (steps * runs) as f64;
+    fits_host(&format!("model: {} for {steps} steps", cfg.name), needed, here)
+}
+
+/// Device bytes a `GpuTrainer` of `cfg` with `options` allocates, as the
+/// stack plans them before allocating (`qlora::train::planned_device_bytes`).
+pub(super) fn trainer_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> f64 {
+    qlora::train::planned_device_bytes(cfg, options.base, options.keep_mlp) as f64
+}
+
+/// Why `needed` device bytes for trainers of `cfg` do not fit the GPU of
+/// `here`, naming the configuration, or `None`.
+pub(super) fn trainer_shortfall(cfg: &ModelConfig, needed: f64, here: &Here) -> Option<String> {
+    let what = format!(
+        "model {} (batch {}, seq {})",
+        cfg.name, cfg.batch, cfg.seq_len
+    );
+    gpu_shortfall(&what, needed, here)
 }
 
 /// How often clipping changed the gradients, for the detail column: steps
 /// (global) or layer-steps (per layer) with `scale < 1`, and the mean
-/// pre-clip norm of the clip groups.
-pub(super) fn clip_summary(reports: &[StepReport]) -> String {
-    let groups: usize = reports.iter().map(|r| r.clip.len()).sum();
-    let scaled: usize = reports
-        .iter()
-        .map(|r| r.clip.iter().filter(|c| c.scaled()).count())
-        .sum();
-    let norm: f64 = reports
-        .iter()
-        .flat_map(|r| r.clip.iter().map(|c| c.norm))
-        .sum::<f64>()
-        / groups.max(1) as f64;
-    format!("clip scaled {scaled}/{groups} group-steps, mean pre-clip norm {norm:.3}")
+/// pre-clip norm of the clip groups. Tallied step by step, so a run keeps
+/// no per-step reports.
+#[derive(Debug, Clone, Default)]
+pub(super) struct ClipTally {
+    groups: usize,
+    scaled: usize,
+    norm_sum: f64,
+}
+
+impl ClipTally {
+    /// Counts the clip groups of one step.
+    pub(super) fn add(&mut self, report: &StepReport) {
+        self.groups += report.clip.len();
+        self.scaled += report.clip.iter().filter(|c| c.scaled()).count();
+        self.norm_sum += report.clip.iter().map(|c| c.norm).sum::<f64>();
+    }
+
+    pub(super) fn summary(&self) -> String {
+        let norm = self.norm_sum / self.groups.max(1) as f64;
+        format!(
+            "clip scaled {}/{} group-steps, mean pre-clip norm {norm:.3}",
+            self.scaled, self.groups
+        )
+    }
 }
 
 pub(super) fn mode_text(mode: &StepMode, hyper: &Hyper) -> String {

@@ -8,8 +8,8 @@ use qlora::gpu::GpuContext;
 
 use serde::Deserialize;
 
-use super::params::{Count, Hyper, ModelName, NonNegative, StepMode};
-use super::{Backend, Kind, Measurement, TrialContext, Validate};
+use super::params::{at_most, Count, Hyper, ModelName, NonNegative, StepMode};
+use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 
 /// Where the baseline run executes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -27,8 +27,11 @@ pub enum BaselineOn {
 #[serde(deny_unknown_fields)]
 pub struct Params {
     pub model: ModelName,
+    /// Training steps of each run: at most [`MAX_STEPS`], and at most
+    /// [`CPU_MAX_STEPS`] for a run on cpu.
     pub steps: Count,
-    /// 1-based step numbers at which the losses are compared.
+    /// 1-based step numbers at which the losses are compared, each at most
+    /// `steps`; at most [`MAX_CHECKPOINTS`] of them.
     pub checkpoints: Vec<Count>,
     pub baseline: StepMode,
     pub candidate: StepMode,
@@ -40,8 +43,13 @@ pub struct Params {
     pub baseline_on: BaselineOn,
 }
 
+/// Most checkpoints one trial compares (one detail entry each).
+pub const MAX_CHECKPOINTS: usize = 1_000;
+
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {
+        at_most("steps", self.steps.0, MAX_STEPS)?;
+        at_most("checkpoints", self.checkpoints.len(), MAX_CHECKPOINTS)?;
         if self.checkpoints.is_empty() {
             return Err("`checkpoints` must list at least one step".into());
         }
@@ -145,8 +153,109 @@ fn trajectory_match(p: &Params, b: Backend, cx: &mut TrialContext<'_>) -> Result
     )))
 }
 
+impl Params {
+    /// Reference runs on the host: both on cpu, the baseline alone with
+    /// `baseline_on: cpu` on cuda.
+    fn cpu_runs(&self, backend: Backend) -> usize {
+        match (backend, self.baseline_on) {
+            (Backend::Cpu, _) => 2,
+            (Backend::Cuda, BaselineOn::Cpu) => 1,
+            (Backend::Cuda, BaselineOn::Trial) => 0,
+        }
+    }
+}
+
 impl Kind for Params {
     fn execute(&self, backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         trajectory_match(self, backend, cx)
+    }
+
+    /// The runs on the CPU reference (see [`cpu_budget`]); device memory
+    /// decides in `unjudged_on`.
+    fn check_budget(&self, backend: Backend, here: &Here) -> std::result::Result<(), String> {
+        match self.cpu_runs(backend) {
+            0 => Ok(()),
+            runs => cpu_budget(&self.model.0, self.steps.0, runs, here),
+        }
+    }
+
+    /// On cuda: whether the larger of the GPU runs' trainers (one at a time)
+    /// fits the GPU's free memory.
+    fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
+        if backend != Backend::Cuda {
+            return None;
+        }
+        let cfg = self.model.0;
+        let mut modes = vec![&self.candidate];
+        if self.baseline_on == BaselineOn::Trial {
+            modes.push(&self.baseline);
+        }
+        let needed = modes
+            .iter()
+            .map(|m| trainer_bytes(&cfg, &m.gpu_options(self.hyper)))
+            .fold(0.0, f64::max);
+        trainer_shortfall(&cfg, needed, here)
+    }
+
+    /// Observed: 0.37 s on a 2-core cpu (two runs of 20 steps of `tiny`),
+    /// 2.5 s on an H200 (two runs of 1,000 steps of small-4l); at the step
+    /// bounds ~40 s on cpu.
+    fn default_timeout_s(&self) -> f64 {
+        TRAINING_TIMEOUT_S
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::params::tests::{ci, with_gpu};
+
+    fn params(extra: &str) -> std::result::Result<Params, String> {
+        let yaml = format!("checkpoints: [4]\nmax_abs_diff: 0.1\nbaseline: {{}}\n{extra}");
+        let p: Params = serde_yaml::from_str(&yaml).map_err(|e| e.to_string())?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    #[test]
+    fn steps_and_checkpoints_are_bounded() {
+        let e = params("model: tiny\nsteps: 100000000\ncandidate: {clip: per_layer}").unwrap_err();
+        assert_eq!(e, "steps: 100000000 is above its bound of 10000");
+        let many: Vec<String> = (0..1001).map(|_| "4".to_string()).collect();
+        let yaml = format!(
+            "model: tiny\nsteps: 4\ncheckpoints: [{}]\nmax_abs_diff: 0.1\nbaseline: {{}}\ncandidate: {{clip: per_layer}}",
+            many.join(", ")
+        );
+        let p: Params = serde_yaml::from_str(&yaml).unwrap();
+        assert_eq!(
+            p.validate().unwrap_err(),
+            "checkpoints: 1001 is above its bound of 1000"
+        );
+    }
+
+    #[test]
+    fn the_cpu_runs_are_budgeted_on_either_backend() {
+        let p = params("model: tiny\nsteps: 3000\ncandidate: {clip: per_layer}").unwrap();
+        let e = p.check_budget(Backend::Cpu, &ci()).unwrap_err();
+        assert!(e.starts_with("steps: 3000 is above the cpu bound of 2000"), "{e}");
+        // Both runs on the GPU: no cpu bound.
+        assert_eq!(p.check_budget(Backend::Cuda, &ci()), Ok(()));
+        // The baseline on the CPU reference is bound on a cuda trial too.
+        let p = params("model: small-4l\nsteps: 4\nbaseline_on: cpu\ncandidate: {graph: true}")
+            .unwrap();
+        let e = p.check_budget(Backend::Cuda, &ci()).unwrap_err();
+        assert!(e.starts_with("model: small-4l has "), "{e}");
+    }
+
+    #[test]
+    fn on_cuda_the_larger_trainer_must_fit() {
+        let p = params("model: small-4l\nsteps: 4\ncandidate: {graph: true, mlp_activations: keep}")
+            .unwrap();
+        let mut here = with_gpu("NVIDIA H200", 141);
+        assert_eq!(p.unjudged_on(Backend::Cuda, &here), None);
+        here.gpu.as_mut().unwrap().free_memory_bytes = 1 << 20;
+        let why = p.unjudged_on(Backend::Cuda, &here).unwrap();
+        assert!(why.ends_with("NVIDIA H200 has 1.0 MiB free"), "{why}");
+        assert_eq!(p.unjudged_on(Backend::Cpu, &here), None);
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Every problem becomes an [`Error::Contract`] naming the file, the line and
 //! column, and (where one is involved) the contract and test id. Loading a
-//! directory reports every bad file, not just the first.
+//! directory reports every bad file, not just the first. Which files are
+//! contracts is decided by the rules in `discover.rs`.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
@@ -12,6 +13,8 @@ use serde::de::{
     self, DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess, Visitor,
 };
 
+use crate::contract::discover::{self as walk, Kind};
+use crate::contract::number;
 use crate::contract::schema::Contract;
 use crate::error::{Error, Result};
 
@@ -19,42 +22,50 @@ use crate::error::{Error, Result};
 /// time and memory a hostile or broken file can cost before parsing starts.
 pub const MAX_CONTRACT_BYTES: usize = 1 << 20;
 
-/// The `*.yaml` / `*.yml` files directly inside `dir`, sorted by name so that
-/// trial order is deterministic.
-pub fn discover(dir: &Path) -> Result<Vec<PathBuf>> {
-    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+/// The contract files under `dir` and its subdirectories: every regular file
+/// named `*.yaml`, sorted by path so that trial order is deterministic. An
+/// entry that could hide a contract (a `*.yml` file, a directory named
+/// `*.yaml`, a FIFO, a dangling symbolic link, ...) is an error, never
+/// skipped; all such errors are returned, in path order.
+pub fn discover(dir: &Path) -> std::result::Result<Vec<PathBuf>, Vec<Error>> {
     let mut files = Vec::new();
-    for entry in entries {
-        let path = entry.map_err(|e| Error::io(dir, e))?.path();
-        let is_yaml = matches!(
-            path.extension().and_then(|e| e.to_str()),
-            Some("yaml" | "yml")
-        );
-        if is_yaml && path.is_file() {
-            files.push(path);
+    let mut errors = Vec::new();
+    for (path, refused) in walk::walk(dir).map_err(|e| vec![e])? {
+        match refused {
+            None => files.push(path),
+            Some(e) => errors.push(e),
         }
     }
-    files.sort();
+    if !errors.is_empty() {
+        return Err(errors);
+    }
     if files.is_empty() {
-        return Err(Error::NothingSelected(format!(
-            "no contract files (*.yaml) in {}",
-            dir.display()
-        )));
+        return Err(vec![nothing_found(dir)]);
     }
     Ok(files)
 }
 
-/// Loads and validates every contract in `dir`. On failure returns all the
-/// errors found, one per problem, in file order.
+fn nothing_found(dir: &Path) -> Error {
+    Error::NothingSelected(format!(
+        "no contract files (`*.yaml`) in {} or its subdirectories",
+        dir.display()
+    ))
+}
+
+/// Loads and validates every contract under `dir` (see [`discover`]). On
+/// failure returns all the errors found, one per problem, in path order.
 pub fn load_dir(dir: &Path) -> std::result::Result<Vec<Contract>, Vec<Error>> {
-    let files = discover(dir).map_err(|e| vec![e])?;
+    let found = walk::walk(dir).map_err(|e| vec![e])?;
     let mut contracts = Vec::new();
     let mut errors = Vec::new();
-    for path in &files {
-        match load_file(path) {
+    for (path, refused) in found {
+        match refused.map_or_else(|| load_file(&path), Err) {
             Ok(c) => contracts.push(c),
             Err(e) => errors.push(e),
         }
+    }
+    if contracts.is_empty() && errors.is_empty() {
+        return Err(vec![nothing_found(dir)]);
     }
     errors.extend(check_unique_ids(&contracts));
     if errors.is_empty() {
@@ -64,8 +75,22 @@ pub fn load_dir(dir: &Path) -> std::result::Result<Vec<Contract>, Vec<Error>> {
     }
 }
 
-/// Reads, parses and validates one contract file.
+/// Reads, parses and validates one contract file. The path must be what
+/// discovery takes for a contract: a regular file (or a link to one) named
+/// `*.yaml`; anything else is refused before it is opened, so a FIFO cannot
+/// block.
 pub fn load_file(path: &Path) -> Result<Contract> {
+    match walk::classify(path)? {
+        Kind::Contract => {}
+        Kind::Refused(reason) => return Err(walk::refused(path, &reason)),
+        Kind::Directory => return Err(walk::refused(path, "a directory, not a contract file")),
+        Kind::Ignored => {
+            return Err(walk::refused(
+                path,
+                "not a contract file: contract files are named `*.yaml`",
+            ))
+        }
+    }
     let bytes = read_capped(path)?;
     let text = decode(path, &bytes)?;
     parse(path, &text)
@@ -82,8 +107,11 @@ fn read_capped(path: &Path) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Parses and validates contract text that came from `path`.
+/// Parses and validates contract text that came from `path`. A leading
+/// UTF-8 byte order mark is dropped (editors on Windows write one; libyaml
+/// would read it as part of the first key).
 pub fn parse(path: &Path, text: &str) -> Result<Contract> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     if text.trim().is_empty() {
         return Err(contract_error(
             path,
@@ -98,9 +126,45 @@ pub fn parse(path: &Path, text: &str) -> Result<Contract> {
     scan(text).map_err(|e| yaml_error(path, text, &e))?;
     let mut contract: Contract =
         serde_yaml::from_str(text).map_err(|e| yaml_error(path, text, &e))?;
+    refuse_tiny_numbers(path, text)?;
     contract.path = path.to_path_buf();
     validate(&contract, text)?;
     Ok(contract)
+}
+
+/// Refuses a number literal too small for a normal `f64` (`1e-400`) where a
+/// number is wanted: serde_yaml reads it as 0 (or a subnormal) without
+/// complaint. The check parses a copy in which each such literal overflows
+/// instead (see `number::widen`), so it costs a second parse only in files
+/// that hold one.
+fn refuse_tiny_numbers(path: &Path, text: &str) -> Result<()> {
+    let tiny = number::tiny_literals(text);
+    if tiny.is_empty() {
+        return Ok(());
+    }
+    let copy = number::widen(text, &tiny);
+    let Err(e) = serde_yaml::from_str::<Contract>(&copy) else {
+        return Ok(());
+    };
+    // The copy differs from the text only at tiny literals, so a failure
+    // anywhere else cannot come from one.
+    let Some(l) = e.location() else {
+        return Ok(());
+    };
+    match number::explain(text, l.index(), &bare_message(&e)) {
+        Some(message) => Err(contract_error(path, l.line().max(1), l.column(), &message)),
+        None => Ok(()),
+    }
+}
+
+/// serde_yaml's message without the " at line L column C" it appends when it
+/// has a location (the location goes in our own prefix).
+fn bare_message(e: &serde_yaml::Error) -> String {
+    let message = e.to_string();
+    match (e.location(), message.rfind(" at line ")) {
+        (Some(_), Some(i)) => message[..i].to_string(),
+        _ => message,
+    }
 }
 
 fn decode(path: &Path, bytes: &[u8]) -> Result<String> {
@@ -150,15 +214,12 @@ fn contract_error(path: &Path, line: usize, column: usize, message: &str) -> Err
 /// whole-document conditions; those are located here from the text, so every
 /// error from [`parse`] has a line in `1..=lines + 1`.
 fn yaml_error(path: &Path, text: &str, e: &serde_yaml::Error) -> Error {
-    let message = e.to_string();
+    let message = bare_message(e);
     if let Some(l) = e.location() {
-        // serde_yaml appends " at line L column C" to its message; the
-        // location is already in our prefix, so drop the duplicate.
-        let message = match message.rfind(" at line ") {
-            Some(i) => &message[..i],
-            None => &message,
-        };
-        return contract_error(path, l.line().max(1), l.column(), message);
+        // A number literal out of f64's range reaches a number field as a
+        // string, or as 0: say what is wrong with it instead.
+        let message = number::explain(text, l.index(), &message).unwrap_or(message);
+        return contract_error(path, l.line().max(1), l.column(), &message);
     }
     if message.starts_with("EOF while parsing") {
         return contract_error(
@@ -495,17 +556,6 @@ fn validate(contract: &Contract, text: &str) -> Result<()> {
         let repeats = seen.entry(&test.id).or_insert(0);
         let line = locate_or_mention(text, "id", &test.id, *repeats);
         *repeats += 1;
-        if test.id.trim().is_empty() || test.id.contains("::") {
-            return Err(contract_error(
-                path,
-                line,
-                0,
-                &format!(
-                    "contract `{id}`: test id `{}` must be non-empty and must not contain `::`",
-                    test.id
-                ),
-            ));
-        }
         if *repeats > 1 {
             return Err(contract_error(
                 path,

@@ -1,10 +1,13 @@
 //! Contracts: the YAML schema, discovery and validation.
 
+mod discover;
 mod load;
+mod number;
 mod schema;
 
 pub use crate::check::Backend;
 pub use load::{discover, load_dir, load_file, locate, parse, MAX_CONTRACT_BYTES};
 pub use schema::{
-    Contract, Equation, FalsificationTest, Metadata, ObligationKind, ProofObligation, Requirement,
+    is_safe_id, Contract, Equation, FalsificationTest, Metadata, ObligationKind, ProofObligation,
+    Requirement, SAFE_ID_RULE,
 };

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 use crate::check::params::Positive;
@@ -36,7 +37,8 @@ pub struct Contract {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Metadata {
-    /// Must equal the file stem.
+    /// Must equal the file stem, and be a safe id ([`is_safe_id`]).
+    #[serde(deserialize_with = "contract_id")]
     pub id: String,
     pub version: String,
     pub description: String,
@@ -98,6 +100,8 @@ pub enum Requirement {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FalsificationTest {
+    /// Unique across all contracts, and a safe id ([`is_safe_id`]).
+    #[serde(deserialize_with = "test_id")]
     pub id: String,
     /// The claim, in words.
     pub rule: String,
@@ -135,4 +139,94 @@ impl Contract {
             Backend::Cpu
         }
     }
+}
+
+/// The characters of a safe id, as error messages and docs state them.
+pub const SAFE_ID_RULE: &str =
+    "ASCII letters, digits, `-`, `_` and `.`, starting with a letter or digit";
+
+/// Whether `id` may name a contract or a test: non-empty, only ASCII
+/// letters, digits, `-`, `_` and `.`, and starting with a letter or digit.
+///
+/// Ids become CSV cells, file names and trial names, so the set leaves out
+/// everything that means something there: a first `=`, `+`, `-` or `@` (a
+/// spreadsheet formula), separators and quotes (`,`, `"`, newline), `/`
+/// (an id is never a path, nor `.` or `..`), and `:` (trial names join
+/// contract, test and `mutant` with `::`).
+pub fn is_safe_id(id: &str) -> bool {
+    id.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// Why `id` is not safe, for the error message.
+fn unsafe_because(id: &str) -> String {
+    if id.is_empty() {
+        return "it is empty".to_string();
+    }
+    if id.contains("::") {
+        return "`::` joins contract, test and `mutant` in trial names".to_string();
+    }
+    let (at, c) = id
+        .char_indices()
+        .find(|&(at, c)| {
+            !(c.is_ascii_alphanumeric() || (at > 0 && matches!(c, '-' | '_' | '.')))
+        })
+        .unwrap_or((0, ' '));
+    if at == 0 {
+        format!("it starts with {c:?}")
+    } else {
+        format!("{c:?} is not allowed")
+    }
+}
+
+/// `id` as a message shows it: anything but printable ASCII escaped (`\n`,
+/// `\u{202e}`), at most 64 characters, so a hostile id can neither garble
+/// nor flood the terminal.
+fn shown(id: &str) -> String {
+    let mut s = String::new();
+    for c in id.chars().take(64) {
+        if c == ' ' || c.is_ascii_graphic() {
+            s.push(c);
+        } else {
+            s.extend(c.escape_default());
+        }
+    }
+    if id.chars().nth(64).is_some() {
+        s.push_str("...");
+    }
+    s
+}
+
+/// Reads an id and checks it inside the visitor, so serde_yaml locates an
+/// unsafe one at its own line and column.
+fn safe_id<'de, D: Deserializer<'de>>(d: D, what: &'static str) -> Result<String, D::Error> {
+    struct V(&'static str);
+    impl de::Visitor<'_> for V {
+        type Value = String;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "a {} ({SAFE_ID_RULE})", self.0)
+        }
+        fn visit_str<E: de::Error>(self, id: &str) -> Result<String, E> {
+            if is_safe_id(id) {
+                return Ok(id.to_string());
+            }
+            Err(E::custom(format!(
+                "{} `{}` is not a safe id ({}): ids use only {SAFE_ID_RULE}",
+                self.0,
+                shown(id),
+                unsafe_because(id)
+            )))
+        }
+    }
+    d.deserialize_str(V(what))
+}
+
+fn contract_id<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    safe_id(d, "contract id")
+}
+
+fn test_id<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    safe_id(d, "test id")
 }

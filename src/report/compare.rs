@@ -1,16 +1,21 @@
 //! Compares a run's reports with a baseline's: which trials changed status,
-//! which of those changes are regressions, and which speedups dropped beyond
-//! their recorded noise.
+//! which of those changes are regressions, which baseline trials did not run,
+//! and which speedups dropped beyond their recorded noise.
 //!
 //! A trial regresses when it `passed` in the baseline and is now `falsified` or
 //! `error`. A speedup regresses when its current confidence interval lies
 //! wholly below the baseline's: `current.ratio_ci_high < baseline.ratio_ci_low`
-//! (overlapping intervals are noise, not a regression).
+//! (overlapping intervals are noise, not a regression). A baseline trial that
+//! is absent from the current run, or skipped without a reason, is *not run*:
+//! a gap in the evidence, so the comparison cannot be called clean.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::{read_rows, FalsificationRow, SpeedupRow, Status, FALSIFICATION_CSV, SPEEDUPS_CSV};
+use super::{
+    fill_from_trials, read_rows, FalsificationRow, SpeedupRow, Status, FALSIFICATION_CSV,
+    SPEEDUPS_CSV,
+};
 use crate::error::{Error, Result};
 use crate::report::meta::RunMeta;
 
@@ -18,6 +23,8 @@ use crate::report::meta::RunMeta;
 #[derive(Debug, Clone)]
 pub struct RunData {
     pub dir: PathBuf,
+    /// What the report calls this run: a baseline's GPU kind, or the folder name.
+    pub name: String,
     /// `run.json`, when the run wrote one.
     pub meta: Option<RunMeta>,
     pub rows: Vec<FalsificationRow>,
@@ -38,12 +45,49 @@ impl RunData {
                 ),
             ));
         }
+        let rows: Vec<FalsificationRow> = read_rows(&csv)?;
+        let mut speedups: Vec<SpeedupRow> = read_rows(&dir.join(SPEEDUPS_CSV))?;
+        fill_from_trials(&mut speedups, &rows);
         Ok(RunData {
             dir: dir.to_path_buf(),
+            name: dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| dir.display().to_string()),
             meta: RunMeta::read_json(dir)?,
-            rows: read_rows(&csv)?,
-            speedups: read_rows(&dir.join(SPEEDUPS_CSV))?,
+            rows,
+            speedups,
         })
+    }
+
+    /// The GPU this run's `cuda` trials ran on (the device its rows name),
+    /// or, failing that, the one its run record names; `None` for a run
+    /// that used no GPU.
+    pub fn used_gpu(&self) -> Option<String> {
+        self.rows
+            .iter()
+            .filter(|r| r.backend == "cuda")
+            .map(|r| r.device.trim())
+            .find(|d| !d.is_empty() && *d != "none")
+            .map(str::to_string)
+            .or_else(|| self.meta.as_ref()?.gpu.as_ref().map(|g| g.name.clone()))
+    }
+
+    /// This run with only the rows `keep` accepts, and the speedups of the
+    /// tests those rows belong to.
+    pub fn filtered(&self, keep: impl Fn(&FalsificationRow) -> bool) -> RunData {
+        let rows: Vec<FalsificationRow> = self.rows.iter().filter(|r| keep(r)).cloned().collect();
+        let speedups = self
+            .speedups
+            .iter()
+            .filter(|s| rows.iter().any(|r| r.test_id == s.test_id))
+            .cloned()
+            .collect();
+        RunData {
+            rows,
+            speedups,
+            ..self.clone()
+        }
     }
 
     /// The distinct values of a column, in first-seen order, empty ones dropped.
@@ -107,11 +151,27 @@ impl TrialDiff {
         self.baseline_status() != self.current_status()
     }
 
-    /// Skipped now although the baseline ran it (typically: no GPU here).
+    /// Skipped now, for a recorded reason (no GPU, no target for this GPU),
+    /// although the baseline ran it.
     pub fn not_run_here(&self) -> bool {
-        self.current_status() == Some(Status::Skipped)
+        self.current.as_ref().is_some_and(skipped_with_reason)
             && matches!(self.baseline_status(), Some(s) if s != Status::Skipped)
     }
+
+    /// In the baseline, and absent from the current run or skipped there
+    /// without a reason: nothing says why it did not run, so the run is
+    /// incomplete.
+    pub fn not_run(&self) -> bool {
+        self.baseline.is_some()
+            && match &self.current {
+                None => true,
+                Some(r) => r.status == Status::Skipped && !skipped_with_reason(r),
+            }
+    }
+}
+
+fn skipped_with_reason(r: &FalsificationRow) -> bool {
+    r.status == Status::Skipped && !r.detail.trim().is_empty()
 }
 
 /// One throughput measurement in either report.
@@ -127,10 +187,11 @@ impl SpeedupDiff {
         self.current.as_ref().or(self.baseline.as_ref())
     }
 
-    /// The current interval lies wholly below the baseline's.
+    /// The current interval lies wholly below the baseline's. A mutant's
+    /// row times an injected fault, not the system, so it never regresses.
     pub fn is_regression(&self) -> bool {
         match (&self.baseline, &self.current) {
-            (Some(b), Some(c)) => c.ratio_ci_high < b.ratio_ci_low,
+            (Some(b), Some(c)) => !c.is_mutant() && c.ratio_ci_high < b.ratio_ci_low,
             _ => false,
         }
     }
@@ -144,18 +205,43 @@ impl SpeedupDiff {
     }
 }
 
-/// Whether the current run regressed against the baseline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Whether the current run regressed against the baseline. Ordered by
+/// severity: a report over several baselines takes the worst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Verdict {
+    /// Every baseline trial ran (or was skipped for a recorded reason) and
+    /// nothing regressed.
     Clean,
+    /// Nothing that ran regressed, but some baseline trials did not run.
+    Incomplete,
+    /// A trial or a speedup regressed.
     Regressed,
 }
+
+/// `falsify report`'s exit code for a run that regressed.
+pub const EXIT_REGRESSED: u8 = 1;
+/// `falsify report`'s exit code when no verdict could be reached (a missing
+/// report or baseline, a refused output folder, a usage error).
+pub const EXIT_NO_VERDICT: u8 = 2;
+/// `falsify report`'s exit code for a run that left baseline trials unrun.
+pub const EXIT_INCOMPLETE: u8 = 3;
 
 impl Verdict {
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Clean => "clean",
+            Verdict::Incomplete => "incomplete",
             Verdict::Regressed => "regressed",
+        }
+    }
+
+    /// The exit code `falsify report` ends with: 0 clean, [`EXIT_REGRESSED`],
+    /// [`EXIT_INCOMPLETE`].
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Verdict::Clean => 0,
+            Verdict::Incomplete => EXIT_INCOMPLETE,
+            Verdict::Regressed => EXIT_REGRESSED,
         }
     }
 }
@@ -203,6 +289,12 @@ impl RunComparison {
         self.speedups.iter().filter(|s| s.is_regression()).collect()
     }
 
+    /// Baseline trials absent from the current run, or skipped there without
+    /// a reason.
+    pub fn not_run(&self) -> Vec<&TrialDiff> {
+        self.trials.iter().filter(|t| t.not_run()).collect()
+    }
+
     /// Every trial whose status differs between the reports.
     pub fn status_changes(&self) -> Vec<&TrialDiff> {
         self.trials.iter().filter(|t| t.status_changed()).collect()
@@ -229,12 +321,15 @@ impl RunComparison {
         set.into_iter().collect()
     }
 
-    /// `Regressed` when any trial or speedup regressed.
+    /// `Regressed` when any trial or speedup regressed, else `Incomplete`
+    /// when a baseline trial did not run, else `Clean`.
     pub fn verdict(&self) -> Verdict {
         if self.trials.iter().any(TrialDiff::is_regression)
             || self.speedups.iter().any(SpeedupDiff::is_regression)
         {
             Verdict::Regressed
+        } else if self.trials.iter().any(TrialDiff::not_run) {
+            Verdict::Incomplete
         } else {
             Verdict::Clean
         }

@@ -1,19 +1,23 @@
-//! `REPORT.md`: the regression report of a run against a baseline.
+//! `REPORT.md`: the regression report of a run against its baseline(s).
 //!
-//! Layout, most urgent first: run metadata, regressions, changes of status
-//! (with the trials this run could not execute, e.g. GPU trials without a
-//! driver), charts, failure artifacts, a verdict table per contract, and the
-//! speedup table.
+//! Layout, most urgent first: the verdict and which baseline was chosen, run
+//! metadata, regressions, baseline trials that did not run, changes of status
+//! (with the trials skipped here for a recorded reason), charts, failure
+//! artifacts, a verdict table per contract, and the speedup table. Against
+//! several baselines (a run without a GPU), each comparison section has one
+//! subsection per baseline.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::artifacts::{ArtifactWriter, ARTIFACTS_DIR};
+use super::baseline::{refuse_output_inside, select};
 use super::charts::{write_charts, Chart};
+use super::claim::short;
 use super::compare::{RunComparison, RunData, SpeedupDiff, TrialDiff, Verdict};
-use super::{FalsificationRow, SpeedupRow, Status};
+use super::meta::{plain_device, plain_sha, GitSource};
+use super::{format_number, FalsificationRow, SpeedupRow, Status};
 use crate::error::Result;
-use crate::report::format_number;
 
 /// Name of the report file written into the current run's directory.
 pub const REPORT_MD: &str = "REPORT.md";
@@ -22,131 +26,252 @@ pub const REPORT_MD: &str = "REPORT.md";
 #[derive(Debug, Clone)]
 pub struct ReportOutcome {
     pub verdict: Verdict,
+    /// Which baseline(s) the run was compared with, and why.
+    pub baseline: String,
     /// Trials that passed in the baseline and are falsified or error now,
     /// as `contract::test_id (baseline -> current)`.
     pub regressions: Vec<String>,
     /// Speedups whose interval now lies wholly below the baseline's.
     pub speedup_regressions: Vec<String>,
+    /// Baseline trials that did not run, as `contract::test_id (why)`.
+    pub not_run: Vec<String>,
     /// The report file.
     pub path: PathBuf,
     pub charts: Vec<Chart>,
 }
 
-/// Compares `current` with `baseline`, draws the charts and writes
-/// `<current>/REPORT.md` (atomically). The verdict is `Regressed` when any
-/// trial or speedup regressed; the caller maps it to an exit code.
-pub fn write_report(baseline_dir: &Path, current_dir: &Path) -> Result<ReportOutcome> {
-    let baseline = RunData::load(baseline_dir)?;
+/// One baseline and the comparison of the current run with it.
+struct Compared<'a> {
+    /// The baseline as compared (a run without a GPU: its `cpu` rows).
+    baseline: &'a RunData,
+    /// The baseline run whole, for the runs table.
+    whole: &'a RunData,
+    cmp: RunComparison,
+}
+
+/// Everything the report says.
+struct Report<'a> {
+    /// The current run as compared, and whole.
+    current: &'a RunData,
+    current_whole: &'a RunData,
+    compared: Vec<Compared<'a>>,
+    why: &'a str,
+}
+
+impl Report<'_> {
+    /// The worst verdict over the baselines.
+    fn verdict(&self) -> Verdict {
+        self.compared
+            .iter()
+            .map(|c| c.cmp.verdict())
+            .max()
+            .unwrap_or(Verdict::Clean)
+    }
+
+    /// Several baselines get one subsection each.
+    fn several(&self) -> bool {
+        self.compared.len() > 1
+    }
+
+    /// ` against h200` when there are several baselines.
+    fn against(&self, c: &Compared) -> String {
+        if self.several() {
+            format!(" against {}", c.baseline.name)
+        } else {
+            String::new()
+        }
+    }
+
+    /// Writes `### Against `<name>`` before a baseline's part of a section.
+    fn subheading(&self, md: &mut String, c: &Compared) {
+        if self.several() {
+            let _ = writeln!(md, "### Against `{}`\n", c.baseline.name);
+        }
+    }
+
+    fn count(&self, f: impl Fn(&RunComparison) -> usize) -> usize {
+        self.compared.iter().map(|c| f(&c.cmp)).sum()
+    }
+}
+
+/// Compares the run in `current_dir` with its baseline(s) under
+/// `baseline_root` (see [`super::baseline`]), draws the charts and writes
+/// `<current>/REPORT.md` (atomically). Refuses to write anything when
+/// `current_dir` lies inside `baseline_root`. The caller maps the verdict to
+/// an exit code ([`Verdict::exit_code`]).
+pub fn write_report(baseline_root: &Path, current_dir: &Path) -> Result<ReportOutcome> {
     let current = RunData::load(current_dir)?;
-    let cmp = RunComparison::new(&baseline, &current);
-    let charts = write_charts(current_dir, &cmp)?;
+    refuse_output_inside(baseline_root, current_dir)?;
+    let selection = select(baseline_root, &current)?;
+    let report = Report {
+        current: &selection.current,
+        current_whole: &current,
+        compared: selection
+            .baselines
+            .iter()
+            .zip(&selection.whole_baselines)
+            .map(|(baseline, whole)| Compared {
+                baseline,
+                whole,
+                cmp: RunComparison::new(baseline, &selection.current),
+            })
+            .collect(),
+        why: &selection.why,
+    };
+    let first = &report.compared[0];
+    let charts = write_charts(current_dir, &first.cmp, &first.baseline.name)?;
     let artifacts: Vec<String> = ArtifactWriter::list(&current_dir.join(ARTIFACTS_DIR))
         .iter()
         .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .collect();
-    let text = render(&baseline, &current, &cmp, &charts, &artifacts);
+    let text = render(&report, &charts, &artifacts);
     let path = current_dir.join(REPORT_MD);
     super::write_bytes_atomic(&path, text.as_bytes())?;
-    Ok(ReportOutcome {
-        verdict: cmp.verdict(),
-        regressions: cmp
-            .regressions()
-            .iter()
-            .map(|t| regression_line(t))
-            .collect(),
-        speedup_regressions: cmp
-            .speedup_regressions()
-            .iter()
-            .map(|s| speedup_line(s))
-            .collect(),
+    Ok(outcome(&report, path, charts))
+}
+
+fn outcome(report: &Report, path: PathBuf, charts: Vec<Chart>) -> ReportOutcome {
+    let mut out = ReportOutcome {
+        verdict: report.verdict(),
+        baseline: report.why.to_string(),
+        regressions: Vec::new(),
+        speedup_regressions: Vec::new(),
+        not_run: Vec::new(),
         path,
         charts,
-    })
+    };
+    for c in &report.compared {
+        let against = report.against(c);
+        for t in c.cmp.regressions() {
+            out.regressions
+                .push(format!("{}{against}", regression_line(t)));
+        }
+        for s in c.cmp.speedup_regressions() {
+            out.speedup_regressions
+                .push(format!("{}{against}", speedup_line(s)));
+        }
+        for t in c.cmp.not_run() {
+            out.not_run.push(format!(
+                "{}::{} ({}; {} in the baseline{against})",
+                t.contract,
+                t.test_id,
+                not_run_reason(t),
+                status_text(t.baseline_status())
+            ));
+        }
+    }
+    out
 }
 
 /// The whole report as Markdown.
-pub fn render(
-    baseline: &RunData,
-    current: &RunData,
-    cmp: &RunComparison,
-    charts: &[Chart],
-    artifacts: &[String],
-) -> String {
+fn render(report: &Report, charts: &[Chart], artifacts: &[String]) -> String {
     let mut md = String::new();
-    let regressions = cmp.regressions();
-    let slow = cmp.speedup_regressions();
     let _ = writeln!(md, "# Regression report\n");
-    let verdict = match cmp.verdict() {
-        Verdict::Regressed => format!(
-            "**Verdict: REGRESSED** — {} trial regression(s), {} speedup regression(s).",
-            regressions.len(),
-            slow.len()
-        ),
-        Verdict::Clean => {
-            "**Verdict: clean** — nothing that passed in the baseline fails now, and no speedup dropped below its baseline interval.".to_string()
-        }
-    };
-    let _ = writeln!(md, "{verdict}\n");
-    runs_section(&mut md, baseline, current);
-
-    let _ = writeln!(md, "## Regressions\n");
-    if regressions.is_empty() && slow.is_empty() {
-        let _ = writeln!(md, "None.\n");
-    }
-    for t in &regressions {
-        let detail = t.current.as_ref().map(|r| r.detail.as_str()).unwrap_or("");
-        let _ = writeln!(
-            md,
-            "- **{}** — {}  \n  {}",
-            cell(&format!("{}::{}", t.contract, t.test_id)),
-            cell(&format!(
-                "{} in the baseline, {} now: {}",
-                status_text(t.baseline_status()),
-                status_text(t.current_status()),
-                t.current.as_ref().map(measured).unwrap_or_default()
-            )),
-            cell(detail)
-        );
-    }
-    for s in &slow {
-        let _ = writeln!(md, "- **speedup dropped** — {}", cell(&speedup_line(s)));
-    }
-    if !(regressions.is_empty() && slow.is_empty()) {
-        md.push('\n');
-    }
-
-    changes_section(&mut md, cmp);
+    let _ = writeln!(md, "{}\n", verdict_sentence(report));
+    let _ = writeln!(md, "{}\n", report.why);
+    runs_section(&mut md, report);
+    regressions_section(&mut md, report);
+    not_run_section(&mut md, report);
+    changes_section(&mut md, report);
     charts_section(&mut md, charts);
     artifacts_section(&mut md, artifacts);
-    verdicts_section(&mut md, cmp);
-    speedups_section(&mut md, cmp);
+    verdicts_section(&mut md, report);
+    speedups_section(&mut md, report);
     md
+}
+
+fn verdict_sentence(report: &Report) -> String {
+    let verdict = report.verdict();
+    let code = verdict.exit_code();
+    let regressions = report.count(|c| c.regressions().len());
+    let slow = report.count(|c| c.speedup_regressions().len());
+    let not_run = report.count(|c| c.not_run().len());
+    match verdict {
+        Verdict::Regressed => format!(
+            "**Verdict: REGRESSED** — {regressions} trial regression(s), {slow} speedup regression(s){}. `falsify report` exits {code}.",
+            if not_run > 0 {
+                format!("; besides, {not_run} baseline trial(s) did not run")
+            } else {
+                String::new()
+            }
+        ),
+        Verdict::Incomplete => format!(
+            "**Verdict: INCOMPLETE** — {not_run} baseline trial(s) did not run and nothing records why (listed under *Not run*), so this run cannot be called clean; nothing that did run regressed. `falsify report` exits {code}."
+        ),
+        Verdict::Clean => format!(
+            "**Verdict: clean** — every baseline trial ran or was skipped for a recorded reason, nothing that passed in the baseline fails now, and no speedup dropped below its baseline interval. `falsify report` exits {code}."
+        ),
+    }
 }
 
 /// One line of the runs table: how to read a fact from a run's reports.
 type Fact = fn(&RunData) -> String;
 
-fn runs_section(md: &mut String, baseline: &RunData, current: &RunData) {
+fn runs_section(md: &mut String, report: &Report) {
     let _ = writeln!(md, "## Runs\n");
-    let _ = writeln!(md, "| | baseline | current |\n| --- | --- | --- |");
-    let facts: [(&str, Fact); 11] = [
+    // Each run's facts come from the run whole; the trial counts from what
+    // was compared.
+    let mut runs: Vec<(String, &RunData, &RunData)> = report
+        .compared
+        .iter()
+        .map(|c| {
+            let title = if report.several() {
+                format!("baseline `{}`", c.baseline.name)
+            } else {
+                "baseline".to_string()
+            };
+            (title, c.whole, c.baseline)
+        })
+        .collect();
+    runs.push(("current".into(), report.current_whole, report.current));
+    let titles: Vec<&str> = runs.iter().map(|(t, _, _)| t.as_str()).collect();
+    let _ = writeln!(
+        md,
+        "| | {} |\n| --- |{}",
+        titles.join(" | "),
+        " --- |".repeat(runs.len())
+    );
+    for (name, fact) in facts() {
+        let values: Vec<String> = runs.iter().map(|(_, r, _)| cell(&fact(r))).collect();
+        let _ = writeln!(md, "| {name} | {} |", values.join(" | "));
+    }
+    let counts: Vec<String> = runs.iter().map(|(_, _, r)| trial_counts(r)).collect();
+    let _ = writeln!(md, "| trials compared | {} |\n", counts.join(" | "));
+}
+
+fn trial_counts(r: &RunData) -> String {
+    let n = |s: Status| r.rows.iter().filter(|x| x.status == s).count();
+    format!(
+        "{} passed, {} falsified, {} error, {} skipped",
+        n(Status::Passed),
+        n(Status::Falsified),
+        n(Status::Error),
+        n(Status::Skipped)
+    )
+}
+
+fn facts() -> [(&'static str, Fact); 12] {
+    [
         ("report directory", |r| format!("`{}`", r.dir.display())),
-        ("run id(s)", |r| {
-            let mut ids = r.distinct(|x| &x.run_id);
-            if let Some(m) = &r.meta {
-                if !ids.contains(&m.run_id) {
-                    ids.push(m.run_id.clone());
-                }
-            }
-            ids.join(", ")
-        }),
+        ("run id(s)", run_ids),
         ("started / finished", |r| match (&r.meta, r.time_span()) {
             (Some(m), _) => format!("{} / {}", m.started, m.finished),
             (None, Some((a, b))) => format!("{a} / {b} (first and last row)"),
             (None, None) => "unknown".into(),
         }),
-        ("git sha", |r| r.distinct(|x| &x.git_sha).join(", ")),
-        ("devices", |r| r.distinct(|x| &x.device).join("; ")),
+        ("every selected trial finished", |r| match &r.meta {
+            Some(m) => match &m.incomplete {
+                Some(why) => format!("no: {why}"),
+                None => "yes".into(),
+            },
+            None => "not recorded".into(),
+        }),
+        ("git sha (build commit)", git_fact),
+        ("devices", |r| {
+            let devices = r.distinct(|x| &x.device);
+            let plain: Vec<&str> = devices.iter().map(|d| plain_device(d)).collect();
+            plain.join("; ")
+        }),
         ("compute capability", |r| {
             or_none(r.distinct(|x| &x.compute_capability).join(", "))
         }),
@@ -159,62 +284,165 @@ fn runs_section(md: &mut String, baseline: &RunData, current: &RunData) {
                 None => "not recorded".into(),
             }
         }),
-        ("GPU", |r| {
-            match r.meta.as_ref().and_then(|m| m.gpu.as_ref()) {
-                Some(g) => format!(
-                    "{}, {} SMs, {:.1} GiB",
-                    g.name,
-                    g.sm_count,
-                    g.total_memory_bytes as f64 / (1u64 << 30) as f64
-                ),
-                None => "none used (or not recorded)".into(),
-            }
+        ("GPU", |r| match r.meta.as_ref().and_then(|m| m.gpu.as_ref()) {
+            Some(g) => format!(
+                "{}, {} SMs, {:.1} GiB",
+                g.name,
+                g.sm_count,
+                g.total_memory_bytes as f64 / (1u64 << 30) as f64
+            ),
+            None => "none used (or not recorded)".into(),
         }),
         ("clocks (SM, memory, power)", |r| match &r.meta {
             Some(m) => m.clocks.clone(),
             None => "not recorded".into(),
         }),
         ("options", |r| match &r.meta {
-            Some(m) => format!(
-                "seed {}, out `{}`, {}",
-                m.options.seed, m.options.out_dir, m.options.gpu
-            ),
+            Some(m) => m
+                .options
+                .key_values()
+                .iter()
+                .map(|kv| format!("`{kv}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
             None => "not recorded (no run.json)".into(),
         }),
-    ];
-    for (name, fact) in facts {
-        let _ = writeln!(
-            md,
-            "| {name} | {} | {} |",
-            cell(&fact(baseline)),
-            cell(&fact(current))
-        );
-    }
-    let count = |r: &RunData| {
-        let n = |s: Status| r.rows.iter().filter(|x| x.status == s).count();
-        format!(
-            "{} passed, {} falsified, {} error, {} skipped",
-            n(Status::Passed),
-            n(Status::Falsified),
-            n(Status::Error),
-            n(Status::Skipped)
-        )
-    };
-    let _ = writeln!(
-        md,
-        "| trials | {} | {} |\n",
-        count(baseline),
-        count(current)
-    );
+    ]
 }
 
-fn changes_section(md: &mut String, cmp: &RunComparison) {
+fn run_ids(r: &RunData) -> String {
+    let mut ids = r.distinct(|x| &x.run_id);
+    if let Some(m) = &r.meta {
+        if !ids.contains(&m.run_id) {
+            ids.push(m.run_id.clone());
+        }
+    }
+    ids.join(", ")
+}
+
+/// The build commit(s) of a run's rows, and what is known of the tree: from
+/// the run record, or from the suffix older rows kept in the same cell.
+fn git_fact(r: &RunData) -> String {
+    let cells = r.distinct(|x| &x.git_sha);
+    let mut shas: Vec<&str> = Vec::new();
+    let mut legacy = None;
+    for c in &cells {
+        let (sha, state) = plain_sha(c);
+        if !shas.contains(&sha) {
+            shas.push(sha);
+        }
+        legacy = legacy.or(state);
+    }
+    let state = r
+        .meta
+        .as_ref()
+        .map(|m| (m.git_source, m.git_dirty))
+        .or(legacy);
+    let tree = match state {
+        Some((GitSource::Checkout, Some(true))) => "checkout with uncommitted changes",
+        Some((GitSource::Checkout, Some(false))) => "clean checkout",
+        Some((GitSource::Checkout, None)) => "checkout, changes not read",
+        Some((GitSource::BuildOnly, _)) => "not run from a checkout: tree state unknown",
+        None => "tree state not recorded",
+    };
+    format!("{} ({tree})", shas.join(", "))
+}
+
+fn regressions_section(md: &mut String, report: &Report) {
+    let _ = writeln!(md, "## Regressions\n");
+    let any = report.count(|c| c.regressions().len() + c.speedup_regressions().len());
+    if any == 0 {
+        let _ = writeln!(md, "None.\n");
+        return;
+    }
+    for c in &report.compared {
+        let (regressions, slow) = (c.cmp.regressions(), c.cmp.speedup_regressions());
+        if regressions.is_empty() && slow.is_empty() {
+            continue;
+        }
+        report.subheading(md, c);
+        for t in regressions {
+            let detail = t.current.as_ref().map(|r| r.detail.as_str()).unwrap_or("");
+            let _ = writeln!(
+                md,
+                "- **{}** — {}  \n  {}",
+                cell(&format!("{}::{}", t.contract, t.test_id)),
+                cell(&format!(
+                    "{} in the baseline, {} now: {}",
+                    status_text(t.baseline_status()),
+                    status_text(t.current_status()),
+                    t.current.as_ref().map(result).unwrap_or_default()
+                )),
+                cell(detail)
+            );
+        }
+        for s in slow {
+            let _ = writeln!(md, "- **speedup dropped** — {}", cell(&speedup_line(s)));
+        }
+        md.push('\n');
+    }
+}
+
+fn not_run_section(md: &mut String, report: &Report) {
+    let _ = writeln!(md, "## Not run\n");
+    if report.count(|c| c.not_run().len()) == 0 {
+        let _ = writeln!(
+            md,
+            "None: every baseline trial ran here, or was skipped for a recorded reason.\n"
+        );
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "Baseline trials this run did not execute, with nothing recording why. Run them (a trial removed from the contracts needs a refreshed baseline instead).\n"
+    );
+    for c in &report.compared {
+        let not_run = c.cmp.not_run();
+        if not_run.is_empty() {
+            continue;
+        }
+        report.subheading(md, c);
+        let _ = writeln!(
+            md,
+            "| trial | on | baseline | current |\n| --- | --- | --- | --- |"
+        );
+        for t in not_run {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} |",
+                cell(&format!("{}::{}", t.contract, t.test_id)),
+                t.backend(),
+                status_text(t.baseline_status()),
+                not_run_reason(t)
+            );
+        }
+        md.push('\n');
+    }
+}
+
+/// Why a trial counts as not run: absent, or skipped without a reason.
+fn not_run_reason(t: &TrialDiff) -> &'static str {
+    if t.current.is_none() {
+        "absent from this run"
+    } else {
+        "skipped, no reason recorded"
+    }
+}
+
+fn changes_section(md: &mut String, report: &Report) {
     let _ = writeln!(md, "## Changes of status\n");
+    for c in &report.compared {
+        report.subheading(md, c);
+        changes_of(md, &c.cmp);
+    }
+}
+
+fn changes_of(md: &mut String, cmp: &RunComparison) {
     for (reason, trials) in cmp.not_run_here() {
         let gpu = trials.iter().all(|t| t.backend() == "cuda");
         let _ = writeln!(
             md,
-            "{} {} were not run in this run (skipped: {}) — their baseline verdicts are shown for reference.\n",
+            "{} {} were skipped in this run for a recorded reason ({}) — not a regression; their baseline verdicts are shown for reference.\n",
             trials.len(),
             if gpu { "GPU trials" } else { "trials" },
             cell(&reason)
@@ -230,29 +458,33 @@ fn changes_section(md: &mut String, cmp: &RunComparison) {
         "| trial | on | baseline | current | change |\n| --- | --- | --- | --- | --- |"
     );
     for t in changes {
-        let kind = if t.is_regression() {
-            "**regression**"
-        } else if t.not_run_here() {
-            "not run here"
-        } else if t.baseline.is_none() {
-            "new trial"
-        } else if t.current.is_none() {
-            "not in the current report"
-        } else if t.current_status() == Some(Status::Passed) {
-            "now passes"
-        } else {
-            "changed"
-        };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {kind} |",
+            "| {} | {} | {} | {} | {} |",
             cell(&format!("{}::{}", t.contract, t.test_id)),
             t.backend(),
             status_text(t.baseline_status()),
-            status_text(t.current_status())
+            status_text(t.current_status()),
+            change_kind(t)
         );
     }
     md.push('\n');
+}
+
+fn change_kind(t: &TrialDiff) -> &'static str {
+    if t.is_regression() {
+        "**regression**"
+    } else if t.not_run() {
+        "**not run**"
+    } else if t.not_run_here() {
+        "skipped here (reason recorded)"
+    } else if t.baseline.is_none() {
+        "new trial"
+    } else if t.current_status() == Some(Status::Passed) {
+        "now passes"
+    } else {
+        "changed"
+    }
 }
 
 fn charts_section(md: &mut String, charts: &[Chart]) {
@@ -296,84 +528,125 @@ fn artifacts_section(md: &mut String, artifacts: &[String]) {
     }
 }
 
-fn verdicts_section(md: &mut String, cmp: &RunComparison) {
+fn verdicts_section(md: &mut String, report: &Report) {
     let _ = writeln!(md, "## Verdicts by contract\n");
-    for contract in cmp.contracts() {
-        let _ = writeln!(
-            md,
-            "### {contract}\n\n| test | on | baseline | current | current: observed vs threshold | baseline: observed |\n| --- | --- | --- | --- | --- | --- |"
-        );
-        for t in cmp.trials.iter().filter(|t| t.contract == contract) {
-            let mark = if t.is_regression() {
-                " **(regression)**"
-            } else {
-                ""
-            };
+    for c in &report.compared {
+        report.subheading(md, c);
+        let level = if report.several() { "####" } else { "###" };
+        for contract in c.cmp.contracts() {
             let _ = writeln!(
                 md,
-                "| {}{mark} | {} | {} | {} | {} | {} |",
-                cell(&t.test_id),
-                t.backend(),
-                status_text(t.baseline_status()),
-                status_text(t.current_status()),
-                cell(&t.current.as_ref().map(measured).unwrap_or_default()),
-                cell(
-                    &t.baseline
-                        .as_ref()
-                        .and_then(|r| r.observed)
-                        .map(format_number)
-                        .unwrap_or_default()
-                ),
+                "{level} {contract}\n\n| test | on | baseline | current | current result | baseline observed |\n| --- | --- | --- | --- | --- | --- |"
             );
+            for t in c.cmp.trials.iter().filter(|t| t.contract == contract) {
+                verdict_row(md, t);
+            }
+            md.push('\n');
         }
-        md.push('\n');
     }
 }
 
-fn speedups_section(md: &mut String, cmp: &RunComparison) {
+fn verdict_row(md: &mut String, t: &TrialDiff) {
+    let mark = if t.is_regression() {
+        " **(regression)**"
+    } else if t.not_run() {
+        " **(not run)**"
+    } else {
+        ""
+    };
+    let current = match &t.current {
+        Some(r) => result(r),
+        None => "not run".into(),
+    };
+    let _ = writeln!(
+        md,
+        "| {}{mark} | {} | {} | {} | {} | {} |",
+        cell(&t.test_id),
+        t.backend(),
+        status_text(t.baseline_status()),
+        status_text(t.current_status()),
+        cell(&current),
+        cell(
+            &t.baseline
+                .as_ref()
+                .and_then(|r| r.observed)
+                .map(short)
+                .unwrap_or_default()
+        ),
+    );
+}
+
+fn speedups_section(md: &mut String, report: &Report) {
     let _ = writeln!(md, "## Speedups\n");
-    if cmp.speedups.is_empty() {
+    if report.count(|c| c.speedups.len()) == 0 {
         let _ = writeln!(md, "Neither report has speedup rows.\n");
         return;
     }
     let _ = writeln!(
         md,
-        "| test | subject | model | batch x seq | baseline / candidate | current ratio [CI] | baseline ratio [CI] | change |\n| --- | --- | --- | --- | --- | --- | --- | --- |"
+        "`ratio` is baseline time / candidate time (for a `d2d copy` baseline: the kernel's fraction of copy bandwidth; for a target: the measured rate over the target). *pass at* is the ratio the trial needs; rows without one are context (parts of a judged total). Mutant rows time an injected fault and never count as regressions.\n"
     );
-    for s in &cmp.speedups {
-        let Some(r) = s.row() else { continue };
-        let change = match s.change() {
-            Some(c) => format!("{:+.1}%", c * 100.0),
-            None => String::new(),
-        };
-        let mark = if s.is_regression() {
-            " **(regression)**"
-        } else {
-            ""
-        };
+    for c in &report.compared {
+        if c.cmp.speedups.is_empty() {
+            continue;
+        }
+        report.subheading(md, c);
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} x {} | {} / {} | {} | {} | {change}{mark} |",
-            cell(&r.test_id),
-            cell(&r.subject),
-            cell(&r.model),
-            r.batch,
-            r.seq_len,
-            cell(&r.baseline),
-            cell(&r.candidate),
-            s.current
-                .as_ref()
-                .map(ratio_ci)
-                .unwrap_or_else(|| "not run".into()),
-            s.baseline
-                .as_ref()
-                .map(ratio_ci)
-                .unwrap_or_else(|| "absent".into()),
+            "| test | subject | workload | baseline / candidate | pass at | current ratio [CI] | baseline ratio [CI] | change |\n| --- | --- | --- | --- | --- | --- | --- | --- |"
         );
+        for s in &c.cmp.speedups {
+            speedup_row(md, s);
+        }
+        md.push('\n');
     }
-    md.push('\n');
 }
 
+fn speedup_row(md: &mut String, s: &SpeedupDiff) {
+    let Some(r) = s.row() else { return };
+    let change = match s.change() {
+        Some(c) => format!("{:+.1}%", c * 100.0),
+        None => String::new(),
+    };
+    let mark = if s.is_regression() {
+        " **(regression)**"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        md,
+        "| {} | {} | {} | {} / {} | {} | {} | {} | {change}{mark} |",
+        cell(&r.test_id),
+        cell(&r.subject),
+        cell(&workload(r)),
+        cell(&r.baseline),
+        cell(&r.candidate),
+        r.threshold
+            .map(|t| format!(">= {}", short(t)))
+            .unwrap_or_default(),
+        s.current
+            .as_ref()
+            .map(ratio_ci)
+            .unwrap_or_else(|| "not run".into()),
+        s.baseline
+            .as_ref()
+            .map(ratio_ci)
+            .unwrap_or_else(|| "absent".into()),
+    );
+}
+
+/// What a speedup row measured on: a model at a batch and sequence length,
+/// or, for rows without them (kernel bandwidth), the shape in `model`.
+pub fn workload(r: &SpeedupRow) -> String {
+    if r.batch == 0 && r.seq_len == 0 {
+        r.model.clone()
+    } else {
+        format!("{}, batch {} x seq {}", r.model, r.batch, r.seq_len)
+    }
+}
+
+/// The ratio and its interval to four decimals: intervals are often
+/// narrower than three significant digits can show.
 fn ratio_ci(r: &SpeedupRow) -> String {
     format!(
         "{} [{}, {}]",
@@ -383,23 +656,11 @@ fn ratio_ci(r: &SpeedupRow) -> String {
     )
 }
 
-/// `metric = observed <= threshold unit`, or the status when nothing was measured.
-fn measured(r: &FalsificationRow) -> String {
-    match (r.observed, r.threshold) {
-        (Some(o), Some(t)) => format!(
-            "{} = {} {} {}{}",
-            r.metric,
-            format_number(o),
-            r.comparator,
-            format_number(t),
-            if r.unit.is_empty() {
-                String::new()
-            } else {
-                format!(" {}", r.unit)
-            }
-        ),
-        _ => format!("not measured ({})", r.status.as_str()),
-    }
+/// The row's result as one phrase that reads as its verdict, or why there
+/// is none.
+fn result(r: &FalsificationRow) -> String {
+    r.verdict_line()
+        .unwrap_or_else(|| format!("not measured ({})", r.status.as_str()))
 }
 
 fn regression_line(t: &TrialDiff) -> String {
@@ -417,12 +678,10 @@ fn speedup_line(s: &SpeedupDiff) -> String {
         return String::new();
     };
     format!(
-        "{} {} {} b{} s{} ({} / {}): {} now, {} in the baseline",
+        "{} {} ({}; {} / {}): {} now, {} in the baseline",
         c.test_id,
         c.subject,
-        c.model,
-        c.batch,
-        c.seq_len,
+        workload(c),
         c.baseline,
         c.candidate,
         ratio_ci(c),

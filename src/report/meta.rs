@@ -19,8 +19,18 @@ pub const RUN_JSON: &str = "run.json";
 pub struct RunMeta {
     /// `YYYYMMDDTHHMMSSZ-pid`: sortable and unique per process.
     pub run_id: String,
+    /// The commit the binary was built from (12 hex digits), nothing else:
+    /// whether the code had changes beside it is `git_dirty`.
     pub git_sha: String,
-    /// The host CPU, recorded as the device of `cpu` rows.
+    /// Where `git_dirty` was read, if anywhere.
+    #[serde(default)]
+    pub git_source: GitSource,
+    /// Whether the checkout had uncommitted changes to tracked files when
+    /// the run started; `None` when the run was not started from a checkout
+    /// of the build commit, so nothing is known beyond `git_sha`.
+    #[serde(default)]
+    pub git_dirty: Option<bool>,
+    /// The host CPU's model name, recorded as the device of `cpu` rows.
     pub cpu: String,
     /// When the run started (UTC, RFC 3339).
     #[serde(default)]
@@ -40,6 +50,23 @@ pub struct RunMeta {
     /// The options the run was started with.
     #[serde(default)]
     pub options: RecordedOptions,
+    /// Why the run stopped before every selected trial ran (e.g. "interrupted
+    /// by SIGINT"); absent for a run that finished. Its CSVs then hold the
+    /// rows of the trials that finished, and no others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
+}
+
+/// Where a run record's `git_dirty` was read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GitSource {
+    /// The working directory is a git checkout of the build commit.
+    Checkout,
+    /// There is no checkout of the build commit here (a copy of the tree
+    /// with stale git metadata, as on the GPU machine, or no git at all).
+    #[default]
+    BuildOnly,
 }
 
 /// What the run record says about the device.
@@ -84,6 +111,40 @@ pub struct RecordedOptions {
     pub gpu: String,
 }
 
+impl RecordedOptions {
+    /// Every option as `key=value`, the GPU options as `gpu.<field>=<value>`.
+    /// `gpu` holds the options' `Debug` text (`GpuOptions { ordinal: 0, ... }`);
+    /// text that does not read as such is shown whole, as `gpu=<text>`.
+    pub fn key_values(&self) -> Vec<String> {
+        let mut out = vec![
+            format!("seed={}", self.seed),
+            format!("out_dir={}", self.out_dir),
+        ];
+        match debug_fields(&self.gpu) {
+            Some(fields) => out.extend(fields.into_iter().map(|(k, v)| format!("gpu.{k}={v}"))),
+            None if self.gpu.is_empty() => {}
+            None => out.push(format!("gpu={}", self.gpu)),
+        }
+        out
+    }
+}
+
+/// The fields of a flat struct's `Debug` text, `Name { a: 1, b: X }`, as
+/// `(a, 1), (b, X)`; `None` for anything else (nested braces included).
+fn debug_fields(text: &str) -> Option<Vec<(String, String)>> {
+    let (_, body) = text.split_once('{')?;
+    let body = body.trim().strip_suffix('}')?.trim();
+    if body.contains(['{', '}']) {
+        return None;
+    }
+    body.split(", ")
+        .map(|field| {
+            let (key, value) = field.split_once(": ")?;
+            Some((key.trim().to_string(), value.trim().to_string()))
+        })
+        .collect()
+}
+
 impl RunMeta {
     /// Reads the clock, the git checkout and the CPU model.
     pub fn detect() -> Self {
@@ -98,15 +159,19 @@ impl RunMeta {
             now.second(),
             std::process::id()
         );
+        let (git_source, git_dirty) = git_tree_state(BUILD_GIT_SHA);
         RunMeta {
             run_id,
-            git_sha: git_sha(),
+            git_sha: BUILD_GIT_SHA.to_string(),
+            git_source,
+            git_dirty,
             cpu: cpu_name(),
             started: Self::now_rfc3339(),
             finished: String::new(),
             gpu: None,
             clocks: "not read".into(),
             options: RecordedOptions::default(),
+            incomplete: None,
         }
     }
 
@@ -130,12 +195,27 @@ impl RunMeta {
             return Ok(None);
         }
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-        serde_json::from_str(&text).map(Some).map_err(|e| {
+        let mut meta: RunMeta = serde_json::from_str(&text).map_err(|e| {
             Error::io(
                 &path,
                 std::io::Error::new(std::io::ErrorKind::InvalidData, e),
             )
-        })
+        })?;
+        meta.upgrade_legacy();
+        Ok(Some(meta))
+    }
+
+    /// Records written before `git_source` and `git_dirty` existed kept the
+    /// tree state in `git_sha` (`<sha>-dirty`, `<sha> (built)`) and named
+    /// the CPU `cpu: <model>`; this reads them as the fields of today.
+    fn upgrade_legacy(&mut self) {
+        let (sha, state) = plain_sha(&self.git_sha);
+        if let Some((source, dirty)) = state {
+            self.git_sha = sha.to_string();
+            self.git_source = source;
+            self.git_dirty = dirty;
+        }
+        self.cpu = plain_device(&self.cpu).to_string();
     }
 
     /// The current UTC time in RFC 3339.
@@ -164,36 +244,50 @@ pub fn read_clocks() -> String {
     nvidia_smi_query("clocks.sm,clocks.mem,power.draw")
 }
 
-/// The commit of the code that runs. The binary records the commit it was
-/// built from; when the working directory is a checkout of that same commit,
-/// `-dirty` is added if it has changes. A checkout of another commit (a copy
-/// of the tree with stale git metadata, as on the GPU machine) says nothing
-/// about the binary, so then the build commit is reported with "(built)".
-fn git_sha() -> String {
-    let built = env!("FALSIFY_BUILD_GIT_SHA");
+/// The commit the binary was built from, recorded by `build.rs`.
+const BUILD_GIT_SHA: &str = env!("FALSIFY_BUILD_GIT_SHA");
+
+/// Whether the working directory is a checkout of `built`, and if so whether
+/// it has uncommitted changes to tracked files. A checkout of another commit
+/// (a copy of the tree with stale git metadata, as on the GPU machine) says
+/// nothing about the binary, so then nothing is claimed.
+fn git_tree_state(built: &str) -> (GitSource, Option<bool>) {
     let head = Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
         .output()
         .ok()
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    match head {
-        Some(sha) if sha == built => {
-            let dirty = Command::new("git")
-                .args(["status", "--porcelain", "--untracked-files=no"])
-                .output()
-                .map(|o| !o.stdout.is_empty())
-                .unwrap_or(false);
-            if dirty {
-                format!("{sha}-dirty")
-            } else {
-                sha
-            }
-        }
-        _ => format!("{built} (built)"),
+    if head.as_deref() != Some(built) {
+        return (GitSource::BuildOnly, None);
     }
+    let dirty = Command::new("git")
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| !o.stdout.is_empty());
+    (GitSource::Checkout, dirty)
 }
 
+/// The commit of a `git_sha` cell, and the tree state an older report kept
+/// in the same cell (`<sha>-dirty`, `<sha> (built)`), if it did.
+pub fn plain_sha(cell: &str) -> (&str, Option<(GitSource, Option<bool>)>) {
+    if let Some(sha) = cell.strip_suffix(" (built)") {
+        return (sha, Some((GitSource::BuildOnly, None)));
+    }
+    if let Some(sha) = cell.strip_suffix("-dirty") {
+        return (sha, Some((GitSource::Checkout, Some(true))));
+    }
+    (cell, None)
+}
+
+/// The model name of a `device` cell; older reports wrote `cpu: <model>`.
+pub fn plain_device(cell: &str) -> &str {
+    cell.strip_prefix("cpu: ").unwrap_or(cell)
+}
+
+/// The CPU's model name, e.g. `AMD EPYC 9454 48-Core Processor`.
 fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -201,9 +295,10 @@ fn cpu_name() -> String {
             info.lines()
                 .find(|l| l.starts_with("model name"))
                 .and_then(|l| l.split(':').nth(1))
-                .map(|s| format!("cpu: {}", s.trim()))
+                .map(|s| s.trim().to_string())
         })
-        .unwrap_or_else(|| format!("cpu: {}", std::env::consts::ARCH))
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| format!("unknown {} CPU", std::env::consts::ARCH))
 }
 
 #[cfg(test)]
@@ -226,5 +321,45 @@ mod tests {
         meta.write_json(dir.path()).unwrap();
         assert_eq!(RunMeta::read_json(dir.path()).unwrap(), Some(meta));
         assert_eq!(RunMeta::read_json(&dir.path().join("none")).unwrap(), None);
+    }
+
+    #[test]
+    fn the_sha_is_the_build_commit_and_the_cpu_its_model_name() {
+        let meta = RunMeta::detect();
+        assert_eq!(meta.git_sha, BUILD_GIT_SHA);
+        assert!(!meta.git_sha.contains(' ') && !meta.git_sha.ends_with("-dirty"));
+        assert!(!meta.cpu.starts_with("cpu:"), "{}", meta.cpu);
+        if meta.git_source == GitSource::BuildOnly {
+            assert_eq!(meta.git_dirty, None, "nothing is known without a checkout");
+        }
+    }
+
+    #[test]
+    fn an_older_record_reads_as_todays_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = r#"{"run_id": "r", "git_sha": "ca3b3dd9d71e (built)",
+            "cpu": "cpu: Intel(R) Xeon(R) Processor",
+            "options": {"seed": 0, "out_dir": "reports/latest",
+              "gpu": "GpuOptions { ordinal: 0, forward_math: Tf32, backward_math: Fp32 }"}}"#;
+        std::fs::write(dir.path().join(RUN_JSON), old).unwrap();
+        let meta = RunMeta::read_json(dir.path()).unwrap().unwrap();
+        assert_eq!(meta.git_sha, "ca3b3dd9d71e");
+        assert_eq!((meta.git_source, meta.git_dirty), (GitSource::BuildOnly, None));
+        assert_eq!(meta.cpu, "Intel(R) Xeon(R) Processor");
+        assert_eq!(
+            meta.options.key_values(),
+            [
+                "seed=0",
+                "out_dir=reports/latest",
+                "gpu.ordinal=0",
+                "gpu.forward_math=Tf32",
+                "gpu.backward_math=Fp32"
+            ]
+        );
+        assert_eq!(
+            plain_sha("bbbb33334444-dirty"),
+            ("bbbb33334444", Some((GitSource::Checkout, Some(true))))
+        );
+        assert_eq!(plain_sha("aaaa11112222"), ("aaaa11112222", None));
     }
 }

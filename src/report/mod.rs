@@ -4,7 +4,10 @@
 //! baseline (`REPORT.md` with SVG charts).
 
 pub mod artifacts;
+pub mod baseline;
+pub mod cells;
 pub mod charts;
+pub mod claim;
 pub mod compare;
 pub mod markdown;
 pub mod meta;
@@ -72,11 +75,52 @@ pub struct FalsificationRow {
     pub detail: String,
 }
 
-/// One row of `speedups.csv`.
+impl FalsificationRow {
+    /// The row's headline as recorded.
+    pub fn headline(&self) -> claim::Headline {
+        claim::Headline {
+            metric: self.metric.clone(),
+            observed: self.observed,
+            comparator: self.comparator.clone(),
+            threshold: self.threshold,
+            unit: self.unit.clone(),
+            held: None,
+        }
+    }
+
+    /// The mutant self-test of a test (its `test_id` ends in `::mutant`).
+    pub fn is_mutant(&self) -> bool {
+        self.test_id.ends_with(MUTANT_SUFFIX)
+    }
+
+    /// One line that reads as the verdict, e.g.
+    /// `grad_rel_error 2.31 > 1e-6: falsified` (see [`claim::verdict_line`]).
+    pub fn verdict_line(&self) -> Option<String> {
+        claim::verdict_line(&self.headline(), self.status, self.is_mutant())
+    }
+}
+
+/// What a self-test's `test_id` ends with.
+pub const MUTANT_SUFFIX: &str = "::mutant";
+
+/// One row of `speedups.csv` (column order as in the design brief). The
+/// columns `contract`, `status`, `threshold` and `peak_device_gib` are
+/// absent from reports written before they existed; such rows read with
+/// them empty, and [`fill_from_trials`] fills what the trial rows know.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SpeedupRow {
     pub run_id: String,
+    #[serde(default)]
+    pub contract: String,
     pub test_id: String,
+    /// The status of the trial that measured this row.
+    #[serde(default)]
+    pub status: Option<Status>,
+    /// The value `ratio` must reach for the trial to pass (see
+    /// [`claim::ratio_threshold`]); empty for a row that is context, such
+    /// as one part of a judged total.
+    #[serde(default)]
+    pub threshold: Option<f64>,
     pub subject: String,
     pub model: String,
     pub batch: usize,
@@ -90,9 +134,39 @@ pub struct SpeedupRow {
     pub ratio_ci_high: f64,
     pub repeats: usize,
     pub device: String,
+    /// Peak device memory of the measured configuration, GiB; empty until a
+    /// check measures it.
+    #[serde(default)]
+    pub peak_device_gib: Option<f64>,
 }
 
-/// Reads a CSV file of `T` rows. A missing file is an empty report.
+impl SpeedupRow {
+    /// The mutant self-test's row: it times an injected fault, not the system.
+    pub fn is_mutant(&self) -> bool {
+        self.test_id.ends_with(MUTANT_SUFFIX)
+    }
+}
+
+/// Fills the columns a report written before they existed lacks
+/// (`contract`, `status`, `threshold`) from the trial rows of the same run.
+/// Test ids are unique across contracts, so the test id finds the trial.
+pub fn fill_from_trials(speedups: &mut [SpeedupRow], rows: &[FalsificationRow]) {
+    for s in speedups.iter_mut().filter(|s| s.status.is_none()) {
+        let Some(trial) = rows.iter().find(|r| r.test_id == s.test_id) else {
+            continue;
+        };
+        if s.contract.is_empty() {
+            s.contract = trial.contract.clone();
+        }
+        s.status = Some(trial.status);
+        if let (None, Some(observed), Some(threshold)) = (s.threshold, trial.observed, trial.threshold) {
+            s.threshold = claim::ratio_threshold(s.ratio, observed, &trial.comparator, threshold);
+        }
+    }
+}
+
+/// Reads a CSV file of `T` rows, undoing the formula neutralisation of
+/// [`cells`]. A missing file is an empty report.
 pub fn read_rows<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
     if !path.exists() {
         return Ok(Vec::new());
@@ -102,10 +176,43 @@ pub fn read_rows<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
         source,
     };
     let mut reader = csv::Reader::from_path(path).map_err(csv_err)?;
-    reader
-        .deserialize()
-        .collect::<std::result::Result<Vec<T>, _>>()
-        .map_err(csv_err)
+    let headers = reader.headers().map_err(csv_err)?.clone();
+    let mut rows = Vec::new();
+    for record in reader.records() {
+        let record: csv::StringRecord = record.map_err(csv_err)?.iter().map(cells::restore).collect();
+        rows.push(record.deserialize(Some(&headers)).map_err(csv_err)?);
+    }
+    Ok(rows)
+}
+
+/// `rows` as CSV records, header first, every cell a spreadsheet would run
+/// as a formula neutralised (see [`cells`]). Numbers are serialised by serde
+/// and stay numbers. No rows give no records, not even a header.
+fn neutralised_records<T: Serialize>(path: &Path, rows: &[T]) -> Result<Vec<csv::StringRecord>> {
+    let csv_err = |source| Error::Csv {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut plain = csv::Writer::from_writer(Vec::new());
+    for row in rows {
+        plain.serialize(row).map_err(csv_err)?;
+    }
+    let bytes = plain
+        .into_inner()
+        .map_err(|e| Error::io(path, e.into_error()))?;
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(bytes.as_slice());
+    let mut records = Vec::new();
+    for (i, record) in reader.records().enumerate() {
+        let record = record.map_err(csv_err)?;
+        records.push(if i == 0 {
+            record
+        } else {
+            record.iter().map(cells::neutralise).collect()
+        });
+    }
+    Ok(records)
 }
 
 /// Writes `rows` to `path` through a temporary file in the same directory and
@@ -131,10 +238,11 @@ fn write_then_rename<T: Serialize>(tmp: &Path, path: &Path, rows: &[T]) -> Resul
         path: tmp.to_path_buf(),
         source,
     };
+    let records = neutralised_records(tmp, rows)?;
     let file = File::create(tmp).map_err(|e| Error::io(tmp, e))?;
     let mut writer = csv::Writer::from_writer(file);
-    for row in rows {
-        writer.serialize(row).map_err(csv_err)?;
+    for record in &records {
+        writer.write_record(record).map_err(csv_err)?;
     }
     let mut file = writer
         .into_inner()

@@ -2,23 +2,27 @@
 //! from contracts, decides what can run here, executes one trial at a time on
 //! the GPU, times every trial, and collects the report rows.
 
+mod isolate;
+
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
-use crate::report::format_number;
+pub use isolate::{run_child, ChildCommand, ChildReply, ChildRequest, CHILD_FLAG, REPLY_MARKER};
+
 pub use crate::report::meta::{
     nvidia_smi_query, read_clocks, GpuMeta, RecordedOptions, RunMeta, RUN_JSON,
 };
 
-use crate::check::{Measurement, TrialContext};
+use crate::check::{GpuHere, Here, Measurement, TrialContext};
 use crate::contract::{Backend, Contract, FalsificationTest};
 use crate::error::{Error, Result};
 use crate::report::artifacts::{self, artifact_stem, ArtifactWriter, ARTIFACTS_DIR};
 use crate::report::{FalsificationRow, ReportDir, SpeedupRow, Status};
-use qlora::gpu::{driver_present, GpuContext, GpuOptions};
+use qlora::gpu::{driver_present, DeviceFacts, GpuContext, GpuOptions};
 use qlora::Faults;
 
 /// Options of a run. Front ends fill this in; nothing is read from the environment.
@@ -32,6 +36,21 @@ pub struct RunOptions {
     /// Test ids whose own trial runs with the test's mutant injected: a
     /// rehearsal of a regression (the report must then flag it).
     pub inject: Vec<String>,
+    /// Where trials run: in this process, or each in a child process of its
+    /// own (what the CLI and the test runner use).
+    pub isolation: Isolation,
+}
+
+/// Where a trial runs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Isolation {
+    /// In the calling process: no timeout can be enforced and a crash ends
+    /// the process. For library callers and tests of single trials.
+    #[default]
+    InProcess,
+    /// Each trial in a child process started with this command: a crash or
+    /// a hang past the trial's timeout costs that trial one `error` row.
+    Child(ChildCommand),
 }
 
 impl Default for RunOptions {
@@ -41,6 +60,7 @@ impl Default for RunOptions {
             seed: 0,
             gpu: GpuOptions::default(),
             inject: Vec::new(),
+            isolation: Isolation::InProcess,
         }
     }
 }
@@ -97,6 +117,31 @@ pub fn plan(contracts: Vec<Contract>) -> Vec<TrialSpec> {
     trials
 }
 
+/// Every trial whose check would need more than `here` has, or more than its
+/// kind's bounds allow, as a located contract error (file and line of the
+/// test): a contract that validates can also run. Cuda trials are checked
+/// only where a GPU was found; elsewhere they are skipped anyway.
+pub fn check_budgets(trials: &[TrialSpec], here: &Here) -> Vec<Error> {
+    let mut errors = Vec::new();
+    for trial in trials.iter().filter(|t| !t.selftest) {
+        if trial.backend == Backend::Cuda && here.gpu.is_none() {
+            continue;
+        }
+        let test = trial.test();
+        if let Err(message) = test.check.check_budget(trial.backend, here) {
+            let path = trial.contract.path.clone();
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            errors.push(Error::Contract {
+                line: crate::contract::locate(&text, "id", &test.id),
+                column: 0,
+                message: format!("test {} on {}: {message}", test.id, trial.backend),
+                path,
+            });
+        }
+    }
+    errors
+}
+
 /// What a finished trial says, for the front end.
 #[derive(Debug, Clone)]
 pub struct TrialOutcome {
@@ -124,6 +169,21 @@ pub struct Engine {
     gpu: Mutex<GpuSlot>,
     rows: Mutex<Vec<FalsificationRow>>,
     speedups: Mutex<Vec<SpeedupRow>>,
+    /// The machine as probed when trials are planned (read once).
+    here: OnceLock<Planned>,
+    /// With child processes, cuda trials take turns: one GPU, one trial.
+    gpu_turn: Mutex<()>,
+    /// Set when the run is being stopped: no trial starts, a running child
+    /// is killed, and the reports hold only the trials that finished.
+    interrupted: AtomicBool,
+}
+
+/// What planning found out about this machine.
+#[derive(Debug, Clone)]
+struct Planned {
+    here: Here,
+    /// The GPU's facts, or why cuda trials cannot run here.
+    gpu: std::result::Result<DeviceFacts, String>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -133,7 +193,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Engine {
     pub fn new(options: RunOptions) -> Self {
+        Self::with_meta(options, RunMeta::detect())
+    }
+
+    /// An engine whose rows carry `run_id` (a trial process reports for its parent's run).
+    pub fn with_run_id(options: RunOptions, run_id: &str) -> Self {
         let mut meta = RunMeta::detect();
+        meta.run_id = run_id.to_string();
+        Self::with_meta(options, meta)
+    }
+
+    fn with_meta(options: RunOptions, mut meta: RunMeta) -> Self {
         meta.options = RecordedOptions {
             seed: options.seed,
             out_dir: options.out_dir.display().to_string(),
@@ -145,7 +215,80 @@ impl Engine {
             gpu: Mutex::new(GpuSlot::Unprobed),
             rows: Mutex::new(Vec::new()),
             speedups: Mutex::new(Vec::new()),
+            here: OnceLock::new(),
+            gpu_turn: Mutex::new(()),
+            interrupted: AtomicBool::new(false),
         }
+    }
+
+    /// Stops the run: no further trial starts and a running trial process
+    /// is killed. Safe to call from a signal handler's thread.
+    pub fn interrupt(&self) {
+        self.interrupted.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the run was stopped before every trial ran.
+    pub fn was_interrupted(&self) -> bool {
+        self.interrupted.load(Ordering::SeqCst)
+    }
+
+    /// The machine this run plans on: the host's memory and, when usable,
+    /// the GPU's name and memory. Probed once.
+    pub fn here(&self) -> &Here {
+        &self.planned().here
+    }
+
+    fn planned(&self) -> &Planned {
+        self.here.get_or_init(|| self.probe())
+    }
+
+    /// Reads the machine's facts. In-process, the GPU context opened here is
+    /// the one the trials use; with child processes it is closed again, so
+    /// the children have the device to themselves.
+    fn probe(&self) -> Planned {
+        let host_memory_bytes = host_memory_bytes();
+        let gpu = match &self.options.isolation {
+            Isolation::InProcess => {
+                let mut slot = lock(&self.gpu);
+                Self::ensure_gpu(&mut slot, &self.options.gpu);
+                match &*slot {
+                    GpuSlot::Ready(ctx) => Ok(gpu_here(ctx)),
+                    GpuSlot::Unavailable(why) | GpuSlot::Lost(why) => Err(why.clone()),
+                    GpuSlot::Unprobed => Err("CUDA was not probed".to_string()),
+                }
+            }
+            Isolation::Child(_) => probe_gpu(&self.options.gpu),
+        };
+        Planned {
+            here: Here {
+                host_memory_bytes,
+                gpu: gpu.as_ref().ok().map(|(_, g)| g.clone()),
+            },
+            gpu: gpu.map(|(facts, _)| facts),
+        }
+    }
+
+    /// Why `trial` cannot be judged here, decided before it runs: no usable
+    /// GPU for a cuda trial, no target for this GPU kind, a configuration
+    /// that does not fit. Such a trial is ignored and recorded `skipped`.
+    pub fn unjudged(&self, trial: &TrialSpec) -> Option<String> {
+        let planned = self.planned();
+        if trial.backend == Backend::Cuda {
+            if let Err(why) = &planned.gpu {
+                return Some(why.clone());
+            }
+        }
+        trial.test().check.unjudged_on(trial.backend, &planned.here)
+    }
+
+    /// The number of trials recorded so far.
+    pub fn row_count(&self) -> usize {
+        lock(&self.rows).len()
+    }
+
+    /// The speedup rows recorded so far.
+    pub fn speedup_rows(&self) -> Vec<SpeedupRow> {
+        lock(&self.speedups).clone()
     }
 
     pub fn meta(&self) -> &RunMeta {
@@ -159,14 +302,7 @@ impl Engine {
     /// Why `cuda` trials cannot run here, or `None` when a device is usable.
     /// Opens the device on first call.
     pub fn cuda_skip_reason(&self) -> Option<String> {
-        let mut slot = lock(&self.gpu);
-        Self::ensure_gpu(&mut slot, &self.options.gpu);
-        match &*slot {
-            GpuSlot::Ready(_) => None,
-            GpuSlot::Unavailable(why) => Some(why.clone()),
-            GpuSlot::Unprobed => Some("CUDA was not probed".into()),
-            GpuSlot::Lost(_) => None,
-        }
+        self.planned().gpu.as_ref().err().cloned()
     }
 
     fn ensure_gpu(slot: &mut GpuSlot, options: &GpuOptions) {
@@ -224,9 +360,63 @@ impl Engine {
         }
     }
 
-    /// Runs one trial to completion and records its row. Never panics: a
-    /// panicking check and a check error both become `error` rows.
+    /// Runs one trial to completion and records its row, in this process or
+    /// in a child of its own (see [`Isolation`]). Never panics: a panicking
+    /// check, a check error, a crashed or timed-out trial process all become
+    /// `error` rows. Once the run is interrupted, trials no longer start and
+    /// record nothing.
     pub fn run(&self, trial: &TrialSpec) -> TrialOutcome {
+        if self.was_interrupted() {
+            return isolate::failed_outcome("not run: the run was interrupted");
+        }
+        match &self.options.isolation {
+            Isolation::InProcess => self.run_here(trial),
+            Isolation::Child(command) => self.run_in_child(trial, command),
+        }
+    }
+
+    /// [`Engine::run`] in a child process: waits at most the test's timeout,
+    /// records the child's rows, or one `error` row naming why it gave none.
+    fn run_in_child(&self, trial: &TrialSpec, command: &ChildCommand) -> TrialOutcome {
+        if trial.backend == Backend::Cuda {
+            if let Some(why) = self.cuda_skip_reason() {
+                return self.skip(trial, &why);
+            }
+        }
+        // One GPU: cuda trials take turns; cpu trials run side by side.
+        let _turn = (trial.backend == Backend::Cuda).then(|| lock(&self.gpu_turn));
+        let request =
+            ChildRequest::new(&self.options, &trial.contract.path, &trial.name, &self.meta.run_id);
+        let timeout = Duration::from_secs_f64(trial.test().timeout_s());
+        let started = Instant::now();
+        match isolate::run_in_child(command, &request, timeout, &self.interrupted) {
+            isolate::ChildEnd::Replied(reply) => self.record_reply(*reply),
+            isolate::ChildEnd::Interrupted => {
+                isolate::failed_outcome("not finished: the run was interrupted")
+            }
+            isolate::ChildEnd::Failed(cause) => {
+                let duration_ms = started.elapsed().as_secs_f64() * 1e3;
+                let row = self.row(trial, Status::Error, None, duration_ms, cause.clone());
+                lock(&self.rows).push(row);
+                isolate::failed_outcome(&cause)
+            }
+        }
+    }
+
+    /// Records the rows a trial process sent back.
+    fn record_reply(&self, reply: ChildReply) -> TrialOutcome {
+        let outcome = TrialOutcome {
+            status: reply.row.status,
+            summary: reply.summary,
+            detail: reply.detail,
+        };
+        lock(&self.rows).push(reply.row);
+        lock(&self.speedups).extend(reply.speedups);
+        outcome
+    }
+
+    /// Runs one trial in this process and records its row.
+    fn run_here(&self, trial: &TrialSpec) -> TrialOutcome {
         let test = trial.test();
         let seed = trial_seed(self.options.seed, &trial.contract.metadata.id, &test.id);
         let injected = !trial.selftest && self.options.inject.contains(&test.id);
@@ -299,25 +489,18 @@ impl Engine {
         }
         let summary = match &measurement {
             Some(m) => {
-                let held = if m.not_applicable.is_some() {
-                    "not judged"
-                } else if m.passed() {
-                    "holds"
-                } else {
-                    "fails"
-                };
-                let line = format!(
-                    "{} = {} (claim {} {}{}: {held})",
-                    m.metric,
-                    format_number(m.observed),
+                // The bound that decided the trial, read as a verdict:
+                // `grad_rel_error 2.31 > 1e-6: falsified`.
+                let headline = crate::report::claim::Headline::of(
+                    &m.metric,
+                    m.observed,
                     m.comparator.symbol(),
-                    format_number(m.threshold),
-                    if m.unit.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" {}", m.unit)
-                    }
+                    m.threshold,
+                    &m.unit,
+                    &m.violations,
                 );
+                let line = crate::report::claim::verdict_line(&headline, status, trial.selftest)
+                    .unwrap_or_else(|| detail.clone());
                 if trial.selftest {
                     format!("with mutant `{}`: {line}", test.mutant)
                 } else {
@@ -332,7 +515,15 @@ impl Engine {
             for s in &m.speedups {
                 speedups.push(SpeedupRow {
                     run_id: self.meta.run_id.clone(),
+                    contract: trial.contract.metadata.id.clone(),
                     test_id: trial.test_id(),
+                    status: Some(status),
+                    threshold: crate::report::claim::ratio_threshold(
+                        s.ratio,
+                        m.observed,
+                        m.comparator.symbol(),
+                        m.threshold,
+                    ),
                     subject: s.subject.clone(),
                     model: s.model.clone(),
                     batch: s.batch,
@@ -346,6 +537,8 @@ impl Engine {
                     ratio_ci_high: s.ratio_ci_high,
                     repeats: s.repeats,
                     device: device.clone(),
+                    // No check measures a configuration's peak memory yet.
+                    peak_device_gib: None,
                 });
             }
         }
@@ -433,6 +626,25 @@ impl Engine {
             },
         };
         let test = trial.test();
+        // The headline is the bound that decided the trial: when the metric
+        // held and a violation did not, the violation leads the row and the
+        // metric that held moves to the detail.
+        let headline = m
+            .map(|m| {
+                crate::report::claim::Headline::of(
+                    &m.metric,
+                    m.observed,
+                    m.comparator.symbol(),
+                    m.threshold,
+                    &m.unit,
+                    &m.violations,
+                )
+            })
+            .unwrap_or_default();
+        let detail = match &headline.held {
+            Some(held) => format!("{detail}; headline metric: {held}"),
+            None => detail,
+        };
         FalsificationRow {
             run_id: self.meta.run_id.clone(),
             timestamp: RunMeta::now_rfc3339(),
@@ -446,13 +658,11 @@ impl Engine {
             compute_capability: cc,
             driver_version: driver,
             status,
-            metric: m.map(|m| m.metric.clone()).unwrap_or_default(),
-            observed: m.map(|m| m.observed),
-            comparator: m
-                .map(|m| m.comparator.symbol().to_string())
-                .unwrap_or_default(),
-            threshold: m.map(|m| m.threshold),
-            unit: m.map(|m| m.unit.clone()).unwrap_or_default(),
+            metric: headline.metric,
+            observed: headline.observed,
+            comparator: headline.comparator,
+            threshold: headline.threshold,
+            unit: headline.unit,
             duration_ms,
             detail,
         }
@@ -482,14 +692,56 @@ impl Engine {
     pub fn run_record(&self) -> RunMeta {
         let mut meta = self.meta.clone();
         meta.finished = RunMeta::now_rfc3339();
-        if let GpuSlot::Ready(ctx) = &*lock(&self.gpu) {
-            meta.gpu = Some(GpuMeta::from_facts(ctx.facts()));
+        let facts = match &*lock(&self.gpu) {
+            GpuSlot::Ready(ctx) => Some(ctx.facts().clone()),
+            _ => self.here.get().and_then(|p| p.gpu.as_ref().ok().cloned()),
+        };
+        if let Some(facts) = facts {
+            meta.gpu = Some(GpuMeta::from_facts(&facts));
             meta.clocks = read_clocks();
         } else {
             meta.clocks = "not read (no GPU was used)".into();
         }
+        if self.was_interrupted() {
+            meta.incomplete = Some(
+                "interrupted: the CSVs hold the trials that finished before the run was stopped"
+                    .into(),
+            );
+        }
         meta
     }
+}
+
+/// The host's available memory in bytes (`MemAvailable` of /proc/meminfo),
+/// or `u64::MAX` where it cannot be read (budgets are then not enforced).
+fn host_memory_bytes() -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(u64::MAX, |kb| kb.saturating_mul(1024))
+}
+
+/// The facts of an open context's GPU, with its free memory now.
+fn gpu_here(ctx: &GpuContext) -> (DeviceFacts, GpuHere) {
+    let facts = ctx.facts().clone();
+    let (free, total) = ctx.memory_bytes().unwrap_or((0, facts.total_memory_bytes));
+    let here = GpuHere {
+        name: facts.name.clone(),
+        total_memory_bytes: total as u64,
+        free_memory_bytes: free as u64,
+    };
+    (facts, here)
+}
+
+/// Opens the GPU just long enough to read its facts and free memory.
+fn probe_gpu(options: &GpuOptions) -> std::result::Result<(DeviceFacts, GpuHere), String> {
+    if !driver_present() {
+        return Err("no CUDA driver".into());
+    }
+    GpuContext::new(options.clone())
+        .map(|ctx| gpu_here(&ctx))
+        .map_err(|e| format!("no usable CUDA device: {e}"))
 }
 
 /// Turns a check's result into a status and the detail column.
@@ -647,6 +899,7 @@ mod tests {
 
     #[test]
     fn numbers_are_compact() {
+        use crate::report::format_number;
         assert_eq!(format_number(0.034), "0.034");
         assert_eq!(format_number(1.5e-7), "1.500e-7");
         assert_eq!(format_number(2.0), "2");

@@ -334,33 +334,6 @@ impl KernelCache {
 mod tests {
     use super::*;
 
-    /// What `ensure_all` relies on: NVRTC compiles independent programs on
-    /// several threads at once, each giving the PTX a lone compilation gives.
-    /// Skips (passes) when NVRTC cannot be loaded, as in CI.
-    #[test]
-    fn modules_compile_concurrently_as_they_do_alone() {
-        if !nvrtc_present() {
-            return;
-        }
-        let names = ["rope", "clip", "train", "attention_d64"];
-        let alone: Vec<String> = names
-            .iter()
-            .map(|n| compile_module(kernels::module(n).unwrap(), "compute_90").unwrap())
-            .collect();
-        let together: Vec<String> = std::thread::scope(|scope| {
-            let handles: Vec<_> = names
-                .iter()
-                .map(|n| {
-                    scope.spawn(move || {
-                        compile_module(kernels::module(n).unwrap(), "compute_90").unwrap()
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        assert_eq!(alone, together);
-    }
-
     #[test]
     fn target_line_is_parsed() {
         let ptx = "//\n.version 9.0\n.target sm_90\n.address_size 64\n";
@@ -378,41 +351,4 @@ mod tests {
         assert!(check_target("", "sm_90").is_err());
     }
 
-    /// Compiles every module for compute_90 when NVRTC is loadable (skips
-    /// otherwise, as in CI): the PTX targets sm_90 and defines every declared
-    /// symbol as an entry point.
-    #[test]
-    fn every_module_compiles_for_sm_90() {
-        if !nvrtc_present() {
-            return;
-        }
-        for m in kernels::MODULES {
-            let ptx = match compile_module(m, "compute_90") {
-                Ok(p) => p,
-                Err(e) => panic!("{}: {e}", m.name),
-            };
-            assert_eq!(ptx_target(&ptx), Some("sm_90"), "{}", m.name);
-            for sym in m.symbols {
-                let entry = format!(".entry {sym}(");
-                assert!(ptx.contains(&entry), "{}: no `{entry}` in the PTX", m.name);
-            }
-        }
-    }
-
-    /// The fault architecture compiles and is refused on a compute-9.0 device.
-    #[test]
-    fn older_arch_compiles_and_is_refused() {
-        if !nvrtc_present() {
-            return;
-        }
-        let Some(m) = kernels::module("elementwise") else {
-            panic!("no elementwise module");
-        };
-        let ptx = compile_module(m, OLDER_ARCH).unwrap();
-        assert_eq!(ptx_target(&ptx), Some("sm_75"));
-        assert!(matches!(
-            check_target(&ptx, "sm_90"),
-            Err(Error::TargetMismatch { .. })
-        ));
-    }
 }

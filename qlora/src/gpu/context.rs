@@ -241,6 +241,11 @@ impl GpuContext {
         &self.ctx
     }
 
+    /// Free and total device memory now, in bytes.
+    pub fn memory_bytes(&self) -> Result<(usize, usize)> {
+        Ok(self.ctx.mem_get_info()?)
+    }
+
     /// The one work stream every launch, copy and GEMM is ordered on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream

@@ -645,15 +645,12 @@ fn optimizer_table(gpu: &GpuContext, params: &Params, clip: &[ClipGroup]) -> Res
     )
 }
 
-/// Refuses, before allocating anything, a configuration whose planned device
-/// memory (frozen base, trainable state x4, workspace) exceeds what is free:
-/// [`Error::OutOfMemory`], which a run records as `skipped`.
-fn refuse_if_too_big(
-    gpu: &GpuContext,
-    cfg: &ModelConfig,
-    base: BaseWeights,
-    keep_mlp: bool,
-) -> Result<()> {
+/// The device memory a trainer of `cfg` plans to allocate, in bytes: the
+/// frozen base (f32, or NF4 codes + block absmax + one dequantisation target
+/// per distinct projection size), the embedding and LM head (f32), the
+/// trainable state (parameters, gradients and two moments: 16 bytes each) and
+/// the workspace. What `GpuTrainer::new` refuses to start beyond.
+pub fn planned_device_bytes(cfg: &ModelConfig, base: BaseWeights, keep_mlp: bool) -> usize {
     let n_base = cfg.layers * cfg.base_params_per_layer();
     let base_bytes = match base {
         BaseWeights::Fp32 => 4 * n_base,
@@ -674,10 +671,22 @@ fn refuse_if_too_big(
         }
     };
     let embed_head = 4 * 2 * cfg.vocab * cfg.hidden;
-    let needed = base_bytes
+    base_bytes
         + embed_head
         + 16 * cfg.trainable_params()
-        + super::workspace::Workspace::planned_bytes(cfg, keep_mlp);
+        + super::workspace::Workspace::planned_bytes(cfg, keep_mlp)
+}
+
+/// Refuses, before allocating anything, a configuration whose planned device
+/// memory ([`planned_device_bytes`]) exceeds what is free:
+/// [`Error::OutOfMemory`], which a run records as `skipped`.
+fn refuse_if_too_big(
+    gpu: &GpuContext,
+    cfg: &ModelConfig,
+    base: BaseWeights,
+    keep_mlp: bool,
+) -> Result<()> {
+    let needed = planned_device_bytes(cfg, base, keep_mlp);
     let (free, _total) = gpu.context().mem_get_info()?;
     if needed > free {
         let gib = |b: usize| b as f64 / f64::from(1u32 << 30);

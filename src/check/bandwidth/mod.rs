@@ -15,8 +15,8 @@ mod measure;
 use serde::Deserialize;
 
 use super::op::Pass;
-use super::params::{Count, Fraction, Shape};
-use super::{Backend, Kind, Measurement, TrialContext, Validate};
+use super::params::{at_most, gpu_shortfall, Count, Fraction, Shape};
+use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 use crate::error::Result;
 
 /// The memory-bound kernels this check can time, named as in contracts.
@@ -107,13 +107,31 @@ pub struct Params {
     pub op: BandwidthOp,
     #[serde(default)]
     pub pass: Pass,
+    /// The op's dims; its largest tensor holds at most [`MAX_ELEMENTS`].
     pub shape: Shape,
     pub min_fraction: Fraction,
+    /// Untimed graph replays first: at most [`MAX_WARMUP`].
     #[serde(default = "default_warmup")]
     pub warmup: Count,
+    /// Timed replays: at least 5, at most [`MAX_REPEATS`].
     #[serde(default = "default_repeats")]
     pub repeats: Count,
 }
+
+/// Most elements of the op's largest tensor, 2^30 (4 GiB of f32); the
+/// shipped largest is 5e6.
+pub const MAX_ELEMENTS: f64 = (1u64 << 30) as f64;
+/// Most untimed replays.
+pub const MAX_WARMUP: usize = 1_000;
+/// Most timed replays of the kernel and of the copy: each replay of a
+/// largest shape is ~10 ms, so 10,000 are under 4 min.
+pub const MAX_REPEATS: usize = 10_000;
+/// Device bytes the check holds besides the op's buffer sets: the 256 MiB
+/// copy's source and destination, and the 4 MiB random pattern.
+const FIXED_DEVICE_BYTES: f64 = (2 * (256u64 << 20) + (4 << 20)) as f64;
+/// The op's buffer sets together hold at least this many bytes (256 MiB)
+/// and at most this more than one set.
+const ROTATE_BYTES: f64 = (256u64 << 20) as f64;
 
 fn default_warmup() -> Count {
     Count(3)
@@ -126,6 +144,16 @@ fn default_repeats() -> Count {
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {
         self.shape.expect_dims(self.op.dims())?;
+        // First, so the byte counts below cannot overflow.
+        let largest = self.largest_tensor();
+        if largest > MAX_ELEMENTS {
+            return Err(format!(
+                "shape {}: the largest tensor has {largest:.1e} elements; the bound is {MAX_ELEMENTS:.1e}",
+                self.shape
+            ));
+        }
+        at_most("warmup", self.warmup.0, MAX_WARMUP)?;
+        at_most("repeats", self.repeats.0, MAX_REPEATS)?;
         if self.pass == Pass::Backward && !self.op.has_backward() {
             return Err(format!("`{}` has no backward kernel", self.op.name()));
         }
@@ -148,6 +176,29 @@ impl Validate for Params {
 const F: usize = 4;
 
 impl Params {
+    /// Elements of the op's largest tensor: the table or the gathered rows of
+    /// an embedding, otherwise the product of the dims.
+    fn largest_tensor(&self) -> f64 {
+        let s = &self.shape;
+        match self.op {
+            BandwidthOp::Embedding => s
+                .product(&["vocab", "hidden"])
+                .max(s.product(&["tokens", "hidden"])),
+            _ => s.0.values().map(|c| c.0 as f64).product(),
+        }
+    }
+
+    /// Device bytes the check holds: the buffer sets (at least 256 MiB in
+    /// all, at most that plus one set of [`Params::bytes`]), an embedding's
+    /// table `4 V H`, the copy's two 256 MiB buffers and the pattern.
+    fn device_bytes(&self) -> f64 {
+        let table = match self.op {
+            BandwidthOp::Embedding => 4.0 * self.shape.product(&["vocab", "hidden"]),
+            _ => 0.0,
+        };
+        ROTATE_BYTES + self.bytes() as f64 + table + FIXED_DEVICE_BYTES
+    }
+
     /// `op pass`, e.g. `rmsnorm fwd`.
     pub fn subject(&self) -> String {
         format!("{} {}", self.op.name(), self.pass.as_str())
@@ -231,6 +282,19 @@ impl Kind for Params {
     fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         measure::measure(self, cx)
     }
+
+    /// Whether the buffers fit the GPU's free memory.
+    fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
+        let what = format!("shape {}", self.shape);
+        (backend == Backend::Cuda)
+            .then(|| gpu_shortfall(&what, self.device_bytes(), here))
+            .flatten()
+    }
+
+    /// Observed: at most 0.8 s on an H200.
+    fn default_timeout_s(&self) -> f64 {
+        120.0
+    }
 }
 
 #[cfg(test)]
@@ -262,5 +326,36 @@ mod tests {
         assert!(parse("op: adamw\nshape: {n: 4}\nmin_fraction: 1.5").is_err());
         assert!(parse("op: adamw\nshape: {n: 4}\nmin_fraction: 0.7\nrepeats: 3").is_err());
         assert!(parse("op: adamw\nshape: {n: 4}\nmin_fraction: 0.7\nspeed: 3").is_err());
+    }
+
+    #[test]
+    fn sizes_and_counts_are_bounded() {
+        let e = parse("op: swiglu\nshape: {rows: 1e6, cols: 1e6}\nmin_fraction: 0.7").unwrap_err();
+        assert_eq!(
+            e,
+            "shape {cols=1000000, rows=1000000}: the largest tensor has 1.0e12 elements; the bound is 1.1e9"
+        );
+        // The embedding's table counts, not just the rows it gathers.
+        let e = parse("op: embedding\nshape: {tokens: 4, vocab: 1e9, hidden: 1024}\nmin_fraction: 0.7")
+            .unwrap_err();
+        assert!(e.contains("1.0e12 elements"), "{e}");
+        let e = parse("op: adamw\nshape: {n: 4}\nmin_fraction: 0.7\nrepeats: 100000000").unwrap_err();
+        assert_eq!(e, "repeats: 100000000 is above its bound of 10000");
+        let e = parse("op: adamw\nshape: {n: 4}\nmin_fraction: 0.7\nwarmup: 100000").unwrap_err();
+        assert_eq!(e, "warmup: 100000 is above its bound of 1000");
+    }
+
+    #[test]
+    fn buffers_beyond_the_free_memory_are_not_judged() {
+        let p = parse("op: adamw\nshape: {n: 268435456}\nmin_fraction: 0.5").unwrap();
+        let mut here = crate::check::params::tests::with_gpu("NVIDIA H200", 141);
+        assert_eq!(p.unjudged_on(Backend::Cuda, &here), None);
+        here.gpu.as_mut().unwrap().free_memory_bytes = 4 << 30;
+        // 7 GiB of adamw buffers, 256 MiB of sets, 516 MiB of copy and pattern.
+        assert_eq!(
+            p.unjudged_on(Backend::Cuda, &here).unwrap(),
+            "shape {n=268435456} needs ~7.8 GiB, NVIDIA H200 has 4.0 GiB free"
+        );
+        assert_eq!(p.default_timeout_s(), 120.0);
     }
 }

@@ -28,7 +28,9 @@ fn lora_scale_twice(mutant: Option<Mutant>) -> bool {
 /// per-tensor `||g - g_fd|| / ||g_fd||` over the sampled coordinates.
 pub(super) fn measure(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     let cfg = match &p.model {
-        Some(m) => m.0,
+        // Planning refuses big models already; this keeps a direct call from
+        // allocating one.
+        Some(m) => crate::check::training::cpu_model(&m.0)?,
         None => {
             return Err(Error::InvalidArgument {
                 op: "gradient_check",

@@ -24,7 +24,7 @@ use crate::reference::{
 };
 
 /// At most this many coordinates of one input are probed (chosen by the seeded RNG).
-const MAX_PROBES: usize = 2000;
+pub(super) const MAX_PROBES: usize = 2000;
 /// RMSNorm epsilon of the model presets.
 const RMSNORM_EPS: f64 = 1e-6;
 /// RoPE base for the check: small enough that every pair of a small head turns visibly.

@@ -76,6 +76,40 @@ fn sets_for(bytes: usize) -> usize {
     ROTATE_BYTES.div_ceil(bytes.max(1)).clamp(1, MAX_SETS)
 }
 
+/// Buffer sets of the fusion subject for `n = rows x hidden`: a, b, h and y,
+/// 16 bytes per element per set, together at least 256 MiB.
+fn fusion_sets(n: usize) -> usize {
+    (256usize << 20).div_ceil(16 * n.max(1)).clamp(1, 64)
+}
+
+/// Device bytes a kernel subject holds at its peak on `c`'s shapes (each
+/// projection's buffers are freed before the next), `rows = batch x seq_len`:
+///
+/// - gemm: `4 (rows in + sets in out + rows out)`;
+/// - nf4_gemm: that, plus per set the NF4 codes and absmax
+///   (`in out / 2 + 4 in out / 64`), plus one dequantised weight `4 in out`;
+/// - fusion: `16 sets rows hidden + 4 hidden`.
+pub(super) fn device_bytes(subject: Subject, c: &ModelConfig) -> f64 {
+    let rows = c.tokens() as f64;
+    let proj = |p: &Proj| {
+        let len = (p.in_dim * p.out_dim) as f64;
+        let sets = sets_for(4 * p.in_dim * p.out_dim) as f64;
+        let io = 4.0 * rows * (p.in_dim + p.out_dim) as f64;
+        match subject {
+            Subject::Nf4Gemm => io + sets * (4.0 * len + len / 2.0 + len / 16.0) + 4.0 * len,
+            _ => io + sets * 4.0 * len,
+        }
+    };
+    match subject {
+        Subject::Gemm | Subject::Nf4Gemm => projections(c).iter().map(proj).fold(0.0, f64::max),
+        Subject::Fusion => {
+            let n = c.tokens() * c.hidden;
+            16.0 * (fusion_sets(n) * n) as f64 + 4.0 * c.hidden as f64
+        }
+        Subject::TrainStep => 0.0,
+    }
+}
+
 /// Direct cuBLAS SGEMM of `y = x W^T` (row-major; cuBLAS computes the
 /// column-major `y^T = W x^T`), with whatever math mode the handle holds.
 fn raw_linear(
@@ -138,7 +172,7 @@ struct Pair {
 pub fn measure(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     let (seed, faults) = (cx.seed, cx.faults());
     let gpu = require_gpu(cx)?;
-    let config = p.model.sized(p.batch, p.seq_len);
+    let config = p.config();
     let out = match p.subject {
         Subject::Gemm => gemm_pairs(gpu, p, &config, seed, faults),
         Subject::Nf4Gemm => nf4_pairs(gpu, p, &config, seed, faults),
@@ -396,8 +430,7 @@ fn fusion_pairs(
     let n = rows * h;
     let eps = ModelConfig::RMS_EPS;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    // a, b, h, y: 16 bytes per element per set.
-    let sets = (256usize << 20).div_ceil(16 * n).clamp(1, 64);
+    let sets = fusion_sets(n);
     let gamma = random(gpu, &mut rng, h)?;
     let mut bufs = Vec::new();
     for _ in 0..sets {

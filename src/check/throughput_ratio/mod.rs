@@ -7,9 +7,11 @@ mod train_step;
 
 use serde::Deserialize;
 
-use super::params::{Count, ModelName, Positive, StepMode};
-use super::{Backend, Kind, Measurement, TrialContext, Validate};
+use super::params::{at_most, Count, ModelName, Positive, StepMode};
+use super::training::{trainer_bytes, trainer_shortfall, TRAINING_TIMEOUT_S};
+use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 use crate::error::Result;
+use qlora::model::ModelConfig;
 
 /// What is timed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -33,20 +35,34 @@ pub struct Params {
     #[serde(default = "default_subject")]
     pub subject: Subject,
     pub model: ModelName,
+    /// Overrides the preset's batch; `batch x seq_len` is at most
+    /// [`MAX_TOKENS`].
     #[serde(default)]
     pub batch: Option<Count>,
+    /// Overrides the preset's sequence length.
     #[serde(default)]
     pub seq_len: Option<Count>,
     #[serde(default)]
     pub baseline: StepMode,
     #[serde(default)]
     pub candidate: StepMode,
+    /// Untimed runs first: at most [`MAX_WARMUP`].
     #[serde(default = "default_warmup")]
     pub warmup: Count,
+    /// Timed runs of each side: at least 5, at most [`MAX_REPEATS`].
     #[serde(default = "default_repeats")]
     pub repeats: Count,
     pub min_ratio: Positive,
 }
+
+/// Most untimed runs of each side.
+pub const MAX_WARMUP: usize = 1_000;
+/// Most timed runs of each side: 10,000 alternated steps of qwen2.5-0.5b
+/// take ~10 min on an H200; the shipped checks time 10 to 50.
+pub const MAX_REPEATS: usize = 10_000;
+/// Most tokens per step or GEMM (`batch x seq_len`), 2^20: 256x the
+/// presets' largest; the device memory decides below that.
+pub const MAX_TOKENS: usize = 1 << 20;
 
 fn default_subject() -> Subject {
     Subject::TrainStep
@@ -65,7 +81,32 @@ impl Validate for Params {
         if self.repeats.0 < 5 {
             return Err("`repeats` must be at least 5 for a median and its interval".into());
         }
-        Ok(())
+        at_most("repeats", self.repeats.0, MAX_REPEATS)?;
+        at_most("warmup", self.warmup.0, MAX_WARMUP)?;
+        at_most("batch x seq_len", self.config().tokens(), MAX_TOKENS)
+    }
+}
+
+impl Params {
+    /// The model with the contract's batch and sequence length.
+    pub(crate) fn config(&self) -> ModelConfig {
+        self.model.sized(self.batch, self.seq_len)
+    }
+
+    /// Device bytes the subject holds at its peak: both trainers at once for
+    /// `train_step` (they alternate step by step), else
+    /// [`kernels::device_bytes`].
+    fn device_bytes(&self) -> f64 {
+        let cfg = self.config();
+        match self.subject {
+            Subject::TrainStep => {
+                trainer_bytes(&cfg, &self.baseline.speed_options())
+                    + trainer_bytes(&cfg, &self.candidate.speed_options())
+            }
+            Subject::Nf4Gemm | Subject::Fusion | Subject::Gemm => {
+                kernels::device_bytes(self.subject, &cfg)
+            }
+        }
     }
 }
 
@@ -74,6 +115,70 @@ impl Kind for Params {
         match self.subject {
             Subject::TrainStep => train_step::throughput_ratio(self, cx),
             Subject::Nf4Gemm | Subject::Fusion | Subject::Gemm => kernels::measure(self, cx),
+        }
+    }
+
+    /// Whether what the subject allocates fits the GPU's free memory.
+    fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
+        let cfg = self.config();
+        (backend == Backend::Cuda)
+            .then(|| trainer_shortfall(&cfg, self.device_bytes(), here))
+            .flatten()
+    }
+
+    /// Observed: at most 16 s on an H200 (the serialised-launch mutant of
+    /// qwen2.5-0.5b).
+    fn default_timeout_s(&self) -> f64 {
+        TRAINING_TIMEOUT_S
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::params::tests::with_gpu;
+
+    fn params(extra: &str) -> std::result::Result<Params, String> {
+        let yaml = format!("model: qwen2.5-0.5b\nmin_ratio: 1.0\n{extra}");
+        let p: Params = serde_yaml::from_str(&yaml).map_err(|e| e.to_string())?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    #[test]
+    fn counts_and_tokens_are_bounded() {
+        let e = params("repeats: 100000000").unwrap_err();
+        assert_eq!(e, "repeats: 100000000 is above its bound of 10000");
+        let e = params("warmup: 5000").unwrap_err();
+        assert_eq!(e, "warmup: 5000 is above its bound of 1000");
+        let e = params("batch: 8192").unwrap_err();
+        assert_eq!(e, "batch x seq_len: 2097152 is above its bound of 1048576");
+    }
+
+    #[test]
+    fn both_trainers_must_fit_at_once() {
+        let p = params("baseline: {graph: true}\ncandidate: {graph: true, base: nf4}").unwrap();
+        let both = p.device_bytes();
+        let one = trainer_bytes(&p.config(), &p.baseline.speed_options());
+        assert!(both > one, "{both} vs {one}");
+        let mut here = with_gpu("NVIDIA H100 80GB HBM3", 80);
+        assert_eq!(p.unjudged_on(Backend::Cuda, &here), None);
+        here.gpu.as_mut().unwrap().free_memory_bytes = one as u64 + 1;
+        let why = p.unjudged_on(Backend::Cuda, &here).unwrap();
+        assert!(why.starts_with("model qwen2.5-0.5b (batch 4, seq 256) needs ~"), "{why}");
+    }
+
+    #[test]
+    fn kernel_subjects_count_their_buffer_sets() {
+        for subject in ["gemm", "nf4_gemm", "fusion"] {
+            let p = params(&format!("subject: {subject}")).unwrap();
+            let bytes = p.device_bytes();
+            // At least the 160-256 MiB of rotated sets, far below a GPU.
+            assert!(bytes > f64::from(150u32 << 20) && bytes < f64::from(2u32 << 30), "{subject}: {bytes}");
+            let mut here = with_gpu("NVIDIA H200", 141);
+            assert_eq!(p.unjudged_on(Backend::Cuda, &here), None);
+            here.gpu.as_mut().unwrap().free_memory_bytes = 100 << 20;
+            assert!(p.unjudged_on(Backend::Cuda, &here).is_some(), "{subject}");
         }
     }
 }

@@ -17,7 +17,7 @@ use super::Params;
 /// ratio goes to `speedups.csv`; tokens per second go to the detail.
 pub(super) fn throughput_ratio(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
-    let cfg = p.model.sized(p.batch, p.seq_len);
+    let cfg = p.config();
     let seed = cx.seed;
     let base_opts = p.baseline.speed_options();
     let cand_opts = p.candidate.speed_options();

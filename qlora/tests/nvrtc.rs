@@ -1,0 +1,114 @@
+//! Tests that compile the kernels with NVRTC. Where NVRTC cannot be loaded
+//! (every CI machine) they are reported ignored, with the reason, instead of
+//! passing without doing anything; where it can, they run.
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use qlora::gpu::cache::{check_target, compile_module, ptx_target, OLDER_ARCH};
+use qlora::gpu::nvrtc_present;
+use qlora::kernels::abi::{ptx_param_types, signatures};
+use qlora::kernels::{self, ModuleSource};
+
+/// The virtual architecture of the H100 and H200.
+const HOPPER: &str = "compute_90";
+
+fn compile(m: &ModuleSource, arch: &str) -> Result<String, Failed> {
+    compile_module(m, arch).map_err(|e| Failed::from(format!("{}: {e}", m.name)))
+}
+
+fn module(name: &str) -> Result<&'static ModuleSource, Failed> {
+    kernels::module(name).ok_or_else(|| Failed::from(format!("no module {name}")))
+}
+
+/// Every module compiles for sm_90 and defines each declared symbol as an entry.
+fn every_module_compiles_for_sm_90() -> Result<(), Failed> {
+    for m in kernels::MODULES {
+        let ptx = compile(m, HOPPER)?;
+        if ptx_target(&ptx) != Some("sm_90") {
+            return Err(format!("{}: targets {:?}", m.name, ptx_target(&ptx)).into());
+        }
+        for sym in m.symbols {
+            if !ptx.contains(&format!(".entry {sym}(")) {
+                return Err(format!("{}: no entry {sym} in the PTX", m.name).into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The fault architecture compiles, and the cache's check refuses it on sm_90.
+fn older_arch_compiles_and_is_refused() -> Result<(), Failed> {
+    let ptx = compile(module("elementwise")?, OLDER_ARCH)?;
+    if ptx_target(&ptx) != Some("sm_75") {
+        return Err(format!("targets {:?}, not sm_75", ptx_target(&ptx)).into());
+    }
+    match check_target(&ptx, "sm_90") {
+        Err(qlora::Error::TargetMismatch { .. }) => Ok(()),
+        other => Err(format!("sm_75 PTX on sm_90 gave {other:?}").into()),
+    }
+}
+
+/// Modules compiled on several threads at once give the PTX a lone
+/// compilation gives (pre-warm compiles concurrently).
+fn modules_compile_concurrently_as_they_do_alone() -> Result<(), Failed> {
+    let names = ["rope", "clip", "train", "attention_d64"];
+    let mut alone = Vec::new();
+    for n in names {
+        alone.push(compile(module(n)?, HOPPER)?);
+    }
+    let together: Vec<Result<String, Failed>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = names
+            .iter()
+            .map(|n| scope.spawn(move || compile(module(n)?, HOPPER)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Failed::from("a compile thread panicked")))
+            })
+            .collect()
+    });
+    for (n, (a, t)) in names.iter().zip(alone.iter().zip(together)) {
+        if *a != t? {
+            return Err(format!("{n}: concurrent PTX differs from the lone compilation").into());
+        }
+    }
+    Ok(())
+}
+
+/// Every launcher's argument list matches its kernel's PTX parameters.
+fn launcher_arguments_match_the_ptx() -> Result<(), Failed> {
+    for (name, sigs) in signatures() {
+        let ptx = compile(module(name)?, HOPPER)?;
+        for (symbol, args) in sigs {
+            let got = ptx_param_types(&ptx, symbol).unwrap_or_default();
+            let want: Vec<&str> = args.iter().map(|a| a.ptx_type()).collect();
+            if got != want {
+                return Err(format!("{name}::{symbol}: PTX {got:?}, launcher {want:?}").into());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let tests: [(&str, fn() -> Result<(), Failed>); 4] = [
+        ("every_module_compiles_for_sm_90", every_module_compiles_for_sm_90),
+        ("older_arch_compiles_and_is_refused", older_arch_compiles_and_is_refused),
+        (
+            "modules_compile_concurrently_as_they_do_alone",
+            modules_compile_concurrently_as_they_do_alone,
+        ),
+        ("launcher_arguments_match_the_ptx", launcher_arguments_match_the_ptx),
+    ];
+    let absent = !nvrtc_present();
+    if absent {
+        eprintln!("NVRTC cannot be loaded here: the NVRTC tests are ignored");
+    }
+    let trials = tests
+        .into_iter()
+        .map(|(name, f)| Trial::test(name, f).with_kind("nvrtc").with_ignored_flag(absent))
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
+}

@@ -1,0 +1,401 @@
+//! One trial, one process: a trial that aborts, segfaults, hangs past its
+//! timeout or poisons its CUDA context costs that trial one `error` row, and
+//! every other trial still runs.
+//!
+//! The parent (the CLI or the `cargo test` runner) starts its own executable
+//! with [`CHILD_FLAG`] and a [`ChildRequest`] as JSON; the child runs the one
+//! trial in-process and answers with a [`ChildReply`] on stdout after
+//! [`REPLY_MARKER`]. The parent waits at most the trial's timeout, kills the
+//! child past it, and turns a death or a missing reply into an error row
+//! naming the cause. Each child opens its own CUDA context and compiles the
+//! kernels it needs: a trial's claims about pre-warm are measured inside it.
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::{plan, Engine, Isolation, RunOptions, TrialOutcome};
+use crate::contract::load_file;
+use crate::error::{Error, Result};
+use crate::report::{FalsificationRow, SpeedupRow, Status};
+use qlora::gpu::{GemmMath, GpuOptions};
+
+/// The first argument that makes a front end run one trial as a child.
+pub const CHILD_FLAG: &str = "__falsify-trial";
+/// Starts the line of the child's stdout that holds its reply.
+pub const REPLY_MARKER: &str = "FALSIFY-TRIAL-REPLY ";
+/// The stderr of a dead child kept for its error row.
+const STDERR_TAIL: usize = 600;
+/// How often the parent looks at a running child.
+const POLL: Duration = Duration::from_millis(10);
+
+/// How a front end starts a child: its own executable and the arguments
+/// before [`CHILD_FLAG`] (none for the CLI and the test runner).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildCommand {
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+}
+
+impl ChildCommand {
+    /// This process's own executable, as a child command.
+    pub fn current_exe() -> Result<Self> {
+        let program = std::env::current_exe().map_err(|e| Error::io("current executable", e))?;
+        Ok(ChildCommand {
+            program,
+            args: Vec::new(),
+        })
+    }
+}
+
+/// What a child is asked to run: one trial of the contract in
+/// `contract_file`, with the parent's options.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ChildRequest {
+    pub contract_file: PathBuf,
+    /// The trial's name, `{contract}::{test_id}` (`::mutant` for a self-test).
+    pub trial: String,
+    pub run_id: String,
+    pub seed: u64,
+    pub out_dir: PathBuf,
+    pub inject: Vec<String>,
+    pub gpu_ordinal: usize,
+    pub forward_tf32: bool,
+    pub backward_tf32: bool,
+}
+
+/// What a child answers: the rows its trial produced and its outcome.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ChildReply {
+    pub row: FalsificationRow,
+    pub speedups: Vec<SpeedupRow>,
+    pub summary: String,
+    pub detail: String,
+}
+
+fn tf32(math: GemmMath) -> bool {
+    math == GemmMath::Tf32
+}
+
+fn math(tf32: bool) -> GemmMath {
+    if tf32 {
+        GemmMath::Tf32
+    } else {
+        GemmMath::Fp32
+    }
+}
+
+impl ChildRequest {
+    pub fn new(options: &RunOptions, contract_file: &Path, trial: &str, run_id: &str) -> Self {
+        ChildRequest {
+            contract_file: contract_file.to_path_buf(),
+            trial: trial.to_string(),
+            run_id: run_id.to_string(),
+            seed: options.seed,
+            out_dir: options.out_dir.clone(),
+            inject: options.inject.clone(),
+            gpu_ordinal: options.gpu.ordinal,
+            forward_tf32: tf32(options.gpu.forward_math),
+            backward_tf32: tf32(options.gpu.backward_math),
+        }
+    }
+
+    /// The run options of the child: the parent's, run in-process.
+    fn options(&self) -> RunOptions {
+        RunOptions {
+            out_dir: self.out_dir.clone(),
+            seed: self.seed,
+            gpu: GpuOptions {
+                ordinal: self.gpu_ordinal,
+                forward_math: math(self.forward_tf32),
+                backward_math: math(self.backward_tf32),
+            },
+            inject: self.inject.clone(),
+            isolation: Isolation::InProcess,
+        }
+    }
+}
+
+/// The child's side: runs the trial `request_json` names and returns the line
+/// the front end prints on stdout ([`REPLY_MARKER`] and the reply as JSON).
+pub fn run_child(request_json: &str) -> Result<String> {
+    let request: ChildRequest = serde_json::from_str(request_json).map_err(|e| bad(e.to_string()))?;
+    let trials = plan(vec![load_file(&request.contract_file)?]);
+    let trial = trials
+        .iter()
+        .find(|t| t.name == request.trial)
+        .ok_or_else(|| bad(format!("no trial `{}`", request.trial)))?;
+    let engine = Engine::with_run_id(request.options(), &request.run_id);
+    let outcome = engine.run(trial);
+    let row = engine
+        .rows()
+        .pop()
+        .ok_or_else(|| bad("the trial recorded no row".into()))?;
+    let reply = ChildReply {
+        row,
+        speedups: engine.speedup_rows(),
+        summary: outcome.summary,
+        detail: outcome.detail,
+    };
+    let json = serde_json::to_string(&reply).map_err(|e| bad(e.to_string()))?;
+    Ok(format!("{REPLY_MARKER}{json}"))
+}
+
+fn bad(message: String) -> Error {
+    Error::InvalidArgument {
+        op: "trial process",
+        message,
+    }
+}
+
+/// How a child ended, seen from the parent.
+pub enum ChildEnd {
+    /// It answered.
+    Replied(Box<ChildReply>),
+    /// The run was interrupted while it ran; it was stopped, and its trial
+    /// did not finish.
+    Interrupted,
+    /// It could not answer: the cause, for the trial's error row.
+    Failed(String),
+}
+
+/// Starts a child for `request`, waits at most `timeout`, and says how it
+/// ended. `interrupted` is the run's stop flag: once set, the child is killed.
+pub fn run_in_child(
+    command: &ChildCommand,
+    request: &ChildRequest,
+    timeout: Duration,
+    interrupted: &AtomicBool,
+) -> ChildEnd {
+    let json = match serde_json::to_string(request) {
+        Ok(j) => j,
+        Err(e) => return ChildEnd::Failed(format!("could not encode the trial request: {e}")),
+    };
+    let mut cmd = Command::new(&command.program);
+    cmd.args(&command.args)
+        .arg(CHILD_FLAG)
+        .arg(json)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    own_process_group(&mut cmd);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return ChildEnd::Failed(format!(
+                "could not start the trial process {}: {e}",
+                command.program.display()
+            ))
+        }
+    };
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let waited = wait(&mut child, timeout, interrupted);
+    let out = join(stdout);
+    let err = join(stderr);
+    match waited {
+        Waited::Interrupted => ChildEnd::Interrupted,
+        Waited::TimedOut => ChildEnd::Failed(format!(
+            "timed out: still running after {:.0} s, stopped{}",
+            timeout.as_secs_f64(),
+            tail(&err)
+        )),
+        Waited::Exited(status) => ended(status, &out, &err, interrupted),
+        Waited::Lost(e) => ChildEnd::Failed(format!("lost the trial process: {e}")),
+    }
+}
+
+enum Waited {
+    Exited(ExitStatus),
+    TimedOut,
+    Interrupted,
+    Lost(std::io::Error),
+}
+
+/// Polls `child` until it exits, the timeout passes or the run is
+/// interrupted; kills it in the last two cases.
+fn wait(child: &mut Child, timeout: Duration, interrupted: &AtomicBool) -> Waited {
+    let started = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Waited::Exited(status),
+            Ok(None) => {}
+            Err(e) => return Waited::Lost(e),
+        }
+        let stop = if interrupted.load(Ordering::SeqCst) {
+            Waited::Interrupted
+        } else if started.elapsed() > timeout {
+            Waited::TimedOut
+        } else {
+            std::thread::sleep(POLL);
+            continue;
+        };
+        kill_group(child);
+        // Best effort: a child that already exited cannot be killed, and
+        // `wait` then reaps it all the same.
+        let _ = child.kill();
+        let _ = child.wait();
+        return stop;
+    }
+}
+
+/// Starts the child in a process group of its own, so stopping it stops
+/// whatever it started too (a grandchild holding the pipes open would
+/// otherwise keep the parent waiting), and a terminal's Ctrl-C reaches the
+/// parent only, which then stops the child itself.
+#[cfg(unix)]
+fn own_process_group(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+}
+
+#[cfg(not(unix))]
+fn own_process_group(_cmd: &mut Command) {}
+
+/// Kills the child's whole process group.
+#[cfg(unix)]
+fn kill_group(child: &Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: kill(2) with a negative pid signals the process group the
+        // child leads (it was started with process_group(0)); it touches no
+        // memory of this process. An error (the group is gone) is harmless.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+    }
+}
+
+#[cfg(not(unix))]
+fn kill_group(_child: &Child) {}
+
+/// Reads a pipe to its end on a thread of its own, so a child that writes a
+/// lot never blocks on a full pipe while the parent waits.
+fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> Option<JoinHandle<Vec<u8>>> {
+    pipe.map(|mut p| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            // A read error ends the capture; what was read is still used.
+            let _ = p.read_to_end(&mut buf);
+            buf
+        })
+    })
+}
+
+fn join(handle: Option<JoinHandle<Vec<u8>>>) -> String {
+    let bytes = handle.and_then(|h| h.join().ok()).unwrap_or_default();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// `; stderr: ...` with the last lines of a child's stderr, or nothing.
+fn tail(stderr: &str) -> String {
+    let text = stderr.trim();
+    if text.is_empty() {
+        return String::new();
+    }
+    let start = text
+        .char_indices()
+        .map(|(i, _)| i)
+        .find(|&i| text.len() - i <= STDERR_TAIL)
+        .unwrap_or(0);
+    format!("; stderr: {}", text[start..].replace('\n', " | "))
+}
+
+/// The end of a child that exited: its reply, or why there is none.
+fn ended(status: ExitStatus, out: &str, err: &str, interrupted: &AtomicBool) -> ChildEnd {
+    if let Some(signal) = signal_of(status) {
+        // SIGINT or SIGTERM reach the children of a terminal's foreground
+        // group too: the run is being stopped, not the trial failing.
+        if signal == SIGINT || signal == SIGTERM {
+            interrupted.store(true, Ordering::SeqCst);
+            return ChildEnd::Interrupted;
+        }
+        return ChildEnd::Failed(format!(
+            "the trial's process died of signal {signal} ({}){}",
+            signal_name(signal),
+            tail(err)
+        ));
+    }
+    let reply = out
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix(REPLY_MARKER))
+        .map(serde_json::from_str::<ChildReply>);
+    match reply {
+        Some(Ok(r)) => ChildEnd::Replied(Box::new(r)),
+        Some(Err(e)) => ChildEnd::Failed(format!("the trial's reply does not parse: {e}")),
+        None => ChildEnd::Failed(format!(
+            "the trial's process exited with {status} without a result{}",
+            tail(err)
+        )),
+    }
+}
+
+const SIGINT: i32 = 2;
+const SIGTERM: i32 = 15;
+
+#[cfg(unix)]
+fn signal_of(status: ExitStatus) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal()
+}
+
+#[cfg(not(unix))]
+fn signal_of(_status: ExitStatus) -> Option<i32> {
+    None
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        4 => "SIGILL: illegal instruction",
+        6 => "SIGABRT: aborted, e.g. a failed allocation",
+        7 => "SIGBUS: bus error",
+        8 => "SIGFPE: arithmetic fault",
+        9 => "SIGKILL: killed, e.g. by the out-of-memory killer",
+        11 => "SIGSEGV: invalid memory access",
+        _ => "terminated by a signal",
+    }
+}
+
+/// The outcome a parent records for a child that could not answer.
+pub fn failed_outcome(cause: &str) -> TrialOutcome {
+    TrialOutcome {
+        status: Status::Error,
+        summary: cause.to_string(),
+        detail: cause.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stderr_tails_keep_the_end_on_one_line() {
+        assert_eq!(tail("  \n"), "");
+        let long = format!("{}\nlast line", "x".repeat(2000));
+        let t = tail(&long);
+        assert!(t.starts_with("; stderr: ") && t.ends_with("| last line"), "{t}");
+        assert!(t.len() <= STDERR_TAIL + 20);
+    }
+
+    #[test]
+    fn requests_round_trip_and_keep_the_options() {
+        let options = RunOptions {
+            seed: 7,
+            inject: vec!["F-1".into()],
+            ..RunOptions::default()
+        };
+        let r = ChildRequest::new(&options, Path::new("contracts/c.yaml"), "c::F-1", "run-1");
+        let back: ChildRequest = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+        let o = back.options();
+        assert_eq!((o.seed, o.inject.clone()), (7, vec!["F-1".to_string()]));
+        assert_eq!(o.gpu.forward_math, options.gpu.forward_math);
+        assert_eq!(o.gpu.backward_math, options.gpu.backward_math);
+        assert_eq!(o.isolation, Isolation::InProcess);
+    }
+}

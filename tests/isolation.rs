@@ -1,0 +1,190 @@
+//! One trial, one process: a trial whose process aborts, hangs past its
+//! timeout or exits without a result costs that trial one `error` row naming
+//! the cause, and every other trial still runs and is recorded. An
+//! interrupted run (SIGTERM) keeps the rows of the trials that finished and
+//! says in run.json that it is incomplete.
+//!
+//! The crash and the hang are real processes: the trial command is a shell
+//! that aborts or sleeps for one chosen trial and runs the real `falsify`
+//! trial process for the others.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use falsify::contract::load_dir;
+use falsify::report::{read_rows, FalsificationRow, Status};
+use falsify::run::{plan, ChildCommand, Engine, Isolation, RunOptions, RunMeta, RUN_JSON};
+
+/// Three cheap cpu trials (and their self-tests); `F-ISO-002` is the one the
+/// trial command breaks.
+const CONTRACT: &str = r#"
+metadata:
+  id: isolation
+  version: 1.0.0
+  description: One broken trial costs one row.
+falsification_tests:
+  - id: F-ISO-001
+    rule: Softmax rows sum to one
+    prediction: within 1e-12
+    if_fails: softmax is wrong
+    mutant: softmax_without_max_subtraction
+    check: {kind: property, property: softmax_rows_sum_to_one, cases: 8, tolerance: 1.0e-12}
+  - id: F-ISO-002
+    rule: Softmax rows sum to one (the trial the command breaks)
+    prediction: within 1e-12
+    if_fails: softmax is wrong
+    mutant: softmax_without_max_subtraction
+    timeout_s: 2
+    check: {kind: property, property: softmax_rows_sum_to_one, cases: 8, tolerance: 1.0e-12}
+  - id: F-ISO-003
+    rule: Softmax rows sum to one
+    prediction: within 1e-12
+    if_fails: softmax is wrong
+    mutant: softmax_without_max_subtraction
+    check: {kind: property, property: softmax_rows_sum_to_one, cases: 8, tolerance: 1.0e-12}
+"#;
+
+fn falsify_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_falsify"))
+}
+
+/// A temp dir with the contract in `contracts/isolation.yaml`.
+fn contracts_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let contracts = dir.path().join("contracts");
+    std::fs::create_dir_all(&contracts).expect("mkdir");
+    std::fs::write(contracts.join("isolation.yaml"), CONTRACT).expect("write");
+    dir
+}
+
+/// A trial command that runs `action` (shell) for trial `F-ISO-002` and the
+/// real trial process for every other trial. The engine appends the child
+/// flag and the JSON request, which names the trial.
+fn breaking(action: &str) -> ChildCommand {
+    let script = format!(
+        r#"exe="$1"; shift; case "$2" in *'"trial":"isolation::F-ISO-002"'*) {action};; esac; exec "$exe" "$@""#
+    );
+    ChildCommand {
+        program: PathBuf::from("sh"),
+        args: vec!["-c".into(), script.into(), "sh".into(), falsify_exe().into()],
+    }
+}
+
+/// Runs every trial of the contract in `dir` with `command`; returns the rows.
+fn run_with(dir: &Path, command: ChildCommand) -> Vec<FalsificationRow> {
+    let trials = plan(load_dir(&dir.join("contracts")).expect("the contract loads"));
+    let engine = Engine::new(RunOptions {
+        out_dir: dir.join("latest"),
+        isolation: Isolation::Child(command),
+        ..RunOptions::default()
+    });
+    for t in &trials {
+        engine.run(t);
+    }
+    engine.write_reports(&trials).expect("the report is written");
+    read_rows(&dir.join("latest/falsification.csv")).expect("the CSV reads back")
+}
+
+fn status_of<'a>(rows: &'a [FalsificationRow], test_id: &str) -> &'a FalsificationRow {
+    rows.iter()
+        .find(|r| r.test_id == test_id)
+        .unwrap_or_else(|| panic!("no row for {test_id}"))
+}
+
+/// All but the broken trial passed; the broken one has exactly one error row.
+fn only_the_broken_trial_failed(rows: &[FalsificationRow]) -> String {
+    assert_eq!(rows.len(), 6, "one row per trial");
+    for id in ["F-ISO-001", "F-ISO-003", "F-ISO-001::mutant", "F-ISO-003::mutant"] {
+        assert_eq!(status_of(rows, id).status, Status::Passed, "{id}");
+    }
+    let broken = status_of(rows, "F-ISO-002");
+    assert_eq!(broken.status, Status::Error, "{}", broken.detail);
+    broken.detail.clone()
+}
+
+#[cfg(unix)]
+#[test]
+fn an_aborting_trial_costs_one_error_row() {
+    let dir = contracts_dir();
+    let rows = run_with(dir.path(), breaking("kill -ABRT $$"));
+    let detail = only_the_broken_trial_failed(&rows);
+    assert!(detail.contains("signal 6") && detail.contains("SIGABRT"), "{detail}");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_segfaulting_trial_costs_one_error_row() {
+    let dir = contracts_dir();
+    let rows = run_with(dir.path(), breaking("kill -SEGV $$"));
+    let detail = only_the_broken_trial_failed(&rows);
+    assert!(detail.contains("SIGSEGV"), "{detail}");
+}
+
+#[test]
+fn a_hanging_trial_is_stopped_at_its_timeout() {
+    let dir = contracts_dir();
+    let started = std::time::Instant::now();
+    let rows = run_with(dir.path(), breaking("sleep 60"));
+    let detail = only_the_broken_trial_failed(&rows);
+    assert!(detail.contains("timed out") && detail.contains("2 s"), "{detail}");
+    assert!(started.elapsed() < Duration::from_secs(40), "the hang was not cut short");
+}
+
+#[test]
+fn a_trial_process_without_a_result_costs_one_error_row() {
+    let dir = contracts_dir();
+    let rows = run_with(dir.path(), breaking("exit 3"));
+    let detail = only_the_broken_trial_failed(&rows);
+    assert!(detail.contains("without a result"), "{detail}");
+}
+
+/// `falsify run` stopped with SIGTERM while a trial hangs: the trials that
+/// finished are in the CSV, the rest are absent, run.json says why, and the
+/// exit code is 130.
+#[cfg(unix)]
+#[test]
+fn an_interrupted_run_keeps_the_finished_trials() {
+    let dir = contracts_dir();
+    // A contract whose second test trains for far longer than the test waits.
+    let slow = CONTRACT
+        .replace("timeout_s: 2", "timeout_s: 600")
+        .replace(
+            "check: {kind: property, property: softmax_rows_sum_to_one, cases: 8, tolerance: 1.0e-12}\n  - id: F-ISO-003",
+            "check: {kind: loss_descent, model: tiny, steps: 2000, max_fraction: 0.9}\n  - id: F-ISO-003",
+        );
+    assert_ne!(slow, CONTRACT);
+    std::fs::write(dir.path().join("contracts/isolation.yaml"), slow).expect("write");
+    let out = dir.path().join("latest");
+    let mut child = Command::new(falsify_exe())
+        .arg("run")
+        .arg("--contracts")
+        .arg(dir.path().join("contracts"))
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("falsify run starts");
+    // F-ISO-001 and its self-test take milliseconds; F-ISO-002 then trains
+    // for several seconds (2,000 reference steps, the cpu bound).
+    std::thread::sleep(Duration::from_secs(3));
+    let killed = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+    let status = child.wait().expect("falsify run ends");
+    assert_eq!(status.code(), Some(130), "{status}");
+    let rows: Vec<FalsificationRow> =
+        read_rows(&out.join("falsification.csv")).expect("the CSV reads back");
+    let ids: Vec<&str> = rows.iter().map(|r| r.test_id.as_str()).collect();
+    assert_eq!(ids, ["F-ISO-001", "F-ISO-001::mutant"], "finished trials only");
+    let record = std::fs::read_to_string(out.join(RUN_JSON)).expect("run.json");
+    let meta: RunMeta = serde_json::from_str(&record).expect("run.json parses");
+    assert!(
+        meta.incomplete.as_deref().is_some_and(|w| w.contains("interrupted")),
+        "{record}"
+    );
+}
