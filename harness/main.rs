@@ -110,7 +110,10 @@ fn main() -> ExitCode {
             for e in &over {
                 eprintln!("error: {e}");
             }
-            eprintln!("{} trial(s) would need more than this machine has", over.len());
+            eprintln!(
+                "{} trial(s) would need more than this machine has",
+                over.len()
+            );
             return ExitCode::FAILURE;
         }
         let stop = Arc::clone(&engine);

@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use falsify::contract::load_dir;
-use falsify::report::markdown::write_report;
 use falsify::report::compare::{Verdict, EXIT_NO_VERDICT};
+use falsify::report::markdown::write_report;
 use falsify::report::Status;
 use falsify::run::{
     check_budgets, plan, run_child, ChildCommand, Engine, Isolation, RunOptions, TrialOutcome,
@@ -162,7 +162,10 @@ fn real_main() -> anyhow::Result<ExitCode> {
                 for e in &over {
                     eprintln!("error: {e}");
                 }
-                bail!("{} trial(s) would need more than this machine has", over.len());
+                bail!(
+                    "{} trial(s) would need more than this machine has",
+                    over.len()
+                );
             }
             let stop = std::sync::Arc::clone(&engine);
             ctrlc::set_handler(move || stop.interrupt())

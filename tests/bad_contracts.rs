@@ -280,9 +280,19 @@ const CASES: &[Case] = &[
         15,
         18,
     ),
-    case_at("subnormal-tolerance.yaml", "1.0e-310 is out of range", 15, 18),
+    case_at(
+        "subnormal-tolerance.yaml",
+        "1.0e-310 is out of range",
+        15,
+        18,
+    ),
     case_at("underflow-in-count.yaml", "1e-400 is out of range", 14, 14),
-    case_at("underflow-in-obligation.yaml", "1.0e-330 is out of range", 8, 16),
+    case_at(
+        "underflow-in-obligation.yaml",
+        "1.0e-330 is out of range",
+        8,
+        16,
+    ),
     // whole-file conditions and document structure
     case("empty.yaml", "the file is empty", 1),
     case("whitespace-only.yaml", "the file is empty", 1),
@@ -664,12 +674,10 @@ fn a_directory_named_like_a_contract_is_refused() {
         "a directory named like a contract file; contract files are regular files named \
          `*.yaml`: rename the directory",
     );
-    assert_refused(
-        load_guarded(&dir.path().join("x-v1.yaml")),
-        &dir.path().join("x-v1.yaml"),
-        "a directory named like a contract file",
-        0,
-    );
+    // `load_file` applies the same rule as discovery.
+    let path = dir.path().join("x-v1.yaml");
+    let outcome = load_file(&path).map(|_| ()).map_err(|e| vec![e]);
+    assert_refused(outcome, &path, "a directory named like a contract file", 0);
 }
 
 #[test]
@@ -694,7 +702,12 @@ fn every_lookalike_extension_is_refused_in_path_order() {
     assert_eq!(refused, expected);
     // `load_file` applies the same rule as discovery.
     let path = dir.path().join("a.yml");
-    assert_refused(load_guarded(&path), &path, "rename this file to `a.yaml`", 0);
+    assert_refused(
+        load_guarded(&path),
+        &path,
+        "rename this file to `a.yaml`",
+        0,
+    );
 }
 
 #[test]
@@ -721,7 +734,10 @@ fn out_of_range_literals_are_text_where_text_is_wanted() {
     std::fs::write(&path, text).expect("write");
     let c = load_file(&path).expect("out-of-range literals are text in text fields");
     assert_eq!(c.metadata.description, "1e-400");
-    assert_eq!(c.metadata.references, ["1e400", "1e-400", "0x1ffffffffffffffffff"]);
+    assert_eq!(
+        c.metadata.references,
+        ["1e400", "1e-400", "0x1ffffffffffffffffff"]
+    );
     // Quoted where a number is wanted: a string, and said so.
     let quoted = valid("quoted-number").replace("tolerance: 1.0e-12", "tolerance: \"1e400\"");
     generated(
@@ -763,7 +779,11 @@ mod special_files {
     fn a_dangling_or_looping_symlink_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         put(dir.path(), "good.yaml", "good");
-        symlink(dir.path().join("missing.yaml"), dir.path().join("gone.yaml")).expect("symlink");
+        symlink(
+            dir.path().join("missing.yaml"),
+            dir.path().join("gone.yaml"),
+        )
+        .expect("symlink");
         symlink(dir.path().join("loop"), dir.path().join("loop")).expect("symlink");
         let expect = "a symbolic link whose target cannot be read";
         assert_entry_refused(dir.path(), "gone.yaml", expect);
@@ -790,8 +810,11 @@ mod special_files {
         put(outside.path(), "shared.yaml", "shared");
         let dir = tempfile::tempdir().expect("tempdir");
         put(dir.path(), "own.yaml", "own");
-        symlink(outside.path().join("shared.yaml"), dir.path().join("shared.yaml"))
-            .expect("symlink");
+        symlink(
+            outside.path().join("shared.yaml"),
+            dir.path().join("shared.yaml"),
+        )
+        .expect("symlink");
         let contracts = load_dir(dir.path()).expect("a link to a contract loads");
         let ids: Vec<&str> = contracts.iter().map(|c| c.metadata.id.as_str()).collect();
         assert_eq!(ids, ["own", "shared"]);

@@ -87,8 +87,7 @@ fn in_child_processes_a_faulting_kernel_costs_exactly_one_row() {
         program: env!("CARGO_BIN_EXE_falsify").into(),
         args: Vec::new(),
     };
-    let (_dir, trials, engine) =
-        setup_with("fault-isolation", CONTRACT, Isolation::Child(command));
+    let (_dir, trials, engine) = setup_with("fault-isolation", CONTRACT, Isolation::Child(command));
     assert_eq!(engine.cuda_skip_reason(), None, "a usable device");
     let got: Vec<(String, Status, String)> = trials
         .iter()

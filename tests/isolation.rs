@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use falsify::contract::load_dir;
 use falsify::report::{read_rows, FalsificationRow, Status};
-use falsify::run::{plan, ChildCommand, Engine, Isolation, RunOptions, RunMeta, RUN_JSON};
+use falsify::run::{plan, ChildCommand, Engine, Isolation, RunMeta, RunOptions, RUN_JSON};
 
 /// Three cheap cpu trials (and their self-tests); `F-ISO-002` is the one the
 /// trial command breaks.
@@ -67,7 +67,12 @@ fn breaking(action: &str) -> ChildCommand {
     );
     ChildCommand {
         program: PathBuf::from("sh"),
-        args: vec!["-c".into(), script.into(), "sh".into(), falsify_exe().into()],
+        args: vec![
+            "-c".into(),
+            script.into(),
+            "sh".into(),
+            falsify_exe().into(),
+        ],
     }
 }
 
@@ -82,7 +87,9 @@ fn run_with(dir: &Path, command: ChildCommand) -> Vec<FalsificationRow> {
     for t in &trials {
         engine.run(t);
     }
-    engine.write_reports(&trials).expect("the report is written");
+    engine
+        .write_reports(&trials)
+        .expect("the report is written");
     read_rows(&dir.join("latest/falsification.csv")).expect("the CSV reads back")
 }
 
@@ -95,7 +102,12 @@ fn status_of<'a>(rows: &'a [FalsificationRow], test_id: &str) -> &'a Falsificati
 /// All but the broken trial passed; the broken one has exactly one error row.
 fn only_the_broken_trial_failed(rows: &[FalsificationRow]) -> String {
     assert_eq!(rows.len(), 6, "one row per trial");
-    for id in ["F-ISO-001", "F-ISO-003", "F-ISO-001::mutant", "F-ISO-003::mutant"] {
+    for id in [
+        "F-ISO-001",
+        "F-ISO-003",
+        "F-ISO-001::mutant",
+        "F-ISO-003::mutant",
+    ] {
         assert_eq!(status_of(rows, id).status, Status::Passed, "{id}");
     }
     let broken = status_of(rows, "F-ISO-002");
@@ -109,7 +121,10 @@ fn an_aborting_trial_costs_one_error_row() {
     let dir = contracts_dir();
     let rows = run_with(dir.path(), breaking("kill -ABRT $$"));
     let detail = only_the_broken_trial_failed(&rows);
-    assert!(detail.contains("signal 6") && detail.contains("SIGABRT"), "{detail}");
+    assert!(
+        detail.contains("signal 6") && detail.contains("SIGABRT"),
+        "{detail}"
+    );
 }
 
 #[cfg(unix)]
@@ -127,8 +142,14 @@ fn a_hanging_trial_is_stopped_at_its_timeout() {
     let started = std::time::Instant::now();
     let rows = run_with(dir.path(), breaking("sleep 60"));
     let detail = only_the_broken_trial_failed(&rows);
-    assert!(detail.contains("timed out") && detail.contains("2 s"), "{detail}");
-    assert!(started.elapsed() < Duration::from_secs(40), "the hang was not cut short");
+    assert!(
+        detail.contains("timed out") && detail.contains("2 s"),
+        "{detail}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(40),
+        "the hang was not cut short"
+    );
 }
 
 #[test]
@@ -180,11 +201,17 @@ fn an_interrupted_run_keeps_the_finished_trials() {
     let rows: Vec<FalsificationRow> =
         read_rows(&out.join("falsification.csv")).expect("the CSV reads back");
     let ids: Vec<&str> = rows.iter().map(|r| r.test_id.as_str()).collect();
-    assert_eq!(ids, ["F-ISO-001", "F-ISO-001::mutant"], "finished trials only");
+    assert_eq!(
+        ids,
+        ["F-ISO-001", "F-ISO-001::mutant"],
+        "finished trials only"
+    );
     let record = std::fs::read_to_string(out.join(RUN_JSON)).expect("run.json");
     let meta: RunMeta = serde_json::from_str(&record).expect("run.json parses");
     assert!(
-        meta.incomplete.as_deref().is_some_and(|w| w.contains("interrupted")),
+        meta.incomplete
+            .as_deref()
+            .is_some_and(|w| w.contains("interrupted")),
         "{record}"
     );
 }

@@ -9,7 +9,9 @@
 //! also decodes UTF-8); (b) token soup built from YAML's own punctuation;
 //! (c) structured mutations of valid contracts (the embedded seed and every
 //! file in `contracts/`): delete, duplicate or swap lines, replace a scalar
-//! with a hostile token, insert arbitrary characters or bytes.
+//! with a hostile token, insert arbitrary characters or bytes; (d) arbitrary
+//! test ids, where the property is also that an id the loader accepts is in
+//! the safe set.
 //!
 //! Runs are seeded, so a failure reproduces. The default case counts keep the
 //! file at a few seconds in CI. For a longer run:
@@ -21,7 +23,7 @@
 
 use std::path::{Path, PathBuf};
 
-use falsify::contract::{load_file, parse};
+use falsify::contract::{discover, load_file, parse};
 use falsify::Error;
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -99,7 +101,13 @@ const TOKENS: &[&str] = &[
     ".inf",
     "-.inf",
     "1e999",
+    "-1e400",
+    "1e-400",
+    "4.9e-324",
+    "0x1ffffffffffffffffffff",
     "99999999999999999999999",
+    "=HYPERLINK(\"x\")",
+    "a::b",
     "0x1F",
     "[",
     "]",
@@ -235,13 +243,12 @@ fn check_bytes(dir: &Path, stem: &str, bytes: &[u8]) -> Result<(), TestCaseError
     check_outcome(&path, line_count(bytes), load_file(&path))
 }
 
-/// The seed contracts: the embedded one and every shipped one, as (stem, text).
+/// The seed contracts: the embedded one and every shipped one (found as the
+/// harness finds them), as (stem, text).
 fn seeds() -> Vec<(String, String)> {
     let mut seeds = vec![("fuzz-seed".to_string(), SEED.to_string())];
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("contracts");
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
-        paths.sort();
+    if let Ok(paths) = discover(&dir) {
         for p in paths {
             let stem = p.file_stem().and_then(|s| s.to_str()).map(str::to_string);
             if let (Some(stem), Ok(text)) = (stem, std::fs::read_to_string(&p)) {
@@ -393,4 +400,53 @@ fn contracts_with_stray_bytes_never_panic() {
             check_bytes(dir.path(), &stem, &bytes)
         })
         .expect("stray bytes");
+}
+
+/// `s` as a YAML double-quoted scalar: every character but printable ASCII
+/// escaped, so any string fits on the `id:` line.
+fn double_quoted(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            c if (c as u32) <= 0xFFFF => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push_str(&format!("\\U{:08x}", c as u32)),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The documented safe set, written out independently of the loader.
+fn in_safe_set(id: &str) -> bool {
+    let mut chars = id.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+#[test]
+fn only_safe_test_ids_are_accepted() {
+    let strategy = prop_oneof![
+        "[A-Za-z0-9._:=+@,/\" -]{0,10}",
+        "\\PC{0,8}",
+        proptest::collection::vec(any::<char>(), 0..6).prop_map(|c| c.into_iter().collect()),
+    ];
+    runner(1000, 5)
+        .run(&strategy, |id: String| {
+            let text = SEED.replace("- id: F-FUZZ-001", &format!("- id: {}", double_quoted(&id)));
+            let path = PathBuf::from("contracts/fuzz-seed.yaml");
+            let result = parse(&path, &text);
+            if let Ok(c) = &result {
+                prop_assert!(in_safe_set(&id), "unsafe id {:?} accepted", id);
+                prop_assert_eq!(&c.falsification_tests[0].id, &id);
+            } else {
+                prop_assert!(!in_safe_set(&id) || id == "F-FUZZ-002" || id == "F-FUZZ-003");
+            }
+            check_outcome(&path, line_count(text.as_bytes()), result)
+        })
+        .expect("test ids");
 }

@@ -110,7 +110,9 @@ fn a_planted_regression_is_named_at_the_top_and_regresses() {
     let top = section(&md, "## Regressions");
     assert!(top.contains("rmsnorm-kernels-v1::F-RMS-GPU-001"), "{top}");
     assert!(
-        top.contains("passed in the baseline, falsified now: rel_l2_error 0.31 > 1e-5 ratio: falsified"),
+        top.contains(
+            "passed in the baseline, falsified now: rel_l2_error 0.31 > 1e-5 ratio: falsified"
+        ),
         "{top}"
     );
     assert!(top.contains("speedup dropped"), "{top}");
@@ -174,10 +176,15 @@ fn a_falsified_result_never_reads_as_a_pass() {
     let md = std::fs::read_to_string(&outcome.path).unwrap();
     let top = section(&md, "## Regressions");
     assert!(
-        top.contains(&format!("passed in the baseline, falsified now: {bound}: falsified")),
+        top.contains(&format!(
+            "passed in the baseline, falsified now: {bound}: falsified"
+        )),
         "{top}"
     );
-    assert!(!top.contains("compilations_after_prewarm 0 <= 0: holds"), "{top}");
+    assert!(
+        !top.contains("compilations_after_prewarm 0 <= 0: holds"),
+        "{top}"
+    );
 }
 
 #[test]
@@ -301,7 +308,12 @@ fn a_partial_run_is_incomplete_and_lists_what_did_not_run() {
 
     // The command line exits with the incomplete code and names them.
     let out = report_cli(&baseline, &current);
-    assert_eq!(out.status.code(), Some(EXIT_INCOMPLETE.into()), "{}", stdout(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(EXIT_INCOMPLETE.into()),
+        "{}",
+        stdout(&out)
+    );
     assert!(stdout(&out).contains("NOT RUN softmax-properties-v1::F-SOFTMAX-001"));
     assert!(stdout(&out).contains("verdict: incomplete (exit 3)"));
 }
@@ -328,7 +340,8 @@ fn only_a_recorded_reason_excuses_a_skipped_trial() {
     let outcome = skip("no target for NVIDIA H200 (the target is stated for H100)");
     assert_eq!(outcome.verdict, Verdict::Clean, "{:?}", outcome.not_run);
     let md = std::fs::read_to_string(&outcome.path).unwrap();
-    assert!(section(&md, "## Changes of status").contains("skipped in this run for a recorded reason (no target for NVIDIA H200"));
+    assert!(section(&md, "## Changes of status")
+        .contains("skipped in this run for a recorded reason (no target for NVIDIA H200"));
     let outcome = skip("");
     assert_eq!(outcome.verdict, Verdict::Incomplete);
     assert!(outcome.not_run[0].contains("F-TPUT-003 (skipped, no reason recorded"));
@@ -454,16 +467,23 @@ fn a_cpu_only_run_is_compared_with_the_cpu_rows_of_every_baseline() {
         ["softmax-properties-v1::F-SOFTMAX-001 (passed -> falsified) against h200"]
     );
     assert!(
-        outcome.baseline.contains("against the `cpu` rows of every baseline: `h100`"),
+        outcome
+            .baseline
+            .contains("against the `cpu` rows of every baseline: `h100`"),
         "{}",
         outcome.baseline
     );
     let md = std::fs::read_to_string(&outcome.path).unwrap();
     let runs = section(&md, "## Runs");
-    assert!(runs.contains("| | baseline `h100` | baseline `h200` | current |"), "{runs}");
+    assert!(
+        runs.contains("| | baseline `h100` | baseline `h200` | current |"),
+        "{runs}"
+    );
     assert!(section(&md, "## Regressions").contains("### Against `h200`"));
     let verdicts = section(&md, "## Verdicts by contract");
-    assert!(verdicts.contains("### Against `h100`") && verdicts.contains("#### softmax-properties-v1"));
+    assert!(
+        verdicts.contains("### Against `h100`") && verdicts.contains("#### softmax-properties-v1")
+    );
     // Only cpu rows were compared: no GPU trial appears anywhere in the tables.
     assert!(!verdicts.contains("F-RMS-GPU-001"), "{verdicts}");
 }
@@ -478,11 +498,18 @@ fn the_committed_baselines_are_found_from_the_parent_folder() {
     let current = copy_dir(&h200, &tmp.path().join("again"));
     let outcome = write_report(&root, &current).unwrap();
     assert_eq!(outcome.verdict, Verdict::Clean, "{:?}", outcome.regressions);
-    assert!(outcome.baseline.starts_with("Baseline `h200`"), "{}", outcome.baseline);
+    assert!(
+        outcome.baseline.starts_with("Baseline `h200`"),
+        "{}",
+        outcome.baseline
+    );
     let md = std::fs::read_to_string(&outcome.path).unwrap();
     let runs = section(&md, "## Runs");
     // An older record's tree state and options read as today's.
-    assert!(runs.contains("ca3b3dd9d71e (not run from a checkout: tree state unknown)"), "{runs}");
+    assert!(
+        runs.contains("ca3b3dd9d71e (not run from a checkout: tree state unknown)"),
+        "{runs}"
+    );
     assert!(runs.contains("`gpu.forward_math=Tf32`") && !runs.contains("GpuOptions {"));
     assert!(!runs.contains("cpu: Intel"), "{runs}");
     // Bandwidth rows show their shape, never `0 x 0`.
@@ -498,12 +525,20 @@ fn the_report_never_writes_into_the_baseline_folder() {
     let tmp = tempfile::tempdir().unwrap();
     let root = baselines_by_kind(tmp.path());
     let inside = root.join("h200");
-    let before: Vec<_> = std::fs::read_dir(&inside).unwrap().flatten().map(|e| e.path()).collect();
+    let before: Vec<_> = std::fs::read_dir(&inside)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     let err = write_report(&root, &inside).unwrap_err().to_string();
     assert!(err.contains("never writes there"), "{err}");
     let out = report_cli(&root, &inside);
     assert_eq!(out.status.code(), Some(EXIT_NO_VERDICT.into()));
-    let after: Vec<_> = std::fs::read_dir(&inside).unwrap().flatten().map(|e| e.path()).collect();
+    let after: Vec<_> = std::fs::read_dir(&inside)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     assert_eq!(before, after, "nothing was written into the baseline");
     assert!(!inside.join(REPORT_MD).exists());
 }
@@ -599,8 +634,11 @@ fn speedups_csv_has_the_design_columns_and_older_files_still_read() {
     assert_eq!(back, [speedup(1.3, 1.2, 1.4)]);
     // An older file (no contract, status, threshold, peak memory) reads, and
     // the report fills what the trial rows know.
-    let old: Vec<SpeedupRow> = read_rows(&fixture("planted_baseline").join("speedups.csv")).unwrap();
-    assert!(old.iter().all(|s| s.status.is_none() && s.contract.is_empty()));
+    let old: Vec<SpeedupRow> =
+        read_rows(&fixture("planted_baseline").join("speedups.csv")).unwrap();
+    assert!(old
+        .iter()
+        .all(|s| s.status.is_none() && s.contract.is_empty()));
     let tmp_baseline = copy_fixture("planted_baseline", tmp.path());
     let data = falsify::report::compare::RunData::load(&tmp_baseline).unwrap();
     let bw = data
@@ -613,7 +651,11 @@ fn speedups_csv_has_the_design_columns_and_older_files_still_read() {
         ("kernel-efficiency-v1", Some(Status::Passed), Some(0.7))
     );
     // A rate over its target passes at 1.0.
-    let target = data.speedups.iter().find(|s| s.test_id == "F-TPUT-003").unwrap();
+    let target = data
+        .speedups
+        .iter()
+        .find(|s| s.test_id == "F-TPUT-003")
+        .unwrap();
     assert_eq!(target.threshold, Some(1.0));
 }
 
@@ -631,12 +673,18 @@ fn cells_that_would_run_as_formulas_are_neutralised_and_numbers_stay_numbers() {
     write_rows_atomic(&path, std::slice::from_ref(&row)).unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
     let record = text.lines().nth(1).unwrap();
-    assert!(record.contains(r#""'=HYPERLINK(""http://x"",""click"")""#), "{record}");
+    assert!(
+        record.contains(r#""'=HYPERLINK(""http://x"",""click"")""#),
+        "{record}"
+    );
     assert!(record.contains("'-1+2, then @SUM(A1)"), "{record}");
     assert!(record.contains("'+cmd|"), "{record}");
     assert!(record.contains(",'==,"), "{record}");
     // Numbers are not text: a negative number is written as a number.
-    assert!(record.contains(",-0.5,") && record.contains(",-1e-7,"), "{record}");
+    assert!(
+        record.contains(",-0.5,") && record.contains(",-1e-7,"),
+        "{record}"
+    );
     // Reading undoes the neutralisation exactly.
     let back: Vec<FalsificationRow> = read_rows(&path).unwrap();
     assert_eq!(back, [row]);
@@ -673,15 +721,27 @@ fn the_runs_table_shows_plain_facts() {
     let md = std::fs::read_to_string(&outcome.path).unwrap();
     let runs = section(&md, "## Runs");
     assert!(runs.contains("base-1") && runs.contains("cur-2"));
-    assert!(runs.contains("aaaa11112222 (not run from a checkout: tree state unknown)"), "{runs}");
-    assert!(runs.contains("bbbb33334444 (checkout with uncommitted changes)"), "{runs}");
-    assert!(runs.contains("| devices | Xeon; NVIDIA H200 |") || runs.contains("NVIDIA H200; Xeon"), "{runs}");
+    assert!(
+        runs.contains("aaaa11112222 (not run from a checkout: tree state unknown)"),
+        "{runs}"
+    );
+    assert!(
+        runs.contains("bbbb33334444 (checkout with uncommitted changes)"),
+        "{runs}"
+    );
+    assert!(
+        runs.contains("| devices | Xeon; NVIDIA H200 |") || runs.contains("NVIDIA H200; Xeon"),
+        "{runs}"
+    );
     assert!(!runs.contains("cpu: Xeon"));
     assert!(runs.contains(
         "`seed=0`, `out_dir=reports/latest`, `gpu.ordinal=0`, `gpu.forward_math=Tf32`, `gpu.backward_math=Fp32`"
     ));
     let speedups = section(&md, "## Speedups");
-    assert!(speedups.contains("| F-BW-RMSNORM-001 | rmsnorm fwd | {hidden=896, rows=1024} |"), "{speedups}");
+    assert!(
+        speedups.contains("| F-BW-RMSNORM-001 | rmsnorm fwd | {hidden=896, rows=1024} |"),
+        "{speedups}"
+    );
     assert!(speedups.contains("| qwen2.5-0.5b, batch 4 x seq 512 |"));
     assert!(!md.contains("0 x 0"));
 }
@@ -735,11 +795,20 @@ fn an_injected_mutant_is_reported_as_a_regression_against_the_baseline() {
         .lines()
         .find(|l| l.contains("F-GRAD-GEMM-001") && l.contains("falsified"))
         .unwrap_or_else(|| panic!("{summary}"));
-    assert!(line.contains(" > ") && line.trim_end().ends_with(": falsified"), "{line}");
+    assert!(
+        line.contains(" > ") && line.trim_end().ends_with(": falsified"),
+        "{line}"
+    );
     // Rows name the build commit and the CPU model, nothing more.
     let rows = rows_of(&current);
-    assert!(rows.iter().all(|r| !r.git_sha.contains(' ') && !r.git_sha.ends_with("-dirty")));
-    assert!(rows.iter().all(|r| !r.device.starts_with("cpu:")), "{:?}", rows[0].device);
+    assert!(rows
+        .iter()
+        .all(|r| !r.git_sha.contains(' ') && !r.git_sha.ends_with("-dirty")));
+    assert!(
+        rows.iter().all(|r| !r.device.starts_with("cpu:")),
+        "{:?}",
+        rows[0].device
+    );
     let record = std::fs::read_to_string(current.join("run.json")).unwrap();
     assert!(record.contains("\"git_source\""), "{record}");
 
@@ -756,10 +825,52 @@ fn an_injected_mutant_is_reported_as_a_regression_against_the_baseline() {
         "{text}"
     );
     // A run on a machine without a GPU: judged on the cpu rows of h200.
-    assert!(text.contains("`cpu` rows of the baseline: `h200`"), "{text}");
+    assert!(
+        text.contains("`cpu` rows of the baseline: `h200`"),
+        "{text}"
+    );
     assert!(text.contains("NOT RUN "), "{text}");
     let md = std::fs::read_to_string(current.join("REPORT.md")).unwrap();
     let regressions = section(&md, "## Regressions");
     assert!(regressions.contains("F-GRAD-GEMM-001"), "{regressions}");
     assert!(md.find("## Regressions") < md.find("## Changes of status"));
+}
+
+/// A drop within the run-to-run noise of one GPU kind is not a regression,
+/// however narrow the intervals; nor is a drop in a row that is only one part
+/// of a judged total (no threshold).
+#[test]
+fn a_speedup_drop_within_run_to_run_noise_or_in_a_part_row_is_not_a_regression() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rows = rows_of(&fixture("planted_baseline"));
+    let run = |name: &str, s: Vec<SpeedupRow>| {
+        let dir = tmp.path().join(name);
+        write_rows_atomic(&dir.join("falsification.csv"), &rows).unwrap();
+        write_rows_atomic(&dir.join("speedups.csv"), &s).unwrap();
+        dir
+    };
+    let baseline = run("baseline", vec![speedup(1.30, 1.299, 1.301)]);
+    // 3% lower, intervals far apart: the spread between runs, not a regression.
+    let small_drop = run("small", vec![speedup(1.26, 1.259, 1.261)]);
+    assert_eq!(
+        write_report(&baseline, &small_drop).unwrap().verdict,
+        Verdict::Clean
+    );
+    // 10% lower: a regression.
+    let big_drop = run("big", vec![speedup(1.17, 1.169, 1.171)]);
+    assert_eq!(
+        write_report(&baseline, &big_drop).unwrap().verdict,
+        Verdict::Regressed
+    );
+    // The same 10% in a part row (no threshold of its own): context only.
+    let part = |s: SpeedupRow| SpeedupRow {
+        threshold: None,
+        ..s
+    };
+    let part_base = run("part-base", vec![part(speedup(1.30, 1.299, 1.301))]);
+    let part_drop = run("part-drop", vec![part(speedup(1.17, 1.169, 1.171))]);
+    assert_eq!(
+        write_report(&part_base, &part_drop).unwrap().verdict,
+        Verdict::Clean
+    );
 }

@@ -91,16 +91,28 @@ fn launcher_arguments_match_the_ptx() -> Result<(), Failed> {
     Ok(())
 }
 
+/// One NVRTC test: its name and body.
+type NvrtcTest = (&'static str, fn() -> Result<(), Failed>);
+
 fn main() {
     let args = Arguments::from_args();
-    let tests: [(&str, fn() -> Result<(), Failed>); 4] = [
-        ("every_module_compiles_for_sm_90", every_module_compiles_for_sm_90),
-        ("older_arch_compiles_and_is_refused", older_arch_compiles_and_is_refused),
+    let tests: [NvrtcTest; 4] = [
+        (
+            "every_module_compiles_for_sm_90",
+            every_module_compiles_for_sm_90,
+        ),
+        (
+            "older_arch_compiles_and_is_refused",
+            older_arch_compiles_and_is_refused,
+        ),
         (
             "modules_compile_concurrently_as_they_do_alone",
             modules_compile_concurrently_as_they_do_alone,
         ),
-        ("launcher_arguments_match_the_ptx", launcher_arguments_match_the_ptx),
+        (
+            "launcher_arguments_match_the_ptx",
+            launcher_arguments_match_the_ptx,
+        ),
     ];
     let absent = !nvrtc_present();
     if absent {
@@ -108,7 +120,11 @@ fn main() {
     }
     let trials = tests
         .into_iter()
-        .map(|(name, f)| Trial::test(name, f).with_kind("nvrtc").with_ignored_flag(absent))
+        .map(|(name, f)| {
+            Trial::test(name, f)
+                .with_kind("nvrtc")
+                .with_ignored_flag(absent)
+        })
         .collect();
     libtest_mimic::run(&args, trials).exit();
 }

@@ -131,7 +131,8 @@ pub const MAX_REFERENCE_MACS: f64 = 3e10;
 /// the dominant GEMM terms: `3 T (n_base + V H)` (forward, and the input
 /// gradients of the backward at twice that), with `T = batch x seq_len`.
 pub fn reference_macs(cfg: &ModelConfig) -> f64 {
-    let params = (cfg.layers * cfg.base_params_per_layer()) as f64 + (cfg.vocab * cfg.hidden) as f64;
+    let params =
+        (cfg.layers * cfg.base_params_per_layer()) as f64 + (cfg.vocab * cfg.hidden) as f64;
     3.0 * cfg.tokens() as f64 * params
 }
 
@@ -202,13 +203,19 @@ mod tests {
     #[test]
     fn the_host_reference_bounds_the_model() {
         for model in ["tiny", "small-4l"] {
-            assert_eq!(params(model).check_budget(Backend::Cuda, &ci()), Ok(()), "{model}");
+            assert_eq!(
+                params(model).check_budget(Backend::Cuda, &ci()),
+                Ok(()),
+                "{model}"
+            );
         }
         let e = params("qwen2.5-0.5b")
             .check_budget(Backend::Cuda, &ci())
             .unwrap_err();
         assert!(
-            e.starts_with("model: qwen2.5-0.5b: the CPU reference forward and backward need ~1.5e12"),
+            e.starts_with(
+                "model: qwen2.5-0.5b: the CPU reference forward and backward need ~1.5e12"
+            ),
             "{e}"
         );
     }
@@ -220,6 +227,9 @@ mod tests {
         assert_eq!(p.unjudged_on(Backend::Cuda, &here), None);
         here.gpu.as_mut().unwrap().free_memory_bytes = 1 << 20;
         let why = p.unjudged_on(Backend::Cuda, &here).unwrap();
-        assert!(why.starts_with("model small-4l (batch 4, seq 128) needs ~"), "{why}");
+        assert!(
+            why.starts_with("model small-4l (batch 4, seq 128) needs ~"),
+            "{why}"
+        );
     }
 }

@@ -135,7 +135,7 @@ impl Kind for Params {
     }
 
     /// Observed: 0.23 s on a 2-core cpu (20 steps of `tiny`), 0.15 s on an
-    /// H200 (100 steps); at the step bounds ~20 s on cpu, ~15 s (small-4l)
+    /// H200 (100 steps); at the step bounds 25 s on cpu, ~15 s (small-4l)
     /// on cuda.
     fn default_timeout_s(&self) -> f64 {
         TRAINING_TIMEOUT_S
@@ -167,7 +167,10 @@ mod tests {
         assert_eq!(p.check_budget(Backend::Cpu, &ci()), Ok(()));
         let p = params("model: tiny\nsteps: 5000\nmax_fraction: 0.9").unwrap();
         let e = p.check_budget(Backend::Cpu, &ci()).unwrap_err();
-        assert!(e.starts_with("steps: 5000 is above the cpu bound of 2000"), "{e}");
+        assert!(
+            e.starts_with("steps: 5000 is above the cpu bound of 2000"),
+            "{e}"
+        );
         assert_eq!(p.check_budget(Backend::Cuda, &ci()), Ok(()));
         let p = params("model: qwen2.5-coder-1.5b\nsteps: 2\nmax_fraction: 0.9").unwrap();
         let e = p.check_budget(Backend::Cpu, &ci()).unwrap_err();

@@ -66,10 +66,6 @@ pub struct Measurement {
     pub violations: Vec<String>,
     /// Throughput rows, for `throughput_ratio` and `step_throughput`.
     pub speedups: Vec<Speedup>,
-    /// Why the claim does not apply to what was measured (a target stated
-    /// for another GPU kind): the trial is recorded `skipped` with this
-    /// reason, and its measurement and speedup rows are kept.
-    pub not_applicable: Option<String>,
     /// The tensors of the worst failing case (inputs, output, reference), if
     /// the check captured them; the engine writes them as a safetensors
     /// artifact when the trial is falsified.
@@ -94,7 +90,6 @@ impl Measurement {
             detail: String::new(),
             violations: Vec::new(),
             speedups: Vec::new(),
-            not_applicable: None,
             failure: None,
         }
     }

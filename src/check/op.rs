@@ -136,7 +136,11 @@ impl Op {
         let n = s.0.values().map(|c| c.0 as f64).product::<f64>();
         match self {
             Op::Embedding => {
-                let (t, v, h) = (s.dim("tokens") as f64, s.dim("vocab") as f64, s.dim("hidden") as f64);
+                let (t, v, h) = (
+                    s.dim("tokens") as f64,
+                    s.dim("vocab") as f64,
+                    s.dim("hidden") as f64,
+                );
                 v * h + t + t * h
             }
             Op::Rmsnorm => {
@@ -150,7 +154,10 @@ impl Op {
             }
             Op::Gemm | Op::Nf4Gemm => {
                 let (m, n, k) = (s.dim("m") as f64, s.dim("n") as f64, s.dim("k") as f64);
-                pick(m * k + 2.0 * k * n + m * n, 2.0 * m * k + 3.0 * k * n + 2.0 * m * n)
+                pick(
+                    m * k + 2.0 * k * n + m * n,
+                    2.0 * m * k + 3.0 * k * n + 2.0 * m * n,
+                )
             }
             Op::Softmax | Op::Silu => pick(2.0 * n, 3.0 * n),
             Op::Swiglu => pick(3.0 * n, 5.0 * n),

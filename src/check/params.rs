@@ -195,6 +195,14 @@ impl ModelName {
         }
         cfg
     }
+
+    /// Tokens per step, `batch x seq_len` with the overrides, saturating
+    /// (each count may be up to [`MAX_COUNT`]) so a bound can refuse it.
+    pub fn tokens(&self, batch: Option<Count>, seq_len: Option<Count>) -> usize {
+        let b = batch.map_or(self.0.batch, |c| c.0);
+        let s = seq_len.map_or(self.0.seq_len, |c| c.0);
+        b.saturating_mul(s)
+    }
 }
 
 impl<'de> Deserialize<'de> for ModelName {
@@ -449,7 +457,10 @@ pub(crate) mod tests {
 
     #[test]
     fn whole_floats_are_counts_and_large_ones_are_refused() {
-        assert_eq!(serde_yaml::from_str::<Count>("1e6").ok(), Some(Count(1_000_000)));
+        assert_eq!(
+            serde_yaml::from_str::<Count>("1e6").ok(),
+            Some(Count(1_000_000))
+        );
         let e = serde_yaml::from_str::<Count>("1.5").unwrap_err();
         assert!(e.to_string().contains("not a whole number"), "{e}");
         let e = serde_yaml::from_str::<Count>("1e20").unwrap_err();
@@ -488,7 +499,10 @@ pub(crate) mod tests {
             "steps: 11 is above its bound of 10"
         );
         let e = fits_host("steps: 5", 30.0 * GIB as f64, &ci()).unwrap_err();
-        assert_eq!(e, "steps: 5 needs ~30.0 GiB on cpu; this machine has 24.0 GiB");
+        assert_eq!(
+            e,
+            "steps: 5 needs ~30.0 GiB on cpu; this machine has 24.0 GiB"
+        );
         assert!(fits_host("x", 20.0 * GIB as f64, &ci()).is_ok());
         // Unknown memory refuses nothing.
         assert!(fits_host("x", 1e30, &Here::default()).is_ok());

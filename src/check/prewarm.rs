@@ -3,8 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use crate::check::params::{BaseWeights, StepMode};
 use crate::check::params::at_most;
+use crate::check::params::{BaseWeights, StepMode};
 use crate::check::training::{trainer_bytes, trainer_shortfall, TRAINING_TIMEOUT_S};
 use crate::check::{require_gpu, Comparator};
 use crate::error::Result;
@@ -211,7 +211,6 @@ fn summary(tag: &str, r: &PrewarmReport, after: usize, unused: &[&str]) -> Strin
     )
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,7 +224,8 @@ mod tests {
 
     #[test]
     fn lists_and_steps_are_bounded() {
-        let e = params("models: [tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny]").unwrap_err();
+        let e =
+            params("models: [tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny]").unwrap_err();
         assert_eq!(e, "models: 9 is above its bound of 8");
         let e = params("models: [tiny]\nbases: [nf4, nf4, nf4, nf4, nf4]").unwrap_err();
         assert_eq!(e, "bases: 5 is above its bound of 4");

@@ -198,7 +198,7 @@ mod tests {
             p("models: [tiny]\nplanted: [older, newer, older, newer, older]").unwrap_err(),
             "planted: 5 is above its bound of 4"
         );
-        let nine = vec!["tiny"; 9].join(", ");
+        let nine = ["tiny"; 9].join(", ");
         assert_eq!(
             p(&format!("models: [{nine}]")).unwrap_err(),
             "models: 9 is above its bound of 8"

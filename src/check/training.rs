@@ -6,11 +6,11 @@
 //! backends train the same model on the same batches.
 
 use crate::check::params::BackwardMath;
+use crate::check::params::{fits_host, gpu_shortfall};
 use crate::check::params::{Hyper, StepMode};
+use crate::check::Here;
 use crate::error::{Error, Result};
 use crate::mutant::Mutant;
-use crate::check::params::{fits_host, gpu_shortfall};
-use crate::check::Here;
 use crate::reference::train::{StepFaults, StepReport, TrainOptions, Trainer};
 use qlora::gpu::GpuContext;
 use qlora::model::ModelConfig;
@@ -27,9 +27,9 @@ pub(super) const CPU_MAX_BASE_PARAMS: usize = 1 << 20;
 pub(super) const MAX_STEPS: usize = 10_000;
 
 /// Most steps one run of the CPU reference trains: a step of `tiny` takes
-/// ~10 ms on a 2-core CI machine (20 steps and the evaluations, 0.23 s), so
-/// 2,000 steps are ~20 s and a `trajectory_match` of two runs ~40 s, well
-/// inside the training kinds' timeout.
+/// ~12 ms on a 2-core CI machine (2,000 steps of `loss_descent` measured
+/// 25 s), so a `trajectory_match` of two runs takes ~50 s, inside the
+/// training kinds' timeout.
 pub(super) const CPU_MAX_STEPS: usize = 2_000;
 
 /// Seconds a GPU training or throughput trial may take by default: the
@@ -168,11 +168,15 @@ pub(super) fn cpu_budget(
     }
     if steps > CPU_MAX_STEPS {
         return Err(format!(
-            "steps: {steps} is above the cpu bound of {CPU_MAX_STEPS} (a reference step of `tiny` takes ~10 ms on a 2-core CI machine); run longer trainings on cuda"
+            "steps: {steps} is above the cpu bound of {CPU_MAX_STEPS} (a reference step of `tiny` takes ~12 ms on a 2-core CI machine); run longer trainings on cuda"
         ));
     }
     let needed = reference_bytes(cfg) + 8.0 * (steps * runs) as f64;
-    fits_host(&format!("model: {} for {steps} steps", cfg.name), needed, here)
+    fits_host(
+        &format!("model: {} for {steps} steps", cfg.name),
+        needed,
+        here,
+    )
 }
 
 /// Device bytes a `GpuTrainer` of `cfg` with `options` allocates, as the

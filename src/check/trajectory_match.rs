@@ -199,7 +199,7 @@ impl Kind for Params {
 
     /// Observed: 0.37 s on a 2-core cpu (two runs of 20 steps of `tiny`),
     /// 2.5 s on an H200 (two runs of 1,000 steps of small-4l); at the step
-    /// bounds ~40 s on cpu.
+    /// bounds ~50 s on cpu.
     fn default_timeout_s(&self) -> f64 {
         TRAINING_TIMEOUT_S
     }
@@ -237,7 +237,10 @@ mod tests {
     fn the_cpu_runs_are_budgeted_on_either_backend() {
         let p = params("model: tiny\nsteps: 3000\ncandidate: {clip: per_layer}").unwrap();
         let e = p.check_budget(Backend::Cpu, &ci()).unwrap_err();
-        assert!(e.starts_with("steps: 3000 is above the cpu bound of 2000"), "{e}");
+        assert!(
+            e.starts_with("steps: 3000 is above the cpu bound of 2000"),
+            "{e}"
+        );
         // Both runs on the GPU: no cpu bound.
         assert_eq!(p.check_budget(Backend::Cuda, &ci()), Ok(()));
         // The baseline on the CPU reference is bound on a cuda trial too.
@@ -249,8 +252,9 @@ mod tests {
 
     #[test]
     fn on_cuda_the_larger_trainer_must_fit() {
-        let p = params("model: small-4l\nsteps: 4\ncandidate: {graph: true, mlp_activations: keep}")
-            .unwrap();
+        let p =
+            params("model: small-4l\nsteps: 4\ncandidate: {graph: true, mlp_activations: keep}")
+                .unwrap();
         let mut here = with_gpu("NVIDIA H200", 141);
         assert_eq!(p.unjudged_on(Backend::Cuda, &here), None);
         here.gpu.as_mut().unwrap().free_memory_bytes = 1 << 20;

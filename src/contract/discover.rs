@@ -100,7 +100,8 @@ fn classify_type(path: &Path, file_type: FileType) -> Kind {
         Name::Lookalike => Kind::Refused(format!(
             "contract files are named `*.yaml` (lower case; `.yml` is not read): rename \
              this file to `{}.yaml`",
-            path.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned())
+            path.file_stem()
+                .map_or_else(String::new, |s| s.to_string_lossy().into_owned())
         )),
         Name::Other => Kind::Ignored,
     }

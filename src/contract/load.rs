@@ -13,7 +13,7 @@ use serde::de::{
     self, DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess, Visitor,
 };
 
-use crate::contract::discover::{self as walk, Kind};
+use crate::contract::discover::{self as tree, Kind};
 use crate::contract::number;
 use crate::contract::schema::Contract;
 use crate::error::{Error, Result};
@@ -30,7 +30,7 @@ pub const MAX_CONTRACT_BYTES: usize = 1 << 20;
 pub fn discover(dir: &Path) -> std::result::Result<Vec<PathBuf>, Vec<Error>> {
     let mut files = Vec::new();
     let mut errors = Vec::new();
-    for (path, refused) in walk::walk(dir).map_err(|e| vec![e])? {
+    for (path, refused) in tree::walk(dir).map_err(|e| vec![e])? {
         match refused {
             None => files.push(path),
             Some(e) => errors.push(e),
@@ -55,7 +55,7 @@ fn nothing_found(dir: &Path) -> Error {
 /// Loads and validates every contract under `dir` (see [`discover`]). On
 /// failure returns all the errors found, one per problem, in path order.
 pub fn load_dir(dir: &Path) -> std::result::Result<Vec<Contract>, Vec<Error>> {
-    let found = walk::walk(dir).map_err(|e| vec![e])?;
+    let found = tree::walk(dir).map_err(|e| vec![e])?;
     let mut contracts = Vec::new();
     let mut errors = Vec::new();
     for (path, refused) in found {
@@ -80,12 +80,12 @@ pub fn load_dir(dir: &Path) -> std::result::Result<Vec<Contract>, Vec<Error>> {
 /// `*.yaml`; anything else is refused before it is opened, so a FIFO cannot
 /// block.
 pub fn load_file(path: &Path) -> Result<Contract> {
-    match walk::classify(path)? {
+    match tree::classify(path)? {
         Kind::Contract => {}
-        Kind::Refused(reason) => return Err(walk::refused(path, &reason)),
-        Kind::Directory => return Err(walk::refused(path, "a directory, not a contract file")),
+        Kind::Refused(reason) => return Err(tree::refused(path, &reason)),
+        Kind::Directory => return Err(tree::refused(path, "a directory, not a contract file")),
         Kind::Ignored => {
-            return Err(walk::refused(
+            return Err(tree::refused(
                 path,
                 "not a contract file: contract files are named `*.yaml`",
             ))

@@ -23,7 +23,8 @@ fn is_literal_byte(b: u8) -> bool {
 pub(super) fn out_of_range(lit: &str) -> Option<String> {
     let unsigned = lit.strip_prefix(['+', '-']).unwrap_or(lit);
     if let Some(fits) = radix_fits(unsigned) {
-        return (!fits).then(|| format!("{lit} is out of range: whole numbers must fit in 64 bits"));
+        return (!fits)
+            .then(|| format!("{lit} is out of range: whole numbers must fit in 64 bits"));
     }
     if !is_decimal(unsigned) {
         return None;
@@ -82,7 +83,8 @@ fn has_nonzero_digit(decimal: &str) -> bool {
 
 /// The plain literal starting at byte `index` of `text` (where serde_yaml
 /// locates a scalar), if it is out of range and the error `message` shows it
-/// was wanted as a number: the message that says so.
+/// was wanted as a number: the message that says so, after the same field
+/// path (`falsification_tests[0].check.cases: `).
 ///
 /// Read as a number when the message expects one (`expected f64`, `expected
 /// a whole number > 0`), or comes from a number's own range check (which
@@ -95,7 +97,13 @@ pub(super) fn explain(text: &str, index: usize, message: &str) -> Option<String>
         Some((_, expected)) => expects_number(expected),
         None => !message.contains(lit),
     };
-    wanted_number.then_some(problem)
+    // serde_yaml starts a message with the field's path and ": "; a message
+    // of its own has a space before its first ": " (`invalid type: ...`).
+    let path = message
+        .split_once(": ")
+        .filter(|(path, _)| !path.contains(' '))
+        .map_or(String::new(), |(path, _)| format!("{path}: "));
+    wanted_number.then(|| format!("{path}{problem}"))
 }
 
 /// The maximal run of literal characters at `index`, if one starts there.
@@ -126,7 +134,10 @@ pub(super) fn tiny_literals(text: &str) -> Vec<Range<usize>> {
     let mut found = Vec::new();
     let mut i = 0;
     while i < bytes.len() {
-        let len = bytes[i..].iter().take_while(|&&b| is_literal_byte(b)).count();
+        let len = bytes[i..]
+            .iter()
+            .take_while(|&&b| is_literal_byte(b))
+            .count();
         if len == 0 {
             i += 1;
             continue;
@@ -144,7 +155,9 @@ fn is_tiny(lit: &str) -> bool {
     let unsigned = lit.strip_prefix(['+', '-']).unwrap_or(lit);
     is_decimal(unsigned)
         && has_nonzero_digit(unsigned)
-        && lit.parse::<f64>().is_ok_and(|v| v.abs() < f64::MIN_POSITIVE)
+        && lit
+            .parse::<f64>()
+            .is_ok_and(|v| v.abs() < f64::MIN_POSITIVE)
 }
 
 /// `text` with each range replaced by a literal of the same length that
@@ -168,12 +181,21 @@ mod tests {
 
     #[test]
     fn out_of_range_literals_are_named() {
-        for lit in ["1e400", "-1.0e999", "1e-400", "1e-310", "0.5e-308", "0x1ffffffffffffffff"] {
+        for lit in [
+            "1e400",
+            "-1.0e999",
+            "1e-400",
+            "1e-310",
+            "0.5e-308",
+            "0x1ffffffffffffffff",
+        ] {
             assert!(out_of_range(lit).is_some(), "{lit}");
         }
         let huge = "9".repeat(23);
         assert!(out_of_range(&huge).unwrap().contains("64 bits"));
-        for lit in ["0", "0.0", "0e-999", "1e-300", "1.5", "-3", "0x1F", ".inf", "1_0", "abc", "1e"] {
+        for lit in [
+            "0", "0.0", "0e-999", "1e-300", "1.5", "-3", "0x1F", ".inf", "1_0", "abc", "1e",
+        ] {
             assert_eq!(out_of_range(lit), None, "{lit}");
         }
     }
@@ -186,7 +208,12 @@ mod tests {
         let list = "invalid type: string \"1e400\", expected a sequence";
         assert_eq!(explain(text, 3, list), None);
         assert_eq!(explain(text, 3, "unknown model preset `1e400`"), None);
-        assert!(explain("a: 1e-400\n", 3, "0 is out of range: it must be > 0").is_some());
+        let range = "a.b[0]: 0 is out of range: it must be > 0";
+        let said = explain("a: 1e-400\n", 3, range).unwrap_or_default();
+        assert!(
+            said.starts_with("a.b[0]: 1e-400 is out of range: "),
+            "{said}"
+        );
         assert_eq!(explain("a: \"1e400\"\n", 3, number), None);
     }
 

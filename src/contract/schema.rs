@@ -170,9 +170,7 @@ fn unsafe_because(id: &str) -> String {
     }
     let (at, c) = id
         .char_indices()
-        .find(|&(at, c)| {
-            !(c.is_ascii_alphanumeric() || (at > 0 && matches!(c, '-' | '_' | '.')))
-        })
+        .find(|&(at, c)| !(c.is_ascii_alphanumeric() || (at > 0 && matches!(c, '-' | '_' | '.'))))
         .unwrap_or((0, ' '));
     if at == 0 {
         format!("it starts with {c:?}")
@@ -229,4 +227,29 @@ fn contract_id<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
 
 fn test_id<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     safe_id(d, "test id")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_ids_are_letters_digits_dash_underscore_dot() {
+        for id in [
+            "F-GRAPH-BWD-001",
+            "C-PREWARM-001",
+            "kernel-parity-v1",
+            "a_b.c",
+            "7z",
+        ] {
+            assert!(is_safe_id(id), "{id}");
+        }
+        for id in ["", "-1", ".x", "_x", "a::b", "a b", "a,b", "a/b", "=1", "é"] {
+            assert!(!is_safe_id(id), "{id}");
+        }
+        assert_eq!(unsafe_because("F-1,2"), "',' is not allowed");
+        assert_eq!(unsafe_because("+1"), "it starts with '+'");
+        assert_eq!(shown("a\nb"), "a\\nb");
+        assert!(shown(&"x".repeat(100)).ends_with("x..."));
+    }
 }

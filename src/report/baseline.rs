@@ -70,11 +70,7 @@ pub struct Selection {
 /// Picks the baseline(s) under `root` for `current` (see the module docs).
 pub fn select(root: &Path, current: &RunData) -> Result<Selection> {
     let single = root.join(FALSIFICATION_CSV).exists();
-    let kinds = if single {
-        Vec::new()
-    } else {
-        kind_dirs(root)?
-    };
+    let kinds = if single { Vec::new() } else { kind_dirs(root)? };
     match current.used_gpu() {
         Some(device) if single => one_baseline(root, &device, current, true),
         Some(device) => {

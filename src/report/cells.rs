@@ -54,10 +54,7 @@ mod tests {
 
     #[test]
     fn formulas_are_prefixed_and_numbers_are_not() {
-        assert_eq!(
-            neutralise("=HYPERLINK(\"x\")"),
-            "'=HYPERLINK(\"x\")"
-        );
+        assert_eq!(neutralise("=HYPERLINK(\"x\")"), "'=HYPERLINK(\"x\")");
         for cell in ["+1+2", "-1+2", "@SUM(A1)", "\t=1", "\r=1", "-", "-inf"] {
             assert_eq!(neutralise(cell), format!("'{cell}"), "{cell:?}");
         }

@@ -287,15 +287,27 @@ fn tokens_of(c: &SpeedupRow, base: Option<&SpeedupRow>) -> Vec<Item> {
     };
     if !is_target_row(c) {
         return vec![
-            item(&c.baseline, c.baseline_median_ms, base.map(|b| b.baseline_median_ms)),
-            item(&c.candidate, c.candidate_median_ms, base.map(|b| b.candidate_median_ms)),
+            item(
+                &c.baseline,
+                c.baseline_median_ms,
+                base.map(|b| b.baseline_median_ms),
+            ),
+            item(
+                &c.candidate,
+                c.candidate_median_ms,
+                base.map(|b| b.candidate_median_ms),
+            ),
         ];
     }
     // The ratio is rate / target, so its interval scales to tokens/s.
     let target = rate(c.baseline_median_ms);
     let judged = matches!(c.status, Some(Status::Passed | Status::Falsified));
     let threshold = judged.then_some(target);
-    let mut measured = item(&c.candidate, c.candidate_median_ms, base.map(|b| b.candidate_median_ms));
+    let mut measured = item(
+        &c.candidate,
+        c.candidate_median_ms,
+        base.map(|b| b.candidate_median_ms),
+    );
     measured.low = c.ratio_ci_low * target;
     measured.high = c.ratio_ci_high * target;
     measured.threshold = threshold;
@@ -316,8 +328,8 @@ fn draw_or_omit(dir: &Path, spec: &Spec, items: Vec<Item>) -> Result<Chart> {
             note: spec.omitted.into(),
         });
     }
-    let svg = render(spec, &items)
-        .map_err(|e| Error::io(&path, std::io::Error::other(e.to_string())))?;
+    let svg =
+        render(spec, &items).map_err(|e| Error::io(&path, std::io::Error::other(e.to_string())))?;
     super::write_bytes_atomic(&path, svg.as_bytes())?;
     Ok(Chart {
         title: spec.title.clone(),
@@ -473,10 +485,15 @@ fn x_range(spec: &Spec, items: &[Item]) -> f64 {
     nice_ceiling(max * 1.05)
 }
 
-fn draw_rows(area: &DrawingArea<SVGBackend, Shift>, spec: &Spec, items: &[Item], label_px: u32) -> Drawn {
+fn draw_rows(
+    area: &DrawingArea<SVGBackend, Shift>,
+    spec: &Spec,
+    items: &[Item],
+    label_px: u32,
+) -> Drawn {
     let n = items.len();
-    // Row 0 is drawn at the bottom; index rows so the first item is on top.
-    let row = |k: usize| n - 1 - k;
+    // Row k spans [k, k + 1) from the bottom; the first item is the top row.
+    let row = |k: usize| (n - 1 - k) as f64;
     let x_max = x_range(spec, items);
     let mut chart = ChartBuilder::on(area)
         .caption(&spec.title, ("sans-serif", TITLE_FONT))
@@ -485,15 +502,15 @@ fn draw_rows(area: &DrawingArea<SVGBackend, Shift>, spec: &Spec, items: &[Item],
         .margin_right(RIGHT_MARGIN)
         .x_label_area_size(48)
         .y_label_area_size(label_px)
-        // Integer ranges are inclusive in plotters: 0..=n-1 gives n rows.
-        .build_cartesian_2d(0.0..x_max, (0..n - 1).into_segmented())?;
+        .build_cartesian_2d(0.0..x_max, 0.0..n as f64)?;
     chart
         .configure_mesh()
         .disable_y_mesh()
-        // The labels are drawn by hand (two lines each), so the axis's own
-        // are blank. `y_labels(0)` overflows inside plotters.
-        .y_labels(n)
+        // The labels are drawn by hand (two lines each), so the axis has
+        // neither labels nor tick marks of its own.
+        .y_labels(1)
         .y_label_formatter(&|_| String::new())
+        .set_tick_mark_size(LabelAreaPosition::Left, 0)
         .x_label_formatter(&|v| tick(*v))
         .label_style(("sans-serif", LABEL_FONT))
         .axis_desc_style(("sans-serif", LABEL_FONT))
@@ -501,13 +518,13 @@ fn draw_rows(area: &DrawingArea<SVGBackend, Shift>, spec: &Spec, items: &[Item],
         .draw()?;
     if let Some((x, _)) = spec.guide {
         chart.draw_series(std::iter::once(PathElement::new(
-            vec![(x, SegmentValue::Exact(0)), (x, SegmentValue::Last)],
+            vec![(x, 0.0), (x, n as f64)],
             GUIDE.stroke_width(2),
         )))?;
     }
     for (k, item) in items.iter().enumerate() {
         draw_item(&mut chart, spec, item, row(k))?;
-        let (x0, y) = chart.backend_coord(&(0.0, SegmentValue::CenterOf(row(k))));
+        let (x0, y) = chart.backend_coord(&(0.0, row(k) + 0.5));
         draw_label(area, item, x0 - 10, y)?;
     }
     Ok(())
@@ -516,26 +533,26 @@ fn draw_rows(area: &DrawingArea<SVGBackend, Shift>, spec: &Spec, items: &[Item],
 type Chart2d<'a, 'b> = ChartContext<
     'a,
     SVGBackend<'b>,
-    Cartesian2d<
-        plotters::coord::types::RangedCoordf64,
-        plotters::coord::ranged1d::SegmentedCoord<plotters::coord::types::RangedCoordusize>,
-    >,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
 >;
 
-fn draw_item(chart: &mut Chart2d, spec: &Spec, item: &Item, k: usize) -> Drawn {
+/// Draws one row, the rows `[k, k + 1)` of the y axis.
+fn draw_item(chart: &mut Chart2d, spec: &Spec, item: &Item, k: f64) -> Drawn {
     let color = item.mark.color();
-    let at = |x: f64| (x, SegmentValue::CenterOf(k));
+    let at = |x: f64| (x, k + 0.5);
     if spec.bars {
-        let mut bar = Rectangle::new(
-            [(0.0, SegmentValue::Exact(k)), (item.value, SegmentValue::Exact(k + 1))],
+        let bar = Rectangle::new(
+            [(0.0, k + 0.2), (item.value, k + 0.8)],
             color.mix(0.75).filled(),
         );
-        bar.set_margin(8, 8, 0, 0);
         chart.draw_series(std::iter::once(bar))?;
     }
     if item.low < item.high {
         let whisker = color.stroke_width(2);
-        chart.draw_series(std::iter::once(PathElement::new(vec![at(item.low), at(item.high)], whisker)))?;
+        chart.draw_series(std::iter::once(PathElement::new(
+            vec![at(item.low), at(item.high)],
+            whisker,
+        )))?;
         for end in [item.low, item.high] {
             chart.draw_series(std::iter::once(
                 EmptyElement::at(at(end)) + PathElement::new(vec![(0, -5), (0, 5)], whisker),
@@ -543,15 +560,24 @@ fn draw_item(chart: &mut Chart2d, spec: &Spec, item: &Item, k: usize) -> Drawn {
         }
     }
     if !spec.bars {
-        chart.draw_series(std::iter::once(Circle::new(at(item.value), 5, color.filled())))?;
+        chart.draw_series(std::iter::once(Circle::new(
+            at(item.value),
+            5,
+            color.filled(),
+        )))?;
     }
     if let Some(t) = item.threshold {
         chart.draw_series(std::iter::once(
-            EmptyElement::at(at(t)) + PathElement::new(vec![(0, -15), (0, 15)], THRESHOLD.stroke_width(3)),
+            EmptyElement::at(at(t))
+                + PathElement::new(vec![(0, -15), (0, 15)], THRESHOLD.stroke_width(3)),
         ))?;
     }
     if let Some(r) = item.reference {
-        chart.draw_series(std::iter::once(Circle::new(at(r), 7, BLACK.stroke_width(2))))?;
+        chart.draw_series(std::iter::once(Circle::new(
+            at(r),
+            7,
+            BLACK.stroke_width(2),
+        )))?;
     }
     Ok(())
 }
@@ -563,14 +589,26 @@ fn draw_label(area: &DrawingArea<SVGBackend, Shift>, item: &Item, x: i32, y: i32
             .color(color)
             .pos(Pos::new(HPos::Right, VPos::Center))
     };
-    area.draw(&Text::new(item.title.clone(), (x, y - 8), right(LABEL_FONT, &BLACK)))?;
-    area.draw(&Text::new(item.subtitle.clone(), (x, y + 9), right(SUBTITLE_FONT, &SUBTITLE)))?;
+    area.draw(&Text::new(
+        item.title.clone(),
+        (x, y - 8),
+        right(LABEL_FONT, &BLACK),
+    ))?;
+    area.draw(&Text::new(
+        item.subtitle.clone(),
+        (x, y + 9),
+        right(SUBTITLE_FONT, &SUBTITLE),
+    ))?;
     Ok(())
 }
 
 /// The legend below the plot; `bars` draws the verdict keys as the bars
 /// the chart draws rather than points.
-fn draw_legend(area: &DrawingArea<SVGBackend, Shift>, rows: &[Vec<(Key, String)>], bars: bool) -> Drawn {
+fn draw_legend(
+    area: &DrawingArea<SVGBackend, Shift>,
+    rows: &[Vec<(Key, String)>],
+    bars: bool,
+) -> Drawn {
     let left = |font: f64| {
         TextStyle::from(("sans-serif", font).into_font()).pos(Pos::new(HPos::Left, VPos::Center))
     };
@@ -586,7 +624,12 @@ fn draw_legend(area: &DrawingArea<SVGBackend, Shift>, rows: &[Vec<(Key, String)>
     Ok(())
 }
 
-fn draw_key(area: &DrawingArea<SVGBackend, Shift>, key: Key, (x, y): (i32, i32), bars: bool) -> Drawn {
+fn draw_key(
+    area: &DrawingArea<SVGBackend, Shift>,
+    key: Key,
+    (x, y): (i32, i32),
+    bars: bool,
+) -> Drawn {
     match key {
         Key::Point(mark) if bars => area.draw(&Rectangle::new(
             [(x - 7, y - 6), (x + 7, y + 6)],
@@ -645,10 +688,19 @@ mod tests {
         let svg = render(&spec(), &items).unwrap();
         assert!(svg.starts_with("<svg"));
         assert!(has_text(&svg, "a b") && has_text(&svg, "c"));
-        for text in ["passes", "falsified", "baseline run", "pass threshold", "1.0: no speedup"] {
+        for text in [
+            "passes",
+            "falsified",
+            "baseline run",
+            "pass threshold",
+            "1.0: no speedup",
+        ] {
             assert!(has_text(&svg, text), "{text}");
         }
-        assert!(!has_text(&svg, "not judged on its own"), "no context row is drawn");
+        assert!(
+            !has_text(&svg, "not judged on its own"),
+            "no context row is drawn"
+        );
         let no_reference = [Item {
             reference: None,
             threshold: None,

@@ -83,13 +83,15 @@ impl Headline {
             });
         }
         let (holds, relation) = relation(&self.comparator, observed, threshold);
+        // Two numbers that differ must not print alike (`1 > 1`).
+        let (o, t) = match (short(observed), short(threshold)) {
+            (o, t) if o == t && observed != threshold => {
+                (observed.to_string(), threshold.to_string())
+            }
+            pair => pair,
+        };
         Some(Claim {
-            text: format!(
-                "{} {} {relation} {}{unit}",
-                self.metric,
-                short(observed),
-                short(threshold)
-            ),
+            text: format!("{} {o} {relation} {t}{unit}", self.metric),
             holds,
         })
     }
@@ -220,6 +222,12 @@ mod tests {
             verdict_line(&h, Status::Skipped, false).unwrap(),
             "tokens_per_s 30000 < 41000 tokens/s: not judged"
         );
+        // Numbers that differ by less than three digits show are printed whole.
+        let h = headline(1.0000004, "<=", 1.0, &[]);
+        assert_eq!(
+            verdict_line(&h, Status::Falsified, false).unwrap(),
+            "m 1.0000004 > 1: falsified"
+        );
         let h = headline(f64::NAN, "<=", 1e-5, &[]);
         assert_eq!(
             verdict_line(&h, Status::Falsified, false).unwrap(),
@@ -294,7 +302,10 @@ mod tests {
         assert_eq!(ratio_threshold(1.22, 1.22, ">=", 1.1), Some(1.1));
         // The ratio is a rate over its target: pass at 1.0.
         let (rate, target) = (54700.66, 41000.0);
-        assert_eq!(ratio_threshold(rate / target, rate, ">=", target), Some(1.0));
+        assert_eq!(
+            ratio_threshold(rate / target, rate, ">=", target),
+            Some(1.0)
+        );
         // One part of a judged total.
         assert_eq!(ratio_threshold(1.0004, 0.9999, ">=", 0.9), None);
         assert_eq!(ratio_threshold(1.0, 1.0, "<=", 2.0), None);

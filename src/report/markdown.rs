@@ -269,7 +269,12 @@ fn facts() -> [(&'static str, Fact); 12] {
         ("git sha (build commit)", git_fact),
         ("devices", |r| {
             let devices = r.distinct(|x| &x.device);
-            let plain: Vec<&str> = devices.iter().map(|d| plain_device(d)).collect();
+            // `none`: the device of a `cuda` trial skipped without a GPU.
+            let plain: Vec<&str> = devices
+                .iter()
+                .map(|d| plain_device(d))
+                .filter(|d| *d != "none")
+                .collect();
             plain.join("; ")
         }),
         ("compute capability", |r| {
@@ -284,14 +289,16 @@ fn facts() -> [(&'static str, Fact); 12] {
                 None => "not recorded".into(),
             }
         }),
-        ("GPU", |r| match r.meta.as_ref().and_then(|m| m.gpu.as_ref()) {
-            Some(g) => format!(
-                "{}, {} SMs, {:.1} GiB",
-                g.name,
-                g.sm_count,
-                g.total_memory_bytes as f64 / (1u64 << 30) as f64
-            ),
-            None => "none used (or not recorded)".into(),
+        ("GPU", |r| {
+            match r.meta.as_ref().and_then(|m| m.gpu.as_ref()) {
+                Some(g) => format!(
+                    "{}, {} SMs, {:.1} GiB",
+                    g.name,
+                    g.sm_count,
+                    g.total_memory_bytes as f64 / (1u64 << 30) as f64
+                ),
+                None => "none used (or not recorded)".into(),
+            }
         }),
         ("clocks (SM, memory, power)", |r| match &r.meta {
             Some(m) => m.clocks.clone(),

@@ -344,7 +344,10 @@ mod tests {
         std::fs::write(dir.path().join(RUN_JSON), old).unwrap();
         let meta = RunMeta::read_json(dir.path()).unwrap().unwrap();
         assert_eq!(meta.git_sha, "ca3b3dd9d71e");
-        assert_eq!((meta.git_source, meta.git_dirty), (GitSource::BuildOnly, None));
+        assert_eq!(
+            (meta.git_source, meta.git_dirty),
+            (GitSource::BuildOnly, None)
+        );
         assert_eq!(meta.cpu, "Intel(R) Xeon(R) Processor");
         assert_eq!(
             meta.options.key_values(),

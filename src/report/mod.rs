@@ -159,7 +159,9 @@ pub fn fill_from_trials(speedups: &mut [SpeedupRow], rows: &[FalsificationRow]) 
             s.contract = trial.contract.clone();
         }
         s.status = Some(trial.status);
-        if let (None, Some(observed), Some(threshold)) = (s.threshold, trial.observed, trial.threshold) {
+        if let (None, Some(observed), Some(threshold)) =
+            (s.threshold, trial.observed, trial.threshold)
+        {
             s.threshold = claim::ratio_threshold(s.ratio, observed, &trial.comparator, threshold);
         }
     }
@@ -179,7 +181,11 @@ pub fn read_rows<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
     let headers = reader.headers().map_err(csv_err)?.clone();
     let mut rows = Vec::new();
     for record in reader.records() {
-        let record: csv::StringRecord = record.map_err(csv_err)?.iter().map(cells::restore).collect();
+        let record: csv::StringRecord = record
+            .map_err(csv_err)?
+            .iter()
+            .map(cells::restore)
+            .collect();
         rows.push(record.deserialize(Some(&headers)).map_err(csv_err)?);
     }
     Ok(rows)

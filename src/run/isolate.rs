@@ -125,7 +125,8 @@ impl ChildRequest {
 /// The child's side: runs the trial `request_json` names and returns the line
 /// the front end prints on stdout ([`REPLY_MARKER`] and the reply as JSON).
 pub fn run_child(request_json: &str) -> Result<String> {
-    let request: ChildRequest = serde_json::from_str(request_json).map_err(|e| bad(e.to_string()))?;
+    let request: ChildRequest =
+        serde_json::from_str(request_json).map_err(|e| bad(e.to_string()))?;
     let trials = plan(vec![load_file(&request.contract_file)?]);
     let trial = trials
         .iter()
@@ -378,7 +379,10 @@ mod tests {
         assert_eq!(tail("  \n"), "");
         let long = format!("{}\nlast line", "x".repeat(2000));
         let t = tail(&long);
-        assert!(t.starts_with("; stderr: ") && t.ends_with("| last line"), "{t}");
+        assert!(
+            t.starts_with("; stderr: ") && t.ends_with("| last line"),
+            "{t}"
+        );
         assert!(t.len() <= STDERR_TAIL + 20);
     }
 

@@ -272,13 +272,7 @@ impl Engine {
     /// GPU for a cuda trial, no target for this GPU kind, a configuration
     /// that does not fit. Such a trial is ignored and recorded `skipped`.
     pub fn unjudged(&self, trial: &TrialSpec) -> Option<String> {
-        let planned = self.planned();
-        if trial.backend == Backend::Cuda {
-            if let Err(why) = &planned.gpu {
-                return Some(why.clone());
-            }
-        }
-        trial.test().check.unjudged_on(trial.backend, &planned.here)
+        unjudged_on(trial, self.planned())
     }
 
     /// The number of trials recorded so far.
@@ -385,8 +379,12 @@ impl Engine {
         }
         // One GPU: cuda trials take turns; cpu trials run side by side.
         let _turn = (trial.backend == Backend::Cuda).then(|| lock(&self.gpu_turn));
-        let request =
-            ChildRequest::new(&self.options, &trial.contract.path, &trial.name, &self.meta.run_id);
+        let request = ChildRequest::new(
+            &self.options,
+            &trial.contract.path,
+            &trial.name,
+            &self.meta.run_id,
+        );
         let timeout = Duration::from_secs_f64(trial.test().timeout_s());
         let started = Instant::now();
         match isolate::run_in_child(command, &request, timeout, &self.interrupted) {
@@ -712,6 +710,16 @@ impl Engine {
     }
 }
 
+/// [`Engine::unjudged`] on the machine `planned` describes.
+fn unjudged_on(trial: &TrialSpec, planned: &Planned) -> Option<String> {
+    if trial.backend == Backend::Cuda {
+        if let Err(why) = &planned.gpu {
+            return Some(why.clone());
+        }
+    }
+    trial.test().check.unjudged_on(trial.backend, &planned.here)
+}
+
 /// The host's available memory in bytes (`MemAvailable` of /proc/meminfo),
 /// or `u64::MAX` where it cannot be read (budgets are then not enforced).
 fn host_memory_bytes() -> u64 {
@@ -768,10 +776,6 @@ fn judge(
                 detail.push_str("; violations: ");
                 detail.push_str(&m.violations.join("; "));
             }
-            if let Some(why) = &m.not_applicable {
-                let detail = format!("{why}; {detail}");
-                return (Status::Skipped, Some(m), detail);
-            }
             let held = m.passed();
             let status = if trial.selftest {
                 // The self-test passes when the injected fault is caught.
@@ -825,8 +829,11 @@ mod tests {
     use crate::check::Comparator;
     use crate::report::artifacts::{ArtifactTensor, FailureDump};
 
+    /// Whether a trial can be judged is decided from the planning machine's
+    /// facts, before it runs: a throughput target for other GPU kinds makes
+    /// the trial (and its self-test) ignored with the reason.
     #[test]
-    fn a_claim_for_another_device_is_skipped_with_its_measurement_kept() {
+    fn a_trial_with_no_target_for_this_gpu_is_not_run() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("contracts/train-throughput-v1.yaml");
         let trials = plan(vec![crate::contract::load_file(&path).unwrap()]);
@@ -835,23 +842,37 @@ mod tests {
             .filter(|t| t.test().id == "F-TPUT-003")
             .collect();
         assert_eq!(f_tput_003.len(), 2, "the test and its mutant self-test");
-        let crate::check::CheckSpec::StepThroughput(p) = &f_tput_003[0].test().check else {
-            panic!("F-TPUT-003 is a step_throughput check");
+        let on = |name: &str| Planned {
+            here: Here {
+                host_memory_bytes: 24 << 30,
+                gpu: Some(GpuHere {
+                    name: name.into(),
+                    total_memory_bytes: 80 << 30,
+                    free_memory_bytes: 79 << 30,
+                }),
+            },
+            gpu: Ok(DeviceFacts {
+                name: name.into(),
+                compute_capability: (9, 0),
+                sm_count: 132,
+                total_memory_bytes: 80 << 30,
+                driver_version: "13.0".into(),
+            }),
         };
-        let mut m = Measurement::new("tokens_per_s", 9.0e4, Comparator::Ge, 4.1e4, "tokens/s");
-        m.not_applicable = p.not_applicable_on("NVIDIA H100 80GB HBM3");
         for trial in &f_tput_003 {
-            let (status, kept, detail) = judge(trial, 3, Ok(m.clone()));
-            assert_eq!(status, Status::Skipped, "{}", trial.test_id());
-            assert!(kept.is_some_and(|k| k.observed == 9.0e4));
-            assert!(
-                detail.starts_with("the target 41000 tokens/s is stated for H200"),
-                "{detail}"
-            );
+            let why = unjudged_on(trial, &on("NVIDIA A100-SXM4-80GB")).unwrap();
+            assert!(why.starts_with("no target for NVIDIA A100"), "{why}");
+            assert_eq!(unjudged_on(trial, &on("NVIDIA H200")), None);
+            assert_eq!(unjudged_on(trial, &on("NVIDIA H100 80GB HBM3")), None);
         }
-        // On the GPU it names, the same measurement is judged as usual.
-        m.not_applicable = p.not_applicable_on("NVIDIA H200");
-        assert_eq!(judge(f_tput_003[0], 3, Ok(m)).0, Status::Passed);
+        let no_gpu = Planned {
+            here: Here::default(),
+            gpu: Err("no CUDA driver".into()),
+        };
+        assert_eq!(
+            unjudged_on(f_tput_003[0], &no_gpu).as_deref(),
+            Some("no CUDA driver")
+        );
     }
 
     #[test]

@@ -350,5 +350,4 @@ mod tests {
         assert!(check_target(".target sm_90a\n", "sm_90").is_err());
         assert!(check_target("", "sm_90").is_err());
     }
-
 }

@@ -145,7 +145,11 @@ impl Kind for Params {
     /// `24 x elements` bytes against this machine's memory.
     fn check_budget(&self, _backend: Backend, here: &Here) -> std::result::Result<(), String> {
         for (name, s) in self.all_shapes() {
-            fits_host(&name, HOST_BYTES_PER_ELEMENT * self.op.elements(s, self.pass), here)?;
+            fits_host(
+                &name,
+                HOST_BYTES_PER_ELEMENT * self.op.elements(s, self.pass),
+                here,
+            )?;
         }
         Ok(())
     }
@@ -180,27 +184,36 @@ mod tests {
 
     #[test]
     fn shapes_are_bounded_in_count_size_and_reference_work() {
-        let many = vec!["{n: 1}"; 65].join(", ");
+        let many = ["{n: 1}"; 65].join(", ");
         let e = params(&format!("op: adamw\nshapes: [{many}]")).unwrap_err();
         assert_eq!(e, "shapes: 65 is above its bound of 64");
         let e = params("op: silu\nshapes: [{rows: 1e6, cols: 1e6}]").unwrap_err();
         assert!(
-            e.starts_with("shapes[0] {cols=1000000, rows=1000000}: 2.0e12 elements; the bound is 1.1e9"),
+            e.starts_with(
+                "shapes[0] {cols=1000000, rows=1000000}: 2.0e12 elements; the bound is 1.1e9"
+            ),
             "{e}"
         );
         let e = params("op: gemm\nshapes: [{m: 8192, n: 8192, k: 8192}]").unwrap_err();
         assert!(
-            e.starts_with("shapes: the CPU reference needs ~5.5e11 multiply-adds; the bound is 2e10"),
+            e.starts_with(
+                "shapes: the CPU reference needs ~5.5e11 multiply-adds; the bound is 2e10"
+            ),
             "{e}"
         );
         let e = params("op: nf4_quantize\nshapes: [{rows: 1, cols: 64}]\nrefuse: [{shape: {rows: 1e6, cols: 1e6}, error_contains: x}]")
             .unwrap_err();
-        assert!(e.starts_with("refuse[0] {cols=1000000, rows=1000000}: "), "{e}");
+        assert!(
+            e.starts_with("refuse[0] {cols=1000000, rows=1000000}: "),
+            "{e}"
+        );
     }
 
     #[test]
     fn host_and_device_memory_are_compared_with_a_shape() {
-        let p = params("op: residual_add\nshapes: [{rows: 1, cols: 1}, {rows: 16384, cols: 16384}]").unwrap();
+        let p =
+            params("op: residual_add\nshapes: [{rows: 1, cols: 1}, {rows: 16384, cols: 16384}]")
+                .unwrap();
         // 3 x 2^28 elements: 18 GiB of host copies, 3 GiB of device memory.
         let small_host = Here {
             host_memory_bytes: 16 << 30,

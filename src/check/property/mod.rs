@@ -52,8 +52,8 @@ fn default_cases() -> Count {
     Count(128)
 }
 
-/// Most cases of one trial: a case takes 5-25 us on a 2-core CI machine
-/// (256 cases of the slowest property, NF4, in 6 ms), so 100,000 are ~2.5 s.
+/// Most cases of one trial: a case takes 5-40 us on a 2-core CI machine;
+/// 100,000 cases of the slowest properties (NF4, RoPE) measured 3.6 s.
 /// Memory does not grow with cases: each is drawn, measured and dropped
 /// (the strategies draw at most a few hundred values).
 pub const MAX_CASES: usize = 100_000;
@@ -69,7 +69,7 @@ impl Kind for Params {
         ops::measure(self, cx)
     }
 
-    /// Observed: at most 6 ms (256 cases); ~2.5 s at the case bound.
+    /// Observed: at most 6 ms (256 cases); 3.6 s at the case bound.
     fn default_timeout_s(&self) -> f64 {
         30.0
     }
