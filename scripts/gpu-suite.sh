@@ -4,7 +4,12 @@
 #
 #   scripts/gpu-suite.sh OUTDIR [all|suite|sanitizers|benches]
 #
-# Part `suite` (about 7 minutes on an H200):
+# Stage first: `../shared/gpu/stage --benches` and
+# `cp target/release/falsify .gpu/bin/falsify-cli` (the fault-isolation test
+# starts trial processes of the CLI).
+#
+# Part `suite` (about 12 minutes on an H200, each trial in its own process;
+# more than one device call allows: run the two suite runs in separate calls):
 # 1. the contract suite, twice (scripts/compare-verdicts.py says whether the
 #    two runs gave the same verdicts);
 # 2. the GPU-only integration tests (fault isolation, out of memory, training step).
@@ -50,6 +55,9 @@ if runs suite; then
     "$bin/$t" --ignored --test-threads 1 --nocapture > "$work/$t.log" 2>&1
     note "$t exit $?"
   done
+  # Not --ignored: these run wherever NVRTC loads and are ignored elsewhere.
+  "$bin/nvrtc" > "$work/nvrtc.log" 2>&1
+  note "nvrtc exit $?"
 fi
 
 if runs sanitizers; then

@@ -82,21 +82,24 @@ fn setup_with(
 
 /// The `falsify` binary: where cargo built it, or beside this test when the
 /// executables were staged for a machine without a toolchain
-/// (`.gpu/bin/falsify-bin`).
+/// (`.gpu/bin/falsify-cli`, copied from `target/release/falsify`).
 fn falsify_exe() -> std::path::PathBuf {
     let built = std::path::PathBuf::from(env!("CARGO_BIN_EXE_falsify"));
     let staged = std::env::current_exe()
         .ok()
-        .and_then(|e| e.parent().map(|d| d.join("falsify-bin")));
+        .and_then(|e| e.parent().map(|d| d.join("falsify-cli")));
     match staged {
         Some(s) if !built.exists() && s.exists() => s,
         _ => built,
     }
 }
 
+/// Named to sort first: with `--test-threads 1` it runs before the in-process
+/// test below poisons this test process's own CUDA context (the engine reads
+/// the GPU's facts in the parent before it starts trial processes).
 #[test]
 #[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
-fn in_child_processes_a_faulting_kernel_costs_exactly_one_row() {
+fn a_fault_in_a_trial_process_costs_exactly_one_row() {
     let command = ChildCommand {
         program: falsify_exe(),
         args: Vec::new(),
