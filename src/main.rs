@@ -1,6 +1,6 @@
 //! The `falsify` command line: `run` the contracts with a progress bar and a
-//! summary table, `list` the trials they define, or `report` how the latest
-//! run compares with a baseline.
+//! summary table, `list` the trials they define, `report` how the latest
+//! run compares with a baseline, or print the reference of the check `kinds`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -70,6 +70,10 @@ enum Command {
         #[arg(long, default_value = "reports/latest")]
         current: PathBuf,
     },
+    /// Print the reference of the check kinds (Markdown): what each
+    /// measures, where it runs, and its parameters with their defaults and
+    /// bounds. The README's "Check kinds" section holds a copy of it.
+    Kinds,
 }
 
 fn main() -> ExitCode {
@@ -122,6 +126,10 @@ fn real_main() -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Report { baseline, current } => Ok(report(&baseline, &current)),
+        Command::Kinds => {
+            print!("{}", falsify::check::reference_markdown());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Run {
             contracts,
             filter,

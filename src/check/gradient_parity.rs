@@ -18,6 +18,9 @@ use qlora::train::{GpuTrainOptions, GpuTrainer};
 
 use serde::Deserialize;
 
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+use super::doc::PRECISIONS;
+
 use super::params::{BaseWeights, BaseWeightsDef, ModelName, NonNegative, Positive, Precision};
 use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 
@@ -42,6 +45,49 @@ pub struct Params {
 fn default_b_std() -> Positive {
     Positive(0.05)
 }
+
+/// The parameters of `gradient_parity`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "model",
+        default: Required,
+        bound: &[
+            Text("a preset: "),
+            Presets,
+            Text("; the CPU reference's forward and backward at most "),
+            Real(MAX_REFERENCE_MACS),
+            Text(" multiply-adds"),
+        ],
+        meaning: "the preset whose step is compared",
+    },
+    ParamDoc {
+        name: "base",
+        default: Yaml("fp32"),
+        bound: &[OneOf(&["fp32", "nf4"])],
+        meaning: "the base-weight format",
+    },
+    ParamDoc {
+        name: "precision",
+        default: Yaml("f32"),
+        bound: &[OneOf(PRECISIONS), Text("; only `f32` and `tf32` validate")],
+        meaning: "GEMM precision of the GPU forward",
+    },
+    ParamDoc {
+        name: "b_std",
+        default: Yaml("0.05"),
+        bound: &[Text("> 0")],
+        meaning: "standard deviation of the LoRA `B` factors at the probed point",
+    },
+    ParamDoc {
+        name: "tolerance",
+        default: Required,
+        bound: &[Text(">= 0")],
+        meaning: "bound on the largest rel-L2 error of a gradient",
+    },
+];
+
+/// A minimal `gradient_parity` check.
+pub const EXAMPLE: &[(&str, &str)] = &[("model", "tiny"), ("tolerance", "1e-5")];
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {

@@ -10,6 +10,9 @@ use qlora::train::GpuTrainer;
 
 use serde::Deserialize;
 
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+use super::doc::{DEFAULT_HYPER, DEFAULT_STEP_MODE, HYPER_BOUND, STEP_MODE_BOUND, TRAINING_MODEL_BOUND};
+
 use super::params::{at_most, Count, Fraction, Hyper, ModelName, StepMode};
 use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 
@@ -27,6 +30,43 @@ pub struct Params {
     #[serde(default)]
     pub hyper: Hyper,
 }
+
+/// The parameters of `loss_descent`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "model",
+        default: Required,
+        bound: TRAINING_MODEL_BOUND,
+        meaning: "the preset trained",
+    },
+    ParamDoc {
+        name: "steps",
+        default: Required,
+        bound: &[Text("1 to "), Int(MAX_STEPS), Text("; on cpu at most "), Int(CPU_MAX_STEPS)],
+        meaning: "training steps",
+    },
+    ParamDoc {
+        name: "max_fraction",
+        default: Required,
+        bound: &[Text("in (0, 1]")],
+        meaning: "bound on final loss / initial loss",
+    },
+    ParamDoc {
+        name: "mode",
+        default: Yaml(DEFAULT_STEP_MODE),
+        bound: STEP_MODE_BOUND,
+        meaning: "the step mode trained",
+    },
+    ParamDoc {
+        name: "hyper",
+        default: Yaml(DEFAULT_HYPER),
+        bound: HYPER_BOUND,
+        meaning: "optimiser hyper-parameters",
+    },
+];
+
+/// A minimal `loss_descent` check.
+pub const EXAMPLE: &[(&str, &str)] = &[("model", "tiny"), ("steps", "20"), ("max_fraction", "0.9")];
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {

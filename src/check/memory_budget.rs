@@ -11,6 +11,9 @@ use qlora::train::GpuTrainer;
 
 use serde::Deserialize;
 
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+use super::doc::MODEL_BOUND;
+
 use super::params::{BaseWeights, BaseWeightsDef, Count, ModelName, Positive};
 use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 
@@ -30,6 +33,37 @@ pub struct Params {
 /// Largest batch: 1,024 sequences (256x the presets'); the device memory
 /// decides below that.
 pub const MAX_BATCH: usize = 1_024;
+
+/// The parameters of `memory_budget`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "model",
+        default: Required,
+        bound: MODEL_BOUND,
+        meaning: "the preset trained",
+    },
+    ParamDoc {
+        name: "base",
+        default: Yaml("fp32"),
+        bound: &[OneOf(&["fp32", "nf4"])],
+        meaning: "the base-weight format",
+    },
+    ParamDoc {
+        name: "max_gib",
+        default: Required,
+        bound: &[Text("> 0")],
+        meaning: "bound on peak device memory, GiB",
+    },
+    ParamDoc {
+        name: "batch",
+        default: Otherwise("the preset's"),
+        bound: &[Text("1 to "), Int(MAX_BATCH)],
+        meaning: "overrides the preset's batch",
+    },
+];
+
+/// A minimal `memory_budget` check.
+pub const EXAMPLE: &[(&str, &str)] = &[("model", "tiny"), ("max_gib", "1")];
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {

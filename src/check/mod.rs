@@ -3,10 +3,12 @@
 //! Each kind lives in its own module with a strictly parsed `Params` struct
 //! that implements [`Kind`]: `validate` for cross-field rules and `execute`,
 //! which measures through the stack's public API and the oracle and returns a
-//! [`Measurement`]. One line of the `registry!` below registers a kind (name,
-//! backends, what it measures); the `kind:` key of a contract's `check:`
-//! block selects it.
+//! [`Measurement`], and documents its parameters as data (`PARAMS`, see
+//! [`doc`]) with a minimal check block (`EXAMPLE`). One line of the
+//! `registry!` below registers a kind (name, backends, what it measures);
+//! the `kind:` key of a contract's `check:` block selects it.
 
+pub mod doc;
 mod measurement;
 pub mod op;
 pub mod params;
@@ -18,6 +20,7 @@ use std::fmt;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
+pub use doc::{reference_markdown, ParamDefault, ParamDoc, Piece};
 pub use measurement::{Comparator, Measurement, Speedup};
 
 use crate::error::Result;
@@ -57,11 +60,16 @@ pub struct TrialContext<'a> {
     pub gpu: Option<&'a mut GpuContext>,
 }
 
-/// One registered kind: its name, what it measures and where it runs.
+/// One registered kind: its name, what it measures, where it runs, its
+/// parameters and a minimal check block.
 pub struct KindInfo {
     pub name: &'static str,
     pub measures: &'static str,
     pub backends: &'static [Backend],
+    /// Every key its `Params` accepts, with default, bound and meaning.
+    pub params: &'static [ParamDoc],
+    /// The `key: value` pairs (YAML) of a minimal valid check block, `kind` aside.
+    pub example: &'static [(&'static str, &'static str)],
 }
 
 const CPU: &[Backend] = &[Backend::Cpu];
@@ -124,14 +132,21 @@ pub const DEFAULT_TIMEOUT_S: f64 = 300.0;
 /// Declares every kind from one line each: `Variant(module) "name",
 /// backends, "what it measures";`. The module holds the kind's `Params`
 /// (which implement [`Kind`]); the line makes it a [`CheckSpec`] variant, a
-/// [`KINDS`] entry, a name the parser accepts and an `execute` arm.
+/// [`KINDS`] entry (with the module's `PARAMS` and `EXAMPLE`), a name the
+/// parser accepts and an `execute` arm.
 macro_rules! registry {
     ($($variant:ident($module:ident) $name:literal, $backends:ident, $measures:literal;)*) => {
         $(pub mod $module;)*
 
         /// The registry of check kinds, in the order the design brief lists them.
         pub const KINDS: &[KindInfo] = &[
-            $(KindInfo { name: $name, measures: $measures, backends: $backends },)*
+            $(KindInfo {
+                name: $name,
+                measures: $measures,
+                backends: $backends,
+                params: $module::PARAMS,
+                example: $module::EXAMPLE,
+            },)*
         ];
 
         /// The `check:` block of a falsification test.

@@ -4,6 +4,30 @@ use serde::Deserialize;
 
 use super::params::Shape;
 
+/// The contract spellings of [`Op`], in its order (`tests/kinds.rs`
+/// compares them with serde's).
+pub const OP_NAMES: &[&str] = &[
+    "embedding",
+    "rmsnorm",
+    "rope",
+    "softmax",
+    "attention",
+    "silu",
+    "swiglu",
+    "residual_add",
+    "scale",
+    "cross_entropy",
+    "gemm",
+    "nf4_quantize",
+    "nf4_dequantize",
+    "nf4_gemm",
+    "cast_f16",
+    "squared_sum",
+    "clip_scale",
+    "clip_apply",
+    "adamw",
+];
+
 /// Every op of the system under test, named as in contracts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]

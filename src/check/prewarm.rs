@@ -14,6 +14,8 @@ use qlora::Faults;
 
 use serde::Deserialize;
 
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+
 use super::params::{BaseName, Count, ModelName, Positive};
 use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 
@@ -54,6 +56,43 @@ pub const MAX_BASES: usize = 4;
 /// Most training steps after each pre-warm: the claim is about the first
 /// steps (eager, capture, replay); the shipped check runs 3.
 pub const MAX_PREWARM_STEPS: usize = 100;
+
+/// The parameters of `prewarm`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "models",
+        default: Required,
+        bound: &[Text("1 to "), Int(MAX_MODELS), Text(" presets: "), Presets],
+        meaning: "presets to pre-warm for, one after another",
+    },
+    ParamDoc {
+        name: "bases",
+        default: Yaml("[fp32, nf4]"),
+        bound: &[Text("1 to "), Int(MAX_BASES), Text(" of "), OneOf(&["fp32", "nf4"])],
+        meaning: "base-weight formats exercised after pre-warm",
+    },
+    ParamDoc {
+        name: "steps",
+        default: Yaml("2"),
+        bound: &[Text("1 to "), Int(MAX_PREWARM_STEPS)],
+        meaning: "training steps after pre-warm, per model and base",
+    },
+    ParamDoc {
+        name: "max_compilations",
+        default: Yaml("0"),
+        bound: &[Text(">= 0")],
+        meaning: "compilations allowed after pre-warm",
+    },
+    ParamDoc {
+        name: "max_prewarm_ms",
+        default: Otherwise("none"),
+        bound: &[Text("> 0")],
+        meaning: "bound on each cold pre-warm's wall time, ms",
+    },
+];
+
+/// A minimal `prewarm` check.
+pub const EXAMPLE: &[(&str, &str)] = &[("models", "[tiny]")];
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {

@@ -23,6 +23,9 @@ use qlora::train::GpuTrainer;
 use serde::de;
 use serde::Deserialize;
 
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+use super::doc::{DEFAULT_STEP_MODE, MODEL_BOUND, STEP_MODE_BOUND};
+
 use super::params::{at_most, Count, ModelName, Positive, StepMode};
 use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 
@@ -171,6 +174,55 @@ fn default_warmup() -> Count {
 fn default_repeats() -> Count {
     Count(20)
 }
+
+/// The parameters of `step_throughput`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "model",
+        default: Required,
+        bound: MODEL_BOUND,
+        meaning: "the preset trained",
+    },
+    ParamDoc {
+        name: "batch",
+        default: Otherwise("the preset's"),
+        bound: &[Text("`batch x seq_len` at most "), Int(MAX_TOKENS)],
+        meaning: "overrides the preset's batch",
+    },
+    ParamDoc {
+        name: "seq_len",
+        default: Otherwise("the preset's"),
+        bound: &[Text("`batch x seq_len` at most "), Int(MAX_TOKENS)],
+        meaning: "overrides the preset's sequence length",
+    },
+    ParamDoc {
+        name: "mode",
+        default: Yaml(DEFAULT_STEP_MODE),
+        bound: STEP_MODE_BOUND,
+        meaning: "the step mode timed",
+    },
+    ParamDoc {
+        name: "warmup",
+        default: Yaml("3"),
+        bound: &[Text("1 to "), Int(MAX_WARMUP), Text(" (at least 2 run)")],
+        meaning: "untimed steps first",
+    },
+    ParamDoc {
+        name: "repeats",
+        default: Yaml("20"),
+        bound: &[Text("5 to "), Int(MAX_REPEATS)],
+        meaning: "timed steps",
+    },
+    ParamDoc {
+        name: "min_tokens_per_s",
+        default: Required,
+        bound: &[Text("> 0: one number for any GPU, or `{GPU kind: number, ...}`")],
+        meaning: "the target; on a GPU kind it names no target for, the trial is skipped",
+    },
+];
+
+/// A minimal `step_throughput` check.
+pub const EXAMPLE: &[(&str, &str)] = &[("model", "small-4l"), ("min_tokens_per_s", "1000")];
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {

@@ -9,6 +9,9 @@ use qlora::train::GpuTrainer;
 
 use serde::Deserialize;
 
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+use super::doc::{DEFAULT_STEP_MODE, MODEL_BOUND, STEP_MODE_BOUND};
+
 use super::params::{at_most, Count, Hyper, ModelName, StepMode};
 use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 
@@ -26,6 +29,48 @@ pub struct Params {
     /// Syncs allowed per step (reading the loss is one).
     pub max_per_step: usize,
 }
+
+/// The parameters of `sync_count`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "model",
+        default: Required,
+        bound: MODEL_BOUND,
+        meaning: "the preset trained",
+    },
+    ParamDoc {
+        name: "steps",
+        default: Required,
+        bound: &[Text("1 to "), Int(MAX_STEPS)],
+        meaning: "training steps",
+    },
+    ParamDoc {
+        name: "mode",
+        default: Yaml(DEFAULT_STEP_MODE),
+        bound: STEP_MODE_BOUND,
+        meaning: "the step mode; must have `graph: true`",
+    },
+    ParamDoc {
+        name: "max_inside_capture",
+        default: Yaml("0"),
+        bound: &[Text(">= 0")],
+        meaning: "host syncs allowed inside the captured region",
+    },
+    ParamDoc {
+        name: "max_per_step",
+        default: Required,
+        bound: &[Text(">= 0")],
+        meaning: "host syncs allowed per step (reading the loss is one)",
+    },
+];
+
+/// A minimal `sync_count` check.
+pub const EXAMPLE: &[(&str, &str)] = &[
+    ("model", "tiny"),
+    ("steps", "3"),
+    ("mode", "{graph: true}"),
+    ("max_per_step", "1"),
+];
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {

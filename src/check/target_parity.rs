@@ -16,6 +16,8 @@ const PLANT_MODULE: &str = "elementwise";
 
 use serde::Deserialize;
 
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+
 use super::params::{at_most, ModelName};
 use super::{Backend, Kind, Measurement, TrialContext, Validate};
 
@@ -50,6 +52,25 @@ pub const MAX_PLANTED: usize = 4;
 fn default_planted() -> Vec<Planted> {
     vec![Planted::Older, Planted::Newer]
 }
+
+/// The parameters of `target_parity`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "models",
+        default: Required,
+        bound: &[Text("1 to "), Int(MAX_MODELS), Text(" presets: "), Presets],
+        meaning: "pre-warm the cache for each before inspecting it",
+    },
+    ParamDoc {
+        name: "planted",
+        default: Yaml("[older, newer]"),
+        bound: &[Text("at most "), Int(MAX_PLANTED), Text(" of "), OneOf(&["older", "newer"])],
+        meaning: "mismatched PTX to plant; each must be refused",
+    },
+];
+
+/// A minimal `target_parity` check.
+pub const EXAMPLE: &[(&str, &str)] = &[("models", "[tiny]")];
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {

@@ -8,6 +8,9 @@ use qlora::gpu::GpuContext;
 
 use serde::Deserialize;
 
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+use super::doc::{DEFAULT_HYPER, HYPER_BOUND, STEP_MODE_BOUND, TRAINING_MODEL_BOUND};
+
 use super::params::{at_most, Count, Hyper, ModelName, NonNegative, StepMode};
 use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 
@@ -45,6 +48,74 @@ pub struct Params {
 
 /// Most checkpoints one trial compares (one detail entry each).
 pub const MAX_CHECKPOINTS: usize = 1_000;
+
+/// The parameters of `trajectory_match`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "model",
+        default: Required,
+        bound: TRAINING_MODEL_BOUND,
+        meaning: "the preset trained",
+    },
+    ParamDoc {
+        name: "steps",
+        default: Required,
+        bound: &[
+            Text("1 to "),
+            Int(MAX_STEPS),
+            Text("; on cpu at most "),
+            Int(CPU_MAX_STEPS),
+            Text(" per run"),
+        ],
+        meaning: "training steps of each run",
+    },
+    ParamDoc {
+        name: "checkpoints",
+        default: Required,
+        bound: &[Text("1 to "), Int(MAX_CHECKPOINTS), Text(" step numbers, each <= `steps`")],
+        meaning: "1-based steps at which the losses are compared",
+    },
+    ParamDoc {
+        name: "baseline",
+        default: Required,
+        bound: STEP_MODE_BOUND,
+        meaning: "the baseline's step mode; `graph: false` with `baseline_on: cpu`",
+    },
+    ParamDoc {
+        name: "candidate",
+        default: Required,
+        bound: STEP_MODE_BOUND,
+        meaning: "the candidate's step mode; differs from `baseline` unless `baseline_on: cpu`",
+    },
+    ParamDoc {
+        name: "max_abs_diff",
+        default: Required,
+        bound: &[Text(">= 0")],
+        meaning: "bound on the largest loss difference at a checkpoint",
+    },
+    ParamDoc {
+        name: "hyper",
+        default: Yaml(DEFAULT_HYPER),
+        bound: HYPER_BOUND,
+        meaning: "optimiser hyper-parameters of both runs",
+    },
+    ParamDoc {
+        name: "baseline_on",
+        default: Yaml("trial"),
+        bound: &[OneOf(&["trial", "cpu"])],
+        meaning: "the trial's backend, or the CPU reference step (f64)",
+    },
+];
+
+/// A minimal `trajectory_match` check.
+pub const EXAMPLE: &[(&str, &str)] = &[
+    ("model", "tiny"),
+    ("steps", "10"),
+    ("checkpoints", "[1, 10]"),
+    ("baseline", "{clip: global}"),
+    ("candidate", "{clip: per_layer}"),
+    ("max_abs_diff", "0.1"),
+];
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {

@@ -14,6 +14,9 @@ mod measure;
 
 use serde::Deserialize;
 
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+use super::doc::PASSES;
+
 use super::op::Pass;
 use super::params::{at_most, gpu_shortfall, Count, Fraction, Shape};
 use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
@@ -142,6 +145,67 @@ fn default_warmup() -> Count {
 fn default_repeats() -> Count {
     Count(20)
 }
+
+/// The parameters of `bandwidth`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "op",
+        default: Required,
+        bound: &[OneOf(&[
+            "rmsnorm",
+            "rmsnorm_residual",
+            "rope",
+            "silu",
+            "swiglu",
+            "residual_add",
+            "scale",
+            "cross_entropy",
+            "squared_sum",
+            "clip_apply",
+            "adamw",
+            "embedding",
+            "nf4_dequantize",
+        ])],
+        meaning: "the memory-bound kernel",
+    },
+    ParamDoc {
+        name: "pass",
+        default: Yaml("forward"),
+        bound: &[OneOf(PASSES), Text("; `backward` where the op has one")],
+        meaning: "which kernel of the op",
+    },
+    ParamDoc {
+        name: "shape",
+        default: Required,
+        bound: &[Text("the op's dims; its largest tensor at most "), Real(MAX_ELEMENTS), Text(" elements")],
+        meaning: "the invocation's dims",
+    },
+    ParamDoc {
+        name: "min_fraction",
+        default: Required,
+        bound: &[Text("in (0, 1]")],
+        meaning: "bound on kernel bandwidth / d2d copy bandwidth",
+    },
+    ParamDoc {
+        name: "warmup",
+        default: Yaml("3"),
+        bound: &[Text("1 to "), Int(MAX_WARMUP)],
+        meaning: "untimed graph replays first",
+    },
+    ParamDoc {
+        name: "repeats",
+        default: Yaml("20"),
+        bound: &[Text("5 to "), Int(MAX_REPEATS)],
+        meaning: "timed replays of the kernel and of the copy",
+    },
+];
+
+/// A minimal `bandwidth` check.
+pub const EXAMPLE: &[(&str, &str)] = &[
+    ("op", "rmsnorm"),
+    ("shape", "{rows: 1024, hidden: 896}"),
+    ("min_fraction", "0.5"),
+];
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {

@@ -9,6 +9,10 @@ mod ops;
 
 use serde::Deserialize;
 
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+use super::doc::TRAINING_MODEL_BOUND;
+use super::op::OP_NAMES;
+
 use super::op::{Op, Pass};
 use super::params::{at_most, fits_host, Count, ModelName, NonNegative, Positive, Shape};
 use super::training::{cpu_model_refusal, reference_bytes};
@@ -57,6 +61,58 @@ fn default_step() -> Positive {
 fn default_samples() -> Count {
     Count(16)
 }
+
+/// The parameters of `gradient_check`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "op",
+        default: Otherwise("none"),
+        bound: &[
+            OneOf(OP_NAMES),
+            Text(", an op with a backward, other than `nf4_gemm`; exactly one of `op` and `model`"),
+        ],
+        meaning: "the op whose backward is checked",
+    },
+    ParamDoc {
+        name: "model",
+        default: Otherwise("none"),
+        bound: TRAINING_MODEL_BOUND,
+        meaning: "check the training step's LoRA and norm gradients on this preset",
+    },
+    ParamDoc {
+        name: "shapes",
+        default: Yaml("[]"),
+        bound: &[
+            Text("with `op`: 1 to "),
+            Int(MAX_SHAPES),
+            Text(" maps of the op's dims, together at most "),
+            Real(MAX_WORK),
+            Text(" finite-difference multiply-adds; none with `model`"),
+        ],
+        meaning: "inputs of `op`",
+    },
+    ParamDoc {
+        name: "step",
+        default: Yaml("1e-5"),
+        bound: &[Text("> 0")],
+        meaning: "finite-difference step `h`",
+    },
+    ParamDoc {
+        name: "tolerance",
+        default: Required,
+        bound: &[Text(">= 0")],
+        meaning: "bound on the relative error",
+    },
+    ParamDoc {
+        name: "samples",
+        default: Yaml("16"),
+        bound: &[Text("1 to "), Int(MAX_SAMPLES)],
+        meaning: "with `model`: coordinates probed per trainable tensor",
+    },
+];
+
+/// A minimal `gradient_check` check.
+pub const EXAMPLE: &[(&str, &str)] = &[("model", "tiny"), ("tolerance", "1e-4")];
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {

@@ -22,6 +22,10 @@ mod softmax;
 
 use serde::Deserialize;
 
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+use super::doc::{PASSES, PRECISIONS};
+use super::op::OP_NAMES;
+
 use super::op::{Op, Pass};
 use super::params::{at_most, fits_host, gpu_shortfall, NonNegative, Precision, Shape};
 use super::{Here, Kind, Measurement, TrialContext, Validate};
@@ -74,6 +78,61 @@ pub struct Refusal {
     pub shape: Shape,
     pub error_contains: String,
 }
+
+/// The parameters of `op_parity`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "op",
+        default: Required,
+        bound: &[OneOf(OP_NAMES)],
+        meaning: "the op compared",
+    },
+    ParamDoc {
+        name: "pass",
+        default: Yaml("forward"),
+        bound: &[OneOf(PASSES)],
+        meaning: "which pass is compared",
+    },
+    ParamDoc {
+        name: "precision",
+        default: Yaml("f32"),
+        bound: &[OneOf(PRECISIONS)],
+        meaning: "the op's precision; picks the default tolerance",
+    },
+    ParamDoc {
+        name: "shapes",
+        default: Required,
+        bound: &[
+            Text("1 to "),
+            Int(MAX_SHAPES),
+            Text(" maps of the op's dims; each shape at most "),
+            Real(MAX_ELEMENTS),
+            Text(" elements; all together at most "),
+            Real(MAX_REFERENCE_WORK),
+            Text(" reference multiply-adds"),
+        ],
+        meaning: "inputs; the metric is the worst error over them",
+    },
+    ParamDoc {
+        name: "tolerance",
+        default: Otherwise("the precision's"),
+        bound: &[Text(">= 0")],
+        meaning: "bound on the rel-L2 error",
+    },
+    ParamDoc {
+        name: "refuse",
+        default: Yaml("[]"),
+        bound: &[
+            Text("at most "),
+            Int(MAX_SHAPES),
+            Text(" `{shape, error_contains}`, shapes bounded as `shapes`"),
+        ],
+        meaning: "shapes the op must refuse with an error containing the text",
+    },
+];
+
+/// A minimal `op_parity` check.
+pub const EXAMPLE: &[(&str, &str)] = &[("op", "rmsnorm"), ("shapes", "[{rows: 4, hidden: 33}]")];
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {

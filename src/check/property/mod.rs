@@ -5,6 +5,8 @@ mod optim;
 
 use serde::Deserialize;
 
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+
 use super::params::{at_most, Count, NonNegative};
 use super::{Backend, Kind, Measurement, TrialContext, Validate};
 use crate::error::Result;
@@ -57,6 +59,46 @@ fn default_cases() -> Count {
 /// Memory does not grow with cases: each is drawn, measured and dropped
 /// (the strategies draw at most a few hundred values).
 pub const MAX_CASES: usize = 100_000;
+
+/// The parameters of `property`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "property",
+        default: Required,
+        bound: &[OneOf(&[
+            "softmax_rows_sum_to_one",
+            "softmax_shift_invariant",
+            "rmsnorm_scale_invariant",
+            "rope_preserves_norm",
+            "rope_inverse_round_trip",
+            "nf4_round_trip_bound",
+            "cross_entropy_non_negative",
+            "cross_entropy_grad_sums_to_zero",
+            "clip_bounds_global_norm",
+            "clip_leaves_small_untouched",
+            "adamw_first_step_moves_by_lr",
+        ])],
+        meaning: "the invariant",
+    },
+    ParamDoc {
+        name: "cases",
+        default: Yaml("128"),
+        bound: &[Text("1 to "), Int(MAX_CASES)],
+        meaning: "generated cases",
+    },
+    ParamDoc {
+        name: "tolerance",
+        default: Required,
+        bound: &[Text(">= 0")],
+        meaning: "allowed deviation from the exact invariant",
+    },
+];
+
+/// A minimal `property` check.
+pub const EXAMPLE: &[(&str, &str)] = &[
+    ("property", "softmax_rows_sum_to_one"),
+    ("tolerance", "1e-6"),
+];
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {

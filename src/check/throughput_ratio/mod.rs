@@ -7,6 +7,9 @@ mod train_step;
 
 use serde::Deserialize;
 
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+use super::doc::{DEFAULT_STEP_MODE, MODEL_BOUND, STEP_MODE_BOUND};
+
 use super::params::{at_most, Count, ModelName, Positive, StepMode};
 use super::training::{trainer_bytes, trainer_shortfall, TRAINING_TIMEOUT_S};
 use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
@@ -75,6 +78,71 @@ fn default_warmup() -> Count {
 fn default_repeats() -> Count {
     Count(30)
 }
+
+/// The parameters of `throughput_ratio`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "subject",
+        default: Yaml("train_step"),
+        bound: &[OneOf(&["train_step", "nf4_gemm", "fusion", "gemm"])],
+        meaning: "what is timed",
+    },
+    ParamDoc {
+        name: "model",
+        default: Required,
+        bound: MODEL_BOUND,
+        meaning: "the preset whose step or shapes are timed",
+    },
+    ParamDoc {
+        name: "batch",
+        default: Otherwise("the preset's"),
+        bound: &[Text("`batch x seq_len` at most "), Int(MAX_TOKENS)],
+        meaning: "overrides the preset's batch",
+    },
+    ParamDoc {
+        name: "seq_len",
+        default: Otherwise("the preset's"),
+        bound: &[Text("`batch x seq_len` at most "), Int(MAX_TOKENS)],
+        meaning: "overrides the preset's sequence length",
+    },
+    ParamDoc {
+        name: "baseline",
+        default: Yaml(DEFAULT_STEP_MODE),
+        bound: STEP_MODE_BOUND,
+        meaning: "the baseline's step mode (`train_step`)",
+    },
+    ParamDoc {
+        name: "candidate",
+        default: Yaml(DEFAULT_STEP_MODE),
+        bound: STEP_MODE_BOUND,
+        meaning: "the candidate's step mode (`train_step`)",
+    },
+    ParamDoc {
+        name: "warmup",
+        default: Yaml("5"),
+        bound: &[Text("1 to "), Int(MAX_WARMUP)],
+        meaning: "untimed runs of each side first",
+    },
+    ParamDoc {
+        name: "repeats",
+        default: Yaml("30"),
+        bound: &[Text("5 to "), Int(MAX_REPEATS)],
+        meaning: "timed runs of each side",
+    },
+    ParamDoc {
+        name: "min_ratio",
+        default: Required,
+        bound: &[Text("> 0")],
+        meaning: "bound on baseline time / candidate time (medians)",
+    },
+];
+
+/// A minimal `throughput_ratio` check.
+pub const EXAMPLE: &[(&str, &str)] = &[
+    ("model", "small-4l"),
+    ("candidate", "{graph: true}"),
+    ("min_ratio", "1.0"),
+];
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {
