@@ -385,7 +385,7 @@ impl Engine {
             &trial.name,
             &self.meta.run_id,
         );
-        let timeout = Duration::from_secs_f64(trial.test().timeout_s());
+        let timeout = timeout_of(trial.test().timeout_s());
         let started = Instant::now();
         match isolate::run_in_child(command, &request, timeout, &self.interrupted) {
             isolate::ChildEnd::Replied(reply) => self.record_reply(*reply),
@@ -710,6 +710,12 @@ impl Engine {
     }
 }
 
+/// A trial's timeout as a `Duration`; a limit too large for one (a contract
+/// may write `timeout_s: 1e300`) means no limit rather than a panic.
+fn timeout_of(seconds: f64) -> Duration {
+    Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX)
+}
+
 /// [`Engine::unjudged`] on the machine `planned` describes.
 fn unjudged_on(trial: &TrialSpec, planned: &Planned) -> Option<String> {
     if trial.backend == Backend::Cuda {
@@ -873,6 +879,13 @@ mod tests {
             unjudged_on(f_tput_003[0], &no_gpu).as_deref(),
             Some("no CUDA driver")
         );
+    }
+
+    #[test]
+    fn any_positive_timeout_becomes_a_duration() {
+        assert_eq!(timeout_of(2.5), Duration::from_millis(2500));
+        assert_eq!(timeout_of(1e300), Duration::MAX);
+        assert_eq!(timeout_of(f64::INFINITY), Duration::MAX);
     }
 
     #[test]
