@@ -225,9 +225,7 @@ impl Kind for Params {
     fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
         let cfg = self.model.0;
         let needed = trainer_bytes(&cfg, &self.options());
-        (backend == Backend::Cuda)
-            .then(|| trainer_shortfall(&cfg, needed, here))
-            .flatten()
+        trainer_shortfall(backend, &cfg, needed, here)
     }
 
     /// Observed: at most 1.5 s on an H200 (small-4l, most of it the host's

@@ -142,9 +142,7 @@ impl Kind for Params {
     fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
         let cfg = self.model.sized(self.batch, None);
         let needed = trainer_bytes(&cfg, &self.mode().speed_options());
-        (backend == Backend::Cuda)
-            .then(|| trainer_shortfall(&cfg, needed, here))
-            .flatten()
+        trainer_shortfall(backend, &cfg, needed, here)
     }
 
     /// Observed: at most 15 s on an H200 (qwen2.5-coder-1.5b, NF4 base).

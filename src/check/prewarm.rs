@@ -125,7 +125,7 @@ impl Kind for Params {
                 .iter()
                 .map(|b| trainer_bytes(&model.0, &graphed(b.0).speed_options()))
                 .fold(0.0, f64::max);
-            trainer_shortfall(&model.0, needed, here)
+            trainer_shortfall(Backend::Cuda, &model.0, needed, here)
         })
     }
 

@@ -265,7 +265,7 @@ impl Kind for Params {
         let cfg = self.config();
         self.not_applicable_on(&gpu.name).or_else(|| {
             let needed = trainer_bytes(&cfg, &self.mode.speed_options());
-            trainer_shortfall(&cfg, needed, here)
+            trainer_shortfall(backend, &cfg, needed, here)
         })
     }
 

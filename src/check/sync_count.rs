@@ -158,9 +158,7 @@ impl Kind for Params {
     fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
         let cfg = self.model.0;
         let needed = trainer_bytes(&cfg, &self.mode.gpu_options(Hyper::default()));
-        (backend == Backend::Cuda)
-            .then(|| trainer_shortfall(&cfg, needed, here))
-            .flatten()
+        trainer_shortfall(backend, &cfg, needed, here)
     }
 
     /// Observed: at most 0.04 s on an H200.

@@ -8,7 +8,7 @@
 use crate::check::params::BackwardMath;
 use crate::check::params::{fits_host, gpu_shortfall};
 use crate::check::params::{Hyper, StepMode};
-use crate::check::Here;
+use crate::check::{Backend, Here};
 use crate::error::{Error, Result};
 use crate::mutant::Mutant;
 use crate::reference::train::{StepFaults, StepReport, TrainOptions, Trainer};
@@ -186,8 +186,17 @@ pub(super) fn trainer_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> f64
 }
 
 /// Why `needed` device bytes for trainers of `cfg` do not fit the GPU of
-/// `here`, naming the configuration, or `None`.
-pub(super) fn trainer_shortfall(cfg: &ModelConfig, needed: f64, here: &Here) -> Option<String> {
+/// `here`, naming the configuration, or `None` (always for a trial that
+/// trains on the cpu).
+pub(super) fn trainer_shortfall(
+    backend: Backend,
+    cfg: &ModelConfig,
+    needed: f64,
+    here: &Here,
+) -> Option<String> {
+    if backend != Backend::Cuda {
+        return None;
+    }
     let what = format!(
         "model {} (batch {}, seq {})",
         cfg.name, cfg.batch, cfg.seq_len

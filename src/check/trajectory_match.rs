@@ -265,7 +265,7 @@ impl Kind for Params {
             .iter()
             .map(|m| trainer_bytes(&cfg, &m.gpu_options(self.hyper)))
             .fold(0.0, f64::max);
-        trainer_shortfall(&cfg, needed, here)
+        trainer_shortfall(Backend::Cuda, &cfg, needed, here)
     }
 
     /// Observed: 0.37 s on a 2-core cpu (two runs of 20 steps of `tiny`),

@@ -190,9 +190,7 @@ impl Kind for Params {
     /// Whether what the subject allocates fits the GPU's free memory.
     fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
         let cfg = self.config();
-        (backend == Backend::Cuda)
-            .then(|| trainer_shortfall(&cfg, self.device_bytes(), here))
-            .flatten()
+        trainer_shortfall(backend, &cfg, self.device_bytes(), here)
     }
 
     /// Observed: at most 16 s on an H200 (the serialised-launch mutant of
