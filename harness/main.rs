@@ -105,7 +105,8 @@ fn main() -> ExitCode {
         ..RunOptions::default()
     }));
     if !args.list {
-        let over = check_budgets(&specs, engine.here());
+        let chosen = specs.iter().filter(|s| selected(&args, &s.name));
+        let over = check_budgets(chosen, &engine);
         if !over.is_empty() {
             for e in &over {
                 eprintln!("error: {e}");

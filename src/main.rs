@@ -165,7 +165,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
                 isolation: Isolation::Child(ChildCommand::current_exe()?),
                 ..RunOptions::default()
             }));
-            let over = check_budgets(&all, engine.here());
+            let over = check_budgets(selected.iter().copied(), &engine);
             if !over.is_empty() {
                 for e in &over {
                     eprintln!("error: {e}");

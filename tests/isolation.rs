@@ -187,9 +187,18 @@ fn an_interrupted_run_keeps_the_finished_trials() {
         .stderr(Stdio::null())
         .spawn()
         .expect("falsify run starts");
-    // F-ISO-001 and its self-test take milliseconds; F-ISO-002 then trains
-    // for several seconds (2,000 reference steps, the cpu bound).
-    std::thread::sleep(Duration::from_secs(3));
+    // Stop the run once F-ISO-001 and its self-test have finished and the
+    // trial process of F-ISO-002 (2,000 reference steps, seconds of work) runs.
+    // Both the trial and this test's own output folder, since other tests
+    // start trial processes of the same contract at the same time.
+    let needles = [
+        r#""trial":"isolation::F-ISO-002""#.to_string(),
+        out.display().to_string(),
+    ];
+    assert!(
+        wait_for_trial_process(&needles, Duration::from_secs(60)),
+        "the trial process of F-ISO-002 never started"
+    );
     let killed = Command::new("kill")
         .arg("-TERM")
         .arg(child.id().to_string())
@@ -214,4 +223,29 @@ fn an_interrupted_run_keeps_the_finished_trials() {
             .is_some_and(|w| w.contains("interrupted")),
         "{record}"
     );
+}
+
+/// Waits until a process whose command line contains every one of
+/// `needles` runs (a trial process carries its request, which names the
+/// trial and the output folder); false after `limit`.
+#[cfg(unix)]
+fn wait_for_trial_process(needles: &[String], limit: Duration) -> bool {
+    let started = std::time::Instant::now();
+    while started.elapsed() < limit {
+        let found = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|entry| {
+                std::fs::read(entry.path().join("cmdline")).is_ok_and(|c| {
+                    let line = String::from_utf8_lossy(&c);
+                    needles.iter().all(|n| line.contains(n.as_str()))
+                })
+            });
+        if found {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
 }

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::{plan, Engine, Isolation, RunOptions, TrialOutcome};
 use crate::contract::load_file;
 use crate::error::{Error, Result};
+use crate::report::meta::RunMeta;
 use crate::report::{FalsificationRow, SpeedupRow, Status};
 use qlora::gpu::{GemmMath, GpuOptions};
 
@@ -61,7 +62,9 @@ pub struct ChildRequest {
     pub contract_file: PathBuf,
     /// The trial's name, `{contract}::{test_id}` (`::mutant` for a self-test).
     pub trial: String,
-    pub run_id: String,
+    /// The parent's run record: the child's rows carry its run id, commit
+    /// and CPU, read once by the parent rather than again per trial.
+    pub meta: RunMeta,
     pub seed: u64,
     pub out_dir: PathBuf,
     pub inject: Vec<String>,
@@ -92,11 +95,11 @@ fn math(tf32: bool) -> GemmMath {
 }
 
 impl ChildRequest {
-    pub fn new(options: &RunOptions, contract_file: &Path, trial: &str, run_id: &str) -> Self {
+    pub fn new(options: &RunOptions, contract_file: &Path, trial: &str, meta: &RunMeta) -> Self {
         ChildRequest {
             contract_file: contract_file.to_path_buf(),
             trial: trial.to_string(),
-            run_id: run_id.to_string(),
+            meta: meta.clone(),
             seed: options.seed,
             out_dir: options.out_dir.clone(),
             inject: options.inject.clone(),
@@ -132,7 +135,7 @@ pub fn run_child(request_json: &str) -> Result<String> {
         .iter()
         .find(|t| t.name == request.trial)
         .ok_or_else(|| bad(format!("no trial `{}`", request.trial)))?;
-    let engine = Engine::with_run_id(request.options(), &request.run_id);
+    let engine = Engine::with_meta(request.options(), request.meta.clone());
     let outcome = engine.run(trial);
     let row = engine
         .rows()
@@ -145,7 +148,8 @@ pub fn run_child(request_json: &str) -> Result<String> {
         detail: outcome.detail,
     };
     let json = serde_json::to_string(&reply).map_err(|e| bad(e.to_string()))?;
-    Ok(format!("{REPLY_MARKER}{json}"))
+    // On a line of its own, whatever the trial left unterminated on stdout.
+    Ok(format!("\n{REPLY_MARKER}{json}"))
 }
 
 fn bad(message: String) -> Error {
@@ -207,7 +211,7 @@ pub fn run_in_child(
             timeout.as_secs_f64(),
             tail(&err)
         )),
-        Waited::Exited(status) => ended(status, &out, &err, interrupted),
+        Waited::Exited(status) => ended(status, &out, &err),
         Waited::Lost(e) => ChildEnd::Failed(format!("lost the trial process: {e}")),
     }
 }
@@ -306,14 +310,8 @@ fn tail(stderr: &str) -> String {
 }
 
 /// The end of a child that exited: its reply, or why there is none.
-fn ended(status: ExitStatus, out: &str, err: &str, interrupted: &AtomicBool) -> ChildEnd {
+fn ended(status: ExitStatus, out: &str, err: &str) -> ChildEnd {
     if let Some(signal) = signal_of(status) {
-        // SIGINT or SIGTERM reach the children of a terminal's foreground
-        // group too: the run is being stopped, not the trial failing.
-        if signal == SIGINT || signal == SIGTERM {
-            interrupted.store(true, Ordering::SeqCst);
-            return ChildEnd::Interrupted;
-        }
         return ChildEnd::Failed(format!(
             "the trial's process died of signal {signal} ({}){}",
             signal_name(signal),
@@ -334,9 +332,6 @@ fn ended(status: ExitStatus, out: &str, err: &str, interrupted: &AtomicBool) -> 
         )),
     }
 }
-
-const SIGINT: i32 = 2;
-const SIGTERM: i32 = 15;
 
 #[cfg(unix)]
 fn signal_of(status: ExitStatus) -> Option<i32> {
@@ -393,7 +388,12 @@ mod tests {
             inject: vec!["F-1".into()],
             ..RunOptions::default()
         };
-        let r = ChildRequest::new(&options, Path::new("contracts/c.yaml"), "c::F-1", "run-1");
+        let r = ChildRequest::new(
+            &options,
+            Path::new("contracts/c.yaml"),
+            "c::F-1",
+            &RunMeta::detect(),
+        );
         let back: ChildRequest = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back, r);
         let o = back.options();

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-pub use isolate::{run_child, ChildCommand, ChildReply, ChildRequest, CHILD_FLAG, REPLY_MARKER};
+use isolate::ChildReply;
+pub use isolate::{run_child, ChildCommand, ChildRequest, CHILD_FLAG};
 
 pub use crate::report::meta::{
     nvidia_smi_query, read_clocks, GpuMeta, RecordedOptions, RunMeta, RUN_JSON,
@@ -121,14 +122,18 @@ pub fn plan(contracts: Vec<Contract>) -> Vec<TrialSpec> {
 /// kind's bounds allow, as a located contract error (file and line of the
 /// test): a contract that validates can also run. Cuda trials are checked
 /// only where a GPU was found; elsewhere they are skipped anyway.
-pub fn check_budgets(trials: &[TrialSpec], here: &Here) -> Vec<Error> {
+pub fn check_budgets<'a>(
+    trials: impl IntoIterator<Item = &'a TrialSpec>,
+    engine: &Engine,
+) -> Vec<Error> {
     let mut errors = Vec::new();
-    for trial in trials.iter().filter(|t| !t.selftest) {
+    for trial in trials.into_iter().filter(|t| !t.selftest) {
+        let here = engine.here_for(trial.backend);
         if trial.backend == Backend::Cuda && here.gpu.is_none() {
             continue;
         }
         let test = trial.test();
-        if let Err(message) = test.check.check_budget(trial.backend, here) {
+        if let Err(message) = test.check.check_budget(trial.backend, &here) {
             let path = trial.contract.path.clone();
             let text = std::fs::read_to_string(&path).unwrap_or_default();
             errors.push(Error::Contract {
@@ -169,8 +174,11 @@ pub struct Engine {
     gpu: Mutex<GpuSlot>,
     rows: Mutex<Vec<FalsificationRow>>,
     speedups: Mutex<Vec<SpeedupRow>>,
-    /// The machine as probed when trials are planned (read once).
-    here: OnceLock<Planned>,
+    /// The host's available memory, read once when trials are planned.
+    host_memory: OnceLock<u64>,
+    /// The GPU's facts and free memory, or why there is no usable GPU; read
+    /// once, and only when a cuda trial is planned.
+    gpu_probe: OnceLock<std::result::Result<(DeviceFacts, GpuHere), String>>,
     /// With child processes, cuda trials take turns: one GPU, one trial.
     gpu_turn: Mutex<()>,
     /// Set when the run is being stopped: no trial starts, a running child
@@ -196,14 +204,9 @@ impl Engine {
         Self::with_meta(options, RunMeta::detect())
     }
 
-    /// An engine whose rows carry `run_id` (a trial process reports for its parent's run).
-    pub fn with_run_id(options: RunOptions, run_id: &str) -> Self {
-        let mut meta = RunMeta::detect();
-        meta.run_id = run_id.to_string();
-        Self::with_meta(options, meta)
-    }
-
-    fn with_meta(options: RunOptions, mut meta: RunMeta) -> Self {
+    /// An engine recording into the run `meta` describes (a trial process
+    /// reports for its parent's run).
+    pub fn with_meta(options: RunOptions, mut meta: RunMeta) -> Self {
         meta.options = RecordedOptions {
             seed: options.seed,
             out_dir: options.out_dir.display().to_string(),
@@ -215,7 +218,8 @@ impl Engine {
             gpu: Mutex::new(GpuSlot::Unprobed),
             rows: Mutex::new(Vec::new()),
             speedups: Mutex::new(Vec::new()),
-            here: OnceLock::new(),
+            host_memory: OnceLock::new(),
+            gpu_probe: OnceLock::new(),
             gpu_turn: Mutex::new(()),
             interrupted: AtomicBool::new(false),
         }
@@ -232,47 +236,60 @@ impl Engine {
         self.interrupted.load(Ordering::SeqCst)
     }
 
-    /// The machine this run plans on: the host's memory and, when usable,
-    /// the GPU's name and memory. Probed once.
-    pub fn here(&self) -> &Here {
-        &self.planned().here
-    }
-
-    fn planned(&self) -> &Planned {
-        self.here.get_or_init(|| self.probe())
-    }
-
-    /// Reads the machine's facts. In-process, the GPU context opened here is
-    /// the one the trials use; with child processes it is closed again, so
-    /// the children have the device to themselves.
-    fn probe(&self) -> Planned {
-        let host_memory_bytes = host_memory_bytes();
-        let gpu = match &self.options.isolation {
-            Isolation::InProcess => {
-                let mut slot = lock(&self.gpu);
-                Self::ensure_gpu(&mut slot, &self.options.gpu);
-                match &*slot {
-                    GpuSlot::Ready(ctx) => Ok(gpu_here(ctx)),
-                    GpuSlot::Unavailable(why) | GpuSlot::Lost(why) => Err(why.clone()),
-                    GpuSlot::Unprobed => Err("CUDA was not probed".to_string()),
-                }
-            }
-            Isolation::Child(_) => probe_gpu(&self.options.gpu),
-        };
-        Planned {
-            here: Here {
-                host_memory_bytes,
-                gpu: gpu.as_ref().ok().map(|(_, g)| g.clone()),
+    /// What a trial on `backend` may use here: the host's memory and, for a
+    /// cuda trial, the GPU's name and memory when one is usable. Each is
+    /// read once; the GPU only when a cuda trial asks.
+    pub fn here_for(&self, backend: Backend) -> Here {
+        Here {
+            host_memory_bytes: *self.host_memory.get_or_init(host_memory_bytes),
+            gpu: match backend {
+                Backend::Cuda => self.gpu_probe().as_ref().ok().map(|(_, g)| g.clone()),
+                Backend::Cpu => None,
             },
-            gpu: gpu.map(|(facts, _)| facts),
         }
+    }
+
+    fn planned(&self, backend: Backend) -> Planned {
+        Planned {
+            here: self.here_for(backend),
+            gpu: match backend {
+                Backend::Cuda => self.gpu_probe().clone().map(|(facts, _)| facts),
+                Backend::Cpu => Err("a cpu trial uses no GPU".into()),
+            },
+        }
+    }
+
+    /// Reads the GPU's facts. In-process, the context opened here is the
+    /// one the trials use; with child processes it is closed again, so the
+    /// children have the device to themselves.
+    fn gpu_probe(&self) -> &std::result::Result<(DeviceFacts, GpuHere), String> {
+        self.gpu_probe
+            .get_or_init(|| match &self.options.isolation {
+                Isolation::InProcess => {
+                    let mut slot = lock(&self.gpu);
+                    Self::ensure_gpu(&mut slot, &self.options.gpu);
+                    match &*slot {
+                        GpuSlot::Ready(ctx) => Ok(gpu_here(ctx)),
+                        GpuSlot::Unavailable(why) | GpuSlot::Lost(why) => Err(why.clone()),
+                        GpuSlot::Unprobed => Err("CUDA was not probed".to_string()),
+                    }
+                }
+                Isolation::Child(_) => probe_gpu(&self.options.gpu),
+            })
     }
 
     /// Why `trial` cannot be judged here, decided before it runs: no usable
     /// GPU for a cuda trial, no target for this GPU kind, a configuration
     /// that does not fit. Such a trial is ignored and recorded `skipped`.
     pub fn unjudged(&self, trial: &TrialSpec) -> Option<String> {
-        unjudged_on(trial, self.planned())
+        unjudged_on(trial, &self.planned(trial.backend))
+    }
+
+    /// Whether a cuda trial ran (was not skipped) in this run.
+    fn ran_cuda(&self) -> bool {
+        lock(&self.rows)
+            .iter()
+            .any(|r| r.backend == Backend::Cuda.as_str() && r.status != Status::Skipped)
     }
 
     /// The number of trials recorded so far.
@@ -296,7 +313,7 @@ impl Engine {
     /// Why `cuda` trials cannot run here, or `None` when a device is usable.
     /// Opens the device on first call.
     pub fn cuda_skip_reason(&self) -> Option<String> {
-        self.planned().gpu.as_ref().err().cloned()
+        self.gpu_probe().as_ref().err().cloned()
     }
 
     fn ensure_gpu(slot: &mut GpuSlot, options: &GpuOptions) {
@@ -379,12 +396,8 @@ impl Engine {
         }
         // One GPU: cuda trials take turns; cpu trials run side by side.
         let _turn = (trial.backend == Backend::Cuda).then(|| lock(&self.gpu_turn));
-        let request = ChildRequest::new(
-            &self.options,
-            &trial.contract.path,
-            &trial.name,
-            &self.meta.run_id,
-        );
+        let request =
+            ChildRequest::new(&self.options, &trial.contract.path, &trial.name, &self.meta);
         let timeout = timeout_of(trial.test().timeout_s());
         let started = Instant::now();
         match isolate::run_in_child(command, &request, timeout, &self.interrupted) {
@@ -692,7 +705,12 @@ impl Engine {
         meta.finished = RunMeta::now_rfc3339();
         let facts = match &*lock(&self.gpu) {
             GpuSlot::Ready(ctx) => Some(ctx.facts().clone()),
-            _ => self.here.get().and_then(|p| p.gpu.as_ref().ok().cloned()),
+            // With child processes: the probed GPU, when a cuda trial ran on it.
+            _ if self.ran_cuda() => self
+                .gpu_probe
+                .get()
+                .and_then(|p| p.as_ref().ok().map(|(facts, _)| facts.clone())),
+            _ => None,
         };
         if let Some(facts) = facts {
             meta.gpu = Some(GpuMeta::from_facts(&facts));
