@@ -17,7 +17,7 @@ use super::claim::short;
 use super::compare::{RunComparison, RunData, SpeedupDiff, TrialDiff, Verdict};
 use super::meta::{plain_device, plain_sha, GitSource};
 use super::{format_number, FalsificationRow, SpeedupRow, Status};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Name of the report file written into the current run's directory.
 pub const REPORT_MD: &str = "REPORT.md";
@@ -118,7 +118,13 @@ pub fn write_report(baseline_root: &Path, current_dir: &Path) -> Result<ReportOu
             .collect(),
         why: &selection.why,
     };
-    let first = &report.compared[0];
+    let first = report
+        .compared
+        .first()
+        .ok_or_else(|| Error::InvalidArgument {
+            op: "report",
+            message: format!("no baseline to compare {} with", current_dir.display()),
+        })?;
     let charts = write_charts(current_dir, &first.cmp, &first.baseline.name)?;
     let artifacts: Vec<String> = ArtifactWriter::list(&current_dir.join(ARTIFACTS_DIR))
         .iter()

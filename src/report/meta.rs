@@ -327,11 +327,7 @@ mod tests {
     fn the_sha_is_the_build_commit_and_the_cpu_its_model_name() {
         let meta = RunMeta::detect();
         assert_eq!(meta.git_sha, BUILD_GIT_SHA);
-        assert!(!meta.git_sha.contains(' ') && !meta.git_sha.ends_with("-dirty"));
         assert!(!meta.cpu.starts_with("cpu:"), "{}", meta.cpu);
-        if meta.git_source == GitSource::BuildOnly {
-            assert_eq!(meta.git_dirty, None, "nothing is known without a checkout");
-        }
     }
 
     #[test]
