@@ -59,7 +59,9 @@ pub fn load_dir(dir: &Path) -> std::result::Result<Vec<Contract>, Vec<Error>> {
     let mut contracts = Vec::new();
     let mut errors = Vec::new();
     for (path, refused) in found {
-        match refused.map_or_else(|| load_file(&path), Err) {
+        // The walk classified every path already: read a contract file
+        // without asking again; keep every refusal beside the parse errors.
+        match refused.map_or_else(|| read_contract(&path), Err) {
             Ok(c) => contracts.push(c),
             Err(e) => errors.push(e),
         }
@@ -91,6 +93,11 @@ pub fn load_file(path: &Path) -> Result<Contract> {
             ))
         }
     }
+    read_contract(path)
+}
+
+/// Reads, parses and validates a file already known to be a contract file.
+fn read_contract(path: &Path) -> Result<Contract> {
     let bytes = read_capped(path)?;
     let text = decode(path, &bytes)?;
     parse(path, &text)
