@@ -25,7 +25,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::compare::{RunComparison, SpeedupDiff};
 use super::markdown::workload;
-use super::{SpeedupRow, Status};
+use super::{trim_zeros, SpeedupRow, Status};
 use crate::error::{Error, Result};
 
 /// One chart of the report: the file written, or why there is none.
@@ -424,17 +424,10 @@ fn nice_ceiling(x: f64) -> f64 {
 
 /// Axis tick text: `450k` rather than `450000.0`.
 fn tick(v: f64) -> String {
-    let trim = |s: String| {
-        if s.contains('.') {
-            s.trim_end_matches('0').trim_end_matches('.').to_string()
-        } else {
-            s
-        }
-    };
     if v.abs() >= 1e4 {
-        format!("{}k", trim(format!("{:.1}", v / 1e3)))
+        format!("{}k", trim_zeros(&format!("{:.1}", v / 1e3)))
     } else {
-        trim(format!("{v:.2}"))
+        trim_zeros(&format!("{v:.2}")).to_string()
     }
 }
 

@@ -4,6 +4,7 @@
 //! summary and `REPORT.md` all use these, so a failure reads as a failure
 //! everywhere.
 
+use super::trim_zeros;
 use super::Status;
 
 /// The measurement a report row leads with (empty: nothing was measured).
@@ -160,14 +161,6 @@ pub fn short(x: f64) -> String {
     }
     let decimals = (2 - a.log10().floor() as i32).max(0) as usize;
     trim_zeros(&format!("{x:.decimals$}")).to_string()
-}
-
-fn trim_zeros(s: &str) -> &str {
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.')
-    } else {
-        s
-    }
 }
 
 /// Relative tolerance for recognising a ratio as `observed / threshold`:

@@ -381,14 +381,32 @@ pub fn format_number(x: f64) -> String {
     if !(1e-3..1e6).contains(&a) {
         format!("{x:.3e}")
     } else {
-        let s = format!("{x:.4}");
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
+        trim_zeros(&format!("{x:.4}")).to_string()
+    }
+}
+
+/// `s` without the trailing zeros of its fraction (and the point itself when
+/// nothing is left of it): `1.500` -> `1.5`, `2.000` -> `2`, `450` stays.
+pub(crate) fn trim_zeros(s: &str) -> &str {
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        s
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_are_compact() {
+        assert_eq!(format_number(0.034), "0.034");
+        assert_eq!(format_number(1.5e-7), "1.500e-7");
+        assert_eq!(format_number(2.0), "2");
+        assert_eq!(trim_zeros("450"), "450");
+        assert_eq!(trim_zeros("1.500"), "1.5");
+    }
 
     fn row(contract: &str, test: &str, status: Status) -> FalsificationRow {
         FalsificationRow {

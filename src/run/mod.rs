@@ -948,12 +948,4 @@ mod tests {
         assert_ne!(trial_seed(0, "c", "A"), trial_seed(1, "c", "A"));
         assert_eq!(trial_seed(7, "c", "A"), trial_seed(7, "c", "A"));
     }
-
-    #[test]
-    fn numbers_are_compact() {
-        use crate::report::format_number;
-        assert_eq!(format_number(0.034), "0.034");
-        assert_eq!(format_number(1.5e-7), "1.500e-7");
-        assert_eq!(format_number(2.0), "2");
-    }
 }
