@@ -468,6 +468,7 @@ fn kernels(c: &mut Criterion) {
     let targets = token_ids(gpu, t, vocab, 19);
     let mut losses = zeros(gpu, t);
     let mut loss = zeros(gpu, 1);
+    let mut stats = cross_entropy::RowStats::new(gpu, t).expect("row stats");
     bench(&mut g, gpu, "cross_entropy_fwd", bytes(t * vocab), |gpu| {
         cross_entropy::forward(
             gpu,
@@ -477,6 +478,7 @@ fn kernels(c: &mut Criterion) {
             &targets.as_view(),
             &mut losses.as_view_mut(),
             &mut loss.as_view_mut(),
+            &mut stats,
         )
         .expect("cross-entropy forward")
     });
@@ -493,6 +495,7 @@ fn kernels(c: &mut Criterion) {
                 t,
                 vocab,
                 &targets.as_view(),
+                &stats,
                 &mut dlogits.as_view_mut(),
             )
             .expect("cross-entropy backward")

@@ -1,63 +1,115 @@
 // Global gradient-norm clipping, entirely on the device (no host copy):
 //
-//   S     = sum_i g_i^2                            (squared_sum: partial + final)
+//   S     = sum_i g_i^2                            (squared_sum)
 //   scale = min(1, max_norm / (sqrt(S) + 1e-6))    (clip_scale)
 //   g    <- scale * g                              (clip_apply)
 //
-// squared_sum is deterministic: the partial kernel is launched with a fixed
-// grid; block b sums, in double, the elements b*blockDim + tid + k*stride in
-// k order, then a fixed-shape tree; the final kernel (one block) sums the
-// partials the same way. Several tensors can share one reduction: each
-// tensor's partial launch writes its own slice of the partials buffer and one
-// final launch sums them all.
+// squared_sum is deterministic: the partial kernels are launched with a fixed
+// grid; block b sums, in double, its fixed share of the elements in a fixed
+// order, then a fixed-shape tree, and writes partials[b]. The last block to
+// finish (found with an atomic counter; which block it is does not matter)
+// sums all the partials the same way and writes S, so one launch does it all.
+// Several tensors can share one reduction: each tensor's partial launch writes
+// its own slice of the partials buffer and counts towards the same total, so
+// the last block of the last launch sums them all.
 //
 // blockDim.x must be a multiple of 32 and at most 1024 for every kernel here
 // that reduces.
 
-// partials[blockIdx.x] = sum of x[k]^2 over this block's share of [0, n).
+// Called by every block of a squared-sum launch once it has written its
+// partial: the block that completes the count `total` (over this and earlier
+// launches of the same reduction, on one stream) sums partials[0, total) in a
+// fixed order into sq[0] (when `write`) and resets the counter for the next
+// reduction. The fence orders each block's partial before its count.
+__device__ void finish_squared_sum(const double* partials, unsigned int* counter, int total,
+                                   double* sq, int write) {
+    __shared__ bool last;
+    __threadfence();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (unsigned int)total - 1u;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const volatile double* p = partials;
+    double acc = 0.0;
+    for (int k = threadIdx.x; k < total; k += blockDim.x) acc += p[k];
+    acc = block_sum_d(acc);
+    if (threadIdx.x == 0) {
+        if (write) sq[0] = acc;
+        *counter = 0u;
+    }
+}
+
+#define SQ_UNROLL 4
+
+// partials[first + blockIdx.x] = sum of x[k]^2 over this block's share of
+// [0, n): float4 k = blockIdx.x * blockDim.x + tid + j * stride in j order
+// when x is 16-byte aligned, then the last n % 4 values (or every value, one
+// by one, when it is not); then finish_squared_sum.
 extern "C" __global__ void squared_sum_partial_f32(const float* __restrict__ x,
                                                    double* __restrict__ partials,
-                                                   int n) {
+                                                   int n, int first,
+                                                   unsigned int* __restrict__ counter,
+                                                   int total, double* __restrict__ sq,
+                                                   int write) {
+    const int tid = blockIdx.x * blockDim.x + threadIdx.x;
     const int stride = gridDim.x * blockDim.x;
     double acc = 0.0;
-    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < n; k += stride) {
+    int done = 0;
+    if (aligned16(x)) {
+        const int n4 = n / 4;
+        const float4* x4 = reinterpret_cast<const float4*>(x);
+        // SQ_UNROLL float4s in flight per thread before any is summed (the
+        // sum is still in k order), enough bytes to cover DRAM latency.
+        for (int k0 = tid; k0 < n4; k0 += SQ_UNROLL * stride) {
+            float4 v[SQ_UNROLL];
+            #pragma unroll
+            for (int u = 0; u < SQ_UNROLL; ++u) {
+                const int k = k0 + u * stride;
+                v[u] = k < n4 ? x4[k] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+            #pragma unroll
+            for (int u = 0; u < SQ_UNROLL; ++u) {
+                acc += (double)v[u].x * v[u].x + (double)v[u].y * v[u].y +
+                       (double)v[u].z * v[u].z + (double)v[u].w * v[u].w;
+            }
+        }
+        done = 4 * n4;
+    }
+    for (int k = done + tid; k < n; k += stride) {
         const double v = (double)x[k];
         acc += v * v;
     }
     acc = block_sum_d(acc);
-    if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+    if (threadIdx.x == 0) partials[first + blockIdx.x] = acc;
+    finish_squared_sum(partials, counter, total, sq, write);
 }
 
 // The same over every tensor of a table (gpu/table.rs, one column: g_i), in
 // one launch: block b sums the elements b * blockDim + tid + j * stride of the
 // concatenation, in j order, then the fixed-shape tree. The grid is fixed by
-// the caller, so the order, and the sum, are the same on every run.
+// the caller, so the order, and the sum, are the same on every run. A
+// thread's elements ascend, so it finds each one's tensor by walking forward
+// from the last one's instead of searching the whole table.
 extern "C" __global__ void squared_sum_multi_partial_f32(const unsigned long long* __restrict__ ptrs,
                                                          const long long* __restrict__ offsets,
                                                          int n_tensors,
-                                                         double* __restrict__ partials) {
+                                                         double* __restrict__ partials,
+                                                         unsigned int* __restrict__ counter,
+                                                         double* __restrict__ sq, int write) {
     const long long total = offsets[n_tensors];
     const long long stride = (long long)gridDim.x * blockDim.x;
     double acc = 0.0;
-    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += stride) {
-        const int i = table_find(offsets, n_tensors, k);
+    long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    int i = k < total ? table_find(offsets, n_tensors, k) : 0;
+    for (; k < total; k += stride) {
+        while (offsets[i + 1] <= k) ++i;
         const float* g = reinterpret_cast<const float*>(ptrs[i]);
         const double v = (double)g[k - offsets[i]];
         acc += v * v;
     }
     acc = block_sum_d(acc);
     if (threadIdx.x == 0) partials[blockIdx.x] = acc;
-}
-
-// sq[0] = sum_{p < nparts} partials[p]. One block.
-extern "C" __global__ void squared_sum_final_f32(const double* __restrict__ partials,
-                                                 double* __restrict__ sq,
-                                                 int nparts) {
-    if (blockIdx.x != 0) return;
-    double acc = 0.0;
-    for (int p = threadIdx.x; p < nparts; p += blockDim.x) acc += partials[p];
-    acc = block_sum_d(acc);
-    if (threadIdx.x == 0) sq[0] = acc;
+    finish_squared_sum(partials, counter, (int)gridDim.x, sq, write);
 }
 
 // scale[0] = min(1, max_norm / (sqrt(sq[0]) + 1e-6)), computed in double.

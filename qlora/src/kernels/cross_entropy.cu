@@ -6,6 +6,10 @@
 //   loss   = (1 / rows) sum_r loss_r                 (mean, summed in row order)
 //   dx_j   = (exp((x_j - m) - ln sum) - [j == t]) * grad_scale,  grad_scale = 1 / rows
 //
+// The forward stores each row's (m, ln sum) in `stats` [rows, 2]; the
+// backward reads them instead of recomputing, so it reads the logits once:
+// one pass over 600 KB rows that do not stay in cache.
+//
 // A target outside [0, vocab) yields NaN for that row (detectable, never a
 // read out of bounds).
 //
@@ -63,10 +67,11 @@ __device__ float2 row_shifted_lse(const float* xr, int vocab) {
     return make_float2(mb, logf(t));
 }
 
-// losses[r] = loss_r for rows [0, rows).
+// losses[r] = loss_r and stats[r] = (m, ln sum) for rows [0, rows).
 extern "C" __global__ void cross_entropy_fwd_f32(const float* __restrict__ logits,
                                                  const unsigned int* __restrict__ targets,
                                                  float* __restrict__ losses,
+                                                 float2* __restrict__ stats,
                                                  int rows, int vocab) {
     const int row = blockIdx.x;
     if (row >= rows) return;  // uniform per block
@@ -75,6 +80,7 @@ extern "C" __global__ void cross_entropy_fwd_f32(const float* __restrict__ logit
     if (threadIdx.x == 0) {
         const unsigned int t = targets[row];
         losses[row] = t < (unsigned int)vocab ? (ml.x - xr[t]) + ml.y : __int_as_float(0x7fc00000);
+        stats[row] = ml;
     }
 }
 
@@ -90,16 +96,18 @@ extern "C" __global__ void cross_entropy_mean_f32(const float* __restrict__ loss
     if (threadIdx.x == 0) out[0] = total / (float)rows;
 }
 
-// dlogits for rows [0, rows): (softmax(x_r) - onehot(t_r)) * grad_scale.
+// dlogits for rows [0, rows): (softmax(x_r) - onehot(t_r)) * grad_scale,
+// with the forward's stats of each row.
 extern "C" __global__ void cross_entropy_bwd_f32(const float* __restrict__ logits,
                                                  const unsigned int* __restrict__ targets,
+                                                 const float2* __restrict__ stats,
                                                  float* __restrict__ dlogits,
                                                  int rows, int vocab, float grad_scale) {
     const int row = blockIdx.x;
     if (row >= rows) return;
     const size_t base = (size_t)row * vocab;
     const float* xr = logits + base;
-    const float2 ml = row_shifted_lse(xr, vocab);
+    const float2 ml = stats[row];
     const unsigned int t = targets[row];
     const float bad = t < (unsigned int)vocab ? 0.0f : __int_as_float(0x7fc00000);
     float* dr = dlogits + base;

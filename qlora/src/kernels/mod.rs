@@ -51,7 +51,6 @@ pub const MODULES: &[ModuleSource] = &[
             "rmsnorm_fwd_f32",
             "rmsnorm_residual_fwd_f32",
             "rmsnorm_bwd_f32",
-            "rmsnorm_bwd_dgamma_partial_f32",
             "rmsnorm_bwd_dgamma_final_f32"
         ]
     ),
@@ -87,7 +86,6 @@ pub const MODULES: &[ModuleSource] = &[
         "clip",
         [
             "squared_sum_partial_f32",
-            "squared_sum_final_f32",
             "clip_scale_f32",
             "clip_apply_f32",
             "squared_sum_multi_partial_f32"

@@ -5,37 +5,83 @@
 //             dx_i = r * u_i - x_i * r^3 * <u, x> / hidden
 //             dgamma_i = sum_rows dy_i * x_i * r
 //
-// Row kernels: one block per row (grid.x = rows to write), any blockDim.x that
-// is a multiple of 32 and <= 1024; threads stride over the row, so loads are
-// coalesced, and the row reduction is a warp shuffle then one warp over the
-// per-warp partials.
+// The forward and backward hold a row in registers: thread t owns the packs
+// of four columns j = t + k * blockDim.x (k < RMS_PACKS), so each value is
+// read from memory once, as one float4 when the row allows it. blockDim.x is
+// a multiple of 32, at most 1024, and 4 * RMS_PACKS * blockDim.x >= hidden
+// (the launcher picks it). Row reductions are a warp shuffle then one warp
+// over the per-warp partials.
 //
 // dgamma is reduced deterministically, in a fixed order independent of
-// scheduling: the dx kernel stores each row's r; a partial kernel sums, for
-// each column, a fixed chunk of rows in row order; a final kernel sums the
-// chunk partials in chunk order. No atomics.
+// scheduling: the backward's block c handles a fixed chunk of rows in row
+// order and writes, for each column, its chunk's partial sum; a final kernel
+// sums the chunk partials in a fixed tree. No atomics.
 
+#define RMS_PACKS 4
 
-
-// 1 / sqrt(mean(x^2) + eps) of row x[0..hidden).
-__device__ float row_inv_rms(const float* x, int hidden, float eps) {
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) ss += x[i] * x[i];
-    ss = block_sum(ss);
-    return 1.0f / sqrtf(ss / (float)hidden + eps);
+// Pack j of a row: columns 4j .. 4j+3, zero past the row's end. `vec` says the
+// row is 16-byte aligned and hidden % 4 == 0, so the pack is one float4.
+__device__ __forceinline__ float4 load_pack(const float* p, int j, int hidden, bool vec) {
+    if (vec) return reinterpret_cast<const float4*>(p)[j];
+    const int c = 4 * j;
+    return make_float4(c < hidden ? p[c] : 0.0f, c + 1 < hidden ? p[c + 1] : 0.0f,
+                       c + 2 < hidden ? p[c + 2] : 0.0f, c + 3 < hidden ? p[c + 3] : 0.0f);
 }
 
-// y = rmsnorm(x) * gamma for rows [0, rows).
+__device__ __forceinline__ void store_pack(float* p, int j, int hidden, bool vec, float4 v) {
+    if (vec) {
+        reinterpret_cast<float4*>(p)[j] = v;
+        return;
+    }
+    const int c = 4 * j;
+    if (c < hidden) p[c] = v.x;
+    if (c + 1 < hidden) p[c + 1] = v.y;
+    if (c + 2 < hidden) p[c + 2] = v.z;
+    if (c + 3 < hidden) p[c + 3] = v.w;
+}
+
+__device__ __forceinline__ float dot4(float4 a, float4 b) {
+    return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+}
+
+// The pack index of this thread's k-th pack, or -1 past the row.
+__device__ __forceinline__ int pack_index(int k, int packs) {
+    const int j = k * blockDim.x + threadIdx.x;
+    return j < packs ? j : -1;
+}
+
+// y = rmsnorm(x) * gamma for rows [0, rows); block b takes rows b, b +
+// gridDim.x, ... (one row per block, except under the test-only serialised
+// launch, which runs one block).
 extern "C" __global__ void rmsnorm_fwd_f32(const float* __restrict__ x,
                                            const float* __restrict__ gamma,
                                            float* __restrict__ y,
                                            int rows, int hidden, float eps) {
-    const int row = blockIdx.x;
-    if (row >= rows) return;  // uniform per block
-    const float* xr = x + (size_t)row * hidden;
-    float* yr = y + (size_t)row * hidden;
-    const float r = row_inv_rms(xr, hidden, eps);
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) yr[i] = xr[i] * r * gamma[i];
+    const int packs = (hidden + 3) / 4;
+    for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+        const float* xr = x + (size_t)row * hidden;
+        float* yr = y + (size_t)row * hidden;
+        const bool vec = hidden % 4 == 0 && aligned16(xr) && aligned16(yr) && aligned16(gamma);
+        float4 xv[RMS_PACKS];
+        float ss = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < RMS_PACKS; ++k) {
+            const int j = pack_index(k, packs);
+            xv[k] = j >= 0 ? load_pack(xr, j, hidden, vec) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            ss += dot4(xv[k], xv[k]);
+        }
+        ss = block_sum(ss);
+        const float r = 1.0f / sqrtf(ss / (float)hidden + eps);
+        #pragma unroll
+        for (int k = 0; k < RMS_PACKS; ++k) {
+            const int j = pack_index(k, packs);
+            if (j < 0) continue;
+            const float4 g = load_pack(gamma, j, hidden, vec);
+            const float4 v = xv[k];
+            store_pack(yr, j, hidden, vec,
+                       make_float4(v.x * r * g.x, v.y * r * g.y, v.z * r * g.z, v.w * r * g.w));
+        }
+    }
 }
 
 // Fused residual add + RMSNorm: h = a + b (the new residual stream, stored),
@@ -62,64 +108,150 @@ extern "C" __global__ void rmsnorm_residual_fwd_f32(const float* __restrict__ a,
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) y[base + i] = h[base + i] * r * gamma[i];
 }
 
-// dx for rows [0, rows), and inv_rms[row] = r for the dgamma reduction.
+// (sum of a, sum of b) over the block, in one pass of shuffles and barriers;
+// every thread gets both.
+__device__ float2 block_sum2(float a, float b) {
+    __shared__ float2 partial[32];
+    __shared__ float2 total;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+    a = warp_reduce(a, SumOp());
+    b = warp_reduce(b, SumOp());
+    if (lane == 0) partial[warp] = make_float2(a, b);
+    __syncthreads();
+    if (warp == 0) {
+        float2 v = lane < nwarps ? partial[lane] : make_float2(0.0f, 0.0f);
+        v.x = warp_reduce(v.x, SumOp());
+        v.y = warp_reduce(v.y, SumOp());
+        if (lane == 0) total = v;
+    }
+    __syncthreads();
+    const float2 out = total;
+    __syncthreads();  // `partial` and `total` may be reused by the next call
+    return out;
+}
+
+// This thread's packs of row `base` of x and dy (zero past the row).
+__device__ __forceinline__ void load_row_packs(const float* __restrict__ x,
+                                               const float* __restrict__ dy, size_t base,
+                                               int hidden, int packs, bool vec,
+                                               float4 (&xv)[RMS_PACKS], float4 (&dv)[RMS_PACKS]) {
+    const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    #pragma unroll
+    for (int k = 0; k < RMS_PACKS; ++k) {
+        const int j = pack_index(k, packs);
+        xv[k] = j >= 0 ? load_pack(x + base, j, hidden, vec) : z;
+        dv[k] = j >= 0 ? load_pack(dy + base, j, hidden, vec) : z;
+    }
+}
+
+// One chunk of rmsnorm_bwd_f32: rows [r0, r1), its dgamma partial into
+// `partial` [hidden]. The next row's values are loaded before this row's
+// reduction, so the loads' latency overlaps the barriers.
+__device__ void rmsnorm_bwd_chunk(const float* __restrict__ x, const float* __restrict__ gamma,
+                                  const float* __restrict__ dy, float* __restrict__ dx,
+                                  float* __restrict__ partial, int r0, int r1, int hidden,
+                                  float eps, int packs, bool vec) {
+    float4 gv[RMS_PACKS];
+    float4 acc[RMS_PACKS];
+    #pragma unroll
+    for (int k = 0; k < RMS_PACKS; ++k) {
+        const int j = pack_index(k, packs);
+        gv[k] = j >= 0 ? load_pack(gamma, j, hidden, vec) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    float4 xv[RMS_PACKS];
+    float4 dv[RMS_PACKS];
+    if (r0 < r1) load_row_packs(x, dy, (size_t)r0 * hidden, hidden, packs, vec, xv, dv);
+    for (int row = r0; row < r1; ++row) {
+        const size_t base = (size_t)row * hidden;
+        float4 xn[RMS_PACKS];
+        float4 dn[RMS_PACKS];
+        if (row + 1 < r1) load_row_packs(x, dy, base + hidden, hidden, packs, vec, xn, dn);
+        float ss = 0.0f;
+        float dot = 0.0f;  // <dy * gamma, x>
+        #pragma unroll
+        for (int k = 0; k < RMS_PACKS; ++k) {
+            ss += dot4(xv[k], xv[k]);
+            const float4 u = make_float4(dv[k].x * gv[k].x, dv[k].y * gv[k].y,
+                                         dv[k].z * gv[k].z, dv[k].w * gv[k].w);
+            dot += dot4(u, xv[k]);
+        }
+        const float2 sums = block_sum2(ss, dot);
+        const float r = 1.0f / sqrtf(sums.x / (float)hidden + eps);
+        const float proj = r * r * r * sums.y / (float)hidden;
+        #pragma unroll
+        for (int k = 0; k < RMS_PACKS; ++k) {
+            const int j = pack_index(k, packs);
+            if (j < 0) continue;
+            const float4 v = xv[k];
+            const float4 d = dv[k];
+            const float4 g = gv[k];
+            store_pack(dx + base, j, hidden, vec,
+                       make_float4(r * d.x * g.x - v.x * proj, r * d.y * g.y - v.y * proj,
+                                   r * d.z * g.z - v.z * proj, r * d.w * g.w - v.w * proj));
+            acc[k].x += d.x * v.x * r;
+            acc[k].y += d.y * v.y * r;
+            acc[k].z += d.z * v.z * r;
+            acc[k].w += d.w * v.w * r;
+        }
+        #pragma unroll
+        for (int k = 0; k < RMS_PACKS; ++k) {
+            xv[k] = xn[k];
+            dv[k] = dn[k];
+        }
+    }
+    #pragma unroll
+    for (int k = 0; k < RMS_PACKS; ++k) {
+        const int j = pack_index(k, packs);
+        if (j >= 0) store_pack(partial, j, hidden, vec, acc[k]);
+    }
+}
+
+// dx for rows [0, rows), and partials[c * hidden + i] = sum over the rows of
+// chunk c ([c * rows_per_chunk, min(rows, (c+1) * rows_per_chunk)), in row
+// order) of dy[row, i] * x[row, i] * r_row. One block per chunk; x and dy are
+// read once, each row's values held in registers between its reduction and
+// its dx, and the chunk's dgamma partial accumulates in registers. Block b
+// takes chunks b, b + gridDim.x, ... (one each, except under the test-only
+// serialised launch, which runs one block).
 extern "C" __global__ void rmsnorm_bwd_f32(const float* __restrict__ x,
                                            const float* __restrict__ gamma,
                                            const float* __restrict__ dy,
                                            float* __restrict__ dx,
-                                           float* __restrict__ inv_rms,
-                                           int rows, int hidden, float eps) {
-    const int row = blockIdx.x;
-    if (row >= rows) return;
-    const size_t base = (size_t)row * hidden;
-    const float* xr = x + base;
-    const float* dyr = dy + base;
-    float ss = 0.0f;
-    float dot = 0.0f;  // <dy * gamma, x>
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-        const float xv = xr[i];
-        ss += xv * xv;
-        dot += dyr[i] * gamma[i] * xv;
+                                           float* __restrict__ partials,
+                                           int rows, int hidden, float eps,
+                                           int rows_per_chunk, int chunks) {
+    const int packs = (hidden + 3) / 4;
+    const bool vec = hidden % 4 == 0 && aligned16(x) && aligned16(dy) && aligned16(dx) &&
+                     aligned16(gamma) && aligned16(partials);
+    for (int c = blockIdx.x; c < chunks; c += gridDim.x) {
+        rmsnorm_bwd_chunk(x, gamma, dy, dx, partials + (size_t)c * hidden, c * rows_per_chunk,
+                          min(rows, (c + 1) * rows_per_chunk), hidden, eps, packs, vec);
     }
-    ss = block_sum(ss);
-    dot = block_sum(dot);
-    const float r = 1.0f / sqrtf(ss / (float)hidden + eps);
-    const float proj = r * r * r * dot / (float)hidden;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-        dx[base + i] = r * dyr[i] * gamma[i] - xr[i] * proj;
-    }
-    if (threadIdx.x == 0) inv_rms[row] = r;
 }
 
-// partials[c * hidden + i] = sum over rows [c * rows_per_chunk, min(rows, (c+1) * rows_per_chunk))
-// of dy[row, i] * x[row, i] * inv_rms[row], summed in row order.
-// grid (ceil(hidden / blockDim.x), chunks); one thread per (column, chunk).
-extern "C" __global__ void rmsnorm_bwd_dgamma_partial_f32(const float* __restrict__ x,
-                                                          const float* __restrict__ dy,
-                                                          const float* __restrict__ inv_rms,
-                                                          float* __restrict__ partials,
-                                                          int rows, int hidden,
-                                                          int rows_per_chunk) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    const int c = blockIdx.y;
-    if (i >= hidden) return;
-    const int r0 = c * rows_per_chunk;
-    const int r1 = min(rows, r0 + rows_per_chunk);
-    float acc = 0.0f;
-    for (int r = r0; r < r1; ++r) {
-        const size_t k = (size_t)r * hidden + i;
-        acc += dy[k] * x[k] * inv_rms[r];
-    }
-    partials[(size_t)c * hidden + i] = acc;
-}
-
-// dgamma[i] = sum_{c < chunks} partials[c * hidden + i], in chunk order, for i < n_write.
+// dgamma[i] = sum_{c < chunks} partials[c * hidden + i], for i < n_write.
+// Block of 32 x 8 threads over 32 columns: thread (col, g) sums chunks
+// g, g + 8, ... in order (a warp reads 32 adjacent columns: one line), then
+// thread g = 0 adds the eight group sums in order. A fixed order: bit-for-bit
+// reproducible.
 extern "C" __global__ void rmsnorm_bwd_dgamma_final_f32(const float* __restrict__ partials,
                                                         float* __restrict__ dgamma,
                                                         int hidden, int chunks, int n_write) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= hidden || i >= n_write) return;
+    __shared__ float group[8][32];
+    const int col = blockIdx.x * 32 + threadIdx.x;
+    const int g = threadIdx.y;
     float acc = 0.0f;
-    for (int c = 0; c < chunks; ++c) acc += partials[(size_t)c * hidden + i];
-    dgamma[i] = acc;
+    if (col < hidden) {
+        for (int c = g; c < chunks; c += 8) acc += partials[(size_t)c * hidden + col];
+    }
+    group[g][threadIdx.x] = acc;
+    __syncthreads();
+    if (g != 0 || col >= hidden || col >= n_write) return;
+    float total = 0.0f;
+    #pragma unroll
+    for (int k = 0; k < 8; ++k) total += group[k][threadIdx.x];
+    dgamma[col] = total;
 }

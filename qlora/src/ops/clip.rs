@@ -19,13 +19,32 @@ pub const MODULE: &str = "clip";
 
 /// Kernel argument lists, checked against the compiled PTX by a unit test.
 pub const SIGNATURES: Signatures = &[
-    ("squared_sum_partial_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
-    ("squared_sum_final_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
+    (
+        "squared_sum_partial_f32",
+        &[
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I32,
+            Arg::I32,
+            Arg::Ptr,
+            Arg::I32,
+            Arg::Ptr,
+            Arg::I32,
+        ],
+    ),
     ("clip_scale_f32", &[Arg::Ptr, Arg::Ptr, Arg::F32, Arg::I32]),
     ("clip_apply_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
     (
         "squared_sum_multi_partial_f32",
-        &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::Ptr],
+        &[
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I32,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I32,
+        ],
     ),
 ];
 
@@ -35,21 +54,22 @@ pub const TABLE_PARTIALS: usize = 264;
 
 /// At most this many partial sums (blocks) per tensor.
 const MAX_PARTIALS_PER_TENSOR: usize = 512;
-/// Threads of the one-block final reduction.
-const FINAL_THREADS: u32 = 256;
 
-/// Blocks (and so partial sums) of the squared sum of a tensor of `n` values.
+/// Blocks (and so partial sums) of the squared sum of a tensor of `n` values:
+/// one thread per `SQ_UNROLL = 4` float4s.
 fn partials_for(n: usize) -> usize {
-    n.div_ceil(THREADS_1D as usize)
+    n.div_ceil(16 * THREADS_1D as usize)
         .clamp(1, MAX_PARTIALS_PER_TENSOR)
 }
 
 /// The per-block partial sums of [`squared_sum`] over a fixed list of tensor
-/// lengths. The grid of every launch is derived from these lengths alone, so
-/// the reduction order (and the result, bit for bit) depends on nothing else.
+/// lengths, and the counter that finds the last block. The grid of every
+/// launch is derived from these lengths alone, so the reduction order (and
+/// the result, bit for bit) depends on nothing else.
 pub struct SquaredSumWorkspace {
     lens: Vec<usize>,
     partials: CudaSlice<f64>,
+    counter: CudaSlice<u32>,
 }
 
 impl SquaredSumWorkspace {
@@ -59,6 +79,23 @@ impl SquaredSumWorkspace {
         Ok(SquaredSumWorkspace {
             lens: lens.to_vec(),
             partials: gpu.zeros(total.max(1))?,
+            counter: gpu.zeros(1)?,
+        })
+    }
+}
+
+/// The [`TABLE_PARTIALS`] partial sums of [`squared_sum_table`] and its
+/// last-block counter.
+pub struct TableSumWorkspace {
+    partials: CudaSlice<f64>,
+    counter: CudaSlice<u32>,
+}
+
+impl TableSumWorkspace {
+    pub fn new(gpu: &GpuContext) -> Result<Self> {
+        Ok(TableSumWorkspace {
+            partials: gpu.zeros(TABLE_PARTIALS)?,
+            counter: gpu.zeros(1)?,
         })
     }
 }
@@ -81,80 +118,60 @@ pub fn squared_sum(
     }
     expect_len("squared_sum", "sq", sq.len(), &[1])?;
     let f = gpu.function(MODULE, "squared_sum_partial_f32")?;
-    let mut offset = 0;
+    let total: usize = lens.iter().map(|&n| partials_for(n)).sum();
+    let total_i = crate::gpu::to_i32("squared_sum", "partials", total)?;
+    let write = i32::from(gpu.faults().written(1) == 1);
+    let mut first = 0;
     for t in tensors {
         let n = t.len();
         let blocks = partials_for(n);
         let n_i = elements("squared_sum", n)?;
+        let first_i = crate::gpu::to_i32("squared_sum", "partials", first)?;
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (gpu.block_threads(THREADS_1D), 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut part = ws.partials.slice_mut(offset..offset + blocks);
         let mut l = gpu.stream().launch_builder(&f);
-        l.arg(t).arg(&mut part).arg(&n_i);
-        // SAFETY: squared_sum_partial_f32(const float* x, double* partials, int n):
-        // x holds n elements; `part` is the blocks-long slice of the workspace
-        // (sized from the same lengths, checked above) and block b writes
-        // partials[b], b < blocks = gridDim.x; blockDim (256, or 32 under the
-        // SerialisedLaunch fault) is a multiple of 32, as the reduction needs.
+        l.arg(t).arg(&mut ws.partials).arg(&n_i).arg(&first_i);
+        l.arg(&mut ws.counter)
+            .arg(&total_i)
+            .arg(&mut *sq)
+            .arg(&write);
+        // SAFETY: squared_sum_partial_f32(const float* x, double* partials,
+        // int n, int first, unsigned int* counter, int total, double* sq, int
+        // write): x holds n elements; block b writes partials[first + b] with
+        // first + b < total = the workspace's length (sized from the same
+        // lengths, checked above); the last block reads partials[0, total),
+        // writes sq[0] (length 1, checked) and resets the one counter. Launches
+        // of one reduction run in stream order, so the count completes in the
+        // last. blockDim (256, or 32 under the SerialisedLaunch fault) is a
+        // multiple of 32, as the reduction needs.
         unsafe { l.launch(cfg) }?;
-        offset += blocks;
+        first += blocks;
     }
-    if gpu.faults().written(1) == 0 {
-        return Ok(());
-    }
-    sum_partials(gpu, &ws.partials, offset, sq)
-}
-
-/// `sq[0] = sum of the first nparts partials`, one block, fixed order.
-fn sum_partials(
-    gpu: &mut GpuContext,
-    partials: &CudaSlice<f64>,
-    nparts: usize,
-    sq: &mut CudaViewMut<'_, f64>,
-) -> Result<()> {
-    if nparts > partials.len() {
-        return Err(Error::ShapeMismatch {
-            op: "squared_sum",
-            expected: format!("at least {nparts} partials"),
-            got: format!("{}", partials.len()),
-        });
-    }
-    expect_len("squared_sum", "sq", sq.len(), &[1])?;
-    let nparts = crate::gpu::to_i32("squared_sum", "partials", nparts)?;
-    let f = gpu.function(MODULE, "squared_sum_final_f32")?;
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (FINAL_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut l = gpu.stream().launch_builder(&f);
-    l.arg(partials).arg(sq).arg(&nparts);
-    // SAFETY: squared_sum_final_f32(const double* partials, double* sq, int nparts):
-    // partials holds at least nparts values and sq one (both checked); one block.
-    unsafe { l.launch(cfg) }?;
     Ok(())
 }
 
 /// `sq[0] = sum_i ||g_i||^2` over every tensor of `table` (one column: the
-/// tensors themselves), in two launches whatever the number of tensors:
-/// [`TABLE_PARTIALS`] block partials, then their sum.
+/// tensors themselves), in one launch whatever the number of tensors:
+/// [`TABLE_PARTIALS`] block partials, summed by the last block to finish.
 pub fn squared_sum_table(
     gpu: &mut GpuContext,
     table: &TensorTable,
-    partials: &mut CudaSlice<f64>,
+    ws: &mut TableSumWorkspace,
     sq: &mut CudaViewMut<'_, f64>,
 ) -> Result<()> {
-    if table.columns != 1 || partials.len() != TABLE_PARTIALS {
+    if table.columns != 1 {
         return Err(Error::ShapeMismatch {
             op: "squared_sum",
-            expected: format!("a one-column table and {TABLE_PARTIALS} partials"),
-            got: format!("{} columns, {} partials", table.columns, partials.len()),
+            expected: "a one-column table".into(),
+            got: format!("{} columns", table.columns),
         });
     }
+    expect_len("squared_sum", "sq", sq.len(), &[1])?;
     let n = crate::gpu::to_i32("squared_sum", "tensors", table.tensors)?;
+    let write = i32::from(gpu.faults().written(1) == 1);
     let f = gpu.function(MODULE, "squared_sum_multi_partial_f32")?;
     let cfg = LaunchConfig {
         grid_dim: (TABLE_PARTIALS as u32, 1, 1),
@@ -165,15 +182,20 @@ pub fn squared_sum_table(
     l.arg(&table.ptrs)
         .arg(&table.offsets)
         .arg(&n)
-        .arg(&mut *partials);
+        .arg(&mut ws.partials)
+        .arg(&mut ws.counter)
+        .arg(sq)
+        .arg(&write);
     // SAFETY: squared_sum_multi_partial_f32(const unsigned long long* ptrs,
-    // const long long* offsets, int n_tensors, double* partials): the table
-    // holds n_tensors addresses of live f32 tensors whose lengths are the
-    // offsets' differences (TensorTable's owner keeps them alive), so every
-    // read is in bounds; the grid is exactly TABLE_PARTIALS blocks, one
-    // partial each, and THREADS_1D is a multiple of 32 as the reduction needs.
+    // const long long* offsets, int n_tensors, double* partials, unsigned int*
+    // counter, double* sq, int write): the table holds n_tensors addresses of
+    // live f32 tensors whose lengths are the offsets' differences
+    // (TensorTable's owner keeps them alive), so every read is in bounds; the
+    // grid is exactly TABLE_PARTIALS blocks, one partial each, in a workspace
+    // of TABLE_PARTIALS; sq holds one value (checked); THREADS_1D is a
+    // multiple of 32 as the reduction needs.
     unsafe { l.launch(cfg) }?;
-    sum_partials(gpu, partials, TABLE_PARTIALS, sq)
+    Ok(())
 }
 
 /// `scale[0] = min(1, max_norm / (sqrt(sq[0]) + 1e-6))`, device to device.

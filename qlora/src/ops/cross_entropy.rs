@@ -2,7 +2,7 @@
 //! `loss_r = lse(x_r) - x_r[t_r]` (max-shifted), their mean summed in a fixed
 //! order, and the logit gradient `(softmax(x_r) - onehot(t_r)) / rows`.
 
-use cudarc::driver::{CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
 use super::launch::expect_len;
 use super::launch::row_threads;
@@ -16,12 +16,20 @@ pub const MODULE: &str = "cross_entropy";
 pub const SIGNATURES: Signatures = &[
     (
         "cross_entropy_fwd_f32",
-        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32],
+        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32],
     ),
     ("cross_entropy_mean_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
     (
         "cross_entropy_bwd_f32",
-        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::F32],
+        &[
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I32,
+            Arg::I32,
+            Arg::F32,
+        ],
     ),
 ];
 
@@ -43,9 +51,42 @@ fn dims(rows: usize, vocab: usize) -> Result<(i32, i32)> {
     ))
 }
 
-/// Per-row losses into `losses` `[rows]` and their mean into `loss` `[1]`.
-/// A target `>= vocab` gives that row (and so the mean) NaN: the targets live
-/// on the device, so they are checked there.
+/// The forward's per-row `(max, ln sum exp(x - max))`, `[rows, 2]`, which
+/// the backward reads instead of a second pass over the logits.
+pub struct RowStats {
+    rows: usize,
+    stats: CudaSlice<f32>,
+}
+
+impl RowStats {
+    pub fn new(gpu: &GpuContext, rows: usize) -> Result<Self> {
+        Ok(RowStats {
+            rows,
+            stats: gpu.zeros(2 * rows.max(1))?,
+        })
+    }
+
+    /// Device bytes held.
+    pub fn bytes(&self) -> usize {
+        4 * self.stats.len()
+    }
+
+    fn expect_rows(&self, rows: usize) -> Result<()> {
+        if self.rows == rows {
+            return Ok(());
+        }
+        Err(Error::ShapeMismatch {
+            op: "cross_entropy",
+            expected: format!("row stats for {rows} rows"),
+            got: format!("{}", self.rows),
+        })
+    }
+}
+
+/// Per-row losses into `losses` `[rows]`, their mean into `loss` `[1]`, and
+/// the rows' stats for the backward into `stats`. A target `>= vocab` gives
+/// that row (and so the mean) NaN: the targets live on the device, so they
+/// are checked there.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     gpu: &mut GpuContext,
@@ -55,11 +96,13 @@ pub fn forward(
     targets: &CudaView<'_, u32>,
     losses: &mut CudaViewMut<'_, f32>,
     loss: &mut CudaViewMut<'_, f32>,
+    stats: &mut RowStats,
 ) -> Result<()> {
     let (rows_i, vocab_i) = dims(rows, vocab)?;
     expect_len("cross_entropy", "logits", logits.len(), &[rows, vocab])?;
     expect_len("cross_entropy", "targets", targets.len(), &[rows])?;
     expect_len("cross_entropy", "losses", losses.len(), &[rows])?;
+    stats.expect_rows(rows)?;
     expect_len("cross_entropy", "loss", loss.len(), &[1])?;
     // Under the fault the last row's loss is left unwritten; the mean still
     // reads it (it is the mean over all rows).
@@ -72,12 +115,14 @@ pub fn forward(
         l.arg(logits)
             .arg(targets)
             .arg(&mut *losses)
+            .arg(&mut stats.stats)
             .arg(&rows_w_i)
             .arg(&vocab_i);
         // SAFETY: cross_entropy_fwd_f32(const float* logits, const unsigned int*
-        // targets, float* losses, int rows, int vocab): logits hold rows * vocab
-        // elements, targets and losses rows >= rows_w_i (checked above); the
-        // kernel indexes logits by a target only when it is < vocab.
+        // targets, float* losses, float2* stats, int rows, int vocab): logits
+        // hold rows * vocab elements, targets and losses rows >= rows_w_i, and
+        // stats 2 rows floats, a whole (so 8-byte aligned) allocation (checked
+        // above); the kernel indexes logits by a target only when it is < vocab.
         unsafe { l.launch(cfg) }?;
     }
     let f = gpu.function(MODULE, "cross_entropy_mean_f32")?;
@@ -95,16 +140,20 @@ pub fn forward(
     Ok(())
 }
 
-/// `dlogits_r = (softmax(x_r) - onehot(t_r)) / rows`, `[rows, vocab]`.
+/// `dlogits_r = (softmax(x_r) - onehot(t_r)) / rows`, `[rows, vocab]`, with
+/// the row stats [`forward`] wrote for these logits.
+#[allow(clippy::too_many_arguments)]
 pub fn backward(
     gpu: &mut GpuContext,
     logits: &CudaView<'_, f32>,
     rows: usize,
     vocab: usize,
     targets: &CudaView<'_, u32>,
+    stats: &RowStats,
     dlogits: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
     dims(rows, vocab)?;
+    stats.expect_rows(rows)?;
     expect_len("cross_entropy", "logits", logits.len(), &[rows, vocab])?;
     expect_len("cross_entropy", "targets", targets.len(), &[rows])?;
     expect_len("cross_entropy", "dlogits", dlogits.len(), &[rows, vocab])?;
@@ -120,13 +169,15 @@ pub fn backward(
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(logits)
         .arg(targets)
+        .arg(&stats.stats)
         .arg(dlogits)
         .arg(&rows_w_i)
         .arg(&vocab_i)
         .arg(&grad_scale);
     // SAFETY: cross_entropy_bwd_f32(const float* logits, const unsigned int*
-    // targets, float* dlogits, int rows, int vocab, float grad_scale): logits
-    // and dlogits hold rows * vocab elements, targets rows >= rows_w_i (checked
+    // targets, const float2* stats, float* dlogits, int rows, int vocab, float
+    // grad_scale): logits and dlogits hold rows * vocab elements, targets rows
+    // >= rows_w_i and stats 2 rows floats in a whole allocation (checked
     // above); dlogits aliases no input.
     unsafe { l.launch(cfg) }?;
     Ok(())

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelA
 use super::launch::expect_len;
 use super::launch::row_threads;
 use crate::error::{Error, Result};
-use crate::gpu::{to_i32, GpuContext};
+use crate::gpu::{launch_config_rows, to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
 
 pub const MODULE: &str = "rmsnorm";
@@ -42,16 +42,6 @@ pub const SIGNATURES: Signatures = &[
             Arg::I32,
             Arg::I32,
             Arg::F32,
-        ],
-    ),
-    (
-        "rmsnorm_bwd_dgamma_partial_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I32,
             Arg::I32,
             Arg::I32,
         ],
@@ -62,19 +52,44 @@ pub const SIGNATURES: Signatures = &[
     ),
 ];
 
-/// Threads per block of the row kernels (at most; fewer for narrow rows).
+/// Threads per block of the residual row kernel (at most; fewer for narrow rows).
 const ROW_THREADS: u32 = 256;
-/// Threads per block of the dgamma column kernels.
-const COL_THREADS: u32 = 128;
-/// At most this many row chunks in the dgamma reduction (its partials buffer
-/// is `chunks x hidden`).
-const MAX_CHUNKS: usize = 64;
+/// Packs of four columns each thread of the register-held row kernels holds
+/// (`RMS_PACKS` in the kernel).
+const PACKS_PER_THREAD: usize = 4;
+/// Widest row of the register-held kernels: 1024 threads of four packs.
+pub const MAX_HIDDEN: usize = 4 * PACKS_PER_THREAD * 1024;
+/// At most this many row chunks in the backward (its partials buffer is
+/// `chunks x hidden`): one block each, enough blocks to fill an H100/H200.
+const MAX_CHUNKS: usize = 256;
+/// Column groups of the dgamma final kernel (its blockDim is `32 x 8`).
+const FINAL_GROUPS: u32 = 8;
+
+/// The launch of a register-held row kernel over `units` (rows, or row
+/// chunks): one block per unit, threads enough for `hidden` columns at
+/// `packs` packs of four per thread (at most [`PACKS_PER_THREAD`]; more when
+/// 1024 threads need them); one block in all under the test-only fault
+/// [`crate::Faults::serialised_launch`] (the kernel loops over the units).
+fn row_loop_config(
+    gpu: &GpuContext,
+    units: usize,
+    hidden: usize,
+    packs: usize,
+) -> Result<LaunchConfig> {
+    let threads = row_threads(hidden.div_ceil(4 * packs), 1024);
+    let blocks = if gpu.faults().serialised_launch {
+        1
+    } else {
+        units
+    };
+    launch_config_rows(blocks, threads)
+}
 
 fn check_dims(rows: usize, hidden: usize) -> Result<(i32, i32)> {
-    if hidden == 0 {
+    if hidden == 0 || hidden > MAX_HIDDEN {
         return Err(Error::InvalidArgument {
             op: "rmsnorm",
-            message: "hidden must be > 0".into(),
+            message: format!("hidden must be in 1..={MAX_HIDDEN}, got {hidden}"),
         });
     }
     Ok((
@@ -105,7 +120,9 @@ pub fn forward(
     let (rows_i, hidden_i) = check_dims(rows_w, hidden)?;
     let eps_f = eps as f32;
     let f = gpu.function(MODULE, "rmsnorm_fwd_f32")?;
-    let cfg = gpu.launch_rows(rows_w, row_threads(hidden, ROW_THREADS))?;
+    // Few threads, four packs each: one row per block keeps plenty of
+    // blocks in flight.
+    let cfg = row_loop_config(gpu, rows_w, hidden, PACKS_PER_THREAD)?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x)
         .arg(gamma)
@@ -115,8 +132,9 @@ pub fn forward(
         .arg(&eps_f);
     // SAFETY: rmsnorm_fwd_f32(const float* x, const float* gamma, float* y,
     // int rows, int hidden, float eps): x, y hold rows * hidden >= rows_i *
-    // hidden elements and gamma hidden (checked above); one block per row,
-    // blockDim a multiple of 32 <= 1024 as the block reduction needs.
+    // hidden elements and gamma hidden (checked above); blocks loop over the
+    // rows; blockDim is a multiple of 32 <= 1024, as the block reduction
+    // needs, with 4 * RMS_PACKS * blockDim >= hidden, as the kernel needs.
     unsafe { l.launch(cfg) }?;
     Ok(())
 }
@@ -170,15 +188,13 @@ pub fn forward_residual(
     Ok(())
 }
 
-/// Scratch of the backward: each row's inverse RMS and the per-chunk dgamma
-/// partials. Allocated once per shape, so the backward allocates nothing
+/// Scratch of the backward: the per-chunk dgamma partials. Allocated once per shape, so the backward allocates nothing
 /// (and can be captured in a CUDA graph).
 pub struct BackwardWorkspace {
     rows: usize,
     hidden: usize,
     rows_per_chunk: usize,
     chunks: usize,
-    inv_rms: CudaSlice<f32>,
     partials: CudaSlice<f32>,
 }
 
@@ -194,7 +210,6 @@ impl BackwardWorkspace {
             hidden,
             rows_per_chunk,
             chunks,
-            inv_rms: gpu.zeros(rows.max(1))?,
             partials: gpu.zeros(chunks * hidden)?,
         })
     }
@@ -234,50 +249,35 @@ pub fn backward(
     let rows_w = gpu.faults().written(rows);
     let (rows_i, hidden_i) = check_dims(rows_w, hidden)?;
     let eps_f = eps as f32;
-    if rows_w > 0 {
-        let f = gpu.function(MODULE, "rmsnorm_bwd_f32")?;
-        let cfg = gpu.launch_rows(rows_w, row_threads(hidden, ROW_THREADS))?;
-        let mut l = gpu.stream().launch_builder(&f);
-        l.arg(x)
-            .arg(gamma)
-            .arg(dy)
-            .arg(&mut *dx)
-            .arg(&mut ws.inv_rms);
-        l.arg(&rows_i).arg(&hidden_i).arg(&eps_f);
-        // SAFETY: rmsnorm_bwd_f32(const float* x, const float* gamma,
-        // const float* dy, float* dx, float* inv_rms, int rows, int hidden,
-        // float eps): x, dy, dx hold rows * hidden elements, gamma hidden,
-        // inv_rms rows (the workspace shape is checked above); one block per
-        // row with a multiple of 32 threads.
-        unsafe { l.launch(cfg) }?;
-    }
     let per_chunk_i = to_i32("rmsnorm", "rows per chunk", ws.rows_per_chunk)?;
     let chunks_i = to_i32("rmsnorm", "chunks", ws.chunks)?;
-    let col_blocks = u32::try_from(hidden.div_ceil(COL_THREADS as usize)).map_err(|_| {
-        Error::InvalidArgument {
-            op: "rmsnorm",
-            message: format!("hidden {hidden} is too wide"),
-        }
-    })?;
-    let chunks_u = u32::try_from(ws.chunks).unwrap_or(u32::MAX);
-    let partial_cfg = LaunchConfig {
-        grid_dim: (col_blocks, chunks_u, 1),
-        block_dim: (COL_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let f = gpu.function(MODULE, "rmsnorm_bwd_dgamma_partial_f32")?;
+    let f = gpu.function(MODULE, "rmsnorm_bwd_f32")?;
+    // A block walks a chunk of rows: one pack per thread, so each row's
+    // loads spread over as many threads as it has packs.
+    let cfg = row_loop_config(gpu, ws.chunks, hidden, 1)?;
     let mut l = gpu.stream().launch_builder(&f);
-    l.arg(x).arg(dy).arg(&ws.inv_rms).arg(&mut ws.partials);
-    l.arg(&rows_i).arg(&hidden_i).arg(&per_chunk_i);
-    // SAFETY: rmsnorm_bwd_dgamma_partial_f32(const float* x, const float* dy,
-    // const float* inv_rms, float* partials, int rows, int hidden,
-    // int rows_per_chunk): grid (ceil(hidden / 128), chunks); chunk c reads rows
-    // [c * rows_per_chunk, min(rows, ...)) < rows of x, dy, inv_rms and writes
-    // partials[c * hidden + i], i < hidden, inside the chunks x hidden buffer.
-    unsafe { l.launch(partial_cfg) }?;
+    l.arg(x)
+        .arg(gamma)
+        .arg(dy)
+        .arg(&mut *dx)
+        .arg(&mut ws.partials);
+    l.arg(&rows_i).arg(&hidden_i).arg(&eps_f);
+    l.arg(&per_chunk_i).arg(&chunks_i);
+    // SAFETY: rmsnorm_bwd_f32(const float* x, const float* gamma, const float*
+    // dy, float* dx, float* partials, int rows, int hidden, float eps, int
+    // rows_per_chunk, int chunks): x, dy, dx hold rows * hidden >= rows_i *
+    // hidden elements, gamma hidden, partials chunks * hidden (the workspace
+    // shape is checked above); chunk c touches rows [c * rows_per_chunk,
+    // min(rows_i, (c + 1) * rows_per_chunk)) and partials row c; blockDim as
+    // in `forward`.
+    unsafe { l.launch(cfg) }?;
+    let col_blocks = u32::try_from(hidden.div_ceil(32)).map_err(|_| Error::InvalidArgument {
+        op: "rmsnorm",
+        message: format!("hidden {hidden} is too wide"),
+    })?;
     let final_cfg = LaunchConfig {
         grid_dim: (col_blocks, 1, 1),
-        block_dim: (COL_THREADS, 1, 1),
+        block_dim: (32, FINAL_GROUPS, 1),
         shared_mem_bytes: 0,
     };
     let f = gpu.function(MODULE, "rmsnorm_bwd_dgamma_final_f32")?;
@@ -288,8 +288,9 @@ pub fn backward(
         .arg(&chunks_i)
         .arg(&hidden_i);
     // SAFETY: rmsnorm_bwd_dgamma_final_f32(const float* partials, float* dgamma,
-    // int hidden, int chunks, int n_write): reads chunks x hidden partials,
-    // writes dgamma[i] for i < hidden (its length, checked above).
+    // int hidden, int chunks, int n_write): blockDim (32, 8) as its shared
+    // table needs; reads chunks x hidden partials, writes dgamma[i] for
+    // i < hidden (its length, checked above).
     unsafe { l.launch(final_cfg) }?;
     Ok(())
 }

@@ -47,7 +47,7 @@ use crate::gpu::{GemmMath, GpuContext};
 use crate::model::corpus::{self, Corpus, BATCH_SALT, CORPUS_SALT};
 use crate::model::{ModelConfig, Slot, Trainable};
 use crate::ops::attention::AttnShape;
-use crate::ops::clip::{self as clip_ops, TABLE_PARTIALS};
+use crate::ops::clip::{self as clip_ops, TableSumWorkspace};
 use crate::ops::{cross_entropy, embedding, rmsnorm};
 
 /// Host synchronisations the step made: every device-to-host read goes
@@ -63,12 +63,12 @@ pub struct SyncCounts {
 }
 
 /// The clip reductions: one group (global) or one per layer. `table` lists
-/// the group's gradients, so its squared norm takes two launches however many
+/// the group's gradients, so its squared norm takes one launch however many
 /// tensors it has.
 struct ClipGroup {
     tensors: Vec<usize>,
     table: TensorTable,
-    partials: CudaSlice<f64>,
+    partials: TableSumWorkspace,
     sq: CudaSlice<f64>,
     scale: CudaSlice<f32>,
 }
@@ -190,7 +190,7 @@ impl GpuTrainer {
                     .collect();
                 Ok(ClipGroup {
                     table: TensorTable::new(gpu, &[grads], &lens)?,
-                    partials: gpu.zeros(TABLE_PARTIALS)?,
+                    partials: TableSumWorkspace::new(gpu)?,
                     tensors,
                     sq: gpu.zeros(1)?,
                     scale: gpu.zeros(1)?,
@@ -525,6 +525,7 @@ impl GpuTrainer {
             &ws.targets.as_view(),
             &mut ws.losses.as_view_mut(),
             &mut ws.loss.as_view_mut(),
+            &mut ws.ce_stats,
         )
     }
 
@@ -556,6 +557,7 @@ impl GpuTrainer {
             rows,
             c.vocab,
             &ws.targets.as_view(),
+            &ws.ce_stats,
             &mut d.dlogits.as_view_mut(),
         )?;
         blas::linear_dx(

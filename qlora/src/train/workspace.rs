@@ -12,6 +12,7 @@ use super::weights::{Frozen, Linear};
 use crate::error::Result;
 use crate::gpu::GpuContext;
 use crate::model::ModelConfig;
+use crate::ops::cross_entropy::RowStats;
 use crate::ops::nf4;
 use crate::ops::rmsnorm::BackwardWorkspace;
 
@@ -136,6 +137,8 @@ pub struct Workspace {
     pub logits: CudaSlice<f32>,
     pub losses: CudaSlice<f32>,
     pub loss: CudaSlice<f32>,
+    /// The cross-entropy forward's per-row stats, read by its backward.
+    pub ce_stats: RowStats,
     pub grads: Grads,
     /// NF4 base only: one dequantisation target per distinct weight length.
     pub deq: Vec<CudaSlice<f32>>,
@@ -191,6 +194,7 @@ impl Workspace {
             logits: z(t * c.vocab)?,
             losses: z(t)?,
             loss: z(1)?,
+            ce_stats: RowStats::new(gpu, t)?,
             grads: Grads {
                 dlogits: z(t * c.vocab)?,
                 dnf: z(t * c.hidden)?,
@@ -233,6 +237,7 @@ impl Workspace {
         let floats = c.layers * (LayerActs::floats(c) + LayerActs::mlp_floats(c, keep_mlp))
             + (c.layers + 7) * t * c.hidden
             + 2 * t * c.vocab
+            + 3 * t
             + 6 * t * c.intermediate
             + 4 * t * c.q_dim()
             + 4 * t * c.kv_dim()
@@ -264,6 +269,7 @@ impl Workspace {
             + self.xs.iter().map(|x| 4 * x.len()).sum::<usize>()
             + f32s(&[&sc.q, &sc.k, &sc.gate, &sc.up, &sc.act])
             + f32s(&[&self.nf, &self.logits, &self.losses, &self.loss])
+            + self.ce_stats.bytes()
             + f32s(&[
                 &d.dlogits, &d.dnf, &d.dx, &d.dtmp, &d.dn1, &d.dn2, &d.dact, &d.dgate, &d.dup,
                 &d.datt, &d.dqr, &d.dkr, &d.dq, &d.dk, &d.dv, &d.du, &d.attn,

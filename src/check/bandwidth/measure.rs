@@ -1,7 +1,8 @@
 //! GPU side of the `bandwidth` check: sets up an op's buffers, times its
-//! launches as a captured graph rotating over buffer sets, times a large
-//! device-to-device copy, and reports the achieved fraction of the copy's
-//! bandwidth (the formula is on [`crate::check::bandwidth`]).
+//! launches as a captured graph rotating over buffer sets, times a
+//! device-to-device copy of the same bytes the same way, and reports the
+//! achieved fraction of the copy's bandwidth (the formula is on
+//! [`crate::check::bandwidth`]).
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use rand::{Rng, SeedableRng};
@@ -13,14 +14,11 @@ use crate::check::params::Shape;
 use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
 use crate::check::{require_gpu, Comparator, Measurement, Speedup, TrialContext};
 use crate::error::{Error, Result};
-use qlora::gpu::timing::{time_events, time_graph};
+use qlora::gpu::timing::time_graph;
 use qlora::gpu::GpuContext;
 use qlora::model::ModelConfig;
 use qlora::ops;
 
-/// Elements of the copy that gives the ceiling: 256 MiB of f32, far beyond
-/// the L2 cache; `2 x 256 MiB` bytes move per copy (read + write).
-pub const COPY_ELEMENTS: usize = 64 << 20;
 /// The op's buffer sets together hold at least this many bytes, so a replay
 /// that touches each set once cannot be served from the L2 cache.
 const ROTATE_BYTES: usize = 256 << 20;
@@ -317,21 +315,31 @@ fn cross_entropy(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     let (r, v) = (cx.dim("rows"), cx.dim("vocab"));
     let fwd = cx.fwd;
     let mut rng = ChaCha8Rng::seed_from_u64(cx.seed ^ 0x7a);
+    // Each set's logits, targets, output, mean loss and row stats; the
+    // backward's stats are its logits' own, written by one forward here.
     let make = |gpu: &mut GpuContext| {
         let targets = gpu.upload(&ids(&mut rng, r, v))?;
         let out = gpu.zeros::<f32>(if fwd { r } else { r * v })?;
         let logits = cx.fill.signed(gpu, r * v)?;
-        Ok((logits, targets, out, gpu.zeros::<f32>(1)?))
+        let mut loss = gpu.zeros::<f32>(1)?;
+        let mut stats = ops::cross_entropy::RowStats::new(gpu, r)?;
+        if !fwd {
+            let mut losses = gpu.zeros::<f32>(r)?;
+            let (x, t) = (&logits.as_view(), &targets.as_view());
+            let (rl, l) = (&mut losses.as_view_mut(), &mut loss.as_view_mut());
+            ops::cross_entropy::forward(gpu, x, r, v, t, rl, l, &mut stats)?;
+        }
+        Ok((logits, targets, out, loss, stats))
     };
     rotating(gpu, cx.sets, make, move |gpu, set| {
-        let (logits, targets, out, loss) = set;
+        let (logits, targets, out, loss, stats) = set;
         let (logits, targets) = (&logits.as_view(), &targets.as_view());
         let out = &mut out.as_view_mut();
         if fwd {
             let loss = &mut loss.as_view_mut();
-            ops::cross_entropy::forward(gpu, logits, r, v, targets, out, loss)
+            ops::cross_entropy::forward(gpu, logits, r, v, targets, out, loss, stats)
         } else {
-            ops::cross_entropy::backward(gpu, logits, r, v, targets, out)
+            ops::cross_entropy::backward(gpu, logits, r, v, targets, stats, out)
         }
     })
 }
@@ -393,24 +401,28 @@ fn nf4_dequantize(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     })
 }
 
-/// Median-time samples of the 256 MiB device-to-device copy, in ms.
-pub fn copy_samples(
-    gpu: &mut GpuContext,
-    warmup: usize,
-    repeats: usize,
-    seed: u64,
-) -> Result<Vec<f64>> {
+/// The ceiling's launch: a device-to-device copy of `copy_len(bytes)` f32
+/// values per set, over `sets` sets, timed exactly as the op is.
+fn copy_launch(gpu: &mut GpuContext, bytes: usize, sets: usize, seed: u64) -> Result<Launch> {
     let fill = Filler::new(gpu, seed)?;
-    let src = fill.signed(gpu, COPY_ELEMENTS)?;
-    let mut dst = gpu.zeros::<f32>(COPY_ELEMENTS)?;
-    Ok(time_events(gpu, warmup, repeats, 1, |gpu| {
-        Ok(gpu.stream().memcpy_dtod(&src, &mut dst)?)
-    })?)
+    let n = copy_len(bytes);
+    let make = |gpu: &mut GpuContext| Ok((fill.signed(gpu, n)?, gpu.zeros::<f32>(n)?));
+    let launch = rotating(gpu, sets, make, |gpu, (src, dst)| {
+        Ok(gpu.stream().memcpy_dtod(&*src, dst)?)
+    })?;
+    gpu.synchronize()?;
+    Ok(launch)
 }
 
-/// Bytes the copy moves: read plus write.
-pub fn copy_bytes() -> usize {
-    2 * COPY_ELEMENTS * std::mem::size_of::<f32>()
+/// f32 values the ceiling copies so that it moves the op's bytes: it reads
+/// and writes `4 n` bytes each, so `8 n = B` (rounded up, at least one).
+pub fn copy_len(bytes: usize) -> usize {
+    bytes.div_ceil(8).max(1)
+}
+
+/// Bytes the ceiling's copy moves: read plus write.
+pub fn copy_bytes(bytes: usize) -> usize {
+    8 * copy_len(bytes)
 }
 
 /// The `bandwidth` check, with the trial's faults on (launch shapes and
@@ -430,14 +442,17 @@ fn measure_body(p: &Params, gpu: &mut GpuContext, seed: u64) -> Result<Measureme
         let mut launch = setup(gpu, p, sets, seed)?;
         time_graph(gpu, launches, warmup, repeats, |gpu, i| launch(gpu, i))?
     };
-    let copy = copy_samples(gpu, warmup, repeats, seed)?;
+    let copy = {
+        let mut launch = copy_launch(gpu, bytes, sets, seed)?;
+        time_graph(gpu, launches, warmup, repeats, |gpu, i| launch(gpu, i))?
+    };
     let (t_k, t_c) = (median(&kernel), median(&copy));
-    let copy_gbs = copy_bytes() as f64 / (t_c * 1e6);
+    let copy_gbs = copy_bytes(bytes) as f64 / (t_c * 1e6);
     let kernel_gbs = bytes as f64 / (t_k * 1e6);
     let fraction = kernel_gbs / copy_gbs;
     // The copy time scaled to the op's bytes: the time the op would take at
     // the copy's bandwidth, so baseline / candidate is the fraction.
-    let per_op = bytes as f64 / copy_bytes() as f64;
+    let per_op = bytes as f64 / copy_bytes(bytes) as f64;
     let baseline: Vec<f64> = copy.iter().map(|t| t * per_op).collect();
     let (lo, hi) = ratio_ci(&baseline, &kernel, seed, BOOTSTRAP_RESAMPLES);
     let subject = p.subject();
@@ -450,12 +465,12 @@ fn measure_body(p: &Params, gpu: &mut GpuContext, seed: u64) -> Result<Measureme
         "ratio",
     )
     .with_detail(format!(
-        "{subject} {}: {bytes} B in {:.2} us = {kernel_gbs:.0} GB/s; d2d copy {copy_gbs:.0} GB/s \
-         (256 MiB, {:.3} ms); fraction {fraction:.3} [{lo:.3}, {hi:.3}]; {sets} buffer sets, \
-         {launches} launches per graph, {repeats} repeats; {device}",
+        "{subject} {}: {bytes} B in {:.2} us = {kernel_gbs:.0} GB/s; d2d copy of the same bytes \
+         {copy_gbs:.0} GB/s ({:.2} us); fraction {fraction:.3} [{lo:.3}, {hi:.3}]; {sets} buffer \
+         sets, {launches} launches per graph, {repeats} repeats; {device}",
         p.shape,
         t_k * 1e3,
-        t_c,
+        t_c * 1e3,
     ));
     m.speedups.push(Speedup {
         subject,

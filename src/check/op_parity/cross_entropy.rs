@@ -26,6 +26,7 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
             let want_mean = refop::forward(&x, rows, vocab, &targets)?;
             let mut losses = gpu.poisoned(rows)?;
             let mut loss = gpu.poisoned(1)?;
+            let mut stats = RowStats::new(gpu, rows)?;
             forward(
                 gpu,
                 &d_logits.as_view(),
@@ -34,6 +35,7 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
                 &d_targets.as_view(),
                 &mut losses.as_view_mut(),
                 &mut loss.as_view_mut(),
+                &mut stats,
             )?;
             let c_rows = compare(&gpu.download(&losses)?, &want_rows);
             let c_mean = compare(&gpu.download(&loss)?, &[want_mean]);
@@ -41,6 +43,20 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
         }
         Pass::Backward => {
             let want = refop::backward(&x, rows, vocab, &targets)?;
+            // The backward reads the row stats its forward wrote, as in the step.
+            let mut losses = gpu.zeros(rows)?;
+            let mut loss = gpu.zeros(1)?;
+            let mut stats = RowStats::new(gpu, rows)?;
+            forward(
+                gpu,
+                &d_logits.as_view(),
+                rows,
+                vocab,
+                &d_targets.as_view(),
+                &mut losses.as_view_mut(),
+                &mut loss.as_view_mut(),
+                &mut stats,
+            )?;
             let mut d = gpu.poisoned(rows * vocab)?;
             backward(
                 gpu,
@@ -48,6 +64,7 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
                 rows,
                 vocab,
                 &d_targets.as_view(),
+                &stats,
                 &mut d.as_view_mut(),
             )?;
             Ok(compare(&gpu.download(&d)?, &want))

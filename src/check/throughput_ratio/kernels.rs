@@ -11,7 +11,8 @@
 //! - `fusion`: residual add then RMSNorm vs the fused residual + RMSNorm
 //!   kernel; `ratio = t_unfused / t_fused`.
 //!
-//! Times are medians of CUDA-event-timed runs after warm-up; each run cycles
+//! Times are medians of CUDA-event-timed runs after warm-up (the nf4_gemm and
+//! fusion runs are captured graph replays, as in the step); each run cycles
 //! over several weight (or buffer) sets so the L2 cache cannot hold them all.
 //! A subject's ratio is of the medians of the per-run sums over the shapes
 //! (each timed run adds up one time per shape), with a seeded bootstrap
@@ -377,18 +378,15 @@ fn nf4_pairs(
         // The dequantised weight lives in one workspace, as in the step.
         let mut deq = gpu.zeros::<f32>(len)?;
         let mut y = gpu.zeros::<f32>(rows * proj.out_dim)?;
-        let base = time_events(gpu, warmup, repeats, sets, |gpu| {
-            for w in &ws {
-                ops::gemm::linear(gpu, tf32, &x, w, &mut y, dims)?;
-            }
-            Ok(())
+        // Both paths replay as captured graphs, as the training step does, so
+        // the dequantisation's extra launch is timed on the device, not the
+        // host's launch rate.
+        let base = time_graph(gpu, sets, warmup, repeats, |gpu, i| {
+            Ok(ops::gemm::linear(gpu, tf32, &x, &ws[i], &mut y, dims)?)
         })?;
-        let path = time_events(&mut gpu.with_faults(faults), warmup, repeats, sets, |gpu| {
-            for q in &qs {
-                ops::nf4::dequantize(gpu, q, &mut deq)?;
-                ops::gemm::linear(gpu, engine, &x, &deq, &mut y, dims)?;
-            }
-            Ok(())
+        let path = time_graph(&mut gpu.with_faults(faults), sets, warmup, repeats, |gpu, i| {
+            ops::nf4::dequantize(gpu, &qs[i], &mut deq)?;
+            Ok(ops::gemm::linear(gpu, engine, &x, &deq, &mut y, dims)?)
         })?;
         let fused = time_events(gpu, 1, FUSED_REPEATS, 1, |gpu| {
             ops::nf4::gemm_forward(gpu, &x, &qs[0], &mut y, (rows, proj.out_dim, proj.in_dim))
