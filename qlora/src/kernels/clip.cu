@@ -39,8 +39,6 @@ __device__ void finish_squared_sum(const double* partials, unsigned int* counter
     }
 }
 
-#define SQ_UNROLL 4
-
 // partials[first + blockIdx.x] = sum of x[k]^2 over this block's share of
 // [0, n): float4 k = blockIdx.x * blockDim.x + tid + j * stride in j order
 // when x is 16-byte aligned, then the last n % 4 values (or every value, one
@@ -58,20 +56,9 @@ extern "C" __global__ void squared_sum_partial_f32(const float* __restrict__ x,
     if (aligned16(x)) {
         const int n4 = n / 4;
         const float4* x4 = reinterpret_cast<const float4*>(x);
-        // SQ_UNROLL float4s in flight per thread before any is summed (the
-        // sum is still in k order), enough bytes to cover DRAM latency.
-        for (int k0 = tid; k0 < n4; k0 += SQ_UNROLL * stride) {
-            float4 v[SQ_UNROLL];
-            #pragma unroll
-            for (int u = 0; u < SQ_UNROLL; ++u) {
-                const int k = k0 + u * stride;
-                v[u] = k < n4 ? x4[k] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-            #pragma unroll
-            for (int u = 0; u < SQ_UNROLL; ++u) {
-                acc += (double)v[u].x * v[u].x + (double)v[u].y * v[u].y +
-                       (double)v[u].z * v[u].z + (double)v[u].w * v[u].w;
-            }
+        for (int k = tid; k < n4; k += stride) {
+            const float4 v = x4[k];
+            acc += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
         }
         done = 4 * n4;
     }

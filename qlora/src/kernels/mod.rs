@@ -51,6 +51,7 @@ pub const MODULES: &[ModuleSource] = &[
             "rmsnorm_fwd_f32",
             "rmsnorm_residual_fwd_f32",
             "rmsnorm_bwd_f32",
+            "rmsnorm_bwd_wide_f32",
             "rmsnorm_bwd_dgamma_final_f32"
         ]
     ),

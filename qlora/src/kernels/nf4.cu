@@ -146,8 +146,6 @@ extern "C" __global__ void nf4_quantize_f32(const float* __restrict__ w,
 // Launch: 1-D, grid-stride loop over the len / 8 groups, any grid of blocks
 // of at least 16 threads. Requires len % 64 == 0 (the launcher checks) and
 // 16-byte aligned `out` and 4-byte aligned `codes` (whole allocations are).
-#define DEQ_UNROLL 4
-
 extern "C" __global__ void nf4_dequantize_f32(const unsigned char* __restrict__ codes,
                                               const float* __restrict__ absmax,
                                               float* __restrict__ out,
@@ -161,39 +159,24 @@ extern "C" __global__ void nf4_dequantize_f32(const unsigned char* __restrict__ 
     const long long groups = len / 8;
     const long long stride = (long long)gridDim.x * blockDim.x;
     const unsigned int* codes4 = reinterpret_cast<const unsigned int*>(codes);
-    // DEQ_UNROLL groups per thread, their code words and absmaxes loaded
-    // before any is expanded: a 4-byte load per thread alone leaves too few
-    // bytes in flight for the stores to stream.
-    for (long long g0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; g0 < groups;
-         g0 += DEQ_UNROLL * stride) {
-        unsigned int word[DEQ_UNROLL];
-        float amax[DEQ_UNROLL];
+    for (long long gi = (long long)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += stride) {
+        const long long e0 = gi * 8;
+        // Byte b of the word holds elements e0 + 2b (low nibble) and e0 + 2b + 1 (high).
+        const unsigned int word = codes4[gi];
+        const float amax = absmax[e0 / NF4_BLOCK];
+        float v[8];
         #pragma unroll
-        for (int u = 0; u < DEQ_UNROLL; ++u) {
-            const long long gi = g0 + u * stride;
-            word[u] = gi < groups ? codes4[gi] : 0u;
-            amax[u] = gi < groups ? absmax[gi * 8 / NF4_BLOCK] : 0.0f;
+        for (int j = 0; j < 8; ++j) {
+            v[j] = book[(word >> (4 * j)) & 0x0fu] * amax;
         }
-        #pragma unroll
-        for (int u = 0; u < DEQ_UNROLL; ++u) {
-            const long long gi = g0 + u * stride;
-            if (gi >= groups) break;
-            const long long e0 = gi * 8;
-            // Byte b of the word holds elements e0 + 2b (low nibble) and e0 + 2b + 1 (high).
-            float v[8];
-            #pragma unroll
+        if (e0 + 8 <= write_limit) {
+            float4* o4 = reinterpret_cast<float4*>(out + e0);
+            o4[0] = make_float4(v[0], v[1], v[2], v[3]);
+            o4[1] = make_float4(v[4], v[5], v[6], v[7]);
+        } else {
             for (int j = 0; j < 8; ++j) {
-                v[j] = book[(word[u] >> (4 * j)) & 0x0fu] * amax[u];
-            }
-            if (e0 + 8 <= write_limit) {
-                float4* o4 = reinterpret_cast<float4*>(out + e0);
-                o4[0] = make_float4(v[0], v[1], v[2], v[3]);
-                o4[1] = make_float4(v[4], v[5], v[6], v[7]);
-            } else {
-                for (int j = 0; j < 8; ++j) {
-                    if (e0 + j < write_limit) {
-                        out[e0 + j] = v[j];
-                    }
+                if (e0 + j < write_limit) {
+                    out[e0 + j] = v[j];
                 }
             }
         }

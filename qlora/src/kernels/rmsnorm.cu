@@ -6,10 +6,10 @@
 //             dgamma_i = sum_rows dy_i * x_i * r
 //
 // The forward and backward hold a row in registers: thread t owns the packs
-// of four columns j = t + k * blockDim.x (k < RMS_PACKS), so each value is
-// read from memory once, as one float4 when the row allows it. blockDim.x is
-// a multiple of 32, at most 1024, and 4 * RMS_PACKS * blockDim.x >= hidden
-// (the launcher picks it). Row reductions are a warp shuffle then one warp
+// of four columns j = t + k * blockDim.x (k < P: RMS_PACKS = 4 in the
+// forward, 1 or 8 in the backward), so each value is read from memory once,
+// as one float4 when the row allows it. blockDim.x is a multiple of 32, at
+// most 1024, and 4 * P * blockDim.x >= hidden (the launcher picks it). Row reductions are a warp shuffle then one warp
 // over the per-warp partials.
 //
 // dgamma is reduced deterministically, in a fixed order independent of
@@ -132,47 +132,50 @@ __device__ float2 block_sum2(float a, float b) {
     return out;
 }
 
-// This thread's packs of row `base` of x and dy (zero past the row).
+// This thread's P packs of row `base` of x and dy (zero past the row).
+template <int P>
 __device__ __forceinline__ void load_row_packs(const float* __restrict__ x,
                                                const float* __restrict__ dy, size_t base,
                                                int hidden, int packs, bool vec,
-                                               float4 (&xv)[RMS_PACKS], float4 (&dv)[RMS_PACKS]) {
+                                               float4 (&xv)[P], float4 (&dv)[P]) {
     const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     #pragma unroll
-    for (int k = 0; k < RMS_PACKS; ++k) {
+    for (int k = 0; k < P; ++k) {
         const int j = pack_index(k, packs);
         xv[k] = j >= 0 ? load_pack(x + base, j, hidden, vec) : z;
         dv[k] = j >= 0 ? load_pack(dy + base, j, hidden, vec) : z;
     }
 }
 
-// One chunk of rmsnorm_bwd_f32: rows [r0, r1), its dgamma partial into
-// `partial` [hidden]. The next row's values are loaded before this row's
-// reduction, so the loads' latency overlaps the barriers.
+// One chunk of the backward: rows [r0, r1), its dgamma partial into
+// `partial` [hidden], each thread holding P packs of a row. The next row's
+// values are loaded before this row's reduction, so the loads' latency
+// overlaps the barriers.
+template <int P>
 __device__ void rmsnorm_bwd_chunk(const float* __restrict__ x, const float* __restrict__ gamma,
                                   const float* __restrict__ dy, float* __restrict__ dx,
                                   float* __restrict__ partial, int r0, int r1, int hidden,
                                   float eps, int packs, bool vec) {
-    float4 gv[RMS_PACKS];
-    float4 acc[RMS_PACKS];
+    float4 gv[P];
+    float4 acc[P];
     #pragma unroll
-    for (int k = 0; k < RMS_PACKS; ++k) {
+    for (int k = 0; k < P; ++k) {
         const int j = pack_index(k, packs);
         gv[k] = j >= 0 ? load_pack(gamma, j, hidden, vec) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    float4 xv[RMS_PACKS];
-    float4 dv[RMS_PACKS];
+    float4 xv[P];
+    float4 dv[P];
     if (r0 < r1) load_row_packs(x, dy, (size_t)r0 * hidden, hidden, packs, vec, xv, dv);
     for (int row = r0; row < r1; ++row) {
         const size_t base = (size_t)row * hidden;
-        float4 xn[RMS_PACKS];
-        float4 dn[RMS_PACKS];
+        float4 xn[P];
+        float4 dn[P];
         if (row + 1 < r1) load_row_packs(x, dy, base + hidden, hidden, packs, vec, xn, dn);
         float ss = 0.0f;
         float dot = 0.0f;  // <dy * gamma, x>
         #pragma unroll
-        for (int k = 0; k < RMS_PACKS; ++k) {
+        for (int k = 0; k < P; ++k) {
             ss += dot4(xv[k], xv[k]);
             const float4 u = make_float4(dv[k].x * gv[k].x, dv[k].y * gv[k].y,
                                          dv[k].z * gv[k].z, dv[k].w * gv[k].w);
@@ -182,7 +185,7 @@ __device__ void rmsnorm_bwd_chunk(const float* __restrict__ x, const float* __re
         const float r = 1.0f / sqrtf(sums.x / (float)hidden + eps);
         const float proj = r * r * r * sums.y / (float)hidden;
         #pragma unroll
-        for (int k = 0; k < RMS_PACKS; ++k) {
+        for (int k = 0; k < P; ++k) {
             const int j = pack_index(k, packs);
             if (j < 0) continue;
             const float4 v = xv[k];
@@ -197,13 +200,13 @@ __device__ void rmsnorm_bwd_chunk(const float* __restrict__ x, const float* __re
             acc[k].w += d.w * v.w * r;
         }
         #pragma unroll
-        for (int k = 0; k < RMS_PACKS; ++k) {
+        for (int k = 0; k < P; ++k) {
             xv[k] = xn[k];
             dv[k] = dn[k];
         }
     }
     #pragma unroll
-    for (int k = 0; k < RMS_PACKS; ++k) {
+    for (int k = 0; k < P; ++k) {
         const int j = pack_index(k, packs);
         if (j >= 0) store_pack(partial, j, hidden, vec, acc[k]);
     }
@@ -215,21 +218,36 @@ __device__ void rmsnorm_bwd_chunk(const float* __restrict__ x, const float* __re
 // read once, each row's values held in registers between its reduction and
 // its dx, and the chunk's dgamma partial accumulates in registers. Block b
 // takes chunks b, b + gridDim.x, ... (one each, except under the test-only
-// serialised launch, which runs one block).
-extern "C" __global__ void rmsnorm_bwd_f32(const float* __restrict__ x,
-                                           const float* __restrict__ gamma,
-                                           const float* __restrict__ dy,
-                                           float* __restrict__ dx,
-                                           float* __restrict__ partials,
-                                           int rows, int hidden, float eps,
-                                           int rows_per_chunk, int chunks) {
+// serialised launch, which runs one block). Each thread holds P packs, so
+// 4 * P * blockDim.x >= hidden; the bounds keep P's registers within the SM.
+template <int P>
+__device__ void rmsnorm_bwd(const float* __restrict__ x, const float* __restrict__ gamma,
+                            const float* __restrict__ dy, float* __restrict__ dx,
+                            float* __restrict__ partials, int rows, int hidden, float eps,
+                            int rows_per_chunk, int chunks) {
     const int packs = (hidden + 3) / 4;
     const bool vec = hidden % 4 == 0 && aligned16(x) && aligned16(dy) && aligned16(dx) &&
                      aligned16(gamma) && aligned16(partials);
     for (int c = blockIdx.x; c < chunks; c += gridDim.x) {
-        rmsnorm_bwd_chunk(x, gamma, dy, dx, partials + (size_t)c * hidden, c * rows_per_chunk,
-                          min(rows, (c + 1) * rows_per_chunk), hidden, eps, packs, vec);
+        rmsnorm_bwd_chunk<P>(x, gamma, dy, dx, partials + (size_t)c * hidden, c * rows_per_chunk,
+                             min(rows, (c + 1) * rows_per_chunk), hidden, eps, packs, vec);
     }
+}
+
+// Rows of up to 4 * 1024 columns: one pack per thread.
+extern "C" __global__ void __launch_bounds__(1024) rmsnorm_bwd_f32(
+    const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ dy,
+    float* __restrict__ dx, float* __restrict__ partials, int rows, int hidden, float eps,
+    int rows_per_chunk, int chunks) {
+    rmsnorm_bwd<1>(x, gamma, dy, dx, partials, rows, hidden, eps, rows_per_chunk, chunks);
+}
+
+// Wider rows, up to 8 * 4 * 256 columns: eight packs per thread.
+extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd_wide_f32(
+    const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ dy,
+    float* __restrict__ dx, float* __restrict__ partials, int rows, int hidden, float eps,
+    int rows_per_chunk, int chunks) {
+    rmsnorm_bwd<8>(x, gamma, dy, dx, partials, rows, hidden, eps, rows_per_chunk, chunks);
 }
 
 // dgamma[i] = sum_{c < chunks} partials[c * hidden + i], for i < n_write.

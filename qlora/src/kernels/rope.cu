@@ -9,65 +9,36 @@
 // forward: sign = +1; backward: the transpose of a rotation is its inverse,
 // so dx = R(-angle) dy (sign = -1).
 //
-// The angle and its sine/cosine are computed in double: pos * inv_freq reaches
-// hundreds of radians, where the f32 rounding of the angle alone would cost
-// ~1e-5 relative error. The rotation itself is f32.
+// One thread per pair p = ((b * seq + pos) * heads + h) * half + i, grid-stride
+// over p < npairs (npairs is batch * seq * heads * half, less only under the
+// test-only "last element unwritten" fault): consecutive threads take
+// consecutive pairs, so a warp reads and writes whole lines.
 //
-// One block per position (b, pos): its first `half` threads compute the
-// angles' sines and cosines (in double, the expensive part) once into shared
-// memory, then every thread rotates pairs of that position's heads, one pair
-// per thread (thread t: head t / half, pair t % half), so a warp reads and
-// writes whole 128-byte lines and each position's `heads * half` pairs run in
-// parallel. Pairs p = ((b * seq + pos) * heads + h) * half + i at or past
-// npairs are not written (npairs is batch * seq * heads * half, less only
-// under the test-only "last element unwritten" fault).
-//
-// Launch: grid.x = batch * seq, any blockDim.x that is a multiple of 32;
-// half <= ROPE_MAX_HALF (the launcher checks).
-
-#define ROPE_MAX_HALF 512
+// The angle is formed in double, as theta^(-2i / head_dim) = exp(-2i /
+// head_dim * ln theta), then reduced to [-pi, pi] in double; only the reduced
+// angle is rounded to f32, so its sine and cosine (f32 sincosf, accurate on
+// that range) carry ~2e-7 absolute error whatever pos is, where rounding the
+// raw angle (hundreds of radians) would cost ~1e-5. Each thread computes its
+// own: no shared table, no barrier, and the loads are issued first, so their
+// latency hides the arithmetic.
 
 __device__ void rope_rotate(const float* __restrict__ x, float* __restrict__ y,
                             long long npairs, int seq, int heads, int head_dim,
-                            double theta, double sign) {
-    __shared__ float sin_i[ROPE_MAX_HALF];
-    __shared__ float cos_i[ROPE_MAX_HALF];
+                            double ln_theta, double sign) {
     const int half = head_dim / 2;
-    const long long bpos = blockIdx.x;  // b * seq + pos
-    const int pos = (int)(bpos % seq);
-    const int pairs = heads * half;
-    // This thread's first pair is loaded before the angles are computed, so
-    // the load's latency overlaps the double-precision trigonometry.
-    const int t0 = threadIdx.x;
-    const int h0 = t0 / half;
-    const int i0 = t0 - h0 * half;
-    const long long vec0 = bpos * heads + h0;
-    const bool first = t0 < pairs && vec0 * half + i0 < npairs;
-    const size_t base0 = (size_t)vec0 * head_dim;
-    const float a1 = first ? x[base0 + i0] : 0.0f;
-    const float a2 = first ? x[base0 + i0 + half] : 0.0f;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const double angle = sign * (double)pos * pow(theta, -2.0 * (double)i / (double)head_dim);
-        double s, c;
-        sincos(angle, &s, &c);
-        sin_i[i] = (float)s;
-        cos_i[i] = (float)c;
-    }
-    __syncthreads();
-    if (first) {
-        y[base0 + i0] = a1 * cos_i[i0] - a2 * sin_i[i0];
-        y[base0 + i0 + half] = a1 * sin_i[i0] + a2 * cos_i[i0];
-    }
-    for (int t = t0 + blockDim.x; t < pairs; t += blockDim.x) {
-        const int h = t / half;
-        const int i = t - h * half;
-        const long long vec = bpos * heads + h;
-        if (vec * half + i >= npairs) break;  // later t have larger p
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const double two_pi = 6.283185307179586;
+    for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < npairs; p += stride) {
+        const int i = (int)(p % half);
+        const long long vec = p / half;  // (b * seq + pos) * heads + h
+        const int pos = (int)((vec / heads) % seq);
         const size_t base = (size_t)vec * head_dim;
-        const float sf = sin_i[i];
-        const float cf = cos_i[i];
         const float x1 = x[base + i];
         const float x2 = x[base + i + half];
+        const double angle = sign * (double)pos * exp(-2.0 * (double)i / (double)head_dim * ln_theta);
+        const float reduced = (float)(angle - rint(angle / two_pi) * two_pi);
+        float sf, cf;
+        sincosf(reduced, &sf, &cf);
         y[base + i] = x1 * cf - x2 * sf;
         y[base + i + half] = x1 * sf + x2 * cf;
     }
@@ -75,12 +46,12 @@ __device__ void rope_rotate(const float* __restrict__ x, float* __restrict__ y,
 
 extern "C" __global__ void rope_fwd_f32(const float* __restrict__ x, float* __restrict__ y,
                                         long long npairs, int seq, int heads, int head_dim,
-                                        double theta) {
-    rope_rotate(x, y, npairs, seq, heads, head_dim, theta, 1.0);
+                                        double ln_theta) {
+    rope_rotate(x, y, npairs, seq, heads, head_dim, ln_theta, 1.0);
 }
 
 extern "C" __global__ void rope_bwd_f32(const float* __restrict__ dy, float* __restrict__ dx,
                                         long long npairs, int seq, int heads, int head_dim,
-                                        double theta) {
-    rope_rotate(dy, dx, npairs, seq, heads, head_dim, theta, -1.0);
+                                        double ln_theta) {
+    rope_rotate(dy, dx, npairs, seq, heads, head_dim, ln_theta, -1.0);
 }

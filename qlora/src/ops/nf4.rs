@@ -229,8 +229,8 @@ fn dequantize_limited(
     }
     let len = to_i64("nf4_dequantize", t.len)?;
     let limit = to_i64("nf4_dequantize", write_limit.min(t.len))?;
-    // One thread per DEQ_UNROLL = 4 groups of 8 elements (4-byte words of codes).
-    let cfg = gpu.launch_1d(t.len.div_ceil(32));
+    // One thread per group of 8 elements (one 4-byte word of codes).
+    let cfg = gpu.launch_1d(t.len / 8);
     let func = gpu.function(MODULE, "nf4_dequantize_f32")?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch

@@ -47,6 +47,21 @@ pub const SIGNATURES: Signatures = &[
         ],
     ),
     (
+        "rmsnorm_bwd_wide_f32",
+        &[
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I32,
+            Arg::I32,
+            Arg::F32,
+            Arg::I32,
+            Arg::I32,
+        ],
+    ),
+    (
         "rmsnorm_bwd_dgamma_final_f32",
         &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::I32],
     ),
@@ -54,11 +69,14 @@ pub const SIGNATURES: Signatures = &[
 
 /// Threads per block of the residual row kernel (at most; fewer for narrow rows).
 const ROW_THREADS: u32 = 256;
-/// Packs of four columns each thread of the register-held row kernels holds
-/// (`RMS_PACKS` in the kernel).
+/// Packs of four columns each thread of the forward holds (`RMS_PACKS`).
 const PACKS_PER_THREAD: usize = 4;
-/// Widest row of the register-held kernels: 1024 threads of four packs.
-pub const MAX_HIDDEN: usize = 4 * PACKS_PER_THREAD * 1024;
+/// Packs per thread of the wide backward, `rmsnorm_bwd_wide_f32`, launched
+/// with at most [`WIDE_THREADS`] threads; `rmsnorm_bwd_f32` holds one.
+const WIDE_PACKS: usize = 8;
+const WIDE_THREADS: usize = 256;
+/// Widest row: the wide backward's `4 x 8 x 256` columns.
+pub const MAX_HIDDEN: usize = 4 * WIDE_PACKS * WIDE_THREADS;
 /// At most this many row chunks in the backward (its partials buffer is
 /// `chunks x hidden`): one block each, enough blocks to fill an H100/H200.
 const MAX_CHUNKS: usize = 256;
@@ -251,10 +269,16 @@ pub fn backward(
     let eps_f = eps as f32;
     let per_chunk_i = to_i32("rmsnorm", "rows per chunk", ws.rows_per_chunk)?;
     let chunks_i = to_i32("rmsnorm", "chunks", ws.chunks)?;
-    let f = gpu.function(MODULE, "rmsnorm_bwd_f32")?;
-    // A block walks a chunk of rows: one pack per thread, so each row's
-    // loads spread over as many threads as it has packs.
-    let cfg = row_loop_config(gpu, ws.chunks, hidden, 1)?;
+    // A block walks a chunk of rows, one pack per thread, so each row's loads
+    // spread over as many threads as it has packs; rows wider than 1024 packs
+    // take eight packs per thread.
+    let (symbol, packs) = if hidden.div_ceil(4) <= 1024 {
+        ("rmsnorm_bwd_f32", 1)
+    } else {
+        ("rmsnorm_bwd_wide_f32", WIDE_PACKS)
+    };
+    let f = gpu.function(MODULE, symbol)?;
+    let cfg = row_loop_config(gpu, ws.chunks, hidden, packs)?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x)
         .arg(gamma)
@@ -263,13 +287,15 @@ pub fn backward(
         .arg(&mut ws.partials);
     l.arg(&rows_i).arg(&hidden_i).arg(&eps_f);
     l.arg(&per_chunk_i).arg(&chunks_i);
-    // SAFETY: rmsnorm_bwd_f32(const float* x, const float* gamma, const float*
+    // SAFETY: rmsnorm_bwd{,_wide}_f32(const float* x, const float* gamma, const float*
     // dy, float* dx, float* partials, int rows, int hidden, float eps, int
     // rows_per_chunk, int chunks): x, dy, dx hold rows * hidden >= rows_i *
     // hidden elements, gamma hidden, partials chunks * hidden (the workspace
     // shape is checked above); chunk c touches rows [c * rows_per_chunk,
-    // min(rows_i, (c + 1) * rows_per_chunk)) and partials row c; blockDim as
-    // in `forward`.
+    // min(rows_i, (c + 1) * rows_per_chunk)) and partials row c; blockDim is
+    // a multiple of 32 with 4 * packs * blockDim >= hidden, and within the
+    // kernel's launch bounds (1024, or 256 for eight packs: hidden <=
+    // MAX_HIDDEN, checked).
     unsafe { l.launch(cfg) }?;
     let col_blocks = u32::try_from(hidden.div_ceil(32)).map_err(|_| Error::InvalidArgument {
         op: "rmsnorm",

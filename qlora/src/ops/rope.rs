@@ -7,18 +7,11 @@ use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
 use super::launch::elements;
 use super::launch::expect_len;
-use super::launch::row_threads;
 use crate::error::{Error, Result};
 use crate::gpu::{to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
 
 pub const MODULE: &str = "rope";
-
-/// Largest head dimension: the kernel's shared sine and cosine tables hold
-/// `ROPE_MAX_HALF = 512` angles.
-pub const MAX_HEAD_DIM: usize = 1024;
-/// Most threads per block (one per pair of a position's heads, striding past it).
-const MAX_THREADS: u32 = 512;
 
 /// Kernel argument lists, checked against the compiled PTX by a unit test.
 pub const SIGNATURES: Signatures = &[
@@ -72,13 +65,10 @@ fn launch(
     theta: f64,
     y: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
-    if d.head_dim == 0 || !d.head_dim.is_multiple_of(2) || d.head_dim > MAX_HEAD_DIM {
+    if d.head_dim == 0 || !d.head_dim.is_multiple_of(2) {
         return Err(Error::InvalidArgument {
             op: "rope",
-            message: format!(
-                "head_dim must be even, > 0 and <= {MAX_HEAD_DIM}, got {}",
-                d.head_dim
-            ),
+            message: format!("head_dim must be even and > 0, got {}", d.head_dim),
         });
     }
     if !(theta.is_finite() && theta > 0.0) {
@@ -99,9 +89,9 @@ fn launch(
     let heads_i = to_i32("rope", "heads", d.heads)?;
     let head_dim_i = to_i32("rope", "head_dim", d.head_dim)?;
     let f = gpu.function(MODULE, symbol)?;
-    // One block per position; one thread per pair of its heads.
-    let threads = row_threads(d.heads * (d.head_dim / 2), MAX_THREADS);
-    let cfg = gpu.launch_rows(d.batch * d.seq, threads)?;
+    // One thread per pair; the kernel takes ln theta, its angles' exponent.
+    let ln_theta = theta.ln();
+    let cfg = gpu.launch_1d(npairs);
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x)
         .arg(y)
@@ -109,12 +99,10 @@ fn launch(
         .arg(&seq_i)
         .arg(&heads_i)
         .arg(&head_dim_i)
-        .arg(&theta);
+        .arg(&ln_theta);
     // SAFETY: rope_{fwd,bwd}_f32(const float* x, float* y, long long npairs,
-    // int seq, int heads, int head_dim, double theta): the grid is one block
-    // per position (batch * seq), head_dim / 2 <= ROPE_MAX_HALF, the shared
-    // table's size (checked above); the kernel writes only pairs p < npairs,
-    // and pair p touches elements
+    // int seq, int heads, int head_dim, double ln_theta): the grid-stride loop
+    // writes only pairs p < npairs, and pair p touches elements
     // (p / half) * head_dim + (p % half) and that + half, both < 2 * npairs <=
     // batch * seq * heads * head_dim = len(x) = len(y) (checked above); x and
     // y do not alias.
