@@ -44,6 +44,17 @@ pub enum Error {
     #[error(transparent)]
     Nvrtc(#[from] cudarc::nvrtc::CompileError),
 
+    /// An NVRTC call other than compilation failed (version, cubin retrieval).
+    #[error(transparent)]
+    NvrtcCall(#[from] cudarc::nvrtc::result::NvrtcError),
+
+    /// Reading or writing the on-disk kernel cache failed.
+    #[error("kernel cache file {path}: {source}")]
+    CacheIo {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+
     #[error(transparent)]
     Cublas(#[from] cudarc::cublas::result::CublasError),
 }
