@@ -16,8 +16,9 @@ pub enum Error {
     #[error("{op}: {message}")]
     InvalidArgument { op: &'static str, message: String },
 
-    /// A kernel module whose PTX `.target` is not the device's own architecture.
-    #[error("PTX targets {ptx} but the device is {device}; refusing to load it")]
+    /// A kernel module whose code (PTX `.target`, cubin ELF flags) is not for
+    /// the device's own architecture; `ptx` names the code's target.
+    #[error("kernel code targets {ptx} but the device is {device}; refusing to load it")]
     TargetMismatch { ptx: String, device: String },
 
     /// The CUDA driver is missing or no device could be opened.
