@@ -8,7 +8,8 @@
 //! target stated for this GPU kind, a configuration that does not fit — is
 //! reported ignored and recorded as `skipped` with the reason, decided before
 //! anything runs. SIGINT or SIGTERM stop the run and keep the rows of the
-//! trials that finished. Results go to `reports/latest/*.csv`.
+//! trials that finished. Results go to `reports/latest/*.csv`; compiled
+//! kernel modules are kept in `target/falsify-kernel-cache/`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,9 +19,10 @@ use falsify::contract::load_dir;
 use falsify::report::Status;
 use falsify::run::{
     check_budgets, plan, run_child, ChildCommand, Engine, Isolation, RunOptions, TrialSpec,
-    CHILD_FLAG,
+    CHILD_FLAG, DEFAULT_KERNEL_CACHE,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
+use qlora::gpu::GpuOptions;
 
 /// `contracts/` of the working directory (cargo runs tests from the package
 /// root; a staged executable runs from a copy of it), else of this crate.
@@ -33,12 +35,16 @@ fn contracts_dir() -> PathBuf {
     }
 }
 
-fn reports_dir(contracts: &std::path::Path) -> PathBuf {
+/// The directory `contracts/` is in: the workspace root (or its copy).
+fn workspace_root(contracts: &std::path::Path) -> PathBuf {
     contracts
         .parent()
         .unwrap_or(std::path::Path::new("."))
-        .join("reports")
-        .join("latest")
+        .to_path_buf()
+}
+
+fn reports_dir(contracts: &std::path::Path) -> PathBuf {
+    workspace_root(contracts).join("reports").join("latest")
 }
 
 /// The same selection rule libtest-mimic applies, so that skipped `cuda` rows
@@ -102,6 +108,10 @@ fn main() -> ExitCode {
     let engine = Arc::new(Engine::new(RunOptions {
         out_dir: reports_dir(&dir),
         isolation,
+        gpu: GpuOptions {
+            kernel_cache_dir: Some(workspace_root(&dir).join(DEFAULT_KERNEL_CACHE)),
+            ..GpuOptions::default()
+        },
         ..RunOptions::default()
     }));
     if !args.list {

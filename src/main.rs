@@ -16,6 +16,7 @@ use falsify::run::{
     TrialSpec, CHILD_FLAG,
 };
 use indicatif::{ProgressBar, ProgressStyle};
+use qlora::gpu::GpuOptions;
 
 #[derive(Parser)]
 #[command(
@@ -51,6 +52,10 @@ enum Command {
         /// (repeatable; the row says so in its detail).
         #[arg(long, value_name = "TEST_ID")]
         inject: Vec<String>,
+        /// Where compiled kernel modules are kept between trial processes
+        /// (git-ignored under target/; `cargo clean` empties it).
+        #[arg(long, default_value = falsify::run::DEFAULT_KERNEL_CACHE)]
+        kernel_cache: PathBuf,
     },
     /// List the trials the contracts define.
     List {
@@ -137,6 +142,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
             seed,
             no_mutants,
             inject,
+            kernel_cache,
         } => {
             let all = load(&contracts)?;
             let selected: Vec<&TrialSpec> = all
@@ -163,7 +169,10 @@ fn real_main() -> anyhow::Result<ExitCode> {
                 seed,
                 inject,
                 isolation: Isolation::Child(ChildCommand::current_exe()?),
-                ..RunOptions::default()
+                gpu: GpuOptions {
+                    kernel_cache_dir: Some(kernel_cache),
+                    ..GpuOptions::default()
+                },
             }));
             let over = check_budgets(selected.iter().copied(), &engine);
             if !over.is_empty() {

@@ -16,8 +16,9 @@ pub enum Error {
     #[error("{op}: {message}")]
     InvalidArgument { op: &'static str, message: String },
 
-    /// A kernel module whose PTX `.target` is not the device's own architecture.
-    #[error("PTX targets {ptx} but the device is {device}; refusing to load it")]
+    /// A kernel module whose code (PTX `.target`, cubin ELF flags) is not for
+    /// the device's own architecture; `ptx` names the code's target.
+    #[error("kernel code targets {ptx} but the device is {device}; refusing to load it")]
     TargetMismatch { ptx: String, device: String },
 
     /// The CUDA driver is missing or no device could be opened.
@@ -43,6 +44,17 @@ pub enum Error {
 
     #[error(transparent)]
     Nvrtc(#[from] cudarc::nvrtc::CompileError),
+
+    /// An NVRTC call other than compilation failed (version, cubin retrieval).
+    #[error(transparent)]
+    NvrtcCall(#[from] cudarc::nvrtc::result::NvrtcError),
+
+    /// Reading or writing the on-disk kernel cache failed.
+    #[error("kernel cache file {path}: {source}")]
+    CacheIo {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 
     #[error(transparent)]
     Cublas(#[from] cudarc::cublas::result::CublasError),

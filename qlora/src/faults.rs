@@ -17,6 +17,13 @@ pub struct Faults {
     pub ptx_older_target: bool,
     /// Pre-warm leaves one module the training step uses uncompiled.
     pub module_left_out_of_prewarm: bool,
+    /// Right after pre-warm the kernel cache unloads one module the training
+    /// step uses (as a cache with a capacity limit would), so the step loads
+    /// it again mid-training.
+    pub module_evicted_after_prewarm: bool,
+    /// The kernel cache loads its disk entries without checking their
+    /// header (architecture, NVRTC version, source hash), length, hash or target.
+    pub disk_entries_trusted: bool,
     // ---- launches --------------------------------------------------------------
     /// Grid-stride kernels run one block and row kernels one warp per block:
     /// results stay correct, bandwidth collapses.
@@ -31,6 +38,8 @@ pub struct Faults {
     /// buffer: an illegal address that poisons the CUDA context.
     pub out_of_bounds_write: bool,
     // ---- the training step -----------------------------------------------------
+    /// The trainer uploads its weights before it pre-warms the kernels.
+    pub upload_before_prewarm: bool,
     /// The workspace keeps a second copy of every layer's activations.
     pub activations_doubled: bool,
     /// Each layer's gradients are clipped by their own norm.
@@ -54,11 +63,14 @@ impl Faults {
     pub const NONE: Faults = Faults {
         ptx_older_target: false,
         module_left_out_of_prewarm: false,
+        module_evicted_after_prewarm: false,
+        disk_entries_trusted: false,
         serialised_launch: false,
         last_element_unwritten: false,
         softmax_without_max_subtraction: false,
         gemm_without_tensor_ops: false,
         out_of_bounds_write: false,
+        upload_before_prewarm: false,
         activations_doubled: false,
         clip_per_layer: false,
         clip_skipped: false,

@@ -3,7 +3,10 @@
 //! passing without doing anything; where it can, they run.
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use qlora::gpu::cache::{check_target, compile_module, ptx_target, OLDER_ARCH};
+use qlora::gpu::cache::{
+    check_target, compile_cubin, compile_module, nvrtc_version, ptx_target, Payload, OLDER_ARCH,
+};
+use qlora::gpu::disk::{self, cubin_sm, EntryHeader, Format};
 use qlora::gpu::nvrtc_present;
 use qlora::kernels::abi::{ptx_param_types, signatures};
 use qlora::kernels::{self, ModuleSource};
@@ -91,12 +94,67 @@ fn launcher_arguments_match_the_ptx() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Every module compiles to a cubin for the real architecture `sm_90`, and
+/// the SM read from the cubin's ELF flags is 90 (what the cache checks).
+fn every_module_compiles_to_an_sm_90_cubin() -> Result<(), Failed> {
+    for m in kernels::MODULES {
+        let cubin = compile_cubin(m, "sm_90").map_err(|e| format!("{}: {e}", m.name))?;
+        if cubin_sm(&cubin) != Some(90) {
+            let flags = cubin.get(48..52).map(|b| format!("{b:02x?}"));
+            return Err(format!(
+                "{}: ELF SM {:?}, e_flags {flags:?}",
+                m.name,
+                cubin_sm(&cubin)
+            )
+            .into());
+        }
+        if Payload::Cubin(cubin).check_target("sm_90").is_err() {
+            return Err(format!("{}: the cache refuses its own cubin", m.name).into());
+        }
+    }
+    Ok(())
+}
+
+/// A cubin written as a disk entry reads back whole under its key, and is
+/// refused under the key of another NVRTC version.
+fn a_cubin_entry_round_trips_under_its_key_only() -> Result<(), Failed> {
+    let m = module("rope")?;
+    let cubin = compile_cubin(m, "sm_90").map_err(|e| e.to_string())?;
+    let nvrtc = nvrtc_version().map_err(|e| e.to_string())?;
+    let want = EntryHeader {
+        format: Format::Cubin,
+        arch: "sm_90".into(),
+        nvrtc,
+        source_hash: disk::source_hash(m.source, &qlora::gpu::cache::compile_options("sm_90")),
+    };
+    let bytes = disk::encode(&want, &cubin).map_err(|e| e.to_string())?;
+    if disk::decode(&bytes, &want) != Ok(cubin.as_slice()) {
+        return Err("the entry does not read back".into());
+    }
+    let other = EntryHeader {
+        nvrtc: (nvrtc.0 + 1, nvrtc.1),
+        ..want
+    };
+    match disk::decode(&bytes, &other) {
+        Err(disk::Refusal::Stale { field: "nvrtc", .. }) => Ok(()),
+        other => Err(format!("another NVRTC's key gave {other:?}").into()),
+    }
+}
+
 /// One NVRTC test: its name and body.
 type NvrtcTest = (&'static str, fn() -> Result<(), Failed>);
 
 fn main() {
     let args = Arguments::from_args();
-    let tests: [NvrtcTest; 4] = [
+    let tests: [NvrtcTest; 6] = [
+        (
+            "every_module_compiles_to_an_sm_90_cubin",
+            every_module_compiles_to_an_sm_90_cubin,
+        ),
+        (
+            "a_cubin_entry_round_trips_under_its_key_only",
+            a_cubin_entry_round_trips_under_its_key_only,
+        ),
         (
             "every_module_compiles_for_sm_90",
             every_module_compiles_for_sm_90,

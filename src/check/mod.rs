@@ -212,8 +212,8 @@ registry! {
     OpParity(op_parity) "op_parity", CUDA, "rel-L2 error of an op on a backend vs the CPU reference";
     GradientCheck(gradient_check) "gradient_check", CPU, "rel error of the reference backward vs central finite differences";
     Property(property) "property", CPU, "a named invariant over proptest-generated inputs";
-    TargetParity(target_parity) "target_parity", CUDA, "PTX .target of every cached module vs the device's sm_XY";
-    Prewarm(prewarm) "prewarm", CUDA, "JIT compilations during training steps after pre-warm";
+    TargetParity(target_parity) "target_parity", CUDA, "target of every cached module (PTX .target, cubin ELF flags) vs the device's sm_XY; planted PTX and disk entries refused";
+    Prewarm(prewarm) "prewarm", CUDA, "modules loaded during training steps after pre-warm (also under memory pressure), setup order, cold and cached pre-warm time";
     TrajectoryMatch(trajectory_match) "trajectory_match", BOTH, "max abs loss difference of two training modes at checkpoints";
     SyncCount(sync_count) "sync_count", CUDA, "host syncs inside the captured region and per step";
     ThroughputRatio(throughput_ratio) "throughput_ratio", CUDA, "median-time ratio of baseline over candidate";

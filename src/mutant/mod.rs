@@ -73,6 +73,16 @@ pub enum Mutant {
     PtxOlderTarget,
     /// One kernel the training step uses is left out of pre-warm.
     KernelLeftOutOfPrewarm,
+    /// The trainer uploads its weights first and pre-warms the kernels after,
+    /// compiling and loading them while the weights hold device memory.
+    WeightsUploadedBeforePrewarm,
+    /// The kernel cache unloads a module the step uses right after pre-warm,
+    /// so the step loads it again under memory pressure.
+    ModuleEvictedAfterPrewarm,
+    /// The kernel cache loads its disk entries without checking their
+    /// header, length, hash or target: a stale entry for another
+    /// architecture or compiler is loaded.
+    DiskEntriesTrusted,
     /// An op leaves the last element of its output unwritten.
     LastElementUnwritten,
     /// A host synchronisation inside the captured region.
@@ -105,6 +115,18 @@ impl Mutant {
             },
             Mutant::KernelLeftOutOfPrewarm => Faults {
                 module_left_out_of_prewarm: true,
+                ..none
+            },
+            Mutant::WeightsUploadedBeforePrewarm => Faults {
+                upload_before_prewarm: true,
+                ..none
+            },
+            Mutant::ModuleEvictedAfterPrewarm => Faults {
+                module_evicted_after_prewarm: true,
+                ..none
+            },
+            Mutant::DiskEntriesTrusted => Faults {
+                disk_entries_trusted: true,
                 ..none
             },
             Mutant::SerialisedLaunch => Faults {

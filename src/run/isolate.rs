@@ -71,6 +71,8 @@ pub struct ChildRequest {
     pub gpu_ordinal: usize,
     pub forward_tf32: bool,
     pub backward_tf32: bool,
+    /// The parent's kernel cache directory: every trial process shares it.
+    pub kernel_cache_dir: Option<PathBuf>,
 }
 
 /// What a child answers: the rows its trial produced and its outcome.
@@ -106,6 +108,7 @@ impl ChildRequest {
             gpu_ordinal: options.gpu.ordinal,
             forward_tf32: tf32(options.gpu.forward_math),
             backward_tf32: tf32(options.gpu.backward_math),
+            kernel_cache_dir: options.gpu.kernel_cache_dir.clone(),
         }
     }
 
@@ -118,6 +121,7 @@ impl ChildRequest {
                 ordinal: self.gpu_ordinal,
                 forward_math: math(self.forward_tf32),
                 backward_math: math(self.backward_tf32),
+                kernel_cache_dir: self.kernel_cache_dir.clone(),
             },
             inject: self.inject.clone(),
             isolation: Isolation::InProcess,

@@ -26,6 +26,12 @@ use crate::report::{FalsificationRow, ReportDir, SpeedupRow, Status};
 use qlora::gpu::{driver_present, DeviceFacts, GpuContext, GpuOptions};
 use qlora::Faults;
 
+/// Where the front ends keep compiled kernel modules, relative to the
+/// workspace root: under the git-ignored `target/`, shared by every trial
+/// process of a run and by later runs. Trials that measure a cold start use
+/// a fresh directory of their own instead.
+pub const DEFAULT_KERNEL_CACHE: &str = "target/falsify-kernel-cache";
+
 /// Options of a run. Front ends fill this in; nothing is read from the environment.
 #[derive(Debug, Clone)]
 pub struct RunOptions {

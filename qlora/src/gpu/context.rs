@@ -1,6 +1,7 @@
 //! [`GpuContext`]: owns the CUDA context, the work stream, the cuBLAS handle,
 //! the kernel cache and the device facts every report row records.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
@@ -9,7 +10,8 @@ use cudarc::driver::{
     ValidAsZeroBits,
 };
 
-use super::cache::{CacheStats, CompileRecord, KernelCache, OLDER_ARCH};
+use super::cache::{CacheStats, CompileRecord, KernelCache, Target, OLDER_ARCH};
+use super::disk::EntryHeader;
 use crate::error::{Error, Result};
 use crate::faults::Faults;
 
@@ -60,6 +62,9 @@ pub struct GpuOptions {
     pub forward_math: GemmMath,
     /// Math of the backward GEMMs (default FP32: gradients feed the optimizer).
     pub backward_math: GemmMath,
+    /// Where compiled kernel modules are kept between processes (created
+    /// when missing); `None` (the default) keeps them in memory only.
+    pub kernel_cache_dir: Option<PathBuf>,
 }
 
 impl GpuOptions {
@@ -78,6 +83,7 @@ impl Default for GpuOptions {
             ordinal: 0,
             forward_math: GemmMath::Tf32,
             backward_math: GemmMath::Fp32,
+            kernel_cache_dir: None,
         }
     }
 }
@@ -222,7 +228,7 @@ impl GpuContext {
             ctx,
             stream,
             blas,
-            cache: KernelCache::default(),
+            cache: KernelCache::new(options.kernel_cache_dir.clone()),
             facts,
             options,
             faults: Faults::NONE,
@@ -256,9 +262,10 @@ impl GpuContext {
         &self.blas
     }
 
-    /// The kernel `symbol` of module `module`, compiling and loading the module
-    /// on first use (for the device's own `compute_XY`; PTX of any other target
-    /// is refused with [`Error::TargetMismatch`]). Records the module as used.
+    /// The kernel `symbol` of module `module`, loading the module on first
+    /// use (from the disk cache, or compiled for the device's own `sm_XY`;
+    /// code of any other target is refused with [`Error::TargetMismatch`]).
+    /// Records the module as used.
     pub fn function(&mut self, module: &str, symbol: &str) -> Result<CudaFunction> {
         if self.faults.out_of_bounds_write {
             // Once only: the fault is meant to poison this context, not to loop.
@@ -266,16 +273,44 @@ impl GpuContext {
             crate::ops::faults::out_of_bounds_write(self)?;
         }
         let arch = self.compile_arch();
-        self.cache
-            .function(&self.ctx, &self.facts, &arch, module, symbol)
+        let target = Target {
+            ctx: &self.ctx,
+            facts: &self.facts,
+            arch: &arch,
+            trust_disk: self.faults.disk_entries_trusted,
+        };
+        self.cache.function(&target, module, symbol)
     }
 
-    /// Compiles and loads every module of `modules` the cache does not hold
-    /// yet (NVRTC compiles them concurrently).
+    /// Loads every module of `modules` the cache does not hold yet (disk
+    /// entries are read and NVRTC compiles the rest concurrently).
     pub fn ensure_modules(&mut self, modules: &[&str]) -> Result<()> {
         let arch = self.compile_arch();
-        self.cache
-            .ensure_all(&self.ctx, &self.facts, &arch, modules)
+        let target = Target {
+            ctx: &self.ctx,
+            facts: &self.facts,
+            arch: &arch,
+            trust_disk: self.faults.disk_entries_trusted,
+        };
+        self.cache.ensure_all(&target, modules)
+    }
+
+    /// The directory compiled modules are kept in, if any.
+    pub fn kernel_cache_dir(&self) -> Option<&std::path::Path> {
+        self.cache.dir()
+    }
+
+    /// Keeps compiled modules in `dir` from now on (e.g. a fresh directory,
+    /// to measure a cold start); returns the previous directory.
+    pub fn set_kernel_cache_dir(&mut self, dir: Option<PathBuf>) -> Option<PathBuf> {
+        self.cache.set_dir(dir)
+    }
+
+    /// The header (and key) of `module`'s disk entry as this context would
+    /// write it: the device's `sm_XY`, this NVRTC, the module's source hash.
+    pub fn kernel_entry_header(&mut self, module: &str) -> Result<EntryHeader> {
+        let arch = self.facts.sm_arch();
+        self.cache.entry_header(module, &arch)
     }
 
     /// The kernel cache, read-only (stats, compile records, used modules).
@@ -317,13 +352,14 @@ impl GpuContext {
         self.faults
     }
 
-    /// The virtual architecture NVRTC compiles for: the device's own, or an
-    /// older one under [`Faults::ptx_older_target`].
+    /// The architecture NVRTC compiles for: the device's own `sm_XY` (a
+    /// cubin, no driver JIT), or an older virtual one under
+    /// [`Faults::ptx_older_target`].
     fn compile_arch(&self) -> String {
         if self.faults.ptx_older_target {
             OLDER_ARCH.to_string()
         } else {
-            self.facts.compute_arch()
+            self.facts.sm_arch()
         }
     }
 

@@ -9,7 +9,8 @@ use crate::error::Result;
 use crate::model::ModelConfig;
 use crate::train::BaseWeights;
 
-/// The module [`crate::Faults::module_left_out_of_prewarm`] leaves out: one every
+/// The module [`crate::Faults::module_left_out_of_prewarm`] leaves out (and
+/// [`crate::Faults::module_evicted_after_prewarm`] evicts): one every
 /// configuration's forward pass uses.
 pub const LEFT_OUT_MODULE: &str = "rmsnorm";
 
@@ -51,14 +52,20 @@ pub struct PrewarmReport {
     pub compilations: usize,
     /// NVRTC time of those compilations.
     pub compile_ms: f64,
+    /// Modules pre-warm read from the on-disk cache instead of compiling.
+    pub disk_hits: usize,
+    /// Entries on disk pre-warm refused (stale, torn or for another target)
+    /// and compiled again.
+    pub disk_refused: usize,
     /// Wall time of the whole pre-warm, loads included.
     pub wall_ms: f64,
 }
 
 impl GpuContext {
-    /// Compiles and loads every module that `config`'s training step uses with
-    /// each of `bases`, then marks the cache pre-warmed: any later compilation
-    /// counts as `compiled_after_prewarm`. Allocates no model memory.
+    /// Loads every module that `config`'s training step uses with each of
+    /// `bases` (from the disk cache, or compiled concurrently), then marks
+    /// the cache pre-warmed: any later load counts as `loaded_after_prewarm`.
+    /// Allocates no model memory.
     pub fn prewarm(
         &mut self,
         config: &ModelConfig,
@@ -80,11 +87,16 @@ impl GpuContext {
         let mut prewarmed = self.cache().prewarmed().cloned().unwrap_or_default();
         prewarmed.extend(wanted.iter().copied());
         self.cache_mut().mark_prewarmed(prewarmed);
+        if self.faults().module_evicted_after_prewarm {
+            self.cache_mut().evict(LEFT_OUT_MODULE);
+        }
         Ok(PrewarmReport {
             modules: wanted.into_iter().collect(),
             skipped,
             compilations: after.compilations - before.compilations,
             compile_ms: after.compile_ms - before.compile_ms,
+            disk_hits: after.disk_hits - before.disk_hits,
+            disk_refused: after.disk_refused - before.disk_refused,
             wall_ms: started.elapsed().as_secs_f64() * 1e3,
         })
     }

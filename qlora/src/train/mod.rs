@@ -10,4 +10,6 @@ pub mod weights;
 pub mod workspace;
 
 pub use options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions, Hyper};
-pub use step::{planned_device_bytes, GpuStepReport, GpuTrainer, SyncCounts};
+pub use step::{
+    planned_device_bytes, GpuStepReport, GpuTrainer, SetupPhase, SyncCounts, TrainerSetup,
+};

@@ -43,7 +43,7 @@ use super::weights::{BaseDevice, Params};
 use super::workspace::{CublasWorkspace, Workspace, CUBLAS_WORKSPACE_BYTES};
 use crate::error::{Error, Result};
 use crate::gpu::table::{address, TensorTable};
-use crate::gpu::{GemmMath, GpuContext};
+use crate::gpu::{GemmMath, GpuContext, PrewarmReport};
 use crate::model::corpus::{self, Corpus, BATCH_SALT, CORPUS_SALT};
 use crate::model::{ModelConfig, Slot, Trainable};
 use crate::ops::attention::AttnShape;
@@ -71,6 +71,30 @@ struct ClipGroup {
     partials: TableSumWorkspace,
     sq: CudaSlice<f64>,
     scale: CudaSlice<f32>,
+}
+
+/// A phase of [`GpuTrainer::new`] whose order matters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetupPhase {
+    /// Every kernel module the step uses was loaded ([`GpuContext::prewarm`]).
+    Prewarm,
+    /// The base weights and the trainable tensors were uploaded.
+    Upload,
+}
+
+/// How a trainer was set up: kernels are pre-warmed while no weight is on
+/// the device (compiling and loading modules needs device memory the weights
+/// would otherwise hold), then the weights are uploaded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainerSetup {
+    /// What the trainer's pre-warm did.
+    pub prewarm: PrewarmReport,
+    /// Free device bytes when pre-warm started.
+    pub free_bytes_at_prewarm: usize,
+    /// The drop in free device bytes across the weight upload.
+    pub upload_bytes: usize,
+    /// The phases in the order they ran.
+    pub order: Vec<SetupPhase>,
 }
 
 /// What one step did, for reports.
@@ -102,6 +126,7 @@ pub struct GpuTrainer {
     graph: Option<CudaGraph>,
     steps_done: usize,
     sync: SyncCounter,
+    setup: TrainerSetup,
 }
 
 /// Counts host reads as they happen.
@@ -127,6 +152,47 @@ impl SyncCounter {
         }
         gpu.download(buf)
     }
+}
+
+/// Pre-warms every kernel `cfg`'s step uses, then uploads the weights
+/// (the other way round under [`crate::Faults::upload_before_prewarm`]),
+/// recording the order and the device memory around each.
+fn prewarm_then_upload(
+    gpu: &mut GpuContext,
+    cfg: &ModelConfig,
+    options: &GpuTrainOptions,
+    seed: u64,
+    trainable: &Trainable,
+) -> Result<(BaseDevice, Params, TrainerSetup)> {
+    let mut order = Vec::with_capacity(2);
+    let upload = |gpu: &mut GpuContext, order: &mut Vec<SetupPhase>| {
+        let free_before = gpu.memory_bytes()?.0;
+        let base = BaseDevice::init(gpu, cfg, options.base, seed, options.device_quantize)?;
+        let params = Params::upload(gpu, trainable)?;
+        gpu.synchronize()?;
+        order.push(SetupPhase::Upload);
+        let used = free_before.saturating_sub(gpu.memory_bytes()?.0);
+        Ok::<_, Error>((base, params, used))
+    };
+    let early = if gpu.faults().upload_before_prewarm {
+        Some(upload(gpu, &mut order)?)
+    } else {
+        None
+    };
+    let free_bytes_at_prewarm = gpu.memory_bytes()?.0;
+    let prewarm = gpu.prewarm(cfg, &[options.base])?;
+    order.push(SetupPhase::Prewarm);
+    let (base, params, upload_bytes) = match early {
+        Some(uploaded) => uploaded,
+        None => upload(gpu, &mut order)?,
+    };
+    let setup = TrainerSetup {
+        prewarm,
+        free_bytes_at_prewarm,
+        upload_bytes,
+        order,
+    };
+    Ok((base, params, setup))
 }
 
 impl GpuTrainer {
@@ -157,10 +223,7 @@ impl GpuTrainer {
             });
         }
         refuse_if_too_big(gpu, cfg, options.base, options.keep_mlp)?;
-        // Every kernel is compiled before anything is allocated or captured.
-        gpu.ensure_modules(&crate::gpu::modules_for(cfg, options.base))?;
-        let base = BaseDevice::init(gpu, cfg, options.base, seed, options.device_quantize)?;
-        let params = Params::upload(gpu, trainable)?;
+        let (base, params, setup) = prewarm_then_upload(gpu, cfg, &options, seed, trainable)?;
         let faults = gpu.faults();
         let ws = Workspace::new(
             gpu,
@@ -216,7 +279,13 @@ impl GpuTrainer {
             graph: None,
             steps_done: 0,
             sync: SyncCounter::default(),
+            setup,
         })
+    }
+
+    /// How this trainer was set up: pre-warm, then upload.
+    pub fn setup(&self) -> &TrainerSetup {
+        &self.setup
     }
 
     pub fn config(&self) -> &ModelConfig {
