@@ -22,12 +22,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use falsify::contract::load_dir;
+use falsify::contract::Backend;
 use falsify::report::Status;
 use falsify::run::{
     check_budgets, plan, run_child, ChildCommand, Engine, Isolation, RunOptions, TrialSpec,
     CHILD_FLAG,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
+use qlora::gpu::driver_present;
 
 /// `contracts/` of the working directory (cargo runs tests from the package
 /// root; a staged executable runs from a copy of it), else of this crate.
@@ -151,7 +153,21 @@ fn main() -> ExitCode {
             eprintln!("warning: SIGINT/SIGTERM will not keep finished rows: {e}");
         }
     }
-    let unjudged: Vec<Option<String>> = specs.iter().map(|s| engine.unjudged(s)).collect();
+    let judge_cuda = nextest.is_none() || args.list || !driver_present() || {
+        let mut chosen = specs.iter().filter(|s| selected(&args, s));
+        chosen.any(|s| s.backend == Backend::Cuda)
+    };
+    let unjudged: Vec<Option<String>> = specs
+        .iter()
+        .map(|s| {
+            // A cuda trial is judged by opening the GPU. Under nextest a cpu
+            // trial's process leaves that to the cuda trials' processes (on a
+            // GPU runner it would open a context on a device a cuda trial is
+            // timing), except where no driver makes the answer free.
+            let leave = s.backend == Backend::Cuda && !judge_cuda;
+            (!leave).then(|| engine.unjudged(s)).flatten()
+        })
+        .collect();
     let trials: Vec<Trial> = specs
         .iter()
         .zip(&unjudged)
@@ -175,8 +191,8 @@ fn main() -> ExitCode {
 
     // Ignored trials never ran; record them as skipped, with the reason.
     // cargo-nextest never starts a process for an ignored trial, so under it
-    // every process records them all (the same rows each time): a nextest
-    // run's report then holds every trial, as a `cargo test` run's does.
+    // every process records all it judged (the same rows each time): a
+    // nextest run's report then holds every trial, as a `cargo test` run's does.
     if !args.ignored && !args.include_ignored {
         let mut reasons: std::collections::BTreeMap<&str, usize> = Default::default();
         for (spec, why) in specs.iter().zip(&unjudged) {
@@ -242,12 +258,9 @@ fn guard_nextest_trial(
     unjudged: &[Option<String>],
     engine: &Arc<Engine>,
 ) -> falsify::error::Result<()> {
-    let mut runs = specs
-        .iter()
-        .zip(unjudged)
-        .filter(|(s, why)| {
-            selected(args, s) && (args.include_ignored || why.is_some() == args.ignored)
-        });
+    let mut runs = specs.iter().zip(unjudged).filter(|(s, why)| {
+        selected(args, s) && (args.include_ignored || why.is_some() == args.ignored)
+    });
     let (Some((spec, _)), None) = (runs.next(), runs.next()) else {
         // Not one trial: an ordinary libtest run under nextest's environment.
         return Ok(());

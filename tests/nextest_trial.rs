@@ -100,7 +100,9 @@ fn command(dir: &Path, run_id: Option<&str>) -> Command {
         .env_remove("NEXTEST_RUN_ID")
         .env_remove("NEXTEST_TEST_GROUP")
         .env_remove("NEXTEST_TEST_GROUP_SLOT")
-        .stdin(Stdio::null());
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     if let Some(id) = run_id {
         cmd.env("NEXTEST_RUN_ID", id);
     }
@@ -177,7 +179,9 @@ fn a_killed_trial_process_leaves_one_error_row_and_a_finished_one_replaces_it() 
 #[test]
 fn two_nextest_shards_merge_into_the_verdicts_of_one_run() {
     let whole = project(&[("quick", QUICK)]);
-    let out = command(whole.path(), None).output().expect("cargo test mode");
+    let out = command(whole.path(), None)
+        .output()
+        .expect("cargo test mode");
     assert!(out.status.success(), "{out:?}");
     let expected = rows(whole.path());
     assert_eq!(expected.len(), 4);
@@ -218,5 +222,33 @@ fn two_nextest_shards_merge_into_the_verdicts_of_one_run() {
     let mut run_ids: Vec<&str> = got.iter().map(|r| r.run_id.as_str()).collect();
     run_ids.sort_unstable();
     run_ids.dedup();
-    assert_eq!(run_ids.len(), 2, "each row keeps its shard's run: {run_ids:?}");
+    assert_eq!(
+        run_ids.len(),
+        2,
+        "each row keeps its shard's run: {run_ids:?}"
+    );
+}
+
+/// The `gpu` test group's slot picks the CUDA device; outside the group it is
+/// device 0. The run record names the device ordinal the engine was given.
+#[test]
+fn the_gpu_group_slot_is_the_device_ordinal() {
+    let dir = project(&[("quick", QUICK)]);
+    for (group, slot, ordinal) in [("gpu", "1", 1), ("@global", "none", 0)] {
+        let out = command(dir.path(), Some("run-slot"))
+            .args(["--exact", "[cpu] quick::F-Q-001"])
+            .env("NEXTEST_TEST_GROUP", group)
+            .env("NEXTEST_TEST_GROUP_SLOT", slot)
+            .output()
+            .expect("the harness runs");
+        assert!(out.status.success(), "{out:?}");
+        let meta = falsify::report::meta::RunMeta::read_json(&dir.path().join("reports/latest"))
+            .expect("run.json reads")
+            .expect("run.json exists");
+        assert!(
+            meta.options.gpu.contains(&format!("ordinal: {ordinal},")),
+            "{group} slot {slot}: {}",
+            meta.options.gpu
+        );
+    }
 }

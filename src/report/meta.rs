@@ -359,6 +359,37 @@ mod tests {
         assert_eq!(RunMeta::read_json(&dir.path().join("none")).unwrap(), None);
     }
 
+    /// Processes of one run keep what the others recorded; another run's
+    /// record is replaced.
+    #[test]
+    fn a_record_of_the_same_run_keeps_the_gpu_and_the_earliest_start() {
+        let mut first = RunMeta::detect();
+        first.run_id = "run".into();
+        first.started = "2026-01-01T00:00:01Z".into();
+        first.gpu = Some(GpuMeta {
+            name: "NVIDIA H200".into(),
+            compute_capability: "9.0".into(),
+            cuda_driver_version: "13.0".into(),
+            nvidia_driver: "580".into(),
+            sm_count: 132,
+            total_memory_bytes: 1 << 30,
+        });
+        first.clocks = "1980 MHz".into();
+        let mut later = first.clone();
+        later.started = "2026-01-01T00:00:09Z".into();
+        later.gpu = None;
+        later.clocks = "not read".into();
+        later.incomplete = Some("interrupted".into());
+        let joined = later.after(Some(&first));
+        assert_eq!(joined.started, first.started);
+        assert_eq!(joined.gpu, first.gpu);
+        assert_eq!(joined.clocks, "1980 MHz");
+        assert_eq!(joined.incomplete.as_deref(), Some("interrupted"));
+        let mut other = first.clone();
+        other.run_id = "another".into();
+        assert_eq!(later.after(Some(&other)), later);
+    }
+
     #[test]
     fn the_sha_is_the_build_commit_and_the_cpu_its_model_name() {
         let meta = RunMeta::detect();
