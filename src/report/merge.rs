@@ -256,9 +256,6 @@ mod tests {
     fn a_missing_shard_report_is_a_located_error() {
         let tmp = tempfile::tempdir().unwrap();
         let err = merge_runs(&[tmp.path().join("nope")], &tmp.path().join("m")).unwrap_err();
-        assert!(
-            err.to_string().contains("nope/falsification.csv"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("nope/falsification.csv"), "{err}");
     }
 }

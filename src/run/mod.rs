@@ -448,7 +448,9 @@ impl Engine {
 
     /// Runs one trial in this process and records its row.
     fn run_here(&self, trial: &TrialSpec) -> TrialOutcome {
-        let origin = lock(&self.process_start).take().unwrap_or_else(Instant::now);
+        let origin = lock(&self.process_start)
+            .take()
+            .unwrap_or_else(Instant::now);
         let test = trial.test();
         let seed = trial_seed(self.options.seed, &trial.contract.metadata.id, &test.id);
         let injected = !trial.selftest && self.options.inject.contains(&test.id);
