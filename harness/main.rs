@@ -10,10 +10,11 @@
 //! before it starts and replaced when it finishes, so a crash still costs
 //! exactly that row; a watchdog stops it at its timeout. The environment is
 //! read here only (nextest's run id and the `gpu` test group's slot, which
-//! picks the CUDA device); the engine gets them as options. A trial that cannot be judged here — no CUDA driver, no
-//! target stated for this GPU kind, a configuration that does not fit — is
-//! reported ignored and recorded as `skipped` with the reason, decided before
-//! anything runs. SIGINT or SIGTERM stop the run and keep the rows of the
+//! picks the CUDA device); the engine gets them as options.
+//!
+//! A trial that cannot be judged here — no CUDA driver, no target stated for
+//! this GPU kind, a configuration that does not fit — is reported ignored and
+//! recorded as `skipped` with the reason, decided before anything runs. SIGINT or SIGTERM stop the run and keep the rows of the
 //! trials that finished. Results go to `reports/latest/*.csv`.
 
 use std::path::PathBuf;
@@ -153,21 +154,7 @@ fn main() -> ExitCode {
             eprintln!("warning: SIGINT/SIGTERM will not keep finished rows: {e}");
         }
     }
-    let judge_cuda = nextest.is_none() || args.list || !driver_present() || {
-        let mut chosen = specs.iter().filter(|s| selected(&args, s));
-        chosen.any(|s| s.backend == Backend::Cuda)
-    };
-    let unjudged: Vec<Option<String>> = specs
-        .iter()
-        .map(|s| {
-            // A cuda trial is judged by opening the GPU. Under nextest a cpu
-            // trial's process leaves that to the cuda trials' processes (on a
-            // GPU runner it would open a context on a device a cuda trial is
-            // timing), except where no driver makes the answer free.
-            let leave = s.backend == Backend::Cuda && !judge_cuda;
-            (!leave).then(|| engine.unjudged(s)).flatten()
-        })
-        .collect();
+    let unjudged = unjudged_trials(&args, &specs, &engine, nextest.is_some());
     let trials: Vec<Trial> = specs
         .iter()
         .zip(&unjudged)
@@ -223,6 +210,32 @@ fn main() -> ExitCode {
         return ExitCode::from(130);
     }
     conclusion.exit_code()
+}
+
+/// Why each trial cannot be judged here (`None`: it can run). A cuda trial
+/// is judged by opening the GPU; under nextest a cpu trial's process leaves
+/// that to the cuda trials' processes (on a GPU runner it would open a
+/// context on a device a cuda trial may be timing), except where no CUDA
+/// driver makes the answer free.
+fn unjudged_trials(
+    args: &Arguments,
+    specs: &[TrialSpec],
+    engine: &Engine,
+    under_nextest: bool,
+) -> Vec<Option<String>> {
+    let judge_cuda = !under_nextest
+        || args.list
+        || !driver_present()
+        || specs
+            .iter()
+            .any(|s| s.backend == Backend::Cuda && selected(args, s));
+    specs
+        .iter()
+        .map(|s| {
+            let leave = s.backend == Backend::Cuda && !judge_cuda;
+            (!leave).then(|| engine.unjudged(s)).flatten()
+        })
+        .collect()
 }
 
 /// The engine's options. Under cargo-nextest: trials run in this process

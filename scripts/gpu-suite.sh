@@ -8,8 +8,9 @@
 # cargo-nextest binary), and for part `benches` also
 # `../shared/gpu/stage --benches` (criterion executables in .gpu/bin).
 #
-# Part `suite` (about 6 minutes per run on an H200; more than one device call
-# allows: run the two suite runs in separate calls):
+# Part `suite` (under `cargo test` one suite run took 336 s on an H200 with a
+# process per trial; under nextest not yet measured; two runs may need more
+# than one device call allows):
 # 1. the contract suite through cargo-nextest, twice, one process per trial,
 #    cuda trials one per GPU at a time (the `gpu` test group, with one slot
 #    per GPU this host has; the slot is the device); with hash:K/N, only that
