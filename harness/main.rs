@@ -2,27 +2,37 @@
 //! (`{contract}::{test_id}`) and one per mutant self-test
 //! (`{contract}::{test_id}::mutant`), with kind `cpu` or `cuda`.
 //!
-//! Each trial runs in a child process of this executable (a crash, a hang
-//! past the trial's timeout or a poisoned CUDA context costs that trial one
-//! `error` row). A trial that cannot be judged here — no CUDA driver, no
-//! target stated for this GPU kind, a configuration that does not fit — is
-//! reported ignored and recorded as `skipped` with the reason, decided before
-//! anything runs. SIGINT or SIGTERM stop the run and keep the rows of the
-//! trials that finished. Results go to `reports/latest/*.csv`; compiled
-//! kernel modules are kept in `target/falsify-kernel-cache/`.
+//! Under `cargo test` each trial runs in a child process of this executable
+//! (a crash, a hang past the trial's timeout or a poisoned CUDA context costs
+//! that trial one `error` row). Under cargo-nextest, which already starts
+//! this executable once per trial, the trial runs in that process: a second
+//! process would only open a second CUDA context. Its `error` row is written
+//! before it starts and replaced when it finishes, so a crash still costs
+//! exactly that row; a watchdog stops it at its timeout. The environment is
+//! read here only (nextest's run id and the `gpu` test group's slot, which
+//! picks the CUDA device); the engine gets them as options.
+//!
+//! A trial that cannot be judged here — no CUDA driver, no target stated for
+//! this GPU kind, a configuration that does not fit — is reported ignored and
+//! recorded as `skipped` with the reason, decided before anything runs.
+//! SIGINT or SIGTERM stop the run and keep the rows of the trials that
+//! finished. Results go to `reports/latest/*.csv`; compiled kernel modules
+//! are kept in `target/falsify-kernel-cache/`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Instant;
 
 use falsify::contract::load_dir;
+use falsify::contract::Backend;
 use falsify::report::Status;
 use falsify::run::{
     check_budgets, plan, run_child, ChildCommand, Engine, Isolation, RunOptions, TrialSpec,
     CHILD_FLAG, DEFAULT_KERNEL_CACHE,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
-use qlora::gpu::GpuOptions;
+use qlora::gpu::driver_present;
 
 /// `contracts/` of the working directory (cargo runs tests from the package
 /// root; a staged executable runs from a copy of it), else of this crate.
@@ -47,14 +57,38 @@ fn reports_dir(contracts: &std::path::Path) -> PathBuf {
     workspace_root(contracts).join("reports").join("latest")
 }
 
-/// The same selection rule libtest-mimic applies, so that skipped `cuda` rows
-/// are written only for trials the filters selected.
-fn selected(args: &Arguments, name: &str) -> bool {
+/// What cargo-nextest tells a test process about its run.
+struct Nextest {
+    /// Shared by every process of one `cargo nextest run`.
+    run_id: String,
+    /// The slot of this test in the `gpu` test group (0 to the group's
+    /// max-threads - 1, unique among the group's running tests): the CUDA
+    /// device ordinal. `None` outside the group.
+    gpu_slot: Option<usize>,
+}
+
+/// Whether this process was started by cargo-nextest, and with what.
+fn nextest() -> Option<Nextest> {
+    let run_id = std::env::var("NEXTEST_RUN_ID").ok()?;
+    let in_gpu_group = std::env::var("NEXTEST_TEST_GROUP").is_ok_and(|g| g == "gpu");
+    let slot = std::env::var("NEXTEST_TEST_GROUP_SLOT").ok();
+    Some(Nextest {
+        run_id,
+        gpu_slot: slot.filter(|_| in_gpu_group).and_then(|s| s.parse().ok()),
+    })
+}
+
+/// The same selection rule libtest-mimic applies (a filter matches the name
+/// or, as cargo-nextest passes it, `[kind] name`), so that skipped rows are
+/// written only for trials the filters selected.
+fn selected(args: &Arguments, spec: &TrialSpec) -> bool {
+    let name = spec.name.as_str();
+    let with_kind = format!("[{}] {name}", spec.backend);
     let matches = |pattern: &str| {
         if args.exact {
-            name == pattern
+            name == pattern || with_kind == pattern
         } else {
-            name.contains(pattern)
+            with_kind.contains(pattern)
         }
     };
     let filter_ok = args.filter.as_deref().is_none_or(matches);
@@ -63,8 +97,8 @@ fn selected(args: &Arguments, name: &str) -> bool {
 
 /// As a trial process: runs the one trial `request` names and prints its
 /// reply on stdout for the parent.
-fn child_main(request: &str) -> ExitCode {
-    match run_child(request) {
+fn child_main(request: &str, process_start: Instant) -> ExitCode {
+    match run_child(request, process_start) {
         Ok(reply) => {
             println!("{reply}");
             ExitCode::SUCCESS
@@ -77,10 +111,12 @@ fn child_main(request: &str) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    let process_start = Instant::now();
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some(CHILD_FLAG) {
-        return child_main(argv.get(2).map_or("", String::as_str));
+        return child_main(argv.get(2).map_or("", String::as_str), process_start);
     }
+    let nextest = nextest();
     let args = Arguments::from_args();
     let dir = contracts_dir();
     let contracts = match load_dir(&dir) {
@@ -98,24 +134,16 @@ fn main() -> ExitCode {
         }
     };
     let specs = plan(contracts);
-    let isolation = match ChildCommand::current_exe() {
-        Ok(command) => Isolation::Child(command),
+    let options = match run_options(&dir, nextest.as_ref(), process_start) {
+        Ok(options) => options,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let engine = Arc::new(Engine::new(RunOptions {
-        out_dir: reports_dir(&dir),
-        isolation,
-        gpu: GpuOptions {
-            kernel_cache_dir: Some(workspace_root(&dir).join(DEFAULT_KERNEL_CACHE)),
-            ..GpuOptions::default()
-        },
-        ..RunOptions::default()
-    }));
+    let engine = Arc::new(Engine::new(options));
     if !args.list {
-        let chosen = specs.iter().filter(|s| selected(&args, &s.name));
+        let chosen = specs.iter().filter(|s| selected(&args, s));
         let over = check_budgets(chosen, &engine);
         if !over.is_empty() {
             for e in &over {
@@ -132,7 +160,7 @@ fn main() -> ExitCode {
             eprintln!("warning: SIGINT/SIGTERM will not keep finished rows: {e}");
         }
     }
-    let unjudged: Vec<Option<String>> = specs.iter().map(|s| engine.unjudged(s)).collect();
+    let unjudged = unjudged_trials(&args, &specs, &engine, nextest.is_some());
     let trials: Vec<Trial> = specs
         .iter()
         .zip(&unjudged)
@@ -143,16 +171,26 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let listing = args.list;
+    if nextest.is_some() && !listing {
+        if let Err(e) = guard_nextest_trial(&args, &specs, &unjudged, &engine) {
+            eprintln!("error: could not write the report: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let conclusion = libtest_mimic::run(&args, trials);
     if listing {
         return conclusion.exit_code();
     }
 
     // Ignored trials never ran; record them as skipped, with the reason.
+    // cargo-nextest never starts a process for an ignored trial, so under it
+    // every process records all it judged (the same rows each time): a
+    // nextest run's report then holds every trial, as a `cargo test` run's does.
     if !args.ignored && !args.include_ignored {
         let mut reasons: std::collections::BTreeMap<&str, usize> = Default::default();
         for (spec, why) in specs.iter().zip(&unjudged) {
-            if let Some(reason) = why.as_deref().filter(|_| selected(&args, &spec.name)) {
+            let recorded = nextest.is_some() || selected(&args, spec);
+            if let Some(reason) = why.as_deref().filter(|_| recorded) {
                 engine.skip(spec, reason);
                 *reasons.entry(reason).or_default() += 1;
             }
@@ -178,6 +216,96 @@ fn main() -> ExitCode {
         return ExitCode::from(130);
     }
     conclusion.exit_code()
+}
+
+/// Why each trial cannot be judged here (`None`: it can run). A cuda trial
+/// is judged by opening the GPU; under nextest a cpu trial's process leaves
+/// that to the cuda trials' processes (on a GPU runner it would open a
+/// context on a device a cuda trial may be timing), except where no CUDA
+/// driver makes the answer free.
+fn unjudged_trials(
+    args: &Arguments,
+    specs: &[TrialSpec],
+    engine: &Engine,
+    under_nextest: bool,
+) -> Vec<Option<String>> {
+    let judge_cuda = !under_nextest
+        || args.list
+        || !driver_present()
+        || specs
+            .iter()
+            .any(|s| s.backend == Backend::Cuda && selected(args, s));
+    specs
+        .iter()
+        .map(|s| {
+            let leave = s.backend == Backend::Cuda && !judge_cuda;
+            (!leave).then(|| engine.unjudged(s)).flatten()
+        })
+        .collect()
+}
+
+/// The engine's options. Under cargo-nextest: trials run in this process
+/// (nextest started it for one trial), rows carry nextest's run id, and a
+/// trial in the `gpu` group runs on the device its slot names.
+fn run_options(
+    dir: &std::path::Path,
+    nextest: Option<&Nextest>,
+    process_start: Instant,
+) -> falsify::error::Result<RunOptions> {
+    let mut options = RunOptions {
+        out_dir: reports_dir(dir),
+        process_start: Some(process_start),
+        ..RunOptions::default()
+    };
+    options.gpu.kernel_cache_dir = Some(workspace_root(dir).join(DEFAULT_KERNEL_CACHE));
+    match nextest {
+        Some(n) => {
+            options.run_id = Some(n.run_id.clone());
+            options.gpu.ordinal = n.gpu_slot.unwrap_or(0);
+        }
+        None => options.isolation = Isolation::Child(ChildCommand::current_exe()?),
+    }
+    Ok(options)
+}
+
+/// Under cargo-nextest, for the one trial this process runs: records its
+/// `error` row before it starts (the real row replaces it; should the
+/// process die, the row says so), and starts a watchdog that records a
+/// timeout and ends the process once the trial's time is up.
+fn guard_nextest_trial(
+    args: &Arguments,
+    specs: &[TrialSpec],
+    unjudged: &[Option<String>],
+    engine: &Arc<Engine>,
+) -> falsify::error::Result<()> {
+    let mut runs = specs.iter().zip(unjudged).filter(|(s, why)| {
+        selected(args, s) && (args.include_ignored || why.is_some() == args.ignored)
+    });
+    let (Some((spec, _)), None) = (runs.next(), runs.next()) else {
+        // Not one trial: an ordinary libtest run under nextest's environment.
+        return Ok(());
+    };
+    let timeout = spec.timeout();
+    engine.write_provisional(
+        spec,
+        "the trial's process ended before it recorded a result (a crash, or stopped \
+         by the test runner); the runner's output for this test names the cause",
+        specs,
+    )?;
+    let (engine, spec, all) = (Arc::clone(engine), spec.clone(), specs.to_vec());
+    std::thread::spawn(move || {
+        std::thread::sleep(timeout);
+        let why = format!(
+            "timed out: still running after {:.0} s, stopped",
+            timeout.as_secs_f64()
+        );
+        eprintln!("error: {}: {why}", spec.name);
+        if let Err(e) = engine.write_provisional(&spec, &why, &all) {
+            eprintln!("error: could not write the report: {e}");
+        }
+        std::process::exit(124);
+    });
+    Ok(())
 }
 
 fn make_trial(spec: &TrialSpec, engine: &Arc<Engine>, ignored: bool) -> Trial {

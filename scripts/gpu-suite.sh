@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# The whole GPU run, executed on the GPU machine from a copy of this tree with
-# the staged executables in .gpu/bin (`../shared/gpu/stage --benches`):
+# The whole GPU run, executed on the GPU machine from a checkout of this
+# commit with the cargo-nextest archive in .gpu/ (README.md, "GPU CI"):
 #
-#   scripts/gpu-suite.sh OUTDIR [all|suite|sanitizers|benches]
+#   scripts/gpu-suite.sh OUTDIR [all|suite|sanitizers|benches] [hash:K/N]
 #
-# Stage first: `../shared/gpu/stage --benches` and
-# `cp target/release/falsify .gpu/bin/falsify-cli` (the fault-isolation test
-# starts trial processes of the CLI).
+# Build first, here: `scripts/gpu-archive.sh` (the archive and the
+# cargo-nextest binary), and for part `benches` also
+# `../shared/gpu/stage --benches` (criterion executables in .gpu/bin).
 #
-# Part `suite` (about 12 minutes on an H200, each trial in its own process;
-# more than one device call allows: run the two suite runs in separate calls):
-# 1. the contract suite, twice (scripts/compare-verdicts.py says whether the
-#    two runs gave the same verdicts);
-# 2. the GPU-only integration tests (fault isolation, out of memory, training step).
+# Part `suite` (under `cargo test` one suite run took 336 s on an H200 with a
+# process per trial; under nextest not yet measured; two runs may need more
+# than one device call allows):
+# 1. the contract suite through cargo-nextest, twice, one process per trial,
+#    cuda trials one per GPU at a time (the `gpu` test group, with one slot
+#    per GPU this host has; the slot is the device); with hash:K/N, only that
+#    shard (merge the shards' reports with `falsify report --merge`);
+#    scripts/compare-verdicts.py says whether the two runs gave the same verdicts;
+# 2. the GPU-only integration tests (fault isolation, out of memory, training
+#    step, NVRTC), one GPU at a time.
 # Part `sanitizers`:
 # 3. compute-sanitizer memcheck, initcheck and racecheck over the cuda
 #    op-parity trials.
@@ -22,11 +27,12 @@
 #    qwen2.5-0.5b step timed per mode and profiled kernel by kernel with ncu.
 # `all` (the default) runs every part; the device tool's 10-minute limit per
 # call may need the parts in separate calls. Everything is packed into
-# OUTDIR/suite-PART.tgz (the device tool returns at most 8 files); a short
-# summary is printed last.
+# OUTDIR/suite-PART.tgz (the device tool returns at most 8 files), with the
+# JUnit files; a short summary is printed last.
 set -uo pipefail
-out=${1:?usage: scripts/gpu-suite.sh OUTDIR [all|suite|sanitizers|benches]}
+out=${1:?usage: scripts/gpu-suite.sh OUTDIR [all|suite|sanitizers|benches] [hash:K/N]}
 part=${2:-all}
+shard=${3:-}
 case "$part" in
   all|suite|sanitizers|benches) ;;
   *) echo "unknown part '$part': all, suite, sanitizers or benches" >&2; exit 2 ;;
@@ -42,28 +48,52 @@ note() { echo "$*" >> "$work/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu \
   --format=csv > "$work/gpu.txt" 2>&1
 
+# The archive, extracted into .gpu/extracted (its target/ holds the
+# executables; nextest writes JUnit to target/nextest/ci/ of this tree).
+extracted=.gpu/extracted
+mkdir -p "$extracted"
+nextest() {
+  .gpu/cargo-nextest nextest "$1" --archive-file .gpu/falsify.tar.zst --workspace-remap . \
+    --extract-to "$extracted" --extract-overwrite "${@:2}"
+}
+# One slot of the `gpu` test group per GPU of this host.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+[ "${gpus:-0}" -ge 1 ] || gpus=1
+sed "s/^gpu = { max-threads = 1 }/gpu = { max-threads = $gpus }/" .config/nextest.toml > .gpu/nextest.toml
+note "GPUs: $gpus (gpu test group max-threads)"
+partition=()
+[ -n "$shard" ] && partition=(--partition "$shard")
+junit() { cp target/nextest/ci/junit.xml "$work/junit-$1.xml" 2>/dev/null; }
+
 if runs suite; then
-  "$bin/contracts" --test-threads 1 > "$work/run1.log" 2>&1
-  note "run1 exit $?"
-  cp reports/latest/falsification.csv reports/latest/speedups.csv reports/latest/run.json "$work/"
-  "$bin/contracts" --test-threads 1 > "$work/run2.log" 2>&1
-  note "run2 exit $?"
-  cp reports/latest/falsification.csv "$work/falsification-rerun.csv"
+  for run in 1 2; do
+    rm -rf reports/latest
+    nextest run --profile ci --config-file .gpu/nextest.toml "${partition[@]}" \
+      -E 'binary(contracts)' > "$work/run$run.log" 2>&1
+    note "run$run exit $?"
+    junit "run$run"
+    if [ "$run" = 1 ]; then
+      cp reports/latest/falsification.csv reports/latest/speedups.csv reports/latest/run.json "$work/"
+    else
+      cp reports/latest/falsification.csv "$work/falsification-rerun.csv"
+    fi
+  done
   note "rerun :: $(python3 scripts/compare-verdicts.py "$work/falsification.csv" "$work/falsification-rerun.csv")"
 
-  for t in gpu_fault_isolation train_gpu fault_scope; do
-    "$bin/$t" --ignored --test-threads 1 --nocapture > "$work/$t.log" 2>&1
-    note "$t exit $?"
-  done
-  # Not --ignored: these run wherever NVRTC loads and are ignored elsewhere.
-  "$bin/nvrtc" > "$work/nvrtc.log" 2>&1
-  note "nvrtc exit $?"
+  # Not in the shard: these run once per host, on device 0, one at a time.
+  nextest run --profile ci --run-ignored all \
+    -E 'binary(gpu_fault_isolation) | binary(train_gpu) | binary(fault_scope) | binary(nvrtc)' \
+    > "$work/gpu-tests.log" 2>&1
+  note "GPU-only tests exit $?"
+  junit gpu-tests
 fi
 
 if runs sanitizers; then
+  nextest list -E 'binary(contracts)' > /dev/null 2>&1
+  contracts=$(find "$extracted/target" -path '*/deps/contracts-*' -type f -perm -u+x | head -1)
   for tool in memcheck initcheck racecheck; do
     timeout 200 compute-sanitizer --tool "$tool" --print-limit 20 \
-      "$bin/contracts" --test-threads 1 --skip ::mutant kernel-parity > "$work/sanitizer-$tool.log" 2>&1
+      "$contracts" --test-threads 1 --skip ::mutant kernel-parity > "$work/sanitizer-$tool.log" 2>&1
     note "sanitizer $tool exit $? :: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$work/sanitizer-$tool.log" | tail -1)"
   done
 fi
@@ -95,6 +125,6 @@ if runs benches; then
   fi
 fi
 
-grep -h "test result" "$work"/*.log >> "$work/summary.txt" 2>/dev/null
+grep -h -E "test result|Summary \[" "$work"/*.log >> "$work/summary.txt" 2>/dev/null
 tar czf "$out/suite-$part.tgz" -C "$(dirname "$work")" suite
 cat "$work/gpu.txt" "$work/summary.txt"

@@ -34,6 +34,11 @@ pub enum Error {
         source: csv::Error,
     },
 
+    /// Reports of several runs that cannot be merged into one (overlapping
+    /// shards, different commits or GPU kinds, a missing report).
+    #[error("{}: {message}", path.display())]
+    Merge { path: PathBuf, message: String },
+
     /// A run selected no trial at all (an empty directory or a filter matching nothing).
     #[error("no trials selected: {0}")]
     NothingSelected(String),

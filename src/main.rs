@@ -74,6 +74,10 @@ enum Command {
         /// The run to judge (never inside the baseline folder).
         #[arg(long, default_value = "reports/latest")]
         current: PathBuf,
+        /// First merge these run directories (the shards of a partitioned
+        /// run) into `--current`, replacing its reports, then judge it.
+        #[arg(long, num_args = 1.., value_name = "RUN_DIR")]
+        merge: Vec<PathBuf>,
     },
     /// Print the reference of the check kinds (Markdown): what each
     /// measures, where it runs, and its parameters with their defaults and
@@ -82,11 +86,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    let process_start = std::time::Instant::now();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     // A trial process: run the one trial the parent asks for, answer on stdout.
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some(CHILD_FLAG) {
-        return match run_child(argv.get(2).map_or("", String::as_str)) {
+        return match run_child(argv.get(2).map_or("", String::as_str), process_start) {
             Ok(reply) => {
                 println!("{reply}");
                 ExitCode::SUCCESS
@@ -130,7 +135,19 @@ fn real_main() -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Report { baseline, current } => Ok(report(&baseline, &current)),
+        Command::Report {
+            baseline,
+            current,
+            merge,
+        } => {
+            if !merge.is_empty() {
+                if let Err(e) = merge_shards(&baseline, &merge, &current) {
+                    eprintln!("error: {e:#}");
+                    return Ok(ExitCode::from(EXIT_NO_VERDICT));
+                }
+            }
+            Ok(report(&baseline, &current))
+        }
         Command::Kinds => {
             print!("{}", falsify::check::reference_markdown());
             Ok(ExitCode::SUCCESS)
@@ -173,6 +190,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
                     kernel_cache_dir: Some(kernel_cache),
                     ..GpuOptions::default()
                 },
+                ..RunOptions::default()
             }));
             let over = check_budgets(selected.iter().copied(), &engine);
             if !over.is_empty() {
@@ -281,6 +299,28 @@ fn print_summary(trials: &[&TrialSpec], outcomes: &[TrialOutcome]) {
         count(Status::Skipped),
         outcomes.len()
     );
+}
+
+/// Merges the shard directories into `into` (never inside the baseline
+/// folder, checked before anything is written).
+fn merge_shards(baseline: &Path, shards: &[PathBuf], into: &Path) -> anyhow::Result<()> {
+    // `into` may not exist yet: its nearest existing folder decides.
+    let existing = into
+        .ancestors()
+        .find(|p| p.exists())
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    falsify::report::baseline::refuse_output_inside(baseline, existing)?;
+    let merged = falsify::report::merge::merge_runs(shards, into)
+        .with_context(|| format!("merging {} run(s) into {}", shards.len(), into.display()))?;
+    println!(
+        "merged {} run(s) into {}: {} trials, {} speedup rows",
+        shards.len(),
+        into.display(),
+        merged.trials,
+        merged.speedups
+    );
+    Ok(())
 }
 
 /// How many not-run trials the terminal lists; REPORT.md lists them all.

@@ -80,18 +80,25 @@ fn setup_with(
     (dir, trials, engine)
 }
 
-/// The `falsify` binary: where cargo built it, or beside this test when the
-/// executables were staged for a machine without a toolchain
-/// (`.gpu/bin/falsify-cli`, copied from `target/release/falsify`).
+/// The `falsify` binary: where cargo built it; where cargo-nextest put it
+/// when it runs an archive on a machine without a toolchain (it names the
+/// extracted binary in `NEXTEST_BIN_EXE_falsify`); or beside this test when
+/// the executables were staged by hand (`.gpu/bin/falsify-cli`, copied from
+/// `target/release/falsify`).
 fn falsify_exe() -> std::path::PathBuf {
     let built = std::path::PathBuf::from(env!("CARGO_BIN_EXE_falsify"));
+    if built.exists() {
+        return built;
+    }
+    let archived = std::env::var_os("NEXTEST_BIN_EXE_falsify").map(std::path::PathBuf::from);
     let staged = std::env::current_exe()
         .ok()
         .and_then(|e| e.parent().map(|d| d.join("falsify-cli")));
-    match staged {
-        Some(s) if !built.exists() && s.exists() => s,
-        _ => built,
-    }
+    [archived, staged]
+        .into_iter()
+        .flatten()
+        .find(|p| p.exists())
+        .unwrap_or(built)
 }
 
 /// Named to sort first: with `--test-threads 1` it runs before the in-process

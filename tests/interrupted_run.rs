@@ -55,6 +55,7 @@ fn row(contract: &str, i: usize) -> FalsificationRow {
         threshold: Some(1e-6),
         unit: String::new(),
         duration_ms: 1.5,
+        setup_ms: Some(0.25),
         detail: format!("row {i}: a detail with, commas and \"quotes\"\nand a newline"),
     }
 }

@@ -218,6 +218,42 @@ impl RunMeta {
         self.cpu = plain_device(&self.cpu).to_string();
     }
 
+    /// This record, written after `earlier`. A record of the same run
+    /// (another process of one cargo-nextest run) keeps what that process
+    /// recorded: the earliest start, the GPU it used with its clocks, an
+    /// interruption. A record of another run is simply replaced.
+    pub fn after(&self, earlier: Option<&RunMeta>) -> RunMeta {
+        match earlier {
+            Some(e) if e.run_id == self.run_id => self.joined(e),
+            _ => self.clone(),
+        }
+    }
+
+    /// This record and `other`'s as one: the earlier start, the later
+    /// finish, a GPU either used, any interruption, and a tree that is dirty
+    /// (or unknown) if either was. Identity and options stay this record's.
+    pub fn joined(&self, other: &RunMeta) -> RunMeta {
+        let mut out = self.clone();
+        if !other.started.is_empty() && (out.started.is_empty() || other.started < out.started) {
+            out.started = other.started.clone();
+        }
+        out.finished = self.finished.clone().max(other.finished.clone());
+        if out.gpu.is_none() && other.gpu.is_some() {
+            out.gpu = other.gpu.clone();
+            out.clocks = other.clocks.clone();
+        }
+        out.incomplete = match (&self.incomplete, &other.incomplete) {
+            (Some(a), Some(b)) if a != b => Some(format!("{a}; {b}")),
+            (a, b) => a.clone().or_else(|| b.clone()),
+        };
+        out.git_dirty = match (self.git_dirty, other.git_dirty) {
+            (Some(a), Some(b)) => Some(a || b),
+            (Some(true), None) | (None, Some(true)) => Some(true),
+            _ => None,
+        };
+        out
+    }
+
     /// The current UTC time in RFC 3339.
     pub fn now_rfc3339() -> String {
         OffsetDateTime::now_utc()
@@ -321,6 +357,37 @@ mod tests {
         meta.write_json(dir.path()).unwrap();
         assert_eq!(RunMeta::read_json(dir.path()).unwrap(), Some(meta));
         assert_eq!(RunMeta::read_json(&dir.path().join("none")).unwrap(), None);
+    }
+
+    /// Processes of one run keep what the others recorded; another run's
+    /// record is replaced.
+    #[test]
+    fn a_record_of_the_same_run_keeps_the_gpu_and_the_earliest_start() {
+        let mut first = RunMeta::detect();
+        first.run_id = "run".into();
+        first.started = "2026-01-01T00:00:01Z".into();
+        first.gpu = Some(GpuMeta {
+            name: "NVIDIA H200".into(),
+            compute_capability: "9.0".into(),
+            cuda_driver_version: "13.0".into(),
+            nvidia_driver: "580".into(),
+            sm_count: 132,
+            total_memory_bytes: 1 << 30,
+        });
+        first.clocks = "1980 MHz".into();
+        let mut later = first.clone();
+        later.started = "2026-01-01T00:00:09Z".into();
+        later.gpu = None;
+        later.clocks = "not read".into();
+        later.incomplete = Some("interrupted".into());
+        let joined = later.after(Some(&first));
+        assert_eq!(joined.started, first.started);
+        assert_eq!(joined.gpu, first.gpu);
+        assert_eq!(joined.clocks, "1980 MHz");
+        assert_eq!(joined.incomplete.as_deref(), Some("interrupted"));
+        let mut other = first.clone();
+        other.run_id = "another".into();
+        assert_eq!(later.after(Some(&other)), later);
     }
 
     #[test]

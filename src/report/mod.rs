@@ -10,6 +10,7 @@ pub mod charts;
 pub mod claim;
 pub mod compare;
 pub mod markdown;
+pub mod merge;
 pub mod meta;
 
 use std::collections::HashSet;
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use meta::RunMeta;
 
 /// Name of the per-trial report.
 pub const FALSIFICATION_CSV: &str = "falsification.csv";
@@ -72,6 +74,14 @@ pub struct FalsificationRow {
     pub threshold: Option<f64>,
     pub unit: String,
     pub duration_ms: f64,
+    /// Time from the start of the trial's process to the start of the
+    /// measurement (opening the CUDA context, loading the contracts): the
+    /// price of a process per trial. Kernels a check compiles itself count
+    /// in its measurement. Empty for a trial that never started measuring
+    /// (skipped, or its process died), and in reports written before the
+    /// column existed.
+    #[serde(default)]
+    pub setup_ms: Option<f64>,
     pub detail: String,
 }
 
@@ -310,7 +320,7 @@ impl ReportDir {
         for entry in entries.flatten() {
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            let ours = [FALSIFICATION_CSV, SPEEDUPS_CSV]
+            let ours = [FALSIFICATION_CSV, SPEEDUPS_CSV, meta::RUN_JSON]
                 .iter()
                 .any(|csv| name.starts_with(&format!(".{csv}.")));
             if ours && name.ends_with(".tmp") {
@@ -318,6 +328,21 @@ impl ReportDir {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
+    }
+
+    /// Runs `write` with the directory's writer lock held. Writers in other
+    /// processes (cargo-nextest runs one process per trial) wait their turn,
+    /// so no writer reads the reports between another's read and rename and
+    /// no row is lost. A killed writer's lock is released by the kernel.
+    pub fn locked<T>(&self, write: impl FnOnce() -> Result<T>) -> Result<T> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+        let lock_path = self.dir.join(".lock");
+        let lock = File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
+        lock.lock().map_err(|e| Error::io(&lock_path, e))?;
+        self.remove_stale_temp_files();
+        let result = write();
+        lock.unlock().map_err(|e| Error::io(&lock_path, e))?;
+        result
     }
 
     /// Merges this run's rows into the reports and writes them atomically.
@@ -333,12 +358,33 @@ impl ReportDir {
         speedups: Vec<SpeedupRow>,
         known: &HashSet<String>,
     ) -> Result<()> {
-        std::fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
-        let lock_path = self.dir.join(".lock");
-        let lock = File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
-        lock.lock().map_err(|e| Error::io(&lock_path, e))?;
-        self.remove_stale_temp_files();
+        self.locked(|| self.merge_rows(rows, speedups, known))
+    }
 
+    /// [`ReportDir::merge_and_write`], and the run record beside the CSVs,
+    /// under the same lock. A record of the same run already there (another
+    /// process of one cargo-nextest run) is combined with this one.
+    pub fn record_run(
+        &self,
+        rows: Vec<FalsificationRow>,
+        speedups: Vec<SpeedupRow>,
+        known: &HashSet<String>,
+        run: &RunMeta,
+    ) -> Result<()> {
+        self.locked(|| {
+            self.merge_rows(rows, speedups, known)?;
+            // An unreadable record belongs to no run this one continues.
+            let earlier = RunMeta::read_json(&self.dir).ok().flatten();
+            run.after(earlier.as_ref()).write_json(&self.dir)
+        })
+    }
+
+    fn merge_rows(
+        &self,
+        rows: Vec<FalsificationRow>,
+        speedups: Vec<SpeedupRow>,
+        known: &HashSet<String>,
+    ) -> Result<()> {
         let replaced: HashSet<String> = rows
             .iter()
             .map(|r| trial_key(&r.contract, &r.test_id))
@@ -356,7 +402,7 @@ impl ReportDir {
             })
             .collect();
         merged.extend(rows);
-        merged.sort_by(|a, b| (&a.contract, &a.test_id).cmp(&(&b.contract, &b.test_id)));
+        sort_rows(&mut merged);
         write_rows_atomic(&self.falsification_path(), &merged)?;
 
         let old: Vec<SpeedupRow> = read_rows(&self.speedups_path()).unwrap_or_default();
@@ -368,8 +414,13 @@ impl ReportDir {
         if !merged.is_empty() || self.speedups_path().exists() {
             write_rows_atomic(&self.speedups_path(), &merged)?;
         }
-        lock.unlock().map_err(|e| Error::io(&lock_path, e))
+        Ok(())
     }
+}
+
+/// The report's row order: by contract, then test id.
+pub(crate) fn sort_rows(rows: &mut [FalsificationRow]) {
+    rows.sort_by(|a, b| (&a.contract, &a.test_id).cmp(&(&b.contract, &b.test_id)));
 }
 
 /// Compact number formatting for summaries: `1.2e-7`, `0.034`, `1234.5`.
@@ -428,6 +479,7 @@ mod tests {
             threshold: Some(2.0),
             unit: String::new(),
             duration_ms: 1.0,
+            setup_ms: Some(0.5),
             detail: "a, \"quoted\" detail".into(),
         }
     }

@@ -112,8 +112,9 @@ impl ChildRequest {
         }
     }
 
-    /// The run options of the child: the parent's, run in-process.
-    fn options(&self) -> RunOptions {
+    /// The run options of the child: the parent's, run in-process, with
+    /// setup counted from the child's start.
+    fn options(&self, process_start: Instant) -> RunOptions {
         RunOptions {
             out_dir: self.out_dir.clone(),
             seed: self.seed,
@@ -125,13 +126,17 @@ impl ChildRequest {
             },
             inject: self.inject.clone(),
             isolation: Isolation::InProcess,
+            run_id: None,
+            process_start: Some(process_start),
         }
     }
 }
 
 /// The child's side: runs the trial `request_json` names and returns the line
 /// the front end prints on stdout ([`REPLY_MARKER`] and the reply as JSON).
-pub fn run_child(request_json: &str) -> Result<String> {
+/// `process_start` is when the child process started (its trial's setup
+/// time counts from there).
+pub fn run_child(request_json: &str, process_start: Instant) -> Result<String> {
     let request: ChildRequest =
         serde_json::from_str(request_json).map_err(|e| bad(e.to_string()))?;
     let trials = plan(vec![load_file(&request.contract_file)?]);
@@ -139,7 +144,7 @@ pub fn run_child(request_json: &str) -> Result<String> {
         .iter()
         .find(|t| t.name == request.trial)
         .ok_or_else(|| bad(format!("no trial `{}`", request.trial)))?;
-    let engine = Engine::with_meta(request.options(), request.meta.clone());
+    let engine = Engine::with_meta(request.options(process_start), request.meta.clone());
     let outcome = engine.run(trial);
     let row = engine
         .rows()
@@ -400,7 +405,7 @@ mod tests {
         );
         let back: ChildRequest = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back, r);
-        let o = back.options();
+        let o = back.options(Instant::now());
         assert_eq!((o.seed, o.inject.clone()), (7, vec!["F-1".to_string()]));
         assert_eq!(o.gpu.forward_math, options.gpu.forward_math);
         assert_eq!(o.gpu.backward_math, options.gpu.backward_math);

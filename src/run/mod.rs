@@ -46,6 +46,12 @@ pub struct RunOptions {
     /// Where trials run: in this process, or each in a child process of its
     /// own (what the CLI and the test runner use).
     pub isolation: Isolation,
+    /// The run's id, when a front end is one of several processes of one
+    /// run (cargo-nextest's run id); `None`: this process's own.
+    pub run_id: Option<String>,
+    /// When this process started: the first trial it runs counts its setup
+    /// (`setup_ms`) from here. `None`: from the trial's own start.
+    pub process_start: Option<Instant>,
 }
 
 /// Where a trial runs.
@@ -68,6 +74,8 @@ impl Default for RunOptions {
             gpu: GpuOptions::default(),
             inject: Vec::new(),
             isolation: Isolation::InProcess,
+            run_id: None,
+            process_start: None,
         }
     }
 }
@@ -87,6 +95,12 @@ pub struct TrialSpec {
 impl TrialSpec {
     pub fn test(&self) -> &FalsificationTest {
         &self.contract.falsification_tests[self.test_index]
+    }
+
+    /// How long the trial may run: its test's `timeout_s`, or its check
+    /// kind's default.
+    pub fn timeout(&self) -> Duration {
+        timeout_of(self.test().timeout_s())
     }
 
     /// The `test_id` column: the test id, with `::mutant` for the self-test.
@@ -190,6 +204,8 @@ pub struct Engine {
     /// Set when the run is being stopped: no trial starts, a running child
     /// is killed, and the reports hold only the trials that finished.
     interrupted: AtomicBool,
+    /// The process's start, until the first trial run here takes it.
+    process_start: Mutex<Option<Instant>>,
 }
 
 /// What planning found out about this machine.
@@ -218,7 +234,11 @@ impl Engine {
             out_dir: options.out_dir.display().to_string(),
             gpu: format!("{:?}", options.gpu),
         };
+        if let Some(id) = &options.run_id {
+            meta.run_id = id.clone();
+        }
         Engine {
+            process_start: Mutex::new(options.process_start),
             options,
             meta,
             gpu: Mutex::new(GpuSlot::Unprobed),
@@ -357,7 +377,7 @@ impl Engine {
 
     /// Records `trial` as an error without running it.
     fn record_error(&self, trial: &TrialSpec, reason: &str) -> TrialOutcome {
-        let row = self.row(trial, Status::Error, None, 0.0, reason.to_string());
+        let row = self.row(trial, Status::Error, None, 0.0, None, reason.to_string());
         lock(&self.rows).push(row);
         TrialOutcome {
             status: Status::Error,
@@ -368,7 +388,7 @@ impl Engine {
 
     /// Records `trial` as skipped without running it.
     pub fn skip(&self, trial: &TrialSpec, reason: &str) -> TrialOutcome {
-        let row = self.row(trial, Status::Skipped, None, 0.0, reason.to_string());
+        let row = self.row(trial, Status::Skipped, None, 0.0, None, reason.to_string());
         lock(&self.rows).push(row);
         TrialOutcome {
             status: Status::Skipped,
@@ -404,7 +424,7 @@ impl Engine {
         let _turn = (trial.backend == Backend::Cuda).then(|| lock(&self.gpu_turn));
         let request =
             ChildRequest::new(&self.options, &trial.contract.path, &trial.name, &self.meta);
-        let timeout = timeout_of(trial.test().timeout_s());
+        let timeout = trial.timeout();
         let started = Instant::now();
         match isolate::run_in_child(command, &request, timeout, &self.interrupted) {
             isolate::ChildEnd::Replied(reply) => self.record_reply(*reply),
@@ -413,7 +433,7 @@ impl Engine {
             }
             isolate::ChildEnd::Failed(cause) => {
                 let duration_ms = started.elapsed().as_secs_f64() * 1e3;
-                let row = self.row(trial, Status::Error, None, duration_ms, cause.clone());
+                let row = self.row(trial, Status::Error, None, duration_ms, None, cause.clone());
                 lock(&self.rows).push(row);
                 isolate::failed_outcome(&cause)
             }
@@ -434,6 +454,9 @@ impl Engine {
 
     /// Runs one trial in this process and records its row.
     fn run_here(&self, trial: &TrialSpec) -> TrialOutcome {
+        let origin = lock(&self.process_start)
+            .take()
+            .unwrap_or_else(Instant::now);
         let test = trial.test();
         let seed = trial_seed(self.options.seed, &trial.contract.metadata.id, &test.id);
         let injected = !trial.selftest && self.options.inject.contains(&test.id);
@@ -478,6 +501,7 @@ impl Engine {
             _ => None,
         });
         let mut cx = TrialContext { seed, mutant, gpu };
+        let setup_ms = origin.elapsed().as_secs_f64() * 1e3;
         let result = catch_unwind(AssertUnwindSafe(|| {
             test.check.execute(trial.backend, &mut cx)
         }))
@@ -564,6 +588,7 @@ impl Engine {
             status,
             measurement.as_ref(),
             duration_ms,
+            Some(setup_ms),
             detail.clone(),
         );
         lock(&self.rows).push(row);
@@ -626,6 +651,7 @@ impl Engine {
         status: Status,
         m: Option<&Measurement>,
         duration_ms: f64,
+        setup_ms: Option<f64>,
         detail: String,
     ) -> FalsificationRow {
         let (device, cc, driver) = match trial.backend {
@@ -681,6 +707,7 @@ impl Engine {
             threshold: headline.threshold,
             unit: headline.unit,
             duration_ms,
+            setup_ms,
             detail,
         }
     }
@@ -694,14 +721,33 @@ impl Engine {
     /// of trials this run did not execute. `all_trials` is every trial the
     /// contracts define (rows of other trials are dropped as stale).
     pub fn write_reports(&self, all_trials: &[TrialSpec]) -> Result<PathBuf> {
-        let known: HashSet<String> = all_trials
-            .iter()
-            .map(|t| format!("{}::{}", t.contract.metadata.id, t.test_id()))
-            .collect();
         let report = ReportDir::new(&self.options.out_dir);
-        report.merge_and_write(self.rows(), lock(&self.speedups).clone(), &known)?;
-        self.run_record().write_json(&self.options.out_dir)?;
+        let speedups = lock(&self.speedups).clone();
+        report.record_run(
+            self.rows(),
+            speedups,
+            &known_trials(all_trials),
+            &self.run_record(),
+        )?;
         Ok(report.falsification_path())
+    }
+
+    /// Writes an `error` row for `trial` into the reports now, without
+    /// recording it here: what the reports say if this process dies before
+    /// the trial finishes (under cargo-nextest, whose process per test is the
+    /// trial's own). The trial's real row replaces it.
+    pub fn write_provisional(
+        &self,
+        trial: &TrialSpec,
+        reason: &str,
+        all_trials: &[TrialSpec],
+    ) -> Result<()> {
+        let row = self.row(trial, Status::Error, None, 0.0, None, reason.to_string());
+        ReportDir::new(&self.options.out_dir).merge_and_write(
+            vec![row],
+            Vec::new(),
+            &known_trials(all_trials),
+        )
     }
 
     /// The run record as of now: the device facts and clock state when this
@@ -732,6 +778,14 @@ impl Engine {
         }
         meta
     }
+}
+
+/// Every trial's report key, `{contract}::{test_id}`.
+fn known_trials(all_trials: &[TrialSpec]) -> HashSet<String> {
+    all_trials
+        .iter()
+        .map(|t| format!("{}::{}", t.contract.metadata.id, t.test_id()))
+        .collect()
 }
 
 /// A trial's timeout as a `Duration`; a limit too large for one (a contract

@@ -1,0 +1,254 @@
+//! The contract harness under cargo-nextest: each trial runs in the process
+//! nextest started for it, and still costs exactly one row however it ends.
+//!
+//! The harness executable (`contracts`, built beside this test) is started
+//! the way nextest starts it — `--exact "[cpu] name"` with `NEXTEST_RUN_ID`
+//! set — on real contracts in a scratch directory. A trial past its timeout
+//! is stopped and recorded as timed out; a trial whose process is killed
+//! leaves the `error` row written before it started; a trial that finishes
+//! replaces that row with its own. Two shards run this way, merged by
+//! `falsify report --merge`, give the verdicts of one unsplit `cargo test`
+//! run of the same contracts.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use falsify::report::{read_rows, FalsificationRow, Status};
+
+const QUICK: &str = r#"
+metadata:
+  id: quick
+  version: 1.0.0
+  description: Cheap cpu trials.
+falsification_tests:
+  - id: F-Q-001
+    rule: Softmax rows sum to one
+    prediction: within 1e-12
+    if_fails: softmax is wrong
+    mutant: softmax_without_max_subtraction
+    check: {kind: property, property: softmax_rows_sum_to_one, cases: 8, tolerance: 1.0e-12}
+  - id: F-Q-002
+    rule: Softmax rows sum to one
+    prediction: within 1e-12
+    if_fails: softmax is wrong
+    mutant: softmax_without_max_subtraction
+    check: {kind: property, property: softmax_rows_sum_to_one, cases: 8, tolerance: 1.0e-12}
+"#;
+
+/// A trial that takes seconds, with a timeout it cannot meet.
+const SLOW: &str = r#"
+metadata:
+  id: slow
+  version: 1.0.0
+  description: A long cpu trial.
+falsification_tests:
+  - id: F-S-001
+    rule: Training on tiny lowers the loss
+    prediction: final <= 0.99 initial
+    if_fails: the step is wrong
+    mutant: adamw_update_sign_flipped
+    timeout_s: 0.3
+    check: {kind: loss_descent, model: tiny, steps: 500, max_fraction: 0.99}
+  - id: F-S-002
+    rule: Training on tiny lowers the loss
+    prediction: final <= 0.99 initial
+    if_fails: the step is wrong
+    mutant: adamw_update_sign_flipped
+    check: {kind: loss_descent, model: tiny, steps: 500, max_fraction: 0.99}
+"#;
+
+/// The `contracts` harness of this build: the newest `contracts-<hash>`
+/// executable beside this test's own executable (`cargo test` and
+/// `cargo nextest run` build it with this test; `--test nextest_trial`
+/// alone does not).
+fn harness() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let deps = exe.parent().expect("deps folder");
+    let mut found: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(deps)
+        .expect("read deps")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+            name.is_some_and(|n| n.starts_with("contracts-") && !n.contains('.'))
+        })
+        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| panic!("no contracts harness in {}", deps.display()))
+}
+
+/// A scratch project: `contracts/<id>.yaml` for each (id, text).
+fn project(contracts: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("contracts")).expect("mkdir");
+    for (id, text) in contracts {
+        std::fs::write(dir.path().join(format!("contracts/{id}.yaml")), text).expect("write");
+    }
+    dir
+}
+
+/// The harness in `dir`, without whatever nextest environment this test
+/// itself runs under; `run_id` makes it a nextest test process.
+fn command(dir: &Path, run_id: Option<&str>) -> Command {
+    let mut cmd = Command::new(harness());
+    cmd.current_dir(dir)
+        .env_remove("NEXTEST_RUN_ID")
+        .env_remove("NEXTEST_TEST_GROUP")
+        .env_remove("NEXTEST_TEST_GROUP_SLOT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(id) = run_id {
+        cmd.env("NEXTEST_RUN_ID", id);
+    }
+    cmd
+}
+
+/// Runs one trial as nextest would.
+fn nextest_trial(dir: &Path, run_id: &str, name: &str) -> Output {
+    command(dir, Some(run_id))
+        .args(["--exact", &format!("[cpu] {name}"), "--nocapture"])
+        .output()
+        .expect("the harness runs")
+}
+
+fn rows(dir: &Path) -> Vec<FalsificationRow> {
+    read_rows(&dir.join("reports/latest/falsification.csv")).expect("the report reads")
+}
+
+fn row_of(rows: &[FalsificationRow], test_id: &str) -> FalsificationRow {
+    rows.iter()
+        .find(|r| r.test_id == test_id)
+        .cloned()
+        .unwrap_or_else(|| panic!("no row for {test_id}"))
+}
+
+#[test]
+fn a_trial_past_its_timeout_is_stopped_and_recorded() {
+    let dir = project(&[("slow", SLOW)]);
+    let started = Instant::now();
+    let out = nextest_trial(dir.path(), "run-t", "slow::F-S-001");
+    assert_eq!(out.status.code(), Some(124), "{out:?}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let rows = rows(dir.path());
+    assert_eq!(rows.len(), 1, "only the trial that ran: {rows:?}");
+    let row = row_of(&rows, "F-S-001");
+    assert_eq!(row.status, Status::Error);
+    assert!(row.detail.starts_with("timed out"), "{}", row.detail);
+    assert_eq!(row.run_id, "run-t");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_killed_trial_process_leaves_one_error_row_and_a_finished_one_replaces_it() {
+    let dir = project(&[("slow", SLOW)]);
+    let mut child = command(dir.path(), Some("run-k"))
+        .args(["--exact", "[cpu] slow::F-S-002", "--nocapture"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let csv = dir.path().join("reports/latest/falsification.csv");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !csv.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reap");
+    let row = row_of(&rows(dir.path()), "F-S-002");
+    assert_eq!(row.status, Status::Error, "{row:?}");
+    assert!(
+        row.detail.contains("ended before it recorded a result"),
+        "{}",
+        row.detail
+    );
+
+    let out = nextest_trial(dir.path(), "run-k", "slow::F-S-002");
+    assert!(out.status.success(), "{out:?}");
+    let row = row_of(&rows(dir.path()), "F-S-002");
+    assert_eq!(row.status, Status::Passed, "{}", row.detail);
+    let setup = row.setup_ms.expect("a trial that ran records its setup");
+    assert!(setup > 0.0 && setup < 10_000.0, "{setup}");
+}
+
+#[test]
+fn two_nextest_shards_merge_into_the_verdicts_of_one_run() {
+    let whole = project(&[("quick", QUICK)]);
+    let out = command(whole.path(), None)
+        .output()
+        .expect("cargo test mode");
+    assert!(out.status.success(), "{out:?}");
+    let expected = rows(whole.path());
+    assert_eq!(expected.len(), 4);
+
+    let shards = [
+        ("shard-1", ["quick::F-Q-001", "quick::F-Q-002::mutant"]),
+        ("shard-2", ["quick::F-Q-002", "quick::F-Q-001::mutant"]),
+    ];
+    let mut dirs = Vec::new();
+    for (run_id, trials) in shards {
+        let shard = project(&[("quick", QUICK)]);
+        for trial in trials {
+            let out = nextest_trial(shard.path(), run_id, trial);
+            assert!(out.status.success(), "{trial}: {out:?}");
+        }
+        assert_eq!(rows(shard.path()).len(), 2, "{run_id} ran its half");
+        dirs.push(shard);
+    }
+    let merged = whole.path().join("merged");
+    let out = Command::new(env!("CARGO_BIN_EXE_falsify"))
+        .arg("report")
+        .arg("--baseline")
+        .arg(whole.path().join("reports/latest"))
+        .arg("--current")
+        .arg(&merged)
+        .arg("--merge")
+        .args(dirs.iter().map(|d| d.path().join("reports/latest")))
+        .output()
+        .expect("falsify report runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{out:?}");
+    assert!(stdout.contains("merged 2 run(s)"), "{stdout}");
+    let got: Vec<FalsificationRow> = read_rows(&merged.join("falsification.csv")).expect("reads");
+    let verdicts = |rows: &[FalsificationRow]| -> Vec<(String, Status)> {
+        rows.iter().map(|r| (r.test_id.clone(), r.status)).collect()
+    };
+    assert_eq!(verdicts(&got), verdicts(&expected));
+    let mut run_ids: Vec<&str> = got.iter().map(|r| r.run_id.as_str()).collect();
+    run_ids.sort_unstable();
+    run_ids.dedup();
+    assert_eq!(
+        run_ids.len(),
+        2,
+        "each row keeps its shard's run: {run_ids:?}"
+    );
+}
+
+/// The `gpu` test group's slot picks the CUDA device; outside the group it is
+/// device 0. The run record names the device ordinal the engine was given.
+#[test]
+fn the_gpu_group_slot_is_the_device_ordinal() {
+    let dir = project(&[("quick", QUICK)]);
+    for (group, slot, ordinal) in [("gpu", "1", 1), ("@global", "none", 0)] {
+        let out = command(dir.path(), Some("run-slot"))
+            .args(["--exact", "[cpu] quick::F-Q-001"])
+            .env("NEXTEST_TEST_GROUP", group)
+            .env("NEXTEST_TEST_GROUP_SLOT", slot)
+            .output()
+            .expect("the harness runs");
+        assert!(out.status.success(), "{out:?}");
+        let meta = falsify::report::meta::RunMeta::read_json(&dir.path().join("reports/latest"))
+            .expect("run.json reads")
+            .expect("run.json exists");
+        assert!(
+            meta.options.gpu.contains(&format!("ordinal: {ordinal},")),
+            "{group} slot {slot}: {}",
+            meta.options.gpu
+        );
+    }
+}
