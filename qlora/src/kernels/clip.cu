@@ -56,9 +56,21 @@ extern "C" __global__ void squared_sum_partial_f32(const float* __restrict__ x,
     if (aligned16(x)) {
         const int n4 = n / 4;
         const float4* x4 = reinterpret_cast<const float4*>(x);
-        for (int k = tid; k < n4; k += stride) {
-            const float4 v = x4[k];
-            acc += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+        // Four float4s in flight per thread before any is summed (the sum is
+        // still in k order): a fixed grid of few blocks keeps the last-block
+        // count short, so each thread must bring many bytes.
+        for (int k0 = tid; k0 < n4; k0 += 4 * stride) {
+            float4 v[4];
+            #pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int k = k0 + u * stride;
+                v[u] = k < n4 ? x4[k] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+            #pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                acc += (double)v[u].x * v[u].x + (double)v[u].y * v[u].y +
+                       (double)v[u].z * v[u].z + (double)v[u].w * v[u].w;
+            }
         }
         done = 4 * n4;
     }

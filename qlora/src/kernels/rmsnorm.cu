@@ -108,80 +108,71 @@ extern "C" __global__ void rmsnorm_residual_fwd_f32(const float* __restrict__ a,
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) y[base + i] = h[base + i] * r * gamma[i];
 }
 
-// (sum of a, sum of b) over the block, in one pass of shuffles and barriers;
-// every thread gets both.
-__device__ float2 block_sum2(float a, float b) {
+// (sum of a, sum of b) over the threads of this thread's row group (those
+// with its threadIdx.y: blockDim.x threads, a multiple of 32), in one pass of
+// shuffles and barriers; every thread gets both. Each thread sums its group's
+// per-warp partials in warp order: a fixed order, reproducible bit for bit.
+// Every thread of the block must call it (it has block barriers).
+__device__ float2 group_sum2(float a, float b) {
     __shared__ float2 partial[32];
-    __shared__ float2 total;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int nwarps = (blockDim.x + 31) >> 5;
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int warps_per_group = blockDim.x >> 5;
     a = warp_reduce(a, SumOp());
     b = warp_reduce(b, SumOp());
-    if (lane == 0) partial[warp] = make_float2(a, b);
+    if ((tid & 31) == 0) partial[tid >> 5] = make_float2(a, b);
     __syncthreads();
-    if (warp == 0) {
-        float2 v = lane < nwarps ? partial[lane] : make_float2(0.0f, 0.0f);
-        v.x = warp_reduce(v.x, SumOp());
-        v.y = warp_reduce(v.y, SumOp());
-        if (lane == 0) total = v;
+    float2 out = make_float2(0.0f, 0.0f);
+    const int first = threadIdx.y * warps_per_group;
+    for (int w = 0; w < warps_per_group; ++w) {
+        out.x += partial[first + w].x;
+        out.y += partial[first + w].y;
     }
-    __syncthreads();
-    const float2 out = total;
-    __syncthreads();  // `partial` and `total` may be reused by the next call
+    __syncthreads();  // `partial` may be rewritten by the next call
     return out;
 }
 
-// This thread's P packs of row `base` of x and dy (zero past the row).
-template <int P>
-__device__ __forceinline__ void load_row_packs(const float* __restrict__ x,
-                                               const float* __restrict__ dy, size_t base,
-                                               int hidden, int packs, bool vec,
-                                               float4 (&xv)[P], float4 (&dv)[P]) {
-    const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    #pragma unroll
-    for (int k = 0; k < P; ++k) {
-        const int j = pack_index(k, packs);
-        xv[k] = j >= 0 ? load_pack(x + base, j, hidden, vec) : z;
-        dv[k] = j >= 0 ? load_pack(dy + base, j, hidden, vec) : z;
-    }
-}
-
 // One chunk of the backward: rows [r0, r1), its dgamma partial into
-// `partial` [hidden], each thread holding P packs of a row. The next row's
-// values are loaded before this row's reduction, so the loads' latency
-// overlaps the barriers.
+// `partial` [hidden]. The block's blockDim.y row groups take rows r0 + y,
+// r0 + y + blockDim.y, ... in parallel, each thread holding P packs of its
+// row; at the end the groups' dgamma sums are added in group order (row
+// order within the chunk's steps is then: all steps of group 0, of group 1,
+// ...: fixed, so reproducible). blockDim.y > 1 only with P == 1.
 template <int P>
 __device__ void rmsnorm_bwd_chunk(const float* __restrict__ x, const float* __restrict__ gamma,
                                   const float* __restrict__ dy, float* __restrict__ dx,
                                   float* __restrict__ partial, int r0, int r1, int hidden,
                                   float eps, int packs, bool vec) {
+    __shared__ float4 group_acc[1024];
+    const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float4 gv[P];
     float4 acc[P];
     #pragma unroll
     for (int k = 0; k < P; ++k) {
         const int j = pack_index(k, packs);
-        gv[k] = j >= 0 ? load_pack(gamma, j, hidden, vec) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        gv[k] = j >= 0 ? load_pack(gamma, j, hidden, vec) : z;
+        acc[k] = z;
     }
-    float4 xv[P];
-    float4 dv[P];
-    if (r0 < r1) load_row_packs(x, dy, (size_t)r0 * hidden, hidden, packs, vec, xv, dv);
-    for (int row = r0; row < r1; ++row) {
-        const size_t base = (size_t)row * hidden;
-        float4 xn[P];
-        float4 dn[P];
-        if (row + 1 < r1) load_row_packs(x, dy, base + hidden, hidden, packs, vec, xn, dn);
+    const int steps = (r1 - r0 + blockDim.y - 1) / blockDim.y;  // uniform per block
+    for (int s = 0; s < steps; ++s) {
+        const int row = r0 + s * blockDim.y + threadIdx.y;
+        const bool live = row < r1;
+        const size_t base = (size_t)(live ? row : r0) * hidden;
+        float4 xv[P];
+        float4 dv[P];
         float ss = 0.0f;
         float dot = 0.0f;  // <dy * gamma, x>
         #pragma unroll
         for (int k = 0; k < P; ++k) {
+            const int j = live ? pack_index(k, packs) : -1;
+            xv[k] = j >= 0 ? load_pack(x + base, j, hidden, vec) : z;
+            dv[k] = j >= 0 ? load_pack(dy + base, j, hidden, vec) : z;
             ss += dot4(xv[k], xv[k]);
             const float4 u = make_float4(dv[k].x * gv[k].x, dv[k].y * gv[k].y,
                                          dv[k].z * gv[k].z, dv[k].w * gv[k].w);
             dot += dot4(u, xv[k]);
         }
-        const float2 sums = block_sum2(ss, dot);
+        const float2 sums = group_sum2(ss, dot);
+        if (!live) continue;
         const float r = 1.0f / sqrtf(sums.x / (float)hidden + eps);
         const float proj = r * r * r * sums.y / (float)hidden;
         #pragma unroll
@@ -199,12 +190,25 @@ __device__ void rmsnorm_bwd_chunk(const float* __restrict__ x, const float* __re
             acc[k].z += d.z * v.z * r;
             acc[k].w += d.w * v.w * r;
         }
-        #pragma unroll
-        for (int k = 0; k < P; ++k) {
-            xv[k] = xn[k];
-            dv[k] = dn[k];
-        }
     }
+    if (blockDim.y > 1) {
+        // P == 1: one pack per thread; group 0 adds the groups' sums in order.
+        group_acc[threadIdx.y * blockDim.x + threadIdx.x] = acc[0];
+        __syncthreads();
+        if (threadIdx.y == 0) {
+            float4 t = z;
+            for (int y = 0; y < (int)blockDim.y; ++y) {
+                const float4 v = group_acc[y * blockDim.x + threadIdx.x];
+                t.x += v.x;
+                t.y += v.y;
+                t.z += v.z;
+                t.w += v.w;
+            }
+            acc[0] = t;
+        }
+        __syncthreads();  // group_acc may be rewritten by the next chunk
+    }
+    if (threadIdx.y != 0) return;
     #pragma unroll
     for (int k = 0; k < P; ++k) {
         const int j = pack_index(k, packs);
@@ -234,7 +238,8 @@ __device__ void rmsnorm_bwd(const float* __restrict__ x, const float* __restrict
     }
 }
 
-// Rows of up to 4 * 1024 columns: one pack per thread.
+// Rows of up to 4 * 1024 columns: one pack per thread, blockDim.y rows of a
+// chunk at a time.
 extern "C" __global__ void __launch_bounds__(1024) rmsnorm_bwd_f32(
     const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ dy,
     float* __restrict__ dx, float* __restrict__ partials, int rows, int hidden, float eps,
@@ -242,7 +247,8 @@ extern "C" __global__ void __launch_bounds__(1024) rmsnorm_bwd_f32(
     rmsnorm_bwd<1>(x, gamma, dy, dx, partials, rows, hidden, eps, rows_per_chunk, chunks);
 }
 
-// Wider rows, up to 8 * 4 * 256 columns: eight packs per thread.
+// Wider rows, up to 8 * 4 * 256 columns: eight packs per thread, one row at
+// a time (blockDim.y = 1).
 extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd_wide_f32(
     const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ dy,
     float* __restrict__ dx, float* __restrict__ partials, int rows, int hidden, float eps,

@@ -52,15 +52,15 @@ pub const SIGNATURES: Signatures = &[
 /// summation order is the same on every run; two blocks per SM of an H100/H200.
 pub const TABLE_PARTIALS: usize = 264;
 
-/// At most this many partial sums (blocks) per tensor: enough for one float4
-/// per thread over a full H100/H200 (132 SMs x 2048 threads) at 256 threads
-/// a block, so every load of a 4 MiB gradient is in flight at once.
-const MAX_PARTIALS_PER_TENSOR: usize = 2048;
+/// At most this many partial sums (blocks) per tensor: two blocks per SM of
+/// an H100/H200; every block then counts itself towards the last-block test
+/// on one atomic counter, which serialises, so fewer blocks finish sooner.
+const MAX_PARTIALS_PER_TENSOR: usize = 264;
 
 /// Blocks (and so partial sums) of the squared sum of a tensor of `n` values:
-/// one thread per float4.
+/// one thread per four float4s, at most [`MAX_PARTIALS_PER_TENSOR`] blocks.
 fn partials_for(n: usize) -> usize {
-    n.div_ceil(4 * THREADS_1D as usize)
+    n.div_ceil(16 * THREADS_1D as usize)
         .clamp(1, MAX_PARTIALS_PER_TENSOR)
 }
 

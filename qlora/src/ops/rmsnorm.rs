@@ -80,6 +80,8 @@ pub const MAX_HIDDEN: usize = 4 * WIDE_PACKS * WIDE_THREADS;
 /// At most this many row chunks in the backward (its partials buffer is
 /// `chunks x hidden`): one block each, enough blocks to fill an H100/H200.
 const MAX_CHUNKS: usize = 256;
+/// Rows of a chunk the one-pack backward takes at once (its blockDim.y).
+const ROWS_IN_PARALLEL: u32 = 4;
 /// Column groups of the dgamma final kernel (its blockDim is `32 x 8`).
 const FINAL_GROUPS: u32 = 8;
 
@@ -278,7 +280,12 @@ pub fn backward(
         ("rmsnorm_bwd_wide_f32", WIDE_PACKS)
     };
     let f = gpu.function(MODULE, symbol)?;
-    let cfg = row_loop_config(gpu, ws.chunks, hidden, packs)?;
+    let mut cfg = row_loop_config(gpu, ws.chunks, hidden, packs)?;
+    if packs == 1 {
+        // Up to ROWS_IN_PARALLEL rows of a chunk at once, one row group each.
+        let per_row = cfg.block_dim.0;
+        cfg.block_dim.1 = (1024 / per_row).clamp(1, ROWS_IN_PARALLEL);
+    }
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x)
         .arg(gamma)
@@ -293,9 +300,9 @@ pub fn backward(
     // hidden elements, gamma hidden, partials chunks * hidden (the workspace
     // shape is checked above); chunk c touches rows [c * rows_per_chunk,
     // min(rows_i, (c + 1) * rows_per_chunk)) and partials row c; blockDim is
-    // a multiple of 32 with 4 * packs * blockDim >= hidden, and within the
-    // kernel's launch bounds (1024, or 256 for eight packs: hidden <=
-    // MAX_HIDDEN, checked).
+    // (x: a multiple of 32 with 4 * packs * x >= hidden; y: 1, or up to 4
+    // row groups for one pack) within the kernel's launch bounds (x * y <=
+    // 1024, or 256 for eight packs: hidden <= MAX_HIDDEN, checked).
     unsafe { l.launch(cfg) }?;
     let col_blocks = u32::try_from(hidden.div_ceil(32)).map_err(|_| Error::InvalidArgument {
         op: "rmsnorm",
