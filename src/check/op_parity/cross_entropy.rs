@@ -4,6 +4,7 @@ use super::compare::{case_rng, compare, uniform, widen, Case, Comparison};
 use crate::check::op::Pass;
 use crate::error::Result;
 use crate::reference::cross_entropy as refop;
+use cudarc::driver::CudaSlice;
 use qlora::gpu::GpuContext;
 use qlora::ops::cross_entropy::*;
 use rand::Rng;
@@ -24,19 +25,7 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
         Pass::Forward => {
             let want_rows = refop::row_losses(&x, rows, vocab, &targets)?;
             let want_mean = refop::forward(&x, rows, vocab, &targets)?;
-            let mut losses = gpu.poisoned(rows)?;
-            let mut loss = gpu.poisoned(1)?;
-            let mut stats = RowStats::new(gpu, rows)?;
-            forward(
-                gpu,
-                &d_logits.as_view(),
-                rows,
-                vocab,
-                &d_targets.as_view(),
-                &mut losses.as_view_mut(),
-                &mut loss.as_view_mut(),
-                &mut stats,
-            )?;
+            let (losses, loss, _) = run_forward(gpu, &d_logits, &d_targets, rows, vocab)?;
             let c_rows = compare(&gpu.download(&losses)?, &want_rows);
             let c_mean = compare(&gpu.download(&loss)?, &[want_mean]);
             Ok(c_rows.merge(c_mean))
@@ -44,19 +33,7 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
         Pass::Backward => {
             let want = refop::backward(&x, rows, vocab, &targets)?;
             // The backward reads the row stats its forward wrote, as in the step.
-            let mut losses = gpu.zeros(rows)?;
-            let mut loss = gpu.zeros(1)?;
-            let mut stats = RowStats::new(gpu, rows)?;
-            forward(
-                gpu,
-                &d_logits.as_view(),
-                rows,
-                vocab,
-                &d_targets.as_view(),
-                &mut losses.as_view_mut(),
-                &mut loss.as_view_mut(),
-                &mut stats,
-            )?;
+            let (_, _, stats) = run_forward(gpu, &d_logits, &d_targets, rows, vocab)?;
             let mut d = gpu.poisoned(rows * vocab)?;
             backward(
                 gpu,
@@ -70,4 +47,29 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
             Ok(compare(&gpu.download(&d)?, &want))
         }
     }
+}
+
+/// The forward on the device: per-row losses and their mean (both
+/// poison-filled first, so an unwritten value shows) and the row stats.
+fn run_forward(
+    gpu: &mut GpuContext,
+    logits: &CudaSlice<f32>,
+    targets: &CudaSlice<u32>,
+    rows: usize,
+    vocab: usize,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, RowStats)> {
+    let mut losses = gpu.poisoned(rows)?;
+    let mut loss = gpu.poisoned(1)?;
+    let mut stats = RowStats::new(gpu, rows)?;
+    forward(
+        gpu,
+        &logits.as_view(),
+        rows,
+        vocab,
+        &targets.as_view(),
+        &mut losses.as_view_mut(),
+        &mut loss.as_view_mut(),
+        &mut stats,
+    )?;
+    Ok((losses, loss, stats))
 }
