@@ -257,25 +257,34 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd_wide_f32(
 }
 
 // dgamma[i] = sum_{c < chunks} partials[c * hidden + i], for i < n_write.
-// Block of 32 x 8 threads over 32 columns: thread (col, g) sums chunks
-// g, g + 8, ... in order (a warp reads 32 adjacent columns: one line), then
-// thread g = 0 adds the eight group sums in order. A fixed order: bit-for-bit
-// reproducible.
+// Block of 32 x 32 threads over 32 columns: thread (col, g) sums chunks
+// g, g + 32, ... in order, its loads issued together (a warp reads 32
+// adjacent columns: one line); then thread g = 0 adds the 32 group sums in
+// order. A fixed order: bit-for-bit reproducible.
+#define DGAMMA_GROUPS 32
 extern "C" __global__ void rmsnorm_bwd_dgamma_final_f32(const float* __restrict__ partials,
                                                         float* __restrict__ dgamma,
                                                         int hidden, int chunks, int n_write) {
-    __shared__ float group[8][32];
+    __shared__ float group[DGAMMA_GROUPS][33];
     const int col = blockIdx.x * 32 + threadIdx.x;
     const int g = threadIdx.y;
     float acc = 0.0f;
     if (col < hidden) {
-        for (int c = g; c < chunks; c += 8) acc += partials[(size_t)c * hidden + col];
+        for (int c0 = g; c0 < chunks; c0 += 8 * DGAMMA_GROUPS) {
+            float v[8];
+            #pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const int c = c0 + u * DGAMMA_GROUPS;
+                v[u] = c < chunks ? partials[(size_t)c * hidden + col] : 0.0f;
+            }
+            #pragma unroll
+            for (int u = 0; u < 8; ++u) acc += v[u];
+        }
     }
     group[g][threadIdx.x] = acc;
     __syncthreads();
     if (g != 0 || col >= hidden || col >= n_write) return;
     float total = 0.0f;
-    #pragma unroll
-    for (int k = 0; k < 8; ++k) total += group[k][threadIdx.x];
+    for (int k = 0; k < DGAMMA_GROUPS; ++k) total += group[k][threadIdx.x];
     dgamma[col] = total;
 }

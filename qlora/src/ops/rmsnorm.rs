@@ -82,8 +82,9 @@ pub const MAX_HIDDEN: usize = 4 * WIDE_PACKS * WIDE_THREADS;
 const MAX_CHUNKS: usize = 256;
 /// Rows of a chunk the one-pack backward takes at once (its blockDim.y).
 const ROWS_IN_PARALLEL: u32 = 4;
-/// Column groups of the dgamma final kernel (its blockDim is `32 x 8`).
-const FINAL_GROUPS: u32 = 8;
+/// Chunk groups of the dgamma final kernel (`DGAMMA_GROUPS`; its blockDim
+/// is `32 x 32`).
+const FINAL_GROUPS: u32 = 32;
 
 /// The launch of a register-held row kernel over `units` (rows, or row
 /// chunks): one block per unit, threads enough for `hidden` columns at
@@ -321,7 +322,7 @@ pub fn backward(
         .arg(&chunks_i)
         .arg(&hidden_i);
     // SAFETY: rmsnorm_bwd_dgamma_final_f32(const float* partials, float* dgamma,
-    // int hidden, int chunks, int n_write): blockDim (32, 8) as its shared
+    // int hidden, int chunks, int n_write): blockDim (32, 32) as its shared
     // table needs; reads chunks x hidden partials, writes dgamma[i] for
     // i < hidden (its length, checked above).
     unsafe { l.launch(final_cfg) }?;

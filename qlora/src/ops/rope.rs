@@ -13,6 +13,9 @@ use crate::kernels::abi::{Arg, Signatures};
 
 pub const MODULE: &str = "rope";
 
+/// Heads a thread rotates with one angle (`ROPE_HEADS` in the kernel).
+const ROPE_HEADS: usize = 4;
+
 /// Kernel argument lists, checked against the compiled PTX by a unit test.
 pub const SIGNATURES: Signatures = &[
     (
@@ -89,9 +92,10 @@ fn launch(
     let heads_i = to_i32("rope", "heads", d.heads)?;
     let head_dim_i = to_i32("rope", "head_dim", d.head_dim)?;
     let f = gpu.function(MODULE, symbol)?;
-    // One thread per pair; the kernel takes ln theta, its angles' exponent.
+    // One thread per (position, pair, group of ROPE_HEADS heads); the kernel
+    // takes ln theta, its angles' exponent.
     let ln_theta = theta.ln();
-    let cfg = gpu.launch_1d(npairs);
+    let cfg = gpu.launch_1d(d.batch * d.seq * d.heads.div_ceil(ROPE_HEADS) * (d.head_dim / 2));
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x)
         .arg(y)
@@ -102,7 +106,8 @@ fn launch(
         .arg(&ln_theta);
     // SAFETY: rope_{fwd,bwd}_f32(const float* x, float* y, long long npairs,
     // int seq, int heads, int head_dim, double ln_theta): the grid-stride loop
-    // writes only pairs p < npairs, and pair p touches elements
+    // covers every (position, pair, head group) and writes only pairs p <
+    // npairs, and pair p touches elements
     // (p / half) * head_dim + (p % half) and that + half, both < 2 * npairs <=
     // batch * seq * heads * head_dim = len(x) = len(y) (checked above); x and
     // y do not alias.
