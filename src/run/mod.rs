@@ -522,6 +522,11 @@ impl Engine {
                 test.mutant
             );
         }
+        if trial.backend == Backend::Cuda {
+            // Which GPU of the host ran it: with several (nextest's `gpu`
+            // group slots), a row says which device its figures are from.
+            detail.push_str(&format!("; CUDA device {}", self.options.gpu.ordinal));
+        }
         if !trial.selftest {
             if let Some(note) = self.write_artifact(trial, status, measurement.as_ref(), seed) {
                 detail.push_str("; ");
