@@ -298,10 +298,15 @@ fn kill_all(ranks: &mut [Running]) {
 }
 
 fn parse_reply(rank: usize, out: &str, err: &str) -> Result<RankReply> {
-    let line = out.lines().rev().find_map(|l| l.strip_prefix(RANK_REPLY_MARKER));
+    let line = out
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix(RANK_REPLY_MARKER));
     match line.map(serde_json::from_str::<RankReply>) {
         Some(Ok(r)) => Ok(r),
-        Some(Err(e)) => Err(Error::Ranks(format!("rank {rank}'s reply does not parse: {e}"))),
+        Some(Err(e)) => Err(Error::Ranks(format!(
+            "rank {rank}'s reply does not parse: {e}"
+        ))),
         None => Err(Error::Ranks(format!(
             "rank {rank} answered nothing{}",
             tail(err)
