@@ -164,11 +164,7 @@ pub const PARAMS: &[ParamDoc] = &[
 ];
 
 /// A minimal `data_parallel` check.
-pub const EXAMPLE: &[(&str, &str)] = &[
-    ("claim", "traffic"),
-    ("model", "small-4l"),
-    ("steps", "3"),
-];
+pub const EXAMPLE: &[(&str, &str)] = &[("claim", "traffic"), ("model", "small-4l")];
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {
