@@ -48,7 +48,11 @@ fn nccl(call: &'static str) -> impl Fn(cudarc::nccl::result::NcclError) -> Error
 pub fn new_id() -> Result<String> {
     require_nccl()?;
     let id = Id::new().map_err(nccl("ncclGetUniqueId"))?;
-    Ok(id.internal().iter().map(|&c| format!("{:02x}", c as u8)).collect())
+    Ok(id
+        .internal()
+        .iter()
+        .map(|&c| format!("{:02x}", c as u8))
+        .collect())
 }
 
 /// The id that [`new_id`] wrote as hex.
@@ -129,7 +133,9 @@ mod tests {
 
     #[test]
     fn ids_round_trip_through_hex_and_bad_hex_is_refused() {
-        let hex: String = (0..ID_BYTES).map(|i| format!("{:02x}", (i * 7) as u8)).collect();
+        let hex: String = (0..ID_BYTES)
+            .map(|i| format!("{:02x}", (i * 7) as u8))
+            .collect();
         let id = parse_id(&hex).unwrap();
         let back: String = id
             .internal()
