@@ -110,9 +110,26 @@ fn child_main(request: &str, process_start: Instant) -> ExitCode {
     }
 }
 
+/// A data-parallel rank started by a trial: runs the rank, answers on stdout.
+fn rank_main(job: &str) -> ExitCode {
+    match falsify::ranks::run_rank(job) {
+        Ok(reply) => {
+            println!("{reply}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let process_start = Instant::now();
     let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(falsify::ranks::RANK_FLAG) {
+        return rank_main(argv.get(2).map_or("", String::as_str));
+    }
     if argv.get(1).map(String::as_str) == Some(CHILD_FLAG) {
         return child_main(argv.get(2).map_or("", String::as_str), process_start);
     }

@@ -59,6 +59,11 @@ pub enum Error {
     #[error("CUDA unavailable: {0}")]
     CudaUnavailable(String),
 
+    /// Data-parallel rank processes that did not all answer (one died, hung
+    /// or sent no reply); every rank was stopped.
+    #[error("data-parallel ranks: {0}")]
+    Ranks(String),
+
     /// An error of the training stack under test.
     #[error(transparent)]
     Stack(#[from] qlora::Error),

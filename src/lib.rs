@@ -8,7 +8,8 @@
 //!
 //! Layout: [`contract`] (schema, discovery, validation), [`check`] (the check
 //! kinds), [`reference`] (the CPU oracle), [`mutant`] (named faults, mapped to
-//! the stack's fault knobs or to faulty oracle variants), [`run`] (the engine)
+//! the stack's fault knobs or to faulty oracle variants), [`ranks`]
+//! (data-parallel ranks as processes), [`run`] (the engine)
 //! and [`report`] (CSV, Markdown, charts). The system under test is the
 //! [`qlora`] crate, which knows nothing of this one.
 
@@ -16,6 +17,7 @@ pub mod check;
 pub mod contract;
 pub mod error;
 pub mod mutant;
+pub mod ranks;
 pub mod reference;
 pub mod report;
 pub mod run;

@@ -90,6 +90,19 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     // A trial process: run the one trial the parent asks for, answer on stdout.
     let argv: Vec<String> = std::env::args().collect();
+    // A data-parallel rank: run the rank's job, answer on stdout.
+    if argv.get(1).map(String::as_str) == Some(falsify::ranks::RANK_FLAG) {
+        return match falsify::ranks::run_rank(argv.get(2).map_or("", String::as_str)) {
+            Ok(reply) => {
+                println!("{reply}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     if argv.get(1).map(String::as_str) == Some(CHILD_FLAG) {
         return match run_child(argv.get(2).map_or("", String::as_str), process_start) {
             Ok(reply) => {

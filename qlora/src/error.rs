@@ -56,6 +56,17 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// An NCCL call failed; `code` is NCCL's result.
+    #[error("NCCL {call} failed: {code:?}")]
+    Nccl {
+        call: &'static str,
+        code: cudarc::nccl::sys::ncclResult_t,
+    },
+
+    /// cudarc's loader found no NCCL library (it looks for `libnccl.so`).
+    #[error("NCCL unavailable: {0}")]
+    NcclUnavailable(String),
+
     #[error(transparent)]
     Cublas(#[from] cudarc::cublas::result::CublasError),
 }

@@ -56,6 +56,19 @@ pub struct Faults {
     pub lora_backward_scale_twice: bool,
     /// AdamW moves parameters up the gradient.
     pub adamw_update_sign_flipped: bool,
+    // ---- data parallelism (every rank gets the same knobs) --------------------
+    /// No rank all-reduces its gradients: each trains on its own shard.
+    pub dp_all_reduce_skipped: bool,
+    /// Gradients are summed over the ranks instead of averaged.
+    pub dp_sum_instead_of_mean: bool,
+    /// A frozen tensor (the final norm's weight) is all-reduced with the
+    /// trainable gradients.
+    pub dp_frozen_tensor_reduced: bool,
+    /// The step waits on the host for the gradients before the all-reduce.
+    pub dp_host_wait_at_all_reduce: bool,
+    /// Each rank runs the forward and backward once per rank, as if the
+    /// ranks took turns on one GPU.
+    pub dp_ranks_serialised: bool,
 }
 
 impl Faults {
@@ -79,6 +92,11 @@ impl Faults {
         optimizer_step_twice: false,
         lora_backward_scale_twice: false,
         adamw_update_sign_flipped: false,
+        dp_all_reduce_skipped: false,
+        dp_sum_instead_of_mean: false,
+        dp_frozen_tensor_reduced: false,
+        dp_host_wait_at_all_reduce: false,
+        dp_ranks_serialised: false,
     };
 
     /// Whether any knob is on.

@@ -93,6 +93,8 @@ pub struct GpuHere {
     pub total_memory_bytes: u64,
     /// Free device memory when the run was planned.
     pub free_memory_bytes: u64,
+    /// CUDA devices this machine has (data-parallel trials need several).
+    pub device_count: usize,
 }
 
 /// A check kind's parameters: parsed strictly (serde, unknown keys refused),
@@ -222,6 +224,7 @@ registry! {
     GradientParity(gradient_parity) "gradient_parity", CUDA, "rel-L2 error of the GPU training step's gradients vs the CPU reference's";
     MemoryBudget(memory_budget) "memory_budget", CUDA, "peak device memory of a configuration";
     Bandwidth(bandwidth) "bandwidth", CUDA, "a memory-bound kernel's bandwidth as a fraction of the d2d copy bandwidth";
+    DataParallel(data_parallel) "data_parallel", CUDA, "the step on several GPUs (one rank process each, NCCL all-reduce) vs one GPU: losses, gradients, bytes reduced, host syncs, tokens/s";
 }
 
 impl CheckSpec {

@@ -487,6 +487,7 @@ pub(crate) mod tests {
                 name: name.into(),
                 total_memory_bytes: total_gib * GIB,
                 free_memory_bytes: total_gib * GIB - GIB / 2,
+                device_count: 1,
             }),
         }
     }
@@ -521,9 +522,14 @@ pub(crate) mod tests {
     fn the_shipped_contracts_fit_ci_an_h100_and_an_h200() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("contracts");
         let contracts = crate::contract::load_dir(&dir).expect("the shipped contracts load");
+        let mut two_h200 = with_gpu("NVIDIA H200", 141);
+        if let Some(g) = two_h200.gpu.as_mut() {
+            g.device_count = 2;
+        }
         let gpus = [
             with_gpu("NVIDIA H100 80GB HBM3", 80),
             with_gpu("NVIDIA H200", 141),
+            two_h200,
         ];
         for c in &contracts {
             for test in &c.falsification_tests {
@@ -535,7 +541,15 @@ pub(crate) mod tests {
                 for here in &heres {
                     let id = format!("{}::{} on {:?}", c.metadata.id, test.id, here.gpu);
                     assert_eq!(check.check_budget(backend, here), Ok(()), "{id}");
-                    assert_eq!(check.unjudged_on(backend, here), None, "{id}");
+                    // A trial needing more GPUs than one is judged on the
+                    // two-GPU host only.
+                    let one_gpu = here.gpu.as_ref().is_some_and(|g| g.device_count < 2);
+                    match check.unjudged_on(backend, here) {
+                        Some(why) if one_gpu => {
+                            assert!(why.starts_with("needs 2 GPUs"), "{id}: {why}")
+                        }
+                        why => assert_eq!(why, None, "{id}"),
+                    }
                 }
                 assert!(check.default_timeout_s() >= 30.0, "{}", test.id);
             }

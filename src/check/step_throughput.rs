@@ -367,6 +367,7 @@ mod tests {
                 name: name.into(),
                 total_memory_bytes: 80 << 30,
                 free_memory_bytes: 79 << 30,
+                device_count: 1,
             }),
         }
     }

@@ -10,12 +10,12 @@
 //! environment variable or a global switch.
 
 use qlora::Faults;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::reference::train::StepFaults;
 
 /// Every fault the system under test knows how to inject.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mutant {
     // ---- reference ops: forward -------------------------------------------------
@@ -101,6 +101,17 @@ pub enum Mutant {
     /// A kernel writes far outside its buffer before the op runs: an illegal
     /// address that poisons the CUDA context (proves the run survives it).
     OutOfBoundsWrite,
+    // ---- data parallelism ------------------------------------------------------
+    /// No rank all-reduces its gradients: each trains on its own shard.
+    DpAllReduceSkipped,
+    /// The ranks' gradients are summed instead of averaged.
+    DpSumInsteadOfMean,
+    /// A frozen tensor is all-reduced with the trainable gradients.
+    DpFrozenTensorReduced,
+    /// The step waits on the host for the gradients before the all-reduce.
+    DpHostWaitAtAllReduce,
+    /// Each rank computes every rank's share in turn (ranks serialised).
+    DpRanksSerialised,
 }
 
 impl Mutant {
@@ -179,6 +190,26 @@ impl Mutant {
             },
             Mutant::AdamwUpdateSignFlipped => Faults {
                 adamw_update_sign_flipped: true,
+                ..none
+            },
+            Mutant::DpAllReduceSkipped => Faults {
+                dp_all_reduce_skipped: true,
+                ..none
+            },
+            Mutant::DpSumInsteadOfMean => Faults {
+                dp_sum_instead_of_mean: true,
+                ..none
+            },
+            Mutant::DpFrozenTensorReduced => Faults {
+                dp_frozen_tensor_reduced: true,
+                ..none
+            },
+            Mutant::DpHostWaitAtAllReduce => Faults {
+                dp_host_wait_at_all_reduce: true,
+                ..none
+            },
+            Mutant::DpRanksSerialised => Faults {
+                dp_ranks_serialised: true,
                 ..none
             },
             _ => none,

@@ -827,8 +827,17 @@ fn gpu_here(ctx: &GpuContext) -> (DeviceFacts, GpuHere) {
         name: facts.name.clone(),
         total_memory_bytes: total as u64,
         free_memory_bytes: free as u64,
+        device_count: device_count(),
     };
     (facts, here)
+}
+
+/// CUDA devices the driver reports; 1 (the open one) if it cannot say.
+fn device_count() -> usize {
+    cudarc::driver::CudaContext::device_count()
+        .ok()
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(1)
 }
 
 /// Opens the GPU just long enough to read its facts and free memory.
@@ -938,6 +947,7 @@ mod tests {
                     name: name.into(),
                     total_memory_bytes: 80 << 30,
                     free_memory_bytes: 79 << 30,
+                    device_count: 1,
                 }),
             },
             gpu: Ok(DeviceFacts {

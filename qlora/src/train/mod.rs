@@ -2,6 +2,7 @@
 //! preallocated workspace.
 
 mod blas;
+pub mod data_parallel;
 pub mod kernels;
 mod layer;
 mod options;
@@ -9,6 +10,7 @@ pub mod step;
 pub mod weights;
 pub mod workspace;
 
+pub use data_parallel::Rank;
 pub use options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions, Hyper};
 pub use step::{
     planned_device_bytes, GpuStepReport, GpuTrainer, SetupPhase, SyncCounts, TrainerSetup,

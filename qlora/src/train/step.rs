@@ -36,6 +36,7 @@ use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::blas;
+use super::data_parallel::Rank;
 use super::kernels;
 use super::layer::{DecoderLayer, LayerCtx};
 use super::options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions};
@@ -127,6 +128,11 @@ pub struct GpuTrainer {
     steps_done: usize,
     sync: SyncCounter,
     setup: TrainerSetup,
+    /// The data-parallel world this trainer is a rank of; `None` trains
+    /// alone (no collective, nothing extra queued).
+    dist: Option<Rank>,
+    /// Bytes the last queued step all-reduced (0 alone).
+    reduced_bytes: usize,
 }
 
 /// Counts host reads as they happen.
@@ -280,7 +286,28 @@ impl GpuTrainer {
             steps_done: 0,
             sync: SyncCounter::default(),
             setup,
+            dist: None,
+            reduced_bytes: 0,
         })
+    }
+
+    /// Makes this trainer `rank` of a data-parallel world: from now on it
+    /// trains on its shard of each batch and all-reduces its gradients.
+    /// Drops a captured graph (it was captured without the collective).
+    pub fn join(&mut self, rank: Rank) {
+        self.graph = None;
+        self.dist = Some(rank);
+    }
+
+    /// Bytes the last queued step all-reduced across the ranks (a replayed
+    /// graph reduces what its capture queued).
+    pub fn all_reduced_bytes(&self) -> usize {
+        self.reduced_bytes
+    }
+
+    /// Bytes of the trainable gradients.
+    pub fn trainable_bytes(&self) -> usize {
+        self.params.g.iter().map(|g| 4 * g.len()).sum()
     }
 
     /// How this trainer was set up: pre-warm, then upload.
@@ -341,10 +368,16 @@ impl GpuTrainer {
         Ok(())
     }
 
-    /// The next training batch, `[batch, seq_len + 1]`.
+    /// The next training batch, `[batch, seq_len + 1]`. A rank of a world
+    /// of `n` draws the batch of `n x batch` rows one GPU would train on and
+    /// keeps its own consecutive `batch` rows, so the world sees the same
+    /// data in the same order as one GPU at the whole batch.
     pub fn next_batch(&mut self) -> Result<Vec<u32>> {
-        self.corpus
-            .batch(&mut self.data_rng, self.cfg.batch, self.cfg.seq_len)
+        let (rank, world) = self.dist.as_ref().map_or((0, 1), |d| (d.rank(), d.world()));
+        let (b, s) = (self.cfg.batch, self.cfg.seq_len);
+        let all = self.corpus.batch(&mut self.data_rng, b * world, s)?;
+        let row = b * (s + 1);
+        Ok(all[rank * row..(rank + 1) * row].to_vec())
     }
 
     /// `n` batches from a stream of their own (seeded by `seed`).
@@ -414,6 +447,7 @@ impl GpuTrainer {
         self.upload_batch(gpu, tokens)?;
         self.forward(gpu)?;
         self.backward(gpu)?;
+        self.all_reduce_grads(gpu)?;
         self.sync.this_step = 0;
         let loss = self.read_loss(gpu)?;
         let grads = self
@@ -483,10 +517,19 @@ impl GpuTrainer {
         Ok(graph)
     }
 
-    /// Forward, backward, clip and AdamW, queued on the stream.
+    /// Forward, backward, the ranks' all-reduce, clip and AdamW, queued on
+    /// the stream.
     fn body(&mut self, gpu: &mut GpuContext) -> Result<()> {
-        self.forward(gpu)?;
-        self.backward(gpu)?;
+        // The serialised-ranks fault: every rank's share of compute, in turn.
+        let passes = match &self.dist {
+            Some(d) if gpu.faults().dp_ranks_serialised => d.world(),
+            _ => 1,
+        };
+        for _ in 0..passes {
+            self.forward(gpu)?;
+            self.backward(gpu)?;
+        }
+        self.all_reduce_grads(gpu)?;
         self.clip_grads(gpu)?;
         let times = if gpu.faults().optimizer_step_twice {
             2
@@ -497,6 +540,32 @@ impl GpuTrainer {
             self.adamw(gpu)?;
         }
         Ok(())
+    }
+
+    /// The mean of every trainable gradient over the ranks, in one NCCL
+    /// group on the work stream; nothing when training alone.
+    fn all_reduce_grads(&mut self, gpu: &mut GpuContext) -> Result<()> {
+        let Some(dist) = &self.dist else {
+            return Ok(());
+        };
+        let f = gpu.faults();
+        if f.dp_all_reduce_skipped {
+            self.reduced_bytes = 0;
+            return Ok(());
+        }
+        if f.dp_host_wait_at_all_reduce {
+            // The fault: wait on the host for the gradients before reducing,
+            // as a host-driven exchange would.
+            if let Some(g) = self.params.g.first() {
+                self.sync.host_read(gpu, &g.as_view())?;
+            }
+        }
+        let mut bufs: Vec<&mut CudaSlice<f32>> = self.params.g.iter_mut().collect();
+        if f.dp_frozen_tensor_reduced {
+            bufs.push(&mut self.base.final_norm);
+        }
+        self.reduced_bytes = bufs.iter().map(|b| 4 * b.len()).sum();
+        dist.all_reduce(&mut bufs, f.dp_sum_instead_of_mean)
     }
 
     fn math(&self, gpu: &GpuContext) -> (GemmMath, GemmMath) {

@@ -1,0 +1,540 @@
+//! `data_parallel`: the data-parallel step on `ranks` GPUs (one process per
+//! rank, NCCL all-reduce of the trainable gradients) held to the one-GPU
+//! step. One claim per test:
+//!
+//! - `trajectory`: `max_c |mean_r loss_r(c) - loss_1(c)| <= max_abs_diff`,
+//!   `ranks x batch` against one GPU at batch `ranks x batch`, same data order;
+//! - `gradients`: `max_r ||g_r - g_1|| / ||g_1|| <= tolerance`, each rank's
+//!   all-reduced gradient of the first batch against one GPU's;
+//! - `traffic`: bytes all-reduced per step `== 4 x trainable parameters`;
+//! - `sync`: host syncs inside each rank's captured region `== 0`, at most
+//!   one per step, and the step replayed;
+//! - `scaling`: tokens/s of the world `>= min_ratio x` one GPU at the same
+//!   per-rank batch (median step times after `warmup` steps).
+
+use std::time::Duration;
+
+use crate::check::stats::median;
+use crate::check::training::*;
+use crate::check::{require_gpu, Comparator};
+use crate::error::{Error, Result};
+use crate::mutant::Mutant;
+use crate::ranks::{launch, RankJob, RankReply};
+use qlora::gpu::GpuContext;
+use qlora::model::ModelConfig;
+use qlora::train::GpuTrainer;
+
+use serde::Deserialize;
+
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+use super::doc::{DEFAULT_HYPER, DEFAULT_STEP_MODE, HYPER_BOUND, MODEL_BOUND, STEP_MODE_BOUND};
+use super::params::{at_most, Count, Hyper, ModelName, NonNegative, Positive, StepMode};
+use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
+
+/// What a `data_parallel` test claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Claim {
+    Trajectory,
+    Gradients,
+    Traffic,
+    Sync,
+    Scaling,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    pub claim: Claim,
+    pub model: ModelName,
+    /// GPUs, one rank each: 2 to [`MAX_RANKS`].
+    #[serde(default = "two")]
+    pub ranks: Count,
+    /// Rows per rank; the preset's batch by default.
+    #[serde(default)]
+    pub batch: Option<Count>,
+    #[serde(default = "one")]
+    pub steps: Count,
+    #[serde(default)]
+    pub checkpoints: Vec<Count>,
+    #[serde(default)]
+    pub mode: StepMode,
+    #[serde(default)]
+    pub hyper: Hyper,
+    /// Untimed steps first (`scaling`).
+    #[serde(default = "ten")]
+    pub warmup: Count,
+    pub max_abs_diff: Option<NonNegative>,
+    pub tolerance: Option<NonNegative>,
+    pub min_ratio: Option<Positive>,
+}
+
+fn two() -> Count {
+    Count(2)
+}
+fn one() -> Count {
+    Count(1)
+}
+fn ten() -> Count {
+    Count(10)
+}
+
+/// Most ranks a test asks for (the GPUs of one host).
+pub const MAX_RANKS: usize = 8;
+/// Most rows per rank.
+pub const MAX_BATCH: usize = 1024;
+/// The launcher's limit, inside the kind's timeout so that a hung rank
+/// costs a clean `error` row naming it.
+const LAUNCH_TIMEOUT_S: f64 = 0.8 * TRAINING_TIMEOUT_S;
+
+/// The parameters of `data_parallel`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "claim",
+        default: Required,
+        bound: &[OneOf(&["trajectory", "gradients", "traffic", "sync", "scaling"])],
+        meaning: "what is compared with one GPU (see the kind's description)",
+    },
+    ParamDoc {
+        name: "model",
+        default: Required,
+        bound: MODEL_BOUND,
+        meaning: "the preset trained",
+    },
+    ParamDoc {
+        name: "ranks",
+        default: Yaml("2"),
+        bound: &[Text("2 to "), Int(MAX_RANKS), Text("; needs that many GPUs")],
+        meaning: "GPUs, one rank process each",
+    },
+    ParamDoc {
+        name: "batch",
+        default: Otherwise("the preset's"),
+        bound: &[Text("1 to "), Int(MAX_BATCH)],
+        meaning: "rows per rank (one GPU trains `ranks x batch`, or `batch` for `scaling`)",
+    },
+    ParamDoc {
+        name: "steps",
+        default: Yaml("1"),
+        bound: &[Text("1 to "), Int(MAX_STEPS)],
+        meaning: "training steps of each run",
+    },
+    ParamDoc {
+        name: "checkpoints",
+        default: Yaml("[]"),
+        bound: &[Text("`trajectory`: 1 or more step numbers, each <= `steps`")],
+        meaning: "1-based steps at which the losses are compared",
+    },
+    ParamDoc {
+        name: "mode",
+        default: Yaml(DEFAULT_STEP_MODE),
+        bound: STEP_MODE_BOUND,
+        meaning: "the step mode; `clip: global`; `graph: true` for `sync` and `scaling`",
+    },
+    ParamDoc {
+        name: "hyper",
+        default: Yaml(DEFAULT_HYPER),
+        bound: HYPER_BOUND,
+        meaning: "optimiser hyper-parameters of every run",
+    },
+    ParamDoc {
+        name: "warmup",
+        default: Yaml("10"),
+        bound: &[Text("`scaling`: < `steps`")],
+        meaning: "untimed steps before the median step time",
+    },
+    ParamDoc {
+        name: "max_abs_diff",
+        default: Otherwise("`trajectory`: required, else unused"),
+        bound: &[Text(">= 0")],
+        meaning: "bound on the largest loss difference at a checkpoint, nats",
+    },
+    ParamDoc {
+        name: "tolerance",
+        default: Otherwise("`gradients`: required, else unused"),
+        bound: &[Text(">= 0")],
+        meaning: "bound on a rank's gradient rel-L2 error against one GPU's",
+    },
+    ParamDoc {
+        name: "min_ratio",
+        default: Otherwise("`scaling`: required, else unused"),
+        bound: &[Text("> 0")],
+        meaning: "bound on world tokens/s over one GPU's tokens/s",
+    },
+];
+
+/// A minimal `data_parallel` check.
+pub const EXAMPLE: &[(&str, &str)] = &[("claim", "traffic"), ("model", "small-4l")];
+
+impl Validate for Params {
+    fn validate(&self) -> std::result::Result<(), String> {
+        if self.ranks.0 < 2 {
+            return Err("`ranks` must be at least 2".into());
+        }
+        at_most("ranks", self.ranks.0, MAX_RANKS)?;
+        at_most("batch", self.batch.map_or(1, |b| b.0), MAX_BATCH)?;
+        at_most("steps", self.steps.0, MAX_STEPS)?;
+        if self.mode.clip != qlora::train::ClipMode::Global {
+            return Err("`mode.clip` must be global: the ranks clip the reduced gradients".into());
+        }
+        let need = |ok: bool, what: &str| if ok { Ok(()) } else { Err(what.to_string()) };
+        match self.claim {
+            Claim::Trajectory => {
+                need(self.max_abs_diff.is_some(), "`trajectory` needs `max_abs_diff`")?;
+                need(!self.checkpoints.is_empty(), "`trajectory` needs `checkpoints`")?;
+                need(
+                    self.checkpoints.iter().all(|c| c.0 <= self.steps.0),
+                    "checkpoints must be <= steps",
+                )
+            }
+            Claim::Gradients => need(self.tolerance.is_some(), "`gradients` needs `tolerance`"),
+            Claim::Traffic => Ok(()),
+            Claim::Sync => need(self.mode.graph, "`sync` needs `mode.graph: true`"),
+            Claim::Scaling => {
+                need(self.min_ratio.is_some(), "`scaling` needs `min_ratio`")?;
+                need(self.mode.graph, "`scaling` needs `mode.graph: true`")?;
+                need(self.warmup.0 < self.steps.0, "`warmup` must be < `steps`")
+            }
+        }
+    }
+}
+
+impl Params {
+    /// The preset at the per-rank batch.
+    fn per_rank(&self) -> ModelConfig {
+        let cfg = self.model.0;
+        cfg.with_batch(self.batch.map_or(cfg.batch, |b| b.0))
+    }
+
+    /// The one-GPU run compared with the world: the whole batch, or one
+    /// rank's batch for `scaling`.
+    fn single(&self) -> ModelConfig {
+        let cfg = self.per_rank();
+        match self.claim {
+            Claim::Scaling => cfg,
+            _ => cfg.with_batch(cfg.batch * self.ranks.0),
+        }
+    }
+
+    fn job(&self, seed: u64, mutant: Option<Mutant>, gpu: &GpuContext) -> RankJob {
+        let o = self.mode.gpu_options(self.hyper);
+        let cfg = self.per_rank();
+        RankJob {
+            model: cfg.name.to_string(),
+            batch: cfg.batch,
+            steps: self.steps.0,
+            seed,
+            graph: o.graph,
+            nf4: o.base == qlora::train::BaseWeights::Nf4,
+            tf32_backward: o.backward_math.is_some(),
+            keep_mlp: o.keep_mlp,
+            lr: o.hyper.lr,
+            max_grad_norm: o.hyper.max_grad_norm,
+            weight_decay: o.hyper.weight_decay,
+            mutant,
+            grads: self.claim == Claim::Gradients,
+            kernel_cache_dir: gpu.options().kernel_cache_dir.clone(),
+            world: self.ranks.0,
+            rank: 0,
+            nccl_id: String::new(),
+        }
+    }
+}
+
+fn data_parallel(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+    let seed = cx.seed;
+    let mutant = cx.mutant;
+    let gpu = require_gpu(cx)?;
+    let job = p.job(seed, mutant, gpu);
+    let opts = p.mode.gpu_options(p.hyper);
+    let single = p.single();
+    let world = |job: &RankJob| launch(job, Duration::from_secs_f64(LAUNCH_TIMEOUT_S));
+    match p.claim {
+        Claim::Trajectory => {
+            let (one, _) = gpu_losses(gpu, &single, opts, p.steps.0, seed)?;
+            trajectory(p, &one, &world(&job)?)
+        }
+        Claim::Gradients => {
+            let mut t = GpuTrainer::new(gpu, &single, opts, seed)?;
+            let tokens = t.next_batch()?;
+            let (_, g) = t.loss_and_grads(gpu, &tokens)?;
+            gradients(p, &g.concat(), &world(&job)?)
+        }
+        Claim::Traffic => Ok(traffic(p, &world(&job)?)),
+        Claim::Sync => Ok(sync(p, &world(&job)?)),
+        Claim::Scaling => {
+            let mut t = GpuTrainer::new(gpu, &single, opts, seed)?;
+            let mut ms = Vec::with_capacity(p.steps.0);
+            for _ in 0..p.steps.0 {
+                let tokens = t.next_batch()?;
+                ms.push(timed_step(gpu, &mut t, &tokens)?);
+            }
+            let name = gpu.facts().name.clone();
+            scaling(p, &ms, &world(&job)?, &name)
+        }
+    }
+}
+
+/// Why a rank did not finish its steps, as a violation.
+fn short_ranks(m: &mut Measurement, ranks: &[RankReply], steps: usize) {
+    for r in ranks {
+        if let Some(why) = &r.failure {
+            m.violate(format!("rank {} stopped after {} steps: {why}", r.rank, r.losses.len()));
+        } else if r.losses.len() < steps {
+            m.violate(format!("rank {} ran {} of {steps} steps", r.rank, r.losses.len()));
+        }
+    }
+}
+
+fn trajectory(p: &Params, one: &[f64], ranks: &[RankReply]) -> Result<Measurement> {
+    let mut worst = 0.0f64;
+    let mut points = Vec::with_capacity(p.checkpoints.len());
+    for c in &p.checkpoints {
+        let i = c.0.wrapping_sub(1);
+        let lone = one.get(i).copied().ok_or_else(|| short("one GPU", c.0))?;
+        let mut sum = 0.0;
+        for r in ranks {
+            sum += r.losses.get(i).copied().unwrap_or(f64::NAN);
+        }
+        let lw = sum / ranks.len().max(1) as f64;
+        let d = (lw - lone).abs();
+        if d > worst || d.is_nan() {
+            worst = d;
+        }
+        points.push(format!("step {}: {lone:.4} vs {lw:.4}", c.0));
+    }
+    let mut m = Measurement::new(
+        "max_abs_loss_diff",
+        worst,
+        Comparator::Le,
+        p.max_abs_diff.map_or(0.0, |b| b.0),
+        "nats",
+    )
+    .with_detail(format!(
+        "model {}: one GPU at batch {} vs {} ranks x {}; {}",
+        p.model.0.name,
+        p.single().batch,
+        p.ranks.0,
+        p.per_rank().batch,
+        points.join(", ")
+    ));
+    short_ranks(&mut m, ranks, p.steps.0);
+    Ok(m)
+}
+
+fn short(who: &str, step: usize) -> Error {
+    Error::InvalidArgument {
+        op: "data_parallel",
+        message: format!("{who} has no loss at step {step}"),
+    }
+}
+
+fn gradients(p: &Params, one: &[f32], ranks: &[RankReply]) -> Result<Measurement> {
+    let norm: f64 = one.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    let mut worst = 0.0f64;
+    for r in ranks {
+        if r.grads.len() != one.len() {
+            return Err(Error::ShapeMismatch {
+                op: "data_parallel gradients",
+                expected: format!("{} values", one.len()),
+                got: format!("{} from rank {}", r.grads.len(), r.rank),
+            });
+        }
+        let diff: f64 = r
+            .grads
+            .iter()
+            .zip(one)
+            .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let rel = diff / norm.max(f64::MIN_POSITIVE);
+        if rel > worst || rel.is_nan() {
+            worst = rel;
+        }
+    }
+    let mut m = Measurement::new(
+        "grad_rel_l2_error",
+        worst,
+        Comparator::Le,
+        p.tolerance.map_or(0.0, |t| t.0),
+        "ratio",
+    )
+    .with_detail(format!(
+        "model {}: all-reduced gradients of {} ranks x batch {} vs one GPU at batch {}; ||g|| {norm:.4e}",
+        p.model.0.name,
+        p.ranks.0,
+        p.per_rank().batch,
+        p.single().batch
+    ));
+    if norm == 0.0 {
+        m.violate("the one-GPU gradient is all zeros");
+    }
+    Ok(m)
+}
+
+fn traffic(p: &Params, ranks: &[RankReply]) -> Measurement {
+    let trainable = 4 * p.model.0.trainable_params();
+    let most = ranks.iter().map(|r| r.reduced_bytes).max().unwrap_or(0);
+    let fewest = ranks.iter().map(|r| r.reduced_bytes).min().unwrap_or(0);
+    let mut m = Measurement::new(
+        "all_reduced_bytes_per_step",
+        most as f64,
+        Comparator::Eq,
+        trainable as f64,
+        "bytes",
+    )
+    .with_detail(format!(
+        "model {}, {} ranks: {fewest} to {most} bytes all-reduced per step; trainable parameters {trainable} bytes",
+        p.model.0.name, p.ranks.0
+    ));
+    if fewest != most {
+        m.violate(format!("the ranks reduced different amounts: {fewest} and {most} bytes"));
+    }
+    short_ranks(&mut m, ranks, p.steps.0);
+    m
+}
+
+fn sync(p: &Params, ranks: &[RankReply]) -> Measurement {
+    let inside = ranks.iter().map(|r| r.syncs_inside_capture).max().unwrap_or(0);
+    let per_step = ranks.iter().map(|r| r.max_syncs_per_step).max().unwrap_or(0);
+    let mut m = Measurement::new(
+        "host_syncs_inside_capture",
+        inside as f64,
+        Comparator::Le,
+        0.0,
+        "syncs",
+    )
+    .with_detail(format!(
+        "model {}, {} ranks, {} steps: at most {inside} host reads inside a rank's capture, {per_step} per step; graph replays per rank: {:?}",
+        p.model.0.name,
+        p.ranks.0,
+        p.steps.0,
+        ranks.iter().map(|r| r.replayed).collect::<Vec<_>>()
+    ));
+    if per_step > 1 {
+        m.violate(format!("a step made {per_step} host reads, more than 1"));
+    }
+    if p.steps.0 >= 2 && ranks.iter().any(|r| r.replayed == 0) {
+        m.violate("a rank never replayed a captured graph");
+    }
+    short_ranks(&mut m, ranks, p.steps.0);
+    m
+}
+
+fn scaling(p: &Params, one_ms: &[f64], ranks: &[RankReply], device: &str) -> Result<Measurement> {
+    let w = p.warmup.0;
+    let cfg = p.per_rank();
+    let tokens = cfg.tokens() as f64;
+    let one = median(one_ms.get(w..).unwrap_or_default());
+    let mut slowest = 0.0f64;
+    for r in ranks {
+        slowest = slowest.max(median(r.step_ms.get(w..).unwrap_or_default()));
+    }
+    let one_tps = 1000.0 * tokens / one;
+    let world_tps = 1000.0 * tokens * ranks.len() as f64 / slowest;
+    let mut m = Measurement::new(
+        "world_over_one_gpu_tokens_per_s",
+        world_tps / one_tps,
+        Comparator::Ge,
+        p.min_ratio.map_or(0.0, |r| r.0),
+        "ratio",
+    )
+    .with_detail(format!(
+        "model {} on {device}, batch {} per rank, {} timed steps: one GPU {one_tps:.0} tokens/s ({one:.3} ms), {} ranks {world_tps:.0} tokens/s (slowest rank {slowest:.3} ms)",
+        cfg.name,
+        cfg.batch,
+        p.steps.0 - w,
+        p.ranks.0
+    ));
+    short_ranks(&mut m, ranks, p.steps.0);
+    Ok(m)
+}
+
+impl Kind for Params {
+    fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+        data_parallel(self, cx)
+    }
+
+    /// Needs `ranks` GPUs, and the one-GPU run's trainer must fit.
+    fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
+        if backend != Backend::Cuda {
+            return None;
+        }
+        let count = here.gpu.as_ref().map_or(0, |g| g.device_count);
+        if count < self.ranks.0 {
+            return Some(format!(
+                "needs {} GPUs, this machine has {count}",
+                self.ranks.0
+            ));
+        }
+        let cfg = self.single();
+        let needed = trainer_bytes(&cfg, &self.mode.gpu_options(self.hyper));
+        trainer_shortfall(backend, &cfg, needed, here)
+    }
+
+    /// Observed budget: a rank process opens its context and loads the
+    /// cached kernels in about a second; 100 steps of qwen2.5-0.5b take ~2 s.
+    fn default_timeout_s(&self) -> f64 {
+        TRAINING_TIMEOUT_S
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::params::tests::with_gpu;
+
+    fn params(yaml: &str) -> std::result::Result<Params, String> {
+        let p: Params = serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    #[test]
+    fn each_claim_needs_its_bound() {
+        assert!(params("claim: traffic\nmodel: small-4l\n").is_ok());
+        let e = params("claim: trajectory\nmodel: small-4l\nsteps: 10\ncheckpoints: [10]\n")
+            .unwrap_err();
+        assert_eq!(e, "`trajectory` needs `max_abs_diff`");
+        let e = params("claim: sync\nmodel: small-4l\n").unwrap_err();
+        assert_eq!(e, "`sync` needs `mode.graph: true`");
+        let e = params("claim: traffic\nmodel: small-4l\nranks: 1\n").unwrap_err();
+        assert_eq!(e, "`ranks` must be at least 2");
+        let e = params("claim: scaling\nmodel: small-4l\nmin_ratio: 1.9\nmode: {graph: true}\nsteps: 5\n")
+            .unwrap_err();
+        assert_eq!(e, "`warmup` must be < `steps`");
+    }
+
+    #[test]
+    fn fewer_gpus_than_ranks_is_unjudged_with_the_count() {
+        let p = params("claim: traffic\nmodel: small-4l\n").unwrap();
+        let mut here = with_gpu("NVIDIA H200", 141);
+        let why = p.unjudged_on(Backend::Cuda, &here).unwrap();
+        assert_eq!(why, "needs 2 GPUs, this machine has 1");
+        here.gpu.as_mut().unwrap().device_count = 2;
+        assert_eq!(p.unjudged_on(Backend::Cuda, &here), None);
+        let one = p.single();
+        assert_eq!(one.batch, 2 * p.per_rank().batch);
+    }
+
+    #[test]
+    fn the_world_loss_is_the_mean_of_the_ranks_and_traffic_is_exact() {
+        let p = params("claim: trajectory\nmodel: small-4l\nsteps: 2\ncheckpoints: [2]\nmax_abs_diff: 0.01\n")
+            .unwrap();
+        let rank = |r, l: f64| RankReply {
+            rank: r,
+            losses: vec![9.0, l],
+            reduced_bytes: 4 * p.model.0.trainable_params(),
+            ..RankReply::default()
+        };
+        let ranks = [rank(0, 2.0), rank(1, 3.0)];
+        let m = trajectory(&p, &[9.0, 2.5], &ranks).unwrap();
+        assert!(m.passed(), "{m:?}");
+        let m = trajectory(&p, &[9.0, 2.6], &ranks).unwrap();
+        assert!(!m.passed());
+        assert!(traffic(&p, &ranks).passed());
+        let mut more = ranks.clone();
+        more[1].reduced_bytes += 4 * 256;
+        assert!(!traffic(&p, &more).passed());
+    }
+}

@@ -1,0 +1,405 @@
+//! Data-parallel ranks as processes: one process per GPU.
+//!
+//! Several GPUs driven from one process with graph capture can deadlock
+//! (one thread's capture waits on a collective another thread has not
+//! queued), so each rank is a process of its own: the launcher ([`launch`])
+//! makes the NCCL unique id (this process hosts NCCL's bootstrap root until
+//! the ranks have joined), starts its own executable once per rank with
+//! [`RANK_FLAG`] and a [`RankJob`] as JSON, and reads each rank's
+//! [`RankReply`] from its stdout after [`RANK_REPLY_MARKER`]. A rank that
+//! dies, answers nothing, or outlives the timeout ends the launch with an
+//! error, after every rank has been killed: a collective whose peer is gone
+//! never returns, so waiting for the others would hang.
+//!
+//! Each rank's environment gets `NCCL_NVLS_ENABLE=0` (NVLink multicast off,
+//! which the GPU machines need); it is read by the NCCL library in the
+//! child, never by this code. A check uses the launcher; the front ends
+//! (CLI, test runner) dispatch [`RANK_FLAG`] to [`run_rank`].
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::mutant::Mutant;
+use qlora::gpu::{GemmMath, GpuContext, GpuOptions};
+use qlora::model::ModelConfig;
+use qlora::train::{data_parallel, BaseWeights, GpuTrainOptions, GpuTrainer, Hyper, Rank};
+
+/// The first argument that makes a front end run one data-parallel rank.
+pub const RANK_FLAG: &str = "__falsify-rank";
+/// Starts the line of a rank's stdout that holds its reply.
+pub const RANK_REPLY_MARKER: &str = "FALSIFY-RANK-REPLY ";
+/// How often the launcher looks at its running ranks.
+const POLL: Duration = Duration::from_millis(10);
+/// The stderr of a failed rank kept for the error.
+const STDERR_TAIL: usize = 600;
+
+/// What one rank runs: `steps` steps of `model` at `batch` rows per rank,
+/// from `seed`, in one step mode, as `rank` of `world`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RankJob {
+    pub model: String,
+    /// Rows per rank (one GPU alone trains `world x batch` rows).
+    pub batch: usize,
+    pub steps: usize,
+    pub seed: u64,
+    pub graph: bool,
+    pub nf4: bool,
+    pub tf32_backward: bool,
+    pub keep_mlp: bool,
+    pub lr: f64,
+    pub max_grad_norm: f64,
+    pub weight_decay: f64,
+    /// The fault every rank injects (the trial's mutant).
+    pub mutant: Option<Mutant>,
+    /// Return the all-reduced gradients of the first batch instead of training.
+    pub grads: bool,
+    pub kernel_cache_dir: Option<PathBuf>,
+    pub world: usize,
+    pub rank: usize,
+    /// The NCCL unique id, as hex.
+    pub nccl_id: String,
+}
+
+/// What a rank measured.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct RankReply {
+    pub rank: usize,
+    /// The loss of each step on this rank's shard.
+    pub losses: Vec<f64>,
+    /// Each step's time (CUDA events around the step, loss read included).
+    pub step_ms: Vec<f64>,
+    pub replayed: usize,
+    pub syncs_inside_capture: usize,
+    pub max_syncs_per_step: usize,
+    pub reduced_bytes: usize,
+    pub trainable_bytes: usize,
+    /// The all-reduced gradients, every trainable tensor in order, flat.
+    pub grads: Vec<f32>,
+    /// Why the steps stopped early, if they did.
+    pub failure: Option<String>,
+}
+
+impl RankJob {
+    /// The preset, at this job's per-rank batch.
+    pub fn config(&self) -> Result<ModelConfig> {
+        ModelConfig::preset(&self.model)
+            .map(|c| c.with_batch(self.batch))
+            .ok_or_else(|| bad(format!("no model preset `{}`", self.model)))
+    }
+
+    /// The stack's step options of this job.
+    pub fn options(&self) -> GpuTrainOptions {
+        GpuTrainOptions {
+            base: if self.nf4 {
+                BaseWeights::Nf4
+            } else {
+                BaseWeights::Fp32
+            },
+            hyper: Hyper {
+                lr: self.lr,
+                max_grad_norm: self.max_grad_norm,
+                weight_decay: self.weight_decay,
+            },
+            graph: self.graph,
+            backward_math: self.tf32_backward.then_some(GemmMath::Tf32),
+            keep_mlp: self.keep_mlp,
+            ..GpuTrainOptions::default()
+        }
+    }
+}
+
+fn bad(message: String) -> Error {
+    Error::InvalidArgument {
+        op: "data-parallel rank",
+        message,
+    }
+}
+
+/// The rank's side: runs the job `job_json` names on GPU `rank` and returns
+/// the line the front end prints on stdout.
+pub fn run_rank(job_json: &str) -> Result<String> {
+    let job: RankJob = serde_json::from_str(job_json).map_err(|e| bad(e.to_string()))?;
+    let mut gpu = GpuContext::new(GpuOptions {
+        ordinal: job.rank,
+        kernel_cache_dir: job.kernel_cache_dir.clone(),
+        ..GpuOptions::default()
+    })?;
+    let faults = job.mutant.map_or(qlora::Faults::NONE, Mutant::faults);
+    let mut scope = gpu.with_faults(faults);
+    let reply = rank_body(&job, &mut scope)?;
+    let json = serde_json::to_string(&reply).map_err(|e| bad(e.to_string()))?;
+    Ok(format!("\n{RANK_REPLY_MARKER}{json}"))
+}
+
+/// Builds the trainer, joins the world, then trains (or reads gradients).
+fn rank_body(job: &RankJob, gpu: &mut GpuContext) -> Result<RankReply> {
+    let cfg = job.config()?;
+    let mut t = GpuTrainer::new(gpu, &cfg, job.options(), job.seed)?;
+    t.join(Rank::join(gpu, job.rank, job.world, &job.nccl_id)?);
+    let mut reply = RankReply {
+        rank: job.rank,
+        trainable_bytes: t.trainable_bytes(),
+        ..RankReply::default()
+    };
+    if job.grads {
+        let tokens = t.next_batch()?;
+        let (loss, grads) = t.loss_and_grads(gpu, &tokens)?;
+        reply.losses.push(loss);
+        reply.grads = grads.concat();
+    } else {
+        train(job, gpu, &mut t, &mut reply);
+    }
+    reply.reduced_bytes = t.all_reduced_bytes();
+    let syncs = t.syncs();
+    reply.syncs_inside_capture = syncs.inside_capture;
+    reply.max_syncs_per_step = syncs.per_step.iter().copied().max().unwrap_or(0);
+    Ok(reply)
+}
+
+/// `job.steps` timed steps; a failing step ends them and is recorded.
+fn train(job: &RankJob, gpu: &mut GpuContext, t: &mut GpuTrainer, reply: &mut RankReply) {
+    for _ in 0..job.steps {
+        match timed_step(gpu, t) {
+            Ok((loss, ms, replayed)) => {
+                reply.losses.push(loss);
+                reply.step_ms.push(ms);
+                reply.replayed += usize::from(replayed);
+            }
+            Err(e) => {
+                reply.failure = Some(e.to_string());
+                return;
+            }
+        }
+    }
+}
+
+/// One step, timed with CUDA events on the work stream (the loss read is
+/// inside the interval).
+fn timed_step(gpu: &mut GpuContext, t: &mut GpuTrainer) -> Result<(f64, f64, bool)> {
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = gpu.stream().record_event(flags)?;
+    let r = t.step(gpu)?;
+    let end = gpu.stream().record_event(flags)?;
+    Ok((r.loss, f64::from(start.elapsed_ms(&end)?), r.replayed))
+}
+
+/// Starts `job.world` ranks of `job` (its `rank` and `nccl_id` are set per
+/// rank), waits at most `timeout` for all of them, and returns their
+/// replies in rank order.
+pub fn launch(job: &RankJob, timeout: Duration) -> Result<Vec<RankReply>> {
+    let id = data_parallel::new_id()?;
+    let program = std::env::current_exe().map_err(|e| Error::io("current executable", e))?;
+    let mut ranks = Vec::with_capacity(job.world);
+    for rank in 0..job.world {
+        let json = serde_json::to_string(&RankJob {
+            rank,
+            nccl_id: id.clone(),
+            ..job.clone()
+        })
+        .map_err(|e| bad(e.to_string()))?;
+        match spawn(&program, &json) {
+            Ok(r) => ranks.push(r),
+            Err(e) => {
+                kill_all(&mut ranks);
+                return Err(e);
+            }
+        }
+    }
+    let waited = wait_all(&mut ranks, timeout);
+    let outputs: Vec<(String, String)> = ranks.into_iter().map(Running::output).collect();
+    waited?;
+    outputs
+        .iter()
+        .enumerate()
+        .map(|(rank, (out, err))| parse_reply(rank, out, err))
+        .collect()
+}
+
+/// A started rank and the threads draining its pipes.
+struct Running {
+    child: Child,
+    stdout: Option<JoinHandle<Vec<u8>>>,
+    stderr: Option<JoinHandle<Vec<u8>>>,
+}
+
+impl Running {
+    fn output(self) -> (String, String) {
+        (join(self.stdout), join(self.stderr))
+    }
+}
+
+fn spawn(program: &PathBuf, json: &str) -> Result<Running> {
+    let mut child = Command::new(program)
+        .arg(RANK_FLAG)
+        .arg(json)
+        .env("NCCL_NVLS_ENABLE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::io(program, e))?;
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    Ok(Running {
+        child,
+        stdout,
+        stderr,
+    })
+}
+
+/// Polls every rank until all have exited; kills them all as soon as one
+/// fails or the timeout passes.
+fn wait_all(ranks: &mut [Running], timeout: Duration) -> Result<()> {
+    let started = Instant::now();
+    let mut done = vec![false; ranks.len()];
+    while done.iter().any(|d| !d) {
+        for (rank, r) in ranks.iter_mut().enumerate() {
+            if done[rank] {
+                continue;
+            }
+            match r.child.try_wait() {
+                Ok(Some(status)) if status.success() => done[rank] = true,
+                Ok(Some(status)) => {
+                    kill_all(ranks);
+                    return Err(Error::Ranks(format!("rank {rank} exited with {status}")));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    kill_all(ranks);
+                    return Err(Error::Ranks(format!("lost rank {rank}: {e}")));
+                }
+            }
+        }
+        if started.elapsed() > timeout {
+            kill_all(ranks);
+            return Err(Error::Ranks(format!(
+                "timed out: ranks still running after {:.0} s, stopped",
+                timeout.as_secs_f64()
+            )));
+        }
+        std::thread::sleep(POLL);
+    }
+    Ok(())
+}
+
+fn kill_all(ranks: &mut [Running]) {
+    for r in ranks {
+        // Best effort: a rank that already exited cannot be killed, and
+        // `wait` then reaps it all the same.
+        let _ = r.child.kill();
+        let _ = r.child.wait();
+    }
+}
+
+fn parse_reply(rank: usize, out: &str, err: &str) -> Result<RankReply> {
+    let line = out
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix(RANK_REPLY_MARKER));
+    match line.map(serde_json::from_str::<RankReply>) {
+        Some(Ok(r)) => Ok(r),
+        Some(Err(e)) => Err(Error::Ranks(format!(
+            "rank {rank}'s reply does not parse: {e}"
+        ))),
+        None => Err(Error::Ranks(format!(
+            "rank {rank} answered nothing{}",
+            tail(err)
+        ))),
+    }
+}
+
+/// Reads a pipe to its end on a thread of its own, so a rank that writes a
+/// lot never blocks on a full pipe.
+fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> Option<JoinHandle<Vec<u8>>> {
+    pipe.map(|mut p| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            // A read error ends the capture; what was read is still used.
+            let _ = p.read_to_end(&mut buf);
+            buf
+        })
+    })
+}
+
+fn join(handle: Option<JoinHandle<Vec<u8>>>) -> String {
+    let bytes = handle.and_then(|h| h.join().ok()).unwrap_or_default();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// `; stderr: ...` with the end of a rank's stderr, or nothing.
+fn tail(stderr: &str) -> String {
+    let text = stderr.trim();
+    if text.is_empty() {
+        return String::new();
+    }
+    let start = text
+        .char_indices()
+        .map(|(i, _)| i)
+        .find(|&i| text.len() - i <= STDERR_TAIL)
+        .unwrap_or(0);
+    format!("; stderr: {}", text[start..].replace('\n', " | "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> RankJob {
+        RankJob {
+            model: "small-4l".into(),
+            batch: 4,
+            steps: 10,
+            seed: 1,
+            graph: true,
+            nf4: false,
+            tf32_backward: false,
+            keep_mlp: false,
+            lr: 1e-3,
+            max_grad_norm: 1.0,
+            weight_decay: 0.0,
+            mutant: Some(Mutant::DpSumInsteadOfMean),
+            grads: false,
+            kernel_cache_dir: None,
+            world: 2,
+            rank: 1,
+            nccl_id: "00".repeat(128),
+        }
+    }
+
+    #[test]
+    fn jobs_round_trip_and_map_onto_the_stack() {
+        let j = job();
+        let back: RankJob = serde_json::from_str(&serde_json::to_string(&j).unwrap()).unwrap();
+        assert_eq!(back, j);
+        assert_eq!(j.config().unwrap().batch, 4);
+        let o = j.options();
+        assert!(o.graph && o.backward_math.is_none() && o.base == BaseWeights::Fp32);
+        let bad = RankJob {
+            model: "nope".into(),
+            ..j
+        };
+        assert!(bad.config().is_err());
+    }
+
+    #[test]
+    fn a_reply_is_the_marked_line_and_silence_names_the_rank() {
+        let r = RankReply {
+            rank: 1,
+            losses: vec![2.5],
+            ..RankReply::default()
+        };
+        let out = format!(
+            "noise\n{RANK_REPLY_MARKER}{}\n",
+            serde_json::to_string(&r).unwrap()
+        );
+        assert_eq!(parse_reply(1, &out, "").unwrap(), r);
+        let e = parse_reply(0, "nothing", "boom").unwrap_err().to_string();
+        assert!(e.contains("rank 0 answered nothing; stderr: boom"), "{e}");
+    }
+}
