@@ -194,28 +194,7 @@ mod tests {
     use super::*;
 
     fn row(test: &str, status: Status) -> FalsificationRow {
-        FalsificationRow {
-            run_id: "r".into(),
-            timestamp: "t".into(),
-            git_sha: "g".into(),
-            contract: "c".into(),
-            contract_version: "1".into(),
-            test_id: test.into(),
-            check_kind: "property".into(),
-            backend: "cpu".into(),
-            device: "cpu".into(),
-            compute_capability: String::new(),
-            driver_version: String::new(),
-            status,
-            metric: "m".into(),
-            observed: Some(1.0),
-            comparator: "<=".into(),
-            threshold: Some(2.0),
-            unit: String::new(),
-            duration_ms: 1.0,
-            setup_ms: None,
-            detail: String::new(),
-        }
+        crate::report::test_row("c", test, status)
     }
 
     fn shard(dir: &Path, rows: &[FalsificationRow]) -> PathBuf {

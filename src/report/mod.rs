@@ -446,6 +446,33 @@ pub(crate) fn trim_zeros(s: &str) -> &str {
     }
 }
 
+/// A plain cpu row of `test` in `contract`, for the report's unit tests.
+#[cfg(test)]
+pub(crate) fn test_row(contract: &str, test: &str, status: Status) -> FalsificationRow {
+    FalsificationRow {
+        run_id: "r".into(),
+        timestamp: "t".into(),
+        git_sha: "g".into(),
+        contract: contract.into(),
+        contract_version: "1".into(),
+        test_id: test.into(),
+        check_kind: "property".into(),
+        backend: "cpu".into(),
+        device: "cpu".into(),
+        compute_capability: String::new(),
+        driver_version: String::new(),
+        status,
+        metric: "m".into(),
+        observed: Some(1.0),
+        comparator: "<=".into(),
+        threshold: Some(2.0),
+        unit: String::new(),
+        duration_ms: 1.0,
+        setup_ms: Some(0.5),
+        detail: "a, \"quoted\" detail".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,31 +486,6 @@ mod tests {
         assert_eq!(trim_zeros("1.500"), "1.5");
     }
 
-    fn row(contract: &str, test: &str, status: Status) -> FalsificationRow {
-        FalsificationRow {
-            run_id: "r".into(),
-            timestamp: "t".into(),
-            git_sha: "g".into(),
-            contract: contract.into(),
-            contract_version: "1".into(),
-            test_id: test.into(),
-            check_kind: "property".into(),
-            backend: "cpu".into(),
-            device: "cpu".into(),
-            compute_capability: String::new(),
-            driver_version: String::new(),
-            status,
-            metric: "m".into(),
-            observed: Some(1.0),
-            comparator: "<=".into(),
-            threshold: Some(2.0),
-            unit: String::new(),
-            duration_ms: 1.0,
-            setup_ms: Some(0.5),
-            detail: "a, \"quoted\" detail".into(),
-        }
-    }
-
     #[test]
     fn merge_replaces_reruns_keeps_others_and_drops_unknown() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -492,16 +494,16 @@ mod tests {
         report
             .merge_and_write(
                 vec![
-                    row("c", "A", Status::Passed),
-                    row("c", "B", Status::Passed),
-                    row("c", "Gone", Status::Passed),
+                    test_row("c", "A", Status::Passed),
+                    test_row("c", "B", Status::Passed),
+                    test_row("c", "Gone", Status::Passed),
                 ],
                 vec![],
                 &known,
             )
             .expect("first write");
         report
-            .merge_and_write(vec![row("c", "B", Status::Falsified)], vec![], &known)
+            .merge_and_write(vec![test_row("c", "B", Status::Falsified)], vec![], &known)
             .expect("second write");
         let rows: Vec<FalsificationRow> = read_rows(&report.falsification_path()).expect("read");
         let got: Vec<(&str, Status)> = rows
