@@ -17,6 +17,7 @@ pub mod check;
 pub mod contract;
 pub mod error;
 pub mod mutant;
+pub mod pipes;
 pub mod ranks;
 pub mod reference;
 pub mod report;

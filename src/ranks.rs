@@ -16,10 +16,11 @@
 //! child, never by this code. A check uses the launcher; the front ends
 //! (CLI, test runner) dispatch [`RANK_FLAG`] to [`run_rank`].
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
+
+use crate::pipes::{drain, join, tail};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -36,8 +37,6 @@ pub const RANK_FLAG: &str = "__falsify-rank";
 pub const RANK_REPLY_MARKER: &str = "FALSIFY-RANK-REPLY ";
 /// How often the launcher looks at its running ranks.
 const POLL: Duration = Duration::from_millis(10);
-/// The stderr of a failed rank kept for the error.
-const STDERR_TAIL: usize = 600;
 
 /// What one rank runs: `steps` steps of `model` at `batch` rows per rank,
 /// from `seed`, in one step mode, as `rank` of `world`.
@@ -312,38 +311,6 @@ fn parse_reply(rank: usize, out: &str, err: &str) -> Result<RankReply> {
             tail(err)
         ))),
     }
-}
-
-/// Reads a pipe to its end on a thread of its own, so a rank that writes a
-/// lot never blocks on a full pipe.
-fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> Option<JoinHandle<Vec<u8>>> {
-    pipe.map(|mut p| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            // A read error ends the capture; what was read is still used.
-            let _ = p.read_to_end(&mut buf);
-            buf
-        })
-    })
-}
-
-fn join(handle: Option<JoinHandle<Vec<u8>>>) -> String {
-    let bytes = handle.and_then(|h| h.join().ok()).unwrap_or_default();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// `; stderr: ...` with the end of a rank's stderr, or nothing.
-fn tail(stderr: &str) -> String {
-    let text = stderr.trim();
-    if text.is_empty() {
-        return String::new();
-    }
-    let start = text
-        .char_indices()
-        .map(|(i, _)| i)
-        .find(|&i| text.len() - i <= STDERR_TAIL)
-        .unwrap_or(0);
-    format!("; stderr: {}", text[start..].replace('\n', " | "))
 }
 
 #[cfg(test)]

@@ -10,12 +10,11 @@
 //! naming the cause. Each child opens its own CUDA context and compiles the
 //! kernels it needs: a trial's claims about pre-warm are measured inside it.
 
+use crate::pipes::{drain, join, tail};
 use std::ffi::OsString;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -31,8 +30,6 @@ use qlora::gpu::{GemmMath, GpuOptions};
 pub const CHILD_FLAG: &str = "__falsify-trial";
 /// Starts the line of the child's stdout that holds its reply.
 pub const REPLY_MARKER: &str = "FALSIFY-TRIAL-REPLY ";
-/// The stderr of a dead child kept for its error row.
-const STDERR_TAIL: usize = 600;
 /// How often the parent looks at a running child.
 const POLL: Duration = Duration::from_millis(10);
 
@@ -286,38 +283,6 @@ fn kill_group(child: &Child) {
 #[cfg(not(unix))]
 fn kill_group(_child: &Child) {}
 
-/// Reads a pipe to its end on a thread of its own, so a child that writes a
-/// lot never blocks on a full pipe while the parent waits.
-fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> Option<JoinHandle<Vec<u8>>> {
-    pipe.map(|mut p| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            // A read error ends the capture; what was read is still used.
-            let _ = p.read_to_end(&mut buf);
-            buf
-        })
-    })
-}
-
-fn join(handle: Option<JoinHandle<Vec<u8>>>) -> String {
-    let bytes = handle.and_then(|h| h.join().ok()).unwrap_or_default();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// `; stderr: ...` with the last lines of a child's stderr, or nothing.
-fn tail(stderr: &str) -> String {
-    let text = stderr.trim();
-    if text.is_empty() {
-        return String::new();
-    }
-    let start = text
-        .char_indices()
-        .map(|(i, _)| i)
-        .find(|&i| text.len() - i <= STDERR_TAIL)
-        .unwrap_or(0);
-    format!("; stderr: {}", text[start..].replace('\n', " | "))
-}
-
 /// The end of a child that exited: its reply, or why there is none.
 fn ended(status: ExitStatus, out: &str, err: &str) -> ChildEnd {
     if let Some(signal) = signal_of(status) {
@@ -377,18 +342,6 @@ pub fn failed_outcome(cause: &str) -> TrialOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stderr_tails_keep_the_end_on_one_line() {
-        assert_eq!(tail("  \n"), "");
-        let long = format!("{}\nlast line", "x".repeat(2000));
-        let t = tail(&long);
-        assert!(
-            t.starts_with("; stderr: ") && t.ends_with("| last line"),
-            "{t}"
-        );
-        assert!(t.len() <= STDERR_TAIL + 20);
-    }
 
     #[test]
     fn requests_round_trip_and_keep_the_options() {
