@@ -157,10 +157,7 @@ mod tests {
     use crate::check::params::tests::with_gpu;
 
     fn params(extra: &str) -> std::result::Result<Params, String> {
-        let yaml = format!("model: qwen2.5-coder-1.5b\nbase: nf4\nmax_gib: 6.0\n{extra}");
-        let p: Params = serde_yaml::from_str(&yaml).map_err(|e| e.to_string())?;
-        p.validate()?;
-        Ok(p)
+        crate::check::params::tests::parse(&format!("model: qwen2.5-coder-1.5b\nbase: nf4\nmax_gib: 6.0\n{extra}"))
     }
 
     #[test]

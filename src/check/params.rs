@@ -442,6 +442,16 @@ impl Default for Hyper {
 pub(crate) mod tests {
     use super::*;
 
+    /// A kind's parameters from YAML, validated as the loader does: serde's
+    /// error or `validate`'s, as text.
+    pub fn parse<P: serde::de::DeserializeOwned + crate::check::Validate>(
+        yaml: &str,
+    ) -> std::result::Result<P, String> {
+        let p: P = serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
+        p.validate()?;
+        Ok(p)
+    }
+
     #[test]
     fn ranges_are_enforced_with_locations() {
         let e = serde_yaml::from_str::<NonNegative>("-1e-3").unwrap_err();

@@ -354,10 +354,7 @@ mod tests {
     use crate::check::GpuHere;
 
     fn params(extra: &str) -> std::result::Result<Params, String> {
-        let yaml = format!("model: small-4l\n{extra}");
-        let p: Params = serde_yaml::from_str(&yaml).map_err(|e| e.to_string())?;
-        p.validate()?;
-        Ok(p)
+        crate::check::params::tests::parse(&format!("model: small-4l\n{extra}"))
     }
 
     fn on(name: &str) -> Here {

@@ -173,10 +173,7 @@ mod tests {
     use crate::check::params::tests::with_gpu;
 
     fn params(extra: &str) -> std::result::Result<Params, String> {
-        let yaml = format!("model: small-4l\nmode: {{graph: true}}\nmax_per_step: 1\n{extra}");
-        let p: Params = serde_yaml::from_str(&yaml).map_err(|e| e.to_string())?;
-        p.validate()?;
-        Ok(p)
+        crate::check::params::tests::parse(&format!("model: small-4l\nmode: {{graph: true}}\nmax_per_step: 1\n{extra}"))
     }
 
     #[test]

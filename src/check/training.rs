@@ -258,8 +258,7 @@ mod tests {
 
     fn traj(extra: &str) -> std::result::Result<(), String> {
         let yaml = format!("model: tiny\nsteps: 4\ncheckpoints: [4]\nmax_abs_diff: 0.01\n{extra}");
-        let p: trajectory_match::Params = serde_yaml::from_str(&yaml).map_err(|e| e.to_string())?;
-        p.validate()
+        crate::check::params::tests::parse::<trajectory_match::Params>(&yaml).map(|_| ())
     }
 
     #[test]

@@ -282,10 +282,7 @@ mod tests {
     use crate::check::params::tests::{ci, with_gpu};
 
     fn params(extra: &str) -> std::result::Result<Params, String> {
-        let yaml = format!("checkpoints: [4]\nmax_abs_diff: 0.1\nbaseline: {{}}\n{extra}");
-        let p: Params = serde_yaml::from_str(&yaml).map_err(|e| e.to_string())?;
-        p.validate()?;
-        Ok(p)
+        crate::check::params::tests::parse(&format!("checkpoints: [4]\nmax_abs_diff: 0.1\nbaseline: {{}}\n{extra}"))
     }
 
     #[test]

@@ -245,9 +245,7 @@ mod tests {
     use crate::check::params::tests::ci;
 
     fn params(yaml: &str) -> std::result::Result<Params, String> {
-        let p: Params = serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
-        p.validate()?;
-        Ok(p)
+        crate::check::params::tests::parse(yaml)
     }
 
     #[test]
