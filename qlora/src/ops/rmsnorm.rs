@@ -88,8 +88,8 @@ const FINAL_GROUPS: u32 = 32;
 
 /// The launch of a register-held row kernel over `units` (rows, or row
 /// chunks): one block per unit, threads enough for `hidden` columns at
-/// `packs` packs of four per thread (at most [`PACKS_PER_THREAD`]; more when
-/// 1024 threads need them); one block in all under the test-only fault
+/// `packs` packs of four per thread (the kernel's own count: 4 in the
+/// forward, 1 or 8 in the backward); one block in all under the test-only fault
 /// [`crate::Faults::serialised_launch`] (the kernel loops over the units).
 fn row_loop_config(
     gpu: &GpuContext,
@@ -209,8 +209,9 @@ pub fn forward_residual(
     Ok(())
 }
 
-/// Scratch of the backward: the per-chunk dgamma partials. Allocated once per shape, so the backward allocates nothing
-/// (and can be captured in a CUDA graph).
+/// Scratch of the backward: the per-chunk dgamma partials. Allocated once
+/// per shape, so the backward allocates nothing (and can be captured in a
+/// CUDA graph).
 pub struct BackwardWorkspace {
     rows: usize,
     hidden: usize,

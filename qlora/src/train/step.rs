@@ -69,7 +69,7 @@ pub struct SyncCounts {
 struct ClipGroup {
     tensors: Vec<usize>,
     table: TensorTable,
-    partials: TableSumWorkspace,
+    sum_ws: TableSumWorkspace,
     sq: CudaSlice<f64>,
     scale: CudaSlice<f32>,
 }
@@ -259,7 +259,7 @@ impl GpuTrainer {
                     .collect();
                 Ok(ClipGroup {
                     table: TensorTable::new(gpu, &[grads], &lens)?,
-                    partials: TableSumWorkspace::new(gpu)?,
+                    sum_ws: TableSumWorkspace::new(gpu)?,
                     tensors,
                     sq: gpu.zeros(1)?,
                     scale: gpu.zeros(1)?,
@@ -375,9 +375,11 @@ impl GpuTrainer {
     pub fn next_batch(&mut self) -> Result<Vec<u32>> {
         let (rank, world) = self.dist.as_ref().map_or((0, 1), |d| (d.rank(), d.world()));
         let (b, s) = (self.cfg.batch, self.cfg.seq_len);
-        let all = self.corpus.batch(&mut self.data_rng, b * world, s)?;
-        let row = b * (s + 1);
-        Ok(all[rank * row..(rank + 1) * row].to_vec())
+        let mut all = self.corpus.batch(&mut self.data_rng, b * world, s)?;
+        let rows = b * (s + 1);
+        all.drain(..rank * rows);
+        all.truncate(rows);
+        Ok(all)
     }
 
     /// `n` batches from a stream of their own (seeded by `seed`).
@@ -731,7 +733,7 @@ impl GpuTrainer {
             clip_ops::squared_sum_table(
                 gpu,
                 &group.table,
-                &mut group.partials,
+                &mut group.sum_ws,
                 &mut group.sq.as_view_mut(),
             )?;
             clip_ops::scale(

@@ -416,12 +416,12 @@ fn copy_launch(gpu: &mut GpuContext, bytes: usize, sets: usize, seed: u64) -> Re
 
 /// f32 values the ceiling copies so that it moves the op's bytes: it reads
 /// and writes `4 n` bytes each, so `8 n = B` (rounded up, at least one).
-pub fn copy_len(bytes: usize) -> usize {
+fn copy_len(bytes: usize) -> usize {
     bytes.div_ceil(8).max(1)
 }
 
 /// Bytes the ceiling's copy moves: read plus write.
-pub fn copy_bytes(bytes: usize) -> usize {
+fn copy_bytes(bytes: usize) -> usize {
     8 * copy_len(bytes)
 }
 
