@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use crate::check::stats::median;
+use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
 use crate::check::training::*;
 use crate::check::{require_gpu, Comparator};
 use crate::error::{Error, Result};
@@ -29,7 +29,7 @@ use serde::Deserialize;
 use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
 use super::doc::{DEFAULT_HYPER, DEFAULT_STEP_MODE, HYPER_BOUND, MODEL_BOUND, STEP_MODE_BOUND};
 use super::params::{at_most, Count, Hyper, ModelName, NonNegative, Positive, StepMode};
-use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
+use super::{Backend, Here, Kind, Measurement, Speedup, TrialContext, Validate};
 
 /// What a `data_parallel` test claims.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -270,7 +270,7 @@ fn data_parallel(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
                 ms.push(timed_step(gpu, &mut t, &tokens)?);
             }
             let name = gpu.facts().name.clone();
-            scaling(p, &ms, &world(&job)?, &name)
+            scaling(p, &ms, &world(&job)?, &name, seed)
         }
     }
 }
@@ -421,31 +421,61 @@ fn sync(p: &Params, ranks: &[RankReply]) -> Measurement {
     m
 }
 
-fn scaling(p: &Params, one_ms: &[f64], ranks: &[RankReply], device: &str) -> Result<Measurement> {
+/// Tokens/s of the world over one GPU's at the same per-rank batch: with
+/// `t_1` one GPU's median step time and `t_w` the slowest rank's (a step of
+/// the world ends when its last rank does), `ratio = ranks x t_1 / t_w`;
+/// also a `speedups.csv` row with the interval of that ratio.
+fn scaling(
+    p: &Params,
+    one_ms: &[f64],
+    ranks: &[RankReply],
+    device: &str,
+    seed: u64,
+) -> Result<Measurement> {
     let w = p.warmup.0;
     let cfg = p.per_rank();
     let tokens = cfg.tokens() as f64;
-    let one = median(one_ms.get(w..).unwrap_or_default());
-    let mut slowest = 0.0f64;
-    for r in ranks {
-        slowest = slowest.max(median(r.step_ms.get(w..).unwrap_or_default()));
-    }
-    let one_tps = 1000.0 * tokens / one;
-    let world_tps = 1000.0 * tokens * ranks.len() as f64 / slowest;
+    let world = ranks.len() as f64;
+    // One GPU's step times scaled to the world's tokens, and the slowest rank's.
+    let one: Vec<f64> = one_ms.get(w..).unwrap_or_default().iter().map(|t| t * world).collect();
+    let slowest = ranks
+        .iter()
+        .map(|r| r.step_ms.get(w..).unwrap_or_default())
+        .max_by(|a, b| median(a).total_cmp(&median(b)))
+        .unwrap_or_default();
+    let (t_one, t_world) = (median(&one) / world, median(slowest));
+    let one_tps = 1000.0 * tokens / t_one;
+    let world_tps = 1000.0 * tokens * world / t_world;
+    let ratio = world_tps / one_tps;
     let mut m = Measurement::new(
         "world_over_one_gpu_tokens_per_s",
-        world_tps / one_tps,
+        ratio,
         Comparator::Ge,
         p.min_ratio.map_or(0.0, |r| r.0),
         "ratio",
     )
     .with_detail(format!(
-        "model {} on {device}, batch {} per rank, {} timed steps: one GPU {one_tps:.0} tokens/s ({one:.3} ms), {} ranks {world_tps:.0} tokens/s (slowest rank {slowest:.3} ms)",
+        "model {} on {device}, batch {} per rank, {} timed steps: one GPU {one_tps:.0} tokens/s ({t_one:.3} ms), {} ranks {world_tps:.0} tokens/s (slowest rank {t_world:.3} ms)",
         cfg.name,
         cfg.batch,
         p.steps.0 - w,
         p.ranks.0
     ));
+    let (lo, hi) = ratio_ci(&one, slowest, seed, BOOTSTRAP_RESAMPLES);
+    m.speedups.push(Speedup {
+        subject: format!("data_parallel {} ranks", p.ranks.0),
+        model: cfg.name.to_string(),
+        batch: cfg.batch,
+        seq_len: cfg.seq_len,
+        baseline: "one GPU".into(),
+        candidate: format!("{} ranks", p.ranks.0),
+        baseline_median_ms: median(&one),
+        candidate_median_ms: t_world,
+        ratio,
+        ratio_ci_low: lo,
+        ratio_ci_high: hi,
+        repeats: one.len(),
+    });
     short_ranks(&mut m, ranks, p.steps.0);
     Ok(m)
 }
@@ -501,6 +531,33 @@ mod tests {
         let e = params("claim: scaling\nmodel: small-4l\nmin_ratio: 1.9\nmode: {graph: true}\nsteps: 5\n")
             .unwrap_err();
         assert_eq!(e, "`warmup` must be < `steps`");
+    }
+
+    #[test]
+    fn scaling_is_ranks_times_one_gpu_time_over_the_slowest_rank() {
+        let p = params(
+            "claim: scaling\nmodel: small-4l\nmin_ratio: 1.9\nmode: {graph: true}\nsteps: 6\nwarmup: 1\n",
+        )
+        .unwrap();
+        let rank = |r, ms: f64| RankReply {
+            rank: r,
+            losses: vec![1.0; 6],
+            // The first (warm-up) step is slow and must not count.
+            step_ms: [vec![100.0], vec![ms; 5]].concat(),
+            ..RankReply::default()
+        };
+        let one = [[100.0].as_slice(), &[10.0; 5]].concat();
+        let m = scaling(&p, &one, &[rank(0, 10.2), rank(1, 10.5)], "gpu", 7).unwrap();
+        assert!((m.observed - 2.0 * 10.0 / 10.5).abs() < 1e-12, "{}", m.observed);
+        assert_eq!(m.threshold, 1.9);
+        let s = &m.speedups[0];
+        assert_eq!((s.baseline_median_ms, s.candidate_median_ms), (20.0, 10.5));
+        assert!((s.ratio - m.observed).abs() < 1e-12 && s.repeats == 5);
+        // A rank that stopped early is a violation, whatever the ratio.
+        let mut short = rank(1, 10.0);
+        short.losses.truncate(3);
+        let m = scaling(&p, &one, &[rank(0, 10.0), short], "gpu", 7).unwrap();
+        assert_eq!(m.violations.len(), 1, "{:?}", m.violations);
     }
 
     #[test]
