@@ -53,7 +53,7 @@ fn older_arch_compiles_and_is_refused() -> Result<(), Failed> {
 /// Modules compiled on several threads at once give the PTX a lone
 /// compilation gives (pre-warm compiles concurrently).
 fn modules_compile_concurrently_as_they_do_alone() -> Result<(), Failed> {
-    let names = ["rope", "clip", "train", "attention_d64"];
+    let names = ["rope", "clip", "train", "attention_fwd_d64"];
     let mut alone = Vec::new();
     for n in names {
         alone.push(compile(module(n)?, HOPPER)?);

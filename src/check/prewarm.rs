@@ -217,21 +217,32 @@ struct Observed {
 /// pre-warms, then uploads), `steps` real training steps (eager, captured and
 /// replayed; with memory filled to the headroom when one is set), then a
 /// pre-warm again from the disk cache the first one filled.
+///
+/// A mutant run stops at the first configuration that falsifies the claim:
+/// it exists to show the check can fail, and each further configuration
+/// costs a cold compilation and a trainer. The real trial checks them all.
 fn prewarm(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     let faults = cx.faults();
+    let stop_at_first = cx.mutant.is_some();
     let seed = cx.seed;
     let gpu = require_gpu(cx)?;
     let mut total_after = 0usize;
     let mut violations = Vec::new();
     let mut detail = Vec::new();
-    for model in &p.models {
-        for &base in p.bases.iter().map(|b| &b.0) {
-            let config = model.0;
-            let seen = on_cold_cache(gpu, faults, |gpu| observe(p, gpu, &config, base, seed))?;
-            let tag = format!("{}/{}", config.name, base_name(base));
-            total_after += seen.loads_after;
-            violations.extend(judge(p, &tag, &seen));
-            detail.push(summary(&tag, &seen));
+    let configs = p
+        .models
+        .iter()
+        .flat_map(|m| p.bases.iter().map(move |b| (m.0, b.0)));
+    for (config, base) in configs {
+        let seen = on_cold_cache(gpu, faults, |gpu| observe(p, gpu, &config, base, seed))?;
+        let tag = format!("{}/{}", config.name, base_name(base));
+        total_after += seen.loads_after;
+        violations.extend(judge(p, &tag, &seen));
+        detail.push(summary(&tag, &seen));
+        if stop_at_first && (!violations.is_empty() || total_after > p.max_loads_after_prewarm)
+        {
+            detail.push("the mutant run stopped at its first falsified configuration".into());
+            break;
         }
     }
     let mut m = Measurement::new(

@@ -18,8 +18,9 @@ pub const LEFT_OUT_MODULE: &str = "rmsnorm";
 /// `base` weights uses. The one place this list is defined.
 ///
 /// Every preset runs the same Qwen2-style decoder, so only the base format
-/// (NF4 adds the quantise / NF4 GEMM kernels) and the head dimension (the
-/// attention build, `attention_d64` or `attention_d128`) change the set. Not
+/// (NF4 adds the quantise / NF4 GEMM kernels), the head dimension (the
+/// attention build: `attention_{fwd,dq,dkv}_d64` or `_d128`) and the hidden
+/// size (the RMSNorm backward build) change the set. Not
 /// in it: `softmax` (attention computes its own), `gemm` (the step's GEMMs are
 /// cuBLAS), `adamw` and `elementwise` (the step's optimizer and gradient
 /// accumulation are in `train`). `prewarm` checks reports list any module
@@ -28,13 +29,14 @@ pub fn modules_for(config: &ModelConfig, base: BaseWeights) -> Vec<&'static str>
     let mut modules = vec![
         "embedding",
         "rmsnorm",
+        crate::ops::rmsnorm::bwd_module_for(config.hidden),
         "rope",
-        crate::ops::attention::module_for(config.head_dim),
         "activation",
         "cross_entropy",
         "clip",
         "train",
     ];
+    modules.extend(crate::ops::attention::modules_for(config.head_dim));
     if base == BaseWeights::Nf4 {
         modules.push("nf4");
     }

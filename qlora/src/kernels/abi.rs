@@ -47,9 +47,8 @@ pub fn ptx_param_types(ptx: &str, symbol: &str) -> Option<Vec<String>> {
 /// Every module's launcher argument lists, by module name.
 pub fn signatures() -> Vec<(&'static str, Signatures)> {
     use crate::ops::*;
-    vec![
+    let mut all = vec![
         (embedding::MODULE, embedding::SIGNATURES),
-        (rmsnorm::MODULE, rmsnorm::SIGNATURES),
         (rope::MODULE, rope::SIGNATURES),
         (softmax::MODULE, softmax::SIGNATURES),
         (activation::MODULE, activation::SIGNATURES),
@@ -61,13 +60,15 @@ pub fn signatures() -> Vec<(&'static str, Signatures)> {
         (gemm::MODULE, gemm::SIGNATURES),
         (nf4::MODULE, nf4::SIGNATURES),
         (cast::MODULE, cast::SIGNATURES),
-        (attention::MODULE_D64, attention::SIGNATURES_D64),
-        (attention::MODULE_D128, attention::SIGNATURES_D128),
         (
             crate::train::kernels::MODULE,
             crate::train::kernels::SIGNATURES,
         ),
-    ]
+    ];
+    // The families split over several modules list theirs by module.
+    all.extend_from_slice(rmsnorm::SIGNATURES);
+    all.extend_from_slice(attention::SIGNATURES);
+    all
 }
 
 #[cfg(test)]

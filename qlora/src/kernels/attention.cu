@@ -22,13 +22,16 @@
 // The tiled kernels come in two builds: _d64 for head_dim <= 64 and _d128 for
 // head_dim <= 128 (rows staged in shared memory are zero-padded to 64 or 128,
 // so the inner loops have a compile-time length and no bounds tests). Each
-// build is its own module (attention_d64, attention_d128: this file with
-// ATT_BUILD defined), so a model compiles only the one its head_dim needs:
-//   attention_fwd_dXX_f32      out and probs, one pass over the keys;
-//   attention_bwd_dq_dXX_f32   dS (into ds) and dq;
-//   attention_bwd_dkv_dXX_f32  each query head's share of dk and dv (pk, pv);
-//   attention_bwd_kv_sum_f32   dk, dv: the shares of a group added in order
-//                              (not tiled; the same in both modules).
+// kernel of each build is its own module (this file with ATT_BUILD and
+// ATT_PART defined), so a model compiles only the build its head_dim needs,
+// and the three compile in parallel at pre-warm:
+//   attention_fwd_dXX      attention_fwd_dXX_f32: out and probs, one pass
+//                          over the keys;
+//   attention_dq_dXX       attention_bwd_dq_dXX_f32: dS (into ds) and dq;
+//   attention_dkv_dXX      attention_bwd_dkv_dXX_f32: each query head's
+//                          share of dk and dv (pk, pv), and
+//                          attention_bwd_kv_sum_f32: dk, dv, the shares of a
+//                          group added in order (not tiled; in both builds).
 //
 // Tiling. The tiled kernels run 256 threads on a tile of ATT_ROWS = 32 rows
 // (query rows for the forward and dq, key rows for dk/dv): thread (g, c), with
@@ -502,14 +505,16 @@ __device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
     }
 }
 
-#define ATT_BUILDS(D)                                                                          \
+// One kernel per macro, so each module (below) holds one of them.
+#define ATT_FWD(D)                                                                             \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_fwd_d##D##_f32(       \
         const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, \
         float* __restrict__ out, float* __restrict__ probs, int batch, int seq, int heads,    \
         int kv_heads, int head_dim, float scale, long long write_limit) {                     \
         attention_fwd<D>(q, k, v, out, probs, batch, seq, heads, kv_heads, head_dim, scale,  \
                          write_limit);                                                        \
-    }                                                                                         \
+    }
+#define ATT_DQ(D)                                                                              \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_bwd_dq_d##D##_f32(    \
         const float* __restrict__ k, const float* __restrict__ v,                             \
         const float* __restrict__ probs, const float* __restrict__ out,                       \
@@ -517,7 +522,8 @@ __device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
         int batch, int seq, int heads, int kv_heads, int head_dim, float scale) {             \
         attention_bwd_dq<D>(k, v, probs, out, dout, dq, ds, batch, seq, heads, kv_heads,      \
                             head_dim, scale);                                                 \
-    }                                                                                         \
+    }
+#define ATT_DKV(D)                                                                             \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_bwd_dkv_d##D##_f32(   \
         const float* __restrict__ q, const float* __restrict__ dout,                          \
         const float* __restrict__ probs, const float* __restrict__ ds, float* __restrict__ pk, \
@@ -525,14 +531,20 @@ __device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
         attention_bwd_dkv<D>(q, dout, probs, ds, pk, pv, batch, seq, heads, head_dim);        \
     }
 
-// The module defines ATT_BUILD (kernels/mod.rs): one build per module.
-#if ATT_BUILD == 64
-ATT_BUILDS(64)
-#elif ATT_BUILD == 128
-ATT_BUILDS(128)
-#else
+// The module defines ATT_BUILD (64 or 128) and ATT_PART (kernels/mod.rs):
+// one kernel of one build per module; the dkv module also holds kv_sum.
+#if ATT_BUILD != 64 && ATT_BUILD != 128
 #error "ATT_BUILD must be 64 or 128"
 #endif
+// ATT_BUILD is expanded to its number before the kernel macro pastes it
+// into the symbol (a direct ATT_FWD(ATT_BUILD) would paste the name).
+#define ATT_INSTANTIATE(KERNEL, D) KERNEL(D)
+#if ATT_PART == 0
+ATT_INSTANTIATE(ATT_FWD, ATT_BUILD)
+#elif ATT_PART == 1
+ATT_INSTANTIATE(ATT_DQ, ATT_BUILD)
+#elif ATT_PART == 2
+ATT_INSTANTIATE(ATT_DKV, ATT_BUILD)
 
 // Backward, part 3: dk = scale * (sum over the group's heads of pk) and dv =
 // the same sum of pv, heads in increasing order. One thread per element of
@@ -562,3 +574,6 @@ extern "C" __global__ void attention_bwd_kv_sum_f32(const float* __restrict__ pk
         if (e < write_limit) dv[e] = sv;
     }
 }
+#else
+#error "ATT_PART must be 0, 1 or 2"
+#endif  // ATT_PART

@@ -45,15 +45,26 @@ macro_rules! module_with {
 /// Every kernel module of the system under test.
 pub const MODULES: &[ModuleSource] = &[
     module!("embedding", ["embedding_fwd_f32", "embedding_bwd_f32"]),
-    module!(
+    // One source, three modules: the forwards, and the backward in its
+    // one-pack and eight-pack builds (a configuration compiles the one its
+    // hidden size needs). Small modules keep the parallel cold pre-warm short.
+    module_with!(
         "rmsnorm",
-        [
-            "rmsnorm_fwd_f32",
-            "rmsnorm_residual_fwd_f32",
-            "rmsnorm_bwd_f32",
-            "rmsnorm_bwd_wide_f32",
-            "rmsnorm_bwd_dgamma_final_f32"
-        ]
+        "rmsnorm",
+        "#define RMS_PART 0",
+        ["rmsnorm_fwd_f32", "rmsnorm_residual_fwd_f32"]
+    ),
+    module_with!(
+        "rmsnorm_bwd",
+        "rmsnorm",
+        "#define RMS_PART 1",
+        ["rmsnorm_bwd_f32", "rmsnorm_bwd_dgamma_final_f32"]
+    ),
+    module_with!(
+        "rmsnorm_bwd_wide",
+        "rmsnorm",
+        "#define RMS_PART 8",
+        ["rmsnorm_bwd_wide_f32", "rmsnorm_bwd_dgamma_final_f32"]
     ),
     module!("rope", ["rope_fwd_f32", "rope_bwd_f32"]),
     module!("softmax", ["softmax_fwd_f32", "softmax_bwd_f32"]),
@@ -112,30 +123,45 @@ pub const MODULES: &[ModuleSource] = &[
             "adamw_multi_devt_f32"
         ]
     ),
-    // One source, two modules: a configuration compiles only the build its
-    // head_dim needs (the kernels are template instantiations; both builds
-    // in one module would double the pre-warm cost of attention).
+    // One source, six modules: each attention kernel in the build for
+    // head_dim <= 64 and for <= 128. A configuration compiles the three of
+    // the build its head_dim needs, in parallel (one module with all three
+    // would be the slowest compilation of the cold pre-warm).
     module_with!(
-        "attention_d64",
+        "attention_fwd_d64",
         "attention",
-        "#define ATT_BUILD 64",
-        [
-            "attention_fwd_d64_f32",
-            "attention_bwd_dq_d64_f32",
-            "attention_bwd_dkv_d64_f32",
-            "attention_bwd_kv_sum_f32"
-        ]
+        "#define ATT_BUILD 64\n#define ATT_PART 0",
+        ["attention_fwd_d64_f32"]
     ),
     module_with!(
-        "attention_d128",
+        "attention_dq_d64",
         "attention",
-        "#define ATT_BUILD 128",
-        [
-            "attention_fwd_d128_f32",
-            "attention_bwd_dq_d128_f32",
-            "attention_bwd_dkv_d128_f32",
-            "attention_bwd_kv_sum_f32"
-        ]
+        "#define ATT_BUILD 64\n#define ATT_PART 1",
+        ["attention_bwd_dq_d64_f32"]
+    ),
+    module_with!(
+        "attention_dkv_d64",
+        "attention",
+        "#define ATT_BUILD 64\n#define ATT_PART 2",
+        ["attention_bwd_dkv_d64_f32", "attention_bwd_kv_sum_f32"]
+    ),
+    module_with!(
+        "attention_fwd_d128",
+        "attention",
+        "#define ATT_BUILD 128\n#define ATT_PART 0",
+        ["attention_fwd_d128_f32"]
+    ),
+    module_with!(
+        "attention_dq_d128",
+        "attention",
+        "#define ATT_BUILD 128\n#define ATT_PART 1",
+        ["attention_bwd_dq_d128_f32"]
+    ),
+    module_with!(
+        "attention_dkv_d128",
+        "attention",
+        "#define ATT_BUILD 128\n#define ATT_PART 2",
+        ["attention_bwd_dkv_d128_f32", "attention_bwd_kv_sum_f32"]
     ),
     module!("faults", ["fault_oob_write_f32"]),
 ];

@@ -16,6 +16,13 @@
 // scheduling: the backward's block c handles a fixed chunk of rows in row
 // order and writes, for each column, its chunk's partial sum; a final kernel
 // sums the chunk partials in a fixed tree. No atomics.
+//
+// One file, three modules (kernels/mod.rs defines RMS_PART for each), so a
+// configuration compiles only what it runs and the parallel cold pre-warm
+// waits on no large module:
+//   RMS_PART 0  rmsnorm           the forwards;
+//   RMS_PART 1  rmsnorm_bwd       the one-pack backward and the dgamma final;
+//   RMS_PART 8  rmsnorm_bwd_wide  the eight-pack backward and the dgamma final.
 
 #define RMS_PACKS 4
 
@@ -49,6 +56,8 @@ __device__ __forceinline__ int pack_index(int k, int packs) {
     const int j = k * blockDim.x + threadIdx.x;
     return j < packs ? j : -1;
 }
+
+#if RMS_PART == 0
 
 // y = rmsnorm(x) * gamma for rows [0, rows); block b takes rows b, b +
 // gridDim.x, ... (one row per block, except under the test-only serialised
@@ -107,6 +116,8 @@ extern "C" __global__ void rmsnorm_residual_fwd_f32(const float* __restrict__ a,
     // Each thread re-reads only the h elements it wrote itself.
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) y[base + i] = h[base + i] * r * gamma[i];
 }
+
+#else  // the backward parts
 
 // (sum of a, sum of b) over the threads of this thread's row group (those
 // with its threadIdx.y: blockDim.x threads, a multiple of 32), in one pass of
@@ -238,6 +249,7 @@ __device__ void rmsnorm_bwd(const float* __restrict__ x, const float* __restrict
     }
 }
 
+#if RMS_PART == 1
 // Rows of up to 4 * 1024 columns: one pack per thread, blockDim.y rows of a
 // chunk at a time.
 extern "C" __global__ void __launch_bounds__(1024) rmsnorm_bwd_f32(
@@ -247,6 +259,7 @@ extern "C" __global__ void __launch_bounds__(1024) rmsnorm_bwd_f32(
     rmsnorm_bwd<1>(x, gamma, dy, dx, partials, rows, hidden, eps, rows_per_chunk, chunks);
 }
 
+#elif RMS_PART == 8
 // Wider rows, up to 8 * 4 * 256 columns: eight packs per thread, one row at
 // a time (blockDim.y = 1).
 extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd_wide_f32(
@@ -255,6 +268,10 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd_wide_f32(
     int rows_per_chunk, int chunks) {
     rmsnorm_bwd<8>(x, gamma, dy, dx, partials, rows, hidden, eps, rows_per_chunk, chunks);
 }
+
+#else
+#error "RMS_PART must be 0, 1 or 8"
+#endif
 
 // dgamma[i] = sum_{c < chunks} partials[c * hidden + i], for i < n_write.
 // Block of 32 x 32 threads over 32 columns: thread (col, g) sums chunks
@@ -288,3 +305,5 @@ extern "C" __global__ void rmsnorm_bwd_dgamma_final_f32(const float* __restrict_
     for (int k = 0; k < DGAMMA_GROUPS; ++k) total += group[k][threadIdx.x];
     dgamma[col] = total;
 }
+
+#endif  // RMS_PART

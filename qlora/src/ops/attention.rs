@@ -29,42 +29,77 @@ use crate::error::{Error, Result};
 use crate::gpu::{launch_config_1d, to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
 
-/// One build of the tiled kernels (see the `.cu` file): its module, its
-/// padded head width `d`, the keys per chunk of its forward and dq kernels
-/// (`AttShape::CHUNK`), and its symbols.
-struct Build {
+/// One kernel: the module that holds it and its symbol.
+#[derive(Debug, Clone, Copy)]
+struct Kernel {
     module: &'static str,
-    d: usize,
-    chunk: usize,
-    fwd: &'static str,
-    dq: &'static str,
-    dkv: &'static str,
+    symbol: &'static str,
 }
 
+/// One build of the tiled kernels (see the `.cu` file): its padded head
+/// width `d`, the keys per chunk of its forward and dq kernels
+/// (`AttShape::CHUNK`), and its kernels, each in a module of its own.
+struct Build {
+    d: usize,
+    chunk: usize,
+    fwd: Kernel,
+    dq: Kernel,
+    dkv: Kernel,
+    /// The (not tiled) kernel that adds the group's dk/dv shares; the dkv
+    /// module holds it.
+    kv_sum: Kernel,
+}
+
+impl Build {
+    /// The modules of this build, in launch order.
+    const fn modules(&self) -> [&'static str; 3] {
+        [self.fwd.module, self.dq.module, self.dkv.module]
+    }
+}
+
+const KV_SUM: &str = "attention_bwd_kv_sum_f32";
+
 const D64: Build = Build {
-    module: "attention_d64",
     d: 64,
     chunk: 64,
-    fwd: "attention_fwd_d64_f32",
-    dq: "attention_bwd_dq_d64_f32",
-    dkv: "attention_bwd_dkv_d64_f32",
+    fwd: Kernel {
+        module: "attention_fwd_d64",
+        symbol: "attention_fwd_d64_f32",
+    },
+    dq: Kernel {
+        module: "attention_dq_d64",
+        symbol: "attention_bwd_dq_d64_f32",
+    },
+    dkv: Kernel {
+        module: "attention_dkv_d64",
+        symbol: "attention_bwd_dkv_d64_f32",
+    },
+    kv_sum: Kernel {
+        module: "attention_dkv_d64",
+        symbol: KV_SUM,
+    },
 };
 
 const D128: Build = Build {
-    module: "attention_d128",
     d: 128,
     chunk: 32,
-    fwd: "attention_fwd_d128_f32",
-    dq: "attention_bwd_dq_d128_f32",
-    dkv: "attention_bwd_dkv_d128_f32",
+    fwd: Kernel {
+        module: "attention_fwd_d128",
+        symbol: "attention_fwd_d128_f32",
+    },
+    dq: Kernel {
+        module: "attention_dq_d128",
+        symbol: "attention_bwd_dq_d128_f32",
+    },
+    dkv: Kernel {
+        module: "attention_dkv_d128",
+        symbol: "attention_bwd_dkv_d128_f32",
+    },
+    kv_sum: Kernel {
+        module: "attention_dkv_d128",
+        symbol: KV_SUM,
+    },
 };
-
-/// The (not tiled) kernel both modules hold.
-const KV_SUM: &str = "attention_bwd_kv_sum_f32";
-
-/// The kernel module of each build.
-pub const MODULE_D64: &str = D64.module;
-pub const MODULE_D128: &str = D128.module;
 
 /// The build for `head_dim` (validated <= [`MAX_HEAD_DIM`]).
 fn build(head_dim: usize) -> &'static Build {
@@ -87,9 +122,9 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
-/// The kernel module the launchers use for `head_dim`.
-pub fn module_for(head_dim: usize) -> &'static str {
-    build(head_dim).module
+/// The kernel modules the launchers use for `head_dim`.
+pub fn modules_for(head_dim: usize) -> [&'static str; 3] {
+    build(head_dim).modules()
 }
 
 /// Argument lists of the kernels, in the order the launchers push them.
@@ -148,20 +183,21 @@ const KV_SUM_ARGS: &[Arg] = &[
     Arg::I64,
 ];
 
-/// The kernels of module `attention_d64`, checked against its PTX by a unit test.
-pub const SIGNATURES_D64: Signatures = &[
-    (D64.fwd, FWD_ARGS),
-    (D64.dq, DQ_ARGS),
-    (D64.dkv, DKV_ARGS),
-    (KV_SUM, KV_SUM_ARGS),
-];
-
-/// The kernels of module `attention_d128`.
-pub const SIGNATURES_D128: Signatures = &[
-    (D128.fwd, FWD_ARGS),
-    (D128.dq, DQ_ARGS),
-    (D128.dkv, DKV_ARGS),
-    (KV_SUM, KV_SUM_ARGS),
+/// The kernels of each module, by module, checked against their PTX by a
+/// unit test.
+pub const SIGNATURES: &[(&str, Signatures)] = &[
+    (D64.fwd.module, &[(D64.fwd.symbol, FWD_ARGS)]),
+    (D64.dq.module, &[(D64.dq.symbol, DQ_ARGS)]),
+    (
+        D64.dkv.module,
+        &[(D64.dkv.symbol, DKV_ARGS), (KV_SUM, KV_SUM_ARGS)],
+    ),
+    (D128.fwd.module, &[(D128.fwd.symbol, FWD_ARGS)]),
+    (D128.dq.module, &[(D128.dq.symbol, DQ_ARGS)]),
+    (
+        D128.dkv.module,
+        &[(D128.dkv.symbol, DKV_ARGS), (KV_SUM, KV_SUM_ARGS)],
+    ),
 ];
 
 /// Threads per block of the tiled kernels: 16 row pairs x 16 lanes, as the
@@ -317,7 +353,7 @@ fn forward_limited(
     let limit = to_i64("attention", write_limit.min(q_len))?;
     let cfg = row_config(sh);
     let b = build(sh.head_dim);
-    let func = gpu.function(b.module, b.fwd)?;
+    let func = gpu.function(b.fwd.module, b.fwd.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch.arg(q).arg(k).arg(v).arg(out).arg(probs);
     d.push(&mut launch);
@@ -414,7 +450,7 @@ fn backward_limited(
 
     let b = build(sh.head_dim);
     let cfg = row_config(sh);
-    let func = gpu.function(b.module, b.dq)?;
+    let func = gpu.function(b.dq.module, b.dq.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
         .arg(k)
@@ -438,7 +474,7 @@ fn backward_limited(
     unsafe { launch.launch(cfg) }?;
 
     let cfg = kv_config(sh);
-    let func = gpu.function(b.module, b.dkv)?;
+    let func = gpu.function(b.dkv.module, b.dkv.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
         .arg(q)
@@ -464,7 +500,7 @@ fn backward_limited(
     unsafe { launch.launch(cfg) }?;
 
     let cfg = launch_config_1d(kv_len, 65_535);
-    let func = gpu.function(b.module, KV_SUM)?;
+    let func = gpu.function(b.kv_sum.module, b.kv_sum.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch.arg(&mut pk).arg(&mut pv).arg(dk).arg(dv);
     d.push(&mut launch);
@@ -501,8 +537,8 @@ mod tests {
         assert_eq!(bytes(kv_config(&sh(64))), 25_088);
         assert_eq!(bytes(kv_config(&sh(128))), 41_472);
         assert_eq!(row_config(&sh(16)).grid_dim, (8, 14, 4));
-        assert_eq!(module_for(16), MODULE_D64);
-        assert_eq!(module_for(65), MODULE_D128);
+        assert_eq!(modules_for(16), D64.modules());
+        assert_eq!(modules_for(65)[0], "attention_fwd_d128");
     }
 
     #[test]

@@ -10,62 +10,72 @@ use crate::error::{Error, Result};
 use crate::gpu::{launch_config_rows, to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
 
+/// The forwards' module.
 pub const MODULE: &str = "rmsnorm";
+/// The backward of rows up to [`ONE_PACK_HIDDEN`] wide, and the dgamma final.
+pub const BWD_MODULE: &str = "rmsnorm_bwd";
+/// The backward of wider rows (eight packs per thread), and the dgamma final.
+pub const BWD_WIDE_MODULE: &str = "rmsnorm_bwd_wide";
 
-/// Kernel argument lists, checked against the compiled PTX by a unit test.
-pub const SIGNATURES: Signatures = &[
-    (
-        "rmsnorm_fwd_f32",
-        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::F32],
-    ),
-    (
-        "rmsnorm_residual_fwd_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I32,
-            Arg::I32,
-            Arg::F32,
-        ],
-    ),
-    (
-        "rmsnorm_bwd_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I32,
-            Arg::I32,
-            Arg::F32,
-            Arg::I32,
-            Arg::I32,
-        ],
-    ),
-    (
-        "rmsnorm_bwd_wide_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I32,
-            Arg::I32,
-            Arg::F32,
-            Arg::I32,
-            Arg::I32,
-        ],
-    ),
-    (
-        "rmsnorm_bwd_dgamma_final_f32",
-        &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::I32],
-    ),
+/// Widest row the one-pack backward takes: one pack of four columns per
+/// thread, at most 1024 threads.
+pub const ONE_PACK_HIDDEN: usize = 4 * 1024;
+
+/// The backward's module for rows `hidden` wide.
+pub fn bwd_module_for(hidden: usize) -> &'static str {
+    if hidden <= ONE_PACK_HIDDEN {
+        BWD_MODULE
+    } else {
+        BWD_WIDE_MODULE
+    }
+}
+
+/// The kernels of each module, by module, checked against the compiled PTX
+/// by a unit test.
+pub const SIGNATURES: &[(&str, Signatures)] = &[
+    (MODULE, &[FWD, RESIDUAL_FWD]),
+    (BWD_MODULE, &[BWD, DGAMMA_FINAL]),
+    (BWD_WIDE_MODULE, &[BWD_WIDE, DGAMMA_FINAL]),
 ];
+
+type Signature = (&'static str, &'static [Arg]);
+
+const FWD: Signature = (
+    "rmsnorm_fwd_f32",
+    &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::F32],
+);
+const RESIDUAL_FWD: Signature = (
+    "rmsnorm_residual_fwd_f32",
+    &[
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::I32,
+        Arg::I32,
+        Arg::F32,
+    ],
+);
+/// Both backward builds take the same arguments.
+const BWD_ARGS: &[Arg] = &[
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
+    Arg::I32,
+    Arg::F32,
+    Arg::I32,
+    Arg::I32,
+];
+const BWD: Signature = ("rmsnorm_bwd_f32", BWD_ARGS);
+const BWD_WIDE: Signature = ("rmsnorm_bwd_wide_f32", BWD_ARGS);
+const DGAMMA_FINAL: Signature = (
+    "rmsnorm_bwd_dgamma_final_f32",
+    &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::I32],
+);
 
 /// Threads per block of the residual row kernel (at most; fewer for narrow rows).
 const ROW_THREADS: u32 = 256;
@@ -276,12 +286,13 @@ pub fn backward(
     // A block walks a chunk of rows, one pack per thread, so each row's loads
     // spread over as many threads as it has packs; rows wider than 1024 packs
     // take eight packs per thread.
-    let (symbol, packs) = if hidden.div_ceil(4) <= 1024 {
-        ("rmsnorm_bwd_f32", 1)
+    let module = bwd_module_for(hidden);
+    let (symbol, packs) = if module == BWD_MODULE {
+        (BWD.0, 1)
     } else {
-        ("rmsnorm_bwd_wide_f32", WIDE_PACKS)
+        (BWD_WIDE.0, WIDE_PACKS)
     };
-    let f = gpu.function(MODULE, symbol)?;
+    let f = gpu.function(module, symbol)?;
     let mut cfg = row_loop_config(gpu, ws.chunks, hidden, packs)?;
     if packs == 1 {
         // Up to ROWS_IN_PARALLEL rows of a chunk at once, one row group each.
@@ -315,7 +326,7 @@ pub fn backward(
         block_dim: (32, FINAL_GROUPS, 1),
         shared_mem_bytes: 0,
     };
-    let f = gpu.function(MODULE, "rmsnorm_bwd_dgamma_final_f32")?;
+    let f = gpu.function(module, DGAMMA_FINAL.0)?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(&ws.partials)
         .arg(dgamma)

@@ -5,7 +5,7 @@
 
 use cudarc::driver::CudaSlice;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::GpuContext;
 use crate::model::nf4;
 use crate::model::weights::{uniform, TensorId};
@@ -67,28 +67,52 @@ fn to_f32(v: &[f64]) -> Vec<f32> {
     v.iter().map(|&x| x as f32).collect()
 }
 
-/// One projection, drawn exactly as `FrozenLinear::init` draws it. With
-/// `on_device`, an NF4 base is quantised by the device kernel from the f32
-/// values (block absmax rounded to f32 first, so a code may differ from the
-/// host quantiser's f64 choice at a rounding boundary).
+/// What to draw for one tensor: its identity, length and standard deviation.
+type Draw = (TensorId, usize, f64);
+
+/// `uniform(seed, id, len, std)` for each of `draws`, each tensor on a thread
+/// of its own. Every tensor has its own seeded stream, so the values are
+/// those of drawing one after another, only sooner: the larger presets draw
+/// hundreds of millions of values, which on one thread takes seconds.
+fn draw_all(seed: u64, draws: &[Draw]) -> Result<Vec<Vec<f64>>> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = draws
+            .iter()
+            .map(|&(id, len, std)| scope.spawn(move || uniform(seed, id, len, std)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().map_err(|_| Error::InvalidArgument {
+                    op: "weights",
+                    message: "a weight-drawing thread panicked".into(),
+                })
+            })
+            .collect()
+    })
+}
+
+/// One `[out_dim, in_dim]` projection from its drawn values `w` (drawn as
+/// `FrozenLinear::init` draws them). With `on_device`, an NF4 base is
+/// quantised by the device kernel from the f32 values (block absmax rounded
+/// to f32 first, so a code may differ from the host quantiser's f64 choice
+/// at a rounding boundary).
 fn linear(
     gpu: &mut GpuContext,
-    seed: u64,
-    id: TensorId,
+    w: &[f64],
     (out_dim, in_dim): (usize, usize),
     base: BaseWeights,
     on_device: bool,
 ) -> Result<Linear> {
-    let w = uniform(seed, id, out_dim * in_dim, 1.0 / (in_dim as f64).sqrt());
     let w = match (base, on_device) {
-        (BaseWeights::Fp32, _) => Frozen::Fp32(gpu.upload(&to_f32(&w))?),
+        (BaseWeights::Fp32, _) => Frozen::Fp32(gpu.upload(&to_f32(w))?),
         (BaseWeights::Nf4, false) => {
-            Frozen::Nf4(nf4_ops::upload(gpu, &nf4::quantize(&w, nf4::BLOCK)?)?)
+            Frozen::Nf4(nf4_ops::upload(gpu, &nf4::quantize(w, nf4::BLOCK)?)?)
         }
         (BaseWeights::Nf4, true) => {
             let n = w.len();
             let mut t = Nf4Device::zeros(gpu, n)?;
-            let src = gpu.upload(&to_f32(&w))?;
+            let src = gpu.upload(&to_f32(w))?;
             nf4_ops::quantize(gpu, &src, &mut t)?;
             gpu.synchronize()?;
             Frozen::Nf4(t)
@@ -98,7 +122,8 @@ fn linear(
 }
 
 impl BaseDevice {
-    /// The base model of `cfg` for `seed`, stored as `base`.
+    /// The base model of `cfg` for `seed`, stored as `base`. Each layer's
+    /// seven projections are drawn at once, then uploaded in order.
     pub fn init(
         gpu: &mut GpuContext,
         cfg: &ModelConfig,
@@ -107,33 +132,52 @@ impl BaseDevice {
         quantize_on_device: bool,
     ) -> Result<Self> {
         let (h, qd, kvd, inter) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
+        // [out_dim, in_dim] of q, k, v, o, gate, up, down (`which` 0..7).
+        let shapes = [
+            (qd, h),
+            (kvd, h),
+            (kvd, h),
+            (h, qd),
+            (inter, h),
+            (inter, h),
+            (h, inter),
+        ];
         let mut layers = Vec::with_capacity(cfg.layers);
         for layer in 0..cfg.layers {
-            let mut proj = |which: usize, shape: (usize, usize)| {
-                let id = TensorId::Proj { layer, which };
-                linear(gpu, seed, id, shape, base, quantize_on_device)
-            };
+            let draws: Vec<Draw> = shapes
+                .iter()
+                .enumerate()
+                .map(|(which, &(out_dim, in_dim))| {
+                    let id = TensorId::Proj { layer, which };
+                    (id, out_dim * in_dim, 1.0 / (in_dim as f64).sqrt())
+                })
+                .collect();
+            let drawn = draw_all(seed, &draws)?;
+            let mut proj =
+                |which: usize| linear(gpu, &drawn[which], shapes[which], base, quantize_on_device);
             layers.push(LayerWeights {
-                q: proj(0, (qd, h))?,
-                k: proj(1, (kvd, h))?,
-                v: proj(2, (kvd, h))?,
-                o: proj(3, (h, qd))?,
-                gate: proj(4, (inter, h))?,
-                up: proj(5, (inter, h))?,
-                down: proj(6, (h, inter))?,
+                q: proj(0)?,
+                k: proj(1)?,
+                v: proj(2)?,
+                o: proj(3)?,
+                gate: proj(4)?,
+                up: proj(5)?,
+                down: proj(6)?,
             });
         }
         let n = cfg.vocab * h;
+        let ends = draw_all(
+            seed,
+            &[
+                (TensorId::Embedding, n, 1.0),
+                (TensorId::LmHead, n, 1.0 / (h as f64).sqrt()),
+            ],
+        )?;
         Ok(BaseDevice {
-            embedding: gpu.upload(&to_f32(&uniform(seed, TensorId::Embedding, n, 1.0)))?,
+            embedding: gpu.upload(&to_f32(&ends[0]))?,
             layers,
             final_norm: gpu.upload(&vec![1.0f32; h])?,
-            lm_head: gpu.upload(&to_f32(&uniform(
-                seed,
-                TensorId::LmHead,
-                n,
-                1.0 / (h as f64).sqrt(),
-            )))?,
+            lm_head: gpu.upload(&to_f32(&ends[1]))?,
         })
     }
 
