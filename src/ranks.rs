@@ -56,7 +56,8 @@ pub struct RankJob {
     pub weight_decay: f64,
     /// The fault every rank injects (the trial's mutant).
     pub mutant: Option<Mutant>,
-    /// Return the all-reduced gradients of the first batch instead of training.
+    /// Return the all-reduced gradients of the first batch and the clip's
+    /// squared norms instead of training.
     pub grads: bool,
     pub kernel_cache_dir: Option<PathBuf>,
     pub world: usize,
@@ -80,6 +81,9 @@ pub struct RankReply {
     pub trainable_bytes: usize,
     /// The all-reduced gradients, every trainable tensor in order, flat.
     pub grads: Vec<f32>,
+    /// The squared norm of each clip group as this rank's clip computed it
+    /// (one for the global clip), beside `grads`.
+    pub clip_sq: Vec<f64>,
     /// Why the steps stopped early, if they did.
     pub failure: Option<String>,
 }
@@ -148,9 +152,10 @@ fn rank_body(job: &RankJob, gpu: &mut GpuContext) -> Result<RankReply> {
     };
     if job.grads {
         let tokens = t.next_batch()?;
-        let (loss, grads) = t.loss_and_grads(gpu, &tokens)?;
-        reply.losses.push(loss);
-        reply.grads = grads.concat();
+        let r = t.loss_and_grads(gpu, &tokens)?;
+        reply.losses.push(r.loss);
+        reply.grads = r.grads.concat();
+        reply.clip_sq = r.clip_sq;
     } else {
         train(job, gpu, &mut t, &mut reply);
     }
@@ -359,6 +364,7 @@ mod tests {
         let r = RankReply {
             rank: 1,
             losses: vec![2.5],
+            clip_sq: vec![0.347_431_2],
             ..RankReply::default()
         };
         let out = format!(

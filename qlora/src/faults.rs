@@ -69,6 +69,11 @@ pub struct Faults {
     /// Each rank runs the forward and backward once per rank, as if the
     /// ranks took turns on one GPU.
     pub dp_ranks_serialised: bool,
+    /// Each rank computes its clip scale from its own un-reduced gradients,
+    /// then all-reduces: the clip's norm is that of the rank's shard's
+    /// gradient, not the whole batch's (so, whenever the clip is active,
+    /// the ranks scale the same reduced gradient by different amounts).
+    pub dp_clip_before_all_reduce: bool,
 }
 
 impl Faults {
@@ -97,6 +102,7 @@ impl Faults {
         dp_frozen_tensor_reduced: false,
         dp_host_wait_at_all_reduce: false,
         dp_ranks_serialised: false,
+        dp_clip_before_all_reduce: false,
     };
 
     /// Whether any knob is on.

@@ -6,6 +6,11 @@
 //!   `ranks x batch` against one GPU at batch `ranks x batch`, same data order;
 //! - `gradients`: `max_r ||g_r - g_1|| / ||g_1|| <= tolerance`, each rank's
 //!   all-reduced gradient of the first batch against one GPU's;
+//! - `clip_norm`: `max_r |sqrt(sum_k S_rk) - sqrt(sum_k S_1k)| / sqrt(sum_k S_1k)
+//!   <= tolerance`, with `S_k` the squared norm the clip computed for its
+//!   group `k` on the first batch: each rank's clip norm against one GPU's at
+//!   the whole batch (the norm, not the scale, so it holds the clip to the
+//!   reduced gradient whether or not `max_grad_norm` makes it scale);
 //! - `traffic`: bytes all-reduced per step `== 4 x trainable parameters`;
 //! - `sync`: host syncs inside each rank's captured region `== 0`, at most
 //!   one per step, and the step replayed;
@@ -22,7 +27,7 @@ use crate::mutant::Mutant;
 use crate::ranks::{launch, RankJob, RankReply};
 use qlora::gpu::GpuContext;
 use qlora::model::ModelConfig;
-use qlora::train::GpuTrainer;
+use qlora::train::{GpuTrainOptions, GpuTrainer, LossAndGrads};
 
 use serde::Deserialize;
 
@@ -37,6 +42,7 @@ use super::{Backend, Here, Kind, Measurement, Speedup, TrialContext, Validate};
 pub enum Claim {
     Trajectory,
     Gradients,
+    ClipNorm,
     Traffic,
     Sync,
     Scaling,
@@ -92,7 +98,7 @@ pub const PARAMS: &[ParamDoc] = &[
     ParamDoc {
         name: "claim",
         default: Required,
-        bound: &[OneOf(&["trajectory", "gradients", "traffic", "sync", "scaling"])],
+        bound: &[OneOf(&["trajectory", "gradients", "clip_norm", "traffic", "sync", "scaling"])],
         meaning: "what is compared with one GPU (see the kind's description)",
     },
     ParamDoc {
@@ -151,9 +157,9 @@ pub const PARAMS: &[ParamDoc] = &[
     },
     ParamDoc {
         name: "tolerance",
-        default: Otherwise("`gradients`: required, else unused"),
+        default: Otherwise("`gradients`, `clip_norm`: required, else unused"),
         bound: &[Text(">= 0")],
-        meaning: "bound on a rank's gradient rel-L2 error against one GPU's",
+        meaning: "bound on a rank's gradient rel-L2 error (`gradients`) or clip norm's relative error (`clip_norm`) against one GPU's",
     },
     ParamDoc {
         name: "min_ratio",
@@ -188,6 +194,7 @@ impl Validate for Params {
                 )
             }
             Claim::Gradients => need(self.tolerance.is_some(), "`gradients` needs `tolerance`"),
+            Claim::ClipNorm => need(self.tolerance.is_some(), "`clip_norm` needs `tolerance`"),
             Claim::Traffic => Ok(()),
             Claim::Sync => need(self.mode.graph, "`sync` needs `mode.graph: true`"),
             Claim::Scaling => {
@@ -232,7 +239,7 @@ impl Params {
             max_grad_norm: o.hyper.max_grad_norm,
             weight_decay: o.hyper.weight_decay,
             mutant,
-            grads: self.claim == Claim::Gradients,
+            grads: matches!(self.claim, Claim::Gradients | Claim::ClipNorm),
             kernel_cache_dir: gpu.options().kernel_cache_dir.clone(),
             world: self.ranks.0,
             rank: 0,
@@ -255,10 +262,12 @@ fn data_parallel(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
             trajectory(p, &one, &world(&job)?)
         }
         Claim::Gradients => {
-            let mut t = GpuTrainer::new(gpu, &single, opts, seed)?;
-            let tokens = t.next_batch()?;
-            let (_, g) = t.loss_and_grads(gpu, &tokens)?;
-            gradients(p, &g.concat(), &world(&job)?)
+            let one = first_batch_grads(gpu, &single, opts, seed)?;
+            gradients(p, &one.grads.concat(), &world(&job)?)
+        }
+        Claim::ClipNorm => {
+            let one = first_batch_grads(gpu, &single, opts, seed)?;
+            Ok(clip_norm(p, &one.clip_sq, &world(&job)?))
         }
         Claim::Traffic => Ok(traffic(p, &world(&job)?)),
         Claim::Sync => Ok(sync(p, &world(&job)?)),
@@ -273,6 +282,19 @@ fn data_parallel(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
             scaling(p, &ms, &world(&job)?, &name, seed)
         }
     }
+}
+
+/// One GPU's loss, gradients and clip norms of its first batch. The trainer
+/// is dropped before the ranks start, so rank 0 has its GPU to itself.
+fn first_batch_grads(
+    gpu: &mut GpuContext,
+    cfg: &ModelConfig,
+    opts: GpuTrainOptions,
+    seed: u64,
+) -> Result<LossAndGrads> {
+    let mut t = GpuTrainer::new(gpu, cfg, opts, seed)?;
+    let tokens = t.next_batch()?;
+    Ok(t.loss_and_grads(gpu, &tokens)?)
 }
 
 /// Why a rank did not finish its steps, as a violation.
@@ -370,6 +392,54 @@ fn gradients(p: &Params, one: &[f32], ranks: &[RankReply]) -> Result<Measurement
         m.violate("the one-GPU gradient is all zeros");
     }
     Ok(m)
+}
+
+/// The clip's norm of the whole gradient, `sqrt(sum_k S_k)` over its
+/// groups' squared norms (one group for the global clip; summing makes it
+/// the same norm whatever the grouping).
+fn clip_norm_of(sq: &[f64]) -> f64 {
+    sq.iter().sum::<f64>().sqrt()
+}
+
+/// `max_r |n_r - n_1| / n_1`, with `n_r` rank `r`'s clip norm and `n_1` one
+/// GPU's at the whole batch. A rank that clips before its all-reduce has its
+/// shard's norm, which differs from the batch's by the shards' disagreement;
+/// the honest ranks differ from one GPU by float rounding only.
+fn clip_norm(p: &Params, one_sq: &[f64], ranks: &[RankReply]) -> Measurement {
+    let one = clip_norm_of(one_sq);
+    let mut worst = 0.0f64;
+    let mut norms = Vec::with_capacity(ranks.len());
+    for r in ranks {
+        let n = clip_norm_of(&r.clip_sq);
+        let rel = (n - one).abs() / one.max(f64::MIN_POSITIVE);
+        if rel > worst || rel.is_nan() {
+            worst = rel;
+        }
+        norms.push(format!("{n:.6e}"));
+    }
+    let mut m = Measurement::new(
+        "clip_norm_rel_error",
+        worst,
+        Comparator::Le,
+        p.tolerance.map_or(0.0, |t| t.0),
+        "ratio",
+    )
+    .with_detail(format!(
+        "model {}: clip norms of {} ranks x batch {} [{}] vs one GPU at batch {} {one:.6e}; max_grad_norm {}",
+        p.model.0.name,
+        p.ranks.0,
+        p.per_rank().batch,
+        norms.join(", "),
+        p.single().batch,
+        p.hyper.max_grad_norm.0
+    ));
+    if one == 0.0 {
+        m.violate("the one-GPU clip norm is zero (no clip group, or an all-zero gradient)");
+    }
+    for r in ranks.iter().filter(|r| r.clip_sq.is_empty()) {
+        m.violate(format!("rank {} computed no clip norm", r.rank));
+    }
+    m
 }
 
 fn traffic(p: &Params, ranks: &[RankReply]) -> Measurement {
@@ -531,6 +601,45 @@ mod tests {
         let e = params("claim: scaling\nmodel: small-4l\nmin_ratio: 1.9\nmode: {graph: true}\nsteps: 5\n")
             .unwrap_err();
         assert_eq!(e, "`warmup` must be < `steps`");
+        let e = params("claim: clip_norm\nmodel: small-4l\n").unwrap_err();
+        assert_eq!(e, "`clip_norm` needs `tolerance`");
+        assert!(params("claim: clip_norm\nmodel: small-4l\ntolerance: 1.0e-3\n").is_ok());
+    }
+
+    #[test]
+    fn clip_norm_is_the_worst_rank_against_one_gpu_summed_over_groups() {
+        let p = params("claim: clip_norm\nmodel: small-4l\ntolerance: 1.0e-3\n").unwrap();
+        let rank = |r, clip_sq: Vec<f64>| RankReply {
+            rank: r,
+            losses: vec![2.0],
+            clip_sq,
+            ..RankReply::default()
+        };
+        // One GPU: norm 5 (one global group, 25). Honest ranks: the reduced
+        // norm up to rounding, on every rank.
+        let one = [25.0];
+        let honest = [rank(0, vec![25.0 * (1.0 + 2e-6)]), rank(1, vec![25.0])];
+        let m = clip_norm(&p, &one, &honest);
+        assert!(m.passed(), "{m:?}");
+        assert!((m.observed - ((25.0f64 * (1.0 + 2e-6)).sqrt() - 5.0) / 5.0).abs() < 1e-15);
+        // Groups are summed: per-layer squared norms of the same gradient give
+        // the same norm.
+        let m = clip_norm(&p, &[9.0, 16.0], &honest);
+        assert!(m.passed(), "{m:?}");
+        // Clipped before the all-reduce: each rank has its shard's norm, 6
+        // and 4.5; the worst is |6 - 5| / 5.
+        let shards = [rank(0, vec![36.0]), rank(1, vec![20.25])];
+        let m = clip_norm(&p, &one, &shards);
+        assert!(!m.passed());
+        assert!((m.observed - 0.2).abs() < 1e-12, "{}", m.observed);
+        assert_eq!(m.threshold, 1e-3);
+        // A rank that computed no clip norm is a violation, and so is a zero
+        // one-GPU norm (nothing to compare with).
+        let m = clip_norm(&p, &one, &[rank(0, vec![25.0]), rank(1, Vec::new())]);
+        assert!(!m.passed());
+        assert_eq!(m.violations, ["rank 1 computed no clip norm"]);
+        let m = clip_norm(&p, &[], &honest);
+        assert!(!m.passed());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::reference::train::{Model, BATCH_SALT, CORPUS_SALT};
 use qlora::gpu::{GemmMath, GpuContext};
 use qlora::model::{BaseModel, Corpus, ModelConfig, Trainable};
-use qlora::train::{GpuTrainOptions, GpuTrainer};
+use qlora::train::{GpuTrainOptions, GpuTrainer, LossAndGrads};
 
 use serde::Deserialize;
 
@@ -123,7 +123,7 @@ fn gradient_parity(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
     let mut scope = require_gpu(cx)?.with_faults(faults);
     let gpu: &mut GpuContext = &mut scope;
     let mut t = GpuTrainer::with_params(gpu, &cfg, options, seed, &trainable)?;
-    let (loss, grads) = t.loss_and_grads(gpu, &tokens)?;
+    let LossAndGrads { loss, grads, .. } = t.loss_and_grads(gpu, &tokens)?;
     let mut worst = 0.0f64;
     let mut worst_name = String::from("none");
     let mut nonfinite = 0usize;

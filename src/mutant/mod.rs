@@ -112,6 +112,9 @@ pub enum Mutant {
     DpHostWaitAtAllReduce,
     /// Each rank computes every rank's share in turn (ranks serialised).
     DpRanksSerialised,
+    /// Each rank computes its clip norm and scale from its own shard's
+    /// gradients, then all-reduces (clip before the all-reduce).
+    DpClipBeforeAllReduce,
 }
 
 impl Mutant {
@@ -212,6 +215,10 @@ impl Mutant {
                 dp_ranks_serialised: true,
                 ..none
             },
+            Mutant::DpClipBeforeAllReduce => Faults {
+                dp_clip_before_all_reduce: true,
+                ..none
+            },
             _ => none,
         }
     }
@@ -265,6 +272,19 @@ mod tests {
             let parsed: Mutant = serde_yaml::from_str(&m.name()).expect("parses");
             assert_eq!(parsed, m);
         }
+    }
+
+    /// The clip-before-all-reduce mutant turns on its stack knob and no other.
+    #[test]
+    fn clip_before_all_reduce_maps_to_its_fault() {
+        let m: Mutant = serde_yaml::from_str("dp_clip_before_all_reduce").expect("parses");
+        assert_eq!(m, Mutant::DpClipBeforeAllReduce);
+        assert_eq!(m.name(), "dp_clip_before_all_reduce");
+        let want = Faults {
+            dp_clip_before_all_reduce: true,
+            ..Faults::NONE
+        };
+        assert_eq!(m.faults(), want);
     }
 }
 

@@ -14,6 +14,8 @@
 //!            loss = CE(rmsnorm(x_L) Wlm^T, targets)
 //! backward   dx through every op; trainable gradients only (LoRA A, B of q, v;
 //!            both norm weights): dB = s dy^T u, du = s dy B, dA = du^T n1, dn1 += du A
+//! all-reduce with ranks only: g = (1/R) sum_r g_r, before the clip, so that
+//!            S below is the whole batch's, the same on every rank
 //! clip       S = sum ||g||^2 (device, f64), scale = min(1, c / (sqrt S + 1e-6))
 //! AdamW      t += 1 (a device counter), then every tensor in one launch, each
 //!            gradient multiplied by its clip scale first (g itself is not rewritten)
@@ -104,6 +106,21 @@ pub struct GpuStepReport {
     pub loss: f64,
     /// Whether this step replayed a captured graph.
     pub replayed: bool,
+}
+
+/// What [`GpuTrainer::loss_and_grads`] read back from one forward and
+/// backward.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LossAndGrads {
+    /// The mean loss of the batch (this rank's shard, with ranks).
+    pub loss: f64,
+    /// Every trainable tensor's gradient, all-reduced with ranks, before
+    /// clipping (the clip never rewrites a gradient).
+    pub grads: Vec<Vec<f32>>,
+    /// The squared norm `S_k = sum_{g in k} ||g||^2` of each clip group `k`
+    /// the step's clip computed (one for the global clip, one per layer for
+    /// the per-layer clip, none when the clip is skipped).
+    pub clip_sq: Vec<f64>,
 }
 
 /// A model on the device, its optimizer state, workspace and data stream.
@@ -438,18 +455,16 @@ impl GpuTrainer {
         Ok(sum / batches.len().max(1) as f64)
     }
 
-    /// The loss of `tokens` and the gradient of every trainable tensor
-    /// (before clipping), copied to the host.
-    pub fn loss_and_grads(
-        &mut self,
-        gpu: &mut GpuContext,
-        tokens: &[u32],
-    ) -> Result<(f64, Vec<Vec<f32>>)> {
+    /// The loss of `tokens`, the gradient of every trainable tensor (before
+    /// clipping) and the clip's squared norms, copied to the host: a step's
+    /// forward, backward, all-reduce and clip ([`GpuTrainer::reduce_then_clip`],
+    /// in the step's order), without AdamW.
+    pub fn loss_and_grads(&mut self, gpu: &mut GpuContext, tokens: &[u32]) -> Result<LossAndGrads> {
         self.fit(gpu, tokens)?;
         self.upload_batch(gpu, tokens)?;
         self.forward(gpu)?;
         self.backward(gpu)?;
-        self.all_reduce_grads(gpu)?;
+        self.reduce_then_clip(gpu)?;
         self.sync.this_step = 0;
         let loss = self.read_loss(gpu)?;
         let grads = self
@@ -458,7 +473,15 @@ impl GpuTrainer {
             .iter()
             .map(|g| gpu.download(g))
             .collect::<Result<Vec<_>>>()?;
-        Ok((loss, grads))
+        let mut clip_sq = Vec::with_capacity(self.clip.len());
+        for group in &self.clip {
+            clip_sq.extend(gpu.download(&group.sq)?);
+        }
+        Ok(LossAndGrads {
+            loss,
+            grads,
+            clip_sq,
+        })
     }
 
     /// One step on the next batch.
@@ -531,8 +554,7 @@ impl GpuTrainer {
             self.forward(gpu)?;
             self.backward(gpu)?;
         }
-        self.all_reduce_grads(gpu)?;
-        self.clip_grads(gpu)?;
+        self.reduce_then_clip(gpu)?;
         let times = if gpu.faults().optimizer_step_twice {
             2
         } else {
@@ -542,6 +564,19 @@ impl GpuTrainer {
             self.adamw(gpu)?;
         }
         Ok(())
+    }
+
+    /// The ranks' all-reduce, then the clip's norms and scales: the clip
+    /// must see the whole batch's gradient, which a rank only has after the
+    /// all-reduce. Under [`crate::Faults::dp_clip_before_all_reduce`], with
+    /// ranks, the other way round: each rank's clip norm is its own shard's.
+    fn reduce_then_clip(&mut self, gpu: &mut GpuContext) -> Result<()> {
+        if self.dist.is_some() && gpu.faults().dp_clip_before_all_reduce {
+            self.clip_grads(gpu)?;
+            return self.all_reduce_grads(gpu);
+        }
+        self.all_reduce_grads(gpu)?;
+        self.clip_grads(gpu)
     }
 
     /// The mean of every trainable gradient over the ranks, in one NCCL
