@@ -8,9 +8,9 @@
 # cargo-nextest binary), and for part `benches` also
 # `../shared/gpu/stage --benches` (criterion executables in .gpu/bin).
 #
-# Part `suite` (under `cargo test` one suite run took 336 s on an H200 with a
-# process per trial; under nextest not yet measured; two runs may need more
-# than one device call allows):
+# Part `suite` (one whole-suite run from the archive took 291 s on one H200,
+# 370 s on one H100 and 243 s on two H200s at commit c0d8c57; with one GPU
+# the two runs of this part need two 10-minute device calls, or one shard each):
 # 1. the contract suite through cargo-nextest, twice, one process per trial,
 #    cuda trials one per GPU at a time (the `gpu` test group, with one slot
 #    per GPU this host has; the slot is the device); with hash:K/N, only that
