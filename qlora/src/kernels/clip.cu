@@ -39,6 +39,10 @@ __device__ void finish_squared_sum(const double* partials, unsigned int* counter
     }
 }
 
+// float4s per thread per trip to memory in squared_sum_partial_f32 (the
+// launcher's SQUARED_SUM_UNROLL).
+#define SQ_UNROLL 4
+
 // partials[first + blockIdx.x] = sum of x[k]^2 over this block's share of
 // [0, n): float4 k = blockIdx.x * blockDim.x + tid + j * stride in j order
 // when x is 16-byte aligned, then the last n % 4 values (or every value, one
@@ -56,18 +60,20 @@ extern "C" __global__ void squared_sum_partial_f32(const float* __restrict__ x,
     if (aligned16(x)) {
         const int n4 = n / 4;
         const float4* x4 = reinterpret_cast<const float4*>(x);
-        // Four float4s in flight per thread before any is summed (the sum is
-        // still in k order): a fixed grid of few blocks keeps the last-block
-        // count short, so each thread must bring many bytes.
-        for (int k0 = tid; k0 < n4; k0 += 4 * stride) {
-            float4 v[4];
+        // SQ_UNROLL float4s in flight per thread before any is summed (the
+        // sum is still in k order): a fixed grid of few blocks keeps the
+        // last-block count short, so each thread must bring many bytes, and
+        // the launcher sizes the grid so that a tensor of up to
+        // SQ_UNROLL * 4 floats per thread takes one trip to memory, not two.
+        for (int k0 = tid; k0 < n4; k0 += SQ_UNROLL * stride) {
+            float4 v[SQ_UNROLL];
             #pragma unroll
-            for (int u = 0; u < 4; ++u) {
+            for (int u = 0; u < SQ_UNROLL; ++u) {
                 const int k = k0 + u * stride;
                 v[u] = k < n4 ? x4[k] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
             #pragma unroll
-            for (int u = 0; u < 4; ++u) {
+            for (int u = 0; u < SQ_UNROLL; ++u) {
                 acc += (double)v[u].x * v[u].x + (double)v[u].y * v[u].y +
                        (double)v[u].z * v[u].z + (double)v[u].w * v[u].w;
             }
