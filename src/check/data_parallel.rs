@@ -297,6 +297,16 @@ fn first_batch_grads(
     Ok(t.loss_and_grads(gpu, &tokens)?)
 }
 
+/// The larger of `worst` and `x`, NaN winning: a NaN error must falsify, and
+/// `f64::max` would drop it.
+fn worse(worst: f64, x: f64) -> f64 {
+    if x > worst || x.is_nan() {
+        x
+    } else {
+        worst
+    }
+}
+
 /// Why a rank did not finish its steps, as a violation.
 fn short_ranks(m: &mut Measurement, ranks: &[RankReply], steps: usize) {
     for r in ranks {
@@ -320,9 +330,7 @@ fn trajectory(p: &Params, one: &[f64], ranks: &[RankReply]) -> Result<Measuremen
         }
         let lw = sum / ranks.len().max(1) as f64;
         let d = (lw - lone).abs();
-        if d > worst || d.is_nan() {
-            worst = d;
-        }
+        worst = worse(worst, d);
         points.push(format!("step {}: {lone:.4} vs {lw:.4}", c.0));
     }
     let mut m = Measurement::new(
@@ -370,9 +378,7 @@ fn gradients(p: &Params, one: &[f32], ranks: &[RankReply]) -> Result<Measurement
             .sum::<f64>()
             .sqrt();
         let rel = diff / norm.max(f64::MIN_POSITIVE);
-        if rel > worst || rel.is_nan() {
-            worst = rel;
-        }
+        worst = worse(worst, rel);
     }
     let mut m = Measurement::new(
         "grad_rel_l2_error",
@@ -412,9 +418,7 @@ fn clip_norm(p: &Params, one_sq: &[f64], ranks: &[RankReply]) -> Measurement {
     for r in ranks {
         let n = clip_norm_of(&r.clip_sq);
         let rel = (n - one).abs() / one.max(f64::MIN_POSITIVE);
-        if rel > worst || rel.is_nan() {
-            worst = rel;
-        }
+        worst = worse(worst, rel);
         norms.push(format!("{n:.6e}"));
     }
     let mut m = Measurement::new(
@@ -604,6 +608,14 @@ mod tests {
         let e = params("claim: clip_norm\nmodel: small-4l\n").unwrap_err();
         assert_eq!(e, "`clip_norm` needs `tolerance`");
         assert!(params("claim: clip_norm\nmodel: small-4l\ntolerance: 1.0e-3\n").is_ok());
+    }
+
+    #[test]
+    fn a_nan_error_is_the_worst() {
+        assert_eq!(worse(0.1, 0.2), 0.2);
+        assert_eq!(worse(0.2, 0.1), 0.2);
+        assert!(worse(0.1, f64::NAN).is_nan());
+        assert!(worse(f64::NAN, 0.3).is_nan());
     }
 
     #[test]
