@@ -14,7 +14,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use falsify::report::meta::{GpuMeta, RunMeta};
-use falsify::report::{read_rows, FalsificationRow, ReportDir, SpeedupRow, Status};
+mod common;
+
+use falsify::report::{read_rows, FalsificationRow, ReportDir, SpeedupRow};
 
 /// `index:dir` for a child writer.
 const CHILD_ENV: &str = "FALSIFY_TEST_WRITER";
@@ -23,56 +25,17 @@ const ROWS_EACH: usize = 25;
 const RUN_ID: &str = "nextest-run-1";
 
 fn row(writer: usize, i: usize) -> FalsificationRow {
-    FalsificationRow {
-        run_id: RUN_ID.into(),
-        timestamp: "2026-01-01T00:00:00Z".into(),
-        git_sha: "abc123".into(),
-        contract: format!("w{writer}"),
-        contract_version: "1.0.0".into(),
-        test_id: format!("F-{writer}-{i:03}"),
-        check_kind: "property".into(),
-        backend: "cpu".into(),
-        device: "cpu".into(),
-        compute_capability: String::new(),
-        driver_version: String::new(),
-        status: if i % 5 == 2 {
-            Status::Falsified
-        } else {
-            Status::Passed
-        },
-        metric: "max_abs_err".into(),
-        observed: Some((writer * 1000 + i) as f64 * 1e-9),
-        comparator: "<=".into(),
-        threshold: Some(1e-6),
-        unit: String::new(),
-        duration_ms: i as f64 + 0.5,
-        setup_ms: Some(writer as f64 + 0.25),
-        detail: format!("writer {writer} row {i}: commas, \"quotes\"\nand a newline"),
-    }
+    common::row(
+        RUN_ID,
+        &format!("w{writer}"),
+        format!("F-{writer}-{i:03}"),
+        i,
+    )
 }
 
 fn speedup(writer: usize, i: usize) -> SpeedupRow {
-    SpeedupRow {
-        run_id: RUN_ID.into(),
-        contract: format!("w{writer}"),
-        test_id: format!("F-{writer}-{i:03}"),
-        status: Some(Status::Passed),
-        threshold: Some(1.1),
-        subject: "train_step".into(),
-        model: "tiny".into(),
-        batch: writer,
-        seq_len: i,
-        baseline: "eager".into(),
-        candidate: "graphed".into(),
-        baseline_median_ms: 10.0,
-        candidate_median_ms: 8.0,
-        ratio: 1.25,
-        ratio_ci_low: 1.2,
-        ratio_ci_high: 1.3,
-        repeats: 9,
-        device: "cpu".into(),
-        peak_device_gib: None,
-    }
+    let (contract, test_id) = (format!("w{writer}"), format!("F-{writer}-{i:03}"));
+    common::speedup(RUN_ID, &contract, test_id, (writer, i))
 }
 
 fn known() -> HashSet<String> {

@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use falsify::report::{read_rows, FalsificationRow, ReportDir, SpeedupRow, Status};
+mod common;
+
+use falsify::report::{read_rows, FalsificationRow, ReportDir, SpeedupRow};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -32,56 +34,11 @@ const CHILD_LIFETIME: Duration = Duration::from_secs(20);
 const KILLS: usize = 6;
 
 fn row(contract: &str, i: usize) -> FalsificationRow {
-    FalsificationRow {
-        run_id: "run".into(),
-        timestamp: "2025-01-01T00:00:00Z".into(),
-        git_sha: "abc123".into(),
-        contract: contract.into(),
-        contract_version: "1.0.0".into(),
-        test_id: format!("F-{i:06}"),
-        check_kind: "property".into(),
-        backend: "cpu".into(),
-        device: "cpu".into(),
-        compute_capability: String::new(),
-        driver_version: String::new(),
-        status: if i % 7 == 3 {
-            Status::Falsified
-        } else {
-            Status::Passed
-        },
-        metric: "max_abs_err".into(),
-        observed: Some(i as f64 * 1e-9),
-        comparator: "<=".into(),
-        threshold: Some(1e-6),
-        unit: String::new(),
-        duration_ms: 1.5,
-        setup_ms: Some(0.25),
-        detail: format!("row {i}: a detail with, commas and \"quotes\"\nand a newline"),
-    }
+    common::row("run", contract, format!("F-{i:06}"), i)
 }
 
 fn speedup(i: usize) -> SpeedupRow {
-    SpeedupRow {
-        run_id: "run".into(),
-        contract: "kill".into(),
-        test_id: format!("F-{i:06}"),
-        status: Some(Status::Passed),
-        threshold: Some(1.1),
-        subject: "train_step".into(),
-        model: "tiny".into(),
-        batch: 4,
-        seq_len: 64,
-        baseline: "eager".into(),
-        candidate: "graphed".into(),
-        baseline_median_ms: 10.0,
-        candidate_median_ms: 8.0,
-        ratio: 1.25,
-        ratio_ci_low: 1.2,
-        ratio_ci_high: 1.3,
-        repeats: 9,
-        device: "cpu".into(),
-        peak_device_gib: None,
-    }
+    common::speedup("run", "kill", format!("F-{i:06}"), (4, 64))
 }
 
 fn old_rows() -> Vec<FalsificationRow> {
