@@ -28,8 +28,8 @@ use falsify::contract::load_dir;
 use falsify::contract::Backend;
 use falsify::report::Status;
 use falsify::run::{
-    check_budgets, plan, run_child, ChildCommand, Engine, Isolation, RunOptions, TrialSpec,
-    CHILD_FLAG, DEFAULT_KERNEL_CACHE,
+    check_budgets, helper_reply, plan, ChildCommand, Engine, Isolation, RunOptions, TrialSpec,
+    DEFAULT_KERNEL_CACHE,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
 use qlora::gpu::driver_present;
@@ -95,24 +95,10 @@ fn selected(args: &Arguments, spec: &TrialSpec) -> bool {
     filter_ok && !args.skip.iter().any(|s| matches(s))
 }
 
-/// As a trial process: runs the one trial `request` names and prints its
-/// reply on stdout for the parent.
-fn child_main(request: &str, process_start: Instant) -> ExitCode {
-    match run_child(request, process_start) {
-        Ok(reply) => {
-            println!("{reply}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-/// A data-parallel rank started by a trial: runs the rank, answers on stdout.
-fn rank_main(job: &str) -> ExitCode {
-    match falsify::ranks::run_rank(job) {
+/// Prints a helper process's reply on stdout (or its error on stderr) and
+/// gives its exit code.
+fn answer(reply: falsify::Result<String>) -> ExitCode {
+    match reply {
         Ok(reply) => {
             println!("{reply}");
             ExitCode::SUCCESS
@@ -127,11 +113,9 @@ fn rank_main(job: &str) -> ExitCode {
 fn main() -> ExitCode {
     let process_start = Instant::now();
     let argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).map(String::as_str) == Some(falsify::ranks::RANK_FLAG) {
-        return rank_main(argv.get(2).map_or("", String::as_str));
-    }
-    if argv.get(1).map(String::as_str) == Some(CHILD_FLAG) {
-        return child_main(argv.get(2).map_or("", String::as_str), process_start);
+    // A trial process or a data-parallel rank: run it, answer on stdout.
+    if let Some(reply) = helper_reply(&argv, process_start) {
+        return answer(reply);
     }
     let nextest = nextest();
     let args = Arguments::from_args();

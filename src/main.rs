@@ -12,8 +12,8 @@ use falsify::report::compare::{Verdict, EXIT_NO_VERDICT};
 use falsify::report::markdown::write_report;
 use falsify::report::Status;
 use falsify::run::{
-    check_budgets, plan, run_child, ChildCommand, Engine, Isolation, RunOptions, TrialOutcome,
-    TrialSpec, CHILD_FLAG,
+    check_budgets, helper_reply, plan, ChildCommand, Engine, Isolation, RunOptions, TrialOutcome,
+    TrialSpec,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use qlora::gpu::GpuOptions;
@@ -85,35 +85,28 @@ enum Command {
     Kinds,
 }
 
+/// Prints a helper process's reply on stdout (or its error on stderr) and
+/// gives its exit code.
+fn answer(reply: falsify::Result<String>) -> ExitCode {
+    match reply {
+        Ok(reply) => {
+            println!("{reply}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let process_start = std::time::Instant::now();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    // A trial process: run the one trial the parent asks for, answer on stdout.
     let argv: Vec<String> = std::env::args().collect();
-    // A data-parallel rank: run the rank's job, answer on stdout.
-    if argv.get(1).map(String::as_str) == Some(falsify::ranks::RANK_FLAG) {
-        return match falsify::ranks::run_rank(argv.get(2).map_or("", String::as_str)) {
-            Ok(reply) => {
-                println!("{reply}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(2)
-            }
-        };
-    }
-    if argv.get(1).map(String::as_str) == Some(CHILD_FLAG) {
-        return match run_child(argv.get(2).map_or("", String::as_str), process_start) {
-            Ok(reply) => {
-                println!("{reply}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(2)
-            }
-        };
+    // A trial process or a data-parallel rank: run it, answer on stdout.
+    if let Some(reply) = helper_reply(&argv, process_start) {
+        return answer(reply);
     }
     match real_main() {
         Ok(code) => code,

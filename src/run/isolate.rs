@@ -129,6 +129,20 @@ impl ChildRequest {
     }
 }
 
+/// What this process answers when the harness started it as a helper: as a
+/// trial process ([`CHILD_FLAG`], then the trial's request) it runs that
+/// trial, as a data-parallel rank ([`crate::ranks::RANK_FLAG`], then its job)
+/// it runs that rank. `None` for any other command line. The front ends
+/// print the reply on stdout, or the error.
+pub fn helper_reply(argv: &[String], process_start: Instant) -> Option<Result<String>> {
+    let payload = argv.get(2).map_or("", String::as_str);
+    match argv.get(1).map(String::as_str) {
+        Some(CHILD_FLAG) => Some(run_child(payload, process_start)),
+        Some(crate::ranks::RANK_FLAG) => Some(crate::ranks::run_rank(payload)),
+        _ => None,
+    }
+}
+
 /// The child's side: runs the trial `request_json` names and returns the line
 /// the front end prints on stdout ([`REPLY_MARKER`] and the reply as JSON).
 /// `process_start` is when the child process started (its trial's setup
@@ -342,6 +356,24 @@ pub fn failed_outcome(cause: &str) -> TrialOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn helper_flags_reach_their_own_side() {
+        let argv = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let now = Instant::now();
+        assert!(helper_reply(&argv(&["falsify", "run"]), now).is_none());
+        assert!(helper_reply(&argv(&["falsify"]), now).is_none());
+        // An unreadable request or job is answered by the side it names.
+        let op = |v: &[&str]| match helper_reply(&argv(v), now) {
+            Some(Err(Error::InvalidArgument { op, .. })) => op,
+            other => panic!("{v:?} gave {other:?}"),
+        };
+        assert_eq!(op(&["falsify", CHILD_FLAG, "{"]), "trial process");
+        assert_eq!(
+            op(&["falsify", crate::ranks::RANK_FLAG, "{"]),
+            "data-parallel rank"
+        );
+    }
 
     #[test]
     fn requests_round_trip_and_keep_the_options() {

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use isolate::ChildReply;
-pub use isolate::{run_child, ChildCommand, ChildRequest, CHILD_FLAG};
+pub use isolate::{helper_reply, run_child, ChildCommand, ChildRequest, CHILD_FLAG};
 
 pub use crate::report::meta::{
     nvidia_smi_query, read_clocks, GpuMeta, RecordedOptions, RunMeta, RUN_JSON,
