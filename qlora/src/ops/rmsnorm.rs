@@ -12,30 +12,59 @@ use crate::kernels::abi::{Arg, Signatures};
 
 /// The forwards' module.
 pub const MODULE: &str = "rmsnorm";
-/// The backward of rows up to [`ONE_PACK_HIDDEN`] wide, and the dgamma final.
-pub const BWD_MODULE: &str = "rmsnorm_bwd";
-/// The backward of wider rows (eight packs per thread), and the dgamma final.
-pub const BWD_WIDE_MODULE: &str = "rmsnorm_bwd_wide";
+
+/// One build of the backward: its module (which also holds the dgamma
+/// final kernel), its kernel, and the packs of four columns each thread
+/// holds.
+struct BwdBuild {
+    module: &'static str,
+    symbol: &'static str,
+    packs: usize,
+}
+
+/// Rows up to [`ONE_PACK_HIDDEN`] wide: one pack per thread.
+const BWD_ONE_PACK: BwdBuild = BwdBuild {
+    module: "rmsnorm_bwd",
+    symbol: "rmsnorm_bwd_f32",
+    packs: 1,
+};
+
+/// Wider rows, up to [`MAX_HIDDEN`]: [`WIDE_PACKS`] packs per thread.
+const BWD_WIDE: BwdBuild = BwdBuild {
+    module: "rmsnorm_bwd_wide",
+    symbol: "rmsnorm_bwd_wide_f32",
+    packs: WIDE_PACKS,
+};
 
 /// Widest row the one-pack backward takes: one pack of four columns per
 /// thread, at most 1024 threads.
 pub const ONE_PACK_HIDDEN: usize = 4 * 1024;
 
+fn bwd_build(hidden: usize) -> &'static BwdBuild {
+    if hidden <= ONE_PACK_HIDDEN {
+        &BWD_ONE_PACK
+    } else {
+        &BWD_WIDE
+    }
+}
+
 /// The backward's module for rows `hidden` wide.
 pub fn bwd_module_for(hidden: usize) -> &'static str {
-    if hidden <= ONE_PACK_HIDDEN {
-        BWD_MODULE
-    } else {
-        BWD_WIDE_MODULE
-    }
+    bwd_build(hidden).module
 }
 
 /// The kernels of each module, by module, checked against the compiled PTX
 /// by a unit test.
 pub const SIGNATURES: &[(&str, Signatures)] = &[
     (MODULE, &[FWD, RESIDUAL_FWD]),
-    (BWD_MODULE, &[BWD, DGAMMA_FINAL]),
-    (BWD_WIDE_MODULE, &[BWD_WIDE, DGAMMA_FINAL]),
+    (
+        BWD_ONE_PACK.module,
+        &[(BWD_ONE_PACK.symbol, BWD_ARGS), DGAMMA_FINAL],
+    ),
+    (
+        BWD_WIDE.module,
+        &[(BWD_WIDE.symbol, BWD_ARGS), DGAMMA_FINAL],
+    ),
 ];
 
 type Signature = (&'static str, &'static [Arg]);
@@ -70,8 +99,6 @@ const BWD_ARGS: &[Arg] = &[
     Arg::I32,
     Arg::I32,
 ];
-const BWD: Signature = ("rmsnorm_bwd_f32", BWD_ARGS);
-const BWD_WIDE: Signature = ("rmsnorm_bwd_wide_f32", BWD_ARGS);
 const DGAMMA_FINAL: Signature = (
     "rmsnorm_bwd_dgamma_final_f32",
     &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::I32],
@@ -286,13 +313,9 @@ pub fn backward(
     // A block walks a chunk of rows, one pack per thread, so each row's loads
     // spread over as many threads as it has packs; rows wider than 1024 packs
     // take eight packs per thread.
-    let module = bwd_module_for(hidden);
-    let (symbol, packs) = if module == BWD_MODULE {
-        (BWD.0, 1)
-    } else {
-        (BWD_WIDE.0, WIDE_PACKS)
-    };
-    let f = gpu.function(module, symbol)?;
+    let build = bwd_build(hidden);
+    let packs = build.packs;
+    let f = gpu.function(build.module, build.symbol)?;
     let mut cfg = row_loop_config(gpu, ws.chunks, hidden, packs)?;
     if packs == 1 {
         // Up to ROWS_IN_PARALLEL rows of a chunk at once, one row group each.
@@ -326,7 +349,7 @@ pub fn backward(
         block_dim: (32, FINAL_GROUPS, 1),
         shared_mem_bytes: 0,
     };
-    let f = gpu.function(module, DGAMMA_FINAL.0)?;
+    let f = gpu.function(build.module, DGAMMA_FINAL.0)?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(&ws.partials)
         .arg(dgamma)
