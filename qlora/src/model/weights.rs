@@ -73,6 +73,26 @@ pub fn uniform(seed: u64, id: TensorId, len: usize, std: f64) -> Vec<f64> {
     (0..len).map(|_| rng.random_range(-a..a)).collect()
 }
 
+/// `[out_dim, in_dim]` of a layer's projections q, k, v, o, gate, up, down,
+/// in that order (`which` 0..7 of [`TensorId::Proj`]).
+pub fn projection_shapes(cfg: &ModelConfig) -> [(usize, usize); 7] {
+    let (h, qd, kvd, inter) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
+    [
+        (qd, h),
+        (kvd, h),
+        (kvd, h),
+        (h, qd),
+        (inter, h),
+        (inter, h),
+        (h, inter),
+    ]
+}
+
+/// Standard deviation of a projection's initial weights: `1 / sqrt(in_dim)`.
+pub fn projection_std(in_dim: usize) -> f64 {
+    1.0 / (in_dim as f64).sqrt()
+}
+
 /// Rounds to the nearest f32, the precision the GPU stores fp32 weights in.
 fn to_f32_precision(v: Vec<f64>) -> Vec<f64> {
     v.into_iter().map(|x| f64::from(x as f32)).collect()
@@ -95,7 +115,7 @@ impl FrozenLinear {
         in_dim: usize,
         base: BaseWeights,
     ) -> Result<Self> {
-        let w = uniform(seed, id, out_dim * in_dim, 1.0 / (in_dim as f64).sqrt());
+        let w = uniform(seed, id, out_dim * in_dim, projection_std(in_dim));
         Ok(match base {
             BaseWeights::Fp32 => FrozenLinear {
                 out_dim,
@@ -146,20 +166,22 @@ pub struct BaseModel {
 impl BaseModel {
     /// Seeded frozen weights for `cfg`, stored as `base` says.
     pub fn init(cfg: &ModelConfig, base: BaseWeights, seed: u64) -> Result<Self> {
-        let (h, qd, kvd, inter) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
+        let h = cfg.hidden;
+        let shapes = projection_shapes(cfg);
         let mut layers = Vec::with_capacity(cfg.layers);
         for layer in 0..cfg.layers {
-            let proj = |which: usize, out_dim: usize, in_dim: usize| {
+            let proj = |which: usize| {
+                let (out_dim, in_dim) = shapes[which];
                 FrozenLinear::init(seed, TensorId::Proj { layer, which }, out_dim, in_dim, base)
             };
             layers.push(FrozenLayer {
-                q: proj(0, qd, h)?,
-                k: proj(1, kvd, h)?,
-                v: proj(2, kvd, h)?,
-                o: proj(3, h, qd)?,
-                gate: proj(4, inter, h)?,
-                up: proj(5, inter, h)?,
-                down: proj(6, h, inter)?,
+                q: proj(0)?,
+                k: proj(1)?,
+                v: proj(2)?,
+                o: proj(3)?,
+                gate: proj(4)?,
+                up: proj(5)?,
+                down: proj(6)?,
             });
         }
         Ok(BaseModel {
@@ -171,7 +193,7 @@ impl BaseModel {
                 seed,
                 TensorId::LmHead,
                 cfg.vocab * h,
-                1.0 / (h as f64).sqrt(),
+                projection_std(h),
             )),
         })
     }

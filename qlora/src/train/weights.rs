@@ -8,7 +8,7 @@ use cudarc::driver::CudaSlice;
 use crate::error::{Error, Result};
 use crate::gpu::GpuContext;
 use crate::model::nf4;
-use crate::model::weights::{uniform, TensorId};
+use crate::model::weights::{projection_shapes, projection_std, uniform, TensorId};
 use crate::model::{ModelConfig, Trainable};
 use crate::ops::nf4::{self as nf4_ops, Nf4Device};
 use crate::train::BaseWeights;
@@ -131,17 +131,8 @@ impl BaseDevice {
         seed: u64,
         quantize_on_device: bool,
     ) -> Result<Self> {
-        let (h, qd, kvd, inter) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
-        // [out_dim, in_dim] of q, k, v, o, gate, up, down (`which` 0..7).
-        let shapes = [
-            (qd, h),
-            (kvd, h),
-            (kvd, h),
-            (h, qd),
-            (inter, h),
-            (inter, h),
-            (h, inter),
-        ];
+        let h = cfg.hidden;
+        let shapes = projection_shapes(cfg);
         let mut layers = Vec::with_capacity(cfg.layers);
         for layer in 0..cfg.layers {
             let draws: Vec<Draw> = shapes
@@ -149,7 +140,7 @@ impl BaseDevice {
                 .enumerate()
                 .map(|(which, &(out_dim, in_dim))| {
                     let id = TensorId::Proj { layer, which };
-                    (id, out_dim * in_dim, 1.0 / (in_dim as f64).sqrt())
+                    (id, out_dim * in_dim, projection_std(in_dim))
                 })
                 .collect();
             let drawn = draw_all(seed, &draws)?;
@@ -170,7 +161,7 @@ impl BaseDevice {
             seed,
             &[
                 (TensorId::Embedding, n, 1.0),
-                (TensorId::LmHead, n, 1.0 / (h as f64).sqrt()),
+                (TensorId::LmHead, n, projection_std(h)),
             ],
         )?;
         Ok(BaseDevice {
