@@ -8,6 +8,8 @@
 //! that aborts or sleeps for one chosen trial and runs the real `falsify`
 //! trial process for the others.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -93,12 +95,6 @@ fn run_with(dir: &Path, command: ChildCommand) -> Vec<FalsificationRow> {
     read_rows(&dir.join("latest/falsification.csv")).expect("the CSV reads back")
 }
 
-fn status_of<'a>(rows: &'a [FalsificationRow], test_id: &str) -> &'a FalsificationRow {
-    rows.iter()
-        .find(|r| r.test_id == test_id)
-        .unwrap_or_else(|| panic!("no row for {test_id}"))
-}
-
 /// All but the broken trial passed; the broken one has exactly one error row.
 fn only_the_broken_trial_failed(rows: &[FalsificationRow]) -> String {
     assert_eq!(rows.len(), 6, "one row per trial");
@@ -108,9 +104,9 @@ fn only_the_broken_trial_failed(rows: &[FalsificationRow]) -> String {
         "F-ISO-001::mutant",
         "F-ISO-003::mutant",
     ] {
-        assert_eq!(status_of(rows, id).status, Status::Passed, "{id}");
+        assert_eq!(common::row_named(rows, id).status, Status::Passed, "{id}");
     }
-    let broken = status_of(rows, "F-ISO-002");
+    let broken = common::row_named(rows, "F-ISO-002");
     assert_eq!(broken.status, Status::Error, "{}", broken.detail);
     broken.detail.clone()
 }

@@ -10,6 +10,8 @@
 //! `falsify report --merge`, give the verdicts of one unsplit `cargo test`
 //! run of the same contracts.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -121,13 +123,6 @@ fn rows(dir: &Path) -> Vec<FalsificationRow> {
     read_rows(&dir.join("reports/latest/falsification.csv")).expect("the report reads")
 }
 
-fn row_of(rows: &[FalsificationRow], test_id: &str) -> FalsificationRow {
-    rows.iter()
-        .find(|r| r.test_id == test_id)
-        .cloned()
-        .unwrap_or_else(|| panic!("no row for {test_id}"))
-}
-
 #[test]
 fn a_trial_past_its_timeout_is_stopped_and_recorded() {
     let dir = project(&[("slow", SLOW)]);
@@ -137,7 +132,7 @@ fn a_trial_past_its_timeout_is_stopped_and_recorded() {
     assert!(started.elapsed() < Duration::from_secs(20));
     let rows = rows(dir.path());
     assert_eq!(rows.len(), 1, "only the trial that ran: {rows:?}");
-    let row = row_of(&rows, "F-S-001");
+    let row = common::row_named(&rows, "F-S-001").clone();
     assert_eq!(row.status, Status::Error);
     assert!(row.detail.starts_with("timed out"), "{}", row.detail);
     assert_eq!(row.run_id, "run-t");
@@ -160,7 +155,7 @@ fn a_killed_trial_process_leaves_one_error_row_and_a_finished_one_replaces_it() 
     }
     child.kill().expect("SIGKILL");
     child.wait().expect("reap");
-    let row = row_of(&rows(dir.path()), "F-S-002");
+    let row = common::row_named(&rows(dir.path()), "F-S-002").clone();
     assert_eq!(row.status, Status::Error, "{row:?}");
     assert!(
         row.detail.contains("ended before it recorded a result"),
@@ -170,7 +165,7 @@ fn a_killed_trial_process_leaves_one_error_row_and_a_finished_one_replaces_it() 
 
     let out = nextest_trial(dir.path(), "run-k", "slow::F-S-002");
     assert!(out.status.success(), "{out:?}");
-    let row = row_of(&rows(dir.path()), "F-S-002");
+    let row = common::row_named(&rows(dir.path()), "F-S-002").clone();
     assert_eq!(row.status, Status::Passed, "{}", row.detail);
     let setup = row.setup_ms.expect("a trial that ran records its setup");
     assert!(setup > 0.0 && setup < 10_000.0, "{setup}");

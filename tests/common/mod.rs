@@ -1,7 +1,19 @@
-//! Report rows for the tests that write reports from several processes:
-//! every column filled, and a detail with the characters CSV must quote.
+//! Shared by the integration tests that write or read reports: rows with
+//! every column filled (and a detail with the characters CSV must quote),
+//! and the lookup of a trial's row.
+
+// Each test crate compiles this module and uses only some of it.
+#![allow(dead_code)]
 
 use falsify::report::{FalsificationRow, SpeedupRow, Status};
+
+/// The row of trial `test_id` in `rows`; a test that expects one and finds
+/// none fails here, naming the trial.
+pub fn row_named<'a>(rows: &'a [FalsificationRow], test_id: &str) -> &'a FalsificationRow {
+    rows.iter()
+        .find(|r| r.test_id == test_id)
+        .unwrap_or_else(|| panic!("no row for {test_id}"))
+}
 
 /// Row `i` of trial `test_id` in `contract` (every fifth one falsified).
 pub fn row(run_id: &str, contract: &str, test_id: String, i: usize) -> FalsificationRow {
