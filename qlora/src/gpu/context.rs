@@ -352,6 +352,15 @@ impl GpuContext {
         self.faults
     }
 
+    /// Whether launchers may launch a kernel as the programmatic dependent of
+    /// the one before it ([`crate::ops::launch::DependentLaunch`]): the device
+    /// is a Hopper or later and the modules are built for it, so the kernels'
+    /// wait on their predecessor is compiled in (a module built for the older
+    /// target of [`Faults::ptx_older_target`] has none).
+    pub fn dependent_launch(&self) -> bool {
+        self.facts.compute_capability.0 >= 9 && !self.faults.ptx_older_target
+    }
+
     /// The architecture NVRTC compiles for: the device's own `sm_XY` (a
     /// cubin, no driver JIT), or an older virtual one under
     /// [`Faults::ptx_older_target`].
@@ -391,10 +400,17 @@ impl GpuContext {
     /// test-only fault [`Faults::serialised_launch`] (the grid-stride loop
     /// still covers every element).
     pub fn launch_1d(&self, n: usize) -> LaunchConfig {
+        self.launch_1d_per_sm(n, 32)
+    }
+
+    /// [`launch_config_1d`] capped at `blocks_per_sm` blocks per SM (8: one
+    /// full wave of 256-thread blocks); one block under the test-only fault
+    /// [`Faults::serialised_launch`].
+    pub fn launch_1d_per_sm(&self, n: usize, blocks_per_sm: u32) -> LaunchConfig {
         if self.faults.serialised_launch {
             return launch_config_1d(n, 1);
         }
-        launch_config_1d(n, self.facts.sm_count.max(1).saturating_mul(32))
+        launch_config_1d(n, self.facts.sm_count.max(1).saturating_mul(blocks_per_sm))
     }
 
     /// [`launch_config_rows`]: one block of `threads` threads per row; one

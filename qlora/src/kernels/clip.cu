@@ -6,37 +6,30 @@
 //
 // squared_sum is deterministic: the partial kernels are launched with a fixed
 // grid; block b sums, in double, its fixed share of the elements in a fixed
-// order, then a fixed-shape tree, and writes partials[b]. The last block to
-// finish (found with an atomic counter; which block it is does not matter)
-// sums all the partials the same way and writes S, so one launch does it all.
-// Several tensors can share one reduction: each tensor's partial launch writes
-// its own slice of the partials buffer and counts towards the same total, so
-// the last block of the last launch sums them all.
+// order, then a fixed-shape tree, and writes partials[b]. A final kernel of
+// one block sums the partials the same way and writes S. Several tensors can
+// share one reduction: each tensor's partial launch writes its own slice of
+// the partials buffer, and the final kernel sums them all.
+//
+// The final kernel is launched as the programmatic dependent of the last
+// partial launch (ops/launch.rs), which lets it start at once: its one block
+// is resident, waiting, when the partials land, so the reduction costs one
+// launch's latency, not two. (A "last block sums" scheme in one launch was
+// slower: every block paid a fence and an atomic, and the last one's sum
+// waited behind them.)
 //
 // blockDim.x must be a multiple of 32 and at most 1024 for every kernel here
 // that reduces.
 
-// Called by every block of a squared-sum launch once it has written its
-// partial: the block that completes the count `total` (over this and earlier
-// launches of the same reduction, on one stream) sums partials[0, total) in a
-// fixed order into sq[0] (when `write`) and resets the counter for the next
-// reduction. The fence orders each block's partial before its count.
-__device__ void finish_squared_sum(const double* partials, unsigned int* counter, int total,
-                                   double* sq, int write) {
-    __shared__ bool last;
-    __threadfence();
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (unsigned int)total - 1u;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const volatile double* p = partials;
+// sq[0] = sum of partials[0, total) in a fixed order (when `write`; 0 only
+// under the test-only "last element unwritten" fault). One block.
+extern "C" __global__ void squared_sum_final_f64(const double* __restrict__ partials, int total,
+                                                 double* __restrict__ sq, int write) {
+    wait_for_predecessor();
     double acc = 0.0;
-    for (int k = threadIdx.x; k < total; k += blockDim.x) acc += p[k];
+    for (int k = threadIdx.x; k < total; k += blockDim.x) acc += partials[k];
     acc = block_sum_d(acc);
-    if (threadIdx.x == 0) {
-        if (write) sq[0] = acc;
-        *counter = 0u;
-    }
+    if (threadIdx.x == 0 && write) sq[0] = acc;
 }
 
 // float4s per thread per trip to memory in squared_sum_partial_f32 (the
@@ -46,13 +39,11 @@ __device__ void finish_squared_sum(const double* partials, unsigned int* counter
 // partials[first + blockIdx.x] = sum of x[k]^2 over this block's share of
 // [0, n): float4 k = blockIdx.x * blockDim.x + tid + j * stride in j order
 // when x is 16-byte aligned, then the last n % 4 values (or every value, one
-// by one, when it is not); then finish_squared_sum.
+// by one, when it is not).
 extern "C" __global__ void squared_sum_partial_f32(const float* __restrict__ x,
                                                    double* __restrict__ partials,
-                                                   int n, int first,
-                                                   unsigned int* __restrict__ counter,
-                                                   int total, double* __restrict__ sq,
-                                                   int write) {
+                                                   int n, int first) {
+    let_dependent_start();  // the final kernel's one block, to wait resident
     const int tid = blockIdx.x * blockDim.x + threadIdx.x;
     const int stride = gridDim.x * blockDim.x;
     double acc = 0.0;
@@ -61,10 +52,9 @@ extern "C" __global__ void squared_sum_partial_f32(const float* __restrict__ x,
         const int n4 = n / 4;
         const float4* x4 = reinterpret_cast<const float4*>(x);
         // SQ_UNROLL float4s in flight per thread before any is summed (the
-        // sum is still in k order): a fixed grid of few blocks keeps the
-        // last-block count short, so each thread must bring many bytes, and
-        // the launcher sizes the grid so that a tensor of up to
-        // SQ_UNROLL * 4 floats per thread takes one trip to memory, not two.
+        // sum is still in k order): the launcher sizes the grid so that a
+        // tensor of up to SQ_UNROLL * 4 floats per thread takes one trip to
+        // memory, not two.
         for (int k0 = tid; k0 < n4; k0 += SQ_UNROLL * stride) {
             float4 v[SQ_UNROLL];
             #pragma unroll
@@ -86,7 +76,6 @@ extern "C" __global__ void squared_sum_partial_f32(const float* __restrict__ x,
     }
     acc = block_sum_d(acc);
     if (threadIdx.x == 0) partials[first + blockIdx.x] = acc;
-    finish_squared_sum(partials, counter, total, sq, write);
 }
 
 // The same over every tensor of a table (gpu/table.rs, one column: g_i), in
@@ -98,9 +87,8 @@ extern "C" __global__ void squared_sum_partial_f32(const float* __restrict__ x,
 extern "C" __global__ void squared_sum_multi_partial_f32(const unsigned long long* __restrict__ ptrs,
                                                          const long long* __restrict__ offsets,
                                                          int n_tensors,
-                                                         double* __restrict__ partials,
-                                                         unsigned int* __restrict__ counter,
-                                                         double* __restrict__ sq, int write) {
+                                                         double* __restrict__ partials) {
+    let_dependent_start();
     const long long total = offsets[n_tensors];
     const long long stride = (long long)gridDim.x * blockDim.x;
     double acc = 0.0;
@@ -114,7 +102,6 @@ extern "C" __global__ void squared_sum_multi_partial_f32(const unsigned long lon
     }
     acc = block_sum_d(acc);
     if (threadIdx.x == 0) partials[blockIdx.x] = acc;
-    finish_squared_sum(partials, counter, (int)gridDim.x, sq, write);
 }
 
 // scale[0] = min(1, max_norm / (sqrt(sq[0]) + 1e-6)), computed in double.

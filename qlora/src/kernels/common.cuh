@@ -24,6 +24,24 @@ static __device__ __forceinline__ int table_find(const long long* __restrict__ o
     return lo;
 }
 
+// Programmatic dependent launch (Hopper and later; ops/launch.rs): a kernel
+// launched as the dependent of the one before it on the stream may start while
+// that one finishes, and must wait for it before it reads what it wrote. A
+// kernel may also let its dependent start early. Both are no-ops when the
+// launch was an ordinary one, and are compiled out before sm_90, where the
+// launcher never asks for a dependent launch.
+static __device__ __forceinline__ void wait_for_predecessor() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void let_dependent_start() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Reductions. `W` lanes of a warp (32, or 16 for a half warp) combine by xor
 // shuffles, so every lane gets the result, in the same order on every run.
 struct SumOp {

@@ -98,6 +98,7 @@ pub const MODULES: &[ModuleSource] = &[
         "clip",
         [
             "squared_sum_partial_f32",
+            "squared_sum_final_f64",
             "clip_scale_f32",
             "clip_apply_f32",
             "squared_sum_multi_partial_f32"

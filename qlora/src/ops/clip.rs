@@ -9,8 +9,7 @@
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
-use super::launch::expect_len;
-use super::launch::{elements, vec4_launch};
+use super::launch::{elements, expect_len, vec4_launch, DependentLaunch};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuContext, TensorTable, THREADS_1D};
 use crate::kernels::abi::{Arg, Signatures};
@@ -21,30 +20,17 @@ pub const MODULE: &str = "clip";
 pub const SIGNATURES: Signatures = &[
     (
         "squared_sum_partial_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I32,
-            Arg::I32,
-            Arg::Ptr,
-            Arg::I32,
-            Arg::Ptr,
-            Arg::I32,
-        ],
+        &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32],
+    ),
+    (
+        "squared_sum_final_f64",
+        &[Arg::Ptr, Arg::I32, Arg::Ptr, Arg::I32],
     ),
     ("clip_scale_f32", &[Arg::Ptr, Arg::Ptr, Arg::F32, Arg::I32]),
     ("clip_apply_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
     (
         "squared_sum_multi_partial_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I32,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I32,
-        ],
+        &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::Ptr],
     ),
 ];
 
@@ -53,9 +39,11 @@ pub const SIGNATURES: Signatures = &[
 pub const TABLE_PARTIALS: usize = 264;
 
 /// At most this many partial sums (blocks) per tensor: two blocks per SM of
-/// an H100/H200; every block then counts itself towards the last-block test
-/// on one atomic counter, which serialises, so fewer blocks finish sooner.
+/// an H100/H200.
 const MAX_PARTIALS_PER_TENSOR: usize = 264;
+
+/// Threads of the final kernel's one block.
+const FINAL_THREADS: u32 = 256;
 
 /// float4s each thread of `squared_sum_partial_f32` loads before it sums
 /// any (the kernel's `SQ_UNROLL`).
@@ -79,13 +67,12 @@ fn partials_for(n: usize) -> usize {
 }
 
 /// The per-block partial sums of [`squared_sum`] over a fixed list of tensor
-/// lengths, and the counter that finds the last block. The grid of every
+/// lengths. The grid of every
 /// launch is derived from these lengths alone, so the reduction order (and
 /// the result, bit for bit) depends on nothing else.
 pub struct SquaredSumWorkspace {
     lens: Vec<usize>,
     partials: CudaSlice<f64>,
-    counter: CudaSlice<u32>,
 }
 
 impl SquaredSumWorkspace {
@@ -95,23 +82,19 @@ impl SquaredSumWorkspace {
         Ok(SquaredSumWorkspace {
             lens: lens.to_vec(),
             partials: gpu.zeros(total.max(1))?,
-            counter: gpu.zeros(1)?,
         })
     }
 }
 
-/// The [`TABLE_PARTIALS`] partial sums of [`squared_sum_table`] and its
-/// last-block counter.
+/// The [`TABLE_PARTIALS`] partial sums of [`squared_sum_table`].
 pub struct TableSumWorkspace {
     partials: CudaSlice<f64>,
-    counter: CudaSlice<u32>,
 }
 
 impl TableSumWorkspace {
     pub fn new(gpu: &GpuContext) -> Result<Self> {
         Ok(TableSumWorkspace {
             partials: gpu.zeros(TABLE_PARTIALS)?,
-            counter: gpu.zeros(1)?,
         })
     }
 }
@@ -135,8 +118,6 @@ pub fn squared_sum(
     expect_len("squared_sum", "sq", sq.len(), &[1])?;
     let f = gpu.function(MODULE, "squared_sum_partial_f32")?;
     let total: usize = lens.iter().map(|&n| partials_for(n)).sum();
-    let total_i = crate::gpu::to_i32("squared_sum", "partials", total)?;
-    let write = i32::from(gpu.faults().written(1) == 1);
     let mut first = 0;
     for t in tensors {
         let n = t.len();
@@ -150,28 +131,47 @@ pub fn squared_sum(
         };
         let mut l = gpu.stream().launch_builder(&f);
         l.arg(t).arg(&mut ws.partials).arg(&n_i).arg(&first_i);
-        l.arg(&mut ws.counter)
-            .arg(&total_i)
-            .arg(&mut *sq)
-            .arg(&write);
         // SAFETY: squared_sum_partial_f32(const float* x, double* partials,
-        // int n, int first, unsigned int* counter, int total, double* sq, int
-        // write): x holds n elements; block b writes partials[first + b] with
-        // first + b < total = the workspace's length (sized from the same
-        // lengths, checked above); the last block reads partials[0, total),
-        // writes sq[0] (length 1, checked) and resets the one counter. Launches
-        // of one reduction run in stream order, so the count completes in the
-        // last. blockDim (512, or 32 under the SerialisedLaunch fault) is a
-        // multiple of 32, as the reduction needs.
+        // int n, int first): x holds n elements; block b writes
+        // partials[first + b] with first + b < total = the workspace's length
+        // (sized from the same lengths, checked above). blockDim (512, or 32
+        // under the SerialisedLaunch fault) is a multiple of 32, as the
+        // reduction needs.
         unsafe { l.launch(cfg) }?;
         first += blocks;
     }
-    Ok(())
+    sum_partials(gpu, &ws.partials, total, sq)
+}
+
+/// `sq[0]` = the sum of `partials[0, total)` in a fixed order: the final
+/// kernel, launched as the dependent of the partial launch just before it.
+fn sum_partials(
+    gpu: &mut GpuContext,
+    partials: &CudaSlice<f64>,
+    total: usize,
+    sq: &mut CudaViewMut<'_, f64>,
+) -> Result<()> {
+    let total_i = crate::gpu::to_i32("squared_sum", "partials", total.min(partials.len()))?;
+    let write = i32::from(gpu.faults().written(1) == 1);
+    let f = gpu.function(MODULE, "squared_sum_final_f64")?;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (FINAL_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = DependentLaunch::new(gpu, &f);
+    l.buf(partials).i32(total_i).buf_mut(sq).i32(write);
+    // SAFETY: squared_sum_final_f64(const double* partials, int total,
+    // double* sq, int write): partials holds at least total_i values, sq one
+    // (checked by the callers); one block of FINAL_THREADS, a multiple of 32.
+    // The kernel waits for its predecessor (the last partial launch, which
+    // itself ran after the earlier ones in stream order) before it reads.
+    unsafe { l.launch(cfg) }
 }
 
 /// `sq[0] = sum_i ||g_i||^2` over every tensor of `table` (one column: the
-/// tensors themselves), in one launch whatever the number of tensors:
-/// [`TABLE_PARTIALS`] block partials, summed by the last block to finish.
+/// tensors themselves), in two launches whatever the number of tensors:
+/// [`TABLE_PARTIALS`] block partials, then their sum.
 pub fn squared_sum_table(
     gpu: &mut GpuContext,
     table: &TensorTable,
@@ -187,7 +187,6 @@ pub fn squared_sum_table(
     }
     expect_len("squared_sum", "sq", sq.len(), &[1])?;
     let n = crate::gpu::to_i32("squared_sum", "tensors", table.tensors)?;
-    let write = i32::from(gpu.faults().written(1) == 1);
     let f = gpu.function(MODULE, "squared_sum_multi_partial_f32")?;
     let cfg = LaunchConfig {
         grid_dim: (TABLE_PARTIALS as u32, 1, 1),
@@ -198,20 +197,16 @@ pub fn squared_sum_table(
     l.arg(&table.ptrs)
         .arg(&table.offsets)
         .arg(&n)
-        .arg(&mut ws.partials)
-        .arg(&mut ws.counter)
-        .arg(sq)
-        .arg(&write);
+        .arg(&mut ws.partials);
     // SAFETY: squared_sum_multi_partial_f32(const unsigned long long* ptrs,
-    // const long long* offsets, int n_tensors, double* partials, unsigned int*
-    // counter, double* sq, int write): the table holds n_tensors addresses of
+    // const long long* offsets, int n_tensors, double* partials): the table holds n_tensors addresses of
     // live f32 tensors whose lengths are the offsets' differences
     // (TensorTable's owner keeps them alive), so every read is in bounds; the
     // grid is exactly TABLE_PARTIALS blocks, one partial each, in a workspace
-    // of TABLE_PARTIALS; sq holds one value (checked); THREADS_1D is a
-    // multiple of 32 as the reduction needs.
+    // of TABLE_PARTIALS; THREADS_1D is a multiple of 32 as the reduction
+    // needs.
     unsafe { l.launch(cfg) }?;
-    Ok(())
+    sum_partials(gpu, &ws.partials, TABLE_PARTIALS, sq)
 }
 
 /// `scale[0] = min(1, max_norm / (sqrt(sq[0]) + 1e-6))`, device to device.

@@ -1,10 +1,119 @@
 //! Launch helpers shared by the launchers: length checks, element-count
 //! limits and the launch shapes of row and float4 kernels.
 
-use cudarc::driver::LaunchConfig;
+use std::ffi::c_void;
+
+use cudarc::driver::{result, sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use crate::error::{Error, Result};
 use crate::gpu::GpuContext;
+
+/// A launch of a kernel as the *programmatic dependent* of the kernel before
+/// it on the stream (Hopper's programmatic dependent launch): the driver may
+/// start it while its predecessor is still running, so its launch latency
+/// hides behind the predecessor's tail; the kernel calls
+/// `wait_for_predecessor()` (kernels/common.cuh) before it reads anything the
+/// predecessor wrote. In a captured graph the dependency becomes a
+/// programmatic edge. Where the device or the module's build cannot do it
+/// (before compute capability 9.0, or a module built for an older target),
+/// this is an ordinary launch, in stream order.
+///
+/// cudarc's launch builder cannot pass launch attributes, so this one holds
+/// the kernel's arguments itself: each in an 8-byte slot, in its native byte
+/// order at the slot's start, the kernel given a pointer to each slot.
+pub struct DependentLaunch<'a> {
+    gpu: &'a GpuContext,
+    func: &'a CudaFunction,
+    slots: Vec<[u8; 8]>,
+}
+
+impl<'a> DependentLaunch<'a> {
+    pub fn new(gpu: &'a GpuContext, func: &'a CudaFunction) -> Self {
+        DependentLaunch {
+            gpu,
+            func,
+            slots: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) -> &mut Self {
+        let mut slot = [0u8; 8];
+        slot[..bytes.len()].copy_from_slice(bytes);
+        self.slots.push(slot);
+        self
+    }
+
+    /// A device buffer the kernel reads, as its address.
+    pub fn buf<T>(&mut self, b: &impl DevicePtr<T>) -> &mut Self {
+        // Event tracking is off on the context's stream (gpu/context.rs), so
+        // the guard records nothing; stream order orders the accesses.
+        let (ptr, _sync) = b.device_ptr(self.gpu.stream());
+        self.push(&ptr.to_ne_bytes())
+    }
+
+    /// A device buffer the kernel writes, as its address.
+    pub fn buf_mut<T>(&mut self, b: &mut impl DevicePtrMut<T>) -> &mut Self {
+        let (ptr, _sync) = b.device_ptr_mut(self.gpu.stream());
+        self.push(&ptr.to_ne_bytes())
+    }
+
+    pub fn i32(&mut self, v: i32) -> &mut Self {
+        self.push(&v.to_ne_bytes())
+    }
+
+    /// Launches with `cfg`.
+    ///
+    /// # Safety
+    /// As cudarc's `LaunchArgs::launch`: the arguments pushed match the
+    /// kernel's parameters in number, order and type (pointers as `buf`, ints
+    /// as `i32`), every buffer outlives the work, and the kernel's accesses
+    /// stay in bounds. And the kernel calls `wait_for_predecessor()` before
+    /// it touches memory the kernel before it on the stream may write.
+    pub unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<()> {
+        let mut params: Vec<*mut c_void> = self
+            .slots
+            .iter_mut()
+            .map(|s| s.as_mut_ptr().cast::<c_void>())
+            .collect();
+        let stream = self.gpu.stream().cu_stream();
+        let f = self.func.cu_function();
+        if !self.gpu.dependent_launch() {
+            // SAFETY: the caller's contract; params point at live slots.
+            unsafe {
+                result::launch_kernel(
+                    f,
+                    cfg.grid_dim,
+                    cfg.block_dim,
+                    cfg.shared_mem_bytes,
+                    stream,
+                    &mut params,
+                )
+            }?;
+            return Ok(());
+        }
+        // SAFETY: a zeroed attribute is a valid C struct; id and value set below.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: stream,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: config, attr and params outlive the call (the driver copies
+        // the arguments at launch); the rest is the caller's contract.
+        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()?;
+        Ok(())
+    }
+}
 
 /// Checks that a buffer of `got` elements holds `prod(dims)` of them.
 pub fn expect_len(op: &'static str, what: &str, got: usize, dims: &[usize]) -> Result<()> {

@@ -229,8 +229,9 @@ fn dequantize_limited(
     }
     let len = to_i64("nf4_dequantize", t.len)?;
     let limit = to_i64("nf4_dequantize", write_limit.min(t.len))?;
-    // One thread per group of 8 elements (one 4-byte word of codes).
-    let cfg = gpu.launch_1d(t.len / 8);
+    // One warp per span of 256 elements, at most one wave of full SMs (the
+    // grid-stride loop takes the rest): on an H100 a larger grid was slower.
+    let cfg = gpu.launch_1d_per_sm(t.len.div_ceil(256) * 32, 8);
     let func = gpu.function(MODULE, "nf4_dequantize_f32")?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
@@ -243,10 +244,11 @@ fn dequantize_limited(
     // const float* absmax, float* out, long long len, long long write_limit)`
     // in order and type. check_device proved codes holds len/2 bytes and
     // absmax len/64 floats, out holds len floats (len a multiple of 64); the
-    // grid-stride loop over groups g < len/8 reads the code word at bytes
-    // [4g, 4g + 4) and absmax[8g/64], and writes out[8g .. 8g + 8) < len.
-    // Both buffers are whole allocations, so the word loads and float4
-    // stores are aligned.
+    // kernel reads code word w and absmax[w / 8] only for w < len/8, and
+    // writes out[e .. e + 4) only for e < len (len % 4 == 0). Both buffers
+    // are whole allocations, so the word loads and float4 stores are
+    // aligned; blocks are THREADS_1D threads, whole warps, as the shuffles
+    // need.
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }
