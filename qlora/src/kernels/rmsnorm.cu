@@ -142,46 +142,17 @@ __device__ float2 group_sum2(float a, float b) {
     return out;
 }
 
-// The x and dy packs of one row that one thread holds.
-template <int P>
-struct RowPacks {
-    float4 x[P];
-    float4 dy[P];
-};
-
-// This thread's packs of row `row` (zeros when the row is past `r1`).
-template <int P>
-__device__ __forceinline__ RowPacks<P> load_row_packs(const float* __restrict__ x,
-                                                      const float* __restrict__ dy, int row,
-                                                      int r1, int hidden, int packs, bool vec) {
-    const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const size_t base = (size_t)row * hidden;
-    RowPacks<P> r;
-    #pragma unroll
-    for (int k = 0; k < P; ++k) {
-        const int j = row < r1 ? pack_index(k, packs) : -1;
-        r.x[k] = j >= 0 ? load_pack(x + base, j, hidden, vec) : z;
-        r.dy[k] = j >= 0 ? load_pack(dy + base, j, hidden, vec) : z;
-    }
-    return r;
-}
-
 // One chunk of the backward: rows [r0, r1), its dgamma partial into
 // `partial` [hidden]. The block's blockDim.y row groups take rows r0 + y,
 // r0 + y + blockDim.y, ... in parallel, each thread holding P packs of its
 // row; at the end the groups' dgamma sums are added in group order (row
 // order within the chunk's steps is then: all steps of group 0, of group 1,
 // ...: fixed, so reproducible). blockDim.y > 1 only with P == 1.
-//
-// With one pack per thread (P == 1) the next step's row is loaded before this
-// step's reductions, so a chunk waits on memory about once, not once per
-// step; the eight-pack build has no registers to spare for a second row.
 template <int P>
 __device__ void rmsnorm_bwd_chunk(const float* __restrict__ x, const float* __restrict__ gamma,
                                   const float* __restrict__ dy, float* __restrict__ dx,
                                   float* __restrict__ partial, int r0, int r1, int hidden,
                                   float eps, int packs, bool vec) {
-    constexpr bool prefetch = P == 1;
     __shared__ float4 group_acc[1024];
     const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float4 gv[P];
@@ -193,46 +164,43 @@ __device__ void rmsnorm_bwd_chunk(const float* __restrict__ x, const float* __re
         acc[k] = z;
     }
     const int steps = (r1 - r0 + blockDim.y - 1) / blockDim.y;  // uniform per block
-    const int first = r0 + threadIdx.y;
-    RowPacks<P> cur = load_row_packs<P>(x, dy, first, r1, hidden, packs, vec);
     for (int s = 0; s < steps; ++s) {
-        const int row = first + s * blockDim.y;
-        const int next_row = row + blockDim.y;
-        RowPacks<P> next;
-        if (prefetch && s + 1 < steps) next = load_row_packs<P>(x, dy, next_row, r1, hidden, packs, vec);
-        const float4* xv = cur.x;
-        const float4* dv = cur.dy;
+        const int row = r0 + s * blockDim.y + threadIdx.y;
+        const bool live = row < r1;
+        const size_t base = (size_t)(live ? row : r0) * hidden;
+        float4 xv[P];
+        float4 dv[P];
         float ss = 0.0f;
         float dot = 0.0f;  // <dy * gamma, x>
         #pragma unroll
         for (int k = 0; k < P; ++k) {
+            const int j = live ? pack_index(k, packs) : -1;
+            xv[k] = j >= 0 ? load_pack(x + base, j, hidden, vec) : z;
+            dv[k] = j >= 0 ? load_pack(dy + base, j, hidden, vec) : z;
             ss += dot4(xv[k], xv[k]);
             const float4 u = make_float4(dv[k].x * gv[k].x, dv[k].y * gv[k].y,
                                          dv[k].z * gv[k].z, dv[k].w * gv[k].w);
             dot += dot4(u, xv[k]);
         }
         const float2 sums = group_sum2(ss, dot);
-        if (row < r1) {
-            const size_t base = (size_t)row * hidden;
-            const float r = 1.0f / sqrtf(sums.x / (float)hidden + eps);
-            const float proj = r * r * r * sums.y / (float)hidden;
-            #pragma unroll
-            for (int k = 0; k < P; ++k) {
-                const int j = pack_index(k, packs);
-                if (j < 0) continue;
-                const float4 v = xv[k];
-                const float4 d = dv[k];
-                const float4 g = gv[k];
-                store_pack(dx + base, j, hidden, vec,
-                           make_float4(r * d.x * g.x - v.x * proj, r * d.y * g.y - v.y * proj,
-                                       r * d.z * g.z - v.z * proj, r * d.w * g.w - v.w * proj));
-                acc[k].x += d.x * v.x * r;
-                acc[k].y += d.y * v.y * r;
-                acc[k].z += d.z * v.z * r;
-                acc[k].w += d.w * v.w * r;
-            }
+        if (!live) continue;
+        const float r = 1.0f / sqrtf(sums.x / (float)hidden + eps);
+        const float proj = r * r * r * sums.y / (float)hidden;
+        #pragma unroll
+        for (int k = 0; k < P; ++k) {
+            const int j = pack_index(k, packs);
+            if (j < 0) continue;
+            const float4 v = xv[k];
+            const float4 d = dv[k];
+            const float4 g = gv[k];
+            store_pack(dx + base, j, hidden, vec,
+                       make_float4(r * d.x * g.x - v.x * proj, r * d.y * g.y - v.y * proj,
+                                   r * d.z * g.z - v.z * proj, r * d.w * g.w - v.w * proj));
+            acc[k].x += d.x * v.x * r;
+            acc[k].y += d.y * v.y * r;
+            acc[k].z += d.z * v.z * r;
+            acc[k].w += d.w * v.w * r;
         }
-        if (s + 1 < steps) cur = prefetch ? next : load_row_packs<P>(x, dy, next_row, r1, hidden, packs, vec);
     }
     if (blockDim.y > 1) {
         // P == 1: one pack per thread; group 0 adds the groups' sums in order.
@@ -288,7 +256,6 @@ extern "C" __global__ void __launch_bounds__(1024) rmsnorm_bwd_f32(
     const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ dy,
     float* __restrict__ dx, float* __restrict__ partials, int rows, int hidden, float eps,
     int rows_per_chunk, int chunks) {
-    let_dependent_start();  // the dgamma final (a dependent launch)
     rmsnorm_bwd<1>(x, gamma, dy, dx, partials, rows, hidden, eps, rows_per_chunk, chunks);
 }
 
@@ -299,7 +266,6 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd_wide_f32(
     const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ dy,
     float* __restrict__ dx, float* __restrict__ partials, int rows, int hidden, float eps,
     int rows_per_chunk, int chunks) {
-    let_dependent_start();  // the dgamma final (a dependent launch)
     rmsnorm_bwd<8>(x, gamma, dy, dx, partials, rows, hidden, eps, rows_per_chunk, chunks);
 }
 
@@ -308,46 +274,36 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd_wide_f32(
 #endif
 
 // dgamma[i] = sum_{c < chunks} partials[c * hidden + i], for i < n_write.
-// Block of 32 x DGAMMA_GROUPS threads over 32 columns: thread (x, g) sums
-// chunks g, g + DGAMMA_GROUPS, ... of column x in order, its loads issued
-// together (a warp reads 32 adjacent columns: one line); then half-warps add
-// the group sums of a column with a shuffle tree (lane g % 16 holds group
-// g's). A fixed order: bit-for-bit reproducible.
-//
-// It is launched as the dependent of the backward, which lets it start at
-// once: a block of 512 threads fits on an SM beside two backward blocks, so
-// it is resident, waiting, when the partials land.
-#define DGAMMA_GROUPS 16
-#define DGAMMA_UNROLL 16
+// Block of 32 x 32 threads over 32 columns: thread (col, g) sums chunks
+// g, g + 32, ... in order, its loads issued together (a warp reads 32
+// adjacent columns: one line); then thread g = 0 adds the 32 group sums in
+// order. A fixed order: bit-for-bit reproducible.
+#define DGAMMA_GROUPS 32
 extern "C" __global__ void rmsnorm_bwd_dgamma_final_f32(const float* __restrict__ partials,
                                                         float* __restrict__ dgamma,
                                                         int hidden, int chunks, int n_write) {
-    wait_for_predecessor();  // the backward's partials
     __shared__ float group[DGAMMA_GROUPS][33];
     const int col = blockIdx.x * 32 + threadIdx.x;
     const int g = threadIdx.y;
     float acc = 0.0f;
     if (col < hidden) {
-        for (int c0 = g; c0 < chunks; c0 += DGAMMA_UNROLL * DGAMMA_GROUPS) {
-            float v[DGAMMA_UNROLL];
+        for (int c0 = g; c0 < chunks; c0 += 8 * DGAMMA_GROUPS) {
+            float v[8];
             #pragma unroll
-            for (int u = 0; u < DGAMMA_UNROLL; ++u) {
+            for (int u = 0; u < 8; ++u) {
                 const int c = c0 + u * DGAMMA_GROUPS;
                 v[u] = c < chunks ? partials[(size_t)c * hidden + col] : 0.0f;
             }
             #pragma unroll
-            for (int u = 0; u < DGAMMA_UNROLL; ++u) acc += v[u];
+            for (int u = 0; u < 8; ++u) acc += v[u];
         }
     }
     group[g][threadIdx.x] = acc;
     __syncthreads();
-    // Warp y now takes columns 2y and 2y + 1 of the block's 32, one per
-    // half-warp, lane l holding group l % 16's sum.
-    const int half = threadIdx.x / 16;
-    const int c = 2 * threadIdx.y + half;
-    const float total = warp_reduce<16>(group[threadIdx.x % 16][c], SumOp());
-    const int out_col = blockIdx.x * 32 + c;
-    if (threadIdx.x % 16 == 0 && out_col < hidden && out_col < n_write) dgamma[out_col] = total;
+    if (g != 0 || col >= hidden || col >= n_write) return;
+    float total = 0.0f;
+    for (int k = 0; k < DGAMMA_GROUPS; ++k) total += group[k][threadIdx.x];
+    dgamma[col] = total;
 }
 
 #endif  // RMS_PART

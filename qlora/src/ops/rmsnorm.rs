@@ -4,7 +4,8 @@
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
-use super::launch::{expect_len, row_threads, DependentLaunch};
+use super::launch::expect_len;
+use super::launch::row_threads;
 use crate::error::{Error, Result};
 use crate::gpu::{launch_config_rows, to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
@@ -116,15 +117,11 @@ pub const MAX_HIDDEN: usize = 4 * WIDE_PACKS * WIDE_THREADS;
 /// At most this many row chunks in the backward (its partials buffer is
 /// `chunks x hidden`): one block each, enough blocks to fill an H100/H200.
 const MAX_CHUNKS: usize = 256;
-/// Rows of a chunk the one-pack backward takes at once (its blockDim.y). Two,
-/// not four: at qwen2.5-0.5b's 1024 x 896 a block of 2 x 224 threads lets
-/// three blocks share an SM, so the 256 chunks run in one wave (on an H100
-/// the backward alone took 7.6 us against 9.1 us with four rows).
-const ROWS_IN_PARALLEL: u32 = 2;
+/// Rows of a chunk the one-pack backward takes at once (its blockDim.y).
+const ROWS_IN_PARALLEL: u32 = 4;
 /// Chunk groups of the dgamma final kernel (`DGAMMA_GROUPS`; its blockDim
-/// is `32 x 16`: 512 threads, small enough to wait resident beside the
-/// backward's blocks).
-const FINAL_GROUPS: u32 = 16;
+/// is `32 x 32`).
+const FINAL_GROUPS: u32 = 32;
 
 /// The launch of a register-held row kernel over `units` (rows, or row
 /// chunks): one block per unit, threads enough for `hidden` columns at
@@ -339,7 +336,7 @@ pub fn backward(
     // hidden elements, gamma hidden, partials chunks * hidden (the workspace
     // shape is checked above); chunk c touches rows [c * rows_per_chunk,
     // min(rows_i, (c + 1) * rows_per_chunk)) and partials row c; blockDim is
-    // (x: a multiple of 32 with 4 * packs * x >= hidden; y: 1, or up to ROWS_IN_PARALLEL
+    // (x: a multiple of 32 with 4 * packs * x >= hidden; y: 1, or up to 4
     // row groups for one pack) within the kernel's launch bounds (x * y <=
     // 1024, or 256 for eight packs: hidden <= MAX_HIDDEN, checked).
     unsafe { l.launch(cfg) }?;
@@ -353,16 +350,16 @@ pub fn backward(
         shared_mem_bytes: 0,
     };
     let f = gpu.function(build.module, DGAMMA_FINAL.0)?;
-    let mut l = DependentLaunch::new(gpu, &f);
-    l.buf(&ws.partials)
-        .buf_mut(dgamma)
-        .i32(hidden_i)
-        .i32(chunks_i)
-        .i32(hidden_i);
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(&ws.partials)
+        .arg(dgamma)
+        .arg(&hidden_i)
+        .arg(&chunks_i)
+        .arg(&hidden_i);
     // SAFETY: rmsnorm_bwd_dgamma_final_f32(const float* partials, float* dgamma,
-    // int hidden, int chunks, int n_write): blockDim (32, 16) as its shared
+    // int hidden, int chunks, int n_write): blockDim (32, 32) as its shared
     // table needs; reads chunks x hidden partials, writes dgamma[i] for
-    // i < hidden (its length, checked above). Launched as the dependent of
-    // the backward just before it, it waits for it before reading partials.
-    unsafe { l.launch(final_cfg) }
+    // i < hidden (its length, checked above).
+    unsafe { l.launch(final_cfg) }?;
+    Ok(())
 }
