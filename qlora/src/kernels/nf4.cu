@@ -140,8 +140,8 @@ extern "C" __global__ void nf4_quantize_f32(const float* __restrict__ w,
 // taking each one's code half-word from the lane that loaded it (a shuffle).
 // So every store instruction of a warp writes 512 contiguous bytes: whole
 // lines, where one float4 pair per thread would leave each instruction's
-// lines half written. (On an H100 this took a 4864 x 896 dequantisation from
-// 13.1 us to 9.0 us.) The code book sits in shared memory: a warp's lookups
+// lines half written. (In the suite on an H100 this took a 4864 x 896
+// dequantisation from 12.5 us to 9.1 us.) The code book sits in shared memory: a warp's lookups
 // hit up to 16 different entries, which the constant cache would serve one
 // address at a time, while shared memory serves them in one access. A
 // float4 that reaches past `write_limit` stores element by element.

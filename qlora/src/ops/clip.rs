@@ -151,7 +151,14 @@ fn sum_partials(
     total: usize,
     sq: &mut CudaViewMut<'_, f64>,
 ) -> Result<()> {
-    let total_i = crate::gpu::to_i32("squared_sum", "partials", total.min(partials.len()))?;
+    if total > partials.len() {
+        return Err(Error::ShapeMismatch {
+            op: "squared_sum",
+            expected: format!("at least {total} partials"),
+            got: format!("{}", partials.len()),
+        });
+    }
+    let total_i = crate::gpu::to_i32("squared_sum", "partials", total)?;
     let write = i32::from(gpu.faults().written(1) == 1);
     let f = gpu.function(MODULE, "squared_sum_final_f64")?;
     let cfg = LaunchConfig {
@@ -162,8 +169,8 @@ fn sum_partials(
     let mut l = DependentLaunch::new(gpu, &f);
     l.buf(partials).i32(total_i).buf_mut(sq).i32(write);
     // SAFETY: squared_sum_final_f64(const double* partials, int total,
-    // double* sq, int write): partials holds at least total_i values, sq one
-    // (checked by the callers); one block of FINAL_THREADS, a multiple of 32.
+    // double* sq, int write): partials holds at least total_i values
+    // (checked above), sq one (checked by the callers); one block of FINAL_THREADS, a multiple of 32.
     // The kernel waits for its predecessor (the last partial launch, which
     // itself ran after the earlier ones in stream order) before it reads.
     unsafe { l.launch(cfg) }

@@ -230,7 +230,7 @@ fn dequantize_limited(
     let len = to_i64("nf4_dequantize", t.len)?;
     let limit = to_i64("nf4_dequantize", write_limit.min(t.len))?;
     // One warp per span of 256 elements, at most one wave of full SMs (the
-    // grid-stride loop takes the rest): on an H100 a larger grid was slower.
+    // grid-stride loop takes the rest).
     let cfg = gpu.launch_1d_per_sm(t.len.div_ceil(256) * 32, 8);
     let func = gpu.function(MODULE, "nf4_dequantize_f32")?;
     let mut launch = gpu.stream().launch_builder(&func);
