@@ -75,7 +75,7 @@ pub fn uniform(seed: u64, id: TensorId, len: usize, std: f64) -> Vec<f64> {
 
 /// `[out_dim, in_dim]` of a layer's projections q, k, v, o, gate, up, down,
 /// in that order (`which` 0..7 of [`TensorId::Proj`]).
-pub fn projection_shapes(cfg: &ModelConfig) -> [(usize, usize); 7] {
+fn projection_shapes(cfg: &ModelConfig) -> [(usize, usize); 7] {
     let (h, qd, kvd, inter) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
     [
         (qd, h),
@@ -89,8 +89,58 @@ pub fn projection_shapes(cfg: &ModelConfig) -> [(usize, usize); 7] {
 }
 
 /// Standard deviation of a projection's initial weights: `1 / sqrt(in_dim)`.
-pub fn projection_std(in_dim: usize) -> f64 {
+fn projection_std(in_dim: usize) -> f64 {
     1.0 / (in_dim as f64).sqrt()
+}
+
+/// What one frozen tensor is drawn from: its stream, its number of values
+/// and their standard deviation (the init in the module doc). The host model
+/// and the GPU's copy draw from the same list, so they are the same model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Draw {
+    pub id: TensorId,
+    pub len: usize,
+    pub std: f64,
+}
+
+impl Draw {
+    /// The drawn values.
+    pub fn values(self, seed: u64) -> Vec<f64> {
+        uniform(seed, self.id, self.len, self.std)
+    }
+}
+
+/// The draws of layer `layer`'s projections, q to down, each with its
+/// `[out_dim, in_dim]`.
+pub fn projection_draws(cfg: &ModelConfig, layer: usize) -> [(Draw, (usize, usize)); 7] {
+    let shapes = projection_shapes(cfg);
+    std::array::from_fn(|which| {
+        let (out_dim, in_dim) = shapes[which];
+        let id = TensorId::Proj { layer, which };
+        let draw = Draw {
+            id,
+            len: out_dim * in_dim,
+            std: projection_std(in_dim),
+        };
+        (draw, shapes[which])
+    })
+}
+
+/// The draws of the embedding and the LM head, in that order.
+pub fn end_draws(cfg: &ModelConfig) -> [Draw; 2] {
+    let len = cfg.vocab * cfg.hidden;
+    [
+        Draw {
+            id: TensorId::Embedding,
+            len,
+            std: 1.0,
+        },
+        Draw {
+            id: TensorId::LmHead,
+            len,
+            std: projection_std(cfg.hidden),
+        },
+    ]
 }
 
 /// Rounds to the nearest f32, the precision the GPU stores fp32 weights in.
@@ -108,47 +158,67 @@ pub struct FrozenLinear {
 }
 
 impl FrozenLinear {
-    fn init(
-        seed: u64,
-        id: TensorId,
-        out_dim: usize,
-        in_dim: usize,
-        base: BaseWeights,
-    ) -> Result<Self> {
-        let w = uniform(seed, id, out_dim * in_dim, projection_std(in_dim));
-        Ok(match base {
-            BaseWeights::Fp32 => FrozenLinear {
-                out_dim,
-                in_dim,
-                weight: to_f32_precision(w),
-            },
-            BaseWeights::Nf4 => FrozenLinear {
-                out_dim,
-                in_dim,
-                weight: nf4::dequantize(&nf4::quantize(&w, nf4::BLOCK)?),
-            },
+    /// The projection of drawn values `w`, stored as `base` says.
+    fn new(w: Vec<f64>, (out_dim, in_dim): (usize, usize), base: BaseWeights) -> Result<Self> {
+        let weight = match base {
+            BaseWeights::Fp32 => to_f32_precision(w),
+            BaseWeights::Nf4 => nf4::dequantize(&nf4::quantize(&w, nf4::BLOCK)?),
+        };
+        Ok(FrozenLinear {
+            out_dim,
+            in_dim,
+            weight,
         })
     }
 }
 
-/// The frozen projections of one decoder layer.
+/// The seven projections of one decoder layer, on the host
+/// ([`FrozenLayer`]) or on the device (`train::weights::LayerWeights`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct FrozenLayer {
+pub struct Projections<T> {
     /// `[heads * head_dim, hidden]`
-    pub q: FrozenLinear,
+    pub q: T,
     /// `[kv_heads * head_dim, hidden]`
-    pub k: FrozenLinear,
+    pub k: T,
     /// `[kv_heads * head_dim, hidden]`
-    pub v: FrozenLinear,
+    pub v: T,
     /// `[hidden, heads * head_dim]`
-    pub o: FrozenLinear,
+    pub o: T,
     /// `[intermediate, hidden]`
-    pub gate: FrozenLinear,
+    pub gate: T,
     /// `[intermediate, hidden]`
-    pub up: FrozenLinear,
+    pub up: T,
     /// `[hidden, intermediate]`
-    pub down: FrozenLinear,
+    pub down: T,
 }
+
+impl<T> Projections<T> {
+    /// The projections `make(which)` builds, `which` 0..7 in the order of
+    /// [`TensorId::Proj`].
+    pub fn try_from_fn<E>(
+        mut make: impl FnMut(usize) -> std::result::Result<T, E>,
+    ) -> std::result::Result<Self, E> {
+        Ok(Projections {
+            q: make(0)?,
+            k: make(1)?,
+            v: make(2)?,
+            o: make(3)?,
+            gate: make(4)?,
+            up: make(5)?,
+            down: make(6)?,
+        })
+    }
+
+    /// All seven, q to down.
+    pub fn all(&self) -> [&T; 7] {
+        [
+            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
+        ]
+    }
+}
+
+/// The frozen projections of one decoder layer.
+pub type FrozenLayer = Projections<FrozenLinear>;
 
 /// Every frozen weight of the model.
 #[derive(Debug, Clone, PartialEq)]
@@ -166,35 +236,22 @@ pub struct BaseModel {
 impl BaseModel {
     /// Seeded frozen weights for `cfg`, stored as `base` says.
     pub fn init(cfg: &ModelConfig, base: BaseWeights, seed: u64) -> Result<Self> {
-        let h = cfg.hidden;
-        let shapes = projection_shapes(cfg);
-        let mut layers = Vec::with_capacity(cfg.layers);
-        for layer in 0..cfg.layers {
-            let proj = |which: usize| {
-                let (out_dim, in_dim) = shapes[which];
-                FrozenLinear::init(seed, TensorId::Proj { layer, which }, out_dim, in_dim, base)
-            };
-            layers.push(FrozenLayer {
-                q: proj(0)?,
-                k: proj(1)?,
-                v: proj(2)?,
-                o: proj(3)?,
-                gate: proj(4)?,
-                up: proj(5)?,
-                down: proj(6)?,
-            });
-        }
+        let layers = (0..cfg.layers)
+            .map(|layer| {
+                let draws = projection_draws(cfg, layer);
+                FrozenLayer::try_from_fn(|which| {
+                    let (draw, shape) = draws[which];
+                    FrozenLinear::new(draw.values(seed), shape, base)
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let [embedding, lm_head] = end_draws(cfg).map(|d| to_f32_precision(d.values(seed)));
         Ok(BaseModel {
             config: *cfg,
-            embedding: to_f32_precision(uniform(seed, TensorId::Embedding, cfg.vocab * h, 1.0)),
+            embedding,
             layers,
-            final_norm: vec![1.0; h],
-            lm_head: to_f32_precision(uniform(
-                seed,
-                TensorId::LmHead,
-                cfg.vocab * h,
-                projection_std(h),
-            )),
+            final_norm: vec![1.0; cfg.hidden],
+            lm_head,
         })
     }
 }

@@ -8,7 +8,7 @@ use cudarc::driver::CudaSlice;
 use crate::error::{Error, Result};
 use crate::gpu::GpuContext;
 use crate::model::nf4;
-use crate::model::weights::{projection_shapes, projection_std, uniform, TensorId};
+use crate::model::weights::{end_draws, projection_draws, Draw, Projections};
 use crate::model::{ModelConfig, Trainable};
 use crate::ops::nf4::{self as nf4_ops, Nf4Device};
 use crate::train::BaseWeights;
@@ -37,23 +37,7 @@ impl Linear {
 }
 
 /// The frozen projections of one layer: q, k, v, o, gate, up, down.
-pub struct LayerWeights {
-    pub q: Linear,
-    pub k: Linear,
-    pub v: Linear,
-    pub o: Linear,
-    pub gate: Linear,
-    pub up: Linear,
-    pub down: Linear,
-}
-
-impl LayerWeights {
-    pub fn all(&self) -> [&Linear; 7] {
-        [
-            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
-        ]
-    }
-}
+pub type LayerWeights = Projections<Linear>;
 
 /// The frozen base model on the device.
 pub struct BaseDevice {
@@ -67,10 +51,7 @@ fn to_f32(v: &[f64]) -> Vec<f32> {
     v.iter().map(|&x| x as f32).collect()
 }
 
-/// What to draw for one tensor: its identity, length and standard deviation.
-type Draw = (TensorId, usize, f64);
-
-/// `uniform(seed, id, len, std)` for each of `draws`, each tensor on a thread
+/// The values of each of `draws`, each tensor on a thread
 /// of its own. Every tensor has its own seeded stream, so the values are
 /// those of drawing one after another, only sooner: the larger presets draw
 /// hundreds of millions of values, which on one thread takes seconds.
@@ -78,7 +59,7 @@ fn draw_all(seed: u64, draws: &[Draw]) -> Result<Vec<Vec<f64>>> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = draws
             .iter()
-            .map(|&(id, len, std)| scope.spawn(move || uniform(seed, id, len, std)))
+            .map(|&d| scope.spawn(move || d.values(seed)))
             .collect();
         handles
             .into_iter()
@@ -92,8 +73,8 @@ fn draw_all(seed: u64, draws: &[Draw]) -> Result<Vec<Vec<f64>>> {
     })
 }
 
-/// One `[out_dim, in_dim]` projection from its drawn values `w` (drawn as
-/// `FrozenLinear::init` draws them). With `on_device`, an NF4 base is
+/// One `[out_dim, in_dim]` projection from its drawn values `w` (the draws
+/// of [`projection_draws`], as the host model's). With `on_device`, an NF4 base is
 /// quantised by the device kernel from the f32 values (block absmax rounded
 /// to f32 first, so a code may differ from the host quantiser's f64 choice
 /// at a rounding boundary).
@@ -131,43 +112,19 @@ impl BaseDevice {
         seed: u64,
         quantize_on_device: bool,
     ) -> Result<Self> {
-        let h = cfg.hidden;
-        let shapes = projection_shapes(cfg);
         let mut layers = Vec::with_capacity(cfg.layers);
         for layer in 0..cfg.layers {
-            let draws: Vec<Draw> = shapes
-                .iter()
-                .enumerate()
-                .map(|(which, &(out_dim, in_dim))| {
-                    let id = TensorId::Proj { layer, which };
-                    (id, out_dim * in_dim, projection_std(in_dim))
-                })
-                .collect();
-            let drawn = draw_all(seed, &draws)?;
-            let mut proj =
-                |which: usize| linear(gpu, &drawn[which], shapes[which], base, quantize_on_device);
-            layers.push(LayerWeights {
-                q: proj(0)?,
-                k: proj(1)?,
-                v: proj(2)?,
-                o: proj(3)?,
-                gate: proj(4)?,
-                up: proj(5)?,
-                down: proj(6)?,
-            });
+            let draws = projection_draws(cfg, layer);
+            let drawn = draw_all(seed, &draws.map(|(d, _)| d))?;
+            layers.push(LayerWeights::try_from_fn(|which| {
+                linear(gpu, &drawn[which], draws[which].1, base, quantize_on_device)
+            })?);
         }
-        let n = cfg.vocab * h;
-        let ends = draw_all(
-            seed,
-            &[
-                (TensorId::Embedding, n, 1.0),
-                (TensorId::LmHead, n, projection_std(h)),
-            ],
-        )?;
+        let ends = draw_all(seed, &end_draws(cfg))?;
         Ok(BaseDevice {
             embedding: gpu.upload(&to_f32(&ends[0]))?,
             layers,
-            final_norm: gpu.upload(&vec![1.0f32; h])?,
+            final_norm: gpu.upload(&vec![1.0f32; cfg.hidden])?,
             lm_head: gpu.upload(&to_f32(&ends[1]))?,
         })
     }
