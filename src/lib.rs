@@ -14,10 +14,10 @@
 //! [`qlora`] crate, which knows nothing of this one.
 
 pub mod check;
+pub mod child;
 pub mod contract;
 pub mod error;
 pub mod mutant;
-pub mod pipes;
 pub mod ranks;
 pub mod reference;
 pub mod report;

@@ -16,15 +16,13 @@
 //! child, never by this code. A check uses the launcher; the front ends
 //! (CLI, test runner) dispatch [`RANK_FLAG`] to [`run_rank`].
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::thread::JoinHandle;
-
-use crate::pipes::{drain, join, tail};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::child::{marked_reply, tail, Piped, POLL};
 use crate::error::{Error, Result};
 use crate::mutant::Mutant;
 use qlora::gpu::{GemmMath, GpuContext, GpuOptions};
@@ -35,8 +33,6 @@ use qlora::train::{data_parallel, BaseWeights, GpuTrainOptions, GpuTrainer, Hype
 pub const RANK_FLAG: &str = "__falsify-rank";
 /// Starts the line of a rank's stdout that holds its reply.
 pub const RANK_REPLY_MARKER: &str = "FALSIFY-RANK-REPLY ";
-/// How often the launcher looks at its running ranks.
-const POLL: Duration = Duration::from_millis(10);
 
 /// What one rank runs: `steps` steps of `model` at `batch` rows per rank,
 /// from `seed`, in one step mode, as `rank` of `world`.
@@ -216,7 +212,7 @@ pub fn launch(job: &RankJob, timeout: Duration) -> Result<Vec<RankReply>> {
         }
     }
     let waited = wait_all(&mut ranks, timeout);
-    let outputs: Vec<(String, String)> = ranks.into_iter().map(Running::output).collect();
+    let outputs: Vec<(String, String)> = ranks.into_iter().map(Piped::output).collect();
     waited?;
     outputs
         .iter()
@@ -225,41 +221,15 @@ pub fn launch(job: &RankJob, timeout: Duration) -> Result<Vec<RankReply>> {
         .collect()
 }
 
-/// A started rank and the threads draining its pipes.
-struct Running {
-    child: Child,
-    stdout: Option<JoinHandle<Vec<u8>>>,
-    stderr: Option<JoinHandle<Vec<u8>>>,
-}
-
-impl Running {
-    fn output(self) -> (String, String) {
-        (join(self.stdout), join(self.stderr))
-    }
-}
-
-fn spawn(program: &PathBuf, json: &str) -> Result<Running> {
-    let mut child = Command::new(program)
-        .arg(RANK_FLAG)
-        .arg(json)
-        .env("NCCL_NVLS_ENABLE", "0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| Error::io(program, e))?;
-    let stdout = drain(child.stdout.take());
-    let stderr = drain(child.stderr.take());
-    Ok(Running {
-        child,
-        stdout,
-        stderr,
-    })
+fn spawn(program: &Path, json: &str) -> Result<Piped> {
+    let mut cmd = Command::new(program);
+    cmd.arg(RANK_FLAG).arg(json).env("NCCL_NVLS_ENABLE", "0");
+    Piped::start(&mut cmd).map_err(|e| Error::io(program, e))
 }
 
 /// Polls every rank until all have exited; kills them all as soon as one
 /// fails or the timeout passes.
-fn wait_all(ranks: &mut [Running], timeout: Duration) -> Result<()> {
+fn wait_all(ranks: &mut [Piped], timeout: Duration) -> Result<()> {
     let started = Instant::now();
     let mut done = vec![false; ranks.len()];
     while done.iter().any(|d| !d) {
@@ -292,21 +262,12 @@ fn wait_all(ranks: &mut [Running], timeout: Duration) -> Result<()> {
     Ok(())
 }
 
-fn kill_all(ranks: &mut [Running]) {
-    for r in ranks {
-        // Best effort: a rank that already exited cannot be killed, and
-        // `wait` then reaps it all the same.
-        let _ = r.child.kill();
-        let _ = r.child.wait();
-    }
+fn kill_all(ranks: &mut [Piped]) {
+    ranks.iter_mut().for_each(Piped::stop);
 }
 
 fn parse_reply(rank: usize, out: &str, err: &str) -> Result<RankReply> {
-    let line = out
-        .lines()
-        .rev()
-        .find_map(|l| l.strip_prefix(RANK_REPLY_MARKER));
-    match line.map(serde_json::from_str::<RankReply>) {
+    match marked_reply::<RankReply>(out, RANK_REPLY_MARKER) {
         Some(Ok(r)) => Ok(r),
         Some(Err(e)) => Err(Error::Ranks(format!(
             "rank {rank}'s reply does not parse: {e}"

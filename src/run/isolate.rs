@@ -10,16 +10,16 @@
 //! naming the cause. Each child opens its own CUDA context and compiles the
 //! kernels it needs: a trial's claims about pre-warm are measured inside it.
 
-use crate::pipes::{drain, join, tail};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use super::{plan, Engine, Isolation, RunOptions, TrialOutcome};
+use crate::child::{marked_reply, tail, Piped, POLL};
 use crate::contract::load_file;
 use crate::error::{Error, Result};
 use crate::report::meta::RunMeta;
@@ -30,8 +30,6 @@ use qlora::gpu::{GemmMath, GpuOptions};
 pub const CHILD_FLAG: &str = "__falsify-trial";
 /// Starts the line of the child's stdout that holds its reply.
 pub const REPLY_MARKER: &str = "FALSIFY-TRIAL-REPLY ";
-/// How often the parent looks at a running child.
-const POLL: Duration = Duration::from_millis(10);
 
 /// How a front end starts a child: its own executable and the arguments
 /// before [`CHILD_FLAG`] (none for the CLI and the test runner).
@@ -203,14 +201,8 @@ pub fn run_in_child(
         Err(e) => return ChildEnd::Failed(format!("could not encode the trial request: {e}")),
     };
     let mut cmd = Command::new(&command.program);
-    cmd.args(&command.args)
-        .arg(CHILD_FLAG)
-        .arg(json)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    own_process_group(&mut cmd);
-    let mut child = match cmd.spawn() {
+    cmd.args(&command.args).arg(CHILD_FLAG).arg(json);
+    let mut child = match Piped::start(&mut cmd) {
         Ok(c) => c,
         Err(e) => {
             return ChildEnd::Failed(format!(
@@ -219,11 +211,8 @@ pub fn run_in_child(
             ))
         }
     };
-    let stdout = drain(child.stdout.take());
-    let stderr = drain(child.stderr.take());
     let waited = wait(&mut child, timeout, interrupted);
-    let out = join(stdout);
-    let err = join(stderr);
+    let (out, err) = child.output();
     match waited {
         Waited::Interrupted => ChildEnd::Interrupted,
         Waited::TimedOut => ChildEnd::Failed(format!(
@@ -244,11 +233,11 @@ enum Waited {
 }
 
 /// Polls `child` until it exits, the timeout passes or the run is
-/// interrupted; kills it in the last two cases.
-fn wait(child: &mut Child, timeout: Duration, interrupted: &AtomicBool) -> Waited {
+/// interrupted; stops it in the last two cases.
+fn wait(child: &mut Piped, timeout: Duration, interrupted: &AtomicBool) -> Waited {
     let started = Instant::now();
     loop {
-        match child.try_wait() {
+        match child.child.try_wait() {
             Ok(Some(status)) => return Waited::Exited(status),
             Ok(None) => {}
             Err(e) => return Waited::Lost(e),
@@ -261,41 +250,10 @@ fn wait(child: &mut Child, timeout: Duration, interrupted: &AtomicBool) -> Waite
             std::thread::sleep(POLL);
             continue;
         };
-        kill_group(child);
-        // Best effort: a child that already exited cannot be killed, and
-        // `wait` then reaps it all the same.
-        let _ = child.kill();
-        let _ = child.wait();
+        child.stop();
         return stop;
     }
 }
-
-/// Starts the child in a process group of its own, so stopping it stops
-/// whatever it started too (a grandchild holding the pipes open would
-/// otherwise keep the parent waiting), and a terminal's Ctrl-C reaches the
-/// parent only, which then stops the child itself.
-#[cfg(unix)]
-fn own_process_group(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    cmd.process_group(0);
-}
-
-#[cfg(not(unix))]
-fn own_process_group(_cmd: &mut Command) {}
-
-/// Kills the child's whole process group.
-#[cfg(unix)]
-fn kill_group(child: &Child) {
-    if let Ok(pid) = i32::try_from(child.id()) {
-        // SAFETY: kill(2) with a negative pid signals the process group the
-        // child leads (it was started with process_group(0)); it touches no
-        // memory of this process. An error (the group is gone) is harmless.
-        unsafe { libc::kill(-pid, libc::SIGKILL) };
-    }
-}
-
-#[cfg(not(unix))]
-fn kill_group(_child: &Child) {}
 
 /// The end of a child that exited: its reply, or why there is none.
 fn ended(status: ExitStatus, out: &str, err: &str) -> ChildEnd {
@@ -306,12 +264,7 @@ fn ended(status: ExitStatus, out: &str, err: &str) -> ChildEnd {
             tail(err)
         ));
     }
-    let reply = out
-        .lines()
-        .rev()
-        .find_map(|l| l.strip_prefix(REPLY_MARKER))
-        .map(serde_json::from_str::<ChildReply>);
-    match reply {
+    match marked_reply::<ChildReply>(out, REPLY_MARKER) {
         Some(Ok(r)) => ChildEnd::Replied(Box::new(r)),
         Some(Err(e)) => ChildEnd::Failed(format!("the trial's reply does not parse: {e}")),
         None => ChildEnd::Failed(format!(
