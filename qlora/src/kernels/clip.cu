@@ -14,9 +14,9 @@
 // The final kernel is launched as the programmatic dependent of the last
 // partial launch (ops/launch.rs), which lets it start at once: its one block
 // is resident, waiting, when the partials land, so the reduction costs one
-// launch's latency, not two. (A "last block sums" scheme in one launch was
-// slower: every block paid a fence and an atomic, and the last one's sum
-// waited behind them.)
+// launch's latency, not two. (The one-launch scheme before it, where every
+// block fenced and counted itself on an atomic and the last one summed,
+// measured 0.62 of a same-bytes copy in the suite on an H200; this one 0.81.)
 //
 // blockDim.x must be a multiple of 32 and at most 1024 for every kernel here
 // that reduces.
