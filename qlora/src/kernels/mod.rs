@@ -45,9 +45,9 @@ macro_rules! module_with {
 /// Every kernel module of the system under test.
 pub const MODULES: &[ModuleSource] = &[
     module!("embedding", ["embedding_fwd_f32", "embedding_bwd_f32"]),
-    // One source, three modules: the forwards, and the backward in its
-    // one-pack and eight-pack builds (a configuration compiles the one its
-    // hidden size needs). Small modules keep the parallel cold pre-warm short.
+    // One source, seven modules: the forwards, and the backward in its
+    // warp-per-row (four widths), one-pack and eight-pack builds (a
+    // configuration compiles the one its hidden size needs). Small modules keep the parallel cold pre-warm short.
     module_with!(
         "rmsnorm",
         "rmsnorm",
@@ -55,7 +55,31 @@ pub const MODULES: &[ModuleSource] = &[
         ["rmsnorm_fwd_f32", "rmsnorm_residual_fwd_f32"]
     ),
     module_with!(
-        "rmsnorm_bwd",
+        "rmsnorm_bwd_warp1",
+        "rmsnorm",
+        "#define RMS_PART 32\n#define RMS_WARP_PACKS 1",
+        ["rmsnorm_bwd_warp1_f32", "rmsnorm_bwd_dgamma_final_f32"]
+    ),
+    module_with!(
+        "rmsnorm_bwd_warp2",
+        "rmsnorm",
+        "#define RMS_PART 32\n#define RMS_WARP_PACKS 2",
+        ["rmsnorm_bwd_warp2_f32", "rmsnorm_bwd_dgamma_final_f32"]
+    ),
+    module_with!(
+        "rmsnorm_bwd_warp4",
+        "rmsnorm",
+        "#define RMS_PART 32\n#define RMS_WARP_PACKS 4",
+        ["rmsnorm_bwd_warp4_f32", "rmsnorm_bwd_dgamma_final_f32"]
+    ),
+    module_with!(
+        "rmsnorm_bwd_warp8",
+        "rmsnorm",
+        "#define RMS_PART 32\n#define RMS_WARP_PACKS 8",
+        ["rmsnorm_bwd_warp8_f32", "rmsnorm_bwd_dgamma_final_f32"]
+    ),
+    module_with!(
+        "rmsnorm_bwd_block",
         "rmsnorm",
         "#define RMS_PART 1",
         ["rmsnorm_bwd_f32", "rmsnorm_bwd_dgamma_final_f32"]

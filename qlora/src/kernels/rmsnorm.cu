@@ -17,12 +17,20 @@
 // order and writes, for each column, its chunk's partial sum; a final kernel
 // sums the chunk partials in a fixed tree. No atomics.
 //
-// One file, three modules (kernels/mod.rs defines RMS_PART for each), so a
+// Rows up to 1024 columns wide take the warp-per-row backward instead: a
+// warp owns a row (lane l holds packs l + 32 k), so a row's two sums are
+// warp shuffles with no block barrier, and each lane has up to eight float4
+// loads of each input in flight.
+//
+// One file, seven modules (kernels/mod.rs defines RMS_PART for each), so a
 // configuration compiles only what it runs and the parallel cold pre-warm
 // waits on no large module:
-//   RMS_PART 0  rmsnorm           the forwards;
-//   RMS_PART 1  rmsnorm_bwd       the one-pack backward and the dgamma final;
-//   RMS_PART 8  rmsnorm_bwd_wide  the eight-pack backward and the dgamma final.
+//   RMS_PART 0   rmsnorm            the forwards;
+//   RMS_PART 32  rmsnorm_bwd_warpP  the warp-per-row backward with P packs a
+//                                   lane (RMS_WARP_PACKS: 1, 2, 4 or 8) and
+//                                   the dgamma final;
+//   RMS_PART 1   rmsnorm_bwd_block  the one-pack backward and the dgamma final;
+//   RMS_PART 8   rmsnorm_bwd_wide   the eight-pack backward and the dgamma final.
 
 #define RMS_PACKS 4
 
@@ -249,7 +257,117 @@ __device__ void rmsnorm_bwd(const float* __restrict__ x, const float* __restrict
     }
 }
 
-#if RMS_PART == 1
+#if RMS_PART == 32
+// The warp-per-row backward, rows of up to 4 * 32 * P columns: warp w of the
+// block (threadIdx.y; blockDim is 32 x W, W <= WARP_ROWS_MAX) takes rows
+// r0 + w, r0 + w + W, ... of its chunk; lane l holds packs l + 32 k, k < P.
+// Each warp sums its rows' dgamma terms in row order, then the W warps' sums
+// are added in warp order into the chunk's partial: a fixed order.
+#define WARP_ROWS_MAX 8
+template <int P>
+__device__ void rmsnorm_bwd_warp(const float* __restrict__ x, const float* __restrict__ gamma,
+                                 const float* __restrict__ dy, float* __restrict__ dx,
+                                 float* __restrict__ partials, int rows, int hidden, float eps,
+                                 int rows_per_chunk, int chunks) {
+    __shared__ float4 warp_acc[WARP_ROWS_MAX * 32 * P];
+    const int lane = threadIdx.x;
+    const int w = threadIdx.y;
+    const int packs = (hidden + 3) / 4;
+    const bool vec = hidden % 4 == 0 && aligned16(x) && aligned16(dy) && aligned16(dx) &&
+                     aligned16(gamma) && aligned16(partials);
+    const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 gv[P];
+    #pragma unroll
+    for (int k = 0; k < P; ++k) {
+        const int j = lane + 32 * k;
+        gv[k] = j < packs ? load_pack(gamma, j, hidden, vec) : z;
+    }
+    for (int c = blockIdx.x; c < chunks; c += gridDim.x) {
+        const int r1 = min(rows, (c + 1) * rows_per_chunk);
+        float4 acc[P];
+        #pragma unroll
+        for (int k = 0; k < P; ++k) acc[k] = z;
+        for (int row = c * rows_per_chunk + w; row < r1; row += blockDim.y) {
+            const size_t base = (size_t)row * hidden;
+            float4 xv[P], dv[P];
+            #pragma unroll
+            for (int k = 0; k < P; ++k) {  // every load issued before any is used
+                const int j = lane + 32 * k;
+                xv[k] = j < packs ? load_pack(x + base, j, hidden, vec) : z;
+                dv[k] = j < packs ? load_pack(dy + base, j, hidden, vec) : z;
+            }
+            float ss = 0.0f;
+            float dot = 0.0f;  // <dy * gamma, x>
+            #pragma unroll
+            for (int k = 0; k < P; ++k) {
+                ss += dot4(xv[k], xv[k]);
+                const float4 u = make_float4(dv[k].x * gv[k].x, dv[k].y * gv[k].y,
+                                             dv[k].z * gv[k].z, dv[k].w * gv[k].w);
+                dot += dot4(u, xv[k]);
+            }
+            ss = warp_reduce(ss, SumOp());
+            dot = warp_reduce(dot, SumOp());
+            const float r = 1.0f / sqrtf(ss / (float)hidden + eps);
+            const float proj = r * r * r * dot / (float)hidden;
+            #pragma unroll
+            for (int k = 0; k < P; ++k) {
+                const int j = lane + 32 * k;
+                if (j >= packs) continue;
+                const float4 v = xv[k];
+                const float4 d = dv[k];
+                const float4 g = gv[k];
+                store_pack(dx + base, j, hidden, vec,
+                           make_float4(r * d.x * g.x - v.x * proj, r * d.y * g.y - v.y * proj,
+                                       r * d.z * g.z - v.z * proj, r * d.w * g.w - v.w * proj));
+                acc[k].x += d.x * v.x * r;
+                acc[k].y += d.y * v.y * r;
+                acc[k].z += d.z * v.z * r;
+                acc[k].w += d.w * v.w * r;
+            }
+        }
+        // warp_acc[w][j]: warp w's sum for pack j = lane + 32 k.
+        #pragma unroll
+        for (int k = 0; k < P; ++k) warp_acc[w * 32 * P + 32 * k + lane] = acc[k];
+        __syncthreads();
+        float* partial = partials + (size_t)c * hidden;
+        for (int j = w * 32 + lane; j < packs; j += blockDim.y * 32) {
+            float4 t = z;
+            for (int ww = 0; ww < (int)blockDim.y; ++ww) {
+                const float4 v = warp_acc[ww * 32 * P + j];
+                t.x += v.x;
+                t.y += v.y;
+                t.z += v.z;
+                t.w += v.w;
+            }
+            store_pack(partial, j, hidden, vec, t);
+        }
+        __syncthreads();  // warp_acc is rewritten for the next chunk
+    }
+}
+
+#define RMSNORM_BWD_WARP(P)                                                                     \
+    extern "C" __global__ void __launch_bounds__(WARP_ROWS_MAX * 32) rmsnorm_bwd_warp##P##_f32( \
+        const float* __restrict__ x, const float* __restrict__ gamma,                           \
+        const float* __restrict__ dy, float* __restrict__ dx, float* __restrict__ partials,      \
+        int rows, int hidden, float eps, int rows_per_chunk, int chunks) {                      \
+        rmsnorm_bwd_warp<P>(x, gamma, dy, dx, partials, rows, hidden, eps, rows_per_chunk,      \
+                            chunks);                                                            \
+    }
+// One build per module (RMS_WARP_PACKS from kernels/mod.rs): each compiles
+// alone, so the cold pre-warm waits on no module of all four.
+#if RMS_WARP_PACKS == 1
+RMSNORM_BWD_WARP(1)
+#elif RMS_WARP_PACKS == 2
+RMSNORM_BWD_WARP(2)
+#elif RMS_WARP_PACKS == 4
+RMSNORM_BWD_WARP(4)
+#elif RMS_WARP_PACKS == 8
+RMSNORM_BWD_WARP(8)
+#else
+#error "RMS_WARP_PACKS must be 1, 2, 4 or 8"
+#endif
+
+#elif RMS_PART == 1
 // Rows of up to 4 * 1024 columns: one pack per thread, blockDim.y rows of a
 // chunk at a time.
 extern "C" __global__ void __launch_bounds__(1024) rmsnorm_bwd_f32(
@@ -270,7 +388,7 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd_wide_f32(
 }
 
 #else
-#error "RMS_PART must be 0, 1 or 8"
+#error "RMS_PART must be 0, 1, 8 or 32"
 #endif
 
 // dgamma[i] = sum_{c < chunks} partials[c * hidden + i], for i < n_write.
@@ -282,6 +400,9 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd_wide_f32(
 extern "C" __global__ void rmsnorm_bwd_dgamma_final_f32(const float* __restrict__ partials,
                                                         float* __restrict__ dgamma,
                                                         int hidden, int chunks, int n_write) {
+    // Launched as the backward's programmatic dependent: the partials are
+    // read only once the backward has finished and its writes are visible.
+    wait_for_predecessor();
     __shared__ float group[DGAMMA_GROUPS][33];
     const int col = blockIdx.x * 32 + threadIdx.x;
     const int g = threadIdx.y;

@@ -4,8 +4,7 @@
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
-use super::launch::expect_len;
-use super::launch::row_threads;
+use super::launch::{expect_len, row_threads, DependentLaunch};
 use crate::error::{Error, Result};
 use crate::gpu::{launch_config_rows, to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
@@ -13,39 +12,78 @@ use crate::kernels::abi::{Arg, Signatures};
 /// The forwards' module.
 pub const MODULE: &str = "rmsnorm";
 
+/// How a backward build lays a row over its threads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RowLayout {
+    /// A warp per row, `packs` packs of four per lane; a block is
+    /// [`WARPS_PER_BLOCK`] warps.
+    Warp,
+    /// A row group of threads per row, `packs` packs per thread.
+    Group,
+}
+
 /// One build of the backward: its module (which also holds the dgamma
-/// final kernel), its kernel, and the packs of four columns each thread
-/// holds.
+/// final kernel), its kernel, the packs of four columns each thread holds
+/// and how a row is laid over the threads.
 struct BwdBuild {
     module: &'static str,
     symbol: &'static str,
     packs: usize,
+    layout: RowLayout,
 }
 
-/// Rows up to [`ONE_PACK_HIDDEN`] wide: one pack per thread.
-const BWD_ONE_PACK: BwdBuild = BwdBuild {
-    module: "rmsnorm_bwd",
-    symbol: "rmsnorm_bwd_f32",
-    packs: 1,
-};
+impl BwdBuild {
+    /// Widest row this build takes.
+    fn max_hidden(&self) -> usize {
+        match self.layout {
+            RowLayout::Warp => 4 * 32 * self.packs,
+            RowLayout::Group if self.packs == 1 => ONE_PACK_HIDDEN,
+            RowLayout::Group => MAX_HIDDEN,
+        }
+    }
+}
 
-/// Wider rows, up to [`MAX_HIDDEN`]: [`WIDE_PACKS`] packs per thread.
-const BWD_WIDE: BwdBuild = BwdBuild {
-    module: "rmsnorm_bwd_wide",
-    symbol: "rmsnorm_bwd_wide_f32",
-    packs: WIDE_PACKS,
-};
+const fn warp_build(module: &'static str, symbol: &'static str, packs: usize) -> BwdBuild {
+    BwdBuild {
+        module,
+        symbol,
+        packs,
+        layout: RowLayout::Warp,
+    }
+}
+
+/// Every backward build, narrowest rows first: the first whose
+/// [`BwdBuild::max_hidden`] covers a row takes it.
+const BWD_BUILDS: [BwdBuild; 6] = [
+    warp_build("rmsnorm_bwd_warp1", "rmsnorm_bwd_warp1_f32", 1),
+    warp_build("rmsnorm_bwd_warp2", "rmsnorm_bwd_warp2_f32", 2),
+    warp_build("rmsnorm_bwd_warp4", "rmsnorm_bwd_warp4_f32", 4),
+    warp_build("rmsnorm_bwd_warp8", "rmsnorm_bwd_warp8_f32", 8),
+    // Up to ONE_PACK_HIDDEN: one pack per thread, up to ROWS_IN_PARALLEL rows.
+    BwdBuild {
+        module: "rmsnorm_bwd_block",
+        symbol: "rmsnorm_bwd_f32",
+        packs: 1,
+        layout: RowLayout::Group,
+    },
+    // Up to MAX_HIDDEN: WIDE_PACKS packs per thread, one row at a time.
+    BwdBuild {
+        module: "rmsnorm_bwd_wide",
+        symbol: "rmsnorm_bwd_wide_f32",
+        packs: WIDE_PACKS,
+        layout: RowLayout::Group,
+    },
+];
 
 /// Widest row the one-pack backward takes: one pack of four columns per
 /// thread, at most 1024 threads.
 pub const ONE_PACK_HIDDEN: usize = 4 * 1024;
 
 fn bwd_build(hidden: usize) -> &'static BwdBuild {
-    if hidden <= ONE_PACK_HIDDEN {
-        &BWD_ONE_PACK
-    } else {
-        &BWD_WIDE
-    }
+    BWD_BUILDS
+        .iter()
+        .find(|b| hidden <= b.max_hidden())
+        .unwrap_or(&BWD_BUILDS[BWD_BUILDS.len() - 1])
 }
 
 /// The backward's module for rows `hidden` wide.
@@ -53,18 +91,26 @@ pub fn bwd_module_for(hidden: usize) -> &'static str {
     bwd_build(hidden).module
 }
 
+/// Backward build `i`'s module: its kernel and the dgamma final.
+macro_rules! bwd_signatures {
+    ($i:literal) => {
+        (
+            BWD_BUILDS[$i].module,
+            &[(BWD_BUILDS[$i].symbol, BWD_ARGS), DGAMMA_FINAL],
+        )
+    };
+}
+
 /// The kernels of each module, by module, checked against the compiled PTX
 /// by a unit test.
 pub const SIGNATURES: &[(&str, Signatures)] = &[
     (MODULE, &[FWD, RESIDUAL_FWD]),
-    (
-        BWD_ONE_PACK.module,
-        &[(BWD_ONE_PACK.symbol, BWD_ARGS), DGAMMA_FINAL],
-    ),
-    (
-        BWD_WIDE.module,
-        &[(BWD_WIDE.symbol, BWD_ARGS), DGAMMA_FINAL],
-    ),
+    bwd_signatures!(0),
+    bwd_signatures!(1),
+    bwd_signatures!(2),
+    bwd_signatures!(3),
+    bwd_signatures!(4),
+    bwd_signatures!(5),
 ];
 
 type Signature = (&'static str, &'static [Arg]);
@@ -117,6 +163,11 @@ pub const MAX_HIDDEN: usize = 4 * WIDE_PACKS * WIDE_THREADS;
 /// At most this many row chunks in the backward (its partials buffer is
 /// `chunks x hidden`): one block each, enough blocks to fill an H100/H200.
 const MAX_CHUNKS: usize = 256;
+/// Warps per block of the warp-per-row backward (`WARP_ROWS_MAX`): a chunk
+/// is a multiple of this many rows, so 1024 rows make 128 chunks of eight,
+/// one row per warp; measured on an H100 at 1024 x 896, 128 chunks of eight
+/// rows beat 256 of four (four warps a block) and 64 of sixteen.
+const WARPS_PER_BLOCK: usize = 8;
 /// Rows of a chunk the one-pack backward takes at once (its blockDim.y).
 const ROWS_IN_PARALLEL: u32 = 4;
 /// Chunk groups of the dgamma final kernel (`DGAMMA_GROUPS`; its blockDim
@@ -258,11 +309,16 @@ pub struct BackwardWorkspace {
 }
 
 impl BackwardWorkspace {
-    /// Scratch for `[rows, hidden]`: `rows` floats and `chunks x hidden` floats,
-    /// `chunks = ceil(rows / ceil(rows / 64))`.
+    /// Scratch for `[rows, hidden]`: `chunks x hidden` floats, at most
+    /// [`MAX_CHUNKS`] chunks of `rows_per_chunk` rows (a multiple of
+    /// [`WARPS_PER_BLOCK`] for the warp-per-row builds).
     pub fn new(gpu: &GpuContext, rows: usize, hidden: usize) -> Result<Self> {
         check_dims(rows, hidden)?;
-        let rows_per_chunk = rows.div_ceil(MAX_CHUNKS).max(1);
+        let rows_per_chunk = match bwd_build(hidden).layout {
+            RowLayout::Warp => WARPS_PER_BLOCK * rows.div_ceil(WARPS_PER_BLOCK * MAX_CHUNKS),
+            RowLayout::Group => rows.div_ceil(MAX_CHUNKS),
+        }
+        .max(1);
         let chunks = rows.div_ceil(rows_per_chunk).max(1);
         Ok(BackwardWorkspace {
             rows,
@@ -310,18 +366,9 @@ pub fn backward(
     let eps_f = eps as f32;
     let per_chunk_i = to_i32("rmsnorm", "rows per chunk", ws.rows_per_chunk)?;
     let chunks_i = to_i32("rmsnorm", "chunks", ws.chunks)?;
-    // A block walks a chunk of rows, one pack per thread, so each row's loads
-    // spread over as many threads as it has packs; rows wider than 1024 packs
-    // take eight packs per thread.
     let build = bwd_build(hidden);
-    let packs = build.packs;
     let f = gpu.function(build.module, build.symbol)?;
-    let mut cfg = row_loop_config(gpu, ws.chunks, hidden, packs)?;
-    if packs == 1 {
-        // Up to ROWS_IN_PARALLEL rows of a chunk at once, one row group each.
-        let per_row = cfg.block_dim.0;
-        cfg.block_dim.1 = (1024 / per_row).clamp(1, ROWS_IN_PARALLEL);
-    }
+    let cfg = bwd_config(gpu, build, ws.chunks, hidden)?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x)
         .arg(gamma)
@@ -330,36 +377,109 @@ pub fn backward(
         .arg(&mut ws.partials);
     l.arg(&rows_i).arg(&hidden_i).arg(&eps_f);
     l.arg(&per_chunk_i).arg(&chunks_i);
-    // SAFETY: rmsnorm_bwd{,_wide}_f32(const float* x, const float* gamma, const float*
-    // dy, float* dx, float* partials, int rows, int hidden, float eps, int
-    // rows_per_chunk, int chunks): x, dy, dx hold rows * hidden >= rows_i *
-    // hidden elements, gamma hidden, partials chunks * hidden (the workspace
-    // shape is checked above); chunk c touches rows [c * rows_per_chunk,
-    // min(rows_i, (c + 1) * rows_per_chunk)) and partials row c; blockDim is
-    // (x: a multiple of 32 with 4 * packs * x >= hidden; y: 1, or up to 4
-    // row groups for one pack) within the kernel's launch bounds (x * y <=
-    // 1024, or 256 for eight packs: hidden <= MAX_HIDDEN, checked).
+    // SAFETY: rmsnorm_bwd{_warp1,_warp2,_warp4,_warp8,,_wide}_f32(const float* x,
+    // const float* gamma, const float* dy, float* dx, float* partials, int rows,
+    // int hidden, float eps, int rows_per_chunk, int chunks): x, dy, dx hold
+    // rows * hidden >= rows_i * hidden elements, gamma hidden, partials chunks
+    // * hidden (the workspace shape is checked above); chunk c touches rows
+    // [c * rows_per_chunk, min(rows_i, (c + 1) * rows_per_chunk)) and
+    // partials row c; hidden <= the build's max_hidden (bwd_build picks it),
+    // and blockDim is as bwd_config documents, within the kernel's launch
+    // bounds.
     unsafe { l.launch(cfg) }?;
+    dgamma_final(gpu, build, &ws.partials, chunks_i, hidden, dgamma)
+}
+
+/// The backward's launch over `chunks` chunks of rows `hidden` wide:
+/// warp-per-row builds take blocks of `32 x WARPS_PER_BLOCK` threads; the
+/// others a multiple of 32 threads with `4 * packs * x >= hidden`, and for
+/// one pack up to [`ROWS_IN_PARALLEL`] row groups (`x * y <= 1024`).
+fn bwd_config(
+    gpu: &GpuContext,
+    build: &BwdBuild,
+    chunks: usize,
+    hidden: usize,
+) -> Result<LaunchConfig> {
+    let mut cfg = row_loop_config(gpu, chunks, hidden, build.packs)?;
+    match build.layout {
+        RowLayout::Warp => cfg.block_dim = (32, WARPS_PER_BLOCK as u32, 1),
+        RowLayout::Group if build.packs == 1 => {
+            let per_row = cfg.block_dim.0;
+            cfg.block_dim.1 = (1024 / per_row).clamp(1, ROWS_IN_PARALLEL);
+        }
+        RowLayout::Group => {}
+    }
+    Ok(cfg)
+}
+
+/// `dgamma[i] = sum_c partials[c, i]` in chunk order, launched as the
+/// backward's programmatic dependent (its launch hides behind the
+/// backward's tail; the kernel waits for the backward before it reads).
+fn dgamma_final(
+    gpu: &mut GpuContext,
+    build: &BwdBuild,
+    partials: &CudaSlice<f32>,
+    chunks_i: i32,
+    hidden: usize,
+    dgamma: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    let hidden_i = to_i32("rmsnorm", "hidden", hidden)?;
     let col_blocks = u32::try_from(hidden.div_ceil(32)).map_err(|_| Error::InvalidArgument {
         op: "rmsnorm",
         message: format!("hidden {hidden} is too wide"),
     })?;
-    let final_cfg = LaunchConfig {
+    let cfg = LaunchConfig {
         grid_dim: (col_blocks, 1, 1),
         block_dim: (32, FINAL_GROUPS, 1),
         shared_mem_bytes: 0,
     };
     let f = gpu.function(build.module, DGAMMA_FINAL.0)?;
-    let mut l = gpu.stream().launch_builder(&f);
-    l.arg(&ws.partials)
-        .arg(dgamma)
-        .arg(&hidden_i)
-        .arg(&chunks_i)
-        .arg(&hidden_i);
+    let mut l = DependentLaunch::new(gpu, &f);
+    l.buf(partials)
+        .buf_mut(dgamma)
+        .i32(hidden_i)
+        .i32(chunks_i)
+        .i32(hidden_i);
     // SAFETY: rmsnorm_bwd_dgamma_final_f32(const float* partials, float* dgamma,
     // int hidden, int chunks, int n_write): blockDim (32, 32) as its shared
-    // table needs; reads chunks x hidden partials, writes dgamma[i] for
-    // i < hidden (its length, checked above).
-    unsafe { l.launch(final_cfg) }?;
-    Ok(())
+    // table needs; reads chunks x hidden partials (the workspace's, checked
+    // by the caller), writes dgamma[i] for i < hidden (its length, checked by
+    // the caller); it waits for its predecessor, the backward that wrote the
+    // partials, before it reads them.
+    unsafe { l.launch(cfg) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_row_width_takes_the_narrowest_build_that_holds_it() {
+        let module = |hidden| bwd_build(hidden).module;
+        for (hidden, expected) in [
+            (1, "rmsnorm_bwd_warp1"),
+            (128, "rmsnorm_bwd_warp1"),
+            (129, "rmsnorm_bwd_warp2"),
+            (512, "rmsnorm_bwd_warp4"),
+            (896, "rmsnorm_bwd_warp8"),
+            (1024, "rmsnorm_bwd_warp8"),
+            (1025, "rmsnorm_bwd_block"),
+            (ONE_PACK_HIDDEN, "rmsnorm_bwd_block"),
+            (ONE_PACK_HIDDEN + 1, "rmsnorm_bwd_wide"),
+            (MAX_HIDDEN, "rmsnorm_bwd_wide"),
+        ] {
+            assert_eq!(module(hidden), expected, "hidden {hidden}");
+        }
+    }
+
+    #[test]
+    fn every_build_is_listed_with_its_kernels() {
+        for build in &BWD_BUILDS {
+            let listed = SIGNATURES.iter().find(|(m, _)| *m == build.module);
+            let kernels: Vec<&str> = listed
+                .map(|(_, k)| k.iter().map(|s| s.0).collect())
+                .unwrap_or_default();
+            assert_eq!(kernels, [build.symbol, DGAMMA_FINAL.0], "{}", build.module);
+        }
+    }
 }
