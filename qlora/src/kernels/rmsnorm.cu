@@ -150,6 +150,19 @@ __device__ float2 group_sum2(float a, float b) {
     return out;
 }
 
+// Pack j of a row's dx, r * dy * gamma - x * proj (proj = r^3 <u, x> / hidden),
+// stored; the pack's dgamma terms dy * x * r added to acc.
+__device__ __forceinline__ void bwd_pack(float* dxr, int j, int hidden, bool vec, float4 v,
+                                         float4 d, float4 g, float r, float proj, float4& acc) {
+    store_pack(dxr, j, hidden, vec,
+               make_float4(r * d.x * g.x - v.x * proj, r * d.y * g.y - v.y * proj,
+                           r * d.z * g.z - v.z * proj, r * d.w * g.w - v.w * proj));
+    acc.x += d.x * v.x * r;
+    acc.y += d.y * v.y * r;
+    acc.z += d.z * v.z * r;
+    acc.w += d.w * v.w * r;
+}
+
 // One chunk of the backward: rows [r0, r1), its dgamma partial into
 // `partial` [hidden]. The block's blockDim.y row groups take rows r0 + y,
 // r0 + y + blockDim.y, ... in parallel, each thread holding P packs of its
@@ -198,16 +211,7 @@ __device__ void rmsnorm_bwd_chunk(const float* __restrict__ x, const float* __re
         for (int k = 0; k < P; ++k) {
             const int j = pack_index(k, packs);
             if (j < 0) continue;
-            const float4 v = xv[k];
-            const float4 d = dv[k];
-            const float4 g = gv[k];
-            store_pack(dx + base, j, hidden, vec,
-                       make_float4(r * d.x * g.x - v.x * proj, r * d.y * g.y - v.y * proj,
-                                   r * d.z * g.z - v.z * proj, r * d.w * g.w - v.w * proj));
-            acc[k].x += d.x * v.x * r;
-            acc[k].y += d.y * v.y * r;
-            acc[k].z += d.z * v.z * r;
-            acc[k].w += d.w * v.w * r;
+            bwd_pack(dx + base, j, hidden, vec, xv[k], dv[k], gv[k], r, proj, acc[k]);
         }
     }
     if (blockDim.y > 1) {
@@ -313,16 +317,7 @@ __device__ void rmsnorm_bwd_warp(const float* __restrict__ x, const float* __res
             for (int k = 0; k < P; ++k) {
                 const int j = lane + 32 * k;
                 if (j >= packs) continue;
-                const float4 v = xv[k];
-                const float4 d = dv[k];
-                const float4 g = gv[k];
-                store_pack(dx + base, j, hidden, vec,
-                           make_float4(r * d.x * g.x - v.x * proj, r * d.y * g.y - v.y * proj,
-                                       r * d.z * g.z - v.z * proj, r * d.w * g.w - v.w * proj));
-                acc[k].x += d.x * v.x * r;
-                acc[k].y += d.y * v.y * r;
-                acc[k].z += d.z * v.z * r;
-                acc[k].w += d.w * v.w * r;
+                bwd_pack(dx + base, j, hidden, vec, xv[k], dv[k], gv[k], r, proj, acc[k]);
             }
         }
         // warp_acc[w][j]: warp w's sum for pack j = lane + 32 k.
