@@ -19,11 +19,15 @@
 //! finished. Results go to `reports/latest/*.csv`; compiled kernel modules
 //! are kept in `target/falsify-kernel-cache/`.
 
+#[path = "../src/answer.rs"]
+mod answer;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
+use answer::answer;
 use falsify::contract::load_dir;
 use falsify::contract::Backend;
 use falsify::report::Status;
@@ -93,21 +97,6 @@ fn selected(args: &Arguments, spec: &TrialSpec) -> bool {
     };
     let filter_ok = args.filter.as_deref().is_none_or(matches);
     filter_ok && !args.skip.iter().any(|s| matches(s))
-}
-
-/// Prints a helper process's reply on stdout (or its error on stderr) and
-/// gives its exit code.
-fn answer(reply: falsify::Result<String>) -> ExitCode {
-    match reply {
-        Ok(reply) => {
-            println!("{reply}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(2)
-        }
-    }
 }
 
 fn main() -> ExitCode {

@@ -2,9 +2,12 @@
 //! summary table, `list` the trials they define, `report` how the latest
 //! run compares with a baseline, or print the reference of the check `kinds`.
 
+mod answer;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use answer::answer;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use falsify::contract::load_dir;
@@ -83,21 +86,6 @@ enum Command {
     /// measures, where it runs, and its parameters with their defaults and
     /// bounds. The README's "Check kinds" section holds a copy of it.
     Kinds,
-}
-
-/// Prints a helper process's reply on stdout (or its error on stderr) and
-/// gives its exit code.
-fn answer(reply: falsify::Result<String>) -> ExitCode {
-    match reply {
-        Ok(reply) => {
-            println!("{reply}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(2)
-        }
-    }
 }
 
 fn main() -> ExitCode {

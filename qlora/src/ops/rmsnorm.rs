@@ -13,7 +13,7 @@ use crate::kernels::abi::{Arg, Signatures};
 pub const MODULE: &str = "rmsnorm";
 
 /// How a backward build lays a row over its threads.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 enum RowLayout {
     /// A warp per row, `packs` packs of four per lane; a block is
     /// [`WARPS_PER_BLOCK`] warps.
@@ -132,7 +132,7 @@ const RESIDUAL_FWD: Signature = (
         Arg::F32,
     ],
 );
-/// Both backward builds take the same arguments.
+/// Every backward build takes the same arguments.
 const BWD_ARGS: &[Arg] = &[
     Arg::Ptr,
     Arg::Ptr,
@@ -387,7 +387,7 @@ pub fn backward(
     // and blockDim is as bwd_config documents, within the kernel's launch
     // bounds.
     unsafe { l.launch(cfg) }?;
-    dgamma_final(gpu, build, &ws.partials, chunks_i, hidden, dgamma)
+    dgamma_final(gpu, build, &ws.partials, chunks_i, hidden_i, dgamma)
 }
 
 /// The backward's launch over `chunks` chunks of rows `hidden` wide:
@@ -420,14 +420,11 @@ fn dgamma_final(
     build: &BwdBuild,
     partials: &CudaSlice<f32>,
     chunks_i: i32,
-    hidden: usize,
+    hidden_i: i32,
     dgamma: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
-    let hidden_i = to_i32("rmsnorm", "hidden", hidden)?;
-    let col_blocks = u32::try_from(hidden.div_ceil(32)).map_err(|_| Error::InvalidArgument {
-        op: "rmsnorm",
-        message: format!("hidden {hidden} is too wide"),
-    })?;
+    // hidden_i is in 1..=MAX_HIDDEN (check_dims), so its column blocks fit.
+    let col_blocks = hidden_i.unsigned_abs().div_ceil(32);
     let cfg = LaunchConfig {
         grid_dim: (col_blocks, 1, 1),
         block_dim: (32, FINAL_GROUPS, 1),
