@@ -505,9 +505,9 @@ fn the_committed_baselines_are_found_from_the_parent_folder() {
     );
     let md = std::fs::read_to_string(&outcome.path).unwrap();
     let runs = section(&md, "## Runs");
-    // The build commit is shown with the tree state the run found.
+    // A run from staged executables says its tree state is unknown.
     assert!(
-        runs.contains("a0f543215d7b (checkout with uncommitted changes)"),
+        runs.contains("56be449b1cd3 (not run from a checkout: tree state unknown)"),
         "{runs}"
     );
     assert!(runs.contains("`gpu.forward_math=Tf32`") && !runs.contains("GpuOptions {"));
