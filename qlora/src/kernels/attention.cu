@@ -531,8 +531,655 @@ __device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
         attention_bwd_dkv<D>(q, dout, probs, ds, pk, pv, batch, seq, heads, head_dim);        \
     }
 
+// ---------------------------------------------------------------------------
+// Tensor-core kernels: the same arguments, layouts and outputs as the f32
+// kernels above, with every product on the tensor cores (TF32 inputs rounded
+// to nearest by cvt.rna.tf32.f32, f32 accumulation) through
+// mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32. Softmax, masking and the dS
+// formula stay in f32 on the CUDA cores.
+//
+// Tiling. A block is TC_WARPS warps; each warp owns 16 rows of the block's
+// tile (query rows for the forward and dq, key rows for dk/dv), the M of the
+// mma. Operands that every warp shares (k and v chunks; q and dout chunks for
+// dk/dv) are copied to shared memory with cp.async, two buffers, so the next
+// chunk is in flight while the current one is multiplied. A fragment is
+// read from shared memory at one of two patterns, both free of bank conflicts
+// with rows padded to D + 4 floats (row stride = 4 banks mod 32):
+//   "k-style": element (n, k) at row n0 + g, column k0 + t (+ 4): banks 4g + t;
+//   "v-style": element (k, n) at rows k0 + 2t and 2t + 1, column n0 + g: banks 8t + g;
+// with g = lane / 4 and t = lane % 4, as in the PTX fragment layouts.
+//
+// Reusing an accumulator as the A operand. The accumulator of an m16n8 tile
+// holds, in thread (g, t), columns 2t and 2t + 1 of rows g and g + 8; the A
+// operand of m16n8k8 wants columns t and t + 4. A product sums over k, so its
+// k order is free: reading k index t as column 2t and t + 4 as 2t + 1 makes
+// the accumulator the A operand as it is, and the B operand then takes rows
+// 2t and 2t + 1 (the v-style pattern). P V, dS K and, with the same reading
+// of the A operands loaded from global memory, dS^T q and P^T dout use it.
+//
+// Forward: two passes over the keys, both cheap on the tensor cores. The first
+// computes each row's max m and sum l (online, per thread, then combined over
+// the 4 threads of a row); the second recomputes S, writes P = exp(S - m) / l
+// to probs once, and accumulates P V. So probs is written once, with no
+// read-back, and out needs no rescaling.
+
+#define TC_WARPS 4
+#define TC_THREADS (TC_WARPS * 32)
+#define TC_ROWS (TC_WARPS * 16)
+
+template <int D>
+struct TcShape {
+    static constexpr int LD = D + 4;                  // padded shared-memory row
+    static constexpr int CHUNK = D <= 64 ? 64 : 32;   // keys per chunk (fwd, dq)
+    static constexpr int NT = CHUNK / 8;              // 8-key tiles of a chunk
+    static constexpr int QCHUNK = D <= 64 ? 32 : 16;  // query rows per chunk (dk/dv)
+    static constexpr int QT = QCHUNK / 8;             // 8-query steps of a chunk
+    static constexpr int KT = D / 8;                  // 8-wide steps of head_dim
+    // Shared memory of every kernel: two buffers of CHUNK rows (fwd, dq) or
+    // two stages of a q and a dout chunk (dk/dv); the same size by design
+    // (34,816 bytes for D = 64, 33,792 for D = 128, under the 48 KiB a launch
+    // gets without opting in).
+    static constexpr int SMEM_FLOATS = 2 * CHUNK * LD;
+};
+static_assert(2 * TcShape<64>::QCHUNK == TcShape<64>::CHUNK, "dk/dv stages fill the buffers");
+static_assert(2 * TcShape<128>::QCHUNK == TcShape<128>::CHUNK, "dk/dv stages fill the buffers");
+
+__device__ __forceinline__ unsigned tc_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// d += a b on one 16 x 8 x 8 tile.
+__device__ __forceinline__ void tc_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                       unsigned b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Asynchronous copies global -> shared of 16 or 4 bytes; `bytes` 0 writes
+// zeros and reads nothing.
+__device__ __forceinline__ void tc_cp16(float* dst, const float* src, int bytes) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void tc_cp4(float* dst, const float* src, int bytes) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;"); }
+// Waits until at most one committed group (the latest) is still in flight.
+__device__ __forceinline__ void tc_wait_prev() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void tc_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// Starts copying ROWS rows of a head_dim-wide tensor (row n at src + n *
+// stride) to dst [ROWS][D + 4]; rows >= valid and columns >= head_dim become
+// zeros. `vec`: head_dim % 4 == 0 and src 16-byte aligned, so a row moves
+// in 16-byte pieces (stride is a multiple of head_dim).
+template <int D, int ROWS>
+__device__ __forceinline__ void tc_stage(float* dst, const float* __restrict__ src, size_t stride,
+                                         int valid, int head_dim, bool vec) {
+    constexpr int LD = TcShape<D>::LD;
+    if (vec) {
+        constexpr int PIECES = ROWS * D / 4;
+#pragma unroll
+        for (int u = 0; u < (PIECES + TC_THREADS - 1) / TC_THREADS; ++u) {
+            const int e = threadIdx.x + u * TC_THREADS;
+            if (PIECES % TC_THREADS != 0 && e >= PIECES) break;
+            const int n = e / (D / 4);
+            const int c = 4 * (e % (D / 4));
+            const bool in = n < valid && c < head_dim;
+            tc_cp16(dst + n * LD + c, in ? src + (size_t)n * stride + c : src, in ? 16 : 0);
+        }
+    } else {
+#pragma unroll 4
+        for (int e = threadIdx.x; e < ROWS * D; e += TC_THREADS) {
+            const int n = e / D;
+            const int c = e % D;
+            const bool in = n < valid && c < head_dim;
+            tc_cp4(dst + n * LD + c, in ? src + (size_t)n * stride + c : src, in ? 4 : 0);
+        }
+    }
+}
+
+// The A operand of a 16-row tile at `rows` ([16][D + 4] in shared memory),
+// all KT steps of head_dim, in tf32.
+template <int D>
+__device__ __forceinline__ void tc_load_a(const float* rows, int g, int t,
+                                          unsigned (&a)[TcShape<D>::KT][4]) {
+    constexpr int LD = TcShape<D>::LD;
+#pragma unroll
+    for (int kt = 0; kt < TcShape<D>::KT; ++kt) {
+        a[kt][0] = tc_tf32(rows[g * LD + 8 * kt + t]);
+        a[kt][1] = tc_tf32(rows[(g + 8) * LD + 8 * kt + t]);
+        a[kt][2] = tc_tf32(rows[g * LD + 8 * kt + t + 4]);
+        a[kt][3] = tc_tf32(rows[(g + 8) * LD + 8 * kt + t + 4]);
+    }
+}
+
+// s[n] = a kv_n^T for the 8-key tiles n of a chunk (kv [CHUNK][D + 4], read
+// k-style): the warp's 16 rows times the chunk's keys. Tiles whose first key
+// is >= key_lim are masked for every row of the warp and skipped.
+template <int D>
+__device__ __forceinline__ void tc_scores(const unsigned (&a)[TcShape<D>::KT][4], const float* kv,
+                                          int j0, int key_lim, int g, int t,
+                                          float (&s)[TcShape<D>::NT][4]) {
+    using S = TcShape<D>;
+#pragma unroll
+    for (int n = 0; n < S::NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+        if (j0 + 8 * n >= key_lim) continue;
+        const float* row = kv + (8 * n + g) * S::LD + t;
+#pragma unroll
+        for (int kt = 0; kt < S::KT; ++kt) tc_mma(s[n], a[kt], tc_tf32(row[8 * kt]), tc_tf32(row[8 * kt + 4]));
+    }
+}
+
+// acc += w rows for the chunk: w is the warp's 16 x CHUNK accumulator (read
+// as A operands, see the k order above) and rows [CHUNK][D + 4] is read
+// v-style.
+template <int D>
+__device__ __forceinline__ void tc_accumulate(const float (&w)[TcShape<D>::NT][4], const float* rows,
+                                              int j0, int key_lim, int g, int t,
+                                              float (&acc)[TcShape<D>::KT][4]) {
+    using S = TcShape<D>;
+#pragma unroll
+    for (int n = 0; n < S::NT; ++n) {
+        if (j0 + 8 * n >= key_lim) continue;
+        const unsigned a[4] = {tc_tf32(w[n][0]), tc_tf32(w[n][2]), tc_tf32(w[n][1]), tc_tf32(w[n][3])};
+        const float* r = rows + (8 * n + 2 * t) * S::LD + g;
+#pragma unroll
+        for (int nd = 0; nd < S::KT; ++nd) tc_mma(acc[nd], a, tc_tf32(r[8 * nd]), tc_tf32(r[S::LD + 8 * nd]));
+    }
+}
+
+// Stores the pair (x, y) at p[0], p[1]; p[1] only when `second`. `pair`:
+// both exist and p is 8-byte aligned.
+__device__ __forceinline__ void tc_store2(float* p, float x, float y, bool pair, bool second) {
+    if (pair) {
+        *reinterpret_cast<float2*>(p) = make_float2(x, y);
+    } else {
+        p[0] = x;
+        if (second) p[1] = y;
+    }
+}
+
+// Where a thread sits in a tile of the tc kernels.
+struct TcLane {
+    int warp, g, t;
+    __device__ __forceinline__ TcLane()
+        : warp(threadIdx.x / 32), g((threadIdx.x % 32) / 4), t(threadIdx.x % 4) {}
+};
+
+// The running max and sum of a row over the values a thread sees; merge()
+// combines the 4 threads of a row (xor shuffles, the same order every run).
+struct TcSoftmaxStats {
+    float m = ATT_NEG_INF;
+    float l = 0.0f;
+
+    template <int N>
+    __device__ __forceinline__ void add(float chunk_max, const float (&vals)[N]) {
+        const float m_new = fmaxf(m, chunk_max);
+        if (m_new == ATT_NEG_INF) return;  // nothing visible yet
+        float part = 0.0f;
+#pragma unroll
+        for (int e = 0; e < N; ++e) part += __expf(vals[e] - m_new);
+        l = l * __expf(m - m_new) + part;
+        m = m_new;
+    }
+
+    __device__ __forceinline__ void merge() {
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {
+            const float mo = __shfl_xor_sync(0xffffffffu, m, o);
+            const float lo = __shfl_xor_sync(0xffffffffu, l, o);
+            // A thread that saw no key of the row has m = -inf and l = 0;
+            // its factor must be 1, not exp(-inf + inf) = NaN, when its
+            // partner saw none either.
+            const float mn = fmaxf(m, mo);
+            l = l * (m == mn ? 1.0f : __expf(m - mn)) + lo * (mo == mn ? 1.0f : __expf(mo - mn));
+            m = mn;
+        }
+    }
+};
+
+// Forward: out and probs for TC_ROWS query rows. Grid (ceil(seq / TC_ROWS),
+// heads, batch), TC_THREADS threads, SMEM_FLOATS of dynamic shared memory.
+// The tiles nearest the end of the sequence see the most keys; they get the
+// lowest block indices so they start first.
+template <int D>
+__device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
+                                                 const float* __restrict__ k,
+                                                 const float* __restrict__ v,
+                                                 float* __restrict__ out,
+                                                 float* __restrict__ probs, int batch, int seq,
+                                                 int heads, int kv_heads, int head_dim,
+                                                 float scale, long long write_limit) {
+    using S = TcShape<D>;
+    extern __shared__ __align__(16) float tc_smem[];
+    float* buf[2] = {tc_smem, tc_smem + S::CHUNK * S::LD};
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * TC_ROWS;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    if (r0 >= seq || h >= heads || b >= batch) return;
+    const int kvh = h / (heads / kv_heads);
+    const TcLane ln;
+    const int wr = r0 + 16 * ln.warp;
+    const int row[2] = {wr + ln.g, wr + ln.g + 8};
+    // Keys j <= lim[r] are visible to row r (rows past seq see all keys, so
+    // their max stays finite; they are never stored).
+    const int lim[2] = {min(row[0], seq - 1), min(row[1], seq - 1)};
+    const int key_end = min(seq, r0 + TC_ROWS);     // keys any row of the block sees
+    const int warp_keys = min(seq, wr + 16);        // keys any row of the warp sees
+    const int chunks = (key_end + S::CHUNK - 1) / S::CHUNK;
+    const size_t kv_stride = (size_t)kv_heads * head_dim;
+    const size_t q_stride = (size_t)heads * head_dim;
+    const bool vec = head_dim % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
+    const float* kb = k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
+    const float* vb = v + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
+
+    // The query rows, staged across both buffers, into A operands.
+    unsigned qa[S::KT][4];
+    tc_stage<D, TC_ROWS>(tc_smem, q + att_q_at(b, r0, h, seq, heads, head_dim), q_stride, seq - r0,
+                         head_dim, vec);
+    tc_commit();
+    tc_wait_all();
+    __syncthreads();
+    tc_load_a<D>(tc_smem + 16 * ln.warp * S::LD, ln.g, ln.t, qa);
+    __syncthreads();
+
+    // Pass 1: each row's max and sum, keys double-buffered.
+    TcSoftmaxStats st[2];
+    tc_stage<D, S::CHUNK>(buf[0], kb, kv_stride, seq, head_dim, vec);
+    tc_commit();
+    for (int c = 0; c < chunks; ++c) {
+        const int j0 = c * S::CHUNK;
+        if (c + 1 < chunks)
+            tc_stage<D, S::CHUNK>(buf[(c + 1) & 1], kb + (j0 + S::CHUNK) * kv_stride, kv_stride,
+                                  seq - j0 - S::CHUNK, head_dim, vec);
+        tc_commit();
+        tc_wait_prev();
+        __syncthreads();
+        float s[S::NT][4];
+        tc_scores<D>(qa, buf[c & 1], j0, warp_keys, ln.g, ln.t, s);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float vals[2 * S::NT];
+            float mx = ATT_NEG_INF;
+#pragma unroll
+            for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int j = j0 + 8 * n + 2 * ln.t + e;
+                    const float x = j <= lim[r] ? scale * s[n][2 * r + e] : ATT_NEG_INF;
+                    vals[2 * n + e] = x;
+                    mx = fmaxf(mx, x);
+                }
+            st[r].add(mx, vals);
+        }
+        __syncthreads();  // buf[c & 1] is refilled at c + 1
+    }
+    float inv_l[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        st[r].merge();
+        inv_l[r] = 1.0f / st[r].l;
+    }
+
+    // Pass 2: P into probs and P v into the accumulator; k in buf[0], v in buf[1].
+    float acc[S::KT][4];
+#pragma unroll
+    for (int nd = 0; nd < S::KT; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nd][e] = 0.0f;
+    const bool pairs = seq % 2 == 0;  // then j even, and probs + row * seq + j is 8-byte aligned
+    tc_stage<D, S::CHUNK>(buf[0], kb, kv_stride, seq, head_dim, vec);
+    tc_commit();
+    tc_stage<D, S::CHUNK>(buf[1], vb, kv_stride, seq, head_dim, vec);
+    tc_commit();
+    for (int c = 0; c < chunks; ++c) {
+        const int j0 = c * S::CHUNK;
+        const int next = j0 + S::CHUNK;
+        tc_wait_prev();  // k of chunk c
+        __syncthreads();
+        float s[S::NT][4];
+        tc_scores<D>(qa, buf[0], j0, warp_keys, ln.g, ln.t, s);
+        __syncthreads();
+        if (c + 1 < chunks)
+            tc_stage<D, S::CHUNK>(buf[0], kb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
+        tc_commit();
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float m = st[r].m;
+#pragma unroll
+            for (int n = 0; n < S::NT; ++n) {
+                const int j = j0 + 8 * n + 2 * ln.t;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float x = s[n][2 * r + e];
+                    s[n][2 * r + e] = j + e <= lim[r] ? __expf(scale * x - m) * inv_l[r] : 0.0f;
+                }
+                if (row[r] < seq && j < seq)
+                    tc_store2(probs + att_p_at(b, h, row[r], seq, heads) + j, s[n][2 * r],
+                              s[n][2 * r + 1], pairs, j + 1 < seq);
+            }
+        }
+        tc_wait_prev();  // v of chunk c
+        __syncthreads();
+        tc_accumulate<D>(s, buf[1], j0, warp_keys, ln.g, ln.t, acc);
+        __syncthreads();
+        if (c + 1 < chunks)
+            tc_stage<D, S::CHUNK>(buf[1], vb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
+        tc_commit();
+    }
+
+    // Zeros past the last chunk (all above the diagonal), a warp per row.
+    const int zero_from = chunks * S::CHUNK;
+    for (int rr = 0; rr < 16; ++rr) {
+        const int i = wr + rr;
+        if (i >= seq) break;
+        float* pr = probs + att_p_at(b, h, i, seq, heads);
+        for (int j = zero_from + threadIdx.x % 32; j < seq; j += 32) pr[j] = 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (row[r] >= seq) continue;
+        const size_t o_row = att_q_at(b, row[r], h, seq, heads, head_dim);
+#pragma unroll
+        for (int nd = 0; nd < S::KT; ++nd)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = 8 * nd + 2 * ln.t + e;
+                const size_t idx = o_row + col;
+                if (col < head_dim && (long long)idx < write_limit) out[idx] = acc[nd][2 * r + e];
+            }
+    }
+}
+
+// Backward, part 1: dS (into ds, entries j <= i) and dq for TC_ROWS query
+// rows, one pass over the keys: dP = dout v^T, dS = P (dP - D), dq += dS k.
+// Grid, block and shared memory as the forward.
+template <int D>
+__device__ __forceinline__ void attention_tc_dq(const float* __restrict__ k,
+                                                const float* __restrict__ v,
+                                                const float* __restrict__ probs,
+                                                const float* __restrict__ out,
+                                                const float* __restrict__ dout,
+                                                float* __restrict__ dq, float* __restrict__ ds,
+                                                int batch, int seq, int heads, int kv_heads,
+                                                int head_dim, float scale) {
+    using S = TcShape<D>;
+    extern __shared__ __align__(16) float tc_smem[];
+    float* vbuf = tc_smem;
+    float* kbuf = tc_smem + S::CHUNK * S::LD;
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * TC_ROWS;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    if (r0 >= seq || h >= heads || b >= batch) return;
+    const int kvh = h / (heads / kv_heads);
+    const TcLane ln;
+    const int wr = r0 + 16 * ln.warp;
+    const int row[2] = {wr + ln.g, wr + ln.g + 8};
+    const int key_end = min(seq, r0 + TC_ROWS);
+    const int warp_keys = min(seq, wr + 16);
+    const int chunks = (key_end + S::CHUNK - 1) / S::CHUNK;
+    const size_t kv_stride = (size_t)kv_heads * head_dim;
+    const size_t q_stride = (size_t)heads * head_dim;
+    const bool vec = head_dim % 4 == 0 && aligned16(dout) && aligned16(k) && aligned16(v);
+    const float* kb = k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
+    const float* vb = v + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
+
+    // dout rows as A operands, and D_i = <dout_i, out_i> of the thread's two
+    // rows (a warp reduction per row of the warp; every lane gets each sum).
+    unsigned da[S::KT][4];
+    float d_row[2] = {0.0f, 0.0f};
+    tc_stage<D, TC_ROWS>(tc_smem, dout + att_q_at(b, r0, h, seq, heads, head_dim), q_stride,
+                         seq - r0, head_dim, vec);
+    tc_commit();
+    tc_wait_all();
+    __syncthreads();
+    const float* my_rows = tc_smem + 16 * ln.warp * S::LD;
+    tc_load_a<D>(my_rows, ln.g, ln.t, da);
+    for (int rr = 0; rr < 16; ++rr) {
+        const int i = wr + rr;
+        float part = 0.0f;
+        if (i < seq) {
+            const float* o = out + att_q_at(b, i, h, seq, heads, head_dim);
+            for (int c = threadIdx.x % 32; c < head_dim; c += 32) part = fmaf(my_rows[rr * S::LD + c], o[c], part);
+        }
+        part = warp_reduce(part, SumOp());
+        if (rr == ln.g) d_row[0] = part;
+        if (rr == ln.g + 8) d_row[1] = part;
+    }
+    __syncthreads();
+
+    float acc[S::KT][4];
+#pragma unroll
+    for (int nd = 0; nd < S::KT; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nd][e] = 0.0f;
+    const bool pairs = seq % 2 == 0;
+    size_t p_row[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) p_row[r] = att_p_at(b, h, min(row[r], seq - 1), seq, heads);
+    tc_stage<D, S::CHUNK>(vbuf, vb, kv_stride, seq, head_dim, vec);
+    tc_commit();
+    tc_stage<D, S::CHUNK>(kbuf, kb, kv_stride, seq, head_dim, vec);
+    tc_commit();
+    for (int c = 0; c < chunks; ++c) {
+        const int j0 = c * S::CHUNK;
+        const int next = j0 + S::CHUNK;
+        // The chunk's probabilities, loaded before the wait so their latency
+        // overlaps it and the dP products.
+        float w[S::NT][4];
+#pragma unroll
+        for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int j = j0 + 8 * n + 2 * ln.t + e;
+                    w[n][2 * r + e] = (row[r] < seq && j <= row[r]) ? probs[p_row[r] + j] : 0.0f;
+                }
+        tc_wait_prev();  // v of chunk c
+        __syncthreads();
+        float dp[S::NT][4];
+        tc_scores<D>(da, vbuf, j0, warp_keys, ln.g, ln.t, dp);
+        __syncthreads();
+        if (c + 1 < chunks)
+            tc_stage<D, S::CHUNK>(vbuf, vb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
+        tc_commit();
+#pragma unroll
+        for (int n = 0; n < S::NT; ++n) {
+            const int j = j0 + 8 * n + 2 * ln.t;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                // Masked entries have P = 0, so dS = 0 there.
+                w[n][2 * r] *= dp[n][2 * r] - d_row[r];
+                w[n][2 * r + 1] *= dp[n][2 * r + 1] - d_row[r];
+                if (row[r] < seq && j <= row[r])
+                    tc_store2(ds + p_row[r] + j, w[n][2 * r], w[n][2 * r + 1], pairs,
+                              j + 1 <= row[r]);
+            }
+        }
+        tc_wait_prev();  // k of chunk c
+        __syncthreads();
+        tc_accumulate<D>(w, kbuf, j0, warp_keys, ln.g, ln.t, acc);
+        __syncthreads();
+        if (c + 1 < chunks)
+            tc_stage<D, S::CHUNK>(kbuf, kb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
+        tc_commit();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (row[r] >= seq) continue;
+        const size_t o_row = att_q_at(b, row[r], h, seq, heads, head_dim);
+#pragma unroll
+        for (int nd = 0; nd < S::KT; ++nd)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = 8 * nd + 2 * ln.t + e;
+                if (col < head_dim) dq[o_row + col] = scale * acc[nd][2 * r + e];
+            }
+    }
+}
+
+// The A operands of dS^T and P^T for one chunk of QCHUNK query rows from i0:
+// rows = the warp's keys kr[0], kr[1] (g and g + 8), k index t / t + 4 = query
+// i0 + 8 qt + 2t / + 1 (the k order above), masked to i >= j, i < seq.
+template <int D>
+__device__ __forceinline__ void tc_load_dkv_a(const float* __restrict__ ds,
+                                              const float* __restrict__ probs, size_t plane,
+                                              int seq, int i0, const int (&kr)[2], int t,
+                                              unsigned (&sa)[TcShape<D>::QT][4],
+                                              unsigned (&pa)[TcShape<D>::QT][4]) {
+#pragma unroll
+    for (int qt = 0; qt < TcShape<D>::QT; ++qt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = i0 + 8 * qt + 2 * t + e / 2;  // a0, a1: query 2t; a2, a3: 2t + 1
+            const int j = kr[e % 2];                    // a0, a2: key g; a1, a3: g + 8
+            float sv = 0.0f;
+            float pv = 0.0f;
+            if (i < seq && j < seq && i >= j) {
+                const size_t at = plane + (size_t)i * seq + j;
+                sv = ds[at];
+                pv = probs[at];
+            }
+            sa[qt][e] = tc_tf32(sv);
+            pa[qt][e] = tc_tf32(pv);
+        }
+}
+
+// Backward, part 2: one query head's share of dk and dv (pk, pv) for TC_ROWS
+// key rows, over the query rows i >= the tile's first key in chunks of
+// QCHUNK: pk_j = sum_i dS_ij q_i, pv_j = sum_i P_ij dout_i. The dS and P
+// entries go from global memory straight into A operands (a warp's load
+// covers 32-byte pieces of 4 rows), one chunk ahead; q and dout chunks are
+// staged, two stages. Grid (ceil(seq / TC_ROWS), heads, batch), TC_THREADS
+// threads, SMEM_FLOATS of dynamic shared memory.
+template <int D>
+__device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
+                                                 const float* __restrict__ dout,
+                                                 const float* __restrict__ probs,
+                                                 const float* __restrict__ ds,
+                                                 float* __restrict__ pk, float* __restrict__ pv,
+                                                 int batch, int seq, int heads, int head_dim) {
+    using S = TcShape<D>;
+    extern __shared__ __align__(16) float tc_smem[];
+    const int j0 = blockIdx.x * TC_ROWS;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    if (j0 >= seq || h >= heads || b >= batch) return;
+    const TcLane ln;
+    const int wj = j0 + 16 * ln.warp;
+    const int kr[2] = {wj + ln.g, wj + ln.g + 8};
+    const size_t q_stride = (size_t)heads * head_dim;
+    const size_t plane = att_p_at(b, h, 0, seq, heads);
+    const bool vec = head_dim % 4 == 0 && aligned16(q) && aligned16(dout);
+    const float* qb = q + att_q_at(b, 0, h, seq, heads, head_dim);
+    const float* db = dout + att_q_at(b, 0, h, seq, heads, head_dim);
+    const int chunks = (seq - j0 + S::QCHUNK - 1) / S::QCHUNK;
+    // Stage s: q rows at tc_smem + 2 s QCHUNK LD, dout rows right after.
+    auto stage = [&](int c) {
+        float* dst = tc_smem + (c & 1) * 2 * S::QCHUNK * S::LD;
+        const int i0 = j0 + c * S::QCHUNK;
+        tc_stage<D, S::QCHUNK>(dst, qb + i0 * q_stride, q_stride, seq - i0, head_dim, vec);
+        tc_stage<D, S::QCHUNK>(dst + S::QCHUNK * S::LD, db + i0 * q_stride, q_stride, seq - i0,
+                               head_dim, vec);
+    };
+
+    float ka[S::KT][4], va[S::KT][4];
+#pragma unroll
+    for (int nd = 0; nd < S::KT; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            ka[nd][e] = 0.0f;
+            va[nd][e] = 0.0f;
+        }
+    unsigned sa[S::QT][4], pa[S::QT][4];
+    tc_load_dkv_a<D>(ds, probs, plane, seq, j0, kr, ln.t, sa, pa);
+    stage(0);
+    tc_commit();
+    for (int c = 0; c < chunks; ++c) {
+        const int i0 = j0 + c * S::QCHUNK;
+        if (c + 1 < chunks) stage(c + 1);
+        tc_commit();
+        unsigned sn[S::QT][4], pn[S::QT][4];
+        tc_load_dkv_a<D>(ds, probs, plane, seq, i0 + S::QCHUNK, kr, ln.t, sn, pn);
+        tc_wait_prev();
+        __syncthreads();
+        const float* qs = tc_smem + (c & 1) * 2 * S::QCHUNK * S::LD;
+        const float* dos = qs + S::QCHUNK * S::LD;
+#pragma unroll
+        for (int qt = 0; qt < S::QT; ++qt) {
+            // Queries i0 + 8 qt .. + 7 see none of the warp's keys if all are < wj.
+            if (i0 + 8 * qt + 7 < wj) continue;
+            const float* qr = qs + (8 * qt + 2 * ln.t) * S::LD + ln.g;
+            const float* dr = dos + (8 * qt + 2 * ln.t) * S::LD + ln.g;
+#pragma unroll
+            for (int nd = 0; nd < S::KT; ++nd) {
+                tc_mma(ka[nd], sa[qt], tc_tf32(qr[8 * nd]), tc_tf32(qr[S::LD + 8 * nd]));
+                tc_mma(va[nd], pa[qt], tc_tf32(dr[8 * nd]), tc_tf32(dr[S::LD + 8 * nd]));
+            }
+        }
+        __syncthreads();  // stage c & 1 is refilled at c + 2
+#pragma unroll
+        for (int qt = 0; qt < S::QT; ++qt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                sa[qt][e] = sn[qt][e];
+                pa[qt][e] = pn[qt][e];
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (kr[r] >= seq) continue;
+        const size_t o_row = att_q_at(b, kr[r], h, seq, heads, head_dim);
+#pragma unroll
+        for (int nd = 0; nd < S::KT; ++nd)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = 8 * nd + 2 * ln.t + e;
+                if (col < head_dim) {
+                    pk[o_row + col] = ka[nd][2 * r + e];
+                    pv[o_row + col] = va[nd][2 * r + e];
+                }
+            }
+    }
+}
+
+#define ATT_TC_FWD(D)                                                                          \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS) attention_tc_fwd_d##D##_f32(     \
+        const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, \
+        float* __restrict__ out, float* __restrict__ probs, int batch, int seq, int heads,    \
+        int kv_heads, int head_dim, float scale, long long write_limit) {                     \
+        attention_tc_fwd<D>(q, k, v, out, probs, batch, seq, heads, kv_heads, head_dim, scale, \
+                            write_limit);                                                     \
+    }
+#define ATT_TC_DQ(D)                                                                           \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS) attention_tc_bwd_dq_d##D##_f32(  \
+        const float* __restrict__ k, const float* __restrict__ v,                             \
+        const float* __restrict__ probs, const float* __restrict__ out,                       \
+        const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ ds,       \
+        int batch, int seq, int heads, int kv_heads, int head_dim, float scale) {             \
+        attention_tc_dq<D>(k, v, probs, out, dout, dq, ds, batch, seq, heads, kv_heads,       \
+                           head_dim, scale);                                                  \
+    }
+#define ATT_TC_DKV(D)                                                                          \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS) attention_tc_bwd_dkv_d##D##_f32( \
+        const float* __restrict__ q, const float* __restrict__ dout,                          \
+        const float* __restrict__ probs, const float* __restrict__ ds, float* __restrict__ pk, \
+        float* __restrict__ pv, int batch, int seq, int heads, int head_dim) {                \
+        attention_tc_dkv<D>(q, dout, probs, ds, pk, pv, batch, seq, heads, head_dim);         \
+    }
+
 // The module defines ATT_BUILD (64 or 128) and ATT_PART (kernels/mod.rs):
-// one kernel of one build per module; the dkv module also holds kv_sum.
+// one kernel of one build per module, parts 0-2 the f32 kernels and 3-5 the
+// tensor-core ones; each dkv module (parts 2 and 5) also holds kv_sum.
 #if ATT_BUILD != 64 && ATT_BUILD != 128
 #error "ATT_BUILD must be 64 or 128"
 #endif
@@ -543,8 +1190,16 @@ __device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
 ATT_INSTANTIATE(ATT_FWD, ATT_BUILD)
 #elif ATT_PART == 1
 ATT_INSTANTIATE(ATT_DQ, ATT_BUILD)
-#elif ATT_PART == 2
+#elif ATT_PART == 3
+ATT_INSTANTIATE(ATT_TC_FWD, ATT_BUILD)
+#elif ATT_PART == 4
+ATT_INSTANTIATE(ATT_TC_DQ, ATT_BUILD)
+#elif ATT_PART == 2 || ATT_PART == 5
+#if ATT_PART == 2
 ATT_INSTANTIATE(ATT_DKV, ATT_BUILD)
+#else
+ATT_INSTANTIATE(ATT_TC_DKV, ATT_BUILD)
+#endif
 
 // Backward, part 3: dk = scale * (sum over the group's heads of pk) and dv =
 // the same sum of pv, heads in increasing order. One thread per element of
@@ -575,5 +1230,5 @@ extern "C" __global__ void attention_bwd_kv_sum_f32(const float* __restrict__ pk
     }
 }
 #else
-#error "ATT_PART must be 0, 1 or 2"
+#error "ATT_PART must be 0 to 5"
 #endif  // ATT_PART
