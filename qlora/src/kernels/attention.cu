@@ -32,6 +32,10 @@
 //                          share of dk and dv (pk, pv), and
 //                          attention_bwd_kv_sum_f32: dk, dv, the shares of a
 //                          group added in order (not tiled; in both builds).
+//   attention_tc_{fwd,dq,dkv}_dXX (ATT_PART 3, 4, 5): the same three on the
+//                          tensor cores (TF32 products, f32 accumulation),
+//                          same arguments and outputs; see "Tensor-core
+//                          kernels" below. The tc dkv module holds kv_sum too.
 //
 // Tiling. The tiled kernels run 256 threads on a tile of ATT_ROWS = 32 rows
 // (query rows for the forward and dq, key rows for dk/dv): thread (g, c), with
@@ -542,20 +546,30 @@ __device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
 // tile (query rows for the forward and dq, key rows for dk/dv), the M of the
 // mma. Operands that every warp shares (k and v chunks; q and dout chunks for
 // dk/dv) are copied to shared memory with cp.async, two buffers, so the next
-// chunk is in flight while the current one is multiplied. A fragment is
-// read from shared memory at one of two patterns, both free of bank conflicts
-// with rows padded to D + 4 floats (row stride = 4 banks mod 32):
-//   "k-style": element (n, k) at row n0 + g, column k0 + t (+ 4): banks 4g + t;
-//   "v-style": element (k, n) at rows k0 + 2t and 2t + 1, column n0 + g: banks 8t + g;
-// with g = lane / 4 and t = lane % 4, as in the PTX fragment layouts.
+// chunk is in flight while the current one is multiplied; each thread rounds
+// the elements it copied to tf32 in place, once per block rather than once
+// per warp that reads them. With g = lane / 4 and t = lane % 4 (the PTX
+// fragment layouts), a B operand is read from shared memory at one of two
+// patterns, each free of bank conflicts with its row padding:
+//   "k-style" (the tile's rows are the mma's n): row n0 + g, columns
+//     k0 + 2t and 2t + 1 as one 8-byte load; rows of D + 8 floats (8 banks
+//     apart, so the 4 rows of a half warp cover the 32 banks once);
+//   "v-style" (the tile's rows are the mma's k): rows k0 + 2t and 2t + 1,
+//     column n0 + g; rows of D + 4 floats (banks 8t + g).
 //
-// Reusing an accumulator as the A operand. The accumulator of an m16n8 tile
-// holds, in thread (g, t), columns 2t and 2t + 1 of rows g and g + 8; the A
-// operand of m16n8k8 wants columns t and t + 4. A product sums over k, so its
-// k order is free: reading k index t as column 2t and t + 4 as 2t + 1 makes
-// the accumulator the A operand as it is, and the B operand then takes rows
-// 2t and 2t + 1 (the v-style pattern). P V, dS K and, with the same reading
-// of the A operands loaded from global memory, dS^T q and P^T dout use it.
+// The k order of an mma is free (a product sums over k), so a k-step's
+// index t may stand for column 2t and t + 4 for 2t + 1, in A and B alike:
+//   - for S = q k^T and dP = dout v^T this makes B's two registers adjacent
+//     in a k-style row (one 8-byte load), and A's too;
+//   - an accumulator (thread (g, t) holds columns 2t and 2t + 1 of rows g and
+//     g + 8) then is an A operand as it is: P V and dS k use the softmax and
+//     dS results straight from registers, with B read v-style; dS^T q and
+//     P^T dout read their A operands from global memory in the same order.
+//
+// Every mma loop runs over whole chunks with no per-tile branch, so the
+// compiler interleaves the independent accumulators (a warp has few peers
+// on its scheduler to hide the mma latency: the grid is small). Tiles wholly
+// above the diagonal cost some products but are masked like the rest.
 //
 // Forward: two passes over the keys, both cheap on the tensor cores. The first
 // computes each row's max m and sum l (online, per thread, then combined over
@@ -569,34 +583,39 @@ __device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
 
 template <int D>
 struct TcShape {
-    static constexpr int LD = D + 4;                  // padded shared-memory row
+    static constexpr int LDK = D + 8;                 // row of a tile read k-style
+    static constexpr int LDV = D + 4;                 // row of a tile read v-style
     static constexpr int CHUNK = D <= 64 ? 64 : 32;   // keys per chunk (fwd, dq)
     static constexpr int NT = CHUNK / 8;              // 8-key tiles of a chunk
     static constexpr int QCHUNK = D <= 64 ? 32 : 16;  // query rows per chunk (dk/dv)
     static constexpr int QT = QCHUNK / 8;             // 8-query steps of a chunk
     static constexpr int KT = D / 8;                  // 8-wide steps of head_dim
-    // Shared memory of every kernel: two buffers of CHUNK rows (fwd, dq) or
-    // two stages of a q and a dout chunk (dk/dv); the same size by design
-    // (34,816 bytes for D = 64, 33,792 for D = 128, under the 48 KiB a launch
-    // gets without opting in).
-    static constexpr int SMEM_FLOATS = 2 * CHUNK * LD;
+    // Shared memory of every kernel: two buffers of CHUNK rows of LDK floats
+    // (fwd, dq; the query or dout tile is staged there first), or two stages
+    // of a q and a dout chunk of LDV rows (dk/dv), which fit in the same:
+    // 36,864 bytes for D = 64, 34,816 for D = 128, under the 48 KiB a launch
+    // gets without opting in.
+    static constexpr int BUF = CHUNK * LDK;
+    static constexpr int SMEM_FLOATS = 2 * BUF;
 };
-static_assert(2 * TcShape<64>::QCHUNK == TcShape<64>::CHUNK, "dk/dv stages fill the buffers");
-static_assert(2 * TcShape<128>::QCHUNK == TcShape<128>::CHUNK, "dk/dv stages fill the buffers");
+static_assert(TC_ROWS * TcShape<64>::LDK <= TcShape<64>::SMEM_FLOATS, "row tile fits");
+static_assert(TC_ROWS * TcShape<128>::LDK <= TcShape<128>::SMEM_FLOATS, "row tile fits");
+static_assert(4 * TcShape<64>::QCHUNK * TcShape<64>::LDV <= TcShape<64>::SMEM_FLOATS, "dk/dv stages fit");
+static_assert(4 * TcShape<128>::QCHUNK * TcShape<128>::LDV <= TcShape<128>::SMEM_FLOATS, "dk/dv stages fit");
 
-__device__ __forceinline__ unsigned tc_tf32(float x) {
+__device__ __forceinline__ float tc_tf32(float x) {
     unsigned r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
+    return __uint_as_float(r);
 }
 
-// d += a b on one 16 x 8 x 8 tile.
-__device__ __forceinline__ void tc_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0,
-                                       unsigned b1) {
+// d += a b on one 16 x 8 x 8 tile; a and b hold tf32 values.
+__device__ __forceinline__ void tc_mma(float (&d)[4], const float (&a)[4], float b0, float b1) {
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
+          "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
 }
 
 // Asynchronous copies global -> shared of 16 or 4 bytes; `bytes` 0 writes
@@ -614,85 +633,115 @@ __device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_grou
 __device__ __forceinline__ void tc_wait_prev() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 __device__ __forceinline__ void tc_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
-// Starts copying ROWS rows of a head_dim-wide tensor (row n at src + n *
-// stride) to dst [ROWS][D + 4]; rows >= valid and columns >= head_dim become
-// zeros. `vec`: head_dim % 4 == 0 and src 16-byte aligned, so a row moves
-// in 16-byte pieces (stride is a multiple of head_dim).
-template <int D, int ROWS>
-__device__ __forceinline__ void tc_stage(float* dst, const float* __restrict__ src, size_t stride,
-                                         int valid, int head_dim, bool vec) {
-    constexpr int LD = TcShape<D>::LD;
-    if (vec) {
-        constexpr int PIECES = ROWS * D / 4;
+// A ROWS x D tile in shared memory, rows of LD floats. Thread threadIdx.x
+// owns the same elements in stage() and round(), so after its copies land
+// it can round them without a barrier in between.
+template <int D, int ROWS, int LD>
+struct TcTile {
+    float* s;
+
+    // Starts copying rows n < valid (row n at src + n * stride, head_dim
+    // floats); the rest of the tile, rows past valid and columns past
+    // head_dim, becomes zeros. `vec`: head_dim % 4 == 0 and src 16-byte
+    // aligned, so rows move in 16-byte pieces (stride is a multiple of
+    // head_dim).
+    __device__ __forceinline__ void stage(const float* __restrict__ src, size_t stride, int valid,
+                                          int head_dim, bool vec) const {
+        if (vec) {
+            constexpr int PIECES = ROWS * D / 4;
 #pragma unroll
-        for (int u = 0; u < (PIECES + TC_THREADS - 1) / TC_THREADS; ++u) {
-            const int e = threadIdx.x + u * TC_THREADS;
-            if (PIECES % TC_THREADS != 0 && e >= PIECES) break;
-            const int n = e / (D / 4);
-            const int c = 4 * (e % (D / 4));
-            const bool in = n < valid && c < head_dim;
-            tc_cp16(dst + n * LD + c, in ? src + (size_t)n * stride + c : src, in ? 16 : 0);
-        }
-    } else {
+            for (int u = 0; u < (PIECES + TC_THREADS - 1) / TC_THREADS; ++u) {
+                const int e = threadIdx.x + u * TC_THREADS;
+                if (PIECES % TC_THREADS != 0 && e >= PIECES) break;
+                const int n = e / (D / 4);
+                const int c = 4 * (e % (D / 4));
+                const bool in = n < valid && c < head_dim;
+                tc_cp16(s + n * LD + c, in ? src + (size_t)n * stride + c : src, in ? 16 : 0);
+            }
+        } else {
 #pragma unroll 4
-        for (int e = threadIdx.x; e < ROWS * D; e += TC_THREADS) {
-            const int n = e / D;
-            const int c = e % D;
-            const bool in = n < valid && c < head_dim;
-            tc_cp4(dst + n * LD + c, in ? src + (size_t)n * stride + c : src, in ? 4 : 0);
+            for (int e = threadIdx.x; e < ROWS * D; e += TC_THREADS) {
+                const int n = e / D;
+                const int c = e % D;
+                const bool in = n < valid && c < head_dim;
+                tc_cp4(s + n * LD + c, in ? src + (size_t)n * stride + c : src, in ? 4 : 0);
+            }
         }
     }
-}
 
-// The A operand of a 16-row tile at `rows` ([16][D + 4] in shared memory),
-// all KT steps of head_dim, in tf32.
+    // Rounds this thread's elements to tf32, after its copies landed.
+    __device__ __forceinline__ void round(bool vec) const {
+        if (vec) {
+            constexpr int PIECES = ROWS * D / 4;
+#pragma unroll
+            for (int u = 0; u < (PIECES + TC_THREADS - 1) / TC_THREADS; ++u) {
+                const int e = threadIdx.x + u * TC_THREADS;
+                if (PIECES % TC_THREADS != 0 && e >= PIECES) break;
+                float4* p = reinterpret_cast<float4*>(s + (e / (D / 4)) * LD + 4 * (e % (D / 4)));
+                const float4 x = *p;
+                *p = make_float4(tc_tf32(x.x), tc_tf32(x.y), tc_tf32(x.z), tc_tf32(x.w));
+            }
+        } else {
+#pragma unroll 4
+            for (int e = threadIdx.x; e < ROWS * D; e += TC_THREADS) {
+                float* p = s + (e / D) * LD + e % D;
+                *p = tc_tf32(*p);
+            }
+        }
+    }
+};
+
+// The A operands of the 16 rows at `rows` (a k-style tile, already tf32), all
+// KT steps of head_dim, in the k order above: a[kt] = rows g and g + 8 at
+// columns 8 kt + 2t (registers 0, 1) and 8 kt + 2t + 1 (registers 2, 3).
 template <int D>
 __device__ __forceinline__ void tc_load_a(const float* rows, int g, int t,
-                                          unsigned (&a)[TcShape<D>::KT][4]) {
-    constexpr int LD = TcShape<D>::LD;
+                                          float (&a)[TcShape<D>::KT][4]) {
+    constexpr int LD = TcShape<D>::LDK;
 #pragma unroll
     for (int kt = 0; kt < TcShape<D>::KT; ++kt) {
-        a[kt][0] = tc_tf32(rows[g * LD + 8 * kt + t]);
-        a[kt][1] = tc_tf32(rows[(g + 8) * LD + 8 * kt + t]);
-        a[kt][2] = tc_tf32(rows[g * LD + 8 * kt + t + 4]);
-        a[kt][3] = tc_tf32(rows[(g + 8) * LD + 8 * kt + t + 4]);
+        const float2 lo = *reinterpret_cast<const float2*>(rows + g * LD + 8 * kt + 2 * t);
+        const float2 hi = *reinterpret_cast<const float2*>(rows + (g + 8) * LD + 8 * kt + 2 * t);
+        a[kt][0] = lo.x;
+        a[kt][1] = hi.x;
+        a[kt][2] = lo.y;
+        a[kt][3] = hi.y;
     }
 }
 
-// s[n] = a kv_n^T for the 8-key tiles n of a chunk (kv [CHUNK][D + 4], read
-// k-style): the warp's 16 rows times the chunk's keys. Tiles whose first key
-// is >= key_lim are masked for every row of the warp and skipped.
+// s[n] = a kv_n^T for the 8-key tiles n of a chunk (kv: CHUNK rows, k-style,
+// tf32): the warp's 16 rows times the chunk's keys.
 template <int D>
-__device__ __forceinline__ void tc_scores(const unsigned (&a)[TcShape<D>::KT][4], const float* kv,
-                                          int j0, int key_lim, int g, int t,
-                                          float (&s)[TcShape<D>::NT][4]) {
+__device__ __forceinline__ void tc_scores(const float (&a)[TcShape<D>::KT][4], const float* kv,
+                                          int g, int t, float (&s)[TcShape<D>::NT][4]) {
     using S = TcShape<D>;
 #pragma unroll
-    for (int n = 0; n < S::NT; ++n) {
+    for (int n = 0; n < S::NT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
-        if (j0 + 8 * n >= key_lim) continue;
-        const float* row = kv + (8 * n + g) * S::LD + t;
+    const float* row = kv + g * S::LDK + 2 * t;
 #pragma unroll
-        for (int kt = 0; kt < S::KT; ++kt) tc_mma(s[n], a[kt], tc_tf32(row[8 * kt]), tc_tf32(row[8 * kt + 4]));
-    }
+    for (int kt = 0; kt < S::KT; ++kt)
+#pragma unroll
+        for (int n = 0; n < S::NT; ++n) {
+            const float2 b = *reinterpret_cast<const float2*>(row + 8 * n * S::LDK + 8 * kt);
+            tc_mma(s[n], a[kt], b.x, b.y);
+        }
 }
 
-// acc += w rows for the chunk: w is the warp's 16 x CHUNK accumulator (read
-// as A operands, see the k order above) and rows [CHUNK][D + 4] is read
-// v-style.
+// acc += w rows for the chunk: w is the warp's 16 x CHUNK accumulator (f32,
+// rounded here; read as A operands in the k order above) and rows is the
+// chunk, v-style, tf32.
 template <int D>
 __device__ __forceinline__ void tc_accumulate(const float (&w)[TcShape<D>::NT][4], const float* rows,
-                                              int j0, int key_lim, int g, int t,
-                                              float (&acc)[TcShape<D>::KT][4]) {
+                                              int g, int t, float (&acc)[TcShape<D>::KT][4]) {
     using S = TcShape<D>;
 #pragma unroll
     for (int n = 0; n < S::NT; ++n) {
-        if (j0 + 8 * n >= key_lim) continue;
-        const unsigned a[4] = {tc_tf32(w[n][0]), tc_tf32(w[n][2]), tc_tf32(w[n][1]), tc_tf32(w[n][3])};
-        const float* r = rows + (8 * n + 2 * t) * S::LD + g;
+        const float a[4] = {tc_tf32(w[n][0]), tc_tf32(w[n][2]), tc_tf32(w[n][1]), tc_tf32(w[n][3])};
+        const float* r = rows + (8 * n + 2 * t) * S::LDV + g;
 #pragma unroll
-        for (int nd = 0; nd < S::KT; ++nd) tc_mma(acc[nd], a, tc_tf32(r[8 * nd]), tc_tf32(r[S::LD + 8 * nd]));
+        for (int nd = 0; nd < S::KT; ++nd) tc_mma(acc[nd], a, r[8 * nd], r[S::LDV + 8 * nd]);
     }
 }
 
@@ -759,8 +808,9 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
                                                  int heads, int kv_heads, int head_dim,
                                                  float scale, long long write_limit) {
     using S = TcShape<D>;
+    using KTile = TcTile<D, S::CHUNK, S::LDK>;
+    using VTile = TcTile<D, S::CHUNK, S::LDV>;
     extern __shared__ __align__(16) float tc_smem[];
-    float* buf[2] = {tc_smem, tc_smem + S::CHUNK * S::LD};
     const int r0 = (gridDim.x - 1 - blockIdx.x) * TC_ROWS;
     const int h = blockIdx.y;
     const int b = blockIdx.z;
@@ -772,8 +822,7 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
     // Keys j <= lim[r] are visible to row r (rows past seq see all keys, so
     // their max stays finite; they are never stored).
     const int lim[2] = {min(row[0], seq - 1), min(row[1], seq - 1)};
-    const int key_end = min(seq, r0 + TC_ROWS);     // keys any row of the block sees
-    const int warp_keys = min(seq, wr + 16);        // keys any row of the warp sees
+    const int key_end = min(seq, r0 + TC_ROWS);  // keys any row of the block sees
     const int chunks = (key_end + S::CHUNK - 1) / S::CHUNK;
     const size_t kv_stride = (size_t)kv_heads * head_dim;
     const size_t q_stride = (size_t)heads * head_dim;
@@ -782,29 +831,35 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
     const float* vb = v + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
 
     // The query rows, staged across both buffers, into A operands.
-    unsigned qa[S::KT][4];
-    tc_stage<D, TC_ROWS>(tc_smem, q + att_q_at(b, r0, h, seq, heads, head_dim), q_stride, seq - r0,
-                         head_dim, vec);
-    tc_commit();
-    tc_wait_all();
-    __syncthreads();
-    tc_load_a<D>(tc_smem + 16 * ln.warp * S::LD, ln.g, ln.t, qa);
-    __syncthreads();
+    float qa[S::KT][4];
+    {
+        const TcTile<D, TC_ROWS, S::LDK> tq{tc_smem};
+        tq.stage(q + att_q_at(b, r0, h, seq, heads, head_dim), q_stride, seq - r0, head_dim, vec);
+        tc_commit();
+        tc_wait_all();
+        tq.round(vec);
+        __syncthreads();
+        tc_load_a<D>(tc_smem + 16 * ln.warp * S::LDK, ln.g, ln.t, qa);
+        __syncthreads();
+    }
 
     // Pass 1: each row's max and sum, keys double-buffered.
     TcSoftmaxStats st[2];
-    tc_stage<D, S::CHUNK>(buf[0], kb, kv_stride, seq, head_dim, vec);
+    const KTile kbuf[2] = {{tc_smem}, {tc_smem + S::BUF}};
+    kbuf[0].stage(kb, kv_stride, seq, head_dim, vec);
     tc_commit();
     for (int c = 0; c < chunks; ++c) {
         const int j0 = c * S::CHUNK;
+        const KTile& cur = kbuf[c & 1];
         if (c + 1 < chunks)
-            tc_stage<D, S::CHUNK>(buf[(c + 1) & 1], kb + (j0 + S::CHUNK) * kv_stride, kv_stride,
-                                  seq - j0 - S::CHUNK, head_dim, vec);
+            kbuf[(c + 1) & 1].stage(kb + (j0 + S::CHUNK) * kv_stride, kv_stride,
+                                    seq - j0 - S::CHUNK, head_dim, vec);
         tc_commit();
         tc_wait_prev();
+        cur.round(vec);
         __syncthreads();
         float s[S::NT][4];
-        tc_scores<D>(qa, buf[c & 1], j0, warp_keys, ln.g, ln.t, s);
+        tc_scores<D>(qa, cur.s, ln.g, ln.t, s);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             float vals[2 * S::NT];
@@ -820,7 +875,7 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
                 }
             st[r].add(mx, vals);
         }
-        __syncthreads();  // buf[c & 1] is refilled at c + 1
+        __syncthreads();  // this buffer is refilled at c + 1
     }
     float inv_l[2];
 #pragma unroll
@@ -829,31 +884,35 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
         inv_l[r] = 1.0f / st[r].l;
     }
 
-    // Pass 2: P into probs and P v into the accumulator; k in buf[0], v in buf[1].
+    // Pass 2: P into probs and P v into the accumulator; k in the first
+    // buffer, v in the second.
     float acc[S::KT][4];
 #pragma unroll
     for (int nd = 0; nd < S::KT; ++nd)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[nd][e] = 0.0f;
     const bool pairs = seq % 2 == 0;  // then j even, and probs + row * seq + j is 8-byte aligned
-    tc_stage<D, S::CHUNK>(buf[0], kb, kv_stride, seq, head_dim, vec);
+    const KTile kt{tc_smem};
+    const VTile vt{tc_smem + S::BUF};
+    kt.stage(kb, kv_stride, seq, head_dim, vec);
     tc_commit();
-    tc_stage<D, S::CHUNK>(buf[1], vb, kv_stride, seq, head_dim, vec);
+    vt.stage(vb, kv_stride, seq, head_dim, vec);
     tc_commit();
     for (int c = 0; c < chunks; ++c) {
         const int j0 = c * S::CHUNK;
         const int next = j0 + S::CHUNK;
         tc_wait_prev();  // k of chunk c
+        kt.round(vec);
         __syncthreads();
         float s[S::NT][4];
-        tc_scores<D>(qa, buf[0], j0, warp_keys, ln.g, ln.t, s);
+        tc_scores<D>(qa, kt.s, ln.g, ln.t, s);
         __syncthreads();
-        if (c + 1 < chunks)
-            tc_stage<D, S::CHUNK>(buf[0], kb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
+        if (c + 1 < chunks) kt.stage(kb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
         tc_commit();
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const float m = st[r].m;
+            float* pr = probs + att_p_at(b, h, min(row[r], seq - 1), seq, heads);
 #pragma unroll
             for (int n = 0; n < S::NT; ++n) {
                 const int j = j0 + 8 * n + 2 * ln.t;
@@ -863,16 +922,15 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
                     s[n][2 * r + e] = j + e <= lim[r] ? __expf(scale * x - m) * inv_l[r] : 0.0f;
                 }
                 if (row[r] < seq && j < seq)
-                    tc_store2(probs + att_p_at(b, h, row[r], seq, heads) + j, s[n][2 * r],
-                              s[n][2 * r + 1], pairs, j + 1 < seq);
+                    tc_store2(pr + j, s[n][2 * r], s[n][2 * r + 1], pairs, j + 1 < seq);
             }
         }
         tc_wait_prev();  // v of chunk c
+        vt.round(vec);
         __syncthreads();
-        tc_accumulate<D>(s, buf[1], j0, warp_keys, ln.g, ln.t, acc);
+        tc_accumulate<D>(s, vt.s, ln.g, ln.t, acc);
         __syncthreads();
-        if (c + 1 < chunks)
-            tc_stage<D, S::CHUNK>(buf[1], vb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
+        if (c + 1 < chunks) vt.stage(vb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
         tc_commit();
     }
 
@@ -899,6 +957,29 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
     }
 }
 
+// D_r = <dout_i, out_i> of the thread's rows g and g + 8 of the warp (dout
+// rows staged at `rows`, LDK apart, in f32): lanes 2 rr and 2 rr + 1 sum the
+// halves of row rr, so every load of the warp is independent; the sums reach
+// the lanes that need them by shuffles.
+template <int D>
+__device__ __forceinline__ void tc_row_dots(const float* rows, const float* __restrict__ out,
+                                            int b, int wr, int h, int seq, int heads,
+                                            int head_dim, int g, float (&d_row)[2]) {
+    const int lane = threadIdx.x % 32;
+    const int rr = lane / 2;
+    const int c0 = (lane % 2) * (D / 2);
+    float part = 0.0f;
+    if (wr + rr < seq) {
+        const float* o = out + att_q_at(b, wr + rr, h, seq, heads, head_dim);
+#pragma unroll 8
+        for (int c = c0; c < c0 + D / 2; ++c)
+            if (c < head_dim) part = fmaf(rows[rr * TcShape<D>::LDK + c], o[c], part);
+    }
+    part += __shfl_xor_sync(0xffffffffu, part, 1);
+    d_row[0] = __shfl_sync(0xffffffffu, part, 2 * g);
+    d_row[1] = __shfl_sync(0xffffffffu, part, 2 * (g + 8));
+}
+
 // Backward, part 1: dS (into ds, entries j <= i) and dq for TC_ROWS query
 // rows, one pass over the keys: dP = dout v^T, dS = P (dP - D), dq += dS k.
 // Grid, block and shared memory as the forward.
@@ -913,8 +994,6 @@ __device__ __forceinline__ void attention_tc_dq(const float* __restrict__ k,
                                                 int head_dim, float scale) {
     using S = TcShape<D>;
     extern __shared__ __align__(16) float tc_smem[];
-    float* vbuf = tc_smem;
-    float* kbuf = tc_smem + S::CHUNK * S::LD;
     const int r0 = (gridDim.x - 1 - blockIdx.x) * TC_ROWS;
     const int h = blockIdx.y;
     const int b = blockIdx.z;
@@ -924,7 +1003,6 @@ __device__ __forceinline__ void attention_tc_dq(const float* __restrict__ k,
     const int wr = r0 + 16 * ln.warp;
     const int row[2] = {wr + ln.g, wr + ln.g + 8};
     const int key_end = min(seq, r0 + TC_ROWS);
-    const int warp_keys = min(seq, wr + 16);
     const int chunks = (key_end + S::CHUNK - 1) / S::CHUNK;
     const size_t kv_stride = (size_t)kv_heads * head_dim;
     const size_t q_stride = (size_t)heads * head_dim;
@@ -932,29 +1010,25 @@ __device__ __forceinline__ void attention_tc_dq(const float* __restrict__ k,
     const float* kb = k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
     const float* vb = v + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
 
-    // dout rows as A operands, and D_i = <dout_i, out_i> of the thread's two
-    // rows (a warp reduction per row of the warp; every lane gets each sum).
-    unsigned da[S::KT][4];
-    float d_row[2] = {0.0f, 0.0f};
-    tc_stage<D, TC_ROWS>(tc_smem, dout + att_q_at(b, r0, h, seq, heads, head_dim), q_stride,
-                         seq - r0, head_dim, vec);
-    tc_commit();
-    tc_wait_all();
-    __syncthreads();
-    const float* my_rows = tc_smem + 16 * ln.warp * S::LD;
-    tc_load_a<D>(my_rows, ln.g, ln.t, da);
-    for (int rr = 0; rr < 16; ++rr) {
-        const int i = wr + rr;
-        float part = 0.0f;
-        if (i < seq) {
-            const float* o = out + att_q_at(b, i, h, seq, heads, head_dim);
-            for (int c = threadIdx.x % 32; c < head_dim; c += 32) part = fmaf(my_rows[rr * S::LD + c], o[c], part);
-        }
-        part = warp_reduce(part, SumOp());
-        if (rr == ln.g) d_row[0] = part;
-        if (rr == ln.g + 8) d_row[1] = part;
+    // dout rows as A operands, and D_i = <dout_i, out_i> of the thread's rows
+    // (from the f32 rows, before they are rounded).
+    float da[S::KT][4];
+    float d_row[2];
+    {
+        const TcTile<D, TC_ROWS, S::LDK> td{tc_smem};
+        td.stage(dout + att_q_at(b, r0, h, seq, heads, head_dim), q_stride, seq - r0, head_dim,
+                 vec);
+        tc_commit();
+        tc_wait_all();
+        __syncthreads();
+        const float* mine = tc_smem + 16 * ln.warp * S::LDK;
+        tc_row_dots<D>(mine, out, b, wr, h, seq, heads, head_dim, ln.g, d_row);
+        __syncthreads();
+        td.round(vec);
+        __syncthreads();
+        tc_load_a<D>(mine, ln.g, ln.t, da);
+        __syncthreads();
     }
-    __syncthreads();
 
     float acc[S::KT][4];
 #pragma unroll
@@ -965,32 +1039,41 @@ __device__ __forceinline__ void attention_tc_dq(const float* __restrict__ k,
     size_t p_row[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) p_row[r] = att_p_at(b, h, min(row[r], seq - 1), seq, heads);
-    tc_stage<D, S::CHUNK>(vbuf, vb, kv_stride, seq, head_dim, vec);
+    // v is read k-style (dP = dout v^T), k v-style (dq = dS k).
+    const TcTile<D, S::CHUNK, S::LDK> vt{tc_smem};
+    const TcTile<D, S::CHUNK, S::LDV> kt{tc_smem + S::BUF};
+    vt.stage(vb, kv_stride, seq, head_dim, vec);
     tc_commit();
-    tc_stage<D, S::CHUNK>(kbuf, kb, kv_stride, seq, head_dim, vec);
+    kt.stage(kb, kv_stride, seq, head_dim, vec);
     tc_commit();
     for (int c = 0; c < chunks; ++c) {
         const int j0 = c * S::CHUNK;
         const int next = j0 + S::CHUNK;
         // The chunk's probabilities, loaded before the wait so their latency
-        // overlaps it and the dP products.
+        // overlaps it and the dP products (masked entries: 0).
         float w[S::NT][4];
 #pragma unroll
         for (int n = 0; n < S::NT; ++n)
 #pragma unroll
-            for (int r = 0; r < 2; ++r)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int j = j0 + 8 * n + 2 * ln.t + e;
-                    w[n][2 * r + e] = (row[r] < seq && j <= row[r]) ? probs[p_row[r] + j] : 0.0f;
+            for (int r = 0; r < 2; ++r) {
+                const int j = j0 + 8 * n + 2 * ln.t;
+                const bool in = row[r] < seq && j <= row[r];
+                if (pairs && in) {
+                    const float2 p2 = *reinterpret_cast<const float2*>(probs + p_row[r] + j);
+                    w[n][2 * r] = p2.x;
+                    w[n][2 * r + 1] = j + 1 <= row[r] ? p2.y : 0.0f;
+                } else {
+                    w[n][2 * r] = in ? probs[p_row[r] + j] : 0.0f;
+                    w[n][2 * r + 1] = in && j + 1 <= row[r] ? probs[p_row[r] + j + 1] : 0.0f;
                 }
+            }
         tc_wait_prev();  // v of chunk c
+        vt.round(vec);
         __syncthreads();
         float dp[S::NT][4];
-        tc_scores<D>(da, vbuf, j0, warp_keys, ln.g, ln.t, dp);
+        tc_scores<D>(da, vt.s, ln.g, ln.t, dp);
         __syncthreads();
-        if (c + 1 < chunks)
-            tc_stage<D, S::CHUNK>(vbuf, vb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
+        if (c + 1 < chunks) vt.stage(vb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
         tc_commit();
 #pragma unroll
         for (int n = 0; n < S::NT; ++n) {
@@ -1006,11 +1089,11 @@ __device__ __forceinline__ void attention_tc_dq(const float* __restrict__ k,
             }
         }
         tc_wait_prev();  // k of chunk c
+        kt.round(vec);
         __syncthreads();
-        tc_accumulate<D>(w, kbuf, j0, warp_keys, ln.g, ln.t, acc);
+        tc_accumulate<D>(w, kt.s, ln.g, ln.t, acc);
         __syncthreads();
-        if (c + 1 < chunks)
-            tc_stage<D, S::CHUNK>(kbuf, kb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
+        if (c + 1 < chunks) kt.stage(kb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
         tc_commit();
     }
 #pragma unroll
@@ -1027,15 +1110,15 @@ __device__ __forceinline__ void attention_tc_dq(const float* __restrict__ k,
     }
 }
 
-// The A operands of dS^T and P^T for one chunk of QCHUNK query rows from i0:
-// rows = the warp's keys kr[0], kr[1] (g and g + 8), k index t / t + 4 = query
-// i0 + 8 qt + 2t / + 1 (the k order above), masked to i >= j, i < seq.
+// The A operands of dS^T and P^T for one chunk of QCHUNK query rows from i0,
+// in tf32: rows = the warp's keys kr[0], kr[1] (g and g + 8), k index t / t + 4
+// = query i0 + 8 qt + 2t / + 1 (the k order above), masked to i >= j, i < seq.
 template <int D>
 __device__ __forceinline__ void tc_load_dkv_a(const float* __restrict__ ds,
                                               const float* __restrict__ probs, size_t plane,
                                               int seq, int i0, const int (&kr)[2], int t,
-                                              unsigned (&sa)[TcShape<D>::QT][4],
-                                              unsigned (&pa)[TcShape<D>::QT][4]) {
+                                              float (&sa)[TcShape<D>::QT][4],
+                                              float (&pa)[TcShape<D>::QT][4]) {
 #pragma unroll
     for (int qt = 0; qt < TcShape<D>::QT; ++qt)
 #pragma unroll
@@ -1049,8 +1132,8 @@ __device__ __forceinline__ void tc_load_dkv_a(const float* __restrict__ ds,
                 sv = ds[at];
                 pv = probs[at];
             }
-            sa[qt][e] = tc_tf32(sv);
-            pa[qt][e] = tc_tf32(pv);
+            sa[qt][e] = sv;
+            pa[qt][e] = pv;
         }
 }
 
@@ -1059,8 +1142,8 @@ __device__ __forceinline__ void tc_load_dkv_a(const float* __restrict__ ds,
 // QCHUNK: pk_j = sum_i dS_ij q_i, pv_j = sum_i P_ij dout_i. The dS and P
 // entries go from global memory straight into A operands (a warp's load
 // covers 32-byte pieces of 4 rows), one chunk ahead; q and dout chunks are
-// staged, two stages. Grid (ceil(seq / TC_ROWS), heads, batch), TC_THREADS
-// threads, SMEM_FLOATS of dynamic shared memory.
+// staged v-style, two stages. Grid (ceil(seq / TC_ROWS), heads, batch),
+// TC_THREADS threads, SMEM_FLOATS of dynamic shared memory.
 template <int D>
 __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
                                                  const float* __restrict__ dout,
@@ -1069,6 +1152,7 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
                                                  float* __restrict__ pk, float* __restrict__ pv,
                                                  int batch, int seq, int heads, int head_dim) {
     using S = TcShape<D>;
+    using Tile = TcTile<D, S::QCHUNK, S::LDV>;
     extern __shared__ __align__(16) float tc_smem[];
     const int j0 = blockIdx.x * TC_ROWS;
     const int h = blockIdx.y;
@@ -1083,14 +1167,10 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
     const float* qb = q + att_q_at(b, 0, h, seq, heads, head_dim);
     const float* db = dout + att_q_at(b, 0, h, seq, heads, head_dim);
     const int chunks = (seq - j0 + S::QCHUNK - 1) / S::QCHUNK;
-    // Stage s: q rows at tc_smem + 2 s QCHUNK LD, dout rows right after.
-    auto stage = [&](int c) {
-        float* dst = tc_smem + (c & 1) * 2 * S::QCHUNK * S::LD;
-        const int i0 = j0 + c * S::QCHUNK;
-        tc_stage<D, S::QCHUNK>(dst, qb + i0 * q_stride, q_stride, seq - i0, head_dim, vec);
-        tc_stage<D, S::QCHUNK>(dst + S::QCHUNK * S::LD, db + i0 * q_stride, q_stride, seq - i0,
-                               head_dim, vec);
-    };
+    constexpr int TILE = S::QCHUNK * S::LDV;
+    // Stage s: q rows at tc_smem + 2 s TILE, dout rows right after.
+    const Tile qt_[2] = {{tc_smem}, {tc_smem + 2 * TILE}};
+    const Tile dt_[2] = {{tc_smem + TILE}, {tc_smem + 3 * TILE}};
 
     float ka[S::KT][4], va[S::KT][4];
 #pragma unroll
@@ -1100,33 +1180,43 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
             ka[nd][e] = 0.0f;
             va[nd][e] = 0.0f;
         }
-    unsigned sa[S::QT][4], pa[S::QT][4];
+    float sa[S::QT][4], pa[S::QT][4];
     tc_load_dkv_a<D>(ds, probs, plane, seq, j0, kr, ln.t, sa, pa);
-    stage(0);
+    qt_[0].stage(qb + j0 * q_stride, q_stride, seq - j0, head_dim, vec);
+    dt_[0].stage(db + j0 * q_stride, q_stride, seq - j0, head_dim, vec);
     tc_commit();
     for (int c = 0; c < chunks; ++c) {
         const int i0 = j0 + c * S::QCHUNK;
-        if (c + 1 < chunks) stage(c + 1);
+        const int next = i0 + S::QCHUNK;
+        const int st = c & 1;
+        if (c + 1 < chunks) {
+            qt_[st ^ 1].stage(qb + next * q_stride, q_stride, seq - next, head_dim, vec);
+            dt_[st ^ 1].stage(db + next * q_stride, q_stride, seq - next, head_dim, vec);
+        }
         tc_commit();
-        unsigned sn[S::QT][4], pn[S::QT][4];
-        tc_load_dkv_a<D>(ds, probs, plane, seq, i0 + S::QCHUNK, kr, ln.t, sn, pn);
+        float sn[S::QT][4], pn[S::QT][4];
+        tc_load_dkv_a<D>(ds, probs, plane, seq, next, kr, ln.t, sn, pn);
         tc_wait_prev();
+        qt_[st].round(vec);
+        dt_[st].round(vec);
         __syncthreads();
-        const float* qs = tc_smem + (c & 1) * 2 * S::QCHUNK * S::LD;
-        const float* dos = qs + S::QCHUNK * S::LD;
 #pragma unroll
         for (int qt = 0; qt < S::QT; ++qt) {
-            // Queries i0 + 8 qt .. + 7 see none of the warp's keys if all are < wj.
-            if (i0 + 8 * qt + 7 < wj) continue;
-            const float* qr = qs + (8 * qt + 2 * ln.t) * S::LD + ln.g;
-            const float* dr = dos + (8 * qt + 2 * ln.t) * S::LD + ln.g;
+            float as[4], ap[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                as[e] = tc_tf32(sa[qt][e]);
+                ap[e] = tc_tf32(pa[qt][e]);
+            }
+            const float* qr = qt_[st].s + (8 * qt + 2 * ln.t) * S::LDV + ln.g;
+            const float* dr = dt_[st].s + (8 * qt + 2 * ln.t) * S::LDV + ln.g;
 #pragma unroll
             for (int nd = 0; nd < S::KT; ++nd) {
-                tc_mma(ka[nd], sa[qt], tc_tf32(qr[8 * nd]), tc_tf32(qr[S::LD + 8 * nd]));
-                tc_mma(va[nd], pa[qt], tc_tf32(dr[8 * nd]), tc_tf32(dr[S::LD + 8 * nd]));
+                tc_mma(ka[nd], as, qr[8 * nd], qr[S::LDV + 8 * nd]);
+                tc_mma(va[nd], ap, dr[8 * nd], dr[S::LDV + 8 * nd]);
             }
         }
-        __syncthreads();  // stage c & 1 is refilled at c + 2
+        __syncthreads();  // stage st is refilled at c + 1
 #pragma unroll
         for (int qt = 0; qt < S::QT; ++qt)
 #pragma unroll

@@ -10,10 +10,12 @@
 //!   `dk = s dS^T q`, `dv = P^T dout`, kv gradients summed over the heads of
 //!   their group.
 //!
-//! The kernels work on tiles of 32 rows, two per thread, with the other
-//! dimension staged in shared memory in chunks; each has a build for
-//! head_dim <= 64 and one for head_dim <= 128 (see the comment at the top of
-//! the `.cu` file). The forward is one pass over the keys (online softmax).
+//! Two sets of kernels compute this ([`AttnKernels`]): the f32 kernels
+//! (tiles of 32 rows, two per thread, every product an f32 FMA) under FP32
+//! math, and the tensor-core kernels (16 rows per warp, products by TF32
+//! `mma.sync`, f32 accumulation and softmax) under TF32 math, with the same
+//! arguments and outputs. Each has a build for head_dim <= 64 and one for
+//! head_dim <= 128 (see the comment at the top of the `.cu` file). The forward is one pass over the keys (online softmax).
 //! The backward is deterministic (no atomics): `attention_bwd_dq_*` writes
 //! `dS` to a caller's scratch buffer (the training step's workspace owns one,
 //! so nothing is allocated per step), `attention_bwd_dkv_*` gathers each
@@ -59,12 +61,11 @@ impl AttnKernels {
     }
 }
 
-/// One build of the tiled kernels (see the `.cu` file): its padded head
-/// width `d`, its block (threads, and rows of a tile), the floats of dynamic
+/// One build of the tiled kernels (see the `.cu` file, whose builds pad
+/// head_dim to 64 or 128): its block (threads, and rows of a tile), the floats of dynamic
 /// shared memory of its forward and dq kernels (`row_smem`) and of its dk/dv
 /// kernel (`kv_smem`), and its kernels, each in a module of its own.
 struct Build {
-    d: usize,
     threads: u32,
     rows: usize,
     row_smem: usize,
@@ -112,7 +113,6 @@ const fn kernel(module: &'static str, symbol: &'static str) -> Kernel {
 }
 
 const F32_D64: Build = Build {
-    d: 64,
     threads: 256,
     rows: TILE_ROWS,
     row_smem: f32_row_smem(64, 64),
@@ -124,7 +124,6 @@ const F32_D64: Build = Build {
 };
 
 const F32_D128: Build = Build {
-    d: 128,
     threads: 256,
     rows: TILE_ROWS,
     row_smem: f32_row_smem(128, 32),
@@ -136,7 +135,6 @@ const F32_D128: Build = Build {
 };
 
 const TC_D64: Build = Build {
-    d: 64,
     threads: 32 * TC_WARPS as u32,
     rows: 16 * TC_WARPS,
     row_smem: tc_smem(64, 64),
@@ -148,7 +146,6 @@ const TC_D64: Build = Build {
 };
 
 const TC_D128: Build = Build {
-    d: 128,
     threads: 32 * TC_WARPS as u32,
     rows: 16 * TC_WARPS,
     row_smem: tc_smem(128, 32),
@@ -632,7 +629,10 @@ mod tests {
             AttnKernels::TensorCores
         );
         assert_eq!(AttnKernels::for_math(GemmMath::Fp32, off), AttnKernels::F32);
-        assert_eq!(AttnKernels::for_math(GemmMath::Tf32, fault), AttnKernels::F32);
+        assert_eq!(
+            AttnKernels::for_math(GemmMath::Tf32, fault),
+            AttnKernels::F32
+        );
     }
 
     #[test]
