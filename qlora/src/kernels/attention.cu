@@ -542,9 +542,17 @@ __device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
 // mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32. Softmax, masking and the dS
 // formula stay in f32 on the CUDA cores.
 //
-// Tiling. A block is TC_WARPS warps; each warp owns 16 rows of the block's
-// tile (query rows for the forward and dq, key rows for dk/dv), the M of the
-// mma. Operands that every warp shares (k and v chunks; q and dout chunks for
+// Tiling. A block owns a tile of TC_ROWS = 64 rows (query rows for the
+// forward and dq, key rows for dk/dv) in four row groups of 16, the M of the
+// mma, one warp each. The grid is small (qwen2.5-0.5b: 224 blocks), so a
+// warp has few peers to hide its latencies behind. TcShape::SPLIT > 1 gives
+// each row group SPLIT warps that split the inner dimension of every chunk
+// (keys for the forward and dq, query rows for dk/dv) and add their partial
+// accumulators at the end in warp order through shared memory (warp w: row
+// group w % 4, part w / 4). It is 1 in both builds: measured on an H100 at
+// qwen2.5-0.5b's shape, SPLIT = 2 in the d64 build was slower (fwd + dq +
+// dk/dv 101.8 us against 92.5 us), the 128-register cap that two 256-thread
+// blocks per SM need making the forward and dq spill. Operands that every warp shares (k and v chunks; q and dout chunks for
 // dk/dv) are copied to shared memory with cp.async, two buffers, so the next
 // chunk is in flight while the current one is multiplied; each thread rounds
 // the elements it copied to tf32 in place, once per block rather than once
@@ -577,18 +585,24 @@ __device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
 // to probs once, and accumulates P V. So probs is written once, with no
 // read-back, and out needs no rescaling.
 
-#define TC_WARPS 4
-#define TC_THREADS (TC_WARPS * 32)
-#define TC_ROWS (TC_WARPS * 16)
+#define TC_ROW_GROUPS 4
+#define TC_ROWS (TC_ROW_GROUPS * 16)
 
 template <int D>
 struct TcShape {
+    static constexpr int SPLIT = 1;  // warps per row group (see Tiling)
+    static constexpr int THREADS = 32 * TC_ROW_GROUPS * SPLIT;
+    // Blocks per SM asked of __launch_bounds__: with SPLIT = 2 the grid fits
+    // the device at once only with two blocks per SM.
+    static constexpr int MIN_BLOCKS = SPLIT > 1 ? 2 : 1;
     static constexpr int LDK = D + 8;                 // row of a tile read k-style
     static constexpr int LDV = D + 4;                 // row of a tile read v-style
     static constexpr int CHUNK = D <= 64 ? 64 : 32;   // keys per chunk (fwd, dq)
     static constexpr int NT = CHUNK / 8;              // 8-key tiles of a chunk
+    static constexpr int NH = NT / SPLIT;             // ... of one warp's part
     static constexpr int QCHUNK = D <= 64 ? 32 : 16;  // query rows per chunk (dk/dv)
     static constexpr int QT = QCHUNK / 8;             // 8-query steps of a chunk
+    static constexpr int QH = QT / SPLIT;             // ... of one warp's part
     static constexpr int KT = D / 8;                  // 8-wide steps of head_dim
     // Shared memory of every kernel: two buffers of CHUNK rows of LDK floats
     // (fwd, dq; the query or dout tile is staged there first), or two stages
@@ -602,6 +616,9 @@ static_assert(TC_ROWS * TcShape<64>::LDK <= TcShape<64>::SMEM_FLOATS, "row tile 
 static_assert(TC_ROWS * TcShape<128>::LDK <= TcShape<128>::SMEM_FLOATS, "row tile fits");
 static_assert(4 * TcShape<64>::QCHUNK * TcShape<64>::LDV <= TcShape<64>::SMEM_FLOATS, "dk/dv stages fit");
 static_assert(4 * TcShape<128>::QCHUNK * TcShape<128>::LDV <= TcShape<128>::SMEM_FLOATS, "dk/dv stages fit");
+// tc_sum_split passes 32 floats per thread through the buffers.
+static_assert(32 * TcShape<64>::THREADS <= TcShape<64>::SMEM_FLOATS, "split sums fit");
+static_assert(32 * TcShape<128>::THREADS <= TcShape<128>::SMEM_FLOATS, "split sums fit");
 
 __device__ __forceinline__ float tc_tf32(float x) {
     unsigned r;
@@ -638,7 +655,14 @@ __device__ __forceinline__ void tc_wait_all() { asm volatile("cp.async.wait_grou
 // it can round them without a barrier in between.
 template <int D, int ROWS, int LD>
 struct TcTile {
+    static constexpr int T = TcShape<D>::THREADS;
     float* s;
+
+    // In the 16-byte layout thread x copies (and rounds) column c = 4 (x %
+    // (D / 4)) of rows x / (D / 4) + u STEP: the same column every time, so
+    // its addresses advance by a constant.
+    static constexpr int STEP = T / (D / 4);
+    static_assert(T % (D / 4) == 0, "a thread keeps its column");
 
     // Starts copying rows n < valid (row n at src + n * stride, head_dim
     // floats); the rest of the tile, rows past valid and columns past
@@ -648,19 +672,21 @@ struct TcTile {
     __device__ __forceinline__ void stage(const float* __restrict__ src, size_t stride, int valid,
                                           int head_dim, bool vec) const {
         if (vec) {
-            constexpr int PIECES = ROWS * D / 4;
+            const int c = 4 * (threadIdx.x % (D / 4));
+            const int n0 = threadIdx.x / (D / 4);
+            const bool col_in = c < head_dim;
+            const float* from = src + (size_t)n0 * stride + c;
+            float* to = s + n0 * LD + c;
 #pragma unroll
-            for (int u = 0; u < (PIECES + TC_THREADS - 1) / TC_THREADS; ++u) {
-                const int e = threadIdx.x + u * TC_THREADS;
-                if (PIECES % TC_THREADS != 0 && e >= PIECES) break;
-                const int n = e / (D / 4);
-                const int c = 4 * (e % (D / 4));
-                const bool in = n < valid && c < head_dim;
-                tc_cp16(s + n * LD + c, in ? src + (size_t)n * stride + c : src, in ? 16 : 0);
+            for (int u = 0; u * STEP < ROWS; ++u) {
+                if (ROWS % STEP != 0 && n0 + u * STEP >= ROWS) break;
+                const bool in = col_in && n0 + u * STEP < valid;
+                tc_cp16(to + u * STEP * LD, in ? from + (size_t)u * STEP * stride : src,
+                        in ? 16 : 0);
             }
         } else {
 #pragma unroll 4
-            for (int e = threadIdx.x; e < ROWS * D; e += TC_THREADS) {
+            for (int e = threadIdx.x; e < ROWS * D; e += T) {
                 const int n = e / D;
                 const int c = e % D;
                 const bool in = n < valid && c < head_dim;
@@ -672,18 +698,18 @@ struct TcTile {
     // Rounds this thread's elements to tf32, after its copies landed.
     __device__ __forceinline__ void round(bool vec) const {
         if (vec) {
-            constexpr int PIECES = ROWS * D / 4;
+            const int n0 = threadIdx.x / (D / 4);
+            float* at = s + n0 * LD + 4 * (threadIdx.x % (D / 4));
 #pragma unroll
-            for (int u = 0; u < (PIECES + TC_THREADS - 1) / TC_THREADS; ++u) {
-                const int e = threadIdx.x + u * TC_THREADS;
-                if (PIECES % TC_THREADS != 0 && e >= PIECES) break;
-                float4* p = reinterpret_cast<float4*>(s + (e / (D / 4)) * LD + 4 * (e % (D / 4)));
+            for (int u = 0; u * STEP < ROWS; ++u) {
+                if (ROWS % STEP != 0 && n0 + u * STEP >= ROWS) break;
+                float4* p = reinterpret_cast<float4*>(at + u * STEP * LD);
                 const float4 x = *p;
                 *p = make_float4(tc_tf32(x.x), tc_tf32(x.y), tc_tf32(x.z), tc_tf32(x.w));
             }
         } else {
 #pragma unroll 4
-            for (int e = threadIdx.x; e < ROWS * D; e += TC_THREADS) {
+            for (int e = threadIdx.x; e < ROWS * D; e += T) {
                 float* p = s + (e / D) * LD + e % D;
                 *p = tc_tf32(*p);
             }
@@ -709,35 +735,35 @@ __device__ __forceinline__ void tc_load_a(const float* rows, int g, int t,
     }
 }
 
-// s[n] = a kv_n^T for the 8-key tiles n of a chunk (kv: CHUNK rows, k-style,
-// tf32): the warp's 16 rows times the chunk's keys.
-template <int D>
+// s[n] = a kv_n^T for N 8-key tiles n from kv (k-style, tf32): the warp's
+// 16 rows times its 8N keys.
+template <int D, int N>
 __device__ __forceinline__ void tc_scores(const float (&a)[TcShape<D>::KT][4], const float* kv,
-                                          int g, int t, float (&s)[TcShape<D>::NT][4]) {
+                                          int g, int t, float (&s)[N][4]) {
     using S = TcShape<D>;
 #pragma unroll
-    for (int n = 0; n < S::NT; ++n)
+    for (int n = 0; n < N; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
     const float* row = kv + g * S::LDK + 2 * t;
 #pragma unroll
     for (int kt = 0; kt < S::KT; ++kt)
 #pragma unroll
-        for (int n = 0; n < S::NT; ++n) {
+        for (int n = 0; n < N; ++n) {
             const float2 b = *reinterpret_cast<const float2*>(row + 8 * n * S::LDK + 8 * kt);
             tc_mma(s[n], a[kt], b.x, b.y);
         }
 }
 
-// acc += w rows for the chunk: w is the warp's 16 x CHUNK accumulator (f32,
-// rounded here; read as A operands in the k order above) and rows is the
-// chunk, v-style, tf32.
-template <int D>
-__device__ __forceinline__ void tc_accumulate(const float (&w)[TcShape<D>::NT][4], const float* rows,
-                                              int g, int t, float (&acc)[TcShape<D>::KT][4]) {
+// acc += w rows: w is the warp's 16 x 8N accumulator (f32, rounded here;
+// read as A operands in the k order above) and rows its 8N rows, v-style,
+// tf32.
+template <int D, int N>
+__device__ __forceinline__ void tc_accumulate(const float (&w)[N][4], const float* rows, int g,
+                                              int t, float (&acc)[TcShape<D>::KT][4]) {
     using S = TcShape<D>;
 #pragma unroll
-    for (int n = 0; n < S::NT; ++n) {
+    for (int n = 0; n < N; ++n) {
         const float a[4] = {tc_tf32(w[n][0]), tc_tf32(w[n][2]), tc_tf32(w[n][1]), tc_tf32(w[n][3])};
         const float* r = rows + (8 * n + 2 * t) * S::LDV + g;
 #pragma unroll
@@ -756,12 +782,53 @@ __device__ __forceinline__ void tc_store2(float* p, float x, float y, bool pair,
     }
 }
 
-// Where a thread sits in a tile of the tc kernels.
+// Where a thread sits in a tile of the tc kernels: row group rg, split
+// part kh, and (g, t) of the fragment layouts.
 struct TcLane {
-    int warp, g, t;
+    int rg, kh, g, t;
     __device__ __forceinline__ TcLane()
-        : warp(threadIdx.x / 32), g((threadIdx.x % 32) / 4), t(threadIdx.x % 4) {}
+        : rg((threadIdx.x / 32) % TC_ROW_GROUPS),
+          kh(threadIdx.x / (32 * TC_ROW_GROUPS)),
+          g((threadIdx.x % 32) / 4),
+          t(threadIdx.x % 4) {}
 };
+
+// Combines a running (max, sum) pair (m, l) with another, (mo, lo). A side
+// that saw no key has m = -inf and l = 0; its factor is 1, not
+// exp(-inf + inf) = NaN, when the other saw none either.
+__device__ __forceinline__ void tc_merge(float& m, float& l, float mo, float lo) {
+    const float mn = fmaxf(m, mo);
+    l = l * (m == mn ? 1.0f : __expf(m - mn)) + lo * (mo == mn ? 1.0f : __expf(mo - mn));
+    m = mn;
+}
+
+// acc of part 0 += acc of the other parts of the row group, in part order,
+// through shared memory x (free: call it after the last read of the buffers;
+// every thread of the block calls it). 32 floats per thread per round, laid
+// out [float][thread] so each store and load is one conflict-free row.
+template <int D, int R>
+__device__ __forceinline__ void tc_sum_split(float (&acc)[R][4], float* x, int kh) {
+    constexpr int T = TcShape<D>::THREADS;
+    constexpr int PART = T / TcShape<D>::SPLIT;  // threads of one part
+    constexpr int N = TcShape<D>::SPLIT > 1 ? 4 * R : 0;  // nothing to add with one part
+#pragma unroll
+    for (int base = 0; base < N; base += 32) {
+        __syncthreads();  // x is no longer read (buffers or the previous round)
+        if (kh != 0) {
+#pragma unroll
+            for (int i = 0; i < 32 && base + i < 4 * R; ++i)
+                x[i * T + threadIdx.x] = acc[(base + i) / 4][(base + i) % 4];
+        }
+        __syncthreads();
+        if (kh == 0) {
+#pragma unroll
+            for (int i = 0; i < 32 && base + i < 4 * R; ++i)
+#pragma unroll
+                for (int p = 1; p < TcShape<D>::SPLIT; ++p)
+                    acc[(base + i) / 4][(base + i) % 4] += x[i * T + threadIdx.x + p * PART];
+        }
+    }
+}
 
 // The running max and sum of a row over the values a thread sees; merge()
 // combines the 4 threads of a row (xor shuffles, the same order every run).
@@ -785,20 +852,16 @@ struct TcSoftmaxStats {
         for (int o = 1; o <= 2; o <<= 1) {
             const float mo = __shfl_xor_sync(0xffffffffu, m, o);
             const float lo = __shfl_xor_sync(0xffffffffu, l, o);
-            // A thread that saw no key of the row has m = -inf and l = 0;
-            // its factor must be 1, not exp(-inf + inf) = NaN, when its
-            // partner saw none either.
-            const float mn = fmaxf(m, mo);
-            l = l * (m == mn ? 1.0f : __expf(m - mn)) + lo * (mo == mn ? 1.0f : __expf(mo - mn));
-            m = mn;
+            tc_merge(m, l, mo, lo);
         }
     }
 };
 
 // Forward: out and probs for TC_ROWS query rows. Grid (ceil(seq / TC_ROWS),
-// heads, batch), TC_THREADS threads, SMEM_FLOATS of dynamic shared memory.
-// The tiles nearest the end of the sequence see the most keys; they get the
-// lowest block indices so they start first.
+// heads, batch), THREADS threads, SMEM_FLOATS of dynamic shared memory. A
+// warp takes its part (NH tiles) of every key chunk. The tiles nearest the
+// end of the sequence see the most keys; they get the lowest block indices
+// so they start first.
 template <int D>
 __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
                                                  const float* __restrict__ k,
@@ -817,13 +880,14 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
     if (r0 >= seq || h >= heads || b >= batch) return;
     const int kvh = h / (heads / kv_heads);
     const TcLane ln;
-    const int wr = r0 + 16 * ln.warp;
+    const int wr = r0 + 16 * ln.rg;
     const int row[2] = {wr + ln.g, wr + ln.g + 8};
     // Keys j <= lim[r] are visible to row r (rows past seq see all keys, so
     // their max stays finite; they are never stored).
     const int lim[2] = {min(row[0], seq - 1), min(row[1], seq - 1)};
     const int key_end = min(seq, r0 + TC_ROWS);  // keys any row of the block sees
     const int chunks = (key_end + S::CHUNK - 1) / S::CHUNK;
+    const int koff = 8 * S::NH * ln.kh;          // this warp's first key of a chunk
     const size_t kv_stride = (size_t)kv_heads * head_dim;
     const size_t q_stride = (size_t)heads * head_dim;
     const bool vec = head_dim % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
@@ -839,36 +903,37 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
         tc_wait_all();
         tq.round(vec);
         __syncthreads();
-        tc_load_a<D>(tc_smem + 16 * ln.warp * S::LDK, ln.g, ln.t, qa);
+        tc_load_a<D>(tc_smem + 16 * ln.rg * S::LDK, ln.g, ln.t, qa);
         __syncthreads();
     }
 
-    // Pass 1: each row's max and sum, keys double-buffered.
+    // Pass 1: each row's max and sum over this warp's keys, keys
+    // double-buffered (chunk c in buffer c % 2).
     TcSoftmaxStats st[2];
-    const KTile kbuf[2] = {{tc_smem}, {tc_smem + S::BUF}};
-    kbuf[0].stage(kb, kv_stride, seq, head_dim, vec);
+    KTile{tc_smem}.stage(kb, kv_stride, seq, head_dim, vec);
     tc_commit();
     for (int c = 0; c < chunks; ++c) {
         const int j0 = c * S::CHUNK;
-        const KTile& cur = kbuf[c & 1];
+        const KTile cur{tc_smem + (c & 1) * S::BUF};
         if (c + 1 < chunks)
-            kbuf[(c + 1) & 1].stage(kb + (j0 + S::CHUNK) * kv_stride, kv_stride,
-                                    seq - j0 - S::CHUNK, head_dim, vec);
+            KTile{tc_smem + ((c + 1) & 1) * S::BUF}.stage(kb + (j0 + S::CHUNK) * kv_stride,
+                                                          kv_stride, seq - j0 - S::CHUNK,
+                                                          head_dim, vec);
         tc_commit();
         tc_wait_prev();
         cur.round(vec);
         __syncthreads();
-        float s[S::NT][4];
-        tc_scores<D>(qa, cur.s, ln.g, ln.t, s);
+        float s[S::NH][4];
+        tc_scores<D>(qa, cur.s + koff * S::LDK, ln.g, ln.t, s);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            float vals[2 * S::NT];
+            float vals[2 * S::NH];
             float mx = ATT_NEG_INF;
 #pragma unroll
-            for (int n = 0; n < S::NT; ++n)
+            for (int n = 0; n < S::NH; ++n)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const int j = j0 + 8 * n + 2 * ln.t + e;
+                    const int j = j0 + koff + 8 * n + 2 * ln.t + e;
                     const float x = j <= lim[r] ? scale * s[n][2 * r + e] : ATT_NEG_INF;
                     vals[2 * n + e] = x;
                     mx = fmaxf(mx, x);
@@ -877,12 +942,31 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
         }
         __syncthreads();  // this buffer is refilled at c + 1
     }
-    float inv_l[2];
+    // The row's 4 threads, then the row group's parts in order (through
+    // shared memory), so every part ends with the same m and l.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        st[r].merge();
-        inv_l[r] = 1.0f / st[r].l;
+    for (int r = 0; r < 2; ++r) st[r].merge();
+    if (S::SPLIT > 1) {
+        float* x = tc_smem;
+        x[4 * threadIdx.x] = st[0].m;
+        x[4 * threadIdx.x + 1] = st[0].l;
+        x[4 * threadIdx.x + 2] = st[1].m;
+        x[4 * threadIdx.x + 3] = st[1].l;
+        __syncthreads();
+        const int first = threadIdx.x % (32 * TC_ROW_GROUPS);  // this lane in part 0
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            st[r].m = x[4 * first + 2 * r];
+            st[r].l = x[4 * first + 2 * r + 1];
+#pragma unroll
+            for (int p = 1; p < S::SPLIT; ++p) {
+                const int o = 4 * (first + p * 32 * TC_ROW_GROUPS) + 2 * r;
+                tc_merge(st[r].m, st[r].l, x[o], x[o + 1]);
+            }
+        }
+        __syncthreads();
     }
+    const float inv_l[2] = {1.0f / st[0].l, 1.0f / st[1].l};
 
     // Pass 2: P into probs and P v into the accumulator; k in the first
     // buffer, v in the second.
@@ -904,8 +988,8 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
         tc_wait_prev();  // k of chunk c
         kt.round(vec);
         __syncthreads();
-        float s[S::NT][4];
-        tc_scores<D>(qa, kt.s, ln.g, ln.t, s);
+        float s[S::NH][4];
+        tc_scores<D>(qa, kt.s + koff * S::LDK, ln.g, ln.t, s);
         __syncthreads();
         if (c + 1 < chunks) kt.stage(kb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
         tc_commit();
@@ -914,8 +998,8 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
             const float m = st[r].m;
             float* pr = probs + att_p_at(b, h, min(row[r], seq - 1), seq, heads);
 #pragma unroll
-            for (int n = 0; n < S::NT; ++n) {
-                const int j = j0 + 8 * n + 2 * ln.t;
+            for (int n = 0; n < S::NH; ++n) {
+                const int j = j0 + koff + 8 * n + 2 * ln.t;
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const float x = s[n][2 * r + e];
@@ -928,20 +1012,24 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
         tc_wait_prev();  // v of chunk c
         vt.round(vec);
         __syncthreads();
-        tc_accumulate<D>(s, vt.s, ln.g, ln.t, acc);
+        tc_accumulate<D>(s, vt.s + koff * S::LDV, ln.g, ln.t, acc);
         __syncthreads();
         if (c + 1 < chunks) vt.stage(vb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
         tc_commit();
     }
 
-    // Zeros past the last chunk (all above the diagonal), a warp per row.
+    // Zeros past the last chunk (all above the diagonal): the row group's
+    // parts share each of its rows.
     const int zero_from = chunks * S::CHUNK;
     for (int rr = 0; rr < 16; ++rr) {
         const int i = wr + rr;
         if (i >= seq) break;
         float* pr = probs + att_p_at(b, h, i, seq, heads);
-        for (int j = zero_from + threadIdx.x % 32; j < seq; j += 32) pr[j] = 0.0f;
+        for (int j = zero_from + 32 * ln.kh + threadIdx.x % 32; j < seq; j += 32 * S::SPLIT)
+            pr[j] = 0.0f;
     }
+    tc_sum_split<D>(acc, tc_smem, ln.kh);
+    if (ln.kh != 0) return;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (row[r] >= seq) continue;
@@ -957,10 +1045,10 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
     }
 }
 
-// D_r = <dout_i, out_i> of the thread's rows g and g + 8 of the warp (dout
-// rows staged at `rows`, LDK apart, in f32): lanes 2 rr and 2 rr + 1 sum the
-// halves of row rr, so every load of the warp is independent; the sums reach
-// the lanes that need them by shuffles.
+// D_r = <dout_i, out_i> of the thread's rows g and g + 8 of its row group
+// (dout rows staged at `rows`, LDK apart, in f32): lanes 2 rr and 2 rr + 1
+// sum the halves of row rr, so every load of the warp is independent; the
+// sums reach the lanes that need them by shuffles.
 template <int D>
 __device__ __forceinline__ void tc_row_dots(const float* rows, const float* __restrict__ out,
                                             int b, int wr, int h, int seq, int heads,
@@ -981,8 +1069,9 @@ __device__ __forceinline__ void tc_row_dots(const float* rows, const float* __re
 }
 
 // Backward, part 1: dS (into ds, entries j <= i) and dq for TC_ROWS query
-// rows, one pass over the keys: dP = dout v^T, dS = P (dP - D), dq += dS k.
-// Grid, block and shared memory as the forward.
+// rows, one pass over the keys: dP = dout v^T, dS = P (dP - D), dq += dS k,
+// each warp on its part of every key chunk. Grid, block and shared memory
+// as the forward.
 template <int D>
 __device__ __forceinline__ void attention_tc_dq(const float* __restrict__ k,
                                                 const float* __restrict__ v,
@@ -1000,10 +1089,11 @@ __device__ __forceinline__ void attention_tc_dq(const float* __restrict__ k,
     if (r0 >= seq || h >= heads || b >= batch) return;
     const int kvh = h / (heads / kv_heads);
     const TcLane ln;
-    const int wr = r0 + 16 * ln.warp;
+    const int wr = r0 + 16 * ln.rg;
     const int row[2] = {wr + ln.g, wr + ln.g + 8};
     const int key_end = min(seq, r0 + TC_ROWS);
     const int chunks = (key_end + S::CHUNK - 1) / S::CHUNK;
+    const int koff = 8 * S::NH * ln.kh;
     const size_t kv_stride = (size_t)kv_heads * head_dim;
     const size_t q_stride = (size_t)heads * head_dim;
     const bool vec = head_dim % 4 == 0 && aligned16(dout) && aligned16(k) && aligned16(v);
@@ -1021,7 +1111,7 @@ __device__ __forceinline__ void attention_tc_dq(const float* __restrict__ k,
         tc_commit();
         tc_wait_all();
         __syncthreads();
-        const float* mine = tc_smem + 16 * ln.warp * S::LDK;
+        const float* mine = tc_smem + 16 * ln.rg * S::LDK;
         tc_row_dots<D>(mine, out, b, wr, h, seq, heads, head_dim, ln.g, d_row);
         __syncthreads();
         td.round(vec);
@@ -1046,14 +1136,12 @@ __device__ __forceinline__ void attention_tc_dq(const float* __restrict__ k,
     tc_commit();
     kt.stage(kb, kv_stride, seq, head_dim, vec);
     tc_commit();
-    for (int c = 0; c < chunks; ++c) {
-        const int j0 = c * S::CHUNK;
-        const int next = j0 + S::CHUNK;
-        // The chunk's probabilities, loaded before the wait so their latency
-        // overlaps it and the dP products (masked entries: 0).
-        float w[S::NT][4];
+    // This warp's probabilities of chunk c (masked entries: 0), loaded one
+    // chunk ahead so their latency overlaps a whole chunk's work.
+    auto load_probs = [&](int c, float (&w)[S::NH][4]) {
+        const int j0 = c * S::CHUNK + koff;
 #pragma unroll
-        for (int n = 0; n < S::NT; ++n)
+        for (int n = 0; n < S::NH; ++n)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int j = j0 + 8 * n + 2 * ln.t;
@@ -1067,16 +1155,28 @@ __device__ __forceinline__ void attention_tc_dq(const float* __restrict__ k,
                     w[n][2 * r + 1] = in && j + 1 <= row[r] ? probs[p_row[r] + j + 1] : 0.0f;
                 }
             }
+    };
+    float wn[S::NH][4];
+    load_probs(0, wn);
+    for (int c = 0; c < chunks; ++c) {
+        const int j0 = c * S::CHUNK + koff;  // this warp's first key of the chunk
+        const int next = c * S::CHUNK + S::CHUNK;
+        float w[S::NH][4];
+#pragma unroll
+        for (int n = 0; n < S::NH; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) w[n][e] = wn[n][e];
+        load_probs(c + 1, wn);  // past the last chunk every entry is masked
         tc_wait_prev();  // v of chunk c
         vt.round(vec);
         __syncthreads();
-        float dp[S::NT][4];
-        tc_scores<D>(da, vt.s, ln.g, ln.t, dp);
+        float dp[S::NH][4];
+        tc_scores<D>(da, vt.s + koff * S::LDK, ln.g, ln.t, dp);
         __syncthreads();
         if (c + 1 < chunks) vt.stage(vb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
         tc_commit();
 #pragma unroll
-        for (int n = 0; n < S::NT; ++n) {
+        for (int n = 0; n < S::NH; ++n) {
             const int j = j0 + 8 * n + 2 * ln.t;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
@@ -1091,11 +1191,13 @@ __device__ __forceinline__ void attention_tc_dq(const float* __restrict__ k,
         tc_wait_prev();  // k of chunk c
         kt.round(vec);
         __syncthreads();
-        tc_accumulate<D>(w, kt.s, ln.g, ln.t, acc);
+        tc_accumulate<D>(w, kt.s + koff * S::LDV, ln.g, ln.t, acc);
         __syncthreads();
         if (c + 1 < chunks) kt.stage(kb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
         tc_commit();
     }
+    tc_sum_split<D>(acc, tc_smem, ln.kh);
+    if (ln.kh != 0) return;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (row[r] >= seq) continue;
@@ -1110,17 +1212,17 @@ __device__ __forceinline__ void attention_tc_dq(const float* __restrict__ k,
     }
 }
 
-// The A operands of dS^T and P^T for one chunk of QCHUNK query rows from i0,
-// in tf32: rows = the warp's keys kr[0], kr[1] (g and g + 8), k index t / t + 4
-// = query i0 + 8 qt + 2t / + 1 (the k order above), masked to i >= j, i < seq.
+// The A operands of dS^T and P^T for QH 8-query steps from query i0, in f32:
+// rows = the warp's keys kr[0], kr[1] (g and g + 8), k index t / t + 4 =
+// query i0 + 8 qt + 2t / + 1 (the k order above), masked to i >= j, i < seq.
 template <int D>
 __device__ __forceinline__ void tc_load_dkv_a(const float* __restrict__ ds,
                                               const float* __restrict__ probs, size_t plane,
                                               int seq, int i0, const int (&kr)[2], int t,
-                                              float (&sa)[TcShape<D>::QT][4],
-                                              float (&pa)[TcShape<D>::QT][4]) {
+                                              float (&sa)[TcShape<D>::QH][4],
+                                              float (&pa)[TcShape<D>::QH][4]) {
 #pragma unroll
-    for (int qt = 0; qt < TcShape<D>::QT; ++qt)
+    for (int qt = 0; qt < TcShape<D>::QH; ++qt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int i = i0 + 8 * qt + 2 * t + e / 2;  // a0, a1: query 2t; a2, a3: 2t + 1
@@ -1139,11 +1241,12 @@ __device__ __forceinline__ void tc_load_dkv_a(const float* __restrict__ ds,
 
 // Backward, part 2: one query head's share of dk and dv (pk, pv) for TC_ROWS
 // key rows, over the query rows i >= the tile's first key in chunks of
-// QCHUNK: pk_j = sum_i dS_ij q_i, pv_j = sum_i P_ij dout_i. The dS and P
-// entries go from global memory straight into A operands (a warp's load
-// covers 32-byte pieces of 4 rows), one chunk ahead; q and dout chunks are
-// staged v-style, two stages. Grid (ceil(seq / TC_ROWS), heads, batch),
-// TC_THREADS threads, SMEM_FLOATS of dynamic shared memory.
+// QCHUNK, each warp on its part (QH steps) of every chunk:
+// pk_j = sum_i dS_ij q_i, pv_j = sum_i P_ij dout_i. The dS and P entries go
+// from global memory straight into A operands (a warp's load covers 32-byte
+// pieces of 4 rows), one chunk ahead; q and dout chunks are staged v-style,
+// two stages. Grid (ceil(seq / TC_ROWS), heads, batch), THREADS threads,
+// SMEM_FLOATS of dynamic shared memory.
 template <int D>
 __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
                                                  const float* __restrict__ dout,
@@ -1159,8 +1262,9 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
     const int b = blockIdx.z;
     if (j0 >= seq || h >= heads || b >= batch) return;
     const TcLane ln;
-    const int wj = j0 + 16 * ln.warp;
+    const int wj = j0 + 16 * ln.rg;
     const int kr[2] = {wj + ln.g, wj + ln.g + 8};
+    const int qoff = 8 * S::QH * ln.kh;  // this warp's first query of a chunk
     const size_t q_stride = (size_t)heads * head_dim;
     const size_t plane = att_p_at(b, h, 0, seq, heads);
     const bool vec = head_dim % 4 == 0 && aligned16(q) && aligned16(dout);
@@ -1168,9 +1272,14 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
     const float* db = dout + att_q_at(b, 0, h, seq, heads, head_dim);
     const int chunks = (seq - j0 + S::QCHUNK - 1) / S::QCHUNK;
     constexpr int TILE = S::QCHUNK * S::LDV;
-    // Stage s: q rows at tc_smem + 2 s TILE, dout rows right after.
-    const Tile qt_[2] = {{tc_smem}, {tc_smem + 2 * TILE}};
-    const Tile dt_[2] = {{tc_smem + TILE}, {tc_smem + 3 * TILE}};
+    // Stage s (chunk c in stage c % 2): q rows at tc_smem + 2 s TILE, dout
+    // rows right after.
+    auto stage = [&](int c) {
+        const int i0 = j0 + c * S::QCHUNK;
+        float* at = tc_smem + (c & 1) * 2 * TILE;
+        Tile{at}.stage(qb + i0 * q_stride, q_stride, seq - i0, head_dim, vec);
+        Tile{at + TILE}.stage(db + i0 * q_stride, q_stride, seq - i0, head_dim, vec);
+    };
 
     float ka[S::KT][4], va[S::KT][4];
 #pragma unroll
@@ -1180,51 +1289,51 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
             ka[nd][e] = 0.0f;
             va[nd][e] = 0.0f;
         }
-    float sa[S::QT][4], pa[S::QT][4];
-    tc_load_dkv_a<D>(ds, probs, plane, seq, j0, kr, ln.t, sa, pa);
-    qt_[0].stage(qb + j0 * q_stride, q_stride, seq - j0, head_dim, vec);
-    dt_[0].stage(db + j0 * q_stride, q_stride, seq - j0, head_dim, vec);
+    float sa[S::QH][4], pa[S::QH][4];
+    tc_load_dkv_a<D>(ds, probs, plane, seq, j0 + qoff, kr, ln.t, sa, pa);
+    stage(0);
     tc_commit();
     for (int c = 0; c < chunks; ++c) {
         const int i0 = j0 + c * S::QCHUNK;
-        const int next = i0 + S::QCHUNK;
-        const int st = c & 1;
-        if (c + 1 < chunks) {
-            qt_[st ^ 1].stage(qb + next * q_stride, q_stride, seq - next, head_dim, vec);
-            dt_[st ^ 1].stage(db + next * q_stride, q_stride, seq - next, head_dim, vec);
-        }
+        if (c + 1 < chunks) stage(c + 1);
         tc_commit();
-        float sn[S::QT][4], pn[S::QT][4];
-        tc_load_dkv_a<D>(ds, probs, plane, seq, next, kr, ln.t, sn, pn);
+        float sn[S::QH][4], pn[S::QH][4];
+        tc_load_dkv_a<D>(ds, probs, plane, seq, i0 + S::QCHUNK + qoff, kr, ln.t, sn, pn);
         tc_wait_prev();
-        qt_[st].round(vec);
-        dt_[st].round(vec);
+        const Tile qt_{tc_smem + (c & 1) * 2 * TILE};
+        const Tile dt_{qt_.s + TILE};
+        qt_.round(vec);
+        dt_.round(vec);
         __syncthreads();
 #pragma unroll
-        for (int qt = 0; qt < S::QT; ++qt) {
+        for (int qt = 0; qt < S::QH; ++qt) {
             float as[4], ap[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 as[e] = tc_tf32(sa[qt][e]);
                 ap[e] = tc_tf32(pa[qt][e]);
             }
-            const float* qr = qt_[st].s + (8 * qt + 2 * ln.t) * S::LDV + ln.g;
-            const float* dr = dt_[st].s + (8 * qt + 2 * ln.t) * S::LDV + ln.g;
+            const int at = (qoff + 8 * qt + 2 * ln.t) * S::LDV + ln.g;
+            const float* qr = qt_.s + at;
+            const float* dr = dt_.s + at;
 #pragma unroll
             for (int nd = 0; nd < S::KT; ++nd) {
                 tc_mma(ka[nd], as, qr[8 * nd], qr[S::LDV + 8 * nd]);
                 tc_mma(va[nd], ap, dr[8 * nd], dr[S::LDV + 8 * nd]);
             }
         }
-        __syncthreads();  // stage st is refilled at c + 1
+        __syncthreads();  // this stage is refilled at c + 1
 #pragma unroll
-        for (int qt = 0; qt < S::QT; ++qt)
+        for (int qt = 0; qt < S::QH; ++qt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 sa[qt][e] = sn[qt][e];
                 pa[qt][e] = pn[qt][e];
             }
     }
+    tc_sum_split<D>(ka, tc_smem, ln.kh);
+    tc_sum_split<D>(va, tc_smem, ln.kh);
+    if (ln.kh != 0) return;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (kr[r] >= seq) continue;
@@ -1242,8 +1351,9 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
     }
 }
 
+#define ATT_TC_BOUNDS(D) __launch_bounds__(TcShape<D>::THREADS, TcShape<D>::MIN_BLOCKS)
 #define ATT_TC_FWD(D)                                                                          \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS) attention_tc_fwd_d##D##_f32(     \
+    extern "C" __global__ void ATT_TC_BOUNDS(D) attention_tc_fwd_d##D##_f32(                  \
         const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, \
         float* __restrict__ out, float* __restrict__ probs, int batch, int seq, int heads,    \
         int kv_heads, int head_dim, float scale, long long write_limit) {                     \
@@ -1251,7 +1361,7 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
                             write_limit);                                                     \
     }
 #define ATT_TC_DQ(D)                                                                           \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS) attention_tc_bwd_dq_d##D##_f32(  \
+    extern "C" __global__ void ATT_TC_BOUNDS(D) attention_tc_bwd_dq_d##D##_f32(               \
         const float* __restrict__ k, const float* __restrict__ v,                             \
         const float* __restrict__ probs, const float* __restrict__ out,                       \
         const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ ds,       \
@@ -1260,7 +1370,7 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
                            head_dim, scale);                                                  \
     }
 #define ATT_TC_DKV(D)                                                                          \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS) attention_tc_bwd_dkv_d##D##_f32( \
+    extern "C" __global__ void ATT_TC_BOUNDS(D) attention_tc_bwd_dkv_d##D##_f32(              \
         const float* __restrict__ q, const float* __restrict__ dout,                          \
         const float* __restrict__ probs, const float* __restrict__ ds, float* __restrict__ pk, \
         float* __restrict__ pv, int batch, int seq, int heads, int head_dim) {                \

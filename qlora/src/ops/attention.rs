@@ -100,13 +100,13 @@ const fn f32_kv_smem(d: usize) -> usize {
 }
 
 /// Shared memory of every tensor-core kernel (`TcShape::SMEM_FLOATS`): two
-/// buffers of `chunk` rows padded to d + 4 (`TcShape::CHUNK`, `LD`).
+/// buffers of `chunk` rows padded to d + 8 (`TcShape::CHUNK`, `LDK`).
 const fn tc_smem(d: usize, chunk: usize) -> usize {
-    2 * chunk * (d + 4)
+    2 * chunk * (d + 8)
 }
 
-/// Warps of a tensor-core block (`TC_WARPS`); each owns 16 rows of the tile.
-const TC_WARPS: usize = 4;
+/// Rows of a tensor-core tile (`TC_ROWS`): four row groups of 16.
+const TC_ROWS: usize = 64;
 
 const fn kernel(module: &'static str, symbol: &'static str) -> Kernel {
     Kernel { module, symbol }
@@ -134,9 +134,11 @@ const F32_D128: Build = Build {
     kv_sum: kernel("attention_dkv_d128", KV_SUM),
 };
 
+// Threads: 32 per row group and split part (`TcShape::THREADS`), one part
+// in both builds.
 const TC_D64: Build = Build {
-    threads: 32 * TC_WARPS as u32,
-    rows: 16 * TC_WARPS,
+    threads: 128,
+    rows: TC_ROWS,
     row_smem: tc_smem(64, 64),
     kv_smem: tc_smem(64, 64),
     fwd: kernel("attention_tc_fwd_d64", "attention_tc_fwd_d64_f32"),
@@ -146,8 +148,8 @@ const TC_D64: Build = Build {
 };
 
 const TC_D128: Build = Build {
-    threads: 32 * TC_WARPS as u32,
-    rows: 16 * TC_WARPS,
+    threads: 128,
+    rows: TC_ROWS,
     row_smem: tc_smem(128, 32),
     kv_smem: tc_smem(128, 32),
     fwd: kernel("attention_tc_fwd_d128", "attention_tc_fwd_d128_f32"),
@@ -596,12 +598,13 @@ mod tests {
         assert_eq!(bytes(cfg(64, f32k, true)), 25_088);
         assert_eq!(bytes(cfg(128, f32k, true)), 41_472);
         for kv in [false, true] {
-            assert_eq!(bytes(cfg(64, tc, kv)), 34_816);
-            assert_eq!(bytes(cfg(128, tc, kv)), 33_792);
+            assert_eq!(bytes(cfg(64, tc, kv)), 36_864);
+            assert_eq!(bytes(cfg(128, tc, kv)), 34_816);
         }
         assert_eq!(cfg(16, f32k, false).grid_dim, (8, 14, 4));
         assert_eq!(cfg(16, tc, false).grid_dim, (4, 14, 4));
         assert_eq!(cfg(16, tc, false).block_dim, (128, 1, 1));
+        assert_eq!(cfg(128, tc, true).block_dim, (128, 1, 1));
         assert_eq!(
             modules_for(16, f32k, f32k),
             ["attention_fwd_d64", "attention_dq_d64", "attention_dkv_d64"]
