@@ -15,8 +15,9 @@
 //! math, and the tensor-core kernels (16 rows per warp, products by TF32
 //! `mma.sync`, f32 accumulation and softmax) under TF32 math, with the same
 //! arguments and outputs. Each has a build for head_dim <= 64 and one for
-//! head_dim <= 128 (see the comment at the top of the `.cu` file). The forward is one pass over the keys (online softmax).
-//! The backward is deterministic (no atomics): `attention_bwd_dq_*` writes
+//! head_dim <= 128 (see the comment at the top of the `.cu` file). The f32
+//! forward is one pass over the keys (online softmax), the tensor-core one
+//! two (the row statistics, then P and P v). The backward is deterministic (no atomics): `attention_bwd_dq_*` writes
 //! `dS` to a caller's scratch buffer (the training step's workspace owns one,
 //! so nothing is allocated per step), `attention_bwd_dkv_*` gathers each
 //! query head's share of `dk` and `dv` per tile of key rows into the same
@@ -62,9 +63,10 @@ impl AttnKernels {
 }
 
 /// One build of the tiled kernels (see the `.cu` file, whose builds pad
-/// head_dim to 64 or 128): its block (threads, and rows of a tile), the floats of dynamic
-/// shared memory of its forward and dq kernels (`row_smem`) and of its dk/dv
-/// kernel (`kv_smem`), and its kernels, each in a module of its own.
+/// head_dim to 64 or 128): its block (threads, and rows of a tile), the
+/// floats of dynamic shared memory of its forward and dq kernels
+/// (`row_smem`) and of its dk/dv kernel (`kv_smem`), and its kernels, each
+/// in a module of its own.
 struct Build {
     threads: u32,
     rows: usize,
@@ -411,7 +413,9 @@ fn forward_limited(
     // memory row_config provides for the build (head_dim <= 64 or <= 128;
     // validate() refused more). The block has the build's thread count, the
     // one its kernels' tiling assumes (256 for f32, 32 per 16-row warp tile
-    // for the tensor-core kernels).
+    // for the tensor-core kernels). The tensor-core kernels' zero-filling
+    // cp.async copies of rows past seq read nothing (their source address is
+    // the tensor's first row, which exists).
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }
