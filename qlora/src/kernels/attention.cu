@@ -685,7 +685,7 @@ struct TcTile {
                         in ? 16 : 0);
             }
         } else {
-#pragma unroll 4
+#pragma unroll 1  // the rare path: a smaller module compiles faster
             for (int e = threadIdx.x; e < ROWS * D; e += T) {
                 const int n = e / D;
                 const int c = e % D;
@@ -708,7 +708,7 @@ struct TcTile {
                 *p = make_float4(tc_tf32(x.x), tc_tf32(x.y), tc_tf32(x.z), tc_tf32(x.w));
             }
         } else {
-#pragma unroll 4
+#pragma unroll 1  // the rare path: a smaller module compiles faster
             for (int e = threadIdx.x; e < ROWS * D; e += T) {
                 float* p = s + (e / D) * LD + e % D;
                 *p = tc_tf32(*p);
