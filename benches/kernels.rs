@@ -310,28 +310,44 @@ fn kernels(c: &mut Criterion) {
     let k = random(gpu, kv_len, 10);
     let v = random(gpu, kv_len, 11);
     let attn_flops = 4 * cfg.batch * cfg.heads * cfg.seq_len * cfg.seq_len * cfg.head_dim;
-    bench(&mut g, gpu, "attention_fwd", flops(attn_flops), |gpu| {
-        attention::forward(gpu, (&q, &k, &v), &mut q_out, &mut probs, &sh)
-            .expect("attention forward")
-    });
     let dout = random(gpu, q_len, 12);
     let mut dq = zeros(gpu, q_len);
     let mut dk = zeros(gpu, kv_len);
     let mut dv = zeros(gpu, kv_len);
     let mut ds = zeros(gpu, attention::backward_scratch_len(&sh));
-    bench(&mut g, gpu, "attention_bwd", flops(2 * attn_flops), |gpu| {
-        attention::backward(
+    // The f32 kernels, then the tensor-core ones (TF32 math).
+    for (math, tag) in [(GemmMath::Fp32, ""), (GemmMath::Tf32, "_tf32")] {
+        bench(
+            &mut g,
             gpu,
-            (&q, &k, &v),
-            &q_out,
-            &probs,
-            &dout,
-            &mut ds,
-            (&mut dq, &mut dk, &mut dv),
-            &sh,
-        )
-        .expect("attention backward")
-    });
+            &format!("attention_fwd{tag}"),
+            flops(attn_flops),
+            |gpu| {
+                attention::forward(gpu, math, (&q, &k, &v), &mut q_out, &mut probs, &sh)
+                    .expect("attention forward")
+            },
+        );
+        bench(
+            &mut g,
+            gpu,
+            &format!("attention_bwd{tag}"),
+            flops(2 * attn_flops),
+            |gpu| {
+                attention::backward(
+                    gpu,
+                    math,
+                    (&q, &k, &v),
+                    &q_out,
+                    &probs,
+                    &dout,
+                    &mut ds,
+                    (&mut dq, &mut dk, &mut dv),
+                    &sh,
+                )
+                .expect("attention backward")
+            },
+        );
+    }
     drop((q, q_out, k, v, probs, dout, dq, dk, dv, ds));
 
     // SwiGLU MLP activations over [T, intermediate].

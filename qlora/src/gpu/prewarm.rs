@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use super::context::GpuContext;
 use crate::error::Result;
+use crate::gpu::GemmMath;
 use crate::model::ModelConfig;
+use crate::ops::attention::{self, AttnKernels};
 use crate::train::BaseWeights;
 
 /// The module [`crate::Faults::module_left_out_of_prewarm`] leaves out (and
@@ -19,13 +21,19 @@ pub const LEFT_OUT_MODULE: &str = "rmsnorm";
 ///
 /// Every preset runs the same Qwen2-style decoder, so only the base format
 /// (NF4 adds the quantise / NF4 GEMM kernels), the head dimension (the
-/// attention build: `attention_{fwd,dq,dkv}_d64` or `_d128`) and the hidden
-/// size (the RMSNorm backward build) change the set. Not
+/// attention build: `attention_{fwd,dq,dkv}_d64` or `_d128`), the GEMM math
+/// of each direction (TF32 runs attention on the tensor-core modules
+/// `attention_tc_*`, see [`AttnKernels::for_math`]) and the hidden size (the
+/// RMSNorm backward build) change the set. Not
 /// in it: `softmax` (attention computes its own), `gemm` (the step's GEMMs are
 /// cuBLAS), `adamw` and `elementwise` (the step's optimizer and gradient
 /// accumulation are in `train`). `prewarm` checks reports list any module
 /// pre-warmed but unused, and any used but not pre-warmed.
-pub fn modules_for(config: &ModelConfig, base: BaseWeights) -> Vec<&'static str> {
+pub fn modules_for(
+    config: &ModelConfig,
+    base: BaseWeights,
+    (fwd, bwd): (AttnKernels, AttnKernels),
+) -> Vec<&'static str> {
     let mut modules = vec![
         "embedding",
         "rmsnorm",
@@ -36,7 +44,7 @@ pub fn modules_for(config: &ModelConfig, base: BaseWeights) -> Vec<&'static str>
         "clip",
         "train",
     ];
-    modules.extend(crate::ops::attention::modules_for(config.head_dim));
+    modules.extend(attention::modules_for(config.head_dim, fwd, bwd));
     if base == BaseWeights::Nf4 {
         modules.push("nf4");
     }
@@ -64,19 +72,36 @@ pub struct PrewarmReport {
 }
 
 impl GpuContext {
-    /// Loads every module that `config`'s training step uses with each of
-    /// `bases` (from the disk cache, or compiled concurrently), then marks
-    /// the cache pre-warmed: any later load counts as `loaded_after_prewarm`.
-    /// Allocates no model memory.
+    /// [`GpuContext::prewarm_with_math`] with the context's GEMM math.
     pub fn prewarm(
         &mut self,
         config: &ModelConfig,
         bases: &[BaseWeights],
     ) -> Result<PrewarmReport> {
+        let math = (self.options().forward_math, self.options().backward_math);
+        self.prewarm_with_math(config, bases, math)
+    }
+
+    /// Loads every module that `config`'s training step uses with each of
+    /// `bases` and the forward and backward GEMM math `math` (from the disk
+    /// cache, or compiled concurrently), then marks the cache pre-warmed:
+    /// any later load counts as `loaded_after_prewarm`. Allocates no model
+    /// memory.
+    pub fn prewarm_with_math(
+        &mut self,
+        config: &ModelConfig,
+        bases: &[BaseWeights],
+        (fwd, bwd): (GemmMath, GemmMath),
+    ) -> Result<PrewarmReport> {
         let started = Instant::now();
+        let faults = self.faults();
+        let attn = (
+            AttnKernels::for_math(fwd, faults),
+            AttnKernels::for_math(bwd, faults),
+        );
         let mut wanted = BTreeSet::new();
         for &base in bases {
-            wanted.extend(modules_for(config, base));
+            wanted.extend(modules_for(config, base, attn));
         }
         let mut skipped = Vec::new();
         if self.faults().module_left_out_of_prewarm && wanted.remove(LEFT_OUT_MODULE) {
@@ -111,13 +136,16 @@ mod tests {
 
     #[test]
     fn every_listed_module_exists() {
+        let (f32k, tc) = (AttnKernels::F32, AttnKernels::TensorCores);
         for config in crate::model::PRESETS {
             for base in [BaseWeights::Fp32, BaseWeights::Nf4] {
-                for m in modules_for(&config, base) {
-                    assert!(kernels::module(m).is_some(), "{m}");
+                for attn in [(f32k, f32k), (tc, f32k), (tc, tc), (f32k, tc)] {
+                    for m in modules_for(&config, base, attn) {
+                        assert!(kernels::module(m).is_some(), "{m}");
+                    }
                 }
             }
-            assert!(modules_for(&config, BaseWeights::Fp32).contains(&LEFT_OUT_MODULE));
+            assert!(modules_for(&config, BaseWeights::Fp32, (tc, f32k)).contains(&LEFT_OUT_MODULE));
         }
     }
 }

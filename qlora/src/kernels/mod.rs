@@ -148,10 +148,11 @@ pub const MODULES: &[ModuleSource] = &[
             "adamw_multi_devt_f32"
         ]
     ),
-    // One source, six modules: each attention kernel in the build for
-    // head_dim <= 64 and for <= 128. A configuration compiles the three of
-    // the build its head_dim needs, in parallel (one module with all three
-    // would be the slowest compilation of the cold pre-warm).
+    // One source, twelve modules: each attention kernel, f32 (parts 0-2) and
+    // tensor-core (parts 3-5), in the build for head_dim <= 64 and for
+    // <= 128. A configuration compiles the three its head_dim and GEMM math
+    // need, in parallel (one module with all three would be the slowest
+    // compilation of the cold pre-warm).
     module_with!(
         "attention_fwd_d64",
         "attention",
@@ -187,6 +188,42 @@ pub const MODULES: &[ModuleSource] = &[
         "attention",
         "#define ATT_BUILD 128\n#define ATT_PART 2",
         ["attention_bwd_dkv_d128_f32", "attention_bwd_kv_sum_f32"]
+    ),
+    module_with!(
+        "attention_tc_fwd_d64",
+        "attention",
+        "#define ATT_BUILD 64\n#define ATT_PART 3",
+        ["attention_tc_fwd_d64_f32"]
+    ),
+    module_with!(
+        "attention_tc_dq_d64",
+        "attention",
+        "#define ATT_BUILD 64\n#define ATT_PART 4",
+        ["attention_tc_bwd_dq_d64_f32"]
+    ),
+    module_with!(
+        "attention_tc_dkv_d64",
+        "attention",
+        "#define ATT_BUILD 64\n#define ATT_PART 5",
+        ["attention_tc_bwd_dkv_d64_f32", "attention_bwd_kv_sum_f32"]
+    ),
+    module_with!(
+        "attention_tc_fwd_d128",
+        "attention",
+        "#define ATT_BUILD 128\n#define ATT_PART 3",
+        ["attention_tc_fwd_d128_f32"]
+    ),
+    module_with!(
+        "attention_tc_dq_d128",
+        "attention",
+        "#define ATT_BUILD 128\n#define ATT_PART 4",
+        ["attention_tc_bwd_dq_d128_f32"]
+    ),
+    module_with!(
+        "attention_tc_dkv_d128",
+        "attention",
+        "#define ATT_BUILD 128\n#define ATT_PART 5",
+        ["attention_tc_bwd_dkv_d128_f32", "attention_bwd_kv_sum_f32"]
     ),
     module!("faults", ["fault_oob_write_f32"]),
 ];

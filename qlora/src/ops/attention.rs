@@ -10,11 +10,14 @@
 //!   `dk = s dS^T q`, `dv = P^T dout`, kv gradients summed over the heads of
 //!   their group.
 //!
-//! The kernels work on tiles of 32 rows, two per thread, with the other
-//! dimension staged in shared memory in chunks; each has a build for
-//! head_dim <= 64 and one for head_dim <= 128 (see the comment at the top of
-//! the `.cu` file). The forward is one pass over the keys (online softmax).
-//! The backward is deterministic (no atomics): `attention_bwd_dq_*` writes
+//! Two sets of kernels compute this ([`AttnKernels`]): the f32 kernels
+//! (tiles of 32 rows, two per thread, every product an f32 FMA) under FP32
+//! math, and the tensor-core kernels (16 rows per warp, products by TF32
+//! `mma.sync`, f32 accumulation and softmax) under TF32 math, with the same
+//! arguments and outputs. Each has a build for head_dim <= 64 and one for
+//! head_dim <= 128 (see the comment at the top of the `.cu` file). The f32
+//! forward is one pass over the keys (online softmax), the tensor-core one
+//! two (the row statistics, then P and P v). The backward is deterministic (no atomics): `attention_bwd_dq_*` writes
 //! `dS` to a caller's scratch buffer (the training step's workspace owns one,
 //! so nothing is allocated per step), `attention_bwd_dkv_*` gathers each
 //! query head's share of `dk` and `dv` per tile of key rows into the same
@@ -26,7 +29,8 @@ use cudarc::driver::{CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
 use super::gemm::{grid_dim, to_i64};
 use super::launch::expect_len;
 use crate::error::{Error, Result};
-use crate::gpu::{launch_config_1d, to_i32, GpuContext};
+use crate::faults::Faults;
+use crate::gpu::{launch_config_1d, to_i32, GemmMath, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
 
 /// One kernel: the module that holds it and its symbol.
@@ -36,12 +40,38 @@ struct Kernel {
     symbol: &'static str,
 }
 
-/// One build of the tiled kernels (see the `.cu` file): its padded head
-/// width `d`, the keys per chunk of its forward and dq kernels
-/// (`AttShape::CHUNK`), and its kernels, each in a module of its own.
+/// Which kernels compute attention in one direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnKernels {
+    /// The f32 kernels: every product in f32 on the CUDA cores.
+    F32,
+    /// The tensor-core kernels: products of TF32-rounded inputs, f32
+    /// accumulation and f32 softmax.
+    TensorCores,
+}
+
+impl AttnKernels {
+    /// The kernels for GEMM math `math` in force with `faults`: TF32 math runs
+    /// on the tensor cores, FP32 math on the f32 kernels, and so does TF32
+    /// under [`Faults::gemm_without_tensor_ops`] (as the GEMMs do).
+    pub fn for_math(math: GemmMath, faults: Faults) -> Self {
+        match math {
+            GemmMath::Tf32 if !faults.gemm_without_tensor_ops => AttnKernels::TensorCores,
+            _ => AttnKernels::F32,
+        }
+    }
+}
+
+/// One build of the tiled kernels (see the `.cu` file, whose builds pad
+/// head_dim to 64 or 128): its block (threads, and rows of a tile), the
+/// floats of dynamic shared memory of its forward and dq kernels
+/// (`row_smem`) and of its dk/dv kernel (`kv_smem`), and its kernels, each
+/// in a module of its own.
 struct Build {
-    d: usize,
-    chunk: usize,
+    threads: u32,
+    rows: usize,
+    row_smem: usize,
+    kv_smem: usize,
     fwd: Kernel,
     dq: Kernel,
     dkv: Kernel,
@@ -50,63 +80,93 @@ struct Build {
     kv_sum: Kernel,
 }
 
-impl Build {
-    /// The modules of this build, in launch order.
-    const fn modules(&self) -> [&'static str; 3] {
-        [self.fwd.module, self.dq.module, self.dkv.module]
-    }
-}
-
 const KV_SUM: &str = "attention_bwd_kv_sum_f32";
 
-const D64: Build = Build {
-    d: 64,
-    chunk: 64,
-    fwd: Kernel {
-        module: "attention_fwd_d64",
-        symbol: "attention_fwd_d64_f32",
-    },
-    dq: Kernel {
-        module: "attention_dq_d64",
-        symbol: "attention_bwd_dq_d64_f32",
-    },
-    dkv: Kernel {
-        module: "attention_dkv_d64",
-        symbol: "attention_bwd_dkv_d64_f32",
-    },
-    kv_sum: Kernel {
-        module: "attention_dkv_d64",
-        symbol: KV_SUM,
-    },
+/// Rows of a tile of the f32 kernels (`ATT_ROWS`).
+const TILE_ROWS: usize = 32;
+
+/// Query rows per staged chunk of the f32 dk/dv kernel (`AttShape::QCHUNK`).
+const QUERY_CHUNK: usize = 32;
+
+/// Shared memory of the f32 forward and dq kernels with keys per chunk
+/// `chunk` (`AttShape::CHUNK`): a row tile and a key chunk (rows padded to
+/// d + 1) and a 32 x (chunk + 1) tile of probabilities.
+const fn f32_row_smem(d: usize, chunk: usize) -> usize {
+    (TILE_ROWS + chunk) * (d + 1) + TILE_ROWS * (chunk + 1)
+}
+
+/// Shared memory of the f32 dk/dv kernel: a chunk of q and of dout rows and
+/// the matching 32 x 33 tiles of dS and P.
+const fn f32_kv_smem(d: usize) -> usize {
+    2 * QUERY_CHUNK * (d + 1) + 2 * TILE_ROWS * (QUERY_CHUNK + 1)
+}
+
+/// Shared memory of every tensor-core kernel (`TcShape::SMEM_FLOATS`): two
+/// buffers of `chunk` rows padded to d + 8 (`TcShape::CHUNK`, `LDK`).
+const fn tc_smem(d: usize, chunk: usize) -> usize {
+    2 * chunk * (d + 8)
+}
+
+/// Rows of a tensor-core tile (`TC_ROWS`): four row groups of 16.
+const TC_ROWS: usize = 64;
+
+const fn kernel(module: &'static str, symbol: &'static str) -> Kernel {
+    Kernel { module, symbol }
+}
+
+const F32_D64: Build = Build {
+    threads: 256,
+    rows: TILE_ROWS,
+    row_smem: f32_row_smem(64, 64),
+    kv_smem: f32_kv_smem(64),
+    fwd: kernel("attention_fwd_d64", "attention_fwd_d64_f32"),
+    dq: kernel("attention_dq_d64", "attention_bwd_dq_d64_f32"),
+    dkv: kernel("attention_dkv_d64", "attention_bwd_dkv_d64_f32"),
+    kv_sum: kernel("attention_dkv_d64", KV_SUM),
 };
 
-const D128: Build = Build {
-    d: 128,
-    chunk: 32,
-    fwd: Kernel {
-        module: "attention_fwd_d128",
-        symbol: "attention_fwd_d128_f32",
-    },
-    dq: Kernel {
-        module: "attention_dq_d128",
-        symbol: "attention_bwd_dq_d128_f32",
-    },
-    dkv: Kernel {
-        module: "attention_dkv_d128",
-        symbol: "attention_bwd_dkv_d128_f32",
-    },
-    kv_sum: Kernel {
-        module: "attention_dkv_d128",
-        symbol: KV_SUM,
-    },
+const F32_D128: Build = Build {
+    threads: 256,
+    rows: TILE_ROWS,
+    row_smem: f32_row_smem(128, 32),
+    kv_smem: f32_kv_smem(128),
+    fwd: kernel("attention_fwd_d128", "attention_fwd_d128_f32"),
+    dq: kernel("attention_dq_d128", "attention_bwd_dq_d128_f32"),
+    dkv: kernel("attention_dkv_d128", "attention_bwd_dkv_d128_f32"),
+    kv_sum: kernel("attention_dkv_d128", KV_SUM),
 };
 
-/// The build for `head_dim` (validated <= [`MAX_HEAD_DIM`]).
-fn build(head_dim: usize) -> &'static Build {
-    if head_dim <= D64.d {
-        &D64
-    } else {
-        &D128
+// Threads: 32 per row group and split part (`TcShape::THREADS`), one part
+// in both builds.
+const TC_D64: Build = Build {
+    threads: 128,
+    rows: TC_ROWS,
+    row_smem: tc_smem(64, 64),
+    kv_smem: tc_smem(64, 64),
+    fwd: kernel("attention_tc_fwd_d64", "attention_tc_fwd_d64_f32"),
+    dq: kernel("attention_tc_dq_d64", "attention_tc_bwd_dq_d64_f32"),
+    dkv: kernel("attention_tc_dkv_d64", "attention_tc_bwd_dkv_d64_f32"),
+    kv_sum: kernel("attention_tc_dkv_d64", KV_SUM),
+};
+
+const TC_D128: Build = Build {
+    threads: 128,
+    rows: TC_ROWS,
+    row_smem: tc_smem(128, 32),
+    kv_smem: tc_smem(128, 32),
+    fwd: kernel("attention_tc_fwd_d128", "attention_tc_fwd_d128_f32"),
+    dq: kernel("attention_tc_dq_d128", "attention_tc_bwd_dq_d128_f32"),
+    dkv: kernel("attention_tc_dkv_d128", "attention_tc_bwd_dkv_d128_f32"),
+    kv_sum: kernel("attention_tc_dkv_d128", KV_SUM),
+};
+
+/// The build of `kernels` for `head_dim` (validated <= [`MAX_HEAD_DIM`]).
+fn build(head_dim: usize, kernels: AttnKernels) -> &'static Build {
+    match (head_dim <= 64, kernels) {
+        (true, AttnKernels::F32) => &F32_D64,
+        (false, AttnKernels::F32) => &F32_D128,
+        (true, AttnKernels::TensorCores) => &TC_D64,
+        (false, AttnKernels::TensorCores) => &TC_D128,
     }
 }
 
@@ -122,9 +182,12 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
-/// The kernel modules the launchers use for `head_dim`.
-pub fn modules_for(head_dim: usize) -> [&'static str; 3] {
-    build(head_dim).modules()
+/// The kernel modules the launchers use for `head_dim` with `fwd` kernels
+/// in the forward and `bwd` kernels in the backward: the forward's module,
+/// then the backward's two (the dk/dv one holds kv_sum).
+pub fn modules_for(head_dim: usize, fwd: AttnKernels, bwd: AttnKernels) -> [&'static str; 3] {
+    let (f, b) = (build(head_dim, fwd), build(head_dim, bwd));
+    [f.fwd.module, b.dq.module, b.dkv.module]
 }
 
 /// Argument lists of the kernels, in the order the launchers push them.
@@ -183,32 +246,20 @@ const KV_SUM_ARGS: &[Arg] = &[
     Arg::I64,
 ];
 
+/// The modules of each build and the kernels each holds.
+macro_rules! signatures {
+    ($($b:ident),*) => {
+        &[$(
+            ($b.fwd.module, &[($b.fwd.symbol, FWD_ARGS)]),
+            ($b.dq.module, &[($b.dq.symbol, DQ_ARGS)]),
+            ($b.dkv.module, &[($b.dkv.symbol, DKV_ARGS), (KV_SUM, KV_SUM_ARGS)]),
+        )*]
+    };
+}
+
 /// The kernels of each module, by module, checked against their PTX by a
 /// unit test.
-pub const SIGNATURES: &[(&str, Signatures)] = &[
-    (D64.fwd.module, &[(D64.fwd.symbol, FWD_ARGS)]),
-    (D64.dq.module, &[(D64.dq.symbol, DQ_ARGS)]),
-    (
-        D64.dkv.module,
-        &[(D64.dkv.symbol, DKV_ARGS), (KV_SUM, KV_SUM_ARGS)],
-    ),
-    (D128.fwd.module, &[(D128.fwd.symbol, FWD_ARGS)]),
-    (D128.dq.module, &[(D128.dq.symbol, DQ_ARGS)]),
-    (
-        D128.dkv.module,
-        &[(D128.dkv.symbol, DKV_ARGS), (KV_SUM, KV_SUM_ARGS)],
-    ),
-];
-
-/// Threads per block of the tiled kernels: 16 row pairs x 16 lanes, as the
-/// kernels' tiling (`ATT_THREADS`, `ATT_LANES`) assumes.
-const THREADS: u32 = 256;
-
-/// Rows of a tile (`ATT_ROWS` in the kernels).
-const TILE_ROWS: usize = 32;
-
-/// Query rows per staged chunk of the dk/dv kernel (`AttShape::QCHUNK`).
-const QUERY_CHUNK: usize = 32;
+pub const SIGNATURES: &[(&str, Signatures)] = signatures!(F32_D64, F32_D128, TC_D64, TC_D128);
 
 /// The largest head_dim the kernels' builds take.
 pub const MAX_HEAD_DIM: usize = 128;
@@ -286,57 +337,50 @@ fn validate(sh: &AttnShape) -> Result<Dims> {
     })
 }
 
-/// One block of 256 threads per (32 rows, head, batch), with `floats` of
-/// dynamic shared memory.
-fn tile_config(sh: &AttnShape, floats: usize) -> LaunchConfig {
+/// One block of `b.threads` per (`b.rows` rows, head, batch), with
+/// `floats` of dynamic shared memory.
+fn tile_config(sh: &AttnShape, b: &Build, floats: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
-            sh.seq.div_ceil(TILE_ROWS) as u32,
+            sh.seq.div_ceil(b.rows) as u32,
             sh.heads as u32,
             sh.batch as u32,
         ),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (b.threads, 1, 1),
         shared_mem_bytes: (floats * 4) as u32,
     }
 }
 
-/// The forward and dq kernels: one block per 32 query rows; shared memory
-/// holds a row tile and a key chunk (rows padded to D + 1) and a
-/// 32 x (chunk + 1) tile of probabilities: 33,280 bytes for the d64 build,
-/// 37,248 for d128, within the 48 KiB a launch gets without opting in.
-fn row_config(sh: &AttnShape) -> LaunchConfig {
-    let b = build(sh.head_dim);
-    tile_config(
-        sh,
-        (TILE_ROWS + b.chunk) * (b.d + 1) + TILE_ROWS * (b.chunk + 1),
-    )
+/// The forward and dq kernels: one block per tile of query rows. Every
+/// build stays within the 48 KiB a launch gets without opting in (see the
+/// unit test).
+fn row_config(sh: &AttnShape, b: &Build) -> LaunchConfig {
+    tile_config(sh, b, b.row_smem)
 }
 
-/// The dk/dv kernel: one block per 32 key rows; shared memory holds a chunk
-/// of q and of dout rows and the matching 32 x 33 tiles of dS and P (25,088
-/// bytes for d64, 41,472 for d128).
-fn kv_config(sh: &AttnShape) -> LaunchConfig {
-    let b = build(sh.head_dim);
-    tile_config(
-        sh,
-        2 * QUERY_CHUNK * (b.d + 1) + 2 * TILE_ROWS * (QUERY_CHUNK + 1),
-    )
+/// The dk/dv kernel: one block per tile of key rows.
+fn kv_config(sh: &AttnShape, b: &Build) -> LaunchConfig {
+    tile_config(sh, b, b.kv_smem)
 }
 
-/// Forward: writes `out` and `probs`.
+/// Forward with GEMM math `math` (TF32: the tensor-core kernels, see
+/// [`AttnKernels::for_math`]): writes `out` and `probs`.
 pub fn forward(
     gpu: &mut GpuContext,
+    math: GemmMath,
     (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     out: &mut CudaSlice<f32>,
     probs: &mut CudaSlice<f32>,
     sh: &AttnShape,
 ) -> Result<()> {
     let len = gpu.faults().written(out.len());
-    forward_limited(gpu, (q, k, v), out, probs, sh, len)
+    let b = build(sh.head_dim, AttnKernels::for_math(math, gpu.faults()));
+    forward_limited(gpu, b, (q, k, v), out, probs, sh, len)
 }
 
 fn forward_limited(
     gpu: &mut GpuContext,
+    b: &Build,
     (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     out: &mut CudaSlice<f32>,
     probs: &mut CudaSlice<f32>,
@@ -351,24 +395,27 @@ fn forward_limited(
     expect_len("attention", "out", out.len(), &[q_len])?;
     expect_len("attention", "probs", probs.len(), &[p_len])?;
     let limit = to_i64("attention", write_limit.min(q_len))?;
-    let cfg = row_config(sh);
-    let b = build(sh.head_dim);
+    let cfg = row_config(sh, b);
     let func = gpu.function(b.fwd.module, b.fwd.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch.arg(q).arg(k).arg(v).arg(out).arg(probs);
     d.push(&mut launch);
     launch.arg(&limit);
-    // SAFETY: arguments match `attention_fwd_dXX_f32(const float* q, const float*
-    // k, const float* v, float* out, float* probs, int batch, int seq, int
-    // heads, int kv_heads, int head_dim, float scale, long long write_limit)`
-    // in order and type. The lengths were checked against the shape above;
-    // heads is a multiple of kv_heads, so every kv head index is < kv_heads.
-    // The grid is (ceil(seq / 32), heads, batch); each block touches only
-    // its 32 rows of q/out/probs (guarded by i < seq) and rows j < seq of k
-    // and v (columns t < head_dim), and uses the dynamic shared memory
-    // row_config provides for the build it picked (head_dim <= 64 or <= 128;
-    // validate() refused more). The block is 256 threads, the 16 x 16 layout
-    // the kernel's half-warp row reductions assume.
+    // SAFETY: arguments match `attention_fwd_dXX_f32` and
+    // `attention_tc_fwd_dXX_f32(const float* q, const float* k, const float*
+    // v, float* out, float* probs, int batch, int seq, int heads, int
+    // kv_heads, int head_dim, float scale, long long write_limit)` in order
+    // and type. The lengths were checked against the shape above; heads is a
+    // multiple of kv_heads, so every kv head index is < kv_heads. The grid is
+    // (ceil(seq / rows), heads, batch) for the build's tile rows; each block
+    // touches only its rows of q/out/probs (guarded by i < seq) and rows
+    // j < seq of k and v (columns t < head_dim), and uses the dynamic shared
+    // memory row_config provides for the build (head_dim <= 64 or <= 128;
+    // validate() refused more). The block has the build's thread count, the
+    // one its kernels' tiling assumes (256 for f32, 32 per 16-row warp tile
+    // for the tensor-core kernels). The tensor-core kernels' zero-filling
+    // cp.async copies of rows past seq read nothing (their source address is
+    // the tensor's first row, which exists).
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }
@@ -380,11 +427,13 @@ pub fn backward_scratch_len(sh: &AttnShape) -> usize {
     p_len + 2 * q_len
 }
 
-/// Backward from the saved `probs`: writes `dq`, `dk`, `dv`, using `scratch`
+/// Backward from the saved `probs` with GEMM math `math` (TF32: the
+/// tensor-core kernels): writes `dq`, `dk`, `dv`, using `scratch`
 /// ([`backward_scratch_len`] floats) for `dS` and the per-head shares.
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     gpu: &mut GpuContext,
+    math: GemmMath,
     (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     out: &CudaSlice<f32>,
     probs: &CudaSlice<f32>,
@@ -398,8 +447,10 @@ pub fn backward(
     sh: &AttnShape,
 ) -> Result<()> {
     let len = gpu.faults().written(dv.len());
+    let b = build(sh.head_dim, AttnKernels::for_math(math, gpu.faults()));
     backward_limited(
         gpu,
+        b,
         (q, k, v),
         out,
         probs,
@@ -414,6 +465,7 @@ pub fn backward(
 #[allow(clippy::too_many_arguments)]
 fn backward_limited(
     gpu: &mut GpuContext,
+    b: &Build,
     (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     out: &CudaSlice<f32>,
     probs: &CudaSlice<f32>,
@@ -448,8 +500,7 @@ fn backward_limited(
     let (mut ds, mut shares) = scratch.split_at_mut(p_len);
     let (mut pk, mut pv) = shares.split_at_mut(q_len);
 
-    let b = build(sh.head_dim);
-    let cfg = row_config(sh);
+    let cfg = row_config(sh, b);
     let func = gpu.function(b.dq.module, b.dq.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
@@ -461,19 +512,21 @@ fn backward_limited(
         .arg(&mut *dq)
         .arg(&mut ds);
     d.push(&mut launch);
-    // SAFETY: arguments match `attention_bwd_dq_dXX_f32(const float* k,
+    // SAFETY: arguments match `attention_bwd_dq_dXX_f32` and
+    // `attention_tc_bwd_dq_dXX_f32(const float* k,
     // const float* v, const float* probs, const float* out, const float* dout,
     // float* dq, float* ds, int batch, int seq, int heads, int kv_heads, int
     // head_dim, float scale)` in order and type. Lengths were checked against
     // the shape (ds is the first probs-length part of the scratch); the grid
-    // is (ceil(seq / 32), heads, batch), each block reads rows j < seq of k
+    // is (ceil(seq / rows), heads, batch), each block reads rows j < seq of k
     // and v and its rows i < seq of probs, out and dout, writes entries
-    // j <= i of those rows of ds and the rows of dq, and uses the dynamic
-    // shared memory row_config provides for its build. 256 threads, the
-    // 16 x 16 layout of the kernel's half-warp reductions.
+    // j <= i of those rows of ds (the tensor-core kernel may also write
+    // entry i + 1 of a row, inside the row since seq is even then, which
+    // nothing reads) and the rows of dq, and uses the dynamic shared memory
+    // row_config provides for its build, with the build's thread count.
     unsafe { launch.launch(cfg) }?;
 
-    let cfg = kv_config(sh);
+    let cfg = kv_config(sh, b);
     let func = gpu.function(b.dkv.module, b.dkv.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
@@ -487,16 +540,18 @@ fn backward_limited(
         .arg(&d.seq)
         .arg(&d.heads)
         .arg(&d.head_dim);
-    // SAFETY: arguments match `attention_bwd_dkv_dXX_f32(const float* q, const
+    // SAFETY: arguments match `attention_bwd_dkv_dXX_f32` and
+    // `attention_tc_bwd_dkv_dXX_f32(const float* q, const
     // float* dout, const float* probs, const float* ds, float* pk, float* pv,
     // int batch, int seq, int heads, int head_dim)` in order and type. q and
     // dout hold q_len floats, probs and ds p_len, pk and pv are the two
     // q_len-float parts of the scratch after ds (split, so disjoint). The
-    // grid is (ceil(seq / 32), heads, batch); each block reads only entries
-    // i >= j, i < seq of its 32 columns of probs/ds (exactly the entries the
+    // grid is (ceil(seq / rows), heads, batch); each block reads only entries
+    // i >= j, i < seq of its columns of probs/ds (exactly the entries the
     // dq kernel wrote, which ran before it on this stream) and rows i < seq
     // of q/dout of its head, writes elements t < head_dim of its rows j < seq
-    // of pk and pv, and uses the dynamic shared memory kv_config provides.
+    // of pk and pv, and uses the dynamic shared memory kv_config provides
+    // with the build's thread count.
     unsafe { launch.launch(cfg) }?;
 
     let cfg = launch_config_1d(kv_len, 65_535);
@@ -521,7 +576,8 @@ mod tests {
     use super::*;
 
     /// The shared memory the launch configs ask for: the sizes the doc
-    /// comments state, all within the 48 KiB a launch gets without opting in.
+    /// comments of the kernels state, all within the 48 KiB a launch gets
+    /// without opting in.
     #[test]
     fn launch_configs_fit_the_default_shared_memory() {
         let sh = |head_dim| AttnShape {
@@ -532,13 +588,58 @@ mod tests {
             head_dim,
         };
         let bytes = |c: LaunchConfig| c.shared_mem_bytes;
-        assert_eq!(bytes(row_config(&sh(64))), 33_280);
-        assert_eq!(bytes(row_config(&sh(128))), 37_248);
-        assert_eq!(bytes(kv_config(&sh(64))), 25_088);
-        assert_eq!(bytes(kv_config(&sh(128))), 41_472);
-        assert_eq!(row_config(&sh(16)).grid_dim, (8, 14, 4));
-        assert_eq!(modules_for(16), D64.modules());
-        assert_eq!(modules_for(65)[0], "attention_fwd_d128");
+        let (f32k, tc) = (AttnKernels::F32, AttnKernels::TensorCores);
+        let cfg = |hd, k, kv: bool| {
+            let b = build(hd, k);
+            if kv {
+                kv_config(&sh(hd), b)
+            } else {
+                row_config(&sh(hd), b)
+            }
+        };
+        assert_eq!(bytes(cfg(64, f32k, false)), 33_280);
+        assert_eq!(bytes(cfg(128, f32k, false)), 37_248);
+        assert_eq!(bytes(cfg(64, f32k, true)), 25_088);
+        assert_eq!(bytes(cfg(128, f32k, true)), 41_472);
+        for kv in [false, true] {
+            assert_eq!(bytes(cfg(64, tc, kv)), 36_864);
+            assert_eq!(bytes(cfg(128, tc, kv)), 34_816);
+        }
+        assert_eq!(cfg(16, f32k, false).grid_dim, (8, 14, 4));
+        assert_eq!(cfg(16, tc, false).grid_dim, (4, 14, 4));
+        assert_eq!(cfg(16, tc, false).block_dim, (128, 1, 1));
+        assert_eq!(cfg(128, tc, true).block_dim, (128, 1, 1));
+        assert_eq!(
+            modules_for(16, f32k, f32k),
+            ["attention_fwd_d64", "attention_dq_d64", "attention_dkv_d64"]
+        );
+        assert_eq!(
+            modules_for(65, tc, f32k),
+            [
+                "attention_tc_fwd_d128",
+                "attention_dq_d128",
+                "attention_dkv_d128"
+            ]
+        );
+    }
+
+    /// TF32 math takes the tensor cores unless the fault turns them off.
+    #[test]
+    fn math_picks_the_kernels() {
+        let off = Faults::default();
+        let fault = Faults {
+            gemm_without_tensor_ops: true,
+            ..off
+        };
+        assert_eq!(
+            AttnKernels::for_math(GemmMath::Tf32, off),
+            AttnKernels::TensorCores
+        );
+        assert_eq!(AttnKernels::for_math(GemmMath::Fp32, off), AttnKernels::F32);
+        assert_eq!(
+            AttnKernels::for_math(GemmMath::Tf32, fault),
+            AttnKernels::F32
+        );
     }
 
     #[test]

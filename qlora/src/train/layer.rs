@@ -159,7 +159,14 @@ impl Attention<'_> {
             (&mut a.qr, &mut a.kr),
         )?;
         let sh = ctx.attn;
-        attention::forward(gpu, (&a.qr, &a.kr, &a.v), &mut a.att, &mut a.probs, &sh)?;
+        attention::forward(
+            gpu,
+            ctx.fwd,
+            (&a.qr, &a.kr, &a.v),
+            &mut a.att,
+            &mut a.probs,
+            &sh,
+        )?;
         gpu.stream().memcpy_dtod(x, &mut a.x2)?;
         let wo = Workspace::weight(&mut ws.deq, gpu, self.o)?;
         blas::linear(gpu, ctx.fwd, 1.0, &a.att, wo, 1.0, &mut a.x2, (rows, qd, h))
@@ -229,6 +236,7 @@ impl Attention<'_> {
         blas::linear_dx(gpu, bwd, 1.0, &d.dx, wo, 0.0, &mut d.datt, (rows, qd, h))?;
         attention::backward(
             gpu,
+            bwd,
             (&a.qr, &a.kr, &a.v),
             &a.att,
             &a.probs,

@@ -203,7 +203,11 @@ fn prewarm_then_upload(
         None
     };
     let free_bytes_at_prewarm = gpu.memory_bytes()?.0;
-    let prewarm = gpu.prewarm(cfg, &[options.base])?;
+    let math = (
+        options.forward_math.unwrap_or(gpu.options().forward_math),
+        options.backward_math.unwrap_or(gpu.options().backward_math),
+    );
+    let prewarm = gpu.prewarm_with_math(cfg, &[options.base], math)?;
     order.push(SetupPhase::Prewarm);
     let (base, params, upload_bytes) = match early {
         Some(uploaded) => uploaded,

@@ -6,23 +6,32 @@ use crate::check::op::Pass;
 use crate::check::params::Precision;
 use crate::error::{Error, Result};
 use crate::reference;
-use qlora::gpu::GpuContext;
+use qlora::gpu::{GemmMath, GpuContext};
 use qlora::ops::attention::*;
 
 // ---- op_parity ---------------------------------------------------------------
 
-/// `op_parity` for one shape `{batch, seq, heads, kv_heads, head_dim}`.
+/// The attention kernels a precision is checked on: f32 the f32 kernels
+/// (FP32 math), tf32 the tensor-core kernels (TF32 math).
+fn math(precision: Precision) -> Result<GemmMath> {
+    match precision {
+        Precision::F32 => Ok(GemmMath::Fp32),
+        Precision::Tf32 => Ok(GemmMath::Tf32),
+        other => Err(Error::InvalidArgument {
+            op: "attention",
+            message: format!("attention computes in f32 or tf32, not {other:?}"),
+        }),
+    }
+}
+
+/// `op_parity` for one shape `{batch, seq, heads, kv_heads, head_dim}`, on
+/// the kernels of the case's precision (see [`math`]).
 ///
 /// Forward compares `out` and `probs` with the reference. Backward runs the
 /// device forward for `probs`, then the device backward, and compares `dq`,
 /// `dk`, `dv` with the reference backward from the reference `probs`.
 pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
-    if case.precision != Precision::F32 {
-        return Err(Error::InvalidArgument {
-            op: "attention",
-            message: format!("attention computes in f32, not {:?}", case.precision),
-        });
-    }
+    let math = math(case.precision)?;
     let sh = AttnShape {
         batch: case.shape.dim("batch"),
         seq: case.shape.dim("seq"),
@@ -49,13 +58,13 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
     let mut probs = gpu.poisoned(p_len)?;
     match case.pass {
         Pass::Forward => {
-            forward(gpu, (&q, &k, &v), &mut out, &mut probs, &sh)?;
+            forward(gpu, math, (&q, &k, &v), &mut out, &mut probs, &sh)?;
             let c_out = compare(&gpu.download(&out)?, &ref_out);
             let c_probs = compare(&gpu.download(&probs)?, &ref_probs);
             Ok(c_out.merge(c_probs))
         }
         Pass::Backward => {
-            forward(gpu, (&q, &k, &v), &mut out, &mut probs, &sh)?;
+            forward(gpu, math, (&q, &k, &v), &mut out, &mut probs, &sh)?;
             let (dout32, dout64) = random_inputs(&mut rng, q_len);
             let (ref_dq, ref_dk, ref_dv) = reference::attention::backward(
                 &q64,
@@ -73,6 +82,7 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
             let mut scratch = gpu.poisoned(backward_scratch_len(&sh))?;
             backward(
                 gpu,
+                math,
                 (&q, &k, &v),
                 &out,
                 &probs,

@@ -9,7 +9,11 @@
 //!   `ratio = t_tf32 / t_nf4`. The fused FMA kernel `nf4_gemm_fwd_f32` is
 //!   timed too and reported next to it;
 //! - `fusion`: residual add then RMSNorm vs the fused residual + RMSNorm
-//!   kernel; `ratio = t_unfused / t_fused`.
+//!   kernel; `ratio = t_unfused / t_fused`;
+//! - `attention`: causal GQA attention of one decoder layer (the model's
+//!   batch, sequence, heads and head_dim), forward and backward, on the f32
+//!   kernels (FP32 math) vs the tensor-core kernels (TF32 math);
+//!   `ratio = t_f32 / t_tensor_cores`, the sum of both passes.
 //!
 //! Times are medians of CUDA-event-timed runs after warm-up (the nf4_gemm and
 //! fusion runs are captured graph replays, as in the step); each run cycles
@@ -32,6 +36,7 @@ use qlora::gpu::timing::{time_events, time_graph};
 use qlora::gpu::{Direction, GemmMath, GpuContext};
 use qlora::model::ModelConfig;
 use qlora::ops;
+use qlora::ops::attention::AttnShape;
 use qlora::ops::gemm::GemmEngine;
 use qlora::ops::nf4::Nf4Device;
 use qlora::Faults;
@@ -89,7 +94,8 @@ fn fusion_sets(n: usize) -> usize {
 /// - gemm: `4 (rows in + sets in out + rows out)`;
 /// - nf4_gemm: that, plus per set the NF4 codes and absmax
 ///   (`in out / 2 + 4 in out / 64`), plus one dequantised weight `4 in out`;
-/// - fusion: `16 sets rows hidden + 4 hidden`.
+/// - fusion: `16 sets rows hidden + 4 hidden`;
+/// - attention: `sets` of [`attention_set_bytes`].
 pub(super) fn device_bytes(subject: Subject, c: &ModelConfig) -> f64 {
     let rows = c.tokens() as f64;
     let proj = |p: &Proj| {
@@ -107,8 +113,30 @@ pub(super) fn device_bytes(subject: Subject, c: &ModelConfig) -> f64 {
             let n = c.tokens() * c.hidden;
             16.0 * (fusion_sets(n) * n) as f64 + 4.0 * c.hidden as f64
         }
+        Subject::Attention => {
+            let bytes = attention_set_bytes(&attn_shape(c));
+            (sets_for(bytes) * bytes) as f64
+        }
         Subject::TrainStep => 0.0,
     }
+}
+
+/// The attention shape of one decoder layer of `c`.
+fn attn_shape(c: &ModelConfig) -> AttnShape {
+    AttnShape {
+        batch: c.batch,
+        seq: c.seq_len,
+        heads: c.heads,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+    }
+}
+
+/// Bytes of one attention buffer set: q, out, dout, dq (q-sized); k, v, dk,
+/// dv (kv-sized); probs; the backward scratch (dS and the per-head shares).
+fn attention_set_bytes(sh: &AttnShape) -> usize {
+    let (q_len, kv_len, p_len) = ops::attention::lens(sh);
+    4 * (4 * q_len + 4 * kv_len + p_len + ops::attention::backward_scratch_len(sh))
 }
 
 /// Direct cuBLAS SGEMM of `y = x W^T` (row-major; cuBLAS computes the
@@ -178,6 +206,7 @@ pub fn measure(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         Subject::Gemm => gemm_pairs(gpu, p, &config, seed, faults),
         Subject::Nf4Gemm => nf4_pairs(gpu, p, &config, seed, faults),
         Subject::Fusion => fusion_pairs(gpu, p, &config, seed, faults),
+        Subject::Attention => attention_pairs(gpu, p, &config, seed, faults),
         Subject::TrainStep => Err(Error::InvalidArgument {
             op: "throughput_ratio",
             message: "train_step is measured by the training step".into(),
@@ -193,6 +222,7 @@ fn names(subject: Subject) -> (&'static str, &'static str) {
         Subject::Gemm => ("raw cublas tf32", "ops::gemm::linear"),
         Subject::Nf4Gemm => ("tf32 cublas, fp32 weight", "nf4 dequantise + tf32 cublas"),
         Subject::Fusion => ("residual_add + rmsnorm", "fused rmsnorm_residual"),
+        Subject::Attention => ("f32 attention", "tensor-core attention"),
         Subject::TrainStep => ("baseline", "candidate"),
     }
 }
@@ -228,6 +258,7 @@ fn judge(
         Subject::Gemm => "gemm",
         Subject::Nf4Gemm => "nf4_gemm",
         Subject::Fusion => "fusion",
+        Subject::Attention => "attention",
         Subject::TrainStep => "train_step",
     };
     let mut speedups = Vec::new();
@@ -480,6 +511,110 @@ fn fusion_pairs(
         candidate: fused,
     };
     Ok((vec![pair], Vec::new()))
+}
+
+/// One set of attention buffers: inputs random, outputs zero.
+struct AttnSet {
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    dout: CudaSlice<f32>,
+    out: CudaSlice<f32>,
+    probs: CudaSlice<f32>,
+    scratch: CudaSlice<f32>,
+    dq: CudaSlice<f32>,
+    dk: CudaSlice<f32>,
+    dv: CudaSlice<f32>,
+}
+
+impl AttnSet {
+    fn new(gpu: &GpuContext, rng: &mut ChaCha8Rng, sh: &AttnShape) -> Result<Self> {
+        let (q_len, kv_len, p_len) = ops::attention::lens(sh);
+        Ok(AttnSet {
+            q: random(gpu, rng, q_len)?,
+            k: random(gpu, rng, kv_len)?,
+            v: random(gpu, rng, kv_len)?,
+            dout: random(gpu, rng, q_len)?,
+            out: gpu.zeros::<f32>(q_len)?,
+            probs: gpu.zeros::<f32>(p_len)?,
+            scratch: gpu.zeros::<f32>(ops::attention::backward_scratch_len(sh))?,
+            dq: gpu.zeros::<f32>(q_len)?,
+            dk: gpu.zeros::<f32>(kv_len)?,
+            dv: gpu.zeros::<f32>(kv_len)?,
+        })
+    }
+
+    fn forward(&mut self, gpu: &mut GpuContext, math: GemmMath, sh: &AttnShape) -> qlora::Result<()> {
+        let s = self;
+        ops::attention::forward(gpu, math, (&s.q, &s.k, &s.v), &mut s.out, &mut s.probs, sh)
+    }
+
+    fn backward(&mut self, gpu: &mut GpuContext, math: GemmMath, sh: &AttnShape) -> qlora::Result<()> {
+        let s = self;
+        ops::attention::backward(
+            gpu,
+            math,
+            (&s.q, &s.k, &s.v),
+            &s.out,
+            &s.probs,
+            &s.dout,
+            &mut s.scratch,
+            (&mut s.dq, &mut s.dk, &mut s.dv),
+            sh,
+        )
+    }
+}
+
+/// Forward and backward of one layer's attention, each pass a pair: the f32
+/// kernels vs the tensor-core kernels with the trial's faults (the claim is
+/// about the tensor-core path, so `gemm_without_tensor_ops` must break it).
+/// Both replay as captured graphs over buffer sets the L2 cannot hold.
+fn attention_pairs(
+    gpu: &mut GpuContext,
+    p: &Params,
+    c: &ModelConfig,
+    seed: u64,
+    faults: Faults,
+) -> Result<Pairs> {
+    let (warmup, repeats) = (p.warmup.0, p.repeats.0);
+    let sh = attn_shape(c);
+    ops::attention::check_shape(&sh)?;
+    let sets = sets_for(attention_set_bytes(&sh));
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut bufs = Vec::new();
+    for _ in 0..sets {
+        bufs.push(AttnSet::new(gpu, &mut rng, &sh)?);
+    }
+    let (f32m, tf32) = (GemmMath::Fp32, GemmMath::Tf32);
+    let mut pairs = Vec::new();
+    for backward in [false, true] {
+        // Each backward replays from its own set's forward, run just before.
+        for set in &mut bufs {
+            set.forward(gpu, f32m, &sh)?;
+        }
+        let mut pass = |gpu: &mut GpuContext, math: GemmMath, i: usize| {
+            let set = &mut bufs[i];
+            if backward {
+                set.backward(gpu, math, &sh)
+            } else {
+                set.forward(gpu, math, &sh)
+            }
+        };
+        let base = time_graph(gpu, sets, warmup, repeats, |gpu, i| pass(gpu, f32m, i))?;
+        let cand = time_graph(&mut gpu.with_faults(faults), sets, warmup, repeats, |gpu, i| {
+            pass(gpu, tf32, i)
+        })?;
+        let name = if backward { "backward" } else { "forward" };
+        pairs.push(Pair {
+            label: format!(
+                "{name} b{} s{} h{}/{} d{}",
+                sh.batch, sh.seq, sh.heads, sh.kv_heads, sh.head_dim
+            ),
+            baseline: base,
+            candidate: cand,
+        });
+    }
+    Ok((pairs, Vec::new()))
 }
 
 #[cfg(test)]

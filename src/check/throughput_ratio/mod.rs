@@ -30,6 +30,9 @@ pub enum Subject {
     Fusion,
     /// A direct cuBLAS call vs our GEMM launcher on `model`'s projection shapes.
     Gemm,
+    /// Causal GQA attention of one `model` layer, forward + backward: the
+    /// f32 kernels vs the tensor-core (TF32) kernels.
+    Attention,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -84,7 +87,7 @@ pub const PARAMS: &[ParamDoc] = &[
     ParamDoc {
         name: "subject",
         default: Yaml("train_step"),
-        bound: &[OneOf(&["train_step", "nf4_gemm", "fusion", "gemm"])],
+        bound: &[OneOf(&["train_step", "nf4_gemm", "fusion", "gemm", "attention"])],
         meaning: "what is timed",
     },
     ParamDoc {
@@ -172,7 +175,7 @@ impl Params {
                 trainer_bytes(&cfg, &self.baseline.speed_options())
                     + trainer_bytes(&cfg, &self.candidate.speed_options())
             }
-            Subject::Nf4Gemm | Subject::Fusion | Subject::Gemm => {
+            Subject::Nf4Gemm | Subject::Fusion | Subject::Gemm | Subject::Attention => {
                 kernels::device_bytes(self.subject, &cfg)
             }
         }
@@ -183,7 +186,9 @@ impl Kind for Params {
     fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         match self.subject {
             Subject::TrainStep => train_step::throughput_ratio(self, cx),
-            Subject::Nf4Gemm | Subject::Fusion | Subject::Gemm => kernels::measure(self, cx),
+            Subject::Nf4Gemm | Subject::Fusion | Subject::Gemm | Subject::Attention => {
+                kernels::measure(self, cx)
+            }
         }
     }
 
@@ -237,7 +242,7 @@ mod tests {
 
     #[test]
     fn kernel_subjects_count_their_buffer_sets() {
-        for subject in ["gemm", "nf4_gemm", "fusion"] {
+        for subject in ["gemm", "nf4_gemm", "fusion", "attention"] {
             let p = params(&format!("subject: {subject}")).unwrap();
             let bytes = p.device_bytes();
             // At least the 160-256 MiB of rotated sets, far below a GPU.
