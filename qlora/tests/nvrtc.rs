@@ -125,7 +125,7 @@ fn a_cubin_entry_round_trips_under_its_key_only() -> Result<(), Failed> {
         format: Format::Cubin,
         arch: "sm_90".into(),
         nvrtc,
-        source_hash: disk::source_hash(m.source, &qlora::gpu::cache::compile_options("sm_90")),
+        source_hash: disk::source_hash(m.source, &qlora::gpu::cache::compile_options(m, "sm_90")),
     };
     let bytes = disk::encode(&want, &cubin).map_err(|e| e.to_string())?;
     if disk::decode(&bytes, &want) != Ok(cubin.as_slice()) {

@@ -24,15 +24,20 @@ use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use super::context::{nvrtc_present, DeviceFacts};
 use super::disk::{self, cubin_sm, DiskCache, EntryHeader, Format, Refusal};
 use crate::error::{Error, Result};
-use crate::kernels::{self, ModuleSource};
+use crate::kernels::{self, Compile, ModuleSource};
 
 /// The virtual architecture [`crate::Faults::ptx_older_target`] compiles for (Turing):
 /// older than every device this crate targets, and still accepted by NVRTC 13.
 pub const OLDER_ARCH: &str = "compute_75";
 
-/// The NVRTC options of every module compiled for `arch`.
-pub fn compile_options(arch: &str) -> Vec<String> {
-    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()]
+/// The NVRTC options of `source` compiled for `arch`. They are part of the
+/// disk cache's key, so a changed option never loads an old entry.
+pub fn compile_options(source: &ModuleSource, arch: &str) -> Vec<String> {
+    let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()];
+    if source.compile == Compile::FastMin {
+        options.push("--Ofast-compile=min".into());
+    }
+    options
 }
 
 /// Compiles `source` with NVRTC for the virtual architecture `arch`
@@ -43,7 +48,7 @@ pub fn compile_module(source: &ModuleSource, arch: &str) -> Result<String> {
         return Err(Error::CudaUnavailable("NVRTC library not found".into()));
     }
     let opts = CompileOptions {
-        options: compile_options(arch),
+        options: compile_options(source, arch),
         name: Some(format!("{}.cu", source.name)),
         ..Default::default()
     };
@@ -130,7 +135,7 @@ pub fn compile_cubin(source: &ModuleSource, arch: &str) -> Result<Vec<u8>> {
     let prog = Program(nvrtc::create_program(&src, Some(&name))?);
     // SAFETY: `prog` is live until dropped at the end of this function, and
     // `src` and `name`, which it may point into, outlive it (declared first).
-    if unsafe { nvrtc::compile_program(prog.0, &compile_options(arch)) }.is_err() {
+    if unsafe { nvrtc::compile_program(prog.0, &compile_options(source, arch)) }.is_err() {
         return Err(Error::Compile {
             module: source.name.to_string(),
             log: program_log(&prog)?,
@@ -401,7 +406,7 @@ impl KernelCache {
             format: Format::for_arch(arch),
             arch: arch.to_string(),
             nvrtc: self.nvrtc()?,
-            source_hash: disk::source_hash(source.source, &compile_options(arch)),
+            source_hash: disk::source_hash(source.source, &compile_options(source, arch)),
         })
     }
 

@@ -600,6 +600,8 @@ __device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
 #define TC_ROW_GROUPS 4
 #define TC_ROWS (TC_ROW_GROUPS * 16)
 
+__host__ __device__ constexpr int tc_max(int a, int b) { return a > b ? a : b; }
+
 template <int D>
 struct TcShape {
     static constexpr int SPLIT = 1;  // warps per row group (see Tiling)
@@ -609,25 +611,30 @@ struct TcShape {
     static constexpr int MIN_BLOCKS = SPLIT > 1 ? 2 : 1;
     static constexpr int LDK = D + 8;                 // row of a tile read k-style
     static constexpr int LDV = D + 4;                 // row of a tile read v-style
-    static constexpr int CHUNK = D <= 64 ? 64 : 32;   // keys per chunk (fwd, dq)
+    // Keys per chunk (fwd, dq): 32 x 64 or 16 x 128, so a chunk's scores
+    // are 32 mma per warp in either build. Twice that (one more unrolled
+    // copy of every mma loop) made the forward module the slowest compile of
+    // the cold pre-warm, for the same time per layer within a few percent.
+    static constexpr int CHUNK = D <= 64 ? 32 : 16;
     static constexpr int NT = CHUNK / 8;              // 8-key tiles of a chunk
     static constexpr int NH = NT / SPLIT;             // ... of one warp's part
     static constexpr int QCHUNK = D <= 64 ? 32 : 16;  // query rows per chunk (dk/dv)
     static constexpr int QT = QCHUNK / 8;             // 8-query steps of a chunk
     static constexpr int QH = QT / SPLIT;             // ... of one warp's part
     static constexpr int KT = D / 8;                  // 8-wide steps of head_dim
-    // Shared memory of every kernel: two buffers of CHUNK rows of LDK floats
-    // (fwd, dq; the query or dout tile is staged there first), or two stages
-    // of a q and a dout chunk of LDV rows (dk/dv), which fit in the same:
-    // 36,864 bytes for D = 64, 34,816 for D = 128, under the 48 KiB a launch
+    // Shared memory of every kernel, the largest of what they stage: the
+    // TC_ROWS query or dout rows (fwd, dq, first), two buffers of CHUNK rows
+    // of LDK floats (fwd, dq), and two stages of a q and a dout chunk of LDV
+    // rows (dk/dv): 34,816 bytes in both builds, under the 48 KiB a launch
     // gets without opting in.
     static constexpr int BUF = CHUNK * LDK;
-    static constexpr int SMEM_FLOATS = 2 * BUF;
+    static constexpr int ROW_TILE = TC_ROWS * LDK;
+    static constexpr int KV_STAGES = 4 * QCHUNK * LDV;
+    static constexpr int SMEM_FLOATS = tc_max(tc_max(ROW_TILE, 2 * BUF), KV_STAGES);
 };
-static_assert(TC_ROWS * TcShape<64>::LDK <= TcShape<64>::SMEM_FLOATS, "row tile fits");
-static_assert(TC_ROWS * TcShape<128>::LDK <= TcShape<128>::SMEM_FLOATS, "row tile fits");
-static_assert(4 * TcShape<64>::QCHUNK * TcShape<64>::LDV <= TcShape<64>::SMEM_FLOATS, "dk/dv stages fit");
-static_assert(4 * TcShape<128>::QCHUNK * TcShape<128>::LDV <= TcShape<128>::SMEM_FLOATS, "dk/dv stages fit");
+// The launcher passes 34,816 bytes (ops/attention.rs, TC_SMEM).
+static_assert(TcShape<64>::SMEM_FLOATS * 4 == 34816, "the launcher's shared memory, d64");
+static_assert(TcShape<128>::SMEM_FLOATS * 4 == 34816, "the launcher's shared memory, d128");
 // tc_sum_split passes 32 floats per thread through the buffers.
 static_assert(32 * TcShape<64>::THREADS <= TcShape<64>::SMEM_FLOATS, "split sums fit");
 static_assert(32 * TcShape<128>::THREADS <= TcShape<128>::SMEM_FLOATS, "split sums fit");
@@ -676,12 +683,16 @@ struct TcTile {
     static constexpr int STEP = T / (D / 4);
     static_assert(T % (D / 4) == 0, "a thread keeps its column");
 
+    // stage() and round() are called, not inlined: each kernel stages three
+    // or four tiles, and one copy of each keeps the module quick to compile;
+    // they run once per chunk, next to dozens of mma.
+    //
     // Starts copying rows n < valid (row n at src + n * stride, head_dim
     // floats); the rest of the tile, rows past valid and columns past
     // head_dim, becomes zeros. `vec`: head_dim % 4 == 0 and src 16-byte
     // aligned, so rows move in 16-byte pieces (stride is a multiple of
     // head_dim).
-    __device__ __forceinline__ void stage(const float* __restrict__ src, size_t stride, int valid,
+    __device__ __noinline__ void stage(const float* __restrict__ src, size_t stride, int valid,
                                           int head_dim, bool vec) const {
         if (vec) {
             const int c = 4 * (threadIdx.x % (D / 4));
@@ -708,7 +719,7 @@ struct TcTile {
     }
 
     // Rounds this thread's elements to tf32, after its copies landed.
-    __device__ __forceinline__ void round(bool vec) const {
+    __device__ __noinline__ void round(bool vec) const {
         if (vec) {
             const int n0 = threadIdx.x / (D / 4);
             float* at = s + n0 * LD + 4 * (threadIdx.x % (D / 4));

@@ -11,6 +11,20 @@ pub struct ModuleSource {
     pub source: &'static str,
     /// The `extern "C"` kernels the module defines.
     pub symbols: &'static [&'static str],
+    /// How NVRTC weighs compile time against code speed for this module.
+    pub compile: Compile,
+}
+
+/// NVRTC's trade between compile time and code speed, per module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compile {
+    /// NVRTC's default optimisation.
+    Optimised,
+    /// `--Ofast-compile=min`: NVRTC's least compile-time preference, "limited
+    /// performance impact". Kept for modules whose default compilation would
+    /// be the longest of a parallel cold pre-warm (the tensor-core attention
+    /// kernels: about 0.6 s instead of 0.45 s on a CI core).
+    FastMin,
 }
 
 macro_rules! module {
@@ -20,14 +34,19 @@ macro_rules! module {
             // Every module is compiled with the shared helpers in front of it.
             source: concat!(include_str!("common.cuh"), "\n", include_str!(concat!($name, ".cu"))),
             symbols: &[$($sym),*],
+            compile: Compile::Optimised,
         }
     };
 }
 
 /// A module compiled from `$file.cu` with `$prelude` (e.g. a `#define`)
-/// between the shared helpers and the source.
+/// between the shared helpers and the source; `$compile` defaults to
+/// [`Compile::Optimised`].
 macro_rules! module_with {
     ($name:literal, $file:literal, $prelude:literal, [$($sym:literal),* $(,)?]) => {
+        module_with!($name, $file, $prelude, [$($sym),*], Compile::Optimised)
+    };
+    ($name:literal, $file:literal, $prelude:literal, [$($sym:literal),* $(,)?], $compile:expr) => {
         ModuleSource {
             name: $name,
             source: concat!(
@@ -38,6 +57,7 @@ macro_rules! module_with {
                 include_str!(concat!($file, ".cu"))
             ),
             symbols: &[$($sym),*],
+            compile: $compile,
         }
     };
 }
@@ -193,37 +213,43 @@ pub const MODULES: &[ModuleSource] = &[
         "attention_tc_fwd_d64",
         "attention",
         "#define ATT_BUILD 64\n#define ATT_PART 3",
-        ["attention_tc_fwd_d64_f32"]
+        ["attention_tc_fwd_d64_f32"],
+        Compile::FastMin
     ),
     module_with!(
         "attention_tc_dq_d64",
         "attention",
         "#define ATT_BUILD 64\n#define ATT_PART 4",
-        ["attention_tc_bwd_dq_d64_f32"]
+        ["attention_tc_bwd_dq_d64_f32"],
+        Compile::FastMin
     ),
     module_with!(
         "attention_tc_dkv_d64",
         "attention",
         "#define ATT_BUILD 64\n#define ATT_PART 5",
-        ["attention_tc_bwd_dkv_d64_f32", "attention_bwd_kv_sum_f32"]
+        ["attention_tc_bwd_dkv_d64_f32", "attention_bwd_kv_sum_f32"],
+        Compile::FastMin
     ),
     module_with!(
         "attention_tc_fwd_d128",
         "attention",
         "#define ATT_BUILD 128\n#define ATT_PART 3",
-        ["attention_tc_fwd_d128_f32"]
+        ["attention_tc_fwd_d128_f32"],
+        Compile::FastMin
     ),
     module_with!(
         "attention_tc_dq_d128",
         "attention",
         "#define ATT_BUILD 128\n#define ATT_PART 4",
-        ["attention_tc_bwd_dq_d128_f32"]
+        ["attention_tc_bwd_dq_d128_f32"],
+        Compile::FastMin
     ),
     module_with!(
         "attention_tc_dkv_d128",
         "attention",
         "#define ATT_BUILD 128\n#define ATT_PART 5",
-        ["attention_tc_bwd_dkv_d128_f32", "attention_bwd_kv_sum_f32"]
+        ["attention_tc_bwd_dkv_d128_f32", "attention_bwd_kv_sum_f32"],
+        Compile::FastMin
     ),
     module!("faults", ["fault_oob_write_f32"]),
 ];

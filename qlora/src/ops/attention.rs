@@ -101,11 +101,11 @@ const fn f32_kv_smem(d: usize) -> usize {
     2 * QUERY_CHUNK * (d + 1) + 2 * TILE_ROWS * (QUERY_CHUNK + 1)
 }
 
-/// Shared memory of every tensor-core kernel (`TcShape::SMEM_FLOATS`): two
-/// buffers of `chunk` rows padded to d + 8 (`TcShape::CHUNK`, `LDK`).
-const fn tc_smem(d: usize, chunk: usize) -> usize {
-    2 * chunk * (d + 8)
-}
+/// Floats of shared memory of every tensor-core kernel, in both builds
+/// (`TcShape::SMEM_FLOATS`, asserted there): the 64 query rows padded to
+/// d + 8 for d = 128, or the dk/dv kernel's two stages of a q and a dout
+/// chunk of 32 rows padded to d + 4 for d = 64, both 8,704.
+const TC_SMEM: usize = 8_704;
 
 /// Rows of a tensor-core tile (`TC_ROWS`): four row groups of 16.
 const TC_ROWS: usize = 64;
@@ -141,8 +141,8 @@ const F32_D128: Build = Build {
 const TC_D64: Build = Build {
     threads: 128,
     rows: TC_ROWS,
-    row_smem: tc_smem(64, 64),
-    kv_smem: tc_smem(64, 64),
+    row_smem: TC_SMEM,
+    kv_smem: TC_SMEM,
     fwd: kernel("attention_tc_fwd_d64", "attention_tc_fwd_d64_f32"),
     dq: kernel("attention_tc_dq_d64", "attention_tc_bwd_dq_d64_f32"),
     dkv: kernel("attention_tc_dkv_d64", "attention_tc_bwd_dkv_d64_f32"),
@@ -152,8 +152,8 @@ const TC_D64: Build = Build {
 const TC_D128: Build = Build {
     threads: 128,
     rows: TC_ROWS,
-    row_smem: tc_smem(128, 32),
-    kv_smem: tc_smem(128, 32),
+    row_smem: TC_SMEM,
+    kv_smem: TC_SMEM,
     fwd: kernel("attention_tc_fwd_d128", "attention_tc_fwd_d128_f32"),
     dq: kernel("attention_tc_dq_d128", "attention_tc_bwd_dq_d128_f32"),
     dkv: kernel("attention_tc_dkv_d128", "attention_tc_bwd_dkv_d128_f32"),
