@@ -683,16 +683,12 @@ struct TcTile {
     static constexpr int STEP = T / (D / 4);
     static_assert(T % (D / 4) == 0, "a thread keeps its column");
 
-    // stage() and round() are called, not inlined: each kernel stages three
-    // or four tiles, and one copy of each keeps the module quick to compile;
-    // they run once per chunk, next to dozens of mma.
-    //
     // Starts copying rows n < valid (row n at src + n * stride, head_dim
     // floats); the rest of the tile, rows past valid and columns past
     // head_dim, becomes zeros. `vec`: head_dim % 4 == 0 and src 16-byte
     // aligned, so rows move in 16-byte pieces (stride is a multiple of
     // head_dim).
-    __device__ __noinline__ void stage(const float* __restrict__ src, size_t stride, int valid,
+    __device__ __forceinline__ void stage(const float* __restrict__ src, size_t stride, int valid,
                                           int head_dim, bool vec) const {
         if (vec) {
             const int c = 4 * (threadIdx.x % (D / 4));
@@ -719,7 +715,7 @@ struct TcTile {
     }
 
     // Rounds this thread's elements to tf32, after its copies landed.
-    __device__ __noinline__ void round(bool vec) const {
+    __device__ __forceinline__ void round(bool vec) const {
         if (vec) {
             const int n0 = threadIdx.x / (D / 4);
             float* at = s + n0 * LD + 4 * (threadIdx.x % (D / 4));
@@ -880,6 +876,79 @@ struct TcSoftmaxStats {
     }
 };
 
+// Pass 0 of the forward: adds a chunk's scores to each row's running max
+// and sum. j: the key of s[n][e] is j + 8 n + e; keys past lim[r] are
+// masked.
+template <int D>
+__device__ __forceinline__ void tc_softmax_stats(const float (&s)[TcShape<D>::NH][4],
+                                                 TcSoftmaxStats (&st)[2], int j,
+                                                 const int (&lim)[2], float scale) {
+    constexpr int NH = TcShape<D>::NH;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float vals[2 * NH];
+        float mx = ATT_NEG_INF;
+#pragma unroll
+        for (int n = 0; n < NH; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float x = j + 8 * n + e <= lim[r] ? scale * s[n][2 * r + e] : ATT_NEG_INF;
+                vals[2 * n + e] = x;
+                mx = fmaxf(mx, x);
+            }
+        st[r].add(mx, vals);
+    }
+}
+
+// Pass 1 of the forward: turns a chunk's scores into P = exp(scale s - m) / l
+// in place (masked keys: 0) and stores the visible ones into the probs plane
+// `plane` of (b, h).
+template <int D>
+__device__ __forceinline__ void tc_probs(float (&s)[TcShape<D>::NH][4],
+                                         const TcSoftmaxStats (&st)[2], const float (&inv_l)[2],
+                                         int j, const int (&lim)[2], const int (&row)[2],
+                                         float scale, int seq, bool pairs, float* plane) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float m = st[r].m;
+        float* pr = plane + (size_t)min(row[r], seq - 1) * seq;
+#pragma unroll
+        for (int n = 0; n < TcShape<D>::NH; ++n) {
+            const int jn = j + 8 * n;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float x = s[n][2 * r + e];
+                s[n][2 * r + e] = jn + e <= lim[r] ? __expf(scale * x - m) * inv_l[r] : 0.0f;
+            }
+            if (row[r] < seq && jn < seq)
+                tc_store2(pr + jn, s[n][2 * r], s[n][2 * r + 1], pairs, jn + 1 < seq);
+        }
+    }
+}
+
+// Combines the row statistics of a row group's parts, in part order,
+// through shared memory x (free: the key buffers are no longer read).
+template <int D>
+__device__ __forceinline__ void tc_merge_split(TcSoftmaxStats (&st)[2], float* x) {
+    x[4 * threadIdx.x] = st[0].m;
+    x[4 * threadIdx.x + 1] = st[0].l;
+    x[4 * threadIdx.x + 2] = st[1].m;
+    x[4 * threadIdx.x + 3] = st[1].l;
+    __syncthreads();
+    const int first = threadIdx.x % (32 * TC_ROW_GROUPS);  // this lane in part 0
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        st[r].m = x[4 * first + 2 * r];
+        st[r].l = x[4 * first + 2 * r + 1];
+#pragma unroll
+        for (int p = 1; p < TcShape<D>::SPLIT; ++p) {
+            const int o = 4 * (first + p * 32 * TC_ROW_GROUPS) + 2 * r;
+            tc_merge(st[r].m, st[r].l, x[o], x[o + 1]);
+        }
+    }
+    __syncthreads();
+}
+
 // Forward: out and probs for TC_ROWS query rows. Grid (ceil(seq / TC_ROWS),
 // heads, batch), THREADS threads, SMEM_FLOATS of dynamic shared memory. A
 // warp takes its part (NH tiles) of every key chunk. The tiles nearest the
@@ -930,69 +999,16 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
         __syncthreads();
     }
 
-    // Pass 1: each row's max and sum over this warp's keys, keys
-    // double-buffered (chunk c in buffer c % 2).
+    // Two passes over the keys in one loop body, so the module holds one
+    // copy of the score mma (a second copy made it the slowest compilation
+    // of the cold pre-warm). Pass 0: each row's max and sum over this warp's
+    // keys. Pass 1: P into probs and P v into the accumulator. k is in the
+    // first buffer, v (pass 1 only) in the second; each is refilled with the
+    // next chunk as soon as its chunk is read. Every chunk commits two copy
+    // groups (v's empty in pass 0), so "all but the latest group" is always
+    // the tile about to be read.
     TcSoftmaxStats st[2];
-    KTile{tc_smem}.stage(kb, kv_stride, seq, head_dim, vec);
-    tc_commit();
-    for (int c = 0; c < chunks; ++c) {
-        const int j0 = c * S::CHUNK;
-        const KTile cur{tc_smem + (c & 1) * S::BUF};
-        if (c + 1 < chunks)
-            KTile{tc_smem + ((c + 1) & 1) * S::BUF}.stage(kb + (j0 + S::CHUNK) * kv_stride,
-                                                          kv_stride, seq - j0 - S::CHUNK,
-                                                          head_dim, vec);
-        tc_commit();
-        tc_wait_prev();
-        cur.round(vec);
-        __syncthreads();
-        float s[S::NH][4];
-        tc_scores<D>(qa, cur.s + koff * S::LDK, ln.g, ln.t, s);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float vals[2 * S::NH];
-            float mx = ATT_NEG_INF;
-#pragma unroll
-            for (int n = 0; n < S::NH; ++n)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int j = j0 + koff + 8 * n + 2 * ln.t + e;
-                    const float x = j <= lim[r] ? scale * s[n][2 * r + e] : ATT_NEG_INF;
-                    vals[2 * n + e] = x;
-                    mx = fmaxf(mx, x);
-                }
-            st[r].add(mx, vals);
-        }
-        __syncthreads();  // this buffer is refilled at c + 1
-    }
-    // The row's 4 threads, then the row group's parts in order (through
-    // shared memory), so every part ends with the same m and l.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) st[r].merge();
-    if (S::SPLIT > 1) {
-        float* x = tc_smem;
-        x[4 * threadIdx.x] = st[0].m;
-        x[4 * threadIdx.x + 1] = st[0].l;
-        x[4 * threadIdx.x + 2] = st[1].m;
-        x[4 * threadIdx.x + 3] = st[1].l;
-        __syncthreads();
-        const int first = threadIdx.x % (32 * TC_ROW_GROUPS);  // this lane in part 0
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            st[r].m = x[4 * first + 2 * r];
-            st[r].l = x[4 * first + 2 * r + 1];
-#pragma unroll
-            for (int p = 1; p < S::SPLIT; ++p) {
-                const int o = 4 * (first + p * 32 * TC_ROW_GROUPS) + 2 * r;
-                tc_merge(st[r].m, st[r].l, x[o], x[o + 1]);
-            }
-        }
-        __syncthreads();
-    }
-    const float inv_l[2] = {1.0f / st[0].l, 1.0f / st[1].l};
-
-    // Pass 2: P into probs and P v into the accumulator; k in the first
-    // buffer, v in the second.
+    float inv_l[2] = {0.0f, 0.0f};
     float acc[S::KT][4];
 #pragma unroll
     for (int nd = 0; nd < S::KT; ++nd)
@@ -1001,44 +1017,52 @@ __device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
     const bool pairs = seq % 2 == 0;  // then j even, and probs + row * seq + j is 8-byte aligned
     const KTile kt{tc_smem};
     const VTile vt{tc_smem + S::BUF};
-    kt.stage(kb, kv_stride, seq, head_dim, vec);
-    tc_commit();
-    vt.stage(vb, kv_stride, seq, head_dim, vec);
-    tc_commit();
-    for (int c = 0; c < chunks; ++c) {
-        const int j0 = c * S::CHUNK;
-        const int next = j0 + S::CHUNK;
-        tc_wait_prev();  // k of chunk c
-        kt.round(vec);
-        __syncthreads();
-        float s[S::NH][4];
-        tc_scores<D>(qa, kt.s + koff * S::LDK, ln.g, ln.t, s);
-        __syncthreads();
-        if (c + 1 < chunks) kt.stage(kb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
+#pragma unroll 1
+    for (int pass = 0; pass < 2; ++pass) {
+        // Opaque to the compiler, so it does not split the loop below into
+        // one copy per pass.
+        asm volatile("" : "+r"(pass));
+        kt.stage(kb, kv_stride, seq, head_dim, vec);
         tc_commit();
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float m = st[r].m;
-            float* pr = probs + att_p_at(b, h, min(row[r], seq - 1), seq, heads);
-#pragma unroll
-            for (int n = 0; n < S::NH; ++n) {
-                const int j = j0 + koff + 8 * n + 2 * ln.t;
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float x = s[n][2 * r + e];
-                    s[n][2 * r + e] = j + e <= lim[r] ? __expf(scale * x - m) * inv_l[r] : 0.0f;
-                }
-                if (row[r] < seq && j < seq)
-                    tc_store2(pr + j, s[n][2 * r], s[n][2 * r + 1], pairs, j + 1 < seq);
+        if (pass == 1) vt.stage(vb, kv_stride, seq, head_dim, vec);
+        tc_commit();
+        for (int c = 0; c < chunks; ++c) {
+            const int j0 = c * S::CHUNK;
+            const int next = j0 + S::CHUNK;
+            tc_wait_prev();  // k of chunk c
+            kt.round(vec);
+            __syncthreads();
+            float s[S::NH][4];
+            tc_scores<D>(qa, kt.s + koff * S::LDK, ln.g, ln.t, s);
+            __syncthreads();
+            if (c + 1 < chunks)
+                kt.stage(kb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
+            tc_commit();
+            if (pass == 0) {
+                tc_softmax_stats<D>(s, st, j0 + koff + 2 * ln.t, lim, scale);
+                tc_commit();
+                continue;
             }
+            tc_probs<D>(s, st, inv_l, j0 + koff + 2 * ln.t, lim, row, scale, seq, pairs,
+                        probs + att_p_at(b, h, 0, seq, heads));
+            tc_wait_prev();  // v of chunk c
+            vt.round(vec);
+            __syncthreads();
+            tc_accumulate<D>(s, vt.s + koff * S::LDV, ln.g, ln.t, acc);
+            __syncthreads();
+            if (c + 1 < chunks)
+                vt.stage(vb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
+            tc_commit();
         }
-        tc_wait_prev();  // v of chunk c
-        vt.round(vec);
-        __syncthreads();
-        tc_accumulate<D>(s, vt.s + koff * S::LDV, ln.g, ln.t, acc);
-        __syncthreads();
-        if (c + 1 < chunks) vt.stage(vb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
-        tc_commit();
+        if (pass == 0) {
+            // The row's 4 threads combine, then its parts (through shared
+            // memory), so every part ends with the same m and l.
+#pragma unroll
+            for (int r = 0; r < 2; ++r) st[r].merge();
+            if (S::SPLIT > 1) tc_merge_split<D>(st, tc_smem);
+            inv_l[0] = 1.0f / st[0].l;
+            inv_l[1] = 1.0f / st[1].l;
+        }
     }
 
     // Zeros past the last chunk (all above the diagonal): the row group's

@@ -213,43 +213,37 @@ pub const MODULES: &[ModuleSource] = &[
         "attention_tc_fwd_d64",
         "attention",
         "#define ATT_BUILD 64\n#define ATT_PART 3",
-        ["attention_tc_fwd_d64_f32"],
-        Compile::FastMin
+        ["attention_tc_fwd_d64_f32"]
     ),
     module_with!(
         "attention_tc_dq_d64",
         "attention",
         "#define ATT_BUILD 64\n#define ATT_PART 4",
-        ["attention_tc_bwd_dq_d64_f32"],
-        Compile::FastMin
+        ["attention_tc_bwd_dq_d64_f32"]
     ),
     module_with!(
         "attention_tc_dkv_d64",
         "attention",
         "#define ATT_BUILD 64\n#define ATT_PART 5",
-        ["attention_tc_bwd_dkv_d64_f32", "attention_bwd_kv_sum_f32"],
-        Compile::FastMin
+        ["attention_tc_bwd_dkv_d64_f32", "attention_bwd_kv_sum_f32"]
     ),
     module_with!(
         "attention_tc_fwd_d128",
         "attention",
         "#define ATT_BUILD 128\n#define ATT_PART 3",
-        ["attention_tc_fwd_d128_f32"],
-        Compile::FastMin
+        ["attention_tc_fwd_d128_f32"]
     ),
     module_with!(
         "attention_tc_dq_d128",
         "attention",
         "#define ATT_BUILD 128\n#define ATT_PART 4",
-        ["attention_tc_bwd_dq_d128_f32"],
-        Compile::FastMin
+        ["attention_tc_bwd_dq_d128_f32"]
     ),
     module_with!(
         "attention_tc_dkv_d128",
         "attention",
         "#define ATT_BUILD 128\n#define ATT_PART 5",
-        ["attention_tc_bwd_dkv_d128_f32", "attention_bwd_kv_sum_f32"],
-        Compile::FastMin
+        ["attention_tc_bwd_dkv_d128_f32", "attention_bwd_kv_sum_f32"]
     ),
     module!("faults", ["fault_oob_write_f32"]),
 ];
