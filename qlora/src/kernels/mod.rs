@@ -20,10 +20,13 @@ pub struct ModuleSource {
 pub enum Compile {
     /// NVRTC's default optimisation.
     Optimised,
-    /// `--Ofast-compile=min`: NVRTC's least compile-time preference, "limited
-    /// performance impact". Kept for modules whose default compilation would
-    /// be the longest of a parallel cold pre-warm (the tensor-core attention
-    /// kernels: about 0.6 s instead of 0.45 s on a CI core).
+    /// `--Ofast-compile=min`: NVRTC's mildest preference for compile time.
+    /// For the tensor-core attention forward only: it is in every default
+    /// pre-warm (forward GEMMs are TF32 by default) and fully optimised it
+    /// was the slowest compilation of the parallel cold pre-warm (0.55 s
+    /// against 0.45 s on one CI core; C-PREWARM-001 measured 1,005 ms on an
+    /// H100). It costs the forward kernel some speed, still well ahead of
+    /// the f32 forward (K-EFF-ATTN-001).
     FastMin,
 }
 
@@ -213,7 +216,8 @@ pub const MODULES: &[ModuleSource] = &[
         "attention_tc_fwd_d64",
         "attention",
         "#define ATT_BUILD 64\n#define ATT_PART 3",
-        ["attention_tc_fwd_d64_f32"]
+        ["attention_tc_fwd_d64_f32"],
+        Compile::FastMin
     ),
     module_with!(
         "attention_tc_dq_d64",
@@ -231,7 +235,8 @@ pub const MODULES: &[ModuleSource] = &[
         "attention_tc_fwd_d128",
         "attention",
         "#define ATT_BUILD 128\n#define ATT_PART 3",
-        ["attention_tc_fwd_d128_f32"]
+        ["attention_tc_fwd_d128_f32"],
+        Compile::FastMin
     ),
     module_with!(
         "attention_tc_dq_d128",
