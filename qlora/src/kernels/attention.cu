@@ -509,31 +509,39 @@ __device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
     }
 }
 
-// One kernel per macro, so each module (below) holds one of them.
-#define ATT_FWD(D)                                                                             \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_fwd_d##D##_f32(       \
+// The kernel entry points. One kernel per macro, so each module (below)
+// holds one of them. P names the set (`attention` for the f32 kernels,
+// `attention_tc` for the tensor-core ones), IMPL its device function and
+// BOUNDS(D) its launch bounds; both sets take the same arguments.
+#define ATT_FWD_ENTRY(P, IMPL, BOUNDS, D)                                                     \
+    extern "C" __global__ void BOUNDS(D) P##_fwd_d##D##_f32(                                  \
         const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, \
         float* __restrict__ out, float* __restrict__ probs, int batch, int seq, int heads,    \
         int kv_heads, int head_dim, float scale, long long write_limit) {                     \
-        attention_fwd<D>(q, k, v, out, probs, batch, seq, heads, kv_heads, head_dim, scale,  \
-                         write_limit);                                                        \
+        IMPL<D>(q, k, v, out, probs, batch, seq, heads, kv_heads, head_dim, scale,           \
+                write_limit);                                                                 \
     }
-#define ATT_DQ(D)                                                                              \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_bwd_dq_d##D##_f32(    \
+#define ATT_DQ_ENTRY(P, IMPL, BOUNDS, D)                                                      \
+    extern "C" __global__ void BOUNDS(D) P##_bwd_dq_d##D##_f32(                               \
         const float* __restrict__ k, const float* __restrict__ v,                             \
         const float* __restrict__ probs, const float* __restrict__ out,                       \
         const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ ds,       \
         int batch, int seq, int heads, int kv_heads, int head_dim, float scale) {             \
-        attention_bwd_dq<D>(k, v, probs, out, dout, dq, ds, batch, seq, heads, kv_heads,      \
-                            head_dim, scale);                                                 \
+        IMPL<D>(k, v, probs, out, dout, dq, ds, batch, seq, heads, kv_heads, head_dim,       \
+                scale);                                                                       \
     }
-#define ATT_DKV(D)                                                                             \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_bwd_dkv_d##D##_f32(   \
+#define ATT_DKV_ENTRY(P, IMPL, BOUNDS, D)                                                     \
+    extern "C" __global__ void BOUNDS(D) P##_bwd_dkv_d##D##_f32(                              \
         const float* __restrict__ q, const float* __restrict__ dout,                          \
         const float* __restrict__ probs, const float* __restrict__ ds, float* __restrict__ pk, \
         float* __restrict__ pv, int batch, int seq, int heads, int head_dim) {                \
-        attention_bwd_dkv<D>(q, dout, probs, ds, pk, pv, batch, seq, heads, head_dim);        \
+        IMPL<D>(q, dout, probs, ds, pk, pv, batch, seq, heads, head_dim);                     \
     }
+
+#define ATT_F32_BOUNDS(D) __launch_bounds__(ATT_THREADS)
+#define ATT_FWD(D) ATT_FWD_ENTRY(attention, attention_fwd, ATT_F32_BOUNDS, D)
+#define ATT_DQ(D) ATT_DQ_ENTRY(attention, attention_bwd_dq, ATT_F32_BOUNDS, D)
+#define ATT_DKV(D) ATT_DKV_ENTRY(attention, attention_bwd_dkv, ATT_F32_BOUNDS, D)
 
 // ---------------------------------------------------------------------------
 // Tensor-core kernels: the same arguments, layouts and outputs as the f32
@@ -1399,30 +1407,9 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
 }
 
 #define ATT_TC_BOUNDS(D) __launch_bounds__(TcShape<D>::THREADS, TcShape<D>::MIN_BLOCKS)
-#define ATT_TC_FWD(D)                                                                          \
-    extern "C" __global__ void ATT_TC_BOUNDS(D) attention_tc_fwd_d##D##_f32(                  \
-        const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, \
-        float* __restrict__ out, float* __restrict__ probs, int batch, int seq, int heads,    \
-        int kv_heads, int head_dim, float scale, long long write_limit) {                     \
-        attention_tc_fwd<D>(q, k, v, out, probs, batch, seq, heads, kv_heads, head_dim, scale, \
-                            write_limit);                                                     \
-    }
-#define ATT_TC_DQ(D)                                                                           \
-    extern "C" __global__ void ATT_TC_BOUNDS(D) attention_tc_bwd_dq_d##D##_f32(               \
-        const float* __restrict__ k, const float* __restrict__ v,                             \
-        const float* __restrict__ probs, const float* __restrict__ out,                       \
-        const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ ds,       \
-        int batch, int seq, int heads, int kv_heads, int head_dim, float scale) {             \
-        attention_tc_dq<D>(k, v, probs, out, dout, dq, ds, batch, seq, heads, kv_heads,       \
-                           head_dim, scale);                                                  \
-    }
-#define ATT_TC_DKV(D)                                                                          \
-    extern "C" __global__ void ATT_TC_BOUNDS(D) attention_tc_bwd_dkv_d##D##_f32(              \
-        const float* __restrict__ q, const float* __restrict__ dout,                          \
-        const float* __restrict__ probs, const float* __restrict__ ds, float* __restrict__ pk, \
-        float* __restrict__ pv, int batch, int seq, int heads, int head_dim) {                \
-        attention_tc_dkv<D>(q, dout, probs, ds, pk, pv, batch, seq, heads, head_dim);         \
-    }
+#define ATT_TC_FWD(D) ATT_FWD_ENTRY(attention_tc, attention_tc_fwd, ATT_TC_BOUNDS, D)
+#define ATT_TC_DQ(D) ATT_DQ_ENTRY(attention_tc, attention_tc_dq, ATT_TC_BOUNDS, D)
+#define ATT_TC_DKV(D) ATT_DKV_ENTRY(attention_tc, attention_tc_dkv, ATT_TC_BOUNDS, D)
 
 // The module defines ATT_BUILD (64 or 128) and ATT_PART (kernels/mod.rs):
 // one kernel of one build per module, parts 0-2 the f32 kernels and 3-5 the
