@@ -602,7 +602,7 @@ mod tests {
         assert_eq!(bytes(cfg(64, f32k, true)), 25_088);
         assert_eq!(bytes(cfg(128, f32k, true)), 41_472);
         for kv in [false, true] {
-            assert_eq!(bytes(cfg(64, tc, kv)), 36_864);
+            assert_eq!(bytes(cfg(64, tc, kv)), 34_816);
             assert_eq!(bytes(cfg(128, tc, kv)), 34_816);
         }
         assert_eq!(cfg(16, f32k, false).grid_dim, (8, 14, 4));
