@@ -596,8 +596,10 @@ __device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
 // read-back, and out needs no rescaling.
 //
 // Where the time goes (an H100 at qwen2.5-0.5b's shape, batch 4, seq 256,
-// 14 heads, head_dim 64: graph-timed fwd 27 us, dq 39 us, dk/dv 26 us
-// against 70, 76 and 51 us for the f32 kernels; ncu for the rest): not memory (DRAM at 4-10 % of its peak) and not
+// 14 heads, head_dim 64, measured with 64-key chunks: graph-timed fwd 27 us,
+// dq 39 us, dk/dv 26 us against 70, 76 and 51 us for the f32 kernels; ncu
+// for the rest; with today's 32-key chunks the suite measures fwd 41 us and
+// dq + dk/dv 68 us, K-EFF-ATTN-001): not memory (DRAM at 4-10 % of its peak) and not
 // the tensor cores, but the latency of each warp's instruction stream: about
 // 2 warps per scheduler, 5-9 cycles per issued instruction (short-scoreboard
 // and fixed-latency waits; long-scoreboard in dq), and integer address and
@@ -622,7 +624,8 @@ struct TcShape {
     // Keys per chunk (fwd, dq): 32 x 64 or 16 x 128, so a chunk's scores
     // are 32 mma per warp in either build. Twice that (one more unrolled
     // copy of every mma loop) made the forward module the slowest compile of
-    // the cold pre-warm, for the same time per layer within a few percent.
+    // the cold pre-warm. In a lab on an H100 the three kernels of a layer
+    // take 81 us with these chunks, 78 us with chunks twice as long.
     static constexpr int CHUNK = D <= 64 ? 32 : 16;
     static constexpr int NT = CHUNK / 8;              // 8-key tiles of a chunk
     static constexpr int NH = NT / SPLIT;             // ... of one warp's part
