@@ -38,7 +38,7 @@ pub fn modules_for(
         "embedding",
         "rmsnorm",
         crate::ops::rmsnorm::bwd_module_for(config.hidden),
-        "rope",
+        crate::ops::rope::QKV_MODULE,
         "activation",
         "cross_entropy",
         "clip",

@@ -114,6 +114,14 @@ pub const MODULES: &[ModuleSource] = &[
         ["rmsnorm_bwd_wide_f32", "rmsnorm_bwd_dgamma_final_f32"]
     ),
     module!("rope", ["rope_fwd_f32", "rope_bwd_f32"]),
+    // The training step's fused q/k/v epilogues (RoPE with the LoRA
+    // up-projections), from the same source.
+    module_with!(
+        "rope_qkv",
+        "rope",
+        "#define ROPE_QKV",
+        ["rope_qkv_fwd_f32", "rope_qkv_bwd_f32"]
+    ),
     module!("softmax", ["softmax_fwd_f32", "softmax_bwd_f32"]),
     module!(
         "activation",

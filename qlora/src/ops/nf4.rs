@@ -209,17 +209,6 @@ fn quantize_limited(
 
 /// Dequantises `t` into `out` (`out.len() == t.len`).
 pub fn dequantize(gpu: &mut GpuContext, t: &Nf4Device, out: &mut CudaSlice<f32>) -> Result<()> {
-    let len = gpu.faults().written(out.len());
-    dequantize_limited(gpu, t, out, len)
-}
-
-fn dequantize_limited(
-    gpu: &mut GpuContext,
-    t: &Nf4Device,
-    out: &mut CudaSlice<f32>,
-    write_limit: usize,
-) -> Result<()> {
-    check_device("nf4_dequantize", t)?;
     if out.len() != t.len {
         return Err(Error::ShapeMismatch {
             op: "nf4_dequantize",
@@ -227,6 +216,38 @@ fn dequantize_limited(
             got: format!("{}", out.len()),
         });
     }
+    let len = gpu.faults().written(out.len());
+    dequantize_limited(gpu, t, out, 0, len)
+}
+
+/// Dequantises `t` into `out[first .. first + t.len]`: a block of rows of a
+/// larger matrix (`first` a multiple of 4, so the kernel's float4 stores stay
+/// aligned).
+pub fn dequantize_into(
+    gpu: &mut GpuContext,
+    t: &Nf4Device,
+    out: &mut CudaSlice<f32>,
+    first: usize,
+) -> Result<()> {
+    if !first.is_multiple_of(4) || first + t.len > out.len() {
+        return Err(Error::ShapeMismatch {
+            op: "nf4_dequantize",
+            expected: format!("{} output elements from a multiple of 4", t.len),
+            got: format!("{} elements from {first}", out.len()),
+        });
+    }
+    dequantize_limited(gpu, t, out, first, t.len)
+}
+
+fn dequantize_limited(
+    gpu: &mut GpuContext,
+    t: &Nf4Device,
+    out: &mut CudaSlice<f32>,
+    first: usize,
+    write_limit: usize,
+) -> Result<()> {
+    check_device("nf4_dequantize", t)?;
+    let mut out = out.slice_mut(first..first + t.len);
     let len = to_i64("nf4_dequantize", t.len)?;
     let limit = to_i64("nf4_dequantize", write_limit.min(t.len))?;
     // One warp per span of 256 elements, at most one wave of full SMs (the
@@ -237,7 +258,7 @@ fn dequantize_limited(
     launch
         .arg(&t.codes)
         .arg(&t.absmax)
-        .arg(out)
+        .arg(&mut out)
         .arg(&len)
         .arg(&limit);
     // SAFETY: arguments match `nf4_dequantize_f32(const unsigned char* codes,
@@ -245,8 +266,9 @@ fn dequantize_limited(
     // in order and type. check_device proved codes holds len/2 bytes and
     // absmax len/64 floats, out holds len floats (len a multiple of 64); the
     // kernel reads code word w and absmax[w / 8] only for w < len/8, and
-    // writes out[e .. e + 4) only for e < len (len % 4 == 0). Both buffers
-    // are whole allocations, so the word loads and float4 stores are
+    // writes out[e .. e + 4) only for e < len (len % 4 == 0). The inputs
+    // are whole allocations and `out` starts 4-float aligned (first % 4 == 0,
+    // checked by the callers), so the word loads and float4 stores are
     // aligned; blocks are THREADS_1D threads, whole warps, as the shuffles
     // need.
     unsafe { launch.launch(cfg) }?;

@@ -3,7 +3,7 @@
 //! `pos` is rotated by `pos * theta^(-2i / head_dim)`; the backward rotates by
 //! the negative angle (the transpose of a rotation).
 
-use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
 use super::launch::elements;
 use super::launch::expect_len;
@@ -12,6 +12,9 @@ use crate::gpu::{to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
 
 pub const MODULE: &str = "rope";
+
+/// The module of the fused q/k/v epilogues ([`qkv_forward`], [`qkv_backward`]).
+pub const QKV_MODULE: &str = "rope_qkv";
 
 /// Heads a thread rotates with one angle (`ROPE_HEADS` in the kernel).
 const ROPE_HEADS: usize = 4;
@@ -43,6 +46,241 @@ pub const SIGNATURES: Signatures = &[
         ],
     ),
 ];
+
+/// The argument lists of [`QKV_MODULE`]'s kernels.
+pub const QKV_SIGNATURES: Signatures = &[
+    (
+        "rope_qkv_fwd_f32",
+        &[
+            Arg::Ptr,
+            Arg::I64,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::F32,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::F64,
+        ],
+    ),
+    (
+        "rope_qkv_bwd_f32",
+        &[
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::F32,
+            Arg::Ptr,
+            Arg::I64,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::F64,
+        ],
+    ),
+];
+
+/// Threads per row of the fused q/k/v epilogues (`QKV_THREADS`).
+const QKV_THREADS: u32 = 128;
+
+/// The largest LoRA rank the fused q/k/v epilogues take (`QKV_MAX_RANK`).
+pub const QKV_MAX_RANK: usize = 64;
+
+/// The layout of one layer's fused q/k/v projection output, `[rows, width]`
+/// row-major: columns `q (heads * head_dim) | k | v (kv_heads * head_dim each)
+/// | uq | uv (rank each)`, the product `n1 [Wq; Wk; Wv; Aq; Av]^T`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QkvShape {
+    /// `batch * seq`.
+    pub rows: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// The LoRA rank `r` of q and v.
+    pub rank: usize,
+}
+
+impl QkvShape {
+    pub fn q_dim(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// First column of `uq` (`uv` follows it).
+    pub fn u_col(&self) -> usize {
+        self.q_dim() + 2 * self.kv_dim()
+    }
+
+    /// Columns of the fused output (and rows of the stacked weight).
+    pub fn width(&self) -> usize {
+        self.u_col() + 2 * self.rank
+    }
+
+    fn check(&self) -> Result<()> {
+        let ok = self.head_dim > 0
+            && self.head_dim.is_multiple_of(2)
+            && self.seq > 0
+            && self.rows.is_multiple_of(self.seq)
+            && (1..=QKV_MAX_RANK).contains(&self.rank);
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument {
+                op: "rope_qkv",
+                message: format!(
+                    "need an even head_dim > 0, rows a multiple of seq and rank 1..={QKV_MAX_RANK}: {self:?}"
+                ),
+            })
+        }
+    }
+
+    /// The kernels' trailing `rows, seq, heads, kv_heads, head_dim, r`.
+    fn ints(&self) -> Result<[i32; 6]> {
+        let f = |what, v| to_i32("rope_qkv", what, v);
+        Ok([
+            f("rows", self.rows)?,
+            f("seq", self.seq)?,
+            f("heads", self.heads)?,
+            f("kv_heads", self.kv_heads)?,
+            f("head_dim", self.head_dim)?,
+            f("rank", self.rank)?,
+        ])
+    }
+
+    /// One block per row, the backward's `dq | dv` row in dynamic shared memory.
+    fn launch_config(&self, shared_floats: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (self.rows.min(1 << 16) as u32, 1, 1),
+            block_dim: (QKV_THREADS, 1, 1),
+            shared_mem_bytes: (4 * shared_floats) as u32,
+        }
+    }
+}
+
+fn expect_exact(what: &str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::ShapeMismatch {
+            op: "rope_qkv",
+            expected: format!("{what}: {want} elements"),
+            got: format!("{got}"),
+        })
+    }
+}
+
+/// The fused projection's epilogue: from `y = n1 [Wq; Wk; Wv; Aq; Av]^T`
+/// (`[rows, width]`, see [`QkvShape`]) computes `q = y_q + s uq Bq^T`,
+/// `v = y_v + s uv Bv^T` and writes `qr = rope(q)`, `kr = rope(y_k)` and `v`,
+/// packed. `bq` is `[q_dim, r]`, `bv` `[kv_dim, r]`.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_forward(
+    gpu: &mut GpuContext,
+    sh: &QkvShape,
+    y: &CudaSlice<f32>,
+    (bq, bv, s): (&CudaSlice<f32>, &CudaSlice<f32>, f32),
+    theta: f64,
+    (qr, kr, v): (
+        &mut CudaSlice<f32>,
+        &mut CudaSlice<f32>,
+        &mut CudaSlice<f32>,
+    ),
+) -> Result<()> {
+    sh.check()?;
+    let (rows, qd, kvd, r) = (sh.rows, sh.q_dim(), sh.kv_dim(), sh.rank);
+    expect_exact("y", y.len(), rows * sh.width())?;
+    expect_exact("bq", bq.len(), qd * r)?;
+    expect_exact("bv", bv.len(), kvd * r)?;
+    expect_exact("qr", qr.len(), rows * qd)?;
+    expect_exact("kr", kr.len(), rows * kvd)?;
+    expect_exact("v", v.len(), rows * kvd)?;
+    let ld = sh.width() as i64;
+    let [rows_i, seq_i, heads_i, kv_i, d_i, r_i] = sh.ints()?;
+    let ln_theta = theta.ln();
+    let f = gpu.function(QKV_MODULE, "rope_qkv_fwd_f32")?;
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(y).arg(&ld).arg(bq).arg(bv).arg(&s);
+    l.arg(qr).arg(kr).arg(v);
+    l.arg(&rows_i)
+        .arg(&seq_i)
+        .arg(&heads_i)
+        .arg(&kv_i)
+        .arg(&d_i)
+        .arg(&r_i);
+    l.arg(&ln_theta);
+    // SAFETY: rope_qkv_fwd_f32(const float* y, long long ld, const float* bq,
+    // const float* bv, float s, float* qr, float* kr, float* v, int rows, int
+    // seq, int heads, int kv_heads, int head_dim, int r, double ln_theta):
+    // lengths checked above. Row `row < rows` reads y[row * ld + c] for c <
+    // width = ld, bq[c * r + j] for c < q_dim, bv[c * r + j] for c < kv_dim,
+    // j < r <= QKV_MAX_RANK (the static u array), and writes qr, kr, v only at
+    // row * (their width) + c below that width. The outputs are distinct
+    // mutable buffers, so nothing aliases.
+    unsafe { l.launch(sh.launch_config(0)) }?;
+    Ok(())
+}
+
+/// The backward of [`qkv_forward`]: from attention's `dqr`, `dkr`, `dv`
+/// (packed) writes `dy`'s columns `dq = rope^T(dqr) | dk = rope^T(dkr) | dv |
+/// duq = s dq Bq | duv = s dv Bv` (`[rows, width]`), so that
+/// `dn1 = dy [Wq; Wk; Wv; Aq; Av]` is one GEMM.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_backward(
+    gpu: &mut GpuContext,
+    sh: &QkvShape,
+    (dqr, dkr, dv): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (bq, bv, s): (&CudaSlice<f32>, &CudaSlice<f32>, f32),
+    theta: f64,
+    dy: &mut CudaSlice<f32>,
+) -> Result<()> {
+    sh.check()?;
+    let (rows, qd, kvd, r) = (sh.rows, sh.q_dim(), sh.kv_dim(), sh.rank);
+    expect_exact("dqr", dqr.len(), rows * qd)?;
+    expect_exact("dkr", dkr.len(), rows * kvd)?;
+    expect_exact("dv", dv.len(), rows * kvd)?;
+    expect_exact("bq", bq.len(), qd * r)?;
+    expect_exact("bv", bv.len(), kvd * r)?;
+    expect_exact("dy", dy.len(), rows * sh.width())?;
+    let ld = sh.width() as i64;
+    let [rows_i, seq_i, heads_i, kv_i, d_i, r_i] = sh.ints()?;
+    let ln_theta = theta.ln();
+    let f = gpu.function(QKV_MODULE, "rope_qkv_bwd_f32")?;
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(dqr).arg(dkr).arg(dv).arg(bq).arg(bv).arg(&s);
+    l.arg(dy).arg(&ld);
+    l.arg(&rows_i)
+        .arg(&seq_i)
+        .arg(&heads_i)
+        .arg(&kv_i)
+        .arg(&d_i)
+        .arg(&r_i);
+    l.arg(&ln_theta);
+    // SAFETY: rope_qkv_bwd_f32(const float* dqr, const float* dkr, const
+    // float* dv, const float* bq, const float* bv, float s, float* dy, long
+    // long ld, int rows, int seq, int heads, int kv_heads, int head_dim, int
+    // r, double ln_theta): lengths checked above. Row `row < rows` reads the
+    // packed inputs at row * (their width) + c below that width and bq, bv as
+    // in qkv_forward, and writes dy[row * ld + c] for c < width = ld; the
+    // dynamic shared memory holds the q_dim + kv_dim floats of one row's dq |
+    // dv that the kernel stages. dy is the only output and aliases no input.
+    unsafe { l.launch(sh.launch_config(qd + kvd)) }?;
+    Ok(())
+}
 
 /// The dimensions of a RoPE launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

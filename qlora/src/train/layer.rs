@@ -4,7 +4,7 @@
 //! stream.
 //!
 //! ```text
-//! attention  n1 = rmsnorm(x, g1);
+//! attention  n1 = rmsnorm(x, g1); y = n1 [Wq; Wk; Wv; Aq; Av]^T (one GEMM);
 //!            q = n1 Wq^T + s (n1 Aq^T) Bq^T, k = n1 Wk^T, v = n1 Wv^T + s (n1 Av^T) Bv^T;
 //!            att = attention(rope(q), rope(k), v); x2 = x + att Wo^T
 //! MLP        n2 = rmsnorm(x2, g2); x' = x2 + (silu(n2 Wg^T) * n2 Wu^T) Wd^T
@@ -21,15 +21,17 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::blas;
+use super::blas::{self, Mat, MatMut};
 use super::kernels;
-use super::weights::{LayerWeights, Linear};
+use super::weights::{Frozen, LayerWeights, Linear};
 use super::workspace::{Grads, LayerActs, Scratch, Workspace};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::{GemmMath, GpuContext};
 use crate::model::{ModelConfig, Slot, Trainable};
 use crate::ops::attention::{self, AttnShape};
-use crate::ops::{activation, rmsnorm, rope};
+use crate::ops::gemm::GemmSpec;
+use crate::ops::rope::{self, QkvShape};
+use crate::ops::{activation, nf4, rmsnorm};
 
 /// What every layer's launches share within one pass: the model's shapes,
 /// the GEMM math of each direction and the LoRA scale of each.
@@ -96,13 +98,16 @@ impl<'a> DecoderLayer<'a> {
     }
 
     /// Reads `xs[l]`, keeps the layer's activations and writes `xs[l + 1]`.
+    /// `stack` is the layer's own q/k/v stack (fp32 base; `None` for NF4,
+    /// which dequantises into the workspace's).
     pub(super) fn forward(
         &self,
         gpu: &mut GpuContext,
         ctx: &LayerCtx,
         ws: &mut Workspace,
+        stack: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
-        self.attn.forward(gpu, ctx, ws)?;
+        self.attn.forward(gpu, ctx, ws, stack)?;
         self.mlp.forward(gpu, ctx, ws)
     }
 
@@ -113,15 +118,23 @@ impl<'a> DecoderLayer<'a> {
         gpu: &mut GpuContext,
         ctx: &LayerCtx,
         ws: &mut Workspace,
+        stack: Option<&CudaSlice<f32>>,
         g: &mut [CudaSlice<f32>],
     ) -> Result<()> {
         self.mlp.backward(gpu, ctx, ws, g)?;
-        self.attn.backward(gpu, ctx, ws, g)
+        self.attn.backward(gpu, ctx, ws, stack, g)
     }
 }
 
 /// The attention block: `x2 = x + o(attention(rope(q), rope(k), v))` of
 /// `n1 = rmsnorm(x, g1)`, with LoRA on q and v.
+///
+/// q, k, v and both LoRA down-projections are one GEMM against the layer's
+/// stack `S = [Wq; Wk; Wv; Aq; Av]`: `y = n1 S^T` (`[T, width]`, columns
+/// `q | k | v | uq | uv`, [`QkvShape`]). The LoRA up-projections and RoPE are
+/// that GEMM's epilogue kernel ([`rope::qkv_forward`]); in the backward its
+/// mirror writes `dy = dq | dk | dv | duq | duv`, so `dn1 = dy S` is again one
+/// GEMM.
 struct Attention<'a> {
     q: &'a Linear,
     k: &'a Linear,
@@ -131,87 +144,102 @@ struct Attention<'a> {
 }
 
 impl Attention<'_> {
-    /// `n1 = rmsnorm(x, g1)`; q, k, v; `att = attention(rope(q), rope(k), v)`;
-    /// `x2 = x + att Wo^T`.
-    fn forward(&self, gpu: &mut GpuContext, ctx: &LayerCtx, ws: &mut Workspace) -> Result<()> {
+    /// `n1 = rmsnorm(x, g1)`; `y = n1 S^T`; `qr, kr, v` from `y`;
+    /// `att = attention(qr, kr, v)`; `x2 = x + att Wo^T`.
+    fn forward(
+        &self,
+        gpu: &mut GpuContext,
+        ctx: &LayerCtx,
+        ws: &mut Workspace,
+        stack: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
         let c = &ctx.c;
         let (rows, h, qd) = (c.tokens(), c.hidden, c.q_dim());
         let eps = ModelConfig::RMS_EPS;
         let l = self.params.layer;
-        let a = &mut ws.layers[l];
-        let x = &ws.xs[l];
-        let sc = &mut ws.scratch;
         rmsnorm::forward(
             gpu,
-            &x.as_view(),
+            &ws.xs[l].as_view(),
             &self.params.get(Slot::AttnNorm).as_view(),
             rows,
             h,
             eps,
-            &mut a.n1.as_view_mut(),
+            &mut ws.layers[l].n1.as_view_mut(),
         )?;
-        self.qkv(gpu, ctx, &mut ws.deq, a, sc)?;
-        rope_qk(
+        let stack = self.fill_stack(gpu, c, stack, &mut ws.stack)?;
+        let a = &mut ws.layers[l];
+        let sh = qkv_shape(c);
+        blas::linear(
             gpu,
-            c,
-            Rotation::Forward,
-            (&sc.q, &sc.k),
-            (&mut a.qr, &mut a.kr),
+            ctx.fwd,
+            1.0,
+            &a.n1,
+            stack,
+            0.0,
+            &mut a.qkv,
+            (rows, h, sh.width()),
         )?;
-        let sh = ctx.attn;
+        let pi = |slot: Slot| self.params.get(slot);
+        rope::qkv_forward(
+            gpu,
+            &sh,
+            &a.qkv,
+            (pi(Slot::QB), pi(Slot::VB), ctx.lora_s),
+            ModelConfig::ROPE_THETA,
+            (&mut a.qr, &mut a.kr, &mut a.v),
+        )?;
         attention::forward(
             gpu,
             ctx.fwd,
             (&a.qr, &a.kr, &a.v),
             &mut a.att,
             &mut a.probs,
-            &sh,
+            &ctx.attn,
         )?;
-        gpu.stream().memcpy_dtod(x, &mut a.x2)?;
+        gpu.stream().memcpy_dtod(&ws.xs[l], &mut a.x2)?;
         let wo = Workspace::weight(&mut ws.deq, gpu, self.o)?;
         blas::linear(gpu, ctx.fwd, 1.0, &a.att, wo, 1.0, &mut a.x2, (rows, qd, h))
     }
 
-    /// `q = n1 Wq^T + s (n1 Aq^T) Bq^T`, `k = n1 Wk^T`,
-    /// `v = n1 Wv^T + s (n1 Av^T) Bv^T`, keeping `n1 Aq^T` and `n1 Av^T`.
-    fn qkv(
+    /// The layer's stack `S = [Wq; Wk; Wv; Aq; Av]` as this step needs it:
+    /// an fp32 base's own (`own`) with the current LoRA A rows copied in; an
+    /// NF4 base's q, k, v dequantised into the workspace's shared `shared`,
+    /// with the A rows. `own` is `None` for an NF4 base, and in the backward
+    /// of an fp32 base, whose stack the forward already filled.
+    fn fill_stack<'s>(
         &self,
         gpu: &mut GpuContext,
-        ctx: &LayerCtx,
-        deq: &mut [CudaSlice<f32>],
-        a: &mut LayerActs,
-        sc: &mut Scratch,
-    ) -> Result<()> {
-        let c = &ctx.c;
-        let (rows, h, qd, kvd, r) = (c.tokens(), c.hidden, c.q_dim(), c.kv_dim(), c.lora_rank);
-        let (fwd, lora_s) = (ctx.fwd, ctx.lora_s);
-        let pi = |slot: Slot| self.params.get(slot);
-        let wq = Workspace::weight(deq, gpu, self.q)?;
-        let (qa, qb) = (pi(Slot::QA), pi(Slot::QB));
-        lora_linear(
-            gpu,
-            fwd,
-            &a.n1,
-            wq,
-            (qa, qb, lora_s),
-            &mut a.uq,
-            &mut sc.q,
-            (rows, h, r, qd),
-        )?;
-        let wk = Workspace::weight(deq, gpu, self.k)?;
-        blas::linear(gpu, fwd, 1.0, &a.n1, wk, 0.0, &mut sc.k, (rows, h, kvd))?;
-        let wv = Workspace::weight(deq, gpu, self.v)?;
-        let (va, vb) = (pi(Slot::VA), pi(Slot::VB));
-        lora_linear(
-            gpu,
-            fwd,
-            &a.n1,
-            wv,
-            (va, vb, lora_s),
-            &mut a.uv,
-            &mut a.v,
-            (rows, h, r, kvd),
-        )
+        c: &ModelConfig,
+        own: Option<&'s mut CudaSlice<f32>>,
+        shared: &'s mut Option<CudaSlice<f32>>,
+    ) -> Result<&'s CudaSlice<f32>> {
+        let h = c.hidden;
+        let sh = qkv_shape(c);
+        let stack = match own {
+            Some(s) => s,
+            None => {
+                let s = shared.as_mut().ok_or_else(|| Error::InvalidArgument {
+                    op: "train",
+                    message: "an NF4 base needs the workspace's q/k/v stack".into(),
+                })?;
+                let mut row = 0;
+                for lin in [self.q, self.k, self.v] {
+                    if let Frozen::Nf4(t) = &lin.w {
+                        nf4::dequantize_into(gpu, t, s, row * h)?;
+                    }
+                    row += lin.out_dim;
+                }
+                s
+            }
+        };
+        let r_len = c.lora_rank * h;
+        let first = sh.u_col() * h;
+        for (i, slot) in [Slot::QA, Slot::VA].into_iter().enumerate() {
+            let at = first + i * r_len;
+            let mut dst = stack.slice_mut(at..at + r_len);
+            gpu.stream().memcpy_dtod(self.params.get(slot), &mut dst)?;
+        }
+        Ok(stack)
     }
 
     /// The backward of [`Attention::forward`]: `dx` (the gradient of `x2`)
@@ -222,17 +250,16 @@ impl Attention<'_> {
         gpu: &mut GpuContext,
         ctx: &LayerCtx,
         ws: &mut Workspace,
+        stack: Option<&CudaSlice<f32>>,
         g: &mut [CudaSlice<f32>],
     ) -> Result<()> {
         let c = &ctx.c;
         let (rows, h, qd) = (c.tokens(), c.hidden, c.q_dim());
         let (eps, bwd) = (ModelConfig::RMS_EPS, ctx.bwd);
         let l = self.params.layer;
-        let a = &ws.layers[l];
-        let x = &ws.xs[l];
-        let d = &mut ws.grads;
         // Attention branch: x2 = x + o(attention(rope(q), rope(k), v)).
         let wo = Workspace::weight(&mut ws.deq, gpu, self.o)?;
+        let (a, d) = (&ws.layers[l], &mut ws.grads);
         blas::linear_dx(gpu, bwd, 1.0, &d.dx, wo, 0.0, &mut d.datt, (rows, qd, h))?;
         attention::backward(
             gpu,
@@ -245,18 +272,36 @@ impl Attention<'_> {
             (&mut d.dqr, &mut d.dkr, &mut d.dv),
             &ctx.attn,
         )?;
-        rope_qk(
+        let sh = qkv_shape(c);
+        let pi = |slot: Slot| self.params.get(slot);
+        rope::qkv_backward(
             gpu,
-            c,
-            Rotation::Backward,
-            (&d.dqr, &d.dkr),
-            (&mut d.dq, &mut d.dk),
+            &sh,
+            (&d.dqr, &d.dkr, &d.dv),
+            (pi(Slot::QB), pi(Slot::VB), ctx.lora_s_bwd),
+            ModelConfig::ROPE_THETA,
+            &mut d.dqkv,
         )?;
-        self.qkv_backward(gpu, ctx, &mut ws.deq, a, d, g)?;
+        let stack = match stack {
+            Some(s) => s,
+            None => self.fill_stack(gpu, c, None, &mut ws.stack)?,
+        };
+        let (a, d) = (&ws.layers[l], &mut ws.grads);
+        blas::linear_dx(
+            gpu,
+            bwd,
+            1.0,
+            &d.dqkv,
+            stack,
+            0.0,
+            &mut d.dn1,
+            (rows, h, sh.width()),
+        )?;
+        self.lora_backward(gpu, ctx, a, d, g)?;
         let norm = self.params.index(Slot::AttnNorm);
         rmsnorm::backward(
             gpu,
-            &x.as_view(),
+            &ws.xs[l].as_view(),
             &self.params.get(Slot::AttnNorm).as_view(),
             &d.dn1.as_view(),
             rows,
@@ -269,71 +314,58 @@ impl Attention<'_> {
         kernels::accumulate(gpu, &mut d.dx, &d.dtmp)
     }
 
-    /// `dn1 = dq Wq + dk Wk + dv Wv`, then the LoRA branches of q and v.
-    fn qkv_backward(
-        &self,
-        gpu: &mut GpuContext,
-        ctx: &LayerCtx,
-        deq: &mut [CudaSlice<f32>],
-        a: &LayerActs,
-        d: &mut Grads,
-        g: &mut [CudaSlice<f32>],
-    ) -> Result<()> {
-        let c = &ctx.c;
-        let (rows, h, qd, kvd) = (c.tokens(), c.hidden, c.q_dim(), c.kv_dim());
-        let bwd = ctx.bwd;
-        let wq = Workspace::weight(deq, gpu, self.q)?;
-        blas::linear_dx(gpu, bwd, 1.0, &d.dq, wq, 0.0, &mut d.dn1, (rows, h, qd))?;
-        let wk = Workspace::weight(deq, gpu, self.k)?;
-        blas::linear_dx(gpu, bwd, 1.0, &d.dk, wk, 1.0, &mut d.dn1, (rows, h, kvd))?;
-        let wv = Workspace::weight(deq, gpu, self.v)?;
-        blas::linear_dx(gpu, bwd, 1.0, &d.dv, wv, 1.0, &mut d.dn1, (rows, h, kvd))?;
-        self.lora_backward(gpu, ctx, a, d, g)
-    }
-
-    /// The LoRA branches `y += s (n1 A^T) B^T` of q and v, `u = n1 A^T`:
-    /// `dB = s dy^T u`, `du = s dy B`, `dA = du^T n1`, `dn1 += du A`.
+    /// The LoRA weight gradients of q and v, with `u = n1 A^T` and `du = s dy
+    /// B` read from the columns of the fused output and its gradient:
+    /// `dB = s dy^T u`, `dA = du^T n1` (`dn1 += du A` is part of `dy S`).
     fn lora_backward(
         &self,
         gpu: &GpuContext,
         ctx: &LayerCtx,
         a: &LayerActs,
-        d: &mut Grads,
+        d: &Grads,
         g: &mut [CudaSlice<f32>],
     ) -> Result<()> {
         let c = &ctx.c;
-        let (rows, h, qd, kvd, r) = (c.tokens(), c.hidden, c.q_dim(), c.kv_dim(), c.lora_rank);
+        let (rows, h, r) = (c.tokens(), c.hidden, c.lora_rank);
         let (bwd, s_bwd) = (ctx.bwd, ctx.lora_s_bwd);
-        let p = self.params.p;
+        let sh = qkv_shape(c);
+        let width = sh.width();
         let idx = |slot: Slot| self.params.index(slot);
-        for (dy, u, sa, sb, out) in [
-            (&d.dq, &a.uq, Slot::QA, Slot::QB, qd),
-            (&d.dv, &a.uv, Slot::VA, Slot::VB, kvd),
-        ] {
-            blas::linear_dw(gpu, bwd, s_bwd, dy, u, &mut g[idx(sb)], (rows, r, out))?;
-            blas::linear_dx(
-                gpu,
-                bwd,
-                s_bwd,
-                dy,
-                &p[idx(sb)],
-                0.0,
-                &mut d.du,
-                (rows, r, out),
-            )?;
-            blas::linear_dw(gpu, bwd, 1.0, &d.du, &a.n1, &mut g[idx(sa)], (rows, h, r))?;
-            blas::linear_dx(
-                gpu,
-                bwd,
-                1.0,
-                &d.du,
-                &p[idx(sa)],
-                1.0,
-                &mut d.dn1,
-                (rows, h, r),
-            )?;
+        let u_col = sh.u_col();
+        for (i, (y_col, out, sa, sb)) in [
+            (0, sh.q_dim(), Slot::QA, Slot::QB),
+            (sh.q_dim() + sh.kv_dim(), sh.kv_dim(), Slot::VA, Slot::VB),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let col = |buf, offset| Mat {
+                buf,
+                offset,
+                ld: width,
+            };
+            let u = col(&a.qkv, u_col + i * r);
+            let (dy, du) = (col(&d.dqkv, y_col), col(&d.dqkv, u_col + i * r));
+            let db = MatMut::packed(&mut g[idx(sb)], r);
+            let spec = GemmSpec::linear_dw(rows, r, out);
+            blas::gemm_blocks(gpu, bwd, spec, s_bwd, dy, u, 0.0, db)?;
+            let da = MatMut::packed(&mut g[idx(sa)], h);
+            let spec = GemmSpec::linear_dw(rows, h, r);
+            blas::gemm_blocks(gpu, bwd, spec, 1.0, du, Mat::packed(&a.n1, h), 0.0, da)?;
         }
         Ok(())
+    }
+}
+
+/// The fused q/k/v projection's layout for `c`.
+fn qkv_shape(c: &ModelConfig) -> QkvShape {
+    QkvShape {
+        rows: c.tokens(),
+        seq: c.seq_len,
+        heads: c.heads,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+        rank: c.lora_rank,
     }
 }
 
@@ -476,61 +508,4 @@ impl Mlp<'_> {
             }
         }
     }
-}
-
-/// Which way [`rope_qk`] rotates.
-#[derive(Clone, Copy)]
-enum Rotation {
-    Forward,
-    /// The transpose, for the backward.
-    Backward,
-}
-
-/// RoPE on one layer's q and k (`[T, heads * head_dim]`, `[T, kv_heads *
-/// head_dim]`) at the model's theta.
-fn rope_qk(
-    gpu: &mut GpuContext,
-    c: &ModelConfig,
-    rotation: Rotation,
-    (q, k): (&CudaSlice<f32>, &CudaSlice<f32>),
-    (q_out, k_out): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
-) -> Result<()> {
-    let apply = match rotation {
-        Rotation::Forward => rope::forward,
-        Rotation::Backward => rope::backward,
-    };
-    let theta = ModelConfig::ROPE_THETA;
-    for (x, y, heads) in [(q, q_out, c.heads), (k, k_out, c.kv_heads)] {
-        let (b, s, d) = (c.batch, c.seq_len, c.head_dim);
-        apply(
-            gpu,
-            &x.as_view(),
-            b,
-            s,
-            heads,
-            d,
-            theta,
-            &mut y.as_view_mut(),
-        )?;
-    }
-    Ok(())
-}
-
-/// A frozen projection with its LoRA branch: `y = x W^T + s (x A^T) B^T`,
-/// keeping `u = x A^T` for the backward. `W` is `[out, in]`, `A` is `[r, in]`,
-/// `B` is `[out, r]`.
-#[allow(clippy::too_many_arguments)]
-fn lora_linear(
-    gpu: &GpuContext,
-    math: GemmMath,
-    x: &CudaSlice<f32>,
-    w: &CudaSlice<f32>,
-    (a, b, s): (&CudaSlice<f32>, &CudaSlice<f32>, f32),
-    u: &mut CudaSlice<f32>,
-    y: &mut CudaSlice<f32>,
-    (rows, in_dim, r, out_dim): (usize, usize, usize, usize),
-) -> Result<()> {
-    blas::linear(gpu, math, 1.0, x, w, 0.0, y, (rows, in_dim, out_dim))?;
-    blas::linear(gpu, math, 1.0, x, a, 0.0, u, (rows, in_dim, r))?;
-    blas::linear(gpu, math, s, u, b, 1.0, y, (rows, r, out_dim))
 }

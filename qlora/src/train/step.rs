@@ -664,8 +664,9 @@ impl GpuTrainer {
             &ws.inputs.as_view(),
             &mut ws.xs[0].as_view_mut(),
         )?;
-        for (l, w) in self.base.layers.iter().enumerate() {
-            DecoderLayer::new(l, w, &self.params.p).forward(gpu, &ctx, ws)?;
+        let (layers, stacks) = (&self.base.layers, &mut self.base.stacks);
+        for (l, w) in layers.iter().enumerate() {
+            DecoderLayer::new(l, w, &self.params.p).forward(gpu, &ctx, ws, stacks.get_mut(l))?;
         }
         self.head_forward(gpu, ctx.fwd)
     }
@@ -717,7 +718,8 @@ impl GpuTrainer {
         let ws = &mut self.ws;
         let g = &mut self.params.g;
         for (l, w) in self.base.layers.iter().enumerate().rev() {
-            DecoderLayer::new(l, w, &self.params.p).backward(gpu, &ctx, ws, g)?;
+            let stack = self.base.stacks.get(l);
+            DecoderLayer::new(l, w, &self.params.p).backward(gpu, &ctx, ws, stack, g)?;
         }
         Ok(())
     }
@@ -833,11 +835,14 @@ fn optimizer_table(gpu: &GpuContext, params: &Params, clip: &[ClipGroup]) -> Res
 /// the workspace. What `GpuTrainer::new` refuses to start beyond.
 pub fn planned_device_bytes(cfg: &ModelConfig, base: BaseWeights, keep_mlp: bool) -> usize {
     let n_base = cfg.layers * cfg.base_params_per_layer();
+    let width = super::workspace::qkv_width(cfg);
     let base_bytes = match base {
-        BaseWeights::Fp32 => 4 * n_base,
+        // The q/k/v stacks hold q, k, v and a copy of the LoRA A rows.
+        BaseWeights::Fp32 => 4 * n_base + 4 * cfg.layers * 2 * cfg.lora_rank * cfg.hidden,
         // 4-bit codes plus one f32 absmax per 64 values, and one f32
         // dequantisation target per distinct projection size (as
-        // Workspace::new allocates them: q and o, k and v, the MLP's three).
+        // Workspace::new allocates them: q and o, k and v, the MLP's three),
+        // and the q/k/v stack each layer dequantises into.
         BaseWeights::Nf4 => {
             let h = cfg.hidden;
             let mut sizes = [h * cfg.q_dim(), h * cfg.kv_dim(), h * cfg.intermediate];
@@ -848,7 +853,7 @@ pub fn planned_device_bytes(cfg: &ModelConfig, base: BaseWeights, keep_mlp: bool
                 .filter(|&(i, s)| i == 0 || sizes[i - 1] != *s)
                 .map(|(_, s)| s)
                 .sum();
-            n_base / 2 + 4 * (n_base / 64) + 4 * distinct
+            n_base / 2 + 4 * (n_base / 64) + 4 * distinct + 4 * width * h
         }
     };
     let embed_head = 4 * 2 * cfg.vocab * cfg.hidden;

@@ -17,6 +17,9 @@ use crate::train::BaseWeights;
 pub enum Frozen {
     Fp32(CudaSlice<f32>),
     Nf4(Nf4Device),
+    /// fp32 rows of its layer's q/k/v stack ([`BaseDevice::stacks`]): q, k
+    /// and v of an fp32 base, which the step multiplies as one matrix.
+    Stacked,
 }
 
 /// A frozen `[out_dim, in_dim]` projection.
@@ -32,6 +35,7 @@ impl Linear {
         match &self.w {
             Frozen::Fp32(w) => 4 * w.len(),
             Frozen::Nf4(t) => t.codes.len() + 4 * t.absmax.len(),
+            Frozen::Stacked => 0,
         }
     }
 }
@@ -43,6 +47,12 @@ pub type LayerWeights = Projections<Linear>;
 pub struct BaseDevice {
     pub embedding: CudaSlice<f32>,
     pub layers: Vec<LayerWeights>,
+    /// fp32 base only, one per layer: `[Wq; Wk; Wv; Aq; Av]`, `[width,
+    /// hidden]` (see [`crate::ops::rope::QkvShape::width`]). The q, k, v rows
+    /// are the frozen weights (their `Linear`s are [`Frozen::Stacked`]); the
+    /// step copies the trainable LoRA A rows in before each forward, so the
+    /// projections and both LoRA down-projections are one GEMM.
+    pub stacks: Vec<CudaSlice<f32>>,
     pub final_norm: CudaSlice<f32>,
     pub lm_head: CudaSlice<f32>,
 }
@@ -113,10 +123,26 @@ impl BaseDevice {
         quantize_on_device: bool,
     ) -> Result<Self> {
         let mut layers = Vec::with_capacity(cfg.layers);
+        let mut stacks = Vec::new();
         for layer in 0..cfg.layers {
             let draws = projection_draws(cfg, layer);
             let drawn = draw_all(seed, &draws.map(|(d, _)| d))?;
+            let stacked = |which: usize| base == BaseWeights::Fp32 && which < 3;
+            if base == BaseWeights::Fp32 {
+                // q, k, v (draws 0..3) in order, then zeros for the A rows.
+                let mut rows: Vec<f32> = drawn[..3].iter().flat_map(|w| to_f32(w)).collect();
+                rows.resize(rows.len() + 2 * cfg.lora_rank * cfg.hidden, 0.0);
+                stacks.push(gpu.upload(&rows)?);
+            }
             layers.push(LayerWeights::try_from_fn(|which| {
+                if stacked(which) {
+                    let (out_dim, in_dim) = draws[which].1;
+                    return Ok(Linear {
+                        out_dim,
+                        in_dim,
+                        w: Frozen::Stacked,
+                    });
+                }
                 linear(gpu, &drawn[which], draws[which].1, base, quantize_on_device)
             })?);
         }
@@ -124,6 +150,7 @@ impl BaseDevice {
         Ok(BaseDevice {
             embedding: gpu.upload(&to_f32(&ends[0]))?,
             layers,
+            stacks,
             final_norm: gpu.upload(&vec![1.0f32; cfg.hidden])?,
             lm_head: gpu.upload(&to_f32(&ends[1]))?,
         })
@@ -137,6 +164,7 @@ impl BaseDevice {
     /// Bytes on the device.
     pub fn bytes(&self) -> usize {
         4 * (self.embedding.len() + self.final_norm.len() + self.lm_head.len())
+            + 4 * self.stacks.iter().map(|s| s.len()).sum::<usize>()
             + self.linears().iter().map(|l| l.bytes()).sum::<usize>()
     }
 }

@@ -28,9 +28,9 @@ pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 pub struct LayerActs {
     /// `rmsnorm(x, g1)` `[T, hidden]`.
     pub n1: CudaSlice<f32>,
-    /// `n1 Aq^T`, `n1 Av^T` `[T, r]`.
-    pub uq: CudaSlice<f32>,
-    pub uv: CudaSlice<f32>,
+    /// The fused projection `n1 [Wq; Wk; Wv; Aq; Av]^T` `[T, width]`
+    /// ([`crate::ops::rope::QkvShape`]); the backward reads its `n1 Aq^T`, `n1 Av^T` columns.
+    pub qkv: CudaSlice<f32>,
     /// q, k after RoPE; v `[T, q_dim]`, `[T, kv_dim]`, `[T, kv_dim]`.
     pub qr: CudaSlice<f32>,
     pub kr: CudaSlice<f32>,
@@ -52,8 +52,7 @@ impl LayerActs {
         let z = |n: usize| gpu.zeros::<f32>(n);
         Ok(LayerActs {
             n1: z(t * c.hidden)?,
-            uq: z(t * c.lora_rank)?,
-            uv: z(t * c.lora_rank)?,
+            qkv: z(t * qkv_width(c))?,
             qr: z(t * c.q_dim())?,
             kr: z(t * c.kv_dim())?,
             v: z(t * c.kv_dim())?,
@@ -81,16 +80,13 @@ impl LayerActs {
     /// f32 values per layer (with the layer's residual input `x`).
     fn floats(c: &ModelConfig) -> usize {
         let t = c.tokens();
-        t * (4 * c.hidden + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.lora_rank)
+        t * (4 * c.hidden + 2 * c.q_dim() + 2 * c.kv_dim() + qkv_width(c))
             + c.batch * c.heads * c.seq_len * c.seq_len
     }
 }
 
 /// Forward values used once and not kept: one set for all layers.
 pub struct Scratch {
-    /// q, k before RoPE.
-    pub q: CudaSlice<f32>,
-    pub k: CudaSlice<f32>,
     /// MLP `[T, intermediate]`: gate, up (recomputed in backward), `silu(gate) * up`.
     pub gate: CudaSlice<f32>,
     pub up: CudaSlice<f32>,
@@ -113,10 +109,10 @@ pub struct Grads {
     pub datt: CudaSlice<f32>,
     pub dqr: CudaSlice<f32>,
     pub dkr: CudaSlice<f32>,
-    pub dq: CudaSlice<f32>,
-    pub dk: CudaSlice<f32>,
     pub dv: CudaSlice<f32>,
-    pub du: CudaSlice<f32>,
+    /// The gradient of the fused projection's output `[T, width]`: dq | dk
+    /// | dv | duq | duv ([`crate::ops::rope::QkvShape`]).
+    pub dqkv: CudaSlice<f32>,
     /// Attention's backward scratch (`dS` and per-head kv shares), shared by the layers.
     pub attn: CudaSlice<f32>,
     /// The (discarded) gradient of the frozen final norm weight.
@@ -142,6 +138,10 @@ pub struct Workspace {
     pub grads: Grads,
     /// NF4 base only: one dequantisation target per distinct weight length.
     pub deq: Vec<CudaSlice<f32>>,
+    /// NF4 base only: the q/k/v stack `[Wq; Wk; Wv; Aq; Av]` `[width,
+    /// hidden]` each layer dequantises into (an fp32 base keeps one per
+    /// layer in [`super::weights::BaseDevice::stacks`]).
+    pub stack: Option<CudaSlice<f32>>,
     /// Under [`crate::Faults::activations_doubled`]: a second copy of
     /// every layer's activations, MLP ones included, held for the trainer's
     /// life (the leak the memory budget must catch).
@@ -164,6 +164,7 @@ impl Workspace {
             .filter(|l| matches!(l.w, Frozen::Nf4(_)))
             .map(|l| l.out_dim * l.in_dim)
             .collect();
+        let nf4 = !deq_lens.is_empty();
         deq_lens.sort_unstable();
         deq_lens.dedup();
         let layers = (0..c.layers)
@@ -184,8 +185,6 @@ impl Workspace {
                 .collect::<Result<_>>()?,
             layers,
             scratch: Scratch {
-                q: z(t * c.q_dim())?,
-                k: z(t * c.kv_dim())?,
                 gate: z(t * c.intermediate)?,
                 up: z(t * c.intermediate)?,
                 act: z(t * c.intermediate)?,
@@ -208,13 +207,16 @@ impl Workspace {
                 datt: z(t * c.q_dim())?,
                 dqr: z(t * c.q_dim())?,
                 dkr: z(t * c.kv_dim())?,
-                dq: z(t * c.q_dim())?,
-                dk: z(t * c.kv_dim())?,
                 dv: z(t * c.kv_dim())?,
-                du: z(t * c.lora_rank)?,
+                dqkv: z(t * qkv_width(c))?,
                 attn: z(attention_scratch(c))?,
                 dfinal_gamma: z(c.hidden)?,
                 norm: BackwardWorkspace::new(gpu, t, c.hidden)?,
+            },
+            stack: if nf4 {
+                Some(z(qkv_width(c) * c.hidden)?)
+            } else {
+                None
             },
             deq: deq_lens.into_iter().map(z).collect::<Result<_>>()?,
             leaked,
@@ -226,12 +228,13 @@ impl Workspace {
     /// `T` floats), computed before allocating so that a configuration that
     /// cannot fit is refused up front:
     /// `4 * (layers * saved + (layers + 7) * T * hidden + 2 * T * vocab`
-    /// `+ 6 * T * intermediate + 4 * T * (q_dim + kv_dim) + T * rank`
+    /// `+ 6 * T * intermediate + 2 * T * (q_dim + kv_dim) + T * width`
     /// `+ attention scratch)` plus the cuBLAS workspace.
     /// Term by term: the residual stream (`layers + 1`), the final norm's
     /// output and five hidden-wide gradients; logits and their gradient; gate,
-    /// up and their product (scratch) and their three gradients; q and k
-    /// (scratch), and three gradients of each of q and k/v.
+    /// up and their product (scratch) and their three gradients; attention's
+    /// output gradient and dq (after RoPE), dk and dv; the fused projection's
+    /// gradient.
     pub fn planned_bytes(c: &ModelConfig, keep_mlp: bool) -> usize {
         let t = c.tokens();
         let floats = c.layers * (LayerActs::floats(c) + LayerActs::mlp_floats(c, keep_mlp))
@@ -239,9 +242,9 @@ impl Workspace {
             + 2 * t * c.vocab
             + 3 * t
             + 6 * t * c.intermediate
-            + 4 * t * c.q_dim()
-            + 4 * t * c.kv_dim()
-            + t * c.lora_rank
+            + 2 * t * c.q_dim()
+            + 2 * t * c.kv_dim()
+            + t * qkv_width(c)
             + attention_scratch(c);
         4 * floats + CUBLAS_WORKSPACE_BYTES
     }
@@ -261,20 +264,21 @@ impl Workspace {
             .iter()
             .map(|a| {
                 f32s(&[
-                    &a.n1, &a.uq, &a.uv, &a.qr, &a.kr, &a.v, &a.probs, &a.att, &a.x2, &a.n2,
+                    &a.n1, &a.qkv, &a.qr, &a.kr, &a.v, &a.probs, &a.att, &a.x2, &a.n2,
                 ]) + a.mlp.as_ref().map_or(0, |(g, u)| f32s(&[g, u]))
             })
             .sum();
         per_layer
             + self.xs.iter().map(|x| 4 * x.len()).sum::<usize>()
-            + f32s(&[&sc.q, &sc.k, &sc.gate, &sc.up, &sc.act])
+            + f32s(&[&sc.gate, &sc.up, &sc.act])
             + f32s(&[&self.nf, &self.logits, &self.losses, &self.loss])
             + self.ce_stats.bytes()
             + f32s(&[
                 &d.dlogits, &d.dnf, &d.dx, &d.dtmp, &d.dn1, &d.dn2, &d.dact, &d.dgate, &d.dup,
-                &d.datt, &d.dqr, &d.dkr, &d.dq, &d.dk, &d.dv, &d.du, &d.attn,
+                &d.datt, &d.dqr, &d.dkr, &d.dv, &d.dqkv, &d.attn,
             ])
             + self.deq.iter().map(|b| 4 * b.len()).sum::<usize>()
+            + self.stack.as_ref().map_or(0, |b| 4 * b.len())
             + self.leaked.iter().map(|b| 4 * b.len()).sum::<usize>()
     }
 
@@ -287,6 +291,10 @@ impl Workspace {
     ) -> Result<&'a CudaSlice<f32>> {
         match &lin.w {
             Frozen::Fp32(w) => Ok(w),
+            Frozen::Stacked => Err(crate::error::Error::InvalidArgument {
+                op: "train",
+                message: "a stacked q/k/v projection is read through its layer's stack".into(),
+            }),
             Frozen::Nf4(t) => {
                 let len = t.len;
                 let slot = deq.iter_mut().find(|b| b.len() == len).ok_or_else(|| {
@@ -351,6 +359,11 @@ impl Drop for CublasWorkspace {
         // reported by later cuBLAS calls, which check their status.
         let _ = unsafe { blas_sys::cublasSetStream_v2(self.handle, self.stream as _) };
     }
+}
+
+/// Columns of one layer's fused q/k/v projection (rows of its stack).
+pub fn qkv_width(c: &ModelConfig) -> usize {
+    c.q_dim() + 2 * c.kv_dim() + 2 * c.lora_rank
 }
 
 /// Floats of attention's backward scratch for `c`.
