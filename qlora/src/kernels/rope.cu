@@ -100,19 +100,39 @@ extern "C" __global__ void rope_bwd_f32(const float* __restrict__ dy, float* __r
 //           written into dy's columns dq | dk | dv | duq | duv, so that
 //           dn1 = dy [Wq; Wk; Wv; Aq; Av] is one GEMM.
 //
-// One block of QKV_THREADS per row (grid-stride over rows); the LoRA sums are
-// plain f32 FMA in a fixed order; the angles are rope_sincos's, as in
-// rope_rotate. Built as its own module (ROPE_QKV defined), the one the
+// A block takes QKV_ROWS consecutive rows, so each LoRA B row it loads
+// serves QKV_ROWS rows, and each (row, pair i) angle is computed once into
+// shared memory (rope_sincos, as in rope_rotate). r is a power of two <=
+// QKV_MAX_RANK (the launcher checks). The LoRA sums are plain f32 FMA in a
+// fixed order. Built as its own module (ROPE_QKV defined), the one the
 // training step pre-warms.
 
 #define QKV_THREADS 128
-#define QKV_MAX_RANK 64
+#define QKV_ROWS 4
+#define QKV_MAX_RANK 32
+#define QKV_MAX_HALF 128
 
-// s * sum_j u[j] * b[j] over r terms (b one row of a [out, r] LoRA B).
-__device__ __forceinline__ float lora_dot(const float* u, const float* __restrict__ b, int r, float s) {
-    float acc = 0.0f;
-    for (int j = 0; j < r; ++j) acc = fmaf(u[j], b[j], acc);
-    return s * acc;
+// This block's rows' sines and cosines, [QKV_ROWS][half].
+__device__ void qkv_angles(float* sn, float* cs, int row0, int rows, int seq, int half,
+                           int head_dim, double ln_theta, double sign) {
+    for (int t = threadIdx.x; t < QKV_ROWS * half; t += blockDim.x) {
+        const int rr = t / half, i = t % half;
+        if (row0 + rr < rows) rope_sincos((row0 + rr) % seq, i, head_dim, ln_theta, sign, &sn[t], &cs[t]);
+    }
+}
+
+// acc[rr] = sum_j u[rr][j] * B[c, j] over the block's rows (B a [out, r]
+// LoRA B): each B value is loaded once for all QKV_ROWS rows.
+__device__ __forceinline__ void lora_up(const float (*u)[2 * QKV_MAX_RANK], int u_col,
+                                        const float* __restrict__ bmat, int c, int r, float* acc) {
+    #pragma unroll
+    for (int rr = 0; rr < QKV_ROWS; ++rr) acc[rr] = 0.0f;
+    #pragma unroll 4
+    for (int j = 0; j < r; ++j) {
+        const float b = bmat[(size_t)c * r + j];
+        #pragma unroll
+        for (int rr = 0; rr < QKV_ROWS; ++rr) acc[rr] = fmaf(u[rr][u_col + j], b, acc[rr]);
+    }
 }
 
 extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long long ld,
@@ -120,42 +140,75 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
                                             float s, float* __restrict__ qr, float* __restrict__ kr,
                                             float* __restrict__ v, int rows, int seq, int heads,
                                             int kv_heads, int head_dim, int r, double ln_theta) {
-    __shared__ float u[2 * QKV_MAX_RANK];
+    __shared__ float u[QKV_ROWS][2 * QKV_MAX_RANK];
+    __shared__ float sn[QKV_ROWS * QKV_MAX_HALF], cs[QKV_ROWS * QKV_MAX_HALF];
     const int half = head_dim / 2;
     const int qd = heads * head_dim, kvd = kv_heads * head_dim;
     const int q_pairs = heads * half, k_pairs = kv_heads * half;
     const int items = q_pairs + k_pairs + kvd;
-    for (int row = blockIdx.x; row < rows; row += gridDim.x) {
-        const float* yr = y + (size_t)row * ld;
-        __syncthreads();  // the previous row's u is no longer read
-        for (int j = threadIdx.x; j < 2 * r; j += blockDim.x) u[j] = yr[qd + 2 * kvd + j];
+    for (int row0 = blockIdx.x * QKV_ROWS; row0 < rows; row0 += gridDim.x * QKV_ROWS) {
+        __syncthreads();  // the previous rows' u and angles are no longer read
+        for (int t = threadIdx.x; t < QKV_ROWS * 2 * r; t += blockDim.x) {
+            const int rr = t / (2 * r), j = t % (2 * r);
+            u[rr][j] = row0 + rr < rows ? y[(size_t)(row0 + rr) * ld + qd + 2 * kvd + j] : 0.0f;
+        }
+        qkv_angles(sn, cs, row0, rows, seq, half, head_dim, ln_theta, 1.0);
         __syncthreads();
-        const int pos = row % seq;
+        const int nrows = min(QKV_ROWS, rows - row0);
+        #pragma unroll 1
         for (int w = threadIdx.x; w < items; w += blockDim.x) {
             if (w < q_pairs + k_pairs) {
                 const bool is_q = w < q_pairs;
                 const int p = is_q ? w : w - q_pairs;
                 const int i = p % half;
                 const int c1 = (p / half) * head_dim + i, c2 = c1 + half;
-                float x1, x2;
+                float l1[QKV_ROWS] = {0.0f}, l2[QKV_ROWS] = {0.0f};
                 if (is_q) {
-                    x1 = yr[c1] + lora_dot(u, bq + (size_t)c1 * r, r, s);
-                    x2 = yr[c2] + lora_dot(u, bq + (size_t)c2 * r, r, s);
-                } else {
-                    x1 = yr[qd + c1];
-                    x2 = yr[qd + c2];
+                    lora_up(u, 0, bq, c1, r, l1);
+                    lora_up(u, 0, bq, c2, r, l2);
                 }
-                float sf, cf;
-                rope_sincos(pos, i, head_dim, ln_theta, 1.0, &sf, &cf);
-                float* out = is_q ? qr + (size_t)row * qd : kr + (size_t)row * kvd;
-                out[c1] = x1 * cf - x2 * sf;
-                out[c2] = x1 * sf + x2 * cf;
+                #pragma unroll 1
+            for (int rr = 0; rr < nrows; ++rr) {
+                    const float* yr = y + (size_t)(row0 + rr) * ld;
+                    const int col = is_q ? 0 : qd;
+                    const float x1 = yr[col + c1] + s * l1[rr], x2 = yr[col + c2] + s * l2[rr];
+                    const float sf = sn[rr * half + i], cf = cs[rr * half + i];
+                    float* out = is_q ? qr + (size_t)(row0 + rr) * qd : kr + (size_t)(row0 + rr) * kvd;
+                    out[c1] = x1 * cf - x2 * sf;
+                    out[c2] = x1 * sf + x2 * cf;
+                }
             } else {
                 const int c = w - q_pairs - k_pairs;
-                v[(size_t)row * kvd + c] = yr[qd + kvd + c] + lora_dot(u + r, bv + (size_t)c * r, r, s);
+                float lv[QKV_ROWS];
+                lora_up(u, r, bv, c, r, lv);
+                #pragma unroll 1
+            for (int rr = 0; rr < nrows; ++rr) {
+                    const float* yr = y + (size_t)(row0 + rr) * ld;
+                    v[(size_t)(row0 + rr) * kvd + c] = yr[qd + kvd + c] + s * lv[rr];
+                }
             }
         }
     }
+}
+
+// acc[rr] += sum over this lane's c of g[rr][c] * B[c, j] (j = lane % r, c =
+// lane / r + 32/r * k, over the block's warps): lanes with consecutive j read
+// consecutive floats of B.
+__device__ __forceinline__ void lora_grad_partial(const float* g, int g_ld, const float* __restrict__ bmat,
+                                                  int n, int r, int nrows, float* acc) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const int step = 32 / r, j = lane % r;
+    #pragma unroll 1
+    for (int c = warp * step + lane / r; c < n; c += warps * step) {
+        const float b = bmat[(size_t)c * r + j];
+        #pragma unroll
+        for (int rr = 0; rr < QKV_ROWS; ++rr)
+            if (rr < nrows) acc[rr] = fmaf(g[rr * g_ld + c], b, acc[rr]);
+    }
+    // Lanes with the same j (lane % r) hold parts of one sum.
+    #pragma unroll
+    for (int rr = 0; rr < QKV_ROWS; ++rr)
+        for (int off = 16; off >= r; off /= 2) acc[rr] += __shfl_xor_sync(0xffffffffu, acc[rr], off);
 }
 
 extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const float* __restrict__ dkr,
@@ -163,56 +216,69 @@ extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const
                                             const float* __restrict__ bv, float s, float* __restrict__ dy,
                                             long long ld, int rows, int seq, int heads, int kv_heads,
                                             int head_dim, int r, double ln_theta) {
-    extern __shared__ float grad[];  // this row's dq | dv, qd + kvd floats
+    extern __shared__ float grad[];  // [QKV_ROWS][qd + kvd]: the rows' dq | dv
+    __shared__ float sn[QKV_ROWS * QKV_MAX_HALF], cs[QKV_ROWS * QKV_MAX_HALF];
+    __shared__ float part[QKV_THREADS / 32][QKV_ROWS][2 * QKV_MAX_RANK];
     const int half = head_dim / 2;
-    const int qd = heads * head_dim, kvd = kv_heads * head_dim;
+    const int qd = heads * head_dim, kvd = kv_heads * head_dim, g_ld = qd + kvd;
     const int q_pairs = heads * half, k_pairs = kv_heads * half;
     const int items = q_pairs + k_pairs + kvd;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int row = blockIdx.x; row < rows; row += gridDim.x) {
-        float* dyr = dy + (size_t)row * ld;
-        const int pos = row % seq;
-        __syncthreads();  // the previous row's grad is no longer read
+    for (int row0 = blockIdx.x * QKV_ROWS; row0 < rows; row0 += gridDim.x * QKV_ROWS) {
+        const int nrows = min(QKV_ROWS, rows - row0);
+        __syncthreads();  // the previous rows' grad, angles and parts are no longer read
+        qkv_angles(sn, cs, row0, rows, seq, half, head_dim, ln_theta, -1.0);
+        __syncthreads();
+        #pragma unroll 1
         for (int w = threadIdx.x; w < items; w += blockDim.x) {
-            if (w < q_pairs + k_pairs) {
-                const bool is_q = w < q_pairs;
-                const int p = is_q ? w : w - q_pairs;
-                const int i = p % half;
-                const int c1 = (p / half) * head_dim + i, c2 = c1 + half;
-                const float* in = is_q ? dqr + (size_t)row * qd : dkr + (size_t)row * kvd;
-                const float g1 = in[c1], g2 = in[c2];
-                float sf, cf;
-                rope_sincos(pos, i, head_dim, ln_theta, -1.0, &sf, &cf);
-                const float x1 = g1 * cf - g2 * sf, x2 = g1 * sf + g2 * cf;
-                if (is_q) {
-                    dyr[c1] = x1;
-                    dyr[c2] = x2;
-                    grad[c1] = x1;
-                    grad[c2] = x2;
+            #pragma unroll 1
+            for (int rr = 0; rr < nrows; ++rr) {
+                const size_t row = row0 + rr;
+                float* dyr = dy + row * ld;
+                float* gr = grad + rr * g_ld;
+                if (w < q_pairs + k_pairs) {
+                    const bool is_q = w < q_pairs;
+                    const int p = is_q ? w : w - q_pairs;
+                    const int i = p % half;
+                    const int c1 = (p / half) * head_dim + i, c2 = c1 + half;
+                    const float* in = is_q ? dqr + row * qd : dkr + row * kvd;
+                    const float g1 = in[c1], g2 = in[c2];
+                    const float sf = sn[rr * half + i], cf = cs[rr * half + i];
+                    const float x1 = g1 * cf - g2 * sf, x2 = g1 * sf + g2 * cf;
+                    const int col = is_q ? 0 : qd;
+                    dyr[col + c1] = x1;
+                    dyr[col + c2] = x2;
+                    if (is_q) {
+                        gr[c1] = x1;
+                        gr[c2] = x2;
+                    }
                 } else {
-                    dyr[qd + c1] = x1;
-                    dyr[qd + c2] = x2;
+                    const int c = w - q_pairs - k_pairs;
+                    const float g = dv[row * kvd + c];
+                    dyr[qd + kvd + c] = g;
+                    gr[qd + c] = g;
                 }
-            } else {
-                const int c = w - q_pairs - k_pairs;
-                const float g = dv[(size_t)row * kvd + c];
-                dyr[qd + kvd + c] = g;
-                grad[qd + c] = g;
             }
         }
         __syncthreads();
-        // duq[j] = s sum_c dq[c] Bq[c, j], duv[j] = s sum_c dv[c] Bv[c, j]:
-        // one warp per output, lanes over c, then a fixed-order shuffle tree.
-        for (int j = warp; j < 2 * r; j += warps) {
-            const bool is_q = j < r;
-            const int n = is_q ? qd : kvd, jj = is_q ? j : j - r;
-            const float* g = is_q ? grad : grad + qd;
-            const float* b = is_q ? bq : bv;
-            float acc = 0.0f;
-            for (int c = lane; c < n; c += 32) acc = fmaf(g[c], b[(size_t)c * r + jj], acc);
+        // duq = dq Bq, duv = dv Bv for the block's rows: each warp sums its
+        // share of the columns, then the warps' parts are added in warp order.
+        float aq[QKV_ROWS] = {0.0f}, av[QKV_ROWS] = {0.0f};
+        lora_grad_partial(grad, g_ld, bq, qd, r, nrows, aq);
+        lora_grad_partial(grad + qd, g_ld, bv, kvd, r, nrows, av);
+        if (lane < r) {
             #pragma unroll
-            for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-            if (lane == 0) dyr[qd + 2 * kvd + j] = s * acc;
+            for (int rr = 0; rr < QKV_ROWS; ++rr) {
+                part[warp][rr][lane] = aq[rr];
+                part[warp][rr][r + lane] = av[rr];
+            }
+        }
+        __syncthreads();
+        for (int t = threadIdx.x; t < nrows * 2 * r; t += blockDim.x) {
+            const int rr = t / (2 * r), j = t % (2 * r);
+            float total = 0.0f;
+            for (int k = 0; k < warps; ++k) total += part[k][rr][j];
+            dy[(size_t)(row0 + rr) * ld + qd + 2 * kvd + j] = s * total;
         }
     }
 }

@@ -91,11 +91,21 @@ pub const QKV_SIGNATURES: Signatures = &[
     ),
 ];
 
-/// Threads per row of the fused q/k/v epilogues (`QKV_THREADS`).
+/// Threads of a block of the fused q/k/v epilogues (`QKV_THREADS`).
 const QKV_THREADS: u32 = 128;
 
-/// The largest LoRA rank the fused q/k/v epilogues take (`QKV_MAX_RANK`).
-pub const QKV_MAX_RANK: usize = 64;
+/// Rows a block of the fused q/k/v epilogues takes (`QKV_ROWS`).
+const QKV_ROWS: usize = 4;
+
+/// The largest LoRA rank the fused q/k/v epilogues take (`QKV_MAX_RANK`);
+/// the rank must be a power of two.
+pub const QKV_MAX_RANK: usize = 32;
+
+/// The largest `head_dim / 2` they take (`QKV_MAX_HALF`).
+const QKV_MAX_HALF: usize = 128;
+
+/// Shared memory a block may use without opting in.
+const DEFAULT_SHARED_BYTES: usize = 48 << 10;
 
 /// The layout of one layer's fused q/k/v projection output, `[rows, width]`
 /// row-major: columns `q (heads * head_dim) | k | v (kv_heads * head_dim each)
@@ -134,16 +144,20 @@ impl QkvShape {
     fn check(&self) -> Result<()> {
         let ok = self.head_dim > 0
             && self.head_dim.is_multiple_of(2)
+            && self.head_dim / 2 <= QKV_MAX_HALF
             && self.seq > 0
             && self.rows.is_multiple_of(self.seq)
-            && (1..=QKV_MAX_RANK).contains(&self.rank);
+            && self.rank.is_power_of_two()
+            && self.rank <= QKV_MAX_RANK
+            && self.backward_shared_bytes() <= DEFAULT_SHARED_BYTES;
         if ok {
             Ok(())
         } else {
             Err(Error::InvalidArgument {
                 op: "rope_qkv",
                 message: format!(
-                    "need an even head_dim > 0, rows a multiple of seq and rank 1..={QKV_MAX_RANK}: {self:?}"
+                    "need an even head_dim <= {}, rows a multiple of seq, a power-of-two rank <= {QKV_MAX_RANK} and {QKV_ROWS} rows of dq | dv within {DEFAULT_SHARED_BYTES} bytes: {self:?}",
+                    2 * QKV_MAX_HALF
                 ),
             })
         }
@@ -162,12 +176,17 @@ impl QkvShape {
         ])
     }
 
-    /// One block per row, the backward's `dq | dv` row in dynamic shared memory.
-    fn launch_config(&self, shared_floats: usize) -> LaunchConfig {
+    /// Dynamic shared memory of the backward: its rows' `dq | dv`.
+    fn backward_shared_bytes(&self) -> usize {
+        4 * QKV_ROWS * (self.q_dim() + self.kv_dim())
+    }
+
+    /// One block per `QKV_ROWS` rows (grid-stride beyond 65,536 blocks).
+    fn launch_config(&self, shared_bytes: usize) -> LaunchConfig {
         LaunchConfig {
-            grid_dim: (self.rows.min(1 << 16) as u32, 1, 1),
+            grid_dim: (self.rows.div_ceil(QKV_ROWS).min(1 << 16) as u32, 1, 1),
             block_dim: (QKV_THREADS, 1, 1),
-            shared_mem_bytes: (4 * shared_floats) as u32,
+            shared_mem_bytes: shared_bytes as u32,
         }
     }
 }
@@ -228,7 +247,8 @@ pub fn qkv_forward(
     // seq, int heads, int kv_heads, int head_dim, int r, double ln_theta):
     // lengths checked above. Row `row < rows` reads y[row * ld + c] for c <
     // width = ld, bq[c * r + j] for c < q_dim, bv[c * r + j] for c < kv_dim,
-    // j < r <= QKV_MAX_RANK (the static u array), and writes qr, kr, v only at
+    // j < r <= QKV_MAX_RANK (the static u and B-row arrays; head_dim / 2 <=
+    // QKV_MAX_HALF sizes the angle arrays), and writes qr, kr, v only at
     // row * (their width) + c below that width. The outputs are distinct
     // mutable buffers, so nothing aliases.
     unsafe { l.launch(sh.launch_config(0)) }?;
@@ -276,9 +296,11 @@ pub fn qkv_backward(
     // r, double ln_theta): lengths checked above. Row `row < rows` reads the
     // packed inputs at row * (their width) + c below that width and bq, bv as
     // in qkv_forward, and writes dy[row * ld + c] for c < width = ld; the
-    // dynamic shared memory holds the q_dim + kv_dim floats of one row's dq |
-    // dv that the kernel stages. dy is the only output and aliases no input.
-    unsafe { l.launch(sh.launch_config(qd + kvd)) }?;
+    // dynamic shared memory holds the QKV_ROWS rows of q_dim + kv_dim floats
+    // (dq | dv) the kernel stages (check() kept it within the default 48 KiB,
+    // with r a power of two <= 32, as the lane split of the B sums needs). dy
+    // is the only output and aliases no input.
+    unsafe { l.launch(sh.launch_config(sh.backward_shared_bytes())) }?;
     Ok(())
 }
 
