@@ -104,16 +104,17 @@ extern "C" __global__ void rope_bwd_f32(const float* __restrict__ dy, float* __r
 // serves QKV_ROWS rows, and each (row, pair i) angle is computed once into
 // shared memory (rope_sincos, as in rope_rotate). r is a power of two <=
 // QKV_MAX_RANK (the launcher checks). The LoRA sums are plain f32 FMA in a
-// fixed order. Built as its own module (ROPE_QKV defined), the one the
-// training step pre-warms.
+// fixed order. Built as two modules of their own (ROPE_QKV with
+// ROPE_QKV_FWD_ONLY or ROPE_QKV_BWD_ONLY defined), the ones the training step
+// pre-warms.
 
-#define QKV_THREADS 128
+#define QKV_THREADS 512
 #define QKV_ROWS 4
-#define QKV_MAX_RANK 32
+#define QKV_MAX_RANK 16
 #define QKV_MAX_HALF 128
 
 // This block's rows' sines and cosines, [QKV_ROWS][half].
-__device__ void qkv_angles(float* sn, float* cs, int row0, int rows, int seq, int half,
+__device__ __noinline__ void qkv_angles(float* sn, float* cs, int row0, int rows, int seq, int half,
                            int head_dim, double ln_theta, double sign) {
     for (int t = threadIdx.x; t < QKV_ROWS * half; t += blockDim.x) {
         const int rr = t / half, i = t % half;
@@ -135,6 +136,7 @@ __device__ __forceinline__ void lora_up(const float (*u)[2 * QKV_MAX_RANK], int 
     }
 }
 
+#ifndef ROPE_QKV_BWD_ONLY
 extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long long ld,
                                             const float* __restrict__ bq, const float* __restrict__ bv,
                                             float s, float* __restrict__ qr, float* __restrict__ kr,
@@ -167,8 +169,7 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
                     lora_up(u, 0, bq, c1, r, l1);
                     lora_up(u, 0, bq, c2, r, l2);
                 }
-                #pragma unroll 1
-            for (int rr = 0; rr < nrows; ++rr) {
+                for (int rr = 0; rr < nrows; ++rr) {
                     const float* yr = y + (size_t)(row0 + rr) * ld;
                     const int col = is_q ? 0 : qd;
                     const float x1 = yr[col + c1] + s * l1[rr], x2 = yr[col + c2] + s * l2[rr];
@@ -181,8 +182,7 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
                 const int c = w - q_pairs - k_pairs;
                 float lv[QKV_ROWS];
                 lora_up(u, r, bv, c, r, lv);
-                #pragma unroll 1
-            for (int rr = 0; rr < nrows; ++rr) {
+                for (int rr = 0; rr < nrows; ++rr) {
                     const float* yr = y + (size_t)(row0 + rr) * ld;
                     v[(size_t)(row0 + rr) * kvd + c] = yr[qd + kvd + c] + s * lv[rr];
                 }
@@ -191,6 +191,9 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
     }
 }
 
+#endif  // !ROPE_QKV_BWD_ONLY
+
+#ifndef ROPE_QKV_FWD_ONLY
 // acc[rr] += sum over this lane's c of g[rr][c] * B[c, j] (j = lane % r, c =
 // lane / r + 32/r * k, over the block's warps): lanes with consecutive j read
 // consecutive floats of B.
@@ -198,7 +201,7 @@ __device__ __forceinline__ void lora_grad_partial(const float* g, int g_ld, cons
                                                   int n, int r, int nrows, float* acc) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     const int step = 32 / r, j = lane % r;
-    #pragma unroll 1
+    #pragma unroll 2
     for (int c = warp * step + lane / r; c < n; c += warps * step) {
         const float b = bmat[(size_t)c * r + j];
         #pragma unroll
@@ -231,7 +234,6 @@ extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const
         __syncthreads();
         #pragma unroll 1
         for (int w = threadIdx.x; w < items; w += blockDim.x) {
-            #pragma unroll 1
             for (int rr = 0; rr < nrows; ++rr) {
                 const size_t row = row0 + rr;
                 float* dyr = dy + row * ld;
@@ -282,4 +284,5 @@ extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const
         }
     }
 }
+#endif  // !ROPE_QKV_FWD_ONLY
 #endif  // ROPE_QKV

@@ -13,8 +13,11 @@ use crate::kernels::abi::{Arg, Signatures};
 
 pub const MODULE: &str = "rope";
 
-/// The module of the fused q/k/v epilogues ([`qkv_forward`], [`qkv_backward`]).
-pub const QKV_MODULE: &str = "rope_qkv";
+/// The modules of the fused q/k/v epilogue ([`qkv_forward`]) and its
+/// backward ([`qkv_backward`]): two small modules, which a cold pre-warm
+/// compiles in parallel.
+pub const QKV_FWD_MODULE: &str = "rope_qkv_fwd";
+pub const QKV_BWD_MODULE: &str = "rope_qkv_bwd";
 
 /// Heads a thread rotates with one angle (`ROPE_HEADS` in the kernel).
 const ROPE_HEADS: usize = 4;
@@ -47,65 +50,70 @@ pub const SIGNATURES: Signatures = &[
     ),
 ];
 
-/// The argument lists of [`QKV_MODULE`]'s kernels.
-pub const QKV_SIGNATURES: Signatures = &[
-    (
-        "rope_qkv_fwd_f32",
-        &[
-            Arg::Ptr,
-            Arg::I64,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::F32,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::F64,
-        ],
-    ),
-    (
-        "rope_qkv_bwd_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::F32,
-            Arg::Ptr,
-            Arg::I64,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::F64,
-        ],
-    ),
-];
+/// The argument list of [`QKV_FWD_MODULE`]'s kernel.
+pub const QKV_FWD_SIGNATURES: Signatures = &[(
+    "rope_qkv_fwd_f32",
+    &[
+        Arg::Ptr,
+        Arg::I64,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::F32,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::F64,
+    ],
+)];
+
+/// The argument list of [`QKV_BWD_MODULE`]'s kernel.
+pub const QKV_BWD_SIGNATURES: Signatures = &[(
+    "rope_qkv_bwd_f32",
+    &[
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::F32,
+        Arg::Ptr,
+        Arg::I64,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::F64,
+    ],
+)];
 
 /// Threads of a block of the fused q/k/v epilogues (`QKV_THREADS`).
-const QKV_THREADS: u32 = 128;
+const QKV_THREADS: u32 = 512;
 
 /// Rows a block of the fused q/k/v epilogues takes (`QKV_ROWS`).
 const QKV_ROWS: usize = 4;
 
 /// The largest LoRA rank the fused q/k/v epilogues take (`QKV_MAX_RANK`);
 /// the rank must be a power of two.
-pub const QKV_MAX_RANK: usize = 32;
+pub const QKV_MAX_RANK: usize = 16;
 
 /// The largest `head_dim / 2` they take (`QKV_MAX_HALF`).
 const QKV_MAX_HALF: usize = 128;
 
 /// Shared memory a block may use without opting in.
 const DEFAULT_SHARED_BYTES: usize = 48 << 10;
+
+/// The backward's static shared memory: the angles' sines and cosines and
+/// the warps' LoRA partial sums.
+const BACKWARD_STATIC_BYTES: usize =
+    4 * (2 * QKV_ROWS * QKV_MAX_HALF + (QKV_THREADS as usize / 32) * QKV_ROWS * 2 * QKV_MAX_RANK);
 
 /// The layout of one layer's fused q/k/v projection output, `[rows, width]`
 /// row-major: columns `q (heads * head_dim) | k | v (kv_heads * head_dim each)
@@ -149,15 +157,16 @@ impl QkvShape {
             && self.rows.is_multiple_of(self.seq)
             && self.rank.is_power_of_two()
             && self.rank <= QKV_MAX_RANK
-            && self.backward_shared_bytes() <= DEFAULT_SHARED_BYTES;
+            && self.backward_shared_bytes() + BACKWARD_STATIC_BYTES <= DEFAULT_SHARED_BYTES;
         if ok {
             Ok(())
         } else {
             Err(Error::InvalidArgument {
                 op: "rope_qkv",
                 message: format!(
-                    "need an even head_dim <= {}, rows a multiple of seq, a power-of-two rank <= {QKV_MAX_RANK} and {QKV_ROWS} rows of dq | dv within {DEFAULT_SHARED_BYTES} bytes: {self:?}",
-                    2 * QKV_MAX_HALF
+                    "need an even head_dim <= {}, rows a multiple of seq, a power-of-two rank <= {QKV_MAX_RANK} and {QKV_ROWS} rows of dq | dv within {} bytes: {self:?}",
+                    2 * QKV_MAX_HALF,
+                    DEFAULT_SHARED_BYTES - BACKWARD_STATIC_BYTES
                 ),
             })
         }
@@ -231,7 +240,7 @@ pub fn qkv_forward(
     let ld = sh.width() as i64;
     let [rows_i, seq_i, heads_i, kv_i, d_i, r_i] = sh.ints()?;
     let ln_theta = theta.ln();
-    let f = gpu.function(QKV_MODULE, "rope_qkv_fwd_f32")?;
+    let f = gpu.function(QKV_FWD_MODULE, "rope_qkv_fwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(y).arg(&ld).arg(bq).arg(bv).arg(&s);
     l.arg(qr).arg(kr).arg(v);
@@ -279,7 +288,7 @@ pub fn qkv_backward(
     let ld = sh.width() as i64;
     let [rows_i, seq_i, heads_i, kv_i, d_i, r_i] = sh.ints()?;
     let ln_theta = theta.ln();
-    let f = gpu.function(QKV_MODULE, "rope_qkv_bwd_f32")?;
+    let f = gpu.function(QKV_BWD_MODULE, "rope_qkv_bwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(dqr).arg(dkr).arg(dv).arg(bq).arg(bv).arg(&s);
     l.arg(dy).arg(&ld);
@@ -297,8 +306,9 @@ pub fn qkv_backward(
     // packed inputs at row * (their width) + c below that width and bq, bv as
     // in qkv_forward, and writes dy[row * ld + c] for c < width = ld; the
     // dynamic shared memory holds the QKV_ROWS rows of q_dim + kv_dim floats
-    // (dq | dv) the kernel stages (check() kept it within the default 48 KiB,
-    // with r a power of two <= 32, as the lane split of the B sums needs). dy
+    // (dq | dv) the kernel stages (check() kept it and the static arrays
+    // within the default 48 KiB, with r a power of two <= 16, as the lane
+    // split of the B sums needs). dy
     // is the only output and aliases no input.
     unsafe { l.launch(sh.launch_config(sh.backward_shared_bytes())) }?;
     Ok(())
