@@ -115,19 +115,12 @@ pub const MODULES: &[ModuleSource] = &[
     ),
     module!("rope", ["rope_fwd_f32", "rope_bwd_f32"]),
     // The training step's fused q/k/v epilogue (RoPE with the LoRA
-    // up-projections) and its backward, from the same source, one kernel a
-    // module: each compiles in about half the time of both together.
+    // up-projections) and its backward, from the same source.
     module_with!(
-        "rope_qkv_fwd",
+        "rope_qkv",
         "rope",
-        "#define ROPE_QKV\n#define ROPE_QKV_FWD_ONLY",
-        ["rope_qkv_fwd_f32"]
-    ),
-    module_with!(
-        "rope_qkv_bwd",
-        "rope",
-        "#define ROPE_QKV\n#define ROPE_QKV_BWD_ONLY",
-        ["rope_qkv_bwd_f32"]
+        "#define ROPE_QKV",
+        ["rope_qkv_fwd_f32", "rope_qkv_bwd_f32"]
     ),
     module!("softmax", ["softmax_fwd_f32", "softmax_bwd_f32"]),
     module!(

@@ -100,25 +100,30 @@ extern "C" __global__ void rope_bwd_f32(const float* __restrict__ dy, float* __r
 //           written into dy's columns dq | dk | dv | duq | duv, so that
 //           dn1 = dy [Wq; Wk; Wv; Aq; Av] is one GEMM.
 //
-// A block takes QKV_ROWS consecutive rows, so each LoRA B row it loads
-// serves QKV_ROWS rows, and each (row, pair i) angle is computed once into
-// shared memory (rope_sincos, as in rope_rotate). r is a power of two <=
+// A block takes QKV_ROWS consecutive rows, so each LoRA B value it loads
+// serves QKV_ROWS rows; the angles come from a host-computed table (no double
+// math here, which keeps the module's NVRTC time small). r is a power of two <=
 // QKV_MAX_RANK (the launcher checks). The LoRA sums are plain f32 FMA in a
-// fixed order. Built as two modules of their own (ROPE_QKV with
-// ROPE_QKV_FWD_ONLY or ROPE_QKV_BWD_ONLY defined), the ones the training step
-// pre-warms.
+// fixed order. Built as a module of its own (ROPE_QKV defined), the one the
+// training step pre-warms.
 
 #define QKV_THREADS 512
 #define QKV_ROWS 4
 #define QKV_MAX_RANK 16
 #define QKV_MAX_HALF 128
 
-// This block's rows' sines and cosines, [QKV_ROWS][half].
-__device__ __noinline__ void qkv_angles(float* sn, float* cs, int row0, int rows, int seq, int half,
-                           int head_dim, double ln_theta, double sign) {
+// This block's rows' sines and cosines, [QKV_ROWS][half], from the table
+// [2][seq][half] of sin and cos of pos * theta^(-2i / head_dim) (computed on
+// the host in double, as rope_sincos does here); sign -1 rotates back.
+__device__ __forceinline__ void qkv_angles(float* sn, float* cs, const float* __restrict__ table,
+                                           int row0, int rows, int seq, int half, float sign) {
     for (int t = threadIdx.x; t < QKV_ROWS * half; t += blockDim.x) {
         const int rr = t / half, i = t % half;
-        if (row0 + rr < rows) rope_sincos((row0 + rr) % seq, i, head_dim, ln_theta, sign, &sn[t], &cs[t]);
+        if (row0 + rr < rows) {
+            const int at = ((row0 + rr) % seq) * half + i;
+            sn[t] = sign * table[at];
+            cs[t] = table[seq * half + at];
+        }
     }
 }
 
@@ -136,12 +141,12 @@ __device__ __forceinline__ void lora_up(const float (*u)[2 * QKV_MAX_RANK], int 
     }
 }
 
-#ifndef ROPE_QKV_BWD_ONLY
 extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long long ld,
                                             const float* __restrict__ bq, const float* __restrict__ bv,
                                             float s, float* __restrict__ qr, float* __restrict__ kr,
                                             float* __restrict__ v, int rows, int seq, int heads,
-                                            int kv_heads, int head_dim, int r, double ln_theta) {
+                                            int kv_heads, int head_dim, int r,
+                                            const float* __restrict__ table) {
     __shared__ float u[QKV_ROWS][2 * QKV_MAX_RANK];
     __shared__ float sn[QKV_ROWS * QKV_MAX_HALF], cs[QKV_ROWS * QKV_MAX_HALF];
     const int half = head_dim / 2;
@@ -154,7 +159,7 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
             const int rr = t / (2 * r), j = t % (2 * r);
             u[rr][j] = row0 + rr < rows ? y[(size_t)(row0 + rr) * ld + qd + 2 * kvd + j] : 0.0f;
         }
-        qkv_angles(sn, cs, row0, rows, seq, half, head_dim, ln_theta, 1.0);
+        qkv_angles(sn, cs, table, row0, rows, seq, half, 1.0f);
         __syncthreads();
         const int nrows = min(QKV_ROWS, rows - row0);
         #pragma unroll 1
@@ -191,9 +196,6 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
     }
 }
 
-#endif  // !ROPE_QKV_BWD_ONLY
-
-#ifndef ROPE_QKV_FWD_ONLY
 // acc[rr] += sum over this lane's c of g[rr][c] * B[c, j] (j = lane % r, c =
 // lane / r + 32/r * k, over the block's warps): lanes with consecutive j read
 // consecutive floats of B.
@@ -218,7 +220,7 @@ extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const
                                             const float* __restrict__ dv, const float* __restrict__ bq,
                                             const float* __restrict__ bv, float s, float* __restrict__ dy,
                                             long long ld, int rows, int seq, int heads, int kv_heads,
-                                            int head_dim, int r, double ln_theta) {
+                                            int head_dim, int r, const float* __restrict__ table) {
     extern __shared__ float grad[];  // [QKV_ROWS][qd + kvd]: the rows' dq | dv
     __shared__ float sn[QKV_ROWS * QKV_MAX_HALF], cs[QKV_ROWS * QKV_MAX_HALF];
     __shared__ float part[QKV_THREADS / 32][QKV_ROWS][2 * QKV_MAX_RANK];
@@ -230,7 +232,7 @@ extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const
     for (int row0 = blockIdx.x * QKV_ROWS; row0 < rows; row0 += gridDim.x * QKV_ROWS) {
         const int nrows = min(QKV_ROWS, rows - row0);
         __syncthreads();  // the previous rows' grad, angles and parts are no longer read
-        qkv_angles(sn, cs, row0, rows, seq, half, head_dim, ln_theta, -1.0);
+        qkv_angles(sn, cs, table, row0, rows, seq, half, -1.0f);
         __syncthreads();
         #pragma unroll 1
         for (int w = threadIdx.x; w < items; w += blockDim.x) {
@@ -284,5 +286,4 @@ extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const
         }
     }
 }
-#endif  // !ROPE_QKV_FWD_ONLY
 #endif  // ROPE_QKV

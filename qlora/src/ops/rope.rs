@@ -13,11 +13,9 @@ use crate::kernels::abi::{Arg, Signatures};
 
 pub const MODULE: &str = "rope";
 
-/// The modules of the fused q/k/v epilogue ([`qkv_forward`]) and its
-/// backward ([`qkv_backward`]): two small modules, which a cold pre-warm
-/// compiles in parallel.
-pub const QKV_FWD_MODULE: &str = "rope_qkv_fwd";
-pub const QKV_BWD_MODULE: &str = "rope_qkv_bwd";
+/// The module of the fused q/k/v epilogue ([`qkv_forward`]) and its
+/// backward ([`qkv_backward`]).
+pub const QKV_MODULE: &str = "rope_qkv";
 
 /// Heads a thread rotates with one angle (`ROPE_HEADS` in the kernel).
 const ROPE_HEADS: usize = 4;
@@ -50,49 +48,49 @@ pub const SIGNATURES: Signatures = &[
     ),
 ];
 
-/// The argument list of [`QKV_FWD_MODULE`]'s kernel.
-pub const QKV_FWD_SIGNATURES: Signatures = &[(
-    "rope_qkv_fwd_f32",
-    &[
-        Arg::Ptr,
-        Arg::I64,
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::F32,
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::F64,
-    ],
-)];
-
-/// The argument list of [`QKV_BWD_MODULE`]'s kernel.
-pub const QKV_BWD_SIGNATURES: Signatures = &[(
-    "rope_qkv_bwd_f32",
-    &[
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::F32,
-        Arg::Ptr,
-        Arg::I64,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::F64,
-    ],
-)];
+/// The argument lists of [`QKV_MODULE`]'s kernels.
+pub const QKV_SIGNATURES: Signatures = &[
+    (
+        "rope_qkv_fwd_f32",
+        &[
+            Arg::Ptr,
+            Arg::I64,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::F32,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::Ptr,
+        ],
+    ),
+    (
+        "rope_qkv_bwd_f32",
+        &[
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::F32,
+            Arg::Ptr,
+            Arg::I64,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::Ptr,
+        ],
+    ),
+];
 
 /// Threads of a block of the fused q/k/v epilogues (`QKV_THREADS`).
 const QKV_THREADS: u32 = 512;
@@ -212,6 +210,28 @@ fn expect_exact(what: &str, got: usize, want: usize) -> Result<()> {
     }
 }
 
+/// The angle table of [`qkv_forward`] and [`qkv_backward`]: `[2][seq][half]`,
+/// the sines then the cosines of `pos * theta^(-2i / head_dim)`, the angle
+/// formed and reduced to `[-pi, pi]` in double as the rope kernels do, its
+/// sine and cosine rounded to f32 once.
+pub fn qkv_angle_table(seq: usize, head_dim: usize, theta: f64) -> Vec<f32> {
+    let half = head_dim / 2;
+    let two_pi = std::f64::consts::TAU;
+    let angle = |pos: usize, i: usize| {
+        let a = pos as f64 * (-2.0 * i as f64 / head_dim as f64 * theta.ln()).exp();
+        a - (a / two_pi).round_ties_even() * two_pi
+    };
+    let mut table = vec![0.0f32; 2 * seq * half];
+    for pos in 0..seq {
+        for i in 0..half {
+            let a = angle(pos, i);
+            table[pos * half + i] = a.sin() as f32;
+            table[(seq + pos) * half + i] = a.cos() as f32;
+        }
+    }
+    table
+}
+
 /// The fused projection's epilogue: from `y = n1 [Wq; Wk; Wv; Aq; Av]^T`
 /// (`[rows, width]`, see [`QkvShape`]) computes `q = y_q + s uq Bq^T`,
 /// `v = y_v + s uv Bv^T` and writes `qr = rope(q)`, `kr = rope(y_k)` and `v`,
@@ -222,7 +242,7 @@ pub fn qkv_forward(
     sh: &QkvShape,
     y: &CudaSlice<f32>,
     (bq, bv, s): (&CudaSlice<f32>, &CudaSlice<f32>, f32),
-    theta: f64,
+    table: &CudaSlice<f32>,
     (qr, kr, v): (
         &mut CudaSlice<f32>,
         &mut CudaSlice<f32>,
@@ -230,6 +250,7 @@ pub fn qkv_forward(
     ),
 ) -> Result<()> {
     sh.check()?;
+    expect_exact("rope table", table.len(), sh.seq * sh.head_dim)?;
     let (rows, qd, kvd, r) = (sh.rows, sh.q_dim(), sh.kv_dim(), sh.rank);
     expect_exact("y", y.len(), rows * sh.width())?;
     expect_exact("bq", bq.len(), qd * r)?;
@@ -239,8 +260,7 @@ pub fn qkv_forward(
     expect_exact("v", v.len(), rows * kvd)?;
     let ld = sh.width() as i64;
     let [rows_i, seq_i, heads_i, kv_i, d_i, r_i] = sh.ints()?;
-    let ln_theta = theta.ln();
-    let f = gpu.function(QKV_FWD_MODULE, "rope_qkv_fwd_f32")?;
+    let f = gpu.function(QKV_MODULE, "rope_qkv_fwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(y).arg(&ld).arg(bq).arg(bv).arg(&s);
     l.arg(qr).arg(kr).arg(v);
@@ -250,11 +270,12 @@ pub fn qkv_forward(
         .arg(&kv_i)
         .arg(&d_i)
         .arg(&r_i);
-    l.arg(&ln_theta);
+    l.arg(table);
     // SAFETY: rope_qkv_fwd_f32(const float* y, long long ld, const float* bq,
     // const float* bv, float s, float* qr, float* kr, float* v, int rows, int
-    // seq, int heads, int kv_heads, int head_dim, int r, double ln_theta):
-    // lengths checked above. Row `row < rows` reads y[row * ld + c] for c <
+    // seq, int heads, int kv_heads, int head_dim, int r, const float* table):
+    // lengths checked above (the table is [2][seq][head_dim / 2], read at
+    // pos < seq, i < head_dim / 2). Row `row < rows` reads y[row * ld + c] for c <
     // width = ld, bq[c * r + j] for c < q_dim, bv[c * r + j] for c < kv_dim,
     // j < r <= QKV_MAX_RANK (the static u and B-row arrays; head_dim / 2 <=
     // QKV_MAX_HALF sizes the angle arrays), and writes qr, kr, v only at
@@ -274,10 +295,11 @@ pub fn qkv_backward(
     sh: &QkvShape,
     (dqr, dkr, dv): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     (bq, bv, s): (&CudaSlice<f32>, &CudaSlice<f32>, f32),
-    theta: f64,
+    table: &CudaSlice<f32>,
     dy: &mut CudaSlice<f32>,
 ) -> Result<()> {
     sh.check()?;
+    expect_exact("rope table", table.len(), sh.seq * sh.head_dim)?;
     let (rows, qd, kvd, r) = (sh.rows, sh.q_dim(), sh.kv_dim(), sh.rank);
     expect_exact("dqr", dqr.len(), rows * qd)?;
     expect_exact("dkr", dkr.len(), rows * kvd)?;
@@ -287,8 +309,7 @@ pub fn qkv_backward(
     expect_exact("dy", dy.len(), rows * sh.width())?;
     let ld = sh.width() as i64;
     let [rows_i, seq_i, heads_i, kv_i, d_i, r_i] = sh.ints()?;
-    let ln_theta = theta.ln();
-    let f = gpu.function(QKV_BWD_MODULE, "rope_qkv_bwd_f32")?;
+    let f = gpu.function(QKV_MODULE, "rope_qkv_bwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(dqr).arg(dkr).arg(dv).arg(bq).arg(bv).arg(&s);
     l.arg(dy).arg(&ld);
@@ -298,11 +319,12 @@ pub fn qkv_backward(
         .arg(&kv_i)
         .arg(&d_i)
         .arg(&r_i);
-    l.arg(&ln_theta);
+    l.arg(table);
     // SAFETY: rope_qkv_bwd_f32(const float* dqr, const float* dkr, const
     // float* dv, const float* bq, const float* bv, float s, float* dy, long
     // long ld, int rows, int seq, int heads, int kv_heads, int head_dim, int
-    // r, double ln_theta): lengths checked above. Row `row < rows` reads the
+    // r, const float* table): lengths checked above (the table is [2][seq][head_dim / 2], read at
+    // pos < seq, i < head_dim / 2). Row `row < rows` reads the
     // packed inputs at row * (their width) + c below that width and bq, bv as
     // in qkv_forward, and writes dy[row * ld + c] for c < width = ld; the
     // dynamic shared memory holds the QKV_ROWS rows of q_dim + kv_dim floats

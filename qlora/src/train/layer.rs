@@ -185,7 +185,7 @@ impl Attention<'_> {
             &sh,
             &a.qkv,
             (pi(Slot::QB), pi(Slot::VB), ctx.lora_s),
-            ModelConfig::ROPE_THETA,
+            &ws.rope_table,
             (&mut a.qr, &mut a.kr, &mut a.v),
         )?;
         attention::forward(
@@ -279,7 +279,7 @@ impl Attention<'_> {
             &sh,
             (&d.dqr, &d.dkr, &d.dv),
             (pi(Slot::QB), pi(Slot::VB), ctx.lora_s_bwd),
-            ModelConfig::ROPE_THETA,
+            &ws.rope_table,
             &mut d.dqkv,
         )?;
         let stack = match stack {

@@ -138,6 +138,9 @@ pub struct Workspace {
     pub grads: Grads,
     /// NF4 base only: one dequantisation target per distinct weight length.
     pub deq: Vec<CudaSlice<f32>>,
+    /// The sines and cosines of RoPE's angles for the fused q/k/v kernels
+    /// ([`crate::ops::rope::qkv_angle_table`]), `[2][seq][head_dim / 2]`.
+    pub rope_table: CudaSlice<f32>,
     /// NF4 base only: the q/k/v stack `[Wq; Wk; Wv; Aq; Av]` `[width,
     /// hidden]` each layer dequantises into (an fp32 base keeps one per
     /// layer in [`super::weights::BaseDevice::stacks`]).
@@ -213,6 +216,11 @@ impl Workspace {
                 dfinal_gamma: z(c.hidden)?,
                 norm: BackwardWorkspace::new(gpu, t, c.hidden)?,
             },
+            rope_table: gpu.upload(&crate::ops::rope::qkv_angle_table(
+                c.seq_len,
+                c.head_dim,
+                ModelConfig::ROPE_THETA,
+            ))?,
             stack: if nf4 {
                 Some(z(qkv_width(c) * c.hidden)?)
             } else {
@@ -279,6 +287,7 @@ impl Workspace {
             ])
             + self.deq.iter().map(|b| 4 * b.len()).sum::<usize>()
             + self.stack.as_ref().map_or(0, |b| 4 * b.len())
+            + 4 * self.rope_table.len()
             + self.leaked.iter().map(|b| 4 * b.len()).sum::<usize>()
     }
 
