@@ -19,7 +19,7 @@
 //! finished. Results go to `reports/latest/*.csv`; compiled kernel modules
 //! are kept in `target/falsify-kernel-cache/`.
 
-#[path = "../src/answer.rs"]
+#[path = "answer.rs"]
 mod answer;
 
 use std::path::PathBuf;

@@ -2,6 +2,7 @@
 //! summary table, `list` the trials they define, `report` how the latest
 //! run compares with a baseline, or print the reference of the check `kinds`.
 
+#[path = "../harness/answer.rs"]
 mod answer;
 
 use std::path::{Path, PathBuf};

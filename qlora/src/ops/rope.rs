@@ -448,3 +448,25 @@ pub fn backward(
     };
     launch(gpu, "rope_bwd_f32", dy, d, theta, dx)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_angle_table_holds_reduced_sines_then_cosines() {
+        let (seq, d, theta) = (300, 8, 1e6);
+        let t = qkv_angle_table(seq, d, theta);
+        let half = d / 2;
+        assert_eq!(t.len(), 2 * seq * half);
+        // Position 0: no rotation.
+        assert!(t[..half].iter().all(|&s| s == 0.0));
+        assert!(t[seq * half..seq * half + half].iter().all(|&c| c == 1.0));
+        for (pos, i) in [(1, 0), (299, 0), (299, 3), (17, 2)] {
+            let angle = pos as f64 * (-2.0 * i as f64 / d as f64 * f64::ln(theta)).exp();
+            let (s, c) = (t[pos * half + i] as f64, t[(seq + pos) * half + i] as f64);
+            assert!((s - angle.sin()).abs() < 1e-6, "sin at {pos}, {i}");
+            assert!((c - angle.cos()).abs() < 1e-6, "cos at {pos}, {i}");
+        }
+    }
+}
