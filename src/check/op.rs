@@ -10,6 +10,7 @@ pub const OP_NAMES: &[&str] = &[
     "embedding",
     "rmsnorm",
     "rope",
+    "rope_qkv",
     "softmax",
     "attention",
     "silu",
@@ -35,6 +36,9 @@ pub enum Op {
     Embedding,
     Rmsnorm,
     Rope,
+    /// The training step's fused q/k/v epilogue: the LoRA up-projections
+    /// added to q and v, RoPE on q and k (`qlora::ops::rope::qkv_forward`).
+    RopeQkv,
     Softmax,
     Attention,
     Silu,
@@ -86,6 +90,7 @@ impl Op {
             Op::Embedding => &["tokens", "vocab", "hidden"],
             Op::Rmsnorm => &["rows", "hidden"],
             Op::Rope => &["batch", "seq", "heads", "head_dim"],
+            Op::RopeQkv => &["batch", "seq", "heads", "kv_heads", "head_dim", "rank"],
             Op::Softmax => &["rows", "seq"],
             Op::Attention => &["batch", "seq", "heads", "kv_heads", "head_dim"],
             Op::Silu | Op::Swiglu | Op::ResidualAdd | Op::Scale => &["rows", "cols"],
@@ -116,6 +121,7 @@ impl Op {
             Op::Embedding => "embedding",
             Op::Rmsnorm => "rmsnorm",
             Op::Rope => "rope",
+            Op::RopeQkv => "rope_qkv",
             Op::Softmax => "softmax",
             Op::Attention => "attention",
             Op::Silu => "silu",
@@ -149,6 +155,7 @@ impl Op {
     /// | softmax, silu | `2N` | `3N` |
     /// | swiglu | `3N` | `5N` |
     /// | residual_add | `3N` | `3N` |
+    /// | rope_qkv `{B, S, Hq, Hkv, D, r}`, rows `BS`, `q = HqD`, `kv = HkvD` | `BS(2q + 4kv + 2r) + r(q + kv)` | the same |
     /// | attention `{B, S, Hq, Hkv, D}`, `q = BSHqD`, `kv = BSHkvD`, `P = BHqS^2` | `2q + 2kv + P` | `3q + 4kv + 2P` |
     /// | cross_entropy `{R, V}` | `RV + 2R` | `2RV + R` |
     /// | gemm, nf4_gemm `{m, n, k}` | `mk + 2kn + mn` (W also transposed) | `2mk + 3kn + 2mn` |
@@ -172,6 +179,7 @@ impl Op {
                 pick(2.0 * r * h + h, 3.0 * r * h + 2.0 * h)
             }
             Op::Attention => attention_elements(s, bwd),
+            Op::RopeQkv => rope_qkv_elements(s),
             Op::CrossEntropy => {
                 let (r, v) = (s.dim("rows") as f64, s.dim("vocab") as f64);
                 pick(r * v + 2.0 * r, 2.0 * r * v + r)
@@ -217,9 +225,32 @@ impl Op {
                     2.0 * scores
                 }
             }
+            Op::RopeQkv => {
+                // Each q and v element takes a rank-long sum (its LoRA
+                // up-projection forward, duq and duv backward).
+                let (q, kv) = qkv_widths(s);
+                self.elements(s, pass) + s.product(&["batch", "seq", "rank"]) * (q + kv)
+            }
             _ => self.elements(s, pass),
         }
     }
+}
+
+/// The widths of q and of k (or v) of a `rope_qkv` shape.
+fn qkv_widths(s: &Shape) -> (f64, f64) {
+    (
+        s.product(&["heads", "head_dim"]),
+        s.product(&["kv_heads", "head_dim"]),
+    )
+}
+
+/// [`Op::elements`] of `rope_qkv`: `y` (`q + 2kv + 2r` wide), the packed
+/// `q, k, v` (`dq, dk, dv`), `Bq` and `Bv`; the same in both passes.
+fn rope_qkv_elements(s: &Shape) -> f64 {
+    let (q, kv) = qkv_widths(s);
+    let rows = s.product(&["batch", "seq"]);
+    let rank = s.dim("rank") as f64;
+    rows * (q + 2.0 * kv + 2.0 * rank) + rows * (q + 2.0 * kv) + rank * (q + kv)
 }
 
 /// [`Op::elements`] of attention.

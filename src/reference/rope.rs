@@ -107,6 +107,119 @@ pub fn inverse(
     backward(y, batch, seq, heads, head_dim, theta)
 }
 
+/// The shape of the training step's fused q/k/v epilogue (see
+/// [`qkv_forward`]): `batch * seq` rows of `y = [q | k | v | uq | uv]`, q of
+/// `heads * head_dim` columns, k and v of `kv_heads * head_dim`, uq and uv of
+/// `rank`; `scale` is the LoRA scale `s`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QkvDims {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub rank: usize,
+    pub scale: f64,
+}
+
+impl QkvDims {
+    fn rows(&self) -> usize {
+        self.batch * self.seq
+    }
+    fn q_dim(&self) -> usize {
+        self.heads * self.head_dim
+    }
+    fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+    /// Columns of `y`: `q_dim + 2 kv_dim + 2 rank`.
+    pub fn width(&self) -> usize {
+        self.q_dim() + 2 * self.kv_dim() + 2 * self.rank
+    }
+    fn check(&self, y: usize, bq: usize, bv: usize) -> Result<()> {
+        expect_len("rope_qkv", "y", y, &[self.rows(), self.width()])?;
+        expect_len("rope_qkv", "bq", bq, &[self.q_dim(), self.rank])?;
+        expect_len("rope_qkv", "bv", bv, &[self.kv_dim(), self.rank])
+    }
+}
+
+/// A block of columns of `y` (from `col`, `cols` wide), packed, plus with
+/// `lora = (u_col, b)` the LoRA up-projection `s u b^T` of the `u` block
+/// from `u_col` through `b` (`[cols, rank]`).
+fn columns(
+    y: &[f64],
+    d: &QkvDims,
+    (col, cols): (usize, usize),
+    lora: Option<(usize, &[f64])>,
+) -> Vec<f64> {
+    let (w, r) = (d.width(), d.rank);
+    let mut out = vec![0.0; d.rows() * cols];
+    for row in 0..d.rows() {
+        let y_row = &y[row * w..(row + 1) * w];
+        for c in 0..cols {
+            let up: f64 = lora.map_or(0.0, |(u_col, b)| {
+                let u = &y_row[u_col..u_col + r];
+                u.iter()
+                    .zip(&b[c * r..(c + 1) * r])
+                    .map(|(a, b)| a * b)
+                    .sum()
+            });
+            out[row * cols + c] = y_row[col + c] + d.scale * up;
+        }
+    }
+    out
+}
+
+/// The fused q/k/v epilogue: from `y = n1 [Wq; Wk; Wv; Aq; Av]^T` returns
+/// `[rope(q) | rope(k) | v]` (each packed `[batch, seq, heads, head_dim]`),
+/// with `q = y_q + s uq Bq^T`, `k = y_k`, `v = y_v + s uv Bv^T`.
+pub fn qkv_forward(y: &[f64], bq: &[f64], bv: &[f64], d: &QkvDims, theta: f64) -> Result<Vec<f64>> {
+    d.check(y.len(), bq.len(), bv.len())?;
+    let (qd, kvd) = (d.q_dim(), d.kv_dim());
+    let u_col = qd + 2 * kvd;
+    let q = columns(y, d, (0, qd), Some((u_col, bq)));
+    let k = columns(y, d, (qd, kvd), None);
+    let v = columns(y, d, (qd + kvd, kvd), Some((u_col + d.rank, bv)));
+    let mut out = forward(&q, d.batch, d.seq, d.heads, d.head_dim, theta)?;
+    out.extend(forward(&k, d.batch, d.seq, d.kv_heads, d.head_dim, theta)?);
+    out.extend(v);
+    Ok(out)
+}
+
+/// The gradient of [`qkv_forward`] with respect to `y`, from the gradient
+/// `[dqr | dkr | dv]` of its output: `dy = [dq | dk | dv | duq | duv]` with
+/// `dq = rope^T(dqr)`, `dk = rope^T(dkr)`, `duq = s dq Bq`, `duv = s dv Bv`.
+pub fn qkv_backward(
+    dout: &[f64],
+    bq: &[f64],
+    bv: &[f64],
+    d: &QkvDims,
+    theta: f64,
+) -> Result<Vec<f64>> {
+    let (rows, qd, kvd, r) = (d.rows(), d.q_dim(), d.kv_dim(), d.rank);
+    expect_len("rope_qkv", "dout", dout.len(), &[rows, qd + 2 * kvd])?;
+    d.check(rows * d.width(), bq.len(), bv.len())?;
+    let (dqr, rest) = dout.split_at(rows * qd);
+    let (dkr, dv) = rest.split_at(rows * kvd);
+    let dq = backward(dqr, d.batch, d.seq, d.heads, d.head_dim, theta)?;
+    let dk = backward(dkr, d.batch, d.seq, d.kv_heads, d.head_dim, theta)?;
+    let w = d.width();
+    let mut dy = vec![0.0; rows * w];
+    for row in 0..rows {
+        let out = &mut dy[row * w..(row + 1) * w];
+        out[..qd].copy_from_slice(&dq[row * qd..(row + 1) * qd]);
+        out[qd..qd + kvd].copy_from_slice(&dk[row * kvd..(row + 1) * kvd]);
+        out[qd + kvd..qd + 2 * kvd].copy_from_slice(&dv[row * kvd..(row + 1) * kvd]);
+        for j in 0..r {
+            let duq: f64 = (0..qd).map(|c| dq[row * qd + c] * bq[c * r + j]).sum();
+            let duv: f64 = (0..kvd).map(|c| dv[row * kvd + c] * bv[c * r + j]).sum();
+            out[qd + 2 * kvd + j] = d.scale * duq;
+            out[qd + 2 * kvd + r + j] = d.scale * duv;
+        }
+    }
+    Ok(dy)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,5 +234,38 @@ mod tests {
         let back = inverse(&y, 1, 2, 1, 2, 10_000.0).unwrap();
         assert!(back.iter().zip(&x).all(|(a, b)| (a - b).abs() < 1e-15));
         assert!(forward(&[0.0; 3], 1, 1, 1, 3, 1.0).is_err());
+    }
+
+    /// The epilogue is linear in `y`, so its backward is its adjoint:
+    /// `<qkv_forward(y), g> = <y, qkv_backward(g)>` for any `y`, `g`.
+    #[test]
+    fn the_fused_epilogue_backward_is_its_adjoint() {
+        let d = QkvDims {
+            batch: 2,
+            seq: 3,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 6,
+            rank: 2,
+            scale: 1.5,
+        };
+        let wave = |n: usize, f: f64| {
+            (0..n)
+                .map(|i| (f * (i as f64 + 0.5)).sin())
+                .collect::<Vec<f64>>()
+        };
+        let (rows, qd, kvd) = (6, 24, 12);
+        let y = wave(rows * d.width(), 0.37);
+        let (bq, bv) = (wave(qd * 2, 0.91), wave(kvd * 2, 1.3));
+        let g = wave(rows * (qd + 2 * kvd), 0.53);
+        let out = qkv_forward(&y, &bq, &bv, &d, 1e4).unwrap();
+        let dy = qkv_backward(&g, &bq, &bv, &d, 1e4).unwrap();
+        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+        let (lhs, rhs) = (dot(&out, &g), dot(&y, &dy));
+        assert!(
+            (lhs - rhs).abs() <= 1e-12 * lhs.abs().max(1.0),
+            "{lhs} vs {rhs}"
+        );
+        assert!(qkv_forward(&y[1..], &bq, &bv, &d, 1e4).is_err());
     }
 }

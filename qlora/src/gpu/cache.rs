@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
@@ -148,6 +149,32 @@ pub fn compile_cubin(source: &ModuleSource, arch: &str) -> Result<Vec<u8>> {
     // SAFETY: `cubin` holds exactly the `size` bytes NVRTC said it writes.
     unsafe { nvrtc_sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr().cast()) }.result()?;
     Ok(cubin)
+}
+
+/// Starts NVRTC on a thread of its own: one compilation of an empty kernel
+/// for `sm_75`. A process's first NVRTC compilation pays a one-time start-up
+/// (loading the compiler and its built-in headers: about 0.2 s on the GPU
+/// runners' CPUs, where a cold pre-warm has 1 s), and a parallel pre-warm
+/// pays it on every thread at once. [`super::GpuContext::new`] starts it
+/// while the driver creates the context, so the two overlap. The result is
+/// not needed: the real compilations report any error themselves.
+pub fn start_nvrtc() -> Option<JoinHandle<()>> {
+    if !nvrtc_present() {
+        return None;
+    }
+    let warm_up = || {
+        let empty = ModuleSource {
+            name: "nvrtc_start",
+            source: "extern \"C\" __global__ void nvrtc_start() {}",
+            symbols: &["nvrtc_start"],
+            compile: Compile::Optimised,
+        };
+        let _ = compile_cubin(&empty, "sm_75");
+    };
+    std::thread::Builder::new()
+        .name("nvrtc-start".into())
+        .spawn(warm_up)
+        .ok()
 }
 
 /// NVRTC's (major, minor) version.
@@ -325,6 +352,8 @@ pub struct KernelCache {
     disk: Option<DiskCache>,
     /// NVRTC's version, read on first need: part of every entry's key.
     nvrtc: Option<(i32, i32)>,
+    /// The thread [`start_nvrtc`] started, joined before the first compilation.
+    nvrtc_start: Option<JoinHandle<()>>,
 }
 
 impl KernelCache {
@@ -336,6 +365,12 @@ impl KernelCache {
         }
     }
 
+    /// This cache, with NVRTC being started by `started` (see [`start_nvrtc`]).
+    pub fn with_nvrtc_start(mut self, started: Option<JoinHandle<()>>) -> Self {
+        self.nvrtc_start = started;
+        self
+    }
+
     /// Drops every module, counter, record and the used / pre-warmed sets;
     /// the directory on disk stays, and so does what it holds.
     pub fn reset(&mut self) {
@@ -343,6 +378,7 @@ impl KernelCache {
         *self = KernelCache {
             disk: dir,
             nvrtc: self.nvrtc,
+            nvrtc_start: self.nvrtc_start.take(),
             ..KernelCache::default()
         };
     }
@@ -434,6 +470,12 @@ impl KernelCache {
         let missing = self.missing(names)?;
         if missing.is_empty() {
             return Ok(());
+        }
+        if let Some(start) = self.nvrtc_start.take() {
+            // Waiting here keeps the start-up inside whatever times this
+            // call when it has not finished yet; a panicked start-up only
+            // means the compilations below start NVRTC themselves.
+            let _ = start.join();
         }
         let mut wanted = Vec::with_capacity(missing.len());
         for source in &missing {

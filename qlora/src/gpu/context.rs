@@ -204,6 +204,7 @@ impl GpuContext {
         if !cublas_present() {
             return Err(Error::CudaUnavailable("no cuBLAS library".into()));
         }
+        let nvrtc_start = super::cache::start_nvrtc();
         let ctx = CudaContext::new(options.ordinal)?;
         // SAFETY: called before any stream exists. Event tracking makes stream
         // capture fail with CUDA_ERROR_STREAM_CAPTURE_ISOLATION; we order work
@@ -228,7 +229,7 @@ impl GpuContext {
             ctx,
             stream,
             blas,
-            cache: KernelCache::new(options.kernel_cache_dir.clone()),
+            cache: KernelCache::new(options.kernel_cache_dir.clone()).with_nvrtc_start(nvrtc_start),
             facts,
             options,
             faults: Faults::NONE,

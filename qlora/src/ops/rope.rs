@@ -259,7 +259,9 @@ pub fn qkv_forward(
     expect_exact("kr", kr.len(), rows * kvd)?;
     expect_exact("v", v.len(), rows * kvd)?;
     let ld = sh.width() as i64;
-    let [rows_i, seq_i, heads_i, kv_i, d_i, r_i] = sh.ints()?;
+    let [_, seq_i, heads_i, kv_i, d_i, r_i] = sh.ints()?;
+    // Under the last-element fault the last row stays unwritten.
+    let rows_i = gpu.faults().written(rows) as i32;
     let f = gpu.function(QKV_MODULE, "rope_qkv_fwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(y).arg(&ld).arg(bq).arg(bv).arg(&s);
@@ -308,7 +310,9 @@ pub fn qkv_backward(
     expect_exact("bv", bv.len(), kvd * r)?;
     expect_exact("dy", dy.len(), rows * sh.width())?;
     let ld = sh.width() as i64;
-    let [rows_i, seq_i, heads_i, kv_i, d_i, r_i] = sh.ints()?;
+    let [_, seq_i, heads_i, kv_i, d_i, r_i] = sh.ints()?;
+    // Under the last-element fault the last row stays unwritten.
+    let rows_i = gpu.faults().written(rows) as i32;
     let f = gpu.function(QKV_MODULE, "rope_qkv_bwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(dqr).arg(dkr).arg(dv).arg(bq).arg(bv).arg(&s);

@@ -201,6 +201,12 @@ fn input_lens(op: Op, s: &Shape) -> Vec<f64> {
             vec![s.product(&["batch", "seq", "heads", "head_dim"]), kv, kv]
         }
         Op::Gemm => vec![s.product(&["m", "k"]), s.product(&["k", "n"])],
+        Op::RopeQkv => {
+            let width = s.product(&["heads", "head_dim"])
+                + 2.0 * s.product(&["kv_heads", "head_dim"])
+                + 2.0 * s.product(&["rank"]);
+            vec![s.product(&["batch", "seq"]) * width]
+        }
         Op::Swiglu | Op::ResidualAdd => vec![n, n],
         _ => vec![n],
     }

@@ -139,6 +139,30 @@ fn problem(op: Op, shape: &Shape, rng: &mut ChaCha8Rng, mutant: Option<Mutant>) 
                 }),
             }
         }
+        Op::RopeQkv => {
+            let dims = rope::QkvDims {
+                batch: d("batch"),
+                seq: d("seq"),
+                heads: d("heads"),
+                kv_heads: d("kv_heads"),
+                head_dim: d("head_dim"),
+                rank: d("rank"),
+                scale: 2.0,
+            };
+            // Bq and Bv are held fixed: the step takes their gradients with
+            // GEMMs, not through this epilogue.
+            let bq = uniform(rng, dims.heads * dims.head_dim * dims.rank, -0.5, 0.5);
+            let bv = uniform(rng, dims.kv_heads * dims.head_dim * dims.rank, -0.5, 0.5);
+            let (bq2, bv2) = (bq.clone(), bv.clone());
+            Problem {
+                names: vec!["y"],
+                inputs: vec![uniform(rng, dims.batch * dims.seq * dims.width(), -1.0, 1.0)],
+                forward: Box::new(move |x| rope::qkv_forward(&x[0], &bq, &bv, &dims, ROPE_THETA)),
+                backward: Box::new(move |_, dy| {
+                    Ok(vec![rope::qkv_backward(dy, &bq2, &bv2, &dims, ROPE_THETA)?])
+                }),
+            }
+        }
         Op::Softmax => {
             let (rows, seq) = (d("rows"), d("seq"));
             let faulty_bwd = is(Mutant::SoftmaxBackwardMissingDot);

@@ -135,6 +135,7 @@ fn run_case(op: Op, gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison>
         Op::Embedding => embedding::parity(gpu, case),
         Op::Rmsnorm => rmsnorm::parity(gpu, case),
         Op::Rope => rope::parity(gpu, case),
+        Op::RopeQkv => rope::qkv_parity(gpu, case),
         Op::Softmax => softmax::parity(gpu, case),
         Op::Attention => attention::parity(gpu, case),
         Op::Silu | Op::Swiglu => activation::parity(op, gpu, case),

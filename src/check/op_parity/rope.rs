@@ -57,3 +57,65 @@ type Launcher = fn(
 
 /// A reference RoPE direction: `(x, batch, seq, heads, head_dim, theta)`.
 type RefRope = fn(&[f64], usize, usize, usize, usize, f64) -> Result<Vec<f64>>;
+
+/// The LoRA scale `s` of the `rope_qkv` comparisons: alpha 32 over rank 16,
+/// as the presets train.
+const QKV_LORA_SCALE: f32 = 2.0;
+
+/// `op_parity` of the fused q/k/v epilogue for one `{batch, seq, heads,
+/// kv_heads, head_dim, rank}` shape: forward `y -> [qr | kr | v]`, backward
+/// `[dqr | dkr | dv] -> dy`, against [`refop::qkv_forward`] and
+/// [`refop::qkv_backward`], with the presets' theta and the angle table the
+/// step uploads.
+pub fn qkv_parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
+    let d = case.shape.dim("head_dim");
+    let sh = QkvShape {
+        rows: case.shape.dim("batch") * case.shape.dim("seq"),
+        seq: case.shape.dim("seq"),
+        heads: case.shape.dim("heads"),
+        kv_heads: case.shape.dim("kv_heads"),
+        head_dim: d,
+        rank: case.shape.dim("rank"),
+    };
+    let dims = refop::QkvDims {
+        batch: case.shape.dim("batch"),
+        seq: sh.seq,
+        heads: sh.heads,
+        kv_heads: sh.kv_heads,
+        head_dim: d,
+        rank: sh.rank,
+        scale: f64::from(QKV_LORA_SCALE),
+    };
+    let theta = ModelConfig::ROPE_THETA;
+    let (packed_q, packed_kv) = (sh.rows * sh.q_dim(), sh.rows * sh.kv_dim());
+    let mut rng = case_rng(case.seed);
+    let bq = uniform(&mut rng, sh.q_dim() * sh.rank, -0.5, 0.5);
+    let bv = uniform(&mut rng, sh.kv_dim() * sh.rank, -0.5, 0.5);
+    let (d_bq, d_bv) = (gpu.upload(&bq)?, gpu.upload(&bv)?);
+    let table = gpu.upload(&qkv_angle_table(sh.seq, d, theta))?;
+    let lora = (&d_bq, &d_bv, QKV_LORA_SCALE);
+    match case.pass {
+        Pass::Forward => {
+            let y = uniform(&mut rng, sh.rows * sh.width(), -2.0, 2.0);
+            let d_y = gpu.upload(&y)?;
+            let (mut qr, mut kr) = (gpu.poisoned(packed_q)?, gpu.poisoned(packed_kv)?);
+            let mut v = gpu.poisoned(packed_kv)?;
+            qkv_forward(gpu, &sh, &d_y, lora, &table, (&mut qr, &mut kr, &mut v))?;
+            let mut out = gpu.download(&qr)?;
+            out.extend(gpu.download(&kr)?);
+            out.extend(gpu.download(&v)?);
+            let want = refop::qkv_forward(&widen(&y), &widen(&bq), &widen(&bv), &dims, theta)?;
+            Ok(compare(&out, &want))
+        }
+        Pass::Backward => {
+            let dout = uniform(&mut rng, packed_q + 2 * packed_kv, -2.0, 2.0);
+            let (dqr, rest) = dout.split_at(packed_q);
+            let (dkr, dv) = rest.split_at(packed_kv);
+            let grads = (&gpu.upload(dqr)?, &gpu.upload(dkr)?, &gpu.upload(dv)?);
+            let mut dy = gpu.poisoned(sh.rows * sh.width())?;
+            qkv_backward(gpu, &sh, grads, lora, &table, &mut dy)?;
+            let want = refop::qkv_backward(&widen(&dout), &widen(&bq), &widen(&bv), &dims, theta)?;
+            Ok(compare(&gpu.download(&dy)?, &want))
+        }
+    }
+}
