@@ -170,6 +170,17 @@ fn build(head_dim: usize, kernels: AttnKernels) -> &'static Build {
     }
 }
 
+/// The build whose forward runs `kernels` for `head_dim`: the tensor-core
+/// forward moves q, k and v in 16-byte pieces only (its module compiles
+/// faster without a scalar path, and it is on the cold pre-warm's critical
+/// path), so a head_dim that is not a multiple of four takes the f32
+/// forward. q, k and v are whole allocations, so with head_dim % 4 == 0
+/// every row starts 16-byte aligned.
+fn fwd_build(head_dim: usize, kernels: AttnKernels) -> &'static Build {
+    let packed = head_dim.is_multiple_of(4);
+    build(head_dim, if packed { kernels } else { AttnKernels::F32 })
+}
+
 /// The dimensions of one attention call: `q` is `[batch, seq, heads,
 /// head_dim]`, `k` and `v` are `[batch, seq, kv_heads, head_dim]`, and query
 /// head `h` reads kv head `h / (heads / kv_heads)` (grouped-query attention).
@@ -186,7 +197,7 @@ pub struct AttnShape {
 /// in the forward and `bwd` kernels in the backward: the forward's module,
 /// then the backward's two (the dk/dv one holds kv_sum).
 pub fn modules_for(head_dim: usize, fwd: AttnKernels, bwd: AttnKernels) -> [&'static str; 3] {
-    let (f, b) = (build(head_dim, fwd), build(head_dim, bwd));
+    let (f, b) = (fwd_build(head_dim, fwd), build(head_dim, bwd));
     [f.fwd.module, b.dq.module, b.dkv.module]
 }
 
@@ -374,7 +385,7 @@ pub fn forward(
     sh: &AttnShape,
 ) -> Result<()> {
     let len = gpu.faults().written(out.len());
-    let b = build(sh.head_dim, AttnKernels::for_math(math, gpu.faults()));
+    let b = fwd_build(sh.head_dim, AttnKernels::for_math(math, gpu.faults()));
     forward_limited(gpu, b, (q, k, v), out, probs, sh, len)
 }
 
@@ -614,11 +625,20 @@ mod tests {
             ["attention_fwd_d64", "attention_dq_d64", "attention_dkv_d64"]
         );
         assert_eq!(
-            modules_for(65, tc, f32k),
+            modules_for(68, tc, f32k),
             [
                 "attention_tc_fwd_d128",
                 "attention_dq_d128",
                 "attention_dkv_d128"
+            ]
+        );
+        // The tensor-core forward moves 16-byte pieces only.
+        assert_eq!(
+            modules_for(66, tc, tc),
+            [
+                "attention_fwd_d128",
+                "attention_tc_dq_d128",
+                "attention_tc_dkv_d128"
             ]
         );
     }

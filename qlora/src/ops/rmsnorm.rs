@@ -2,7 +2,7 @@
 //! `y_i = x_i gamma_i / sqrt(mean(x^2) + eps)`, its fused residual-add form,
 //! and the backward with a deterministic (fixed-order) dgamma reduction.
 
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::launch::{expect_len, row_threads, DependentLaunch};
 use crate::error::{Error, Result};
@@ -79,16 +79,40 @@ const BWD_BUILDS: [BwdBuild; 6] = [
 /// thread, at most 1024 threads.
 pub const ONE_PACK_HIDDEN: usize = 4 * 1024;
 
-fn bwd_build(hidden: usize) -> &'static BwdBuild {
+/// The narrowest build that holds rows `hidden` wide. The warp-per-row
+/// builds move rows in 16-byte packs only (their modules compile in half the
+/// time without a scalar path), so rows that are not `packed` take the
+/// row-group builds, which handle both.
+fn bwd_build(hidden: usize, packed: bool) -> &'static BwdBuild {
     BWD_BUILDS
         .iter()
+        .filter(|b| packed || !matches!(b.layout, RowLayout::Warp))
         .find(|b| hidden <= b.max_hidden())
         .unwrap_or(&BWD_BUILDS[BWD_BUILDS.len() - 1])
 }
 
+/// Whether the backward's rows move in 16-byte packs: `hidden` a multiple
+/// of four and every buffer starting 16-byte aligned (then so does every row).
+fn packed(
+    gpu: &GpuContext,
+    hidden: usize,
+    views: [&CudaView<'_, f32>; 3],
+    dx: &CudaViewMut<'_, f32>,
+) -> bool {
+    let stream = gpu.stream();
+    let aligned = |ptr: u64| ptr.is_multiple_of(16);
+    // Event tracking is off on the context's stream (gpu/context.rs), so the
+    // guards record nothing; only the addresses are read.
+    hidden.is_multiple_of(4)
+        && views.iter().all(|v| aligned(v.device_ptr(stream).0))
+        && aligned(dx.device_ptr(stream).0)
+}
+
 /// The backward's module for rows `hidden` wide.
 pub fn bwd_module_for(hidden: usize) -> &'static str {
-    bwd_build(hidden).module
+    // The training step's buffers are whole allocations and its rows start
+    // at multiples of `hidden` floats: packed whenever hidden % 4 == 0.
+    bwd_build(hidden, hidden.is_multiple_of(4)).module
 }
 
 /// Backward build `i`'s module: its kernel and the dgamma final.
@@ -314,7 +338,9 @@ impl BackwardWorkspace {
     /// [`WARPS_PER_BLOCK`] for the warp-per-row builds).
     pub fn new(gpu: &GpuContext, rows: usize, hidden: usize) -> Result<Self> {
         check_dims(rows, hidden)?;
-        let rows_per_chunk = match bwd_build(hidden).layout {
+        // The chunks of the build packed rows take; the row-group builds,
+        // which take unpacked rows, run with any chunking.
+        let rows_per_chunk = match bwd_build(hidden, hidden.is_multiple_of(4)).layout {
             RowLayout::Warp => WARPS_PER_BLOCK * rows.div_ceil(WARPS_PER_BLOCK * MAX_CHUNKS),
             RowLayout::Group => rows.div_ceil(MAX_CHUNKS),
         }
@@ -366,7 +392,7 @@ pub fn backward(
     let eps_f = eps as f32;
     let per_chunk_i = to_i32("rmsnorm", "rows per chunk", ws.rows_per_chunk)?;
     let chunks_i = to_i32("rmsnorm", "chunks", ws.chunks)?;
-    let build = bwd_build(hidden);
+    let build = bwd_build(hidden, packed(gpu, hidden, [x, gamma, dy], dx));
     let f = gpu.function(build.module, build.symbol)?;
     let cfg = bwd_config(gpu, build, ws.chunks, hidden)?;
     let mut l = gpu.stream().launch_builder(&f);
@@ -384,6 +410,8 @@ pub fn backward(
     // * hidden (the workspace shape is checked above); chunk c touches rows
     // [c * rows_per_chunk, min(rows_i, (c + 1) * rows_per_chunk)) and
     // partials row c; hidden <= the build's max_hidden (bwd_build picks it),
+    // and a warp-per-row build, which loads and stores 16-byte packs, runs
+    // only on packed rows (hidden % 4 == 0, every buffer 16-byte aligned),
     // and blockDim is as bwd_config documents, within the kernel's launch
     // bounds.
     unsafe { l.launch(cfg) }?;
@@ -452,7 +480,7 @@ mod tests {
 
     #[test]
     fn each_row_width_takes_the_narrowest_build_that_holds_it() {
-        let module = |hidden| bwd_build(hidden).module;
+        let module = |hidden| bwd_build(hidden, true).module;
         for (hidden, expected) in [
             (1, "rmsnorm_bwd_warp1"),
             (128, "rmsnorm_bwd_warp1"),
@@ -467,6 +495,22 @@ mod tests {
         ] {
             assert_eq!(module(hidden), expected, "hidden {hidden}");
         }
+    }
+
+    #[test]
+    fn rows_not_in_packs_take_the_row_group_builds() {
+        let module = |hidden| bwd_build(hidden, false).module;
+        for (hidden, expected) in [
+            (1, "rmsnorm_bwd_block"),
+            (33, "rmsnorm_bwd_block"),
+            (1023, "rmsnorm_bwd_block"),
+            (ONE_PACK_HIDDEN, "rmsnorm_bwd_block"),
+            (ONE_PACK_HIDDEN + 1, "rmsnorm_bwd_wide"),
+        ] {
+            assert_eq!(module(hidden), expected, "hidden {hidden}");
+        }
+        assert_eq!(bwd_module_for(896), "rmsnorm_bwd_warp8");
+        assert_eq!(bwd_module_for(894), "rmsnorm_bwd_block");
     }
 
     #[test]
