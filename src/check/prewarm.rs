@@ -398,8 +398,12 @@ fn summary(tag: &str, seen: &Observed) -> String {
     let r = &seen.setup.prewarm;
     let prewarmed: BTreeSet<&str> = r.modules.iter().copied().collect();
     let unused: Vec<&str> = prewarmed.difference(&seen.used).copied().collect();
+    let slowest = r
+        .slowest
+        .map(|(module, ms)| format!(", slowest {module} {ms:.0} ms"))
+        .unwrap_or_default();
     let mut out = format!(
-        "{tag}: cold pre-warm {} modules ({} compiled, {:.0} ms NVRTC, {:.0} ms wall), \
+        "{tag}: cold pre-warm {} modules ({} compiled, {:.0} ms NVRTC, {:.0} ms wall{slowest}), \
          cached {:.0} ms ({} from disk, {} compiled), {} loaded after; \
          {:.1} MiB resident at pre-warm, upload {:.1} MiB, {:.0} MiB free during steps",
         r.modules.len(),

@@ -69,6 +69,9 @@ pub struct PrewarmReport {
     pub disk_refused: usize,
     /// Wall time of the whole pre-warm, loads included.
     pub wall_ms: f64,
+    /// The module whose compilation took longest, and its NVRTC time: the
+    /// critical path of a cold pre-warm (none when nothing was compiled).
+    pub slowest: Option<(&'static str, f64)>,
 }
 
 impl GpuContext {
@@ -108,9 +111,15 @@ impl GpuContext {
             skipped.push(LEFT_OUT_MODULE);
         }
         let before = self.cache_stats().clone();
+        let first_record = self.cache().records().len();
         let list: Vec<&str> = wanted.iter().copied().collect();
         self.ensure_modules(&list)?;
         let after = self.cache_stats().clone();
+        let slowest = self.cache().records()[first_record..]
+            .iter()
+            .filter(|r| r.compile_ms > 0.0)
+            .map(|r| (r.module, r.compile_ms))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
         let mut prewarmed = self.cache().prewarmed().cloned().unwrap_or_default();
         prewarmed.extend(wanted.iter().copied());
         self.cache_mut().mark_prewarmed(prewarmed);
@@ -125,6 +134,7 @@ impl GpuContext {
             disk_hits: after.disk_hits - before.disk_hits,
             disk_refused: after.disk_refused - before.disk_refused,
             wall_ms: started.elapsed().as_secs_f64() * 1e3,
+            slowest,
         })
     }
 }
