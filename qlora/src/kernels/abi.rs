@@ -50,7 +50,8 @@ pub fn signatures() -> Vec<(&'static str, Signatures)> {
     let mut all = vec![
         (embedding::MODULE, embedding::SIGNATURES),
         (rope::MODULE, rope::SIGNATURES),
-        (rope::QKV_MODULE, rope::QKV_SIGNATURES),
+        (rope::QKV_FWD_MODULE, rope::QKV_FWD_SIGNATURES),
+        (rope::QKV_BWD_MODULE, rope::QKV_BWD_SIGNATURES),
         (softmax::MODULE, softmax::SIGNATURES),
         (activation::MODULE, activation::SIGNATURES),
         (elementwise::MODULE, elementwise::SIGNATURES),

@@ -115,12 +115,18 @@ pub const MODULES: &[ModuleSource] = &[
     ),
     module!("rope", ["rope_fwd_f32", "rope_bwd_f32"]),
     // The training step's fused q/k/v epilogue (RoPE with the LoRA
-    // up-projections) and its backward, from the same source.
+    // up-projections) and its backward, from the same source, a module each.
     module_with!(
-        "rope_qkv",
+        "rope_qkv_fwd",
         "rope",
-        "#define ROPE_QKV",
-        ["rope_qkv_fwd_f32", "rope_qkv_bwd_f32"]
+        "#define ROPE_QKV 1",
+        ["rope_qkv_fwd_f32"]
+    ),
+    module_with!(
+        "rope_qkv_bwd",
+        "rope",
+        "#define ROPE_QKV 2",
+        ["rope_qkv_bwd_f32"]
     ),
     module!("softmax", ["softmax_fwd_f32", "softmax_bwd_f32"]),
     module!(

@@ -104,8 +104,9 @@ extern "C" __global__ void rope_bwd_f32(const float* __restrict__ dy, float* __r
 // serves QKV_ROWS rows; the angles come from a host-computed table (no double
 // math here, which keeps the module's NVRTC time small). r is a power of two <=
 // QKV_MAX_RANK (the launcher checks). The LoRA sums are plain f32 FMA in a
-// fixed order. Built as a module of its own (ROPE_QKV defined), the one the
-// training step pre-warms.
+// fixed order. Built as two modules of their own, the forward (ROPE_QKV 1)
+// and the backward (ROPE_QKV 2): the training step pre-warms both, and two
+// halves compile side by side in half the time of one module.
 
 #define QKV_THREADS 512
 #define QKV_ROWS 4
@@ -140,6 +141,7 @@ __device__ __forceinline__ void lora_up(const float (*u)[2 * QKV_MAX_RANK], int 
         for (int rr = 0; rr < QKV_ROWS; ++rr) acc[rr] = fmaf(u[rr][u_col + j], b, acc[rr]);
     }
 }
+#if ROPE_QKV == 1  // the forward's module
 
 extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long long ld,
                                             const float* __restrict__ bq, const float* __restrict__ bv,
@@ -195,7 +197,9 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
         }
     }
 }
+#endif
 
+#if ROPE_QKV == 2  // the backward's module
 // acc[rr] += sum over this lane's c of g[rr][c] * B[c, j] (j = lane % r, c =
 // lane / r + 32/r * k, over the block's warps): lanes with consecutive j read
 // consecutive floats of B.
@@ -286,4 +290,5 @@ extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const
         }
     }
 }
+#endif
 #endif  // ROPE_QKV

@@ -13,9 +13,11 @@ use crate::kernels::abi::{Arg, Signatures};
 
 pub const MODULE: &str = "rope";
 
-/// The module of the fused q/k/v epilogue ([`qkv_forward`]) and its
-/// backward ([`qkv_backward`]).
-pub const QKV_MODULE: &str = "rope_qkv";
+/// The module of the fused q/k/v epilogue ([`qkv_forward`]).
+pub const QKV_FWD_MODULE: &str = "rope_qkv_fwd";
+
+/// The module of the epilogue's backward ([`qkv_backward`]).
+pub const QKV_BWD_MODULE: &str = "rope_qkv_bwd";
 
 /// Heads a thread rotates with one angle (`ROPE_HEADS` in the kernel).
 const ROPE_HEADS: usize = 4;
@@ -48,49 +50,49 @@ pub const SIGNATURES: Signatures = &[
     ),
 ];
 
-/// The argument lists of [`QKV_MODULE`]'s kernels.
-pub const QKV_SIGNATURES: Signatures = &[
-    (
-        "rope_qkv_fwd_f32",
-        &[
-            Arg::Ptr,
-            Arg::I64,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::F32,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::Ptr,
-        ],
-    ),
-    (
-        "rope_qkv_bwd_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::F32,
-            Arg::Ptr,
-            Arg::I64,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::Ptr,
-        ],
-    ),
-];
+/// The argument list of [`QKV_FWD_MODULE`]'s kernel.
+pub const QKV_FWD_SIGNATURES: Signatures = &[(
+    "rope_qkv_fwd_f32",
+    &[
+        Arg::Ptr,
+        Arg::I64,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::F32,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::Ptr,
+    ],
+)];
+
+/// The argument list of [`QKV_BWD_MODULE`]'s kernel.
+pub const QKV_BWD_SIGNATURES: Signatures = &[(
+    "rope_qkv_bwd_f32",
+    &[
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::F32,
+        Arg::Ptr,
+        Arg::I64,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::Ptr,
+    ],
+)];
 
 /// Threads of a block of the fused q/k/v epilogues (`QKV_THREADS`).
 const QKV_THREADS: u32 = 512;
@@ -262,7 +264,7 @@ pub fn qkv_forward(
     let [_, seq_i, heads_i, kv_i, d_i, r_i] = sh.ints()?;
     // Under the last-element fault the last row stays unwritten.
     let rows_i = gpu.faults().written(rows) as i32;
-    let f = gpu.function(QKV_MODULE, "rope_qkv_fwd_f32")?;
+    let f = gpu.function(QKV_FWD_MODULE, "rope_qkv_fwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(y).arg(&ld).arg(bq).arg(bv).arg(&s);
     l.arg(qr).arg(kr).arg(v);
@@ -313,7 +315,7 @@ pub fn qkv_backward(
     let [_, seq_i, heads_i, kv_i, d_i, r_i] = sh.ints()?;
     // Under the last-element fault the last row stays unwritten.
     let rows_i = gpu.faults().written(rows) as i32;
-    let f = gpu.function(QKV_MODULE, "rope_qkv_bwd_f32")?;
+    let f = gpu.function(QKV_BWD_MODULE, "rope_qkv_bwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(dqr).arg(dkr).arg(dv).arg(bq).arg(bv).arg(&s);
     l.arg(dy).arg(&ld);
