@@ -41,7 +41,8 @@ runs() { [ "$part" = all ] || [ "$part" = "$1" ]; }
 bin=.gpu/bin
 work=$(mktemp -d)/suite
 mkdir -p "$work"
-# The driver's on-disk JIT cache would hide module-load cost from pre-warm timings.
+# The driver's on-disk compute cache (~/.nv/ComputeCache) keeps NVRTC's cubin
+# compilations too: it would turn C-PREWARM-001's cold pre-warms warm.
 export CUDA_CACHE_DISABLE=1
 note() { echo "$*" >> "$work/summary.txt"; }
 
