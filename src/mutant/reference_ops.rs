@@ -104,6 +104,18 @@ pub fn rope_backward_forward_rotation(
     rope::forward(dy, batch, seq, heads, head_dim, theta)
 }
 
+/// [`super::Mutant::RopeBackwardForwardRotation`] in the fused q/k/v
+/// epilogue: dq and dk rotated by `+angle`, and duq taken from that wrong dq.
+pub fn rope_qkv_backward_forward_rotation(
+    dout: &[f64],
+    bq: &[f64],
+    bv: &[f64],
+    d: &rope::QkvDims,
+    theta: f64,
+) -> Result<Vec<f64>> {
+    rope::qkv_backward_with(dout, bq, bv, d, theta, rope::forward)
+}
+
 /// [`super::Mutant::AttentionBackwardUnscaled`]: `dq` and `dk` without the
 /// `1/sqrt(head_dim)` factor of the scores. The clean `dq`, `dk` are linear in
 /// that factor, so dividing them by it is exactly the forgotten scale.

@@ -186,6 +186,10 @@ pub fn qkv_forward(y: &[f64], bq: &[f64], bv: &[f64], d: &QkvDims, theta: f64) -
     Ok(out)
 }
 
+/// A RoPE direction of one packed `[batch, seq, heads, head_dim]` tensor:
+/// `(x, batch, seq, heads, head_dim, theta)`.
+pub(crate) type Rotate = fn(&[f64], usize, usize, usize, usize, f64) -> Result<Vec<f64>>;
+
 /// The gradient of [`qkv_forward`] with respect to `y`, from the gradient
 /// `[dqr | dkr | dv]` of its output: `dy = [dq | dk | dv | duq | duv]` with
 /// `dq = rope^T(dqr)`, `dk = rope^T(dkr)`, `duq = s dq Bq`, `duv = s dv Bv`.
@@ -196,13 +200,26 @@ pub fn qkv_backward(
     d: &QkvDims,
     theta: f64,
 ) -> Result<Vec<f64>> {
+    qkv_backward_with(dout, bq, bv, d, theta, backward)
+}
+
+/// [`qkv_backward`] with `rotate_back` as the transposed rotation (mutants
+/// pass a wrong one).
+pub(crate) fn qkv_backward_with(
+    dout: &[f64],
+    bq: &[f64],
+    bv: &[f64],
+    d: &QkvDims,
+    theta: f64,
+    rotate_back: Rotate,
+) -> Result<Vec<f64>> {
     let (rows, qd, kvd, r) = (d.rows(), d.q_dim(), d.kv_dim(), d.rank);
     expect_len("rope_qkv", "dout", dout.len(), &[rows, qd + 2 * kvd])?;
     d.check(rows * d.width(), bq.len(), bv.len())?;
     let (dqr, rest) = dout.split_at(rows * qd);
     let (dkr, dv) = rest.split_at(rows * kvd);
-    let dq = backward(dqr, d.batch, d.seq, d.heads, d.head_dim, theta)?;
-    let dk = backward(dkr, d.batch, d.seq, d.kv_heads, d.head_dim, theta)?;
+    let dq = rotate_back(dqr, d.batch, d.seq, d.heads, d.head_dim, theta)?;
+    let dk = rotate_back(dkr, d.batch, d.seq, d.kv_heads, d.head_dim, theta)?;
     let w = d.width();
     let mut dy = vec![0.0; rows * w];
     for row in 0..rows {

@@ -154,12 +154,17 @@ fn problem(op: Op, shape: &Shape, rng: &mut ChaCha8Rng, mutant: Option<Mutant>) 
             let bq = uniform(rng, dims.heads * dims.head_dim * dims.rank, -0.5, 0.5);
             let bv = uniform(rng, dims.kv_heads * dims.head_dim * dims.rank, -0.5, 0.5);
             let (bq2, bv2) = (bq.clone(), bv.clone());
+            let backward = if is(Mutant::RopeBackwardForwardRotation) {
+                faulty::rope_qkv_backward_forward_rotation
+            } else {
+                rope::qkv_backward
+            };
             Problem {
                 names: vec!["y"],
                 inputs: vec![uniform(rng, dims.batch * dims.seq * dims.width(), -1.0, 1.0)],
                 forward: Box::new(move |x| rope::qkv_forward(&x[0], &bq, &bv, &dims, ROPE_THETA)),
                 backward: Box::new(move |_, dy| {
-                    Ok(vec![rope::qkv_backward(dy, &bq2, &bv2, &dims, ROPE_THETA)?])
+                    Ok(vec![backward(dy, &bq2, &bv2, &dims, ROPE_THETA)?])
                 }),
             }
         }
