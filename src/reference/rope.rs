@@ -188,7 +188,7 @@ pub fn qkv_forward(y: &[f64], bq: &[f64], bv: &[f64], d: &QkvDims, theta: f64) -
 
 /// A RoPE direction of one packed `[batch, seq, heads, head_dim]` tensor:
 /// `(x, batch, seq, heads, head_dim, theta)`.
-pub(crate) type Rotate = fn(&[f64], usize, usize, usize, usize, f64) -> Result<Vec<f64>>;
+pub type Rotate = fn(&[f64], usize, usize, usize, usize, f64) -> Result<Vec<f64>>;
 
 /// The gradient of [`qkv_forward`] with respect to `y`, from the gradient
 /// `[dqr | dkr | dv]` of its output: `dy = [dq | dk | dv | duq | duv]` with

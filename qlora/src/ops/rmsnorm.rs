@@ -108,11 +108,17 @@ fn packed(
         && aligned(dx.device_ptr(stream).0)
 }
 
-/// The backward's module for rows `hidden` wide.
+/// The build of rows `hidden` wide in buffers that start 16-byte aligned
+/// (whole allocations, as the training step's; its rows start at multiples
+/// of `hidden` floats): packed whenever hidden % 4 == 0.
+fn aligned_rows_build(hidden: usize) -> &'static BwdBuild {
+    bwd_build(hidden, hidden.is_multiple_of(4))
+}
+
+/// The backward's module for rows `hidden` wide in aligned buffers (the
+/// training step's).
 pub fn bwd_module_for(hidden: usize) -> &'static str {
-    // The training step's buffers are whole allocations and its rows start
-    // at multiples of `hidden` floats: packed whenever hidden % 4 == 0.
-    bwd_build(hidden, hidden.is_multiple_of(4)).module
+    aligned_rows_build(hidden).module
 }
 
 /// Backward build `i`'s module: its kernel and the dgamma final.
@@ -338,9 +344,9 @@ impl BackwardWorkspace {
     /// [`WARPS_PER_BLOCK`] for the warp-per-row builds).
     pub fn new(gpu: &GpuContext, rows: usize, hidden: usize) -> Result<Self> {
         check_dims(rows, hidden)?;
-        // The chunks of the build packed rows take; the row-group builds,
-        // which take unpacked rows, run with any chunking.
-        let rows_per_chunk = match bwd_build(hidden, hidden.is_multiple_of(4)).layout {
+        // The chunks of the build aligned rows take; the row-group builds,
+        // which take the others, run with any chunking.
+        let rows_per_chunk = match aligned_rows_build(hidden).layout {
             RowLayout::Warp => WARPS_PER_BLOCK * rows.div_ceil(WARPS_PER_BLOCK * MAX_CHUNKS),
             RowLayout::Group => rows.div_ceil(MAX_CHUNKS),
         }

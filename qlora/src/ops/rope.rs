@@ -10,8 +10,12 @@ use super::launch::expect_len;
 use crate::error::{Error, Result};
 use crate::gpu::{to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
+use crate::Faults;
 
 pub const MODULE: &str = "rope";
+
+/// The op name of the fused q/k/v epilogue's errors.
+const OP: &str = "rope_qkv";
 
 /// The module of the fused q/k/v epilogue ([`qkv_forward`]).
 pub const QKV_FWD_MODULE: &str = "rope_qkv_fwd";
@@ -162,7 +166,7 @@ impl QkvShape {
             Ok(())
         } else {
             Err(Error::InvalidArgument {
-                op: "rope_qkv",
+                op: OP,
                 message: format!(
                     "need an even head_dim <= {}, rows a multiple of seq, a power-of-two rank <= {QKV_MAX_RANK} and {QKV_ROWS} rows of dq | dv within {} bytes: {self:?}",
                     2 * QKV_MAX_HALF,
@@ -172,11 +176,13 @@ impl QkvShape {
         }
     }
 
-    /// The kernels' trailing `rows, seq, heads, kv_heads, head_dim, r`.
-    fn ints(&self) -> Result<[i32; 6]> {
-        let f = |what, v| to_i32("rope_qkv", what, v);
+    /// The kernels' trailing `rows, seq, heads, kv_heads, head_dim, r`; under
+    /// the last-element fault `rows` is one short, so the last row stays
+    /// unwritten.
+    fn ints(&self, faults: Faults) -> Result<[i32; 6]> {
+        let f = |what, v| to_i32(OP, what, v);
         Ok([
-            f("rows", self.rows)?,
+            f("rows", faults.written(self.rows))?,
             f("seq", self.seq)?,
             f("heads", self.heads)?,
             f("kv_heads", self.kv_heads)?,
@@ -197,18 +203,6 @@ impl QkvShape {
             block_dim: (QKV_THREADS, 1, 1),
             shared_mem_bytes: shared_bytes as u32,
         }
-    }
-}
-
-fn expect_exact(what: &str, got: usize, want: usize) -> Result<()> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(Error::ShapeMismatch {
-            op: "rope_qkv",
-            expected: format!("{what}: {want} elements"),
-            got: format!("{got}"),
-        })
     }
 }
 
@@ -252,28 +246,23 @@ pub fn qkv_forward(
     ),
 ) -> Result<()> {
     sh.check()?;
-    expect_exact("rope table", table.len(), sh.seq * sh.head_dim)?;
+    expect_len(OP, "rope table", table.len(), &[2, sh.seq, sh.head_dim / 2])?;
     let (rows, qd, kvd, r) = (sh.rows, sh.q_dim(), sh.kv_dim(), sh.rank);
-    expect_exact("y", y.len(), rows * sh.width())?;
-    expect_exact("bq", bq.len(), qd * r)?;
-    expect_exact("bv", bv.len(), kvd * r)?;
-    expect_exact("qr", qr.len(), rows * qd)?;
-    expect_exact("kr", kr.len(), rows * kvd)?;
-    expect_exact("v", v.len(), rows * kvd)?;
+    expect_len(OP, "y", y.len(), &[rows, sh.width()])?;
+    expect_len(OP, "bq", bq.len(), &[qd, r])?;
+    expect_len(OP, "bv", bv.len(), &[kvd, r])?;
+    expect_len(OP, "qr", qr.len(), &[rows, qd])?;
+    expect_len(OP, "kr", kr.len(), &[rows, kvd])?;
+    expect_len(OP, "v", v.len(), &[rows, kvd])?;
     let ld = sh.width() as i64;
-    let [_, seq_i, heads_i, kv_i, d_i, r_i] = sh.ints()?;
-    // Under the last-element fault the last row stays unwritten.
-    let rows_i = gpu.faults().written(rows) as i32;
+    let ints = sh.ints(gpu.faults())?;
     let f = gpu.function(QKV_FWD_MODULE, "rope_qkv_fwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(y).arg(&ld).arg(bq).arg(bv).arg(&s);
     l.arg(qr).arg(kr).arg(v);
-    l.arg(&rows_i)
-        .arg(&seq_i)
-        .arg(&heads_i)
-        .arg(&kv_i)
-        .arg(&d_i)
-        .arg(&r_i);
+    for i in &ints {
+        l.arg(i);
+    }
     l.arg(table);
     // SAFETY: rope_qkv_fwd_f32(const float* y, long long ld, const float* bq,
     // const float* bv, float s, float* qr, float* kr, float* v, int rows, int
@@ -303,28 +292,23 @@ pub fn qkv_backward(
     dy: &mut CudaSlice<f32>,
 ) -> Result<()> {
     sh.check()?;
-    expect_exact("rope table", table.len(), sh.seq * sh.head_dim)?;
+    expect_len(OP, "rope table", table.len(), &[2, sh.seq, sh.head_dim / 2])?;
     let (rows, qd, kvd, r) = (sh.rows, sh.q_dim(), sh.kv_dim(), sh.rank);
-    expect_exact("dqr", dqr.len(), rows * qd)?;
-    expect_exact("dkr", dkr.len(), rows * kvd)?;
-    expect_exact("dv", dv.len(), rows * kvd)?;
-    expect_exact("bq", bq.len(), qd * r)?;
-    expect_exact("bv", bv.len(), kvd * r)?;
-    expect_exact("dy", dy.len(), rows * sh.width())?;
+    expect_len(OP, "dqr", dqr.len(), &[rows, qd])?;
+    expect_len(OP, "dkr", dkr.len(), &[rows, kvd])?;
+    expect_len(OP, "dv", dv.len(), &[rows, kvd])?;
+    expect_len(OP, "bq", bq.len(), &[qd, r])?;
+    expect_len(OP, "bv", bv.len(), &[kvd, r])?;
+    expect_len(OP, "dy", dy.len(), &[rows, sh.width()])?;
     let ld = sh.width() as i64;
-    let [_, seq_i, heads_i, kv_i, d_i, r_i] = sh.ints()?;
-    // Under the last-element fault the last row stays unwritten.
-    let rows_i = gpu.faults().written(rows) as i32;
+    let ints = sh.ints(gpu.faults())?;
     let f = gpu.function(QKV_BWD_MODULE, "rope_qkv_bwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(dqr).arg(dkr).arg(dv).arg(bq).arg(bv).arg(&s);
     l.arg(dy).arg(&ld);
-    l.arg(&rows_i)
-        .arg(&seq_i)
-        .arg(&heads_i)
-        .arg(&kv_i)
-        .arg(&d_i)
-        .arg(&r_i);
+    for i in &ints {
+        l.arg(i);
+    }
     l.arg(table);
     // SAFETY: rope_qkv_bwd_f32(const float* dqr, const float* dkr, const
     // float* dv, const float* bq, const float* bv, float s, float* dy, long

@@ -138,6 +138,7 @@ pub fn gemm(
     let (a, b) = (Mat::packed(a, a_cols), Mat::packed(b, b_cols));
     gemm_blocks(gpu, math, spec, alpha, a, b, beta, MatMut::packed(c, n))
 }
+
 /// `y[rows, out] = alpha x[rows, in] W^T + beta y`, `W` stored `[out, in]`.
 #[allow(clippy::too_many_arguments)]
 pub fn linear(

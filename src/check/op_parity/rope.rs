@@ -24,7 +24,7 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
     let x = uniform(&mut rng, n, -2.0, 2.0);
     let d_x = gpu.upload(&x)?;
     let mut y = gpu.poisoned(n)?;
-    let (launcher, reference): (Launcher, RefRope) = match case.pass {
+    let (launcher, reference): (Launcher, refop::Rotate) = match case.pass {
         Pass::Forward => (forward, refop::forward),
         Pass::Backward => (backward, refop::backward),
     };
@@ -54,9 +54,6 @@ type Launcher = fn(
     f64,
     &mut CudaViewMut<'_, f32>,
 ) -> qlora::Result<()>;
-
-/// A reference RoPE direction: `(x, batch, seq, heads, head_dim, theta)`.
-type RefRope = fn(&[f64], usize, usize, usize, usize, f64) -> Result<Vec<f64>>;
 
 /// The LoRA scale `s` of the `rope_qkv` comparisons: alpha 32 over rank 16,
 /// as the presets train.
