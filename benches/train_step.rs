@@ -49,6 +49,7 @@ fn bench_train_step(c: &mut Criterion) {
             graph: true,
             backward_math: Some(GemmMath::Tf32),
             keep_mlp: true,
+            transposed_weights: true,
             ..speed
         });
         for options in modes {

@@ -3,7 +3,7 @@
 //! "profile from start off" sees one whole step and nothing else:
 //!
 //! ```text
-//! cargo run --release --example step_profile -- qwen2.5-0.5b [--graph] [--nf4] [--tf32-backward] [--keep-mlp] [--steps N]
+//! cargo run --release --example step_profile -- qwen2.5-0.5b [--graph] [--nf4] [--tf32-backward] [--keep-mlp] [--transposed-weights] [--steps N]
 //! ncu --profile-from-start off --metrics gpu__time_duration.sum --csv target/release/examples/step_profile qwen2.5-0.5b
 //! ```
 //!
@@ -42,6 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         backward_math: flag("--tf32-backward").then_some(GemmMath::Tf32),
         keep_mlp: flag("--keep-mlp"),
+        transposed_weights: flag("--transposed-weights"),
         device_quantize: true,
         ..GpuTrainOptions::default()
     };

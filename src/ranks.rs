@@ -47,6 +47,7 @@ pub struct RankJob {
     pub nf4: bool,
     pub tf32_backward: bool,
     pub keep_mlp: bool,
+    pub transposed_weights: bool,
     pub lr: f64,
     pub max_grad_norm: f64,
     pub weight_decay: f64,
@@ -108,6 +109,7 @@ impl RankJob {
             graph: self.graph,
             backward_math: self.tf32_backward.then_some(GemmMath::Tf32),
             keep_mlp: self.keep_mlp,
+            transposed_weights: self.transposed_weights,
             ..GpuTrainOptions::default()
         }
     }
@@ -293,6 +295,7 @@ mod tests {
             nf4: false,
             tf32_backward: false,
             keep_mlp: false,
+            transposed_weights: false,
             lr: 1e-3,
             max_grad_norm: 1.0,
             weight_decay: 0.0,

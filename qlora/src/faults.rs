@@ -54,6 +54,12 @@ pub struct Faults {
     pub optimizer_step_twice: bool,
     /// The LoRA scale is applied twice in the backward.
     pub lora_backward_scale_twice: bool,
+    /// The kept `W^T` copies of the frozen projections hold `W` itself:
+    /// the backward reads the weights in the wrong layout.
+    pub backward_weights_untransposed: bool,
+    /// The backward reads `W` even where the step keeps `W^T` for it: the
+    /// results stay right, the input-gradient GEMMs lose their K-major layout.
+    pub transposed_weights_ignored: bool,
     /// AdamW moves parameters up the gradient.
     pub adamw_update_sign_flipped: bool,
     // ---- data parallelism (every rank gets the same knobs) --------------------
@@ -96,6 +102,8 @@ impl Faults {
         graph_replay_disabled: false,
         optimizer_step_twice: false,
         lora_backward_scale_twice: false,
+        backward_weights_untransposed: false,
+        transposed_weights_ignored: false,
         adamw_update_sign_flipped: false,
         dp_all_reduce_skipped: false,
         dp_sum_instead_of_mean: false,

@@ -235,6 +235,7 @@ impl Params {
             nf4: o.base == qlora::train::BaseWeights::Nf4,
             tf32_backward: o.backward_math.is_some(),
             keep_mlp: o.keep_mlp,
+            transposed_weights: o.transposed_weights,
             lr: o.hyper.lr,
             max_grad_norm: o.hyper.max_grad_norm,
             weight_decay: o.hyper.weight_decay,

@@ -197,6 +197,7 @@ impl Params {
             }),
             backward_math: None,
             keep_mlp: false,
+            transposed_weights: false,
             device_quantize: false,
         }
     }

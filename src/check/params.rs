@@ -330,6 +330,23 @@ pub struct StepMode {
     /// backward or kept from the forward.
     #[serde(default)]
     pub mlp_activations: MlpActivations,
+    /// Which copy of the frozen fp32 weights the backward's input gradients
+    /// read.
+    #[serde(default)]
+    pub backward_weights: BackwardWeights,
+}
+
+/// Which copy of a frozen fp32 projection `W` (`[out, in]`) the backward's
+/// input gradient `dx = dy W` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BackwardWeights {
+    /// `W` itself, shared with the forward.
+    #[default]
+    Shared,
+    /// A kept `W^T`: both GEMM operands K-major, as in the forward (the
+    /// size of o, gate, up and down again in device memory).
+    Transposed,
 }
 
 /// What the backward does for the MLP's `gate` and `up` activations.
@@ -369,6 +386,7 @@ impl StepMode {
                 BackwardMath::Tf32 => Some(GemmMath::Tf32),
             },
             keep_mlp: self.mlp_activations == MlpActivations::Keep,
+            transposed_weights: self.backward_weights == BackwardWeights::Transposed,
             device_quantize: false,
         }
     }

@@ -182,7 +182,7 @@ pub(super) fn cpu_budget(
 /// Device bytes a `GpuTrainer` of `cfg` with `options` allocates, as the
 /// stack plans them before allocating (`qlora::train::planned_device_bytes`).
 pub(super) fn trainer_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> f64 {
-    qlora::train::planned_device_bytes(cfg, options.base, options.keep_mlp) as f64
+    qlora::train::planned_device_bytes(cfg, options) as f64
 }
 
 /// Why `needed` device bytes for trainers of `cfg` do not fit the GPU of
@@ -293,6 +293,7 @@ mod tests {
             base: crate::check::params::BaseWeights::Nf4,
             backward_math: crate::check::params::BackwardMath::Tf32,
             mlp_activations: crate::check::params::MlpActivations::Keep,
+            backward_weights: crate::check::params::BackwardWeights::Transposed,
         };
         let o = mode.gpu_options(Hyper::default());
         assert!(o.graph && o.clip == ClipMode::PerLayer);
@@ -306,10 +307,19 @@ mod tests {
         );
         assert!(o.forward_math.is_none() && !o.device_quantize);
         assert_eq!(o.backward_math, Some(qlora::gpu::GemmMath::Tf32));
-        assert!(o.keep_mlp);
+        assert!(o.keep_mlp && o.transposed_weights);
+        // An NF4 base keeps no W^T, so the name leaves it out.
         assert_eq!(
             mode.to_string(),
             "graphed/per-layer-clip/nf4/tf32-backward/keep-mlp"
+        );
+        let fp32 = StepMode {
+            base: crate::check::params::BaseWeights::Fp32,
+            ..mode
+        };
+        assert_eq!(
+            fp32.to_string(),
+            "graphed/per-layer-clip/fp32/tf32-backward/keep-mlp/transposed-weights"
         );
     }
 

@@ -68,6 +68,13 @@ pub enum Mutant {
     OptimizerStepTwice,
     /// The training step's LoRA branch scale is applied twice in backward.
     LoraBackwardScaleTwice,
+    /// The `W^T` copies the step keeps for its backward hold `W` itself
+    /// (the transpose is skipped): the input gradients read the weights in
+    /// the wrong layout.
+    BackwardWeightsUntransposed,
+    /// The backward reads `W` even where the step keeps `W^T` for it
+    /// (correct, as slow as without the copy).
+    TransposedWeightsIgnored,
     // ---- GPU runtime ------------------------------------------------------------
     /// The kernel cache compiles for an older architecture than the device's.
     PtxOlderTarget,
@@ -189,6 +196,14 @@ impl Mutant {
             },
             Mutant::LoraBackwardScaleTwice => Faults {
                 lora_backward_scale_twice: true,
+                ..none
+            },
+            Mutant::BackwardWeightsUntransposed => Faults {
+                backward_weights_untransposed: true,
+                ..none
+            },
+            Mutant::TransposedWeightsIgnored => Faults {
+                transposed_weights_ignored: true,
                 ..none
             },
             Mutant::AdamwUpdateSignFlipped => Faults {

@@ -254,13 +254,13 @@ impl Attention<'_> {
         g: &mut [CudaSlice<f32>],
     ) -> Result<()> {
         let c = &ctx.c;
-        let (rows, h, qd) = (c.tokens(), c.hidden, c.q_dim());
+        let (rows, h) = (c.tokens(), c.hidden);
         let (eps, bwd) = (ModelConfig::RMS_EPS, ctx.bwd);
         let l = self.params.layer;
         // Attention branch: x2 = x + o(attention(rope(q), rope(k), v)).
-        let wo = Workspace::weight(&mut ws.deq, gpu, self.o)?;
+        let d = &mut ws.grads;
+        input_grad(gpu, bwd, &mut ws.deq, self.o, (&d.dx, &mut d.datt), rows)?;
         let (a, d) = (&ws.layers[l], &mut ws.grads);
-        blas::linear_dx(gpu, bwd, 1.0, &d.dx, wo, 0.0, &mut d.datt, (rows, qd, h))?;
         attention::backward(
             gpu,
             bwd,
@@ -357,6 +357,54 @@ impl Attention<'_> {
     }
 }
 
+/// `dx[rows, in] = dy[rows, out] W` for the frozen `lin` (`W` `[out, in]`).
+fn input_grad(
+    gpu: &mut GpuContext,
+    math: GemmMath,
+    deq: &mut [CudaSlice<f32>],
+    lin: &Linear,
+    (dy, dx): (&CudaSlice<f32>, &mut CudaSlice<f32>),
+    rows: usize,
+) -> Result<()> {
+    input_grad_beta(gpu, math, deq, lin, (dy, dx), rows, 0.0)
+}
+
+/// `dx[rows, in] += dy[rows, out] W` for the frozen `lin`.
+fn input_grad_add(
+    gpu: &mut GpuContext,
+    math: GemmMath,
+    deq: &mut [CudaSlice<f32>],
+    lin: &Linear,
+    (dy, dx): (&CudaSlice<f32>, &mut CudaSlice<f32>),
+    rows: usize,
+) -> Result<()> {
+    input_grad_beta(gpu, math, deq, lin, (dy, dx), rows, 1.0)
+}
+
+/// `dx = dy W + beta dx`: through the kept `W^T` when `lin` has one, as
+/// `dy (W^T)^T` (both operands K-major, as in the forward), else through `W`
+/// (dequantised first for an NF4 base; always `W` under the
+/// `transposed_weights_ignored` fault).
+fn input_grad_beta(
+    gpu: &mut GpuContext,
+    math: GemmMath,
+    deq: &mut [CudaSlice<f32>],
+    lin: &Linear,
+    (dy, dx): (&CudaSlice<f32>, &mut CudaSlice<f32>),
+    rows: usize,
+    beta: f32,
+) -> Result<()> {
+    let (out_dim, in_dim) = (lin.out_dim, lin.in_dim);
+    let kept = lin.transposed.as_ref();
+    match kept.filter(|_| !gpu.faults().transposed_weights_ignored) {
+        Some(wt) => blas::linear(gpu, math, 1.0, dy, wt, beta, dx, (rows, out_dim, in_dim)),
+        None => {
+            let w = Workspace::weight(deq, gpu, lin)?;
+            blas::linear_dx(gpu, math, 1.0, dy, w, beta, dx, (rows, in_dim, out_dim))
+        }
+    }
+}
+
 /// The fused q/k/v projection's layout for `c`.
 fn qkv_shape(c: &ModelConfig) -> QkvShape {
     QkvShape {
@@ -442,13 +490,12 @@ impl Mlp<'_> {
         g: &mut [CudaSlice<f32>],
     ) -> Result<()> {
         let c = &ctx.c;
-        let (rows, h, inter) = (c.tokens(), c.hidden, c.intermediate);
+        let (rows, h) = (c.tokens(), c.hidden);
         let (eps, bwd) = (ModelConfig::RMS_EPS, ctx.bwd);
         let a = &ws.layers[self.params.layer];
         let d = &mut ws.grads;
         let (gate, up) = self.saved_gate_up(gpu, ctx, a, &mut ws.scratch, &mut ws.deq)?;
-        let wd = Workspace::weight(&mut ws.deq, gpu, self.down)?;
-        blas::linear_dx(gpu, bwd, 1.0, &d.dx, wd, 0.0, &mut d.dact, (rows, inter, h))?;
+        input_grad(gpu, bwd, &mut ws.deq, self.down, (&d.dx, &mut d.dact), rows)?;
         activation::swiglu_backward(
             gpu,
             &gate.as_view(),
@@ -457,19 +504,8 @@ impl Mlp<'_> {
             &mut d.dgate.as_view_mut(),
             &mut d.dup.as_view_mut(),
         )?;
-        let wg = Workspace::weight(&mut ws.deq, gpu, self.gate)?;
-        blas::linear_dx(
-            gpu,
-            bwd,
-            1.0,
-            &d.dgate,
-            wg,
-            0.0,
-            &mut d.dn2,
-            (rows, h, inter),
-        )?;
-        let wu = Workspace::weight(&mut ws.deq, gpu, self.up)?;
-        blas::linear_dx(gpu, bwd, 1.0, &d.dup, wu, 1.0, &mut d.dn2, (rows, h, inter))?;
+        input_grad(gpu, bwd, &mut ws.deq, self.gate, (&d.dgate, &mut d.dn2), rows)?;
+        input_grad_add(gpu, bwd, &mut ws.deq, self.up, (&d.dup, &mut d.dn2), rows)?;
         let norm = self.params.index(Slot::MlpNorm);
         rmsnorm::backward(
             gpu,

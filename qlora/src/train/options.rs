@@ -83,6 +83,14 @@ pub struct GpuTrainOptions {
     /// Keep the MLP's gate and up activations for the backward instead of
     /// recomputing them (faster, `2 x tokens x intermediate` floats more per layer).
     pub keep_mlp: bool,
+    /// Keep `W^T` (`[in, out]`) of every frozen fp32 projection outside the
+    /// q/k/v stack (o, gate, up, down) beside `W`, so the backward's input
+    /// gradients `dx = dy W = dy (W^T)^T` read both operands K-major, as the
+    /// forward does: Hopper's TF32 tensor-core instructions take only
+    /// K-major operands, and cuBLAS's kernels for the other layout are
+    /// slower. Costs the size of those projections again; an NF4 base
+    /// ignores it (it dequantises each use).
+    pub transposed_weights: bool,
     /// Quantise an NF4 base on the device from the f32 weights (fast for
     /// billion-parameter presets) instead of with the host's f64 quantiser
     /// (exactly the codes [`crate::model::nf4::quantize`] gives).
@@ -107,6 +115,9 @@ impl GpuTrainOptions {
         }
         if self.keep_mlp {
             name.push_str("/keep-mlp");
+        }
+        if self.transposed_weights && self.base == BaseWeights::Fp32 {
+            name.push_str("/transposed-weights");
         }
         name
     }

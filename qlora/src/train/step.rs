@@ -190,7 +190,7 @@ fn prewarm_then_upload(
     let mut order = Vec::with_capacity(2);
     let upload = |gpu: &mut GpuContext, order: &mut Vec<SetupPhase>| {
         let free_before = gpu.memory_bytes()?.0;
-        let base = BaseDevice::init(gpu, cfg, options.base, seed, options.device_quantize)?;
+        let base = BaseDevice::init(gpu, cfg, options, seed)?;
         let params = Params::upload(gpu, trainable)?;
         gpu.synchronize()?;
         order.push(SetupPhase::Upload);
@@ -249,7 +249,7 @@ impl GpuTrainer {
                 got: format!("those of model {}", trainable.config.name),
             });
         }
-        refuse_if_too_big(gpu, cfg, options.base, options.keep_mlp)?;
+        refuse_if_too_big(gpu, cfg, &options)?;
         let (base, params, setup) = prewarm_then_upload(gpu, cfg, &options, seed, trainable)?;
         let faults = gpu.faults();
         let ws = Workspace::new(
@@ -831,10 +831,17 @@ fn optimizer_table(gpu: &GpuContext, params: &Params, clip: &[ClipGroup]) -> Res
 /// The device memory a trainer of `cfg` plans to allocate, in bytes: the
 /// frozen base (f32, or NF4 codes + block absmax + one dequantisation target
 /// per distinct projection size), the embedding and LM head (f32), the
-/// trainable state (parameters, gradients and two moments: 16 bytes each) and
-/// the workspace. What `GpuTrainer::new` refuses to start beyond.
-pub fn planned_device_bytes(cfg: &ModelConfig, base: BaseWeights, keep_mlp: bool) -> usize {
+/// trainable state (parameters, gradients and two moments: 16 bytes each),
+/// the kept `W^T` copies (fp32 base with `transposed_weights`: o, gate, up,
+/// down) and the workspace. What `GpuTrainer::new` refuses to start beyond.
+pub fn planned_device_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> usize {
+    let (base, keep_mlp) = (options.base, options.keep_mlp);
     let n_base = cfg.layers * cfg.base_params_per_layer();
+    let transposed = if base == BaseWeights::Fp32 && options.transposed_weights {
+        4 * cfg.layers * cfg.hidden * (cfg.q_dim() + 3 * cfg.intermediate)
+    } else {
+        0
+    };
     let width = super::workspace::qkv_width(cfg);
     let base_bytes = match base {
         // The q/k/v stacks hold q, k, v and a copy of the LoRA A rows.
@@ -858,6 +865,7 @@ pub fn planned_device_bytes(cfg: &ModelConfig, base: BaseWeights, keep_mlp: bool
     };
     let embed_head = 4 * 2 * cfg.vocab * cfg.hidden;
     base_bytes
+        + transposed
         + embed_head
         + 16 * cfg.trainable_params()
         + super::workspace::Workspace::planned_bytes(cfg, keep_mlp)
@@ -866,13 +874,8 @@ pub fn planned_device_bytes(cfg: &ModelConfig, base: BaseWeights, keep_mlp: bool
 /// Refuses, before allocating anything, a configuration whose planned device
 /// memory ([`planned_device_bytes`]) exceeds what is free:
 /// [`Error::OutOfMemory`], which a run records as `skipped`.
-fn refuse_if_too_big(
-    gpu: &GpuContext,
-    cfg: &ModelConfig,
-    base: BaseWeights,
-    keep_mlp: bool,
-) -> Result<()> {
-    let needed = planned_device_bytes(cfg, base, keep_mlp);
+fn refuse_if_too_big(gpu: &GpuContext, cfg: &ModelConfig, options: &GpuTrainOptions) -> Result<()> {
+    let needed = planned_device_bytes(cfg, options);
     let (free, _total) = gpu.context().mem_get_info()?;
     if needed > free {
         let gib = |b: usize| b as f64 / f64::from(1u32 << 30);

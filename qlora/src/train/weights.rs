@@ -11,7 +11,7 @@ use crate::model::nf4;
 use crate::model::weights::{end_draws, projection_draws, Draw, Projections};
 use crate::model::{ModelConfig, Trainable};
 use crate::ops::nf4::{self as nf4_ops, Nf4Device};
-use crate::train::BaseWeights;
+use crate::train::{BaseWeights, GpuTrainOptions};
 
 /// How a frozen projection is stored on the device.
 pub enum Frozen {
@@ -27,12 +27,16 @@ pub struct Linear {
     pub out_dim: usize,
     pub in_dim: usize,
     pub w: Frozen,
+    /// `W^T`, `[in_dim, out_dim]`, for the backward's input gradient when
+    /// the step keeps it ([`crate::train::GpuTrainOptions::transposed_weights`]).
+    pub transposed: Option<CudaSlice<f32>>,
 }
 
 impl Linear {
     /// Bytes on the device.
     pub fn bytes(&self) -> usize {
-        match &self.w {
+        let t = self.transposed.as_ref().map_or(0, |t| 4 * t.len());
+        t + match &self.w {
             Frozen::Fp32(w) => 4 * w.len(),
             Frozen::Nf4(t) => t.codes.len() + 4 * t.absmax.len(),
             Frozen::Stacked => 0,
@@ -61,6 +65,24 @@ fn to_f32(v: &[f64]) -> Vec<f32> {
     v.iter().map(|&x| x as f32).collect()
 }
 
+/// `w^T` of a row-major `[rows, cols]` matrix, as f32: `[cols, rows]`. In
+/// square tiles, so that both the reads and the writes of a tile stay in
+/// cache.
+fn transposed_f32(w: &[f64], rows: usize, cols: usize) -> Vec<f32> {
+    const TILE: usize = 32;
+    let mut t = vec![0.0f32; rows * cols];
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for c in c0..(c0 + TILE).min(cols) {
+                    t[c * rows + r] = w[r * cols + c] as f32;
+                }
+            }
+        }
+    }
+    t
+}
+
 /// The values of each of `draws`, each tensor on a thread
 /// of its own. Every tensor has its own seeded stream, so the values are
 /// those of drawing one after another, only sooner: the larger presets draw
@@ -84,18 +106,19 @@ fn draw_all(seed: u64, draws: &[Draw]) -> Result<Vec<Vec<f64>>> {
 }
 
 /// One `[out_dim, in_dim]` projection from its drawn values `w` (the draws
-/// of [`projection_draws`], as the host model's). With `on_device`, an NF4 base is
-/// quantised by the device kernel from the f32 values (block absmax rounded
-/// to f32 first, so a code may differ from the host quantiser's f64 choice
-/// at a rounding boundary).
+/// of [`projection_draws`], as the host model's). With
+/// `options.device_quantize`, an NF4 base is quantised by the device kernel
+/// from the f32 values (block absmax rounded to f32 first, so a code may
+/// differ from the host quantiser's f64 choice at a rounding boundary). An
+/// fp32 base keeps `W^T` too when `options.transposed_weights` (under the
+/// `backward_weights_untransposed` fault that copy holds `W` itself).
 fn linear(
     gpu: &mut GpuContext,
     w: &[f64],
     (out_dim, in_dim): (usize, usize),
-    base: BaseWeights,
-    on_device: bool,
+    options: &GpuTrainOptions,
 ) -> Result<Linear> {
-    let w = match (base, on_device) {
+    let frozen = match (options.base, options.device_quantize) {
         (BaseWeights::Fp32, _) => Frozen::Fp32(gpu.upload(&to_f32(w))?),
         (BaseWeights::Nf4, false) => {
             Frozen::Nf4(nf4_ops::upload(gpu, &nf4::quantize(w, nf4::BLOCK)?)?)
@@ -109,19 +132,36 @@ fn linear(
             Frozen::Nf4(t)
         }
     };
-    Ok(Linear { out_dim, in_dim, w })
+    let transposed = match frozen {
+        Frozen::Fp32(_) if options.transposed_weights => {
+            let host = if gpu.faults().backward_weights_untransposed {
+                to_f32(w)
+            } else {
+                transposed_f32(w, out_dim, in_dim)
+            };
+            Some(gpu.upload(&host)?)
+        }
+        _ => None,
+    };
+    Ok(Linear {
+        out_dim,
+        in_dim,
+        w: frozen,
+        transposed,
+    })
 }
 
 impl BaseDevice {
-    /// The base model of `cfg` for `seed`, stored as `base`. Each layer's
-    /// seven projections are drawn at once, then uploaded in order.
+    /// The base model of `cfg` for `seed`, stored as `options.base` says.
+    /// Each layer's seven projections are drawn at once, then uploaded in
+    /// order.
     pub fn init(
         gpu: &mut GpuContext,
         cfg: &ModelConfig,
-        base: BaseWeights,
+        options: &GpuTrainOptions,
         seed: u64,
-        quantize_on_device: bool,
     ) -> Result<Self> {
+        let base = options.base;
         let mut layers = Vec::with_capacity(cfg.layers);
         let mut stacks = Vec::new();
         for layer in 0..cfg.layers {
@@ -141,9 +181,10 @@ impl BaseDevice {
                         out_dim,
                         in_dim,
                         w: Frozen::Stacked,
+                        transposed: None,
                     });
                 }
-                linear(gpu, &drawn[which], draws[which].1, base, quantize_on_device)
+                linear(gpu, &drawn[which], draws[which].1, options)
             })?);
         }
         let ends = draw_all(seed, &end_draws(cfg))?;
@@ -206,5 +247,24 @@ impl Params {
     /// Bytes on the device (parameters, gradients, two moments).
     pub fn bytes(&self) -> usize {
         16 * self.p.iter().map(|x| x.len()).sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tiled transpose moves element (r, c) to (c, r), across tile
+    /// edges and for shapes that are not multiples of the tile.
+    #[test]
+    fn transposed_f32_swaps_rows_and_columns() {
+        let (rows, cols) = (37, 70);
+        let w: Vec<f64> = (0..rows * cols).map(|i| i as f64).collect();
+        let t = transposed_f32(&w, rows, cols);
+        for r in 0..rows {
+            for c in 0..cols {
+                assert_eq!(t[c * rows + r], w[r * cols + c] as f32);
+            }
+        }
     }
 }
