@@ -316,5 +316,125 @@ extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// The LoRA weight gradients of q and v in one launch, from the fused
+// projection's output y (uq | uv at column u_col = qd + 2 kvd), its gradient
+// dy (written by rope_qkv_bwd_f32: dq at 0, dv at qd + kvd, duq | duv at
+// u_col; duq, duv already carry the scale s) and the norm output n1:
+//   dBq[c][j] = s_b sum_t dy[t][c] uq[t][j]          ([qd, r])
+//   dBv[c][j] = s_b sum_t dy[t][qd + kvd + c] uv[t][j]  ([kvd, r])
+//   dAq[j][c] = sum_t duq[t][j] n1[t][c]             ([r, hidden])
+//   dAv[j][c] = sum_t duv[t][j] n1[t][c]             ([r, hidden])
+// Each is a wide matrix X (dy's block or n1) against a narrow one Y (r
+// columns), summed over all rows t: a block takes LG_TW wide columns of one
+// of the four and every row, in chunks of LG_TC rows staged in shared memory
+// (the next chunk's loads in flight while the current one is summed), so
+// each sum runs in one fixed order with plain f32 FMA, no atomics. What
+// cuBLAS does with these shapes (split-K and a reduction kernel per product)
+// takes several times longer for so little work.
+#define LG_TW 32
+#define LG_TC 32
+#define LG_THREADS 256
+
+// One of the four products: X at x (row stride ldx, `width` columns), Y at
+// y (row stride ldy, r columns), out[c][j] (`c_major`) or out[j][c], scaled
+// by `scale`; `limit` elements of out are written (the last-element fault).
+struct LoraGradJob {
+    const float* x;
+    long long ldx;
+    int width;
+    const float* y;
+    long long ldy;
+    float* out;
+    bool c_major;
+    float scale;
+    long long limit;
+};
+
+__device__ __forceinline__ void lora_grad_job(const LoraGradJob& job, int c0, int rows, int r) {
+    __shared__ float xs[LG_TC][LG_TW];
+    __shared__ float ys[LG_TC][QKV_MAX_RANK];
+    const int tid = threadIdx.x;
+    const int c = tid % LG_TW;                  // this thread's wide column in the tile
+    const int j0 = tid / LG_TW;                 // its narrow columns j0 and j0 + 8
+    constexpr int XPT = LG_TC * LG_TW / LG_THREADS;  // X values a thread stages per chunk
+    constexpr int YPT = LG_TC * QKV_MAX_RANK / LG_THREADS;  // Y values, at most
+    float xr[XPT], yr[YPT];
+    float acc0 = 0.0f, acc1 = 0.0f;
+    // Thread tid stages X rows tid / LG_TW + 8 k at column c, and Y elements
+    // e = tid + LG_THREADS k, (e / r, e % r), those with e < LG_TC r.
+    auto load = [&](int t0) {
+        #pragma unroll
+        for (int k = 0; k < XPT; ++k) {
+            const int t = t0 + tid / LG_TW + k * (LG_THREADS / LG_TW);
+            xr[k] = t < rows && c0 + c < job.width ? job.x[(size_t)t * job.ldx + c0 + c] : 0.0f;
+        }
+        #pragma unroll
+        for (int k = 0; k < YPT; ++k) {
+            const int e = tid + k * LG_THREADS, ty = t0 + e / r;
+            yr[k] = e < LG_TC * r && ty < rows ? job.y[(size_t)ty * job.ldy + e % r] : 0.0f;
+        }
+    };
+    load(0);
+    for (int t0 = 0; t0 < rows; t0 += LG_TC) {
+        __syncthreads();  // the previous chunk is no longer read
+        #pragma unroll
+        for (int k = 0; k < XPT; ++k) xs[tid / LG_TW + k * (LG_THREADS / LG_TW)][c] = xr[k];
+        #pragma unroll
+        for (int k = 0; k < YPT; ++k) {
+            const int e = tid + k * LG_THREADS;
+            if (e < LG_TC * r) ys[e / r][e % r] = yr[k];
+        }
+        __syncthreads();
+        if (t0 + LG_TC < rows) load(t0 + LG_TC);
+        #pragma unroll 8
+        for (int t = 0; t < LG_TC; ++t) {
+            const float xv = xs[t][c];
+            acc0 = fmaf(xv, ys[t][j0], acc0);
+            acc1 = fmaf(xv, ys[t][j0 + 8], acc1);
+        }
+    }
+    const int cc = c0 + c;
+    if (cc >= job.width) return;
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int j = j0 + 8 * h;
+        if (j >= r) continue;
+        const long long at = job.c_major ? (long long)cc * r + j : (long long)j * job.width + cc;
+        if (at < job.limit) job.out[at] = job.scale * (h == 0 ? acc0 : acc1);
+    }
+}
+
+// Grid: ceil(qd / LG_TW) + ceil(kvd / LG_TW) + 2 ceil(hidden / LG_TW) blocks
+// (dBq's tiles, dBv's, dAq's, dAv's), LG_THREADS threads. r <= 16, a power
+// of two (ys holds 16 columns; j0 + 8 covers 8 < j < 16). `limits`: the
+// elements of dBq, dBv, dAq, dAv written.
+extern "C" __global__ void lora_qv_grads_f32(const float* __restrict__ y,
+                                             const float* __restrict__ dy,
+                                             const float* __restrict__ n1, long long ld,
+                                             int rows, int hidden, int qd, int kvd, int r,
+                                             float s_b, float* __restrict__ dbq,
+                                             float* __restrict__ dbv, float* __restrict__ daq,
+                                             float* __restrict__ dav, long long lim_bq,
+                                             long long lim_bv, long long lim_aq,
+                                             long long lim_av) {
+    const long long u_col = (long long)qd + 2 * kvd;
+    const int tq = (qd + LG_TW - 1) / LG_TW, tv = (kvd + LG_TW - 1) / LG_TW;
+    const int th = (hidden + LG_TW - 1) / LG_TW;
+    int b = blockIdx.x;
+    LoraGradJob job;
+    if (b < tq) {
+        job = {dy, ld, qd, y + u_col, ld, dbq, true, s_b, lim_bq};
+    } else if ((b -= tq) < tv) {
+        job = {dy + qd + kvd, ld, kvd, y + u_col + r, ld, dbv, true, s_b, lim_bv};
+    } else if ((b -= tv) < th) {
+        job = {n1, hidden, hidden, dy + u_col, ld, daq, false, 1.0f, lim_aq};
+    } else {
+        b -= th;
+        job = {n1, hidden, hidden, dy + u_col + r, ld, dav, false, 1.0f, lim_av};
+    }
+    lora_grad_job(job, b * LG_TW, rows, r);
+}
 #endif
 #endif  // ROPE_QKV
