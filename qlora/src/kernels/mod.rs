@@ -126,7 +126,7 @@ pub const MODULES: &[ModuleSource] = &[
         "rope_qkv_bwd",
         "rope",
         "#define ROPE_QKV 2",
-        ["rope_qkv_bwd_f32", "lora_qv_grads_f32"]
+        ["rope_qkv_bwd_f32"]
     ),
     module!("softmax", ["softmax_fwd_f32", "softmax_bwd_f32"]),
     module!(

@@ -76,58 +76,27 @@ pub const QKV_FWD_SIGNATURES: Signatures = &[(
     ],
 )];
 
-/// The argument lists of [`QKV_BWD_MODULE`]'s kernels.
-pub const QKV_BWD_SIGNATURES: Signatures = &[
-    (
-        "rope_qkv_bwd_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::F32,
-            Arg::Ptr,
-            Arg::I64,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::Ptr,
-        ],
-    ),
-    (
-        "lora_qv_grads_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I64,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::F32,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I64,
-            Arg::I64,
-            Arg::I64,
-            Arg::I64,
-        ],
-    ),
-];
-
-/// Wide columns a block of `lora_qv_grads_f32` takes (`LG_TW`).
-const LORA_GRAD_TILE: usize = 32;
-
-/// Threads of a block of `lora_qv_grads_f32` (`LG_THREADS`).
-const LORA_GRAD_THREADS: u32 = 256;
+/// The argument list of [`QKV_BWD_MODULE`]'s kernel.
+pub const QKV_BWD_SIGNATURES: Signatures = &[(
+    "rope_qkv_bwd_f32",
+    &[
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::F32,
+        Arg::Ptr,
+        Arg::I64,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::Ptr,
+    ],
+)];
 
 /// Threads of a block of the fused q/k/v epilogues (`QKV_THREADS`).
 const QKV_THREADS: u32 = 512;
@@ -354,70 +323,6 @@ pub fn qkv_backward(
     // split of the B sums needs). dy
     // is the only output and aliases no input.
     unsafe { l.launch(sh.launch_config(sh.backward_shared_bytes())) }?;
-    Ok(())
-}
-
-/// The LoRA weight gradients of q and v from the fused projection's output
-/// `y` and its gradient `dy` (as [`qkv_backward`] wrote it: `duq`, `duv`
-/// carry the scale) and the norm output `n1` (`[rows, hidden]`):
-/// `dBq = s_b dq^T uq`, `dBv = s_b dv^T uv` (`[q_dim, r]`, `[kv_dim, r]`),
-/// `dAq = duq^T n1`, `dAv = duv^T n1` (`[r, hidden]`), each summed over the
-/// rows in one fixed order with f32 FMA, in one launch.
-#[allow(clippy::too_many_arguments)]
-pub fn lora_qv_grads(
-    gpu: &mut GpuContext,
-    sh: &QkvShape,
-    (y, dy, n1): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
-    hidden: usize,
-    s_b: f32,
-    (dbq, dbv): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
-    (daq, dav): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
-) -> Result<()> {
-    sh.check()?;
-    let (rows, qd, kvd, r) = (sh.rows, sh.q_dim(), sh.kv_dim(), sh.rank);
-    expect_len(OP, "y", y.len(), &[rows, sh.width()])?;
-    expect_len(OP, "dy", dy.len(), &[rows, sh.width()])?;
-    expect_len(OP, "n1", n1.len(), &[rows, hidden])?;
-    expect_len(OP, "dBq", dbq.len(), &[qd, r])?;
-    expect_len(OP, "dBv", dbv.len(), &[kvd, r])?;
-    expect_len(OP, "dAq", daq.len(), &[r, hidden])?;
-    expect_len(OP, "dAv", dav.len(), &[r, hidden])?;
-    let faults = gpu.faults();
-    // The last-element fault leaves the last element of dAv unwritten.
-    let limits = [qd * r, kvd * r, r * hidden, faults.written(r * hidden)].map(|n| n as i64);
-    let ld = sh.width() as i64;
-    let ints = [rows, hidden, qd, kvd, r].map(|v| to_i32(OP, "dimension", v));
-    let blocks = qd.div_ceil(LORA_GRAD_TILE)
-        + kvd.div_ceil(LORA_GRAD_TILE)
-        + 2 * hidden.div_ceil(LORA_GRAD_TILE);
-    let cfg = LaunchConfig {
-        grid_dim: (to_i32(OP, "blocks", blocks)? as u32, 1, 1),
-        block_dim: (LORA_GRAD_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let f = gpu.function(QKV_BWD_MODULE, "lora_qv_grads_f32")?;
-    let mut l = gpu.stream().launch_builder(&f);
-    l.arg(y).arg(dy).arg(n1).arg(&ld);
-    let ints = ints.into_iter().collect::<Result<Vec<i32>>>()?;
-    for i in &ints {
-        l.arg(i);
-    }
-    l.arg(&s_b).arg(dbq).arg(dbv).arg(daq).arg(dav);
-    for lim in &limits {
-        l.arg(lim);
-    }
-    // SAFETY: lora_qv_grads_f32(const float* y, const float* dy, const
-    // float* n1, long long ld, int rows, int hidden, int qd, int kvd, int r,
-    // float s_b, float* dbq, float* dbv, float* daq, float* dav, long long
-    // lim_bq, lim_bv, lim_aq, lim_av): lengths checked above. Row t < rows
-    // of y and dy is read at t * ld + col for col < width = ld (dq at
-    // [0, qd), dv at [qd + kvd, qd + 2 kvd), uq | uv and duq | duv at
-    // [qd + 2 kvd, width)), n1 at t * hidden + c for c < hidden; the block
-    // of each output covers columns below that output's width and j < r
-    // (check() kept r a power of two <= 16, the kernel's shared tile), and
-    // writes only elements below its limit (<= its length). The outputs are
-    // four distinct mutable borrows and alias no input.
-    unsafe { l.launch(cfg) }?;
     Ok(())
 }
 

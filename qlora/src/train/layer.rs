@@ -21,7 +21,7 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::blas;
+use super::blas::{self, Mat, MatMut};
 use super::kernels;
 use super::weights::{Frozen, LayerWeights, Linear};
 use super::workspace::{Grads, LayerActs, Scratch, Workspace};
@@ -29,6 +29,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{GemmMath, GpuContext};
 use crate::model::{ModelConfig, Slot, Trainable};
 use crate::ops::attention::{self, AttnShape};
+use crate::ops::gemm::GemmSpec;
 use crate::ops::rope::{self, QkvShape};
 use crate::ops::{activation, nf4, rmsnorm};
 
@@ -315,33 +316,44 @@ impl Attention<'_> {
 
     /// The LoRA weight gradients of q and v, with `u = n1 A^T` and `du = s dy
     /// B` read from the columns of the fused output and its gradient:
-    /// `dB = s dy^T u`, `dA = du^T n1` (`dn1 += du A` is part of `dy S`), all
-    /// four in one launch ([`rope::lora_qv_grads`]).
+    /// `dB = s dy^T u`, `dA = du^T n1` (`dn1 += du A` is part of `dy S`).
     fn lora_backward(
         &self,
-        gpu: &mut GpuContext,
+        gpu: &GpuContext,
         ctx: &LayerCtx,
         a: &LayerActs,
         d: &Grads,
         g: &mut [CudaSlice<f32>],
     ) -> Result<()> {
-        let sh = qkv_shape(&ctx.c);
+        let c = &ctx.c;
+        let (rows, h, r) = (c.tokens(), c.hidden, c.lora_rank);
+        let (bwd, s_bwd) = (ctx.bwd, ctx.lora_s_bwd);
+        let sh = qkv_shape(c);
+        let width = sh.width();
         let idx = |slot: Slot| self.params.index(slot);
-        let [dbq, dbv, daq, dav] = g
-            .get_disjoint_mut([idx(Slot::QB), idx(Slot::VB), idx(Slot::QA), idx(Slot::VA)])
-            .map_err(|e| Error::InvalidArgument {
-                op: "train",
-                message: format!("the LoRA gradients of layer {}: {e}", self.params.layer),
-            })?;
-        rope::lora_qv_grads(
-            gpu,
-            &sh,
-            (&a.qkv, &d.dqkv, &a.n1),
-            ctx.c.hidden,
-            ctx.lora_s_bwd,
-            (dbq, dbv),
-            (daq, dav),
-        )
+        let u_col = sh.u_col();
+        for (i, (y_col, out, sa, sb)) in [
+            (0, sh.q_dim(), Slot::QA, Slot::QB),
+            (sh.q_dim() + sh.kv_dim(), sh.kv_dim(), Slot::VA, Slot::VB),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let col = |buf, offset| Mat {
+                buf,
+                offset,
+                ld: width,
+            };
+            let u = col(&a.qkv, u_col + i * r);
+            let (dy, du) = (col(&d.dqkv, y_col), col(&d.dqkv, u_col + i * r));
+            let db = MatMut::packed(&mut g[idx(sb)], r);
+            let spec = GemmSpec::linear_dw(rows, r, out);
+            blas::gemm_blocks(gpu, bwd, spec, s_bwd, dy, u, 0.0, db)?;
+            let da = MatMut::packed(&mut g[idx(sa)], h);
+            let spec = GemmSpec::linear_dw(rows, h, r);
+            blas::gemm_blocks(gpu, bwd, spec, 1.0, du, Mat::packed(&a.n1, h), 0.0, da)?;
+        }
+        Ok(())
     }
 }
 
@@ -492,7 +504,14 @@ impl Mlp<'_> {
             &mut d.dgate.as_view_mut(),
             &mut d.dup.as_view_mut(),
         )?;
-        input_grad(gpu, bwd, &mut ws.deq, self.gate, (&d.dgate, &mut d.dn2), rows)?;
+        input_grad(
+            gpu,
+            bwd,
+            &mut ws.deq,
+            self.gate,
+            (&d.dgate, &mut d.dn2),
+            rows,
+        )?;
         input_grad_add(gpu, bwd, &mut ws.deq, self.up, (&d.dup, &mut d.dn2), rows)?;
         let norm = self.params.index(Slot::MlpNorm);
         rmsnorm::backward(
