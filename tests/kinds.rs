@@ -114,10 +114,16 @@ fn one_ofs(bound: &[Piece]) -> Vec<Vec<String>> {
 }
 
 /// Each documented list of spellings is the one serde accepts; a step
-/// mode's four lists are those of its four enumerated keys.
+/// mode's five lists are those of its five enumerated keys.
 #[test]
 fn the_documented_spellings_are_the_ones_serde_accepts() {
-    let step_mode_keys = ["clip", "base", "backward_math", "mlp_activations"];
+    let step_mode_keys = [
+        "clip",
+        "base",
+        "backward_math",
+        "mlp_activations",
+        "backward_weights",
+    ];
     for kind in KINDS {
         for p in kind.params {
             let lists = one_ofs(p.bound);

@@ -129,36 +129,37 @@ __device__ __forceinline__ void qkv_angles(float* sn, float* cs, const float* __
 }
 
 // acc[rr] = sum_j u[rr][j] * B[c, j] over the block's rows (B a [out, r]
-// LoRA B): each B value is loaded once for all QKV_ROWS rows. The row of B is
-// loaded whole before the sums, in 16-byte pieces when r % 4 == 0: lanes read
-// rows of B 4r bytes apart, so each load instruction touches a cache line per
-// lane or two, and the L1 passes of those loads, not memory, set the
-// kernel's time; a quarter of the instructions is a quarter of the passes.
+// LoRA B): each B value is loaded once for all QKV_ROWS rows. Lanes read
+// rows of B 4r bytes apart, so each load instruction touches a cache line
+// per lane or two, and the L1 passes of those loads set the kernel's time:
+// with r % 4 == 0 they are 16-byte loads, a quarter of the instructions and
+// of the passes. The loop stays rolled: unrolled it tripled the module's
+// NVRTC time, which is on the cold pre-warm's critical path.
 __device__ __forceinline__ void lora_up(const float (*u)[2 * QKV_MAX_RANK], int u_col,
                                         const float* __restrict__ bmat, int c, int r, float* acc) {
-    float b[QKV_MAX_RANK];
     const float* row = bmat + (size_t)c * r;
-    if (r % 4 == 0) {
-        #pragma unroll
-        for (int j = 0; j < QKV_MAX_RANK; j += 4) {
-            const float4 x = j < r ? __ldg(reinterpret_cast<const float4*>(row + j))
-                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            b[j] = x.x;
-            b[j + 1] = x.y;
-            b[j + 2] = x.z;
-            b[j + 3] = x.w;
-        }
-    } else {
-        #pragma unroll
-        for (int j = 0; j < QKV_MAX_RANK; ++j) b[j] = j < r ? __ldg(row + j) : 0.0f;
-    }
     #pragma unroll
     for (int rr = 0; rr < QKV_ROWS; ++rr) acc[rr] = 0.0f;
-    #pragma unroll
-    for (int j = 0; j < QKV_MAX_RANK; ++j) {
-        if (j >= r) break;
+    const int step = r % 4 == 0 ? 4 : 1;
+    #pragma unroll 1
+    for (int j = 0; j < r; j += step) {
+        float b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (step == 4) {
+            const float4 x = __ldg(reinterpret_cast<const float4*>(row + j));
+            b[0] = x.x;
+            b[1] = x.y;
+            b[2] = x.z;
+            b[3] = x.w;
+        } else {
+            b[0] = __ldg(row + j);
+        }
         #pragma unroll
-        for (int rr = 0; rr < QKV_ROWS; ++rr) acc[rr] = fmaf(u[rr][u_col + j], b[j], acc[rr]);
+        for (int k = 0; k < 4; ++k) {
+            if (k >= step) break;  // u holds no values past column 2r
+            #pragma unroll
+            for (int rr = 0; rr < QKV_ROWS; ++rr)
+                acc[rr] = fmaf(u[rr][u_col + j + k], b[k], acc[rr]);
+        }
     }
 }
 #if ROPE_QKV == 1  // the forward's module
