@@ -259,7 +259,15 @@ impl Attention<'_> {
         let l = self.params.layer;
         // Attention branch: x2 = x + o(attention(rope(q), rope(k), v)).
         let d = &mut ws.grads;
-        input_grad(gpu, bwd, &mut ws.deq, self.o, (&d.dx, &mut d.datt), rows)?;
+        input_grad(
+            gpu,
+            bwd,
+            &mut ws.deq,
+            self.o,
+            (&d.dx, &mut d.datt),
+            rows,
+            0.0,
+        )?;
         let (a, d) = (&ws.layers[l], &mut ws.grads);
         attention::backward(
             gpu,
@@ -357,35 +365,12 @@ impl Attention<'_> {
     }
 }
 
-/// `dx[rows, in] = dy[rows, out] W` for the frozen `lin` (`W` `[out, in]`).
-fn input_grad(
-    gpu: &mut GpuContext,
-    math: GemmMath,
-    deq: &mut [CudaSlice<f32>],
-    lin: &Linear,
-    (dy, dx): (&CudaSlice<f32>, &mut CudaSlice<f32>),
-    rows: usize,
-) -> Result<()> {
-    input_grad_beta(gpu, math, deq, lin, (dy, dx), rows, 0.0)
-}
-
-/// `dx[rows, in] += dy[rows, out] W` for the frozen `lin`.
-fn input_grad_add(
-    gpu: &mut GpuContext,
-    math: GemmMath,
-    deq: &mut [CudaSlice<f32>],
-    lin: &Linear,
-    (dy, dx): (&CudaSlice<f32>, &mut CudaSlice<f32>),
-    rows: usize,
-) -> Result<()> {
-    input_grad_beta(gpu, math, deq, lin, (dy, dx), rows, 1.0)
-}
-
-/// `dx = dy W + beta dx`: through the kept `W^T` when `lin` has one, as
+/// `dx[rows, in] = dy[rows, out] W + beta dx` for the frozen `lin` (`W`
+/// `[out, in]`): through the kept `W^T` when `lin` has one, as
 /// `dy (W^T)^T` (both operands K-major, as in the forward), else through `W`
 /// (dequantised first for an NF4 base; always `W` under the
 /// `transposed_weights_ignored` fault).
-fn input_grad_beta(
+fn input_grad(
     gpu: &mut GpuContext,
     math: GemmMath,
     deq: &mut [CudaSlice<f32>],
@@ -495,7 +480,15 @@ impl Mlp<'_> {
         let a = &ws.layers[self.params.layer];
         let d = &mut ws.grads;
         let (gate, up) = self.saved_gate_up(gpu, ctx, a, &mut ws.scratch, &mut ws.deq)?;
-        input_grad(gpu, bwd, &mut ws.deq, self.down, (&d.dx, &mut d.dact), rows)?;
+        input_grad(
+            gpu,
+            bwd,
+            &mut ws.deq,
+            self.down,
+            (&d.dx, &mut d.dact),
+            rows,
+            0.0,
+        )?;
         activation::swiglu_backward(
             gpu,
             &gate.as_view(),
@@ -511,8 +504,17 @@ impl Mlp<'_> {
             self.gate,
             (&d.dgate, &mut d.dn2),
             rows,
+            0.0,
         )?;
-        input_grad_add(gpu, bwd, &mut ws.deq, self.up, (&d.dup, &mut d.dn2), rows)?;
+        input_grad(
+            gpu,
+            bwd,
+            &mut ws.deq,
+            self.up,
+            (&d.dup, &mut d.dn2),
+            rows,
+            1.0,
+        )?;
         let norm = self.params.index(Slot::MlpNorm);
         rmsnorm::backward(
             gpu,
