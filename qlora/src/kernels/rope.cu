@@ -265,9 +265,7 @@ extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const
         __syncthreads();
         #pragma unroll 1
         for (int w = threadIdx.x; w < items; w += blockDim.x) {
-            #pragma unroll  // the rows' loads issue together
-            for (int rr = 0; rr < QKV_ROWS; ++rr) {
-                if (rr >= nrows) continue;
+            for (int rr = 0; rr < nrows; ++rr) {
                 const size_t row = row0 + rr;
                 float* dyr = dy + row * ld;
                 float* gr = grad + rr * g_ld;

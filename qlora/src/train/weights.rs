@@ -35,8 +35,8 @@ pub struct Linear {
 impl Linear {
     /// Bytes on the device.
     pub fn bytes(&self) -> usize {
-        let t = self.transposed.as_ref().map_or(0, |t| 4 * t.len());
-        t + match &self.w {
+        let kept = self.transposed.as_ref().map_or(0, |wt| 4 * wt.len());
+        kept + match &self.w {
             Frozen::Fp32(w) => 4 * w.len(),
             Frozen::Nf4(t) => t.codes.len() + 4 * t.absmax.len(),
             Frozen::Stacked => 0,
