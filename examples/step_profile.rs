@@ -3,12 +3,13 @@
 //! "profile from start off" sees one whole step and nothing else:
 //!
 //! ```text
-//! cargo run --release --example step_profile -- qwen2.5-0.5b [--graph] [--nf4] [--tf32-backward] [--keep-mlp] [--transposed-weights] [--steps N]
+//! cargo run --release --example step_profile -- qwen2.5-0.5b [--graph] [--nf4] [--tf32-backward] [--keep-mlp] [--transposed-weights] [--f16-lm-head] [--steps N]
 //! ncu --profile-from-start off --metrics gpu__time_duration.sum --csv target/release/examples/step_profile qwen2.5-0.5b
 //! ```
 //!
 //! It prints the median step time and tokens/s over `--steps` timed steps
-//! (CUDA events around each step, after two warm-up steps).
+//! (CUDA events around each step, after two warm-up steps), then the loss of
+//! the profiled step.
 
 use falsify::check::stats::median;
 use qlora::gpu::{driver_present, GemmMath, GpuContext, GpuOptions};
@@ -43,6 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         backward_math: flag("--tf32-backward").then_some(GemmMath::Tf32),
         keep_mlp: flag("--keep-mlp"),
         transposed_weights: flag("--transposed-weights"),
+        f16_lm_head: flag("--f16-lm-head"),
         device_quantize: true,
         ..GpuTrainOptions::default()
     };
@@ -72,9 +74,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: plain driver calls on the current context; they only switch
     // profiler collection on and off.
     unsafe { cudarc::driver::sys::cuProfilerStart() }.result()?;
-    trainer.step(&mut gpu)?;
+    let last = trainer.step(&mut gpu)?;
     gpu.synchronize()?;
     // SAFETY: as above.
     unsafe { cudarc::driver::sys::cuProfilerStop() }.result()?;
+    println!("loss of step {}: {:.6}", steps + 3, last.loss);
     Ok(())
 }

@@ -60,6 +60,12 @@ pub struct Faults {
     /// The backward reads `W` even where the step keeps `W^T` for it: the
     /// results stay right, the input-gradient GEMMs lose their K-major layout.
     pub transposed_weights_ignored: bool,
+    /// The trainer keeps no f16 LM head even where its options ask for one:
+    /// the head's GEMMs stay TF32 on the f32 tensors.
+    pub f16_lm_head_ignored: bool,
+    /// The kept f16 copy of the LM head is made from the embedding table
+    /// (the same shape, and the same tensor in a model with tied embeddings).
+    pub f16_lm_head_from_embedding: bool,
     /// AdamW moves parameters up the gradient.
     pub adamw_update_sign_flipped: bool,
     // ---- data parallelism (every rank gets the same knobs) --------------------
@@ -104,6 +110,8 @@ impl Faults {
         lora_backward_scale_twice: false,
         backward_weights_untransposed: false,
         transposed_weights_ignored: false,
+        f16_lm_head_ignored: false,
+        f16_lm_head_from_embedding: false,
         adamw_update_sign_flipped: false,
         dp_all_reduce_skipped: false,
         dp_sum_instead_of_mean: false,

@@ -16,8 +16,13 @@ use crate::train::BaseWeights;
 /// configuration's forward pass uses.
 pub const LEFT_OUT_MODULE: &str = "rmsnorm";
 
+/// The module of the f32 -> f16 cast that an `f16_lm_head` step runs on the
+/// final norm's output.
+pub const F16_LM_HEAD_MODULE: &str = "cast";
+
 /// The kernel modules the forward + backward + optimizer step of `config` with
-/// `base` weights uses. The one place this list is defined.
+/// `base` weights uses (with `f16_lm_head`: the cast of the LM head's input
+/// too). The one place this list is defined.
 ///
 /// Every preset runs the same Qwen2-style decoder, so only the base format
 /// (NF4 adds the quantise / NF4 GEMM kernels), the head dimension (the
@@ -33,6 +38,7 @@ pub fn modules_for(
     config: &ModelConfig,
     base: BaseWeights,
     (fwd, bwd): (AttnKernels, AttnKernels),
+    f16_lm_head: bool,
 ) -> Vec<&'static str> {
     let mut modules = vec![
         "embedding",
@@ -48,6 +54,9 @@ pub fn modules_for(
     modules.extend(attention::modules_for(config.head_dim, fwd, bwd));
     if base == BaseWeights::Nf4 {
         modules.push("nf4");
+    }
+    if f16_lm_head {
+        modules.push(F16_LM_HEAD_MODULE);
     }
     modules
 }
@@ -83,11 +92,11 @@ impl GpuContext {
         bases: &[BaseWeights],
     ) -> Result<PrewarmReport> {
         let math = (self.options().forward_math, self.options().backward_math);
-        self.prewarm_with_math(config, bases, math)
+        self.prewarm_with_math(config, bases, math, false)
     }
 
     /// Loads every module that `config`'s training step uses with each of
-    /// `bases` and the forward and backward GEMM math `math` (from the disk
+    /// `bases`, the forward and backward GEMM math `math` and `f16_lm_head` (from the disk
     /// cache, or compiled concurrently), then marks the cache pre-warmed:
     /// any later load counts as `loaded_after_prewarm`. Allocates no model
     /// memory.
@@ -96,6 +105,7 @@ impl GpuContext {
         config: &ModelConfig,
         bases: &[BaseWeights],
         (fwd, bwd): (GemmMath, GemmMath),
+        f16_lm_head: bool,
     ) -> Result<PrewarmReport> {
         let started = Instant::now();
         let faults = self.faults();
@@ -105,7 +115,7 @@ impl GpuContext {
         );
         let mut wanted = BTreeSet::new();
         for &base in bases {
-            wanted.extend(modules_for(config, base, attn));
+            wanted.extend(modules_for(config, base, attn, f16_lm_head));
         }
         let mut skipped = Vec::new();
         if self.faults().module_left_out_of_prewarm && wanted.remove(LEFT_OUT_MODULE) {
@@ -151,12 +161,14 @@ mod tests {
         for config in crate::model::PRESETS {
             for base in [BaseWeights::Fp32, BaseWeights::Nf4] {
                 for attn in [(f32k, f32k), (tc, f32k), (tc, tc), (f32k, tc)] {
-                    for m in modules_for(&config, base, attn) {
+                    for m in modules_for(&config, base, attn, true) {
                         assert!(kernels::module(m).is_some(), "{m}");
                     }
                 }
             }
-            assert!(modules_for(&config, BaseWeights::Fp32, (tc, f32k)).contains(&LEFT_OUT_MODULE));
+            let default = modules_for(&config, BaseWeights::Fp32, (tc, f32k), false);
+            assert!(default.contains(&LEFT_OUT_MODULE));
+            assert!(!default.contains(&F16_LM_HEAD_MODULE));
         }
     }
 }

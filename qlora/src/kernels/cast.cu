@@ -2,16 +2,10 @@
 //
 // Half values travel as their raw 16-bit patterns (unsigned short) so the
 // module needs no header: the conversions are the PTX `cvt` instructions,
-// round-to-nearest-even for f32 -> f16 (what IEEE 754 and the host's
-// `half::f16::from_f32` do), exact for f16 -> f32.
+// round-to-nearest-even for f32 -> f16 (f32_to_f16_bits, common.cuh), exact
+// for f16 -> f32.
 //
 // Launch: 1-D, one thread per element, grid-stride loop; any n >= 0.
-
-__device__ __forceinline__ unsigned short f32_to_f16_bits(float x) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
-    return h;
-}
 
 __device__ __forceinline__ float f16_bits_to_f32(unsigned short h) {
     float x;

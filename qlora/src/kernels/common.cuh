@@ -7,6 +7,15 @@ static __device__ __forceinline__ bool aligned16(const void* p) {
     return ((unsigned long long)p & 15ull) == 0;
 }
 
+// The f16 nearest (ties to even, as IEEE 754 and the host's
+// `half::f16::from_f32`) to x, as its raw 16-bit pattern: half values travel
+// as unsigned short, so no module needs the fp16 header.
+static __device__ __forceinline__ unsigned short f32_to_f16_bits(float x) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+
 // The tensor of element k of a tensor table's concatenation: the largest i
 // with offsets[i] <= k, for 0 <= k < offsets[n] (see gpu/table.rs).
 static __device__ __forceinline__ int table_find(const long long* __restrict__ offsets, int n,

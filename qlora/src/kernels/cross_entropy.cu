@@ -96,13 +96,30 @@ extern "C" __global__ void cross_entropy_mean_f32(const float* __restrict__ loss
     if (threadIdx.x == 0) out[0] = total / (float)rows;
 }
 
+// Stores of the backward's gradients: four at element 4 * j4 (the row is
+// aligned for it), or one at element j. f32 as is; f16 as raw bits, rounded
+// to nearest even.
+__device__ __forceinline__ void store4(float* d, int j4, float a, float b, float c, float e) {
+    reinterpret_cast<float4*>(d)[j4] = make_float4(a, b, c, e);
+}
+__device__ __forceinline__ void store4(unsigned short* d, int j4, float a, float b, float c,
+                                       float e) {
+    // Little-endian: the element of the lower index in the lower 16 bits.
+    const unsigned lo = (unsigned)f32_to_f16_bits(a) | ((unsigned)f32_to_f16_bits(b) << 16);
+    const unsigned hi = (unsigned)f32_to_f16_bits(c) | ((unsigned)f32_to_f16_bits(e) << 16);
+    reinterpret_cast<uint2*>(d)[j4] = make_uint2(lo, hi);
+}
+__device__ __forceinline__ void store1(float* d, int j, float v) { d[j] = v; }
+__device__ __forceinline__ void store1(unsigned short* d, int j, float v) { d[j] = f32_to_f16_bits(v); }
+
 // dlogits for rows [0, rows): (softmax(x_r) - onehot(t_r)) * grad_scale,
-// with the forward's stats of each row.
-extern "C" __global__ void cross_entropy_bwd_f32(const float* __restrict__ logits,
-                                                 const unsigned int* __restrict__ targets,
-                                                 const float2* __restrict__ stats,
-                                                 float* __restrict__ dlogits,
-                                                 int rows, int vocab, float grad_scale) {
+// with the forward's stats of each row, stored as Out (float or f16 bits).
+template <typename Out>
+__device__ __forceinline__ void cross_entropy_bwd(const float* __restrict__ logits,
+                                                  const unsigned int* __restrict__ targets,
+                                                  const float2* __restrict__ stats,
+                                                  Out* __restrict__ dlogits,
+                                                  int rows, int vocab, float grad_scale) {
     const int row = blockIdx.x;
     if (row >= rows) return;
     const size_t base = (size_t)row * vocab;
@@ -110,7 +127,7 @@ extern "C" __global__ void cross_entropy_bwd_f32(const float* __restrict__ logit
     const float2 ml = stats[row];
     const unsigned int t = targets[row];
     const float bad = t < (unsigned int)vocab ? 0.0f : __int_as_float(0x7fc00000);
-    float* dr = dlogits + base;
+    Out* dr = dlogits + base;
     // (softmax - onehot) * grad_scale of element j with logit x.
     auto grad = [&](int j, float x) {
         const float p = expf((x - ml.x) - ml.y);
@@ -118,16 +135,34 @@ extern "C" __global__ void cross_entropy_bwd_f32(const float* __restrict__ logit
         return (p - onehot) * grad_scale + bad;
     };
     int done = 0;
-    if (aligned16(xr) && aligned16(dr)) {
+    // Four elements of Out at a time need 4 * sizeof(Out) alignment.
+    if (aligned16(xr) && ((unsigned long long)dr % (4 * sizeof(Out))) == 0) {
         const int v4 = vocab / 4;
         const float4* x4 = reinterpret_cast<const float4*>(xr);
-        float4* d4 = reinterpret_cast<float4*>(dr);
         for (int j = threadIdx.x; j < v4; j += blockDim.x) {
             const float4 x = x4[j];
             const int e = 4 * j;
-            d4[j] = make_float4(grad(e, x.x), grad(e + 1, x.y), grad(e + 2, x.z), grad(e + 3, x.w));
+            store4(dr, j, grad(e, x.x), grad(e + 1, x.y), grad(e + 2, x.z), grad(e + 3, x.w));
         }
         done = 4 * v4;
     }
-    for (int j = done + threadIdx.x; j < vocab; j += blockDim.x) dr[j] = grad(j, xr[j]);
+    for (int j = done + threadIdx.x; j < vocab; j += blockDim.x) store1(dr, j, grad(j, xr[j]));
+}
+
+extern "C" __global__ void cross_entropy_bwd_f32(const float* __restrict__ logits,
+                                                 const unsigned int* __restrict__ targets,
+                                                 const float2* __restrict__ stats,
+                                                 float* __restrict__ dlogits,
+                                                 int rows, int vocab, float grad_scale) {
+    cross_entropy_bwd(logits, targets, stats, dlogits, rows, vocab, grad_scale);
+}
+
+// As cross_entropy_bwd_f32, the gradients stored in f16 (raw bits): for the
+// LM head's f16 GEMM, with a grad_scale that keeps them in f16's normal range.
+extern "C" __global__ void cross_entropy_bwd_f16(const float* __restrict__ logits,
+                                                 const unsigned int* __restrict__ targets,
+                                                 const float2* __restrict__ stats,
+                                                 unsigned short* __restrict__ dlogits,
+                                                 int rows, int vocab, float grad_scale) {
+    cross_entropy_bwd(logits, targets, stats, dlogits, rows, vocab, grad_scale);
 }

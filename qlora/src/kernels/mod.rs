@@ -152,7 +152,8 @@ pub const MODULES: &[ModuleSource] = &[
         [
             "cross_entropy_fwd_f32",
             "cross_entropy_mean_f32",
-            "cross_entropy_bwd_f32"
+            "cross_entropy_bwd_f32",
+            "cross_entropy_bwd_f16"
         ]
     ),
     module!(

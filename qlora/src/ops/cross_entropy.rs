@@ -1,6 +1,7 @@
 //! Launchers for `kernels/cross_entropy.cu`: per-row loss
 //! `loss_r = lse(x_r) - x_r[t_r]` (max-shifted), their mean summed in a fixed
-//! order, and the logit gradient `(softmax(x_r) - onehot(t_r)) / rows`.
+//! order, and the logit gradient `(softmax(x_r) - onehot(t_r)) / rows` (in
+//! f32, or scaled in f16 for the LM head's f16 GEMM: [`backward_f16`]).
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
@@ -19,19 +20,28 @@ pub const SIGNATURES: Signatures = &[
         &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32],
     ),
     ("cross_entropy_mean_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
-    (
-        "cross_entropy_bwd_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I32,
-            Arg::I32,
-            Arg::F32,
-        ],
-    ),
+    ("cross_entropy_bwd_f32", BWD_ARGS),
+    ("cross_entropy_bwd_f16", BWD_ARGS),
 ];
+
+/// The backward kernels' arguments: logits, targets, stats, dlogits, rows,
+/// vocab, grad_scale.
+const BWD_ARGS: &[Arg] = &[
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
+    Arg::I32,
+    Arg::F32,
+];
+
+/// What [`backward_f16`] multiplies `softmax - onehot` by instead of
+/// `1 / rows`: `2^12`. The values lie in `[-1, 1]`; scaled, every
+/// probability above `2^-26` (1.5e-8) is a normal f16 with TF32's 11-bit
+/// significand, and the largest magnitude, 4096, stays far below f16's
+/// 65504. The GEMM that reads them takes `alpha = 1 / (rows * 2^12)`.
+pub const F16_GRAD_SCALE: f32 = 4096.0;
 
 /// Threads per block of the row kernels: rows are long (up to 151936 logits).
 const ROW_THREADS: u32 = 1024;
@@ -152,10 +162,72 @@ pub fn backward(
     stats: &RowStats,
     dlogits: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
+    let grad_scale = (1.0 / rows as f64) as f32;
+    let io = BackwardIo {
+        logits,
+        targets,
+        stats,
+    };
+    launch_backward(
+        gpu,
+        "cross_entropy_bwd_f32",
+        io,
+        (rows, vocab),
+        grad_scale,
+        dlogits,
+    )
+}
+
+/// [`backward`] in f16 (raw bits, rounded to nearest even) and scaled for
+/// it: `dlogits16_r = (softmax(x_r) - onehot(t_r)) * F16_GRAD_SCALE`, so the
+/// gradient of the mean loss is `dlogits16 / (rows * F16_GRAD_SCALE)`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_f16(
+    gpu: &mut GpuContext,
+    logits: &CudaView<'_, f32>,
+    rows: usize,
+    vocab: usize,
+    targets: &CudaView<'_, u32>,
+    stats: &RowStats,
+    dlogits16: &mut CudaViewMut<'_, u16>,
+) -> Result<()> {
+    let io = BackwardIo {
+        logits,
+        targets,
+        stats,
+    };
+    let scale = F16_GRAD_SCALE;
+    launch_backward(
+        gpu,
+        "cross_entropy_bwd_f16",
+        io,
+        (rows, vocab),
+        scale,
+        dlogits16,
+    )
+}
+
+/// The inputs of a backward launch.
+struct BackwardIo<'a, 'b> {
+    logits: &'a CudaView<'b, f32>,
+    targets: &'a CudaView<'b, u32>,
+    stats: &'a RowStats,
+}
+
+/// Launches `kernel`, one of the backward kernels, whose output element is
+/// `T` (f32, or u16 for f16 bits).
+fn launch_backward<T: cudarc::driver::DeviceRepr>(
+    gpu: &mut GpuContext,
+    kernel: &str,
+    io: BackwardIo<'_, '_>,
+    (rows, vocab): (usize, usize),
+    grad_scale: f32,
+    dlogits: &mut CudaViewMut<'_, T>,
+) -> Result<()> {
     dims(rows, vocab)?;
-    stats.expect_rows(rows)?;
-    expect_len("cross_entropy", "logits", logits.len(), &[rows, vocab])?;
-    expect_len("cross_entropy", "targets", targets.len(), &[rows])?;
+    io.stats.expect_rows(rows)?;
+    expect_len("cross_entropy", "logits", io.logits.len(), &[rows, vocab])?;
+    expect_len("cross_entropy", "targets", io.targets.len(), &[rows])?;
     expect_len("cross_entropy", "dlogits", dlogits.len(), &[rows, vocab])?;
     let rows_w = gpu.faults().written(rows);
     if rows_w == 0 {
@@ -163,22 +235,23 @@ pub fn backward(
     }
     let rows_w_i = to_i32("cross_entropy", "rows", rows_w)?;
     let vocab_i = to_i32("cross_entropy", "vocab", vocab)?;
-    let grad_scale = (1.0 / rows as f64) as f32;
-    let f = gpu.function(MODULE, "cross_entropy_bwd_f32")?;
+    let f = gpu.function(MODULE, kernel)?;
     let cfg = gpu.launch_rows(rows_w, row_threads(vocab, ROW_THREADS))?;
     let mut l = gpu.stream().launch_builder(&f);
-    l.arg(logits)
-        .arg(targets)
-        .arg(&stats.stats)
+    l.arg(io.logits)
+        .arg(io.targets)
+        .arg(&io.stats.stats)
         .arg(dlogits)
         .arg(&rows_w_i)
         .arg(&vocab_i)
         .arg(&grad_scale);
-    // SAFETY: cross_entropy_bwd_f32(const float* logits, const unsigned int*
-    // targets, const float2* stats, float* dlogits, int rows, int vocab, float
-    // grad_scale): logits and dlogits hold rows * vocab elements, targets rows
-    // >= rows_w_i and stats 2 rows floats in a whole allocation (checked
-    // above); dlogits aliases no input.
+    // SAFETY: both kernels are (const float* logits, const unsigned int*
+    // targets, const float2* stats, Out* dlogits, int rows, int vocab, float
+    // grad_scale), and the two callers pair cross_entropy_bwd_f32 with T =
+    // f32 and cross_entropy_bwd_f16 with T = u16 (Out = unsigned short), so
+    // the lengths checked in elements of T are the kernel's: logits and dlogits hold rows * vocab
+    // elements, targets rows >= rows_w_i and stats 2 rows floats in a whole
+    // allocation (checked above); dlogits aliases no input.
     unsafe { l.launch(cfg) }?;
     Ok(())
 }

@@ -394,8 +394,9 @@ pub(crate) fn with_math_mode(
 }
 
 /// `cublasGemmEx` with f16 `A`, `B` (our `B`, `A` in cuBLAS order, as raw
-/// f16 bit patterns), f32 `C`, f32 compute.
-fn gemm_ex_f16(
+/// f16 bit patterns), f32 `C`, f32 compute. The callers check that `first`,
+/// `second` and `c` hold what `cfg` addresses.
+pub(crate) fn gemm_ex_f16(
     blas: &CudaBlas,
     stream: &Arc<CudaStream>,
     cfg: GemmConfig<f32>,
@@ -409,10 +410,11 @@ fn gemm_ex_f16(
     let (second_ptr, _second_sync) = second.device_ptr(stream);
     let (c_ptr, _c_sync) = c.device_ptr_mut(stream);
     // SAFETY: the handle is bound to `stream`, on which the pointers are
-    // recorded. `first`/`second` hold the same element counts as the f32
-    // operands `cublas_gemm` checked (cast element for element), so with the
-    // same transposes and leading dimensions cuBLAS reads only valid f16
-    // elements and writes exactly the m*n f32 elements of `c`. alpha and beta
+    // recorded. Each caller checked `first`/`second` against the shapes of
+    // `cfg` (`cublas_gemm`: the same element counts as its checked f32
+    // operands, cast element for element; `train::blas::gemm_f16`: the
+    // spec's), so with these transposes and leading dimensions cuBLAS reads
+    // only valid f16 elements and writes exactly the m*n f32 elements of `c`. alpha and beta
     // are host f32 values (the default host pointer mode, f32 compute type).
     unsafe {
         blas_result::gemm_ex(

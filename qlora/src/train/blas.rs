@@ -14,7 +14,7 @@ use cudarc::driver::CudaSlice;
 
 use crate::error::{Error, Result};
 use crate::gpu::{GemmMath, GpuContext};
-use crate::ops::gemm::{with_math_mode, GemmSpec};
+use crate::ops::gemm::{gemm_ex_f16, with_math_mode, GemmSpec};
 
 /// A row-major matrix inside a buffer: element `(i, j)` is at
 /// `offset + i * ld + j`, so a column block of a wider row-major matrix is
@@ -169,4 +169,24 @@ pub fn linear_dx(
 ) -> Result<()> {
     let spec = GemmSpec::linear_dx(rows, in_dim, out_dim);
     gemm(gpu, math, spec, alpha, dy, w, beta, dx)
+}
+
+/// [`gemm`] with f16 operands (raw bits) and an f32 `C`, f32 accumulation:
+/// the products of f16 values are those of TF32's 11-bit significands, and
+/// Hopper's f16 tensor-core instructions run at twice TF32's rate and take
+/// either operand layout.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f16(
+    gpu: &GpuContext,
+    spec: GemmSpec,
+    alpha: f32,
+    a: &CudaSlice<u16>,
+    b: &CudaSlice<u16>,
+    beta: f32,
+    c: &mut CudaSlice<f32>,
+) -> Result<()> {
+    spec.check(a.len(), b.len(), c.len())?;
+    let cfg = spec.cublas_config(alpha, beta)?;
+    // cuBLAS's first operand is our B, its second our A (see GemmSpec).
+    gemm_ex_f16(gpu.cublas(), gpu.stream(), cfg, b, a, c)
 }

@@ -91,6 +91,17 @@ pub struct GpuTrainOptions {
     /// slower. Costs the size of those projections again; an NF4 base
     /// ignores it (it dequantises each use).
     pub transposed_weights: bool,
+    /// Run the LM head's two GEMMs (`logits = nf Wlm^T`, `dnf = dlogits Wlm`)
+    /// on f16 operands with f32 accumulation: a kept f16 copy of `Wlm`, the
+    /// final norm's output cast to f16, and the cross-entropy gradient
+    /// written in f16, scaled by
+    /// [`crate::ops::cross_entropy::F16_GRAD_SCALE`] into f16's normal range.
+    /// f16 rounds to the same 11-bit significand as TF32 and its tensor-core
+    /// instructions run at twice TF32's rate; the head is the step's largest
+    /// GEMM pair (vocab 151,936 for the Qwen presets). Needs TF32 math in
+    /// both directions (refused otherwise); costs `2 x vocab x hidden` bytes
+    /// for the copy and saves `2 x tokens x vocab` on the gradient.
+    pub f16_lm_head: bool,
     /// Quantise an NF4 base on the device from the f32 weights (fast for
     /// billion-parameter presets) instead of with the host's f64 quantiser
     /// (exactly the codes [`crate::model::nf4::quantize`] gives).
@@ -118,6 +129,9 @@ impl GpuTrainOptions {
         }
         if self.transposed_weights && self.base == BaseWeights::Fp32 {
             name.push_str("/transposed-weights");
+        }
+        if self.f16_lm_head {
+            name.push_str("/f16-lm-head");
         }
         name
     }

@@ -43,7 +43,7 @@ use super::kernels;
 use super::layer::{DecoderLayer, LayerCtx};
 use super::options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions};
 use super::weights::{BaseDevice, Params};
-use super::workspace::{CublasWorkspace, Workspace, CUBLAS_WORKSPACE_BYTES};
+use super::workspace::{CublasWorkspace, Dlogits, Workspace, CUBLAS_WORKSPACE_BYTES};
 use crate::error::{Error, Result};
 use crate::gpu::table::{address, TensorTable};
 use crate::gpu::{GemmMath, GpuContext, PrewarmReport};
@@ -51,7 +51,9 @@ use crate::model::corpus::{self, Corpus, BATCH_SALT, CORPUS_SALT};
 use crate::model::{ModelConfig, Slot, Trainable};
 use crate::ops::attention::AttnShape;
 use crate::ops::clip::{self as clip_ops, TableSumWorkspace};
-use crate::ops::{cross_entropy, embedding, rmsnorm};
+use crate::ops::cross_entropy::F16_GRAD_SCALE;
+use crate::ops::gemm::GemmSpec;
+use crate::ops::{cast, cross_entropy, embedding, rmsnorm};
 
 /// Host synchronisations the step made: every device-to-host read goes
 /// through `SyncCounter::host_read`, which counts it here.
@@ -207,7 +209,7 @@ fn prewarm_then_upload(
         options.forward_math.unwrap_or(gpu.options().forward_math),
         options.backward_math.unwrap_or(gpu.options().backward_math),
     );
-    let prewarm = gpu.prewarm_with_math(cfg, &[options.base], math)?;
+    let prewarm = gpu.prewarm_with_math(cfg, &[options.base], math, options.f16_lm_head)?;
     order.push(SetupPhase::Prewarm);
     let (base, params, upload_bytes) = match early {
         Some(uploaded) => uploaded,
@@ -249,6 +251,7 @@ impl GpuTrainer {
                 got: format!("those of model {}", trainable.config.name),
             });
         }
+        let options = honoured_options(gpu, options)?;
         refuse_if_too_big(gpu, cfg, &options)?;
         let (base, params, setup) = prewarm_then_upload(gpu, cfg, &options, seed, trainable)?;
         let faults = gpu.faults();
@@ -257,7 +260,7 @@ impl GpuTrainer {
             cfg,
             &base.linears(),
             faults.activations_doubled,
-            options.keep_mlp,
+            &options,
         )?;
         let per_layer = options.clip == ClipMode::PerLayer || faults.clip_per_layer;
         // The skipped-clip fault: no group, so no norm and no scale.
@@ -378,13 +381,7 @@ impl GpuTrainer {
         self.graph = None;
         gpu.synchronize()?;
         let doubled = gpu.faults().activations_doubled;
-        self.ws = Workspace::new(
-            gpu,
-            &cfg,
-            &self.base.linears(),
-            doubled,
-            self.options.keep_mlp,
-        )?;
+        self.ws = Workspace::new(gpu, &cfg, &self.base.linears(), doubled, &self.options)?;
         self.cfg = cfg;
         Ok(())
     }
@@ -687,16 +684,31 @@ impl GpuTrainer {
             eps,
             &mut ws.nf.as_view_mut(),
         )?;
-        blas::linear(
-            gpu,
-            fwd,
-            1.0,
-            &ws.nf,
-            &self.base.lm_head,
-            0.0,
-            &mut ws.logits,
-            (rows, h, c.vocab),
-        )?;
+        let dims = (rows, h, c.vocab);
+        match (&mut ws.nf16, &self.base.lm_head_f16) {
+            (Some(nf16), Some(w16)) => {
+                cast::f32_to_f16(gpu, &ws.nf, nf16)?;
+                blas::gemm_f16(
+                    gpu,
+                    GemmSpec::linear(rows, h, c.vocab),
+                    1.0,
+                    nf16,
+                    w16,
+                    0.0,
+                    &mut ws.logits,
+                )?;
+            }
+            _ => blas::linear(
+                gpu,
+                fwd,
+                1.0,
+                &ws.nf,
+                &self.base.lm_head,
+                0.0,
+                &mut ws.logits,
+                dims,
+            )?,
+        }
         cross_entropy::forward(
             gpu,
             &ws.logits.as_view(),
@@ -732,25 +744,49 @@ impl GpuTrainer {
         let eps = ModelConfig::RMS_EPS;
         let ws = &mut self.ws;
         let d = &mut ws.grads;
-        cross_entropy::backward(
-            gpu,
-            &ws.logits.as_view(),
-            rows,
-            c.vocab,
-            &ws.targets.as_view(),
-            &ws.ce_stats,
-            &mut d.dlogits.as_view_mut(),
-        )?;
-        blas::linear_dx(
-            gpu,
-            bwd,
-            1.0,
-            &d.dlogits,
-            &self.base.lm_head,
-            0.0,
-            &mut d.dnf,
-            (rows, h, c.vocab),
-        )?;
+        let (logits, targets) = (ws.logits.as_view(), ws.targets.as_view());
+        match (&mut d.dlogits, &self.base.lm_head_f16) {
+            (Dlogits::F16(dlogits16), Some(w16)) => {
+                let mut view = dlogits16.as_view_mut();
+                cross_entropy::backward_f16(
+                    gpu,
+                    &logits,
+                    rows,
+                    c.vocab,
+                    &targets,
+                    &ws.ce_stats,
+                    &mut view,
+                )?;
+                // dlogits16 = rows * F16_GRAD_SCALE * dL/dlogits.
+                let alpha = (1.0 / (rows as f64 * f64::from(F16_GRAD_SCALE))) as f32;
+                let spec = GemmSpec::linear_dx(rows, h, c.vocab);
+                blas::gemm_f16(gpu, spec, alpha, dlogits16, w16, 0.0, &mut d.dnf)?;
+            }
+            (Dlogits::F32(dlogits), _) => {
+                let mut view = dlogits.as_view_mut();
+                cross_entropy::backward(
+                    gpu,
+                    &logits,
+                    rows,
+                    c.vocab,
+                    &targets,
+                    &ws.ce_stats,
+                    &mut view,
+                )?;
+                let dims = (rows, h, c.vocab);
+                blas::linear_dx(
+                    gpu,
+                    bwd,
+                    1.0,
+                    dlogits,
+                    &self.base.lm_head,
+                    0.0,
+                    &mut d.dnf,
+                    dims,
+                )?;
+            }
+            (Dlogits::F16(_), None) => return Err(missing_f16_head()),
+        }
         rmsnorm::backward(
             gpu,
             &ws.xs[c.layers].as_view(),
@@ -833,9 +869,9 @@ fn optimizer_table(gpu: &GpuContext, params: &Params, clip: &[ClipGroup]) -> Res
 /// per distinct projection size), the embedding and LM head (f32), the
 /// trainable state (parameters, gradients and two moments: 16 bytes each),
 /// the kept `W^T` copies (fp32 base with `transposed_weights`: o, gate, up,
-/// down) and the workspace. What `GpuTrainer::new` refuses to start beyond.
+/// down), the LM head's f16 copy (`f16_lm_head`) and the workspace. What `GpuTrainer::new` refuses to start beyond.
 pub fn planned_device_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> usize {
-    let (base, keep_mlp) = (options.base, options.keep_mlp);
+    let base = options.base;
     let n_base = cfg.layers * cfg.base_params_per_layer();
     let transposed = if base == BaseWeights::Fp32 && options.transposed_weights {
         4 * cfg.layers * cfg.hidden * (cfg.q_dim() + 3 * cfg.intermediate)
@@ -864,11 +900,49 @@ pub fn planned_device_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> usi
         }
     };
     let embed_head = 4 * 2 * cfg.vocab * cfg.hidden;
+    let f16_head = if options.f16_lm_head {
+        2 * cfg.vocab * cfg.hidden
+    } else {
+        0
+    };
     base_bytes
         + transposed
         + embed_head
+        + f16_head
         + 16 * cfg.trainable_params()
-        + super::workspace::Workspace::planned_bytes(cfg, keep_mlp)
+        + super::workspace::Workspace::planned_bytes(cfg, options)
+}
+
+/// `options` as the trainer honours them: `f16_lm_head` is refused unless
+/// both directions' GEMM math is TF32 (f16 operands are TF32's precision,
+/// not FP32's), and dropped under [`crate::Faults::f16_lm_head_ignored`].
+fn honoured_options(gpu: &GpuContext, options: GpuTrainOptions) -> Result<GpuTrainOptions> {
+    if !options.f16_lm_head {
+        return Ok(options);
+    }
+    let fwd = options.forward_math.unwrap_or(gpu.options().forward_math);
+    let bwd = options.backward_math.unwrap_or(gpu.options().backward_math);
+    if (fwd, bwd) != (GemmMath::Tf32, GemmMath::Tf32) {
+        return Err(Error::InvalidArgument {
+            op: "train",
+            message: format!(
+                "f16_lm_head needs TF32 GEMMs in both directions, got {fwd:?} forward and {bwd:?} backward"
+            ),
+        });
+    }
+    Ok(GpuTrainOptions {
+        f16_lm_head: !gpu.faults().f16_lm_head_ignored,
+        ..options
+    })
+}
+
+/// The error of a workspace with an f16 gradient for a head without an f16 copy.
+fn missing_f16_head() -> Error {
+    Error::InvalidArgument {
+        op: "train",
+        message: "the workspace holds an f16 LM-head gradient but the base has no f16 LM head"
+            .into(),
+    }
 }
 
 /// Refuses, before allocating anything, a configuration whose planned device

@@ -59,10 +59,21 @@ pub struct BaseDevice {
     pub stacks: Vec<CudaSlice<f32>>,
     pub final_norm: CudaSlice<f32>,
     pub lm_head: CudaSlice<f32>,
+    /// With `f16_lm_head`: `lm_head` rounded to f16 (raw bits), which the
+    /// head's GEMMs read instead.
+    pub lm_head_f16: Option<CudaSlice<u16>>,
 }
 
 fn to_f32(v: &[f64]) -> Vec<f32> {
     v.iter().map(|&x| x as f32).collect()
+}
+
+/// `v` as f32, then rounded to the nearest f16 (ties to even), as raw bits:
+/// the value the f32 tensor's f16 copy holds.
+fn to_f16_bits(v: &[f64]) -> Vec<u16> {
+    v.iter()
+        .map(|&x| half::f16::from_f32(x as f32).to_bits())
+        .collect()
 }
 
 /// `w^T` of a row-major `[rows, cols]` matrix, as f32: `[cols, rows]`. In
@@ -188,12 +199,20 @@ impl BaseDevice {
             })?);
         }
         let ends = draw_all(seed, &end_draws(cfg))?;
+        // The fault copies the embedding, drawn as ends[0].
+        let f16_source = usize::from(!gpu.faults().f16_lm_head_from_embedding);
+        let lm_head_f16 = if options.f16_lm_head {
+            Some(gpu.upload(&to_f16_bits(&ends[f16_source]))?)
+        } else {
+            None
+        };
         Ok(BaseDevice {
             embedding: gpu.upload(&to_f32(&ends[0]))?,
             layers,
             stacks,
             final_norm: gpu.upload(&vec![1.0f32; cfg.hidden])?,
             lm_head: gpu.upload(&to_f32(&ends[1]))?,
+            lm_head_f16,
         })
     }
 
@@ -205,6 +224,7 @@ impl BaseDevice {
     /// Bytes on the device.
     pub fn bytes(&self) -> usize {
         4 * (self.embedding.len() + self.final_norm.len() + self.lm_head.len())
+            + 2 * self.lm_head_f16.as_ref().map_or(0, |w| w.len())
             + 4 * self.stacks.iter().map(|s| s.len()).sum::<usize>()
             + self.linears().iter().map(|l| l.bytes()).sum::<usize>()
     }

@@ -8,6 +8,7 @@ use crate::ops::attention::AttnShape;
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{sys, CudaSlice, DevicePtrMut};
 
+use super::options::GpuTrainOptions;
 use super::weights::{Frozen, Linear};
 use crate::error::Result;
 use crate::gpu::GpuContext;
@@ -93,9 +94,26 @@ pub struct Scratch {
     pub act: CudaSlice<f32>,
 }
 
+/// The cross-entropy gradient `[T, vocab]`, in the operand type of the LM
+/// head's backward GEMM.
+pub enum Dlogits {
+    F32(CudaSlice<f32>),
+    /// With `f16_lm_head`: scaled f16 bits (`cross_entropy::backward_f16`).
+    F16(CudaSlice<u16>),
+}
+
+impl Dlogits {
+    fn bytes(&self) -> usize {
+        match self {
+            Dlogits::F32(b) => 4 * b.len(),
+            Dlogits::F16(b) => 2 * b.len(),
+        }
+    }
+}
+
 /// Gradient scratch of the backward, shared by all layers.
 pub struct Grads {
-    pub dlogits: CudaSlice<f32>,
+    pub dlogits: Dlogits,
     pub dnf: CudaSlice<f32>,
     /// The residual-stream gradient, accumulated in place.
     pub dx: CudaSlice<f32>,
@@ -130,6 +148,8 @@ pub struct Workspace {
     pub layers: Vec<LayerActs>,
     pub scratch: Scratch,
     pub nf: CudaSlice<f32>,
+    /// With `f16_lm_head`: `nf` cast to f16 (raw bits), the LM head's input.
+    pub nf16: Option<CudaSlice<u16>>,
     pub logits: CudaSlice<f32>,
     pub losses: CudaSlice<f32>,
     pub loss: CudaSlice<f32>,
@@ -152,14 +172,16 @@ pub struct Workspace {
 }
 
 impl Workspace {
-    /// All buffers for `c` (its `batch` and `seq_len`), zeroed.
+    /// All buffers for `c` (its `batch` and `seq_len`) and `options`
+    /// (`keep_mlp`, `f16_lm_head`), zeroed.
     pub fn new(
         gpu: &GpuContext,
         c: &ModelConfig,
         linears: &[&Linear],
         doubled: bool,
-        keep_mlp: bool,
+        options: &GpuTrainOptions,
     ) -> Result<Self> {
+        let (keep_mlp, f16_head) = (options.keep_mlp, options.f16_lm_head);
         let t = c.tokens();
         let z = |n: usize| gpu.zeros::<f32>(n);
         let mut deq_lens: Vec<usize> = linears
@@ -193,12 +215,21 @@ impl Workspace {
                 act: z(t * c.intermediate)?,
             },
             nf: z(t * c.hidden)?,
+            nf16: if f16_head {
+                Some(gpu.zeros(t * c.hidden)?)
+            } else {
+                None
+            },
             logits: z(t * c.vocab)?,
             losses: z(t)?,
             loss: z(1)?,
             ce_stats: RowStats::new(gpu, t)?,
             grads: Grads {
-                dlogits: z(t * c.vocab)?,
+                dlogits: if f16_head {
+                    Dlogits::F16(gpu.zeros(t * c.vocab)?)
+                } else {
+                    Dlogits::F32(z(t * c.vocab)?)
+                },
                 dnf: z(t * c.hidden)?,
                 dx: z(t * c.hidden)?,
                 dtmp: z(t * c.hidden)?,
@@ -237,14 +268,17 @@ impl Workspace {
     /// cannot fit is refused up front:
     /// `4 * (layers * saved + (layers + 7) * T * hidden + 2 * T * vocab`
     /// `+ 6 * T * intermediate + 2 * T * (q_dim + kv_dim) + T * width`
-    /// `+ attention scratch)` plus the cuBLAS workspace.
+    /// `+ attention scratch)` plus the cuBLAS workspace; with `f16_lm_head`
+    /// the logits' gradient is f16 (`2 * T * vocab` bytes fewer) and the
+    /// final norm's output has an f16 copy (`2 * T * hidden` more).
     /// Term by term: the residual stream (`layers + 1`), the final norm's
     /// output and five hidden-wide gradients; logits and their gradient; gate,
     /// up and their product (scratch) and their three gradients; attention's
     /// output gradient and dq (after RoPE), dk and dv; the fused projection's
     /// gradient.
-    pub fn planned_bytes(c: &ModelConfig, keep_mlp: bool) -> usize {
+    pub fn planned_bytes(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
         let t = c.tokens();
+        let keep_mlp = options.keep_mlp;
         let floats = c.layers * (LayerActs::floats(c) + LayerActs::mlp_floats(c, keep_mlp))
             + (c.layers + 7) * t * c.hidden
             + 2 * t * c.vocab
@@ -254,7 +288,13 @@ impl Workspace {
             + 2 * t * c.kv_dim()
             + t * qkv_width(c)
             + attention_scratch(c);
-        4 * floats + CUBLAS_WORKSPACE_BYTES
+        let bytes = 4 * floats + CUBLAS_WORKSPACE_BYTES;
+        if options.f16_lm_head {
+            // Never below zero: `bytes` counts 8 T vocab for the logits and their gradient.
+            bytes + 2 * t * c.hidden - 2 * t * c.vocab
+        } else {
+            bytes
+        }
     }
 
     /// Bytes of activations the forward keeps per step (all layers).
@@ -281,9 +321,11 @@ impl Workspace {
             + f32s(&[&sc.gate, &sc.up, &sc.act])
             + f32s(&[&self.nf, &self.logits, &self.losses, &self.loss])
             + self.ce_stats.bytes()
+            + 2 * self.nf16.as_ref().map_or(0, |b| b.len())
+            + d.dlogits.bytes()
             + f32s(&[
-                &d.dlogits, &d.dnf, &d.dx, &d.dtmp, &d.dn1, &d.dn2, &d.dact, &d.dgate, &d.dup,
-                &d.datt, &d.dqr, &d.dkr, &d.dv, &d.dqkv, &d.attn,
+                &d.dnf, &d.dx, &d.dtmp, &d.dn1, &d.dn2, &d.dact, &d.dgate, &d.dup, &d.datt, &d.dqr,
+                &d.dkr, &d.dv, &d.dqkv, &d.attn,
             ])
             + self.deq.iter().map(|b| 4 * b.len()).sum::<usize>()
             + self.stack.as_ref().map_or(0, |b| 4 * b.len())
