@@ -198,6 +198,7 @@ impl Params {
             backward_math: None,
             keep_mlp: false,
             transposed_weights: false,
+            f16_lm_head: false,
             device_quantize: false,
         }
     }

@@ -334,6 +334,23 @@ pub struct StepMode {
     /// read.
     #[serde(default)]
     pub backward_weights: BackwardWeights,
+    /// The operands of the LM head's two GEMMs.
+    #[serde(default)]
+    pub lm_head_operands: LmHeadOperands,
+}
+
+/// What the LM head's GEMMs (`logits = nf Wlm^T`, `dnf = dlogits Wlm`) read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LmHeadOperands {
+    /// The f32 tensors, in each direction's GEMM math.
+    #[default]
+    F32,
+    /// f16 copies (TF32's 11-bit significand, f32 accumulation, twice
+    /// TF32's tensor-core rate): a kept copy of `Wlm`, the final norm's
+    /// output cast, the cross-entropy gradient written scaled in f16. Needs
+    /// `backward_math: tf32` (the forward is TF32 already).
+    F16,
 }
 
 /// Which copy of a frozen fp32 projection `W` (`[out, in]`) the backward's
@@ -387,6 +404,7 @@ impl StepMode {
             },
             keep_mlp: self.mlp_activations == MlpActivations::Keep,
             transposed_weights: self.backward_weights == BackwardWeights::Transposed,
+            f16_lm_head: self.lm_head_operands == LmHeadOperands::F16,
             device_quantize: false,
         }
     }
