@@ -50,6 +50,7 @@ fn bench_train_step(c: &mut Criterion) {
             backward_math: Some(GemmMath::Tf32),
             keep_mlp: true,
             transposed_weights: true,
+            f16_lm_head: true,
             ..speed
         });
         for options in modes {

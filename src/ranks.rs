@@ -48,6 +48,7 @@ pub struct RankJob {
     pub tf32_backward: bool,
     pub keep_mlp: bool,
     pub transposed_weights: bool,
+    pub f16_lm_head: bool,
     pub lr: f64,
     pub max_grad_norm: f64,
     pub weight_decay: f64,
@@ -110,6 +111,7 @@ impl RankJob {
             backward_math: self.tf32_backward.then_some(GemmMath::Tf32),
             keep_mlp: self.keep_mlp,
             transposed_weights: self.transposed_weights,
+            f16_lm_head: self.f16_lm_head,
             ..GpuTrainOptions::default()
         }
     }
@@ -296,6 +298,7 @@ mod tests {
             tf32_backward: false,
             keep_mlp: false,
             transposed_weights: false,
+            f16_lm_head: false,
             lr: 1e-3,
             max_grad_norm: 1.0,
             weight_decay: 0.0,

@@ -236,6 +236,7 @@ impl Params {
             tf32_backward: o.backward_math.is_some(),
             keep_mlp: o.keep_mlp,
             transposed_weights: o.transposed_weights,
+            f16_lm_head: o.f16_lm_head,
             lr: o.hyper.lr,
             max_grad_norm: o.hyper.max_grad_norm,
             weight_decay: o.hyper.weight_decay,

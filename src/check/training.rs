@@ -294,6 +294,7 @@ mod tests {
             backward_math: crate::check::params::BackwardMath::Tf32,
             mlp_activations: crate::check::params::MlpActivations::Keep,
             backward_weights: crate::check::params::BackwardWeights::Transposed,
+            lm_head_operands: crate::check::params::LmHeadOperands::F16,
         };
         let o = mode.gpu_options(Hyper::default());
         assert!(o.graph && o.clip == ClipMode::PerLayer);
@@ -307,11 +308,11 @@ mod tests {
         );
         assert!(o.forward_math.is_none() && !o.device_quantize);
         assert_eq!(o.backward_math, Some(qlora::gpu::GemmMath::Tf32));
-        assert!(o.keep_mlp && o.transposed_weights);
+        assert!(o.keep_mlp && o.transposed_weights && o.f16_lm_head);
         // An NF4 base keeps no W^T, so the name leaves it out.
         assert_eq!(
             mode.to_string(),
-            "graphed/per-layer-clip/nf4/tf32-backward/keep-mlp"
+            "graphed/per-layer-clip/nf4/tf32-backward/keep-mlp/f16-lm-head"
         );
         let fp32 = StepMode {
             base: crate::check::params::BaseWeights::Fp32,
@@ -319,7 +320,7 @@ mod tests {
         };
         assert_eq!(
             fp32.to_string(),
-            "graphed/per-layer-clip/fp32/tf32-backward/keep-mlp/transposed-weights"
+            "graphed/per-layer-clip/fp32/tf32-backward/keep-mlp/transposed-weights/f16-lm-head"
         );
     }
 

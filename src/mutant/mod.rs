@@ -75,6 +75,12 @@ pub enum Mutant {
     /// The backward reads `W` even where the step keeps `W^T` for it
     /// (correct, as slow as without the copy).
     TransposedWeightsIgnored,
+    /// The trainer keeps no f16 LM head where its options ask for one
+    /// (correct, as slow as the TF32 head).
+    F16LmHeadIgnored,
+    /// The f16 copy of the LM head is made from the embedding table (the
+    /// same shape; the same tensor only where embeddings are tied).
+    F16LmHeadFromEmbedding,
     // ---- GPU runtime ------------------------------------------------------------
     /// The kernel cache compiles for an older architecture than the device's.
     PtxOlderTarget,
@@ -204,6 +210,14 @@ impl Mutant {
             },
             Mutant::TransposedWeightsIgnored => Faults {
                 transposed_weights_ignored: true,
+                ..none
+            },
+            Mutant::F16LmHeadIgnored => Faults {
+                f16_lm_head_ignored: true,
+                ..none
+            },
+            Mutant::F16LmHeadFromEmbedding => Faults {
+                f16_lm_head_from_embedding: true,
                 ..none
             },
             Mutant::AdamwUpdateSignFlipped => Faults {
