@@ -1,9 +1,9 @@
 //! Launchers for `kernels/cross_entropy.cu`: per-row loss
 //! `loss_r = lse(x_r) - x_r[t_r]` (max-shifted), their mean summed in a fixed
 //! order, and the logit gradient `(softmax(x_r) - onehot(t_r)) / rows` (in
-//! f32, or scaled in f16 for the LM head's f16 GEMM: [`backward_f16`]).
+//! f32, or scaled in f16 for the LM head's f16 GEMM: [`GradElement`]).
 
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::launch::expect_len;
 use super::launch::row_threads;
@@ -36,7 +36,7 @@ const BWD_ARGS: &[Arg] = &[
     Arg::F32,
 ];
 
-/// What [`backward_f16`] multiplies `softmax - onehot` by instead of
+/// What [`backward`] into f16 multiplies `softmax - onehot` by instead of
 /// `1 / rows`: `2^12`. The values lie in `[-1, 1]`; scaled, every
 /// probability above `2^-26` (1.5e-8) is a normal f16 with TF32's 11-bit
 /// significand, and the largest magnitude, 4096, stays far below f16's
@@ -150,84 +150,50 @@ pub fn forward(
     Ok(())
 }
 
-/// `dlogits_r = (softmax(x_r) - onehot(t_r)) / rows`, `[rows, vocab]`, with
-/// the row stats [`forward`] wrote for these logits.
+/// An element type the backward writes its gradient in, with its kernel
+/// and the factor it multiplies `softmax - onehot` by.
+pub trait GradElement: DeviceRepr {
+    /// The backward kernel whose `dlogits` is of this type.
+    const KERNEL: &'static str;
+    /// The factor of `softmax - onehot` in the stored gradient of `rows` rows.
+    fn grad_scale(rows: usize) -> f32;
+}
+
+/// f32: the gradient of the mean loss itself, `1 / rows`.
+impl GradElement for f32 {
+    const KERNEL: &'static str = "cross_entropy_bwd_f32";
+    fn grad_scale(rows: usize) -> f32 {
+        (1.0 / rows as f64) as f32
+    }
+}
+
+/// f16 as raw bits (rounded to nearest even): scaled by
+/// [`F16_GRAD_SCALE`], so the gradient of the mean loss is the stored
+/// value over `rows * F16_GRAD_SCALE`.
+impl GradElement for u16 {
+    const KERNEL: &'static str = "cross_entropy_bwd_f16";
+    fn grad_scale(_rows: usize) -> f32 {
+        F16_GRAD_SCALE
+    }
+}
+
+/// `dlogits_r = (softmax(x_r) - onehot(t_r)) * T::grad_scale(rows)`,
+/// `[rows, vocab]`, with the row stats [`forward`] wrote for these logits:
+/// the gradient of the mean loss in f32 (`/ rows`), or scaled in f16 bits.
 #[allow(clippy::too_many_arguments)]
-pub fn backward(
+pub fn backward<T: GradElement>(
     gpu: &mut GpuContext,
     logits: &CudaView<'_, f32>,
     rows: usize,
     vocab: usize,
     targets: &CudaView<'_, u32>,
     stats: &RowStats,
-    dlogits: &mut CudaViewMut<'_, f32>,
-) -> Result<()> {
-    let grad_scale = (1.0 / rows as f64) as f32;
-    let io = BackwardIo {
-        logits,
-        targets,
-        stats,
-    };
-    launch_backward(
-        gpu,
-        "cross_entropy_bwd_f32",
-        io,
-        (rows, vocab),
-        grad_scale,
-        dlogits,
-    )
-}
-
-/// [`backward`] in f16 (raw bits, rounded to nearest even) and scaled for
-/// it: `dlogits16_r = (softmax(x_r) - onehot(t_r)) * F16_GRAD_SCALE`, so the
-/// gradient of the mean loss is `dlogits16 / (rows * F16_GRAD_SCALE)`.
-#[allow(clippy::too_many_arguments)]
-pub fn backward_f16(
-    gpu: &mut GpuContext,
-    logits: &CudaView<'_, f32>,
-    rows: usize,
-    vocab: usize,
-    targets: &CudaView<'_, u32>,
-    stats: &RowStats,
-    dlogits16: &mut CudaViewMut<'_, u16>,
-) -> Result<()> {
-    let io = BackwardIo {
-        logits,
-        targets,
-        stats,
-    };
-    let scale = F16_GRAD_SCALE;
-    launch_backward(
-        gpu,
-        "cross_entropy_bwd_f16",
-        io,
-        (rows, vocab),
-        scale,
-        dlogits16,
-    )
-}
-
-/// The inputs of a backward launch.
-struct BackwardIo<'a, 'b> {
-    logits: &'a CudaView<'b, f32>,
-    targets: &'a CudaView<'b, u32>,
-    stats: &'a RowStats,
-}
-
-/// Launches `kernel`, one of the backward kernels, whose output element is
-/// `T` (f32, or u16 for f16 bits).
-fn launch_backward<T: cudarc::driver::DeviceRepr>(
-    gpu: &mut GpuContext,
-    kernel: &str,
-    io: BackwardIo<'_, '_>,
-    (rows, vocab): (usize, usize),
-    grad_scale: f32,
     dlogits: &mut CudaViewMut<'_, T>,
 ) -> Result<()> {
     dims(rows, vocab)?;
-    io.stats.expect_rows(rows)?;
-    expect_len("cross_entropy", "logits", io.logits.len(), &[rows, vocab])?;
-    expect_len("cross_entropy", "targets", io.targets.len(), &[rows])?;
+    stats.expect_rows(rows)?;
+    expect_len("cross_entropy", "logits", logits.len(), &[rows, vocab])?;
+    expect_len("cross_entropy", "targets", targets.len(), &[rows])?;
     expect_len("cross_entropy", "dlogits", dlogits.len(), &[rows, vocab])?;
     let rows_w = gpu.faults().written(rows);
     if rows_w == 0 {
@@ -235,23 +201,24 @@ fn launch_backward<T: cudarc::driver::DeviceRepr>(
     }
     let rows_w_i = to_i32("cross_entropy", "rows", rows_w)?;
     let vocab_i = to_i32("cross_entropy", "vocab", vocab)?;
-    let f = gpu.function(MODULE, kernel)?;
+    let grad_scale = T::grad_scale(rows);
+    let f = gpu.function(MODULE, T::KERNEL)?;
     let cfg = gpu.launch_rows(rows_w, row_threads(vocab, ROW_THREADS))?;
     let mut l = gpu.stream().launch_builder(&f);
-    l.arg(io.logits)
-        .arg(io.targets)
-        .arg(&io.stats.stats)
+    l.arg(logits)
+        .arg(targets)
+        .arg(&stats.stats)
         .arg(dlogits)
         .arg(&rows_w_i)
         .arg(&vocab_i)
         .arg(&grad_scale);
     // SAFETY: both kernels are (const float* logits, const unsigned int*
     // targets, const float2* stats, Out* dlogits, int rows, int vocab, float
-    // grad_scale), and the two callers pair cross_entropy_bwd_f32 with T =
-    // f32 and cross_entropy_bwd_f16 with T = u16 (Out = unsigned short), so
-    // the lengths checked in elements of T are the kernel's: logits and dlogits hold rows * vocab
-    // elements, targets rows >= rows_w_i and stats 2 rows floats in a whole
-    // allocation (checked above); dlogits aliases no input.
+    // grad_scale), and T::KERNEL is the one whose Out is T (f32: float; u16:
+    // unsigned short), so the lengths checked in elements of T are the
+    // kernel's: logits and dlogits hold rows * vocab elements, targets rows
+    // >= rows_w_i and stats 2 rows floats in a whole allocation (checked
+    // above); dlogits aliases no input.
     unsafe { l.launch(cfg) }?;
     Ok(())
 }

@@ -745,45 +745,21 @@ impl GpuTrainer {
         let ws = &mut self.ws;
         let d = &mut ws.grads;
         let (logits, targets) = (ws.logits.as_view(), ws.targets.as_view());
+        let (vocab, stats) = (c.vocab, &ws.ce_stats);
         match (&mut d.dlogits, &self.base.lm_head_f16) {
-            (Dlogits::F16(dlogits16), Some(w16)) => {
-                let mut view = dlogits16.as_view_mut();
-                cross_entropy::backward_f16(
-                    gpu,
-                    &logits,
-                    rows,
-                    c.vocab,
-                    &targets,
-                    &ws.ce_stats,
-                    &mut view,
-                )?;
-                // dlogits16 = rows * F16_GRAD_SCALE * dL/dlogits.
+            (Dlogits::F16(g), Some(w16)) => {
+                let mut view = g.as_view_mut();
+                cross_entropy::backward(gpu, &logits, rows, vocab, &targets, stats, &mut view)?;
+                // g = rows * F16_GRAD_SCALE * dL/dlogits.
                 let alpha = (1.0 / (rows as f64 * f64::from(F16_GRAD_SCALE))) as f32;
-                let spec = GemmSpec::linear_dx(rows, h, c.vocab);
-                blas::gemm_f16(gpu, spec, alpha, dlogits16, w16, 0.0, &mut d.dnf)?;
+                let spec = GemmSpec::linear_dx(rows, h, vocab);
+                blas::gemm_f16(gpu, spec, alpha, g, w16, 0.0, &mut d.dnf)?;
             }
-            (Dlogits::F32(dlogits), _) => {
-                let mut view = dlogits.as_view_mut();
-                cross_entropy::backward(
-                    gpu,
-                    &logits,
-                    rows,
-                    c.vocab,
-                    &targets,
-                    &ws.ce_stats,
-                    &mut view,
-                )?;
-                let dims = (rows, h, c.vocab);
-                blas::linear_dx(
-                    gpu,
-                    bwd,
-                    1.0,
-                    dlogits,
-                    &self.base.lm_head,
-                    0.0,
-                    &mut d.dnf,
-                    dims,
-                )?;
+            (Dlogits::F32(g), _) => {
+                let mut view = g.as_view_mut();
+                cross_entropy::backward(gpu, &logits, rows, vocab, &targets, stats, &mut view)?;
+                let (w, dims) = (&self.base.lm_head, (rows, h, vocab));
+                blas::linear_dx(gpu, bwd, 1.0, g, w, 0.0, &mut d.dnf, dims)?;
             }
             (Dlogits::F16(_), None) => return Err(missing_f16_head()),
         }

@@ -98,7 +98,7 @@ pub struct Scratch {
 /// head's backward GEMM.
 pub enum Dlogits {
     F32(CudaSlice<f32>),
-    /// With `f16_lm_head`: scaled f16 bits (`cross_entropy::backward_f16`).
+    /// With `f16_lm_head`: scaled f16 bits (`cross_entropy::backward` into `u16`).
     F16(CudaSlice<u16>),
 }
 
