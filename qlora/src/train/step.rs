@@ -684,30 +684,19 @@ impl GpuTrainer {
             eps,
             &mut ws.nf.as_view_mut(),
         )?;
-        let dims = (rows, h, c.vocab);
+        let (vocab, logits) = (c.vocab, &mut ws.logits);
+        // The workspace has an f16 input exactly when the base has an f16 head.
         match (&mut ws.nf16, &self.base.lm_head_f16) {
             (Some(nf16), Some(w16)) => {
                 cast::f32_to_f16(gpu, &ws.nf, nf16)?;
-                blas::gemm_f16(
-                    gpu,
-                    GemmSpec::linear(rows, h, c.vocab),
-                    1.0,
-                    nf16,
-                    w16,
-                    0.0,
-                    &mut ws.logits,
-                )?;
+                let spec = GemmSpec::linear(rows, h, vocab);
+                blas::gemm_f16(gpu, spec, 1.0, nf16, w16, 0.0, logits)?;
             }
-            _ => blas::linear(
-                gpu,
-                fwd,
-                1.0,
-                &ws.nf,
-                &self.base.lm_head,
-                0.0,
-                &mut ws.logits,
-                dims,
-            )?,
+            (None, _) => {
+                let (w, dims) = (&self.base.lm_head, (rows, h, vocab));
+                blas::linear(gpu, fwd, 1.0, &ws.nf, w, 0.0, logits, dims)?;
+            }
+            (Some(_), None) => return Err(missing_f16_head()),
         }
         cross_entropy::forward(
             gpu,
@@ -912,7 +901,7 @@ fn honoured_options(gpu: &GpuContext, options: GpuTrainOptions) -> Result<GpuTra
     })
 }
 
-/// The error of a workspace with an f16 gradient for a head without an f16 copy.
+/// The error of a workspace with f16 head buffers for a base without an f16 head.
 fn missing_f16_head() -> Error {
     Error::InvalidArgument {
         op: "train",
