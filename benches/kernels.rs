@@ -221,7 +221,7 @@ fn kernels(c: &mut Criterion) {
         gpu,
         "cast_f32_f16",
         Throughput::Bytes(th as u64 * 6),
-        |gpu| cast::f32_to_f16(gpu, &x, &mut half).expect("cast"),
+        |gpu| cast::f32_to_f16(gpu, &x.as_view(), &mut half.as_view_mut()).expect("cast"),
     );
     drop(half);
 

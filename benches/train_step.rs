@@ -51,6 +51,7 @@ fn bench_train_step(c: &mut Criterion) {
             keep_mlp: true,
             transposed_weights: true,
             f16_lm_head: true,
+            f16_projections: true,
             ..speed
         });
         for options in modes {

@@ -3,7 +3,7 @@
 //! "profile from start off" sees one whole step and nothing else:
 //!
 //! ```text
-//! cargo run --release --example step_profile -- qwen2.5-0.5b [--graph] [--nf4] [--tf32-backward] [--keep-mlp] [--transposed-weights] [--f16-lm-head] [--steps N]
+//! cargo run --release --example step_profile -- qwen2.5-0.5b [--graph] [--nf4] [--tf32-backward] [--keep-mlp] [--transposed-weights] [--f16-lm-head] [--f16-projections] [--steps N]
 //! ncu --profile-from-start off --metrics gpu__time_duration.sum --csv target/release/examples/step_profile qwen2.5-0.5b
 //! ```
 //!
@@ -45,6 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         keep_mlp: flag("--keep-mlp"),
         transposed_weights: flag("--transposed-weights"),
         f16_lm_head: flag("--f16-lm-head"),
+        f16_projections: flag("--f16-projections"),
         device_quantize: true,
         ..GpuTrainOptions::default()
     };

@@ -49,6 +49,7 @@ pub struct RankJob {
     pub keep_mlp: bool,
     pub transposed_weights: bool,
     pub f16_lm_head: bool,
+    pub f16_projections: bool,
     pub lr: f64,
     pub max_grad_norm: f64,
     pub weight_decay: f64,
@@ -112,6 +113,7 @@ impl RankJob {
             keep_mlp: self.keep_mlp,
             transposed_weights: self.transposed_weights,
             f16_lm_head: self.f16_lm_head,
+            f16_projections: self.f16_projections,
             ..GpuTrainOptions::default()
         }
     }
@@ -299,6 +301,7 @@ mod tests {
             keep_mlp: false,
             transposed_weights: false,
             f16_lm_head: false,
+            f16_projections: false,
             lr: 1e-3,
             max_grad_norm: 1.0,
             weight_decay: 0.0,

@@ -114,7 +114,7 @@ fn one_ofs(bound: &[Piece]) -> Vec<Vec<String>> {
 }
 
 /// Each documented list of spellings is the one serde accepts; a step
-/// mode's six lists are those of its six enumerated keys.
+/// mode's seven lists are those of its seven enumerated keys.
 #[test]
 fn the_documented_spellings_are_the_ones_serde_accepts() {
     let step_mode_keys = [
@@ -124,6 +124,7 @@ fn the_documented_spellings_are_the_ones_serde_accepts() {
         "mlp_activations",
         "backward_weights",
         "lm_head_operands",
+        "projection_operands",
     ];
     for kind in KINDS {
         for p in kind.params {

@@ -66,6 +66,12 @@ pub struct Faults {
     /// The kept f16 copy of the LM head is made from the embedding table
     /// (the same shape, and the same tensor in a model with tied embeddings).
     pub f16_lm_head_from_embedding: bool,
+    /// The trainer keeps no f16 projections even where its options ask for
+    /// them: the forward GEMMs stay TF32 on the f32 tensors.
+    pub f16_projections_ignored: bool,
+    /// The kept f16 copy of each layer's gate projection is made from its up
+    /// projection (the same shape).
+    pub f16_gate_from_up: bool,
     /// AdamW moves parameters up the gradient.
     pub adamw_update_sign_flipped: bool,
     // ---- data parallelism (every rank gets the same knobs) --------------------
@@ -112,6 +118,8 @@ impl Faults {
         transposed_weights_ignored: false,
         f16_lm_head_ignored: false,
         f16_lm_head_from_embedding: false,
+        f16_projections_ignored: false,
+        f16_gate_from_up: false,
         adamw_update_sign_flipped: false,
         dp_all_reduce_skipped: false,
         dp_sum_instead_of_mean: false,

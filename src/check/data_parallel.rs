@@ -237,6 +237,7 @@ impl Params {
             keep_mlp: o.keep_mlp,
             transposed_weights: o.transposed_weights,
             f16_lm_head: o.f16_lm_head,
+            f16_projections: o.f16_projections,
             lr: o.hyper.lr,
             max_grad_norm: o.hyper.max_grad_norm,
             weight_decay: o.hyper.weight_decay,

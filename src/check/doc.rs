@@ -66,11 +66,11 @@ pub const PRECISIONS: &[&str] = &["f32", "tf32", "f16", "bf16"];
 /// The spellings of a step mode's defaults, the default of every `mode`,
 /// `baseline` and `candidate` that has one.
 pub const DEFAULT_STEP_MODE: &str =
-    "{graph: false, clip: global, base: fp32, backward_math: fp32, mlp_activations: recompute, backward_weights: shared, lm_head_operands: f32}";
+    "{graph: false, clip: global, base: fp32, backward_math: fp32, mlp_activations: recompute, backward_weights: shared, lm_head_operands: f32, projection_operands: f32}";
 
 /// The bound of a step mode, written out once for every kind that takes one.
 pub const STEP_MODE_BOUND: &[Piece] = &[
-    Text("`{graph, clip, base, backward_math, mlp_activations, backward_weights, lm_head_operands}`; `clip`: "),
+    Text("`{graph, clip, base, backward_math, mlp_activations, backward_weights, lm_head_operands, projection_operands}`; `clip`: "),
     OneOf(&["global", "per_layer"]),
     Text("; `base`: "),
     OneOf(&["fp32", "nf4"]),
@@ -81,6 +81,8 @@ pub const STEP_MODE_BOUND: &[Piece] = &[
     Text("; `backward_weights`: "),
     OneOf(&["shared", "transposed"]),
     Text("; `lm_head_operands`: "),
+    OneOf(&["f32", "f16"]),
+    Text("; `projection_operands`: "),
     OneOf(&["f32", "f16"]),
 ];
 

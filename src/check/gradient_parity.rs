@@ -199,6 +199,7 @@ impl Params {
             keep_mlp: false,
             transposed_weights: false,
             f16_lm_head: false,
+            f16_projections: false,
             device_quantize: false,
         }
     }

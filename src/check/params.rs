@@ -334,22 +334,28 @@ pub struct StepMode {
     /// read.
     #[serde(default)]
     pub backward_weights: BackwardWeights,
-    /// The operands of the LM head's two GEMMs.
+    /// The operands of the LM head's two GEMMs (`logits = nf Wlm^T`,
+    /// `dnf = dlogits Wlm`); `f16`: a kept copy of `Wlm`, the final norm's
+    /// output cast, the cross-entropy gradient written scaled in f16. Needs
+    /// `backward_math: tf32` (the forward is TF32 already).
     #[serde(default)]
-    pub lm_head_operands: LmHeadOperands,
+    pub lm_head_operands: GemmOperands,
+    /// The operands of the frozen projections' forward GEMMs (each layer's
+    /// q/k/v stack, o, gate, up, down); `f16`: kept copies of the weights,
+    /// each GEMM's input cast first. Needs `base: fp32`.
+    #[serde(default)]
+    pub projection_operands: GemmOperands,
 }
 
-/// What the LM head's GEMMs (`logits = nf Wlm^T`, `dnf = dlogits Wlm`) read.
+/// What a group of GEMMs reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
-pub enum LmHeadOperands {
+pub enum GemmOperands {
     /// The f32 tensors, in each direction's GEMM math.
     #[default]
     F32,
-    /// f16 copies (TF32's 11-bit significand, f32 accumulation, twice
-    /// TF32's tensor-core rate): a kept copy of `Wlm`, the final norm's
-    /// output cast, the cross-entropy gradient written scaled in f16. Needs
-    /// `backward_math: tf32` (the forward is TF32 already).
+    /// f16 copies: TF32's 11-bit significand, f32 accumulation, twice
+    /// TF32's tensor-core rate.
     F16,
 }
 
@@ -404,7 +410,8 @@ impl StepMode {
             },
             keep_mlp: self.mlp_activations == MlpActivations::Keep,
             transposed_weights: self.backward_weights == BackwardWeights::Transposed,
-            f16_lm_head: self.lm_head_operands == LmHeadOperands::F16,
+            f16_lm_head: self.lm_head_operands == GemmOperands::F16,
+            f16_projections: self.projection_operands == GemmOperands::F16,
             device_quantize: false,
         }
     }

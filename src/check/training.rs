@@ -5,8 +5,8 @@
 //! run the GPU step ([`super::GpuTrainer`]) from the same seeds, so both
 //! backends train the same model on the same batches.
 
-use crate::check::params::BackwardMath;
 use crate::check::params::{fits_host, gpu_shortfall};
+use crate::check::params::{BackwardMath, GemmOperands};
 use crate::check::params::{Hyper, StepMode};
 use crate::check::{Backend, Here};
 use crate::error::{Error, Result};
@@ -105,6 +105,14 @@ pub(super) fn reference_options(
             op: "train",
             message: format!(
                 "step mode {mode}: the reference computes in f64; a GEMM math needs cuda"
+            ),
+        });
+    }
+    if mode.lm_head_operands != GemmOperands::F32 || mode.projection_operands != GemmOperands::F32 {
+        return Err(Error::InvalidArgument {
+            op: "train",
+            message: format!(
+                "step mode {mode}: the reference computes in f64; f16 operands need cuda"
             ),
         });
     }
@@ -294,7 +302,8 @@ mod tests {
             backward_math: crate::check::params::BackwardMath::Tf32,
             mlp_activations: crate::check::params::MlpActivations::Keep,
             backward_weights: crate::check::params::BackwardWeights::Transposed,
-            lm_head_operands: crate::check::params::LmHeadOperands::F16,
+            lm_head_operands: crate::check::params::GemmOperands::F16,
+            projection_operands: crate::check::params::GemmOperands::F32,
         };
         let o = mode.gpu_options(Hyper::default());
         assert!(o.graph && o.clip == ClipMode::PerLayer);
@@ -316,11 +325,13 @@ mod tests {
         );
         let fp32 = StepMode {
             base: crate::check::params::BaseWeights::Fp32,
+            projection_operands: crate::check::params::GemmOperands::F16,
             ..mode
         };
+        assert!(fp32.gpu_options(Hyper::default()).f16_projections);
         assert_eq!(
             fp32.to_string(),
-            "graphed/per-layer-clip/fp32/tf32-backward/keep-mlp/transposed-weights/f16-lm-head"
+            "graphed/per-layer-clip/fp32/tf32-backward/keep-mlp/transposed-weights/f16-lm-head/f16-projections"
         );
     }
 

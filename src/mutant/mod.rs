@@ -81,6 +81,12 @@ pub enum Mutant {
     /// The f16 copy of the LM head is made from the embedding table (the
     /// same shape; the same tensor only where embeddings are tied).
     F16LmHeadFromEmbedding,
+    /// The trainer keeps no f16 projections where its options ask for them
+    /// (correct, as slow as the TF32 forward).
+    F16ProjectionsIgnored,
+    /// The f16 copy of each layer's gate projection is made from its up
+    /// projection (the same shape).
+    F16GateFromUp,
     // ---- GPU runtime ------------------------------------------------------------
     /// The kernel cache compiles for an older architecture than the device's.
     PtxOlderTarget,
@@ -218,6 +224,14 @@ impl Mutant {
             },
             Mutant::F16LmHeadFromEmbedding => Faults {
                 f16_lm_head_from_embedding: true,
+                ..none
+            },
+            Mutant::F16ProjectionsIgnored => Faults {
+                f16_projections_ignored: true,
+                ..none
+            },
+            Mutant::F16GateFromUp => Faults {
+                f16_gate_from_up: true,
                 ..none
             },
             Mutant::AdamwUpdateSignFlipped => Faults {

@@ -16,13 +16,13 @@ use crate::train::BaseWeights;
 /// configuration's forward pass uses.
 pub const LEFT_OUT_MODULE: &str = "rmsnorm";
 
-/// The module of the f32 -> f16 cast that an `f16_lm_head` step runs on the
-/// final norm's output.
-pub const F16_LM_HEAD_MODULE: &str = "cast";
+/// The module of the f32 -> f16 cast that a step with f16 GEMM operands
+/// (`f16_lm_head`, `f16_projections`) runs on each such GEMM's input.
+pub const F16_CAST_MODULE: &str = "cast";
 
 /// The kernel modules the forward + backward + optimizer step of `config` with
-/// `base` weights uses (with `f16_lm_head`: the cast of the LM head's input
-/// too). The one place this list is defined.
+/// `base` weights uses (with `f16_casts`, a step with f16 GEMM operands: the
+/// cast of their inputs too). The one place this list is defined.
 ///
 /// Every preset runs the same Qwen2-style decoder, so only the base format
 /// (NF4 adds the quantise / NF4 GEMM kernels), the head dimension (the
@@ -38,7 +38,7 @@ pub fn modules_for(
     config: &ModelConfig,
     base: BaseWeights,
     (fwd, bwd): (AttnKernels, AttnKernels),
-    f16_lm_head: bool,
+    f16_casts: bool,
 ) -> Vec<&'static str> {
     let mut modules = vec![
         "embedding",
@@ -55,8 +55,8 @@ pub fn modules_for(
     if base == BaseWeights::Nf4 {
         modules.push("nf4");
     }
-    if f16_lm_head {
-        modules.push(F16_LM_HEAD_MODULE);
+    if f16_casts {
+        modules.push(F16_CAST_MODULE);
     }
     modules
 }
@@ -96,7 +96,7 @@ impl GpuContext {
     }
 
     /// Loads every module that `config`'s training step uses with each of
-    /// `bases`, the forward and backward GEMM math `math` and `f16_lm_head` (from the disk
+    /// `bases`, the forward and backward GEMM math `math` and `f16_casts` (from the disk
     /// cache, or compiled concurrently), then marks the cache pre-warmed:
     /// any later load counts as `loaded_after_prewarm`. Allocates no model
     /// memory.
@@ -105,7 +105,7 @@ impl GpuContext {
         config: &ModelConfig,
         bases: &[BaseWeights],
         (fwd, bwd): (GemmMath, GemmMath),
-        f16_lm_head: bool,
+        f16_casts: bool,
     ) -> Result<PrewarmReport> {
         let started = Instant::now();
         let faults = self.faults();
@@ -115,7 +115,7 @@ impl GpuContext {
         );
         let mut wanted = BTreeSet::new();
         for &base in bases {
-            wanted.extend(modules_for(config, base, attn, f16_lm_head));
+            wanted.extend(modules_for(config, base, attn, f16_casts));
         }
         let mut skipped = Vec::new();
         if self.faults().module_left_out_of_prewarm && wanted.remove(LEFT_OUT_MODULE) {
@@ -168,7 +168,7 @@ mod tests {
             }
             let default = modules_for(&config, BaseWeights::Fp32, (tc, f32k), false);
             assert!(default.contains(&LEFT_OUT_MODULE));
-            assert!(!default.contains(&F16_LM_HEAD_MODULE));
+            assert!(!default.contains(&F16_CAST_MODULE));
         }
     }
 }

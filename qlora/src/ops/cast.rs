@@ -5,7 +5,7 @@
 //! `f32_to_f16`: `y_i = f16(x_i)`, round to nearest even (IEEE 754, as
 //! `half::f16::from_f32`). `f16_to_f32`: `y_i = f32(x_i)`, exact.
 
-use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, PushKernelArg};
 
 use super::gemm::to_i64;
 use super::launch::expect_len;
@@ -26,18 +26,25 @@ pub const SIGNATURES: Signatures = &[
 /// The f16 bit pattern of a quiet NaN: the poison of f16 outputs.
 pub const F16_NAN_BITS: u16 = 0x7e00;
 
-/// `y = f16(x)` element-wise (round to nearest even).
-pub fn f32_to_f16(gpu: &mut GpuContext, x: &CudaSlice<f32>, y: &mut CudaSlice<u16>) -> Result<()> {
+/// `y = f16(x)` element-wise (round to nearest even); views, so a block of a
+/// wider buffer can be cast in place.
+pub fn f32_to_f16(gpu: &mut GpuContext, x: &CudaView<f32>, y: &mut CudaViewMut<u16>) -> Result<()> {
     expect_len("cast_fwd_f32_f16", "y", y.len(), &[x.len()])?;
     let n = gpu.faults().written(x.len());
-    launch_f32_to_f16(gpu, x, y, n)
+    launch_cast(gpu, "cast_fwd_f32_f16", x, y, n)
 }
 
 /// `y = f32(x)` element-wise (exact).
 pub fn f16_to_f32(gpu: &mut GpuContext, x: &CudaSlice<u16>, y: &mut CudaSlice<f32>) -> Result<()> {
     expect_len("cast_fwd_f16_f32", "y", y.len(), &[x.len()])?;
     let n = gpu.faults().written(x.len());
-    launch_f16_to_f32(gpu, x, y, n)
+    launch_cast(
+        gpu,
+        "cast_fwd_f16_f32",
+        &x.as_view(),
+        &mut y.as_view_mut(),
+        n,
+    )
 }
 
 /// Runs `symbol` (`cast_fwd_f32_f16` or `cast_fwd_f16_f32`) on the first
@@ -46,8 +53,8 @@ pub fn f16_to_f32(gpu: &mut GpuContext, x: &CudaSlice<u16>, y: &mut CudaSlice<f3
 fn launch_cast<A: DeviceRepr, B: DeviceRepr>(
     gpu: &mut GpuContext,
     symbol: &'static str,
-    x: &CudaSlice<A>,
-    y: &mut CudaSlice<B>,
+    x: &CudaView<A>,
+    y: &mut CudaViewMut<B>,
     n: usize,
 ) -> Result<()> {
     let n = to_i64(symbol, n.min(x.len()).min(y.len()))?;
@@ -63,22 +70,4 @@ fn launch_cast<A: DeviceRepr, B: DeviceRepr>(
     // touches only indices < n.
     unsafe { launch.launch(cfg) }?;
     Ok(())
-}
-
-fn launch_f32_to_f16(
-    gpu: &mut GpuContext,
-    x: &CudaSlice<f32>,
-    y: &mut CudaSlice<u16>,
-    n: usize,
-) -> Result<()> {
-    launch_cast(gpu, "cast_fwd_f32_f16", x, y, n)
-}
-
-fn launch_f16_to_f32(
-    gpu: &mut GpuContext,
-    x: &CudaSlice<u16>,
-    y: &mut CudaSlice<f32>,
-    n: usize,
-) -> Result<()> {
-    launch_cast(gpu, "cast_fwd_f16_f32", x, y, n)
 }

@@ -400,8 +400,8 @@ pub(crate) fn gemm_ex_f16(
     blas: &CudaBlas,
     stream: &Arc<CudaStream>,
     cfg: GemmConfig<f32>,
-    first: &CudaSlice<u16>,
-    second: &CudaSlice<u16>,
+    first: &impl DevicePtr<u16>,
+    second: &impl DevicePtr<u16>,
     c: &mut CudaSlice<f32>,
 ) -> Result<()> {
     let alpha = cfg.alpha;
@@ -445,7 +445,7 @@ pub(crate) fn gemm_ex_f16(
 /// A device f16 copy (raw bit patterns) of `x`, rounded to nearest even.
 fn cast_to_f16(gpu: &mut GpuContext, x: &CudaSlice<f32>) -> Result<CudaSlice<u16>> {
     let mut out = gpu.zeros::<u16>(x.len())?;
-    super::cast::f32_to_f16(gpu, x, &mut out)?;
+    super::cast::f32_to_f16(gpu, &x.as_view(), &mut out.as_view_mut())?;
     Ok(out)
 }
 

@@ -10,7 +10,7 @@
 //! switch are those of [`crate::ops::gemm`] ([`GemmSpec::cublas_config`]).
 
 use cudarc::cublas::Gemm;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DevicePtr};
 
 use crate::error::{Error, Result};
 use crate::gpu::{GemmMath, GpuContext};
@@ -180,8 +180,8 @@ pub fn gemm_f16(
     gpu: &GpuContext,
     spec: GemmSpec,
     alpha: f32,
-    a: &CudaSlice<u16>,
-    b: &CudaSlice<u16>,
+    a: &impl DevicePtr<u16>,
+    b: &impl DevicePtr<u16>,
     beta: f32,
     c: &mut CudaSlice<f32>,
 ) -> Result<()> {

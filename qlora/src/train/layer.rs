@@ -19,7 +19,7 @@
 //! `grads.dx` enters a layer's backward as the gradient of `xs[l + 1]` and
 //! leaves it as that of `xs[l]`.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView};
 
 use super::blas::{self, Mat, MatMut};
 use super::kernels;
@@ -31,7 +31,7 @@ use crate::model::{ModelConfig, Slot, Trainable};
 use crate::ops::attention::{self, AttnShape};
 use crate::ops::gemm::GemmSpec;
 use crate::ops::rope::{self, QkvShape};
-use crate::ops::{activation, nf4, rmsnorm};
+use crate::ops::{activation, cast, nf4, rmsnorm};
 
 /// What every layer's launches share within one pass: the model's shapes,
 /// the GEMM math of each direction and the LoRA scale of each.
@@ -99,15 +99,17 @@ impl<'a> DecoderLayer<'a> {
 
     /// Reads `xs[l]`, keeps the layer's activations and writes `xs[l + 1]`.
     /// `stack` is the layer's own q/k/v stack (fp32 base; `None` for NF4,
-    /// which dequantises into the workspace's).
+    /// which dequantises into the workspace's), `stack_f16` its f16 copy
+    /// (with f16 projections).
     pub(super) fn forward(
         &self,
         gpu: &mut GpuContext,
         ctx: &LayerCtx,
         ws: &mut Workspace,
         stack: Option<&mut CudaSlice<f32>>,
+        stack_f16: Option<&mut CudaSlice<u16>>,
     ) -> Result<()> {
-        self.attn.forward(gpu, ctx, ws, stack)?;
+        self.attn.forward(gpu, ctx, ws, stack, stack_f16)?;
         self.mlp.forward(gpu, ctx, ws)
     }
 
@@ -145,16 +147,18 @@ struct Attention<'a> {
 
 impl Attention<'_> {
     /// `n1 = rmsnorm(x, g1)`; `y = n1 S^T`; `qr, kr, v` from `y`;
-    /// `att = attention(qr, kr, v)`; `x2 = x + att Wo^T`.
+    /// `att = attention(qr, kr, v)`; `x2 = x + att Wo^T`. With `stack_f16`,
+    /// `y` is the product of f16 copies of `n1` and `S`.
     fn forward(
         &self,
         gpu: &mut GpuContext,
         ctx: &LayerCtx,
         ws: &mut Workspace,
         stack: Option<&mut CudaSlice<f32>>,
+        stack_f16: Option<&mut CudaSlice<u16>>,
     ) -> Result<()> {
         let c = &ctx.c;
-        let (rows, h, qd) = (c.tokens(), c.hidden, c.q_dim());
+        let (rows, h) = (c.tokens(), c.hidden);
         let eps = ModelConfig::RMS_EPS;
         let l = self.params.layer;
         rmsnorm::forward(
@@ -169,16 +173,19 @@ impl Attention<'_> {
         let stack = self.fill_stack(gpu, c, stack, &mut ws.stack)?;
         let a = &mut ws.layers[l];
         let sh = qkv_shape(c);
-        blas::linear(
-            gpu,
-            ctx.fwd,
-            1.0,
-            &a.n1,
-            stack,
-            0.0,
-            &mut a.qkv,
-            (rows, h, sh.width()),
-        )?;
+        let dims = (rows, h, sh.width());
+        match stack_f16 {
+            Some(s16) => {
+                // The LoRA A rows fill_stack just copied, rounded in.
+                let first = sh.u_col() * h;
+                let mut rows16 = s16.slice_mut(first..);
+                cast::f32_to_f16(gpu, &stack.slice(first..), &mut rows16)?;
+                let n1 = half_of(gpu, &a.n1, &mut ws.half_input)?;
+                let spec = GemmSpec::linear(rows, h, sh.width());
+                blas::gemm_f16(gpu, spec, 1.0, &n1, s16, 0.0, &mut a.qkv)?;
+            }
+            None => blas::linear(gpu, ctx.fwd, 1.0, &a.n1, stack, 0.0, &mut a.qkv, dims)?,
+        }
         let pi = |slot: Slot| self.params.get(slot);
         rope::qkv_forward(
             gpu,
@@ -197,8 +204,17 @@ impl Attention<'_> {
             &ctx.attn,
         )?;
         gpu.stream().memcpy_dtod(&ws.xs[l], &mut a.x2)?;
-        let wo = Workspace::weight(&mut ws.deq, gpu, self.o)?;
-        blas::linear(gpu, ctx.fwd, 1.0, &a.att, wo, 1.0, &mut a.x2, (rows, qd, h))
+        let half = &mut ws.half_input;
+        forward_linear(
+            gpu,
+            ctx.fwd,
+            &mut ws.deq,
+            half,
+            self.o,
+            &a.att,
+            1.0,
+            &mut a.x2,
+        )
     }
 
     /// The layer's stack `S = [Wq; Wk; Wv; Aq; Av]` as this step needs it:
@@ -390,6 +406,63 @@ fn input_grad(
     }
 }
 
+/// `y = x W^T + beta y` of the frozen `lin`'s forward (`W` `[out, in]`, `x`
+/// `[rows, in]`): on f16 operands when `lin` keeps an f16 copy of `W` (`x`
+/// cast into the workspace's `half` first), else `W` in `math` (dequantised
+/// first for an NF4 base).
+#[allow(clippy::too_many_arguments)]
+fn forward_linear(
+    gpu: &mut GpuContext,
+    math: GemmMath,
+    deq: &mut [CudaSlice<f32>],
+    half: &mut Option<CudaSlice<u16>>,
+    lin: &Linear,
+    x: &CudaSlice<f32>,
+    beta: f32,
+    y: &mut CudaSlice<f32>,
+) -> Result<()> {
+    match &lin.half {
+        Some(w16) => {
+            let x16 = half_of(gpu, x, half)?;
+            blas::gemm_f16(gpu, linear_spec(lin, x.len()), 1.0, &x16, w16, beta, y)
+        }
+        None => {
+            let w = Workspace::weight(deq, gpu, lin)?;
+            let dims = (x.len() / lin.in_dim, lin.in_dim, lin.out_dim);
+            blas::linear(gpu, math, 1.0, x, w, beta, y, dims)
+        }
+    }
+}
+
+/// The forward product `x W^T` of `lin` for an input of `x_len` elements
+/// (`x_len / in_dim` rows; a length that is no whole number of rows fails
+/// the GEMM's shape check).
+fn linear_spec(lin: &Linear, x_len: usize) -> GemmSpec {
+    GemmSpec::linear(x_len / lin.in_dim, lin.in_dim, lin.out_dim)
+}
+
+/// `x` rounded to f16 into the front of `half` (the workspace's
+/// [`Workspace::half_input`]), as a view of `x.len()` elements.
+pub(super) fn half_of<'h>(
+    gpu: &mut GpuContext,
+    x: &CudaSlice<f32>,
+    half: &'h mut Option<CudaSlice<u16>>,
+) -> Result<CudaView<'h, u16>> {
+    let too_small = || {
+        Error::InvalidArgument {
+        op: "train",
+        message: format!(
+            "an f16 GEMM input of {} elements needs the workspace's f16 input buffer of at least that many",
+            x.len()
+        ),
+    }
+    };
+    let buf = half.as_mut().ok_or_else(too_small)?;
+    let mut front = buf.try_slice_mut(0..x.len()).ok_or_else(too_small)?;
+    cast::f32_to_f16(gpu, &x.as_view(), &mut front)?;
+    buf.try_slice(0..x.len()).ok_or_else(too_small)
+}
+
 /// The fused q/k/v projection's layout for `c`.
 fn qkv_shape(c: &ModelConfig) -> QkvShape {
     QkvShape {
@@ -416,7 +489,7 @@ impl Mlp<'_> {
     /// into `xs[l + 1]`; gate and up kept only when the workspace keeps them.
     fn forward(&self, gpu: &mut GpuContext, ctx: &LayerCtx, ws: &mut Workspace) -> Result<()> {
         let c = &ctx.c;
-        let (rows, h, inter) = (c.tokens(), c.hidden, c.intermediate);
+        let (rows, h) = (c.tokens(), c.hidden);
         let (eps, fwd) = (ModelConfig::RMS_EPS, ctx.fwd);
         let l = self.params.layer;
         let a = &mut ws.layers[l];
@@ -435,7 +508,8 @@ impl Mlp<'_> {
             Some((g, u)) => (g, u),
             None => (&mut sc.gate, &mut sc.up),
         };
-        self.gate_up(gpu, fwd, &mut ws.deq, &a.n2, (gate, up), (rows, h, inter))?;
+        let half = &mut ws.half_input;
+        self.gate_up(gpu, fwd, (&mut ws.deq, half), &a.n2, (gate, up))?;
         activation::swiglu_forward(
             gpu,
             &gate.as_view(),
@@ -443,25 +517,35 @@ impl Mlp<'_> {
             &mut sc.act.as_view_mut(),
         )?;
         gpu.stream().memcpy_dtod(&a.x2, x_next)?;
-        let wd = Workspace::weight(&mut ws.deq, gpu, self.down)?;
-        blas::linear(gpu, fwd, 1.0, &sc.act, wd, 1.0, x_next, (rows, inter, h))
+        forward_linear(gpu, fwd, &mut ws.deq, half, self.down, &sc.act, 1.0, x_next)
     }
 
     /// The MLP's input projections `gate = n2 Wg^T`, `up = n2 Wu^T`: what the
-    /// forward computes and the backward recomputes when they are not kept.
+    /// forward computes and the backward recomputes when they are not kept
+    /// (on f16 operands when both keep f16 copies, `n2` cast once).
     fn gate_up(
         &self,
         gpu: &mut GpuContext,
         math: GemmMath,
-        deq: &mut [CudaSlice<f32>],
+        (deq, half): (&mut [CudaSlice<f32>], &mut Option<CudaSlice<u16>>),
         n2: &CudaSlice<f32>,
         (gate, up): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
-        (rows, hidden, inter): (usize, usize, usize),
     ) -> Result<()> {
-        let wg = Workspace::weight(deq, gpu, self.gate)?;
-        blas::linear(gpu, math, 1.0, n2, wg, 0.0, gate, (rows, hidden, inter))?;
-        let wu = Workspace::weight(deq, gpu, self.up)?;
-        blas::linear(gpu, math, 1.0, n2, wu, 0.0, up, (rows, hidden, inter))
+        if let (Some(wg), Some(wu)) = (&self.gate.half, &self.up.half) {
+            let n2 = half_of(gpu, n2, half)?;
+            blas::gemm_f16(
+                gpu,
+                linear_spec(self.gate, n2.len()),
+                1.0,
+                &n2,
+                wg,
+                0.0,
+                gate,
+            )?;
+            return blas::gemm_f16(gpu, linear_spec(self.up, n2.len()), 1.0, &n2, wu, 0.0, up);
+        }
+        forward_linear(gpu, math, deq, half, self.gate, n2, 0.0, gate)?;
+        forward_linear(gpu, math, deq, half, self.up, n2, 0.0, up)
     }
 
     /// The backward of [`Mlp::forward`]: `dx` (the gradient of `x'`) through
@@ -479,7 +563,8 @@ impl Mlp<'_> {
         let (eps, bwd) = (ModelConfig::RMS_EPS, ctx.bwd);
         let a = &ws.layers[self.params.layer];
         let d = &mut ws.grads;
-        let (gate, up) = self.saved_gate_up(gpu, ctx, a, &mut ws.scratch, &mut ws.deq)?;
+        let stores = (&mut ws.deq[..], &mut ws.half_input);
+        let (gate, up) = self.saved_gate_up(gpu, ctx, a, &mut ws.scratch, stores)?;
         input_grad(
             gpu,
             bwd,
@@ -540,15 +625,13 @@ impl Mlp<'_> {
         ctx: &LayerCtx,
         a: &'b LayerActs,
         sc: &'b mut Scratch,
-        deq: &mut [CudaSlice<f32>],
+        (deq, half): (&mut [CudaSlice<f32>], &mut Option<CudaSlice<u16>>),
     ) -> Result<(&'b CudaSlice<f32>, &'b CudaSlice<f32>)> {
-        let c = &ctx.c;
         match &a.mlp {
             Some((g, u)) => Ok((g, u)),
             None => {
-                let dims = (c.tokens(), c.hidden, c.intermediate);
                 let fwd = ctx.fwd;
-                self.gate_up(gpu, fwd, deq, &a.n2, (&mut sc.gate, &mut sc.up), dims)?;
+                self.gate_up(gpu, fwd, (deq, half), &a.n2, (&mut sc.gate, &mut sc.up))?;
                 Ok((&sc.gate, &sc.up))
             }
         }

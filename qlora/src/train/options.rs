@@ -102,6 +102,16 @@ pub struct GpuTrainOptions {
     /// both directions (refused otherwise); costs `2 x vocab x hidden` bytes
     /// for the copy and saves `2 x tokens x vocab` on the gradient.
     pub f16_lm_head: bool,
+    /// Run the frozen projections' forward GEMMs (each layer's q/k/v stack,
+    /// o, gate, up and down) on f16 operands with f32 accumulation and an
+    /// f32 output: kept f16 copies of the weights (the stack's LoRA A rows
+    /// cast in before each forward) and each GEMM's input cast to f16 first.
+    /// The same significand as TF32 at twice its tensor-core rate; the
+    /// backward keeps its f32 operands (its gradients are too small for
+    /// f16's range without loss scaling). Needs an fp32 base and TF32
+    /// forward math (refused otherwise); costs two bytes per frozen
+    /// projection weight.
+    pub f16_projections: bool,
     /// Quantise an NF4 base on the device from the f32 weights (fast for
     /// billion-parameter presets) instead of with the host's f64 quantiser
     /// (exactly the codes [`crate::model::nf4::quantize`] gives).
@@ -132,6 +142,9 @@ impl GpuTrainOptions {
         }
         if self.f16_lm_head {
             name.push_str("/f16-lm-head");
+        }
+        if self.f16_projections {
+            name.push_str("/f16-projections");
         }
         name
     }

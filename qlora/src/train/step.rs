@@ -40,7 +40,7 @@ use rand_chacha::ChaCha8Rng;
 use super::blas;
 use super::data_parallel::Rank;
 use super::kernels;
-use super::layer::{DecoderLayer, LayerCtx};
+use super::layer::{half_of, DecoderLayer, LayerCtx};
 use super::options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions};
 use super::weights::{BaseDevice, Params};
 use super::workspace::{CublasWorkspace, Dlogits, Workspace, CUBLAS_WORKSPACE_BYTES};
@@ -53,7 +53,7 @@ use crate::ops::attention::AttnShape;
 use crate::ops::clip::{self as clip_ops, TableSumWorkspace};
 use crate::ops::cross_entropy::F16_GRAD_SCALE;
 use crate::ops::gemm::GemmSpec;
-use crate::ops::{cast, cross_entropy, embedding, rmsnorm};
+use crate::ops::{cross_entropy, embedding, rmsnorm};
 
 /// Host synchronisations the step made: every device-to-host read goes
 /// through `SyncCounter::host_read`, which counts it here.
@@ -209,7 +209,8 @@ fn prewarm_then_upload(
         options.forward_math.unwrap_or(gpu.options().forward_math),
         options.backward_math.unwrap_or(gpu.options().backward_math),
     );
-    let prewarm = gpu.prewarm_with_math(cfg, &[options.base], math, options.f16_lm_head)?;
+    let casts = options.f16_lm_head || options.f16_projections;
+    let prewarm = gpu.prewarm_with_math(cfg, &[options.base], math, casts)?;
     order.push(SetupPhase::Prewarm);
     let (base, params, upload_bytes) = match early {
         Some(uploaded) => uploaded,
@@ -661,9 +662,11 @@ impl GpuTrainer {
             &ws.inputs.as_view(),
             &mut ws.xs[0].as_view_mut(),
         )?;
-        let (layers, stacks) = (&self.base.layers, &mut self.base.stacks);
+        let base = &mut self.base;
+        let (layers, stacks, stacks_f16) = (&base.layers, &mut base.stacks, &mut base.stacks_f16);
         for (l, w) in layers.iter().enumerate() {
-            DecoderLayer::new(l, w, &self.params.p).forward(gpu, &ctx, ws, stacks.get_mut(l))?;
+            let layer = DecoderLayer::new(l, w, &self.params.p);
+            layer.forward(gpu, &ctx, ws, stacks.get_mut(l), stacks_f16.get_mut(l))?;
         }
         self.head_forward(gpu, ctx.fwd)
     }
@@ -685,18 +688,16 @@ impl GpuTrainer {
             &mut ws.nf.as_view_mut(),
         )?;
         let (vocab, logits) = (c.vocab, &mut ws.logits);
-        // The workspace has an f16 input exactly when the base has an f16 head.
-        match (&mut ws.nf16, &self.base.lm_head_f16) {
-            (Some(nf16), Some(w16)) => {
-                cast::f32_to_f16(gpu, &ws.nf, nf16)?;
+        match &self.base.lm_head_f16 {
+            Some(w16) => {
+                let nf16 = half_of(gpu, &ws.nf, &mut ws.half_input)?;
                 let spec = GemmSpec::linear(rows, h, vocab);
-                blas::gemm_f16(gpu, spec, 1.0, nf16, w16, 0.0, logits)?;
+                blas::gemm_f16(gpu, spec, 1.0, &nf16, w16, 0.0, logits)?;
             }
-            (None, _) => {
+            None => {
                 let (w, dims) = (&self.base.lm_head, (rows, h, vocab));
                 blas::linear(gpu, fwd, 1.0, &ws.nf, w, 0.0, logits, dims)?;
             }
-            (Some(_), None) => return Err(missing_f16_head()),
         }
         cross_entropy::forward(
             gpu,
@@ -834,7 +835,8 @@ fn optimizer_table(gpu: &GpuContext, params: &Params, clip: &[ClipGroup]) -> Res
 /// per distinct projection size), the embedding and LM head (f32), the
 /// trainable state (parameters, gradients and two moments: 16 bytes each),
 /// the kept `W^T` copies (fp32 base with `transposed_weights`: o, gate, up,
-/// down), the LM head's f16 copy (`f16_lm_head`) and the workspace. What `GpuTrainer::new` refuses to start beyond.
+/// down), the LM head's f16 copy (`f16_lm_head`), the projections' f16
+/// copies (`f16_projections`) and the workspace. What `GpuTrainer::new` refuses to start beyond.
 pub fn planned_device_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> usize {
     let base = options.base;
     let n_base = cfg.layers * cfg.base_params_per_layer();
@@ -870,33 +872,49 @@ pub fn planned_device_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> usi
     } else {
         0
     };
+    // An f16 copy of every frozen projection and of each q/k/v stack's LoRA A rows.
+    let f16_projections = if options.f16_projections && base == BaseWeights::Fp32 {
+        2 * n_base + 2 * cfg.layers * 2 * cfg.lora_rank * cfg.hidden
+    } else {
+        0
+    };
     base_bytes
         + transposed
         + embed_head
         + f16_head
+        + f16_projections
         + 16 * cfg.trainable_params()
         + super::workspace::Workspace::planned_bytes(cfg, options)
 }
 
 /// `options` as the trainer honours them: `f16_lm_head` is refused unless
-/// both directions' GEMM math is TF32 (f16 operands are TF32's precision,
-/// not FP32's), and dropped under [`crate::Faults::f16_lm_head_ignored`].
+/// both directions' GEMM math is TF32 and `f16_projections` unless the
+/// forward's is and the base is fp32 (f16 operands are TF32's precision, not
+/// FP32's; an NF4 base dequantises to f32 each use); each is dropped under
+/// its `_ignored` fault ([`crate::Faults::f16_lm_head_ignored`],
+/// [`crate::Faults::f16_projections_ignored`]).
 fn honoured_options(gpu: &GpuContext, options: GpuTrainOptions) -> Result<GpuTrainOptions> {
-    if !options.f16_lm_head {
-        return Ok(options);
-    }
     let fwd = options.forward_math.unwrap_or(gpu.options().forward_math);
     let bwd = options.backward_math.unwrap_or(gpu.options().backward_math);
-    if (fwd, bwd) != (GemmMath::Tf32, GemmMath::Tf32) {
-        return Err(Error::InvalidArgument {
-            op: "train",
-            message: format!(
-                "f16_lm_head needs TF32 GEMMs in both directions, got {fwd:?} forward and {bwd:?} backward"
-            ),
-        });
+    let refuse = |message: String| Error::InvalidArgument {
+        op: "train",
+        message,
+    };
+    if options.f16_lm_head && (fwd, bwd) != (GemmMath::Tf32, GemmMath::Tf32) {
+        return Err(refuse(format!(
+            "f16_lm_head needs TF32 GEMMs in both directions, got {fwd:?} forward and {bwd:?} backward"
+        )));
     }
+    if options.f16_projections && (fwd, options.base) != (GemmMath::Tf32, BaseWeights::Fp32) {
+        return Err(refuse(format!(
+            "f16_projections needs TF32 forward GEMMs and an fp32 base, got {fwd:?} and {:?}",
+            options.base
+        )));
+    }
+    let faults = gpu.faults();
     Ok(GpuTrainOptions {
-        f16_lm_head: !gpu.faults().f16_lm_head_ignored,
+        f16_lm_head: options.f16_lm_head && !faults.f16_lm_head_ignored,
+        f16_projections: options.f16_projections && !faults.f16_projections_ignored,
         ..options
     })
 }

@@ -30,12 +30,17 @@ pub struct Linear {
     /// `W^T`, `[in_dim, out_dim]`, for the backward's input gradient when
     /// the step keeps it ([`crate::train::GpuTrainOptions::transposed_weights`]).
     pub transposed: Option<CudaSlice<f32>>,
+    /// `W` rounded to f16 (raw bits), `[out_dim, in_dim]`, which the
+    /// forward's GEMM reads instead of `W` when the step keeps it
+    /// ([`crate::train::GpuTrainOptions::f16_projections`]).
+    pub half: Option<CudaSlice<u16>>,
 }
 
 impl Linear {
     /// Bytes on the device.
     pub fn bytes(&self) -> usize {
-        let kept = self.transposed.as_ref().map_or(0, |wt| 4 * wt.len());
+        let kept = self.transposed.as_ref().map_or(0, |wt| 4 * wt.len())
+            + self.half.as_ref().map_or(0, |w| 2 * w.len());
         kept + match &self.w {
             Frozen::Fp32(w) => 4 * w.len(),
             Frozen::Nf4(t) => t.codes.len() + 4 * t.absmax.len(),
@@ -57,6 +62,10 @@ pub struct BaseDevice {
     /// step copies the trainable LoRA A rows in before each forward, so the
     /// projections and both LoRA down-projections are one GEMM.
     pub stacks: Vec<CudaSlice<f32>>,
+    /// With `f16_projections`: each stack rounded to f16 (raw bits), which
+    /// the forward's GEMM reads; the step casts the LoRA A rows in after
+    /// copying them into the f32 stack.
+    pub stacks_f16: Vec<CudaSlice<u16>>,
     pub final_norm: CudaSlice<f32>,
     pub lm_head: CudaSlice<f32>,
     /// With `f16_lm_head`: `lm_head` rounded to f16 (raw bits), which the
@@ -122,10 +131,13 @@ fn draw_all(seed: u64, draws: &[Draw]) -> Result<Vec<Vec<f64>>> {
 /// from the f32 values (block absmax rounded to f32 first, so a code may
 /// differ from the host quantiser's f64 choice at a rounding boundary). An
 /// fp32 base keeps `W^T` too when `options.transposed_weights` (under the
-/// `backward_weights_untransposed` fault that copy holds `W` itself).
+/// `backward_weights_untransposed` fault that copy holds `W` itself), and an
+/// f16 copy made from `half_source` when `options.f16_projections` (`w`
+/// itself but under the `f16_gate_from_up` fault).
 fn linear(
     gpu: &mut GpuContext,
     w: &[f64],
+    half_source: &[f64],
     (out_dim, in_dim): (usize, usize),
     options: &GpuTrainOptions,
 ) -> Result<Linear> {
@@ -154,11 +166,16 @@ fn linear(
         }
         _ => None,
     };
+    let half = match frozen {
+        Frozen::Fp32(_) if options.f16_projections => Some(gpu.upload(&to_f16_bits(half_source))?),
+        _ => None,
+    };
     Ok(Linear {
         out_dim,
         in_dim,
         w: frozen,
         transposed,
+        half,
     })
 }
 
@@ -175,6 +192,14 @@ impl BaseDevice {
         let base = options.base;
         let mut layers = Vec::with_capacity(cfg.layers);
         let mut stacks = Vec::new();
+        let mut stacks_f16 = Vec::new();
+        // Projection order q, k, v, o, gate, up, down: the fault's source.
+        let (gate, up) = (4, 5);
+        let gate_source = if gpu.faults().f16_gate_from_up {
+            up
+        } else {
+            gate
+        };
         for layer in 0..cfg.layers {
             let draws = projection_draws(cfg, layer);
             let drawn = draw_all(seed, &draws.map(|(d, _)| d))?;
@@ -183,6 +208,13 @@ impl BaseDevice {
                 // q, k, v (draws 0..3) in order, then zeros for the A rows.
                 let mut rows: Vec<f32> = drawn[..3].iter().flat_map(|w| to_f32(w)).collect();
                 rows.resize(rows.len() + 2 * cfg.lora_rank * cfg.hidden, 0.0);
+                if options.f16_projections {
+                    let bits: Vec<u16> = rows
+                        .iter()
+                        .map(|&x| half::f16::from_f32(x).to_bits())
+                        .collect();
+                    stacks_f16.push(gpu.upload(&bits)?);
+                }
                 stacks.push(gpu.upload(&rows)?);
             }
             layers.push(LayerWeights::try_from_fn(|which| {
@@ -193,9 +225,17 @@ impl BaseDevice {
                         in_dim,
                         w: Frozen::Stacked,
                         transposed: None,
+                        half: None,
                     });
                 }
-                linear(gpu, &drawn[which], draws[which].1, options)
+                let half_source = if which == gate { gate_source } else { which };
+                linear(
+                    gpu,
+                    &drawn[which],
+                    &drawn[half_source],
+                    draws[which].1,
+                    options,
+                )
             })?);
         }
         let ends = draw_all(seed, &end_draws(cfg))?;
@@ -210,6 +250,7 @@ impl BaseDevice {
             embedding: gpu.upload(&to_f32(&ends[0]))?,
             layers,
             stacks,
+            stacks_f16,
             final_norm: gpu.upload(&vec![1.0f32; cfg.hidden])?,
             lm_head: gpu.upload(&to_f32(&ends[1]))?,
             lm_head_f16,
@@ -226,6 +267,7 @@ impl BaseDevice {
         4 * (self.embedding.len() + self.final_norm.len() + self.lm_head.len())
             + 2 * self.lm_head_f16.as_ref().map_or(0, |w| w.len())
             + 4 * self.stacks.iter().map(|s| s.len()).sum::<usize>()
+            + 2 * self.stacks_f16.iter().map(|s| s.len()).sum::<usize>()
             + self.linears().iter().map(|l| l.bytes()).sum::<usize>()
     }
 }

@@ -148,8 +148,11 @@ pub struct Workspace {
     pub layers: Vec<LayerActs>,
     pub scratch: Scratch,
     pub nf: CudaSlice<f32>,
-    /// With `f16_lm_head`: `nf` cast to f16 (raw bits), the LM head's input.
-    pub nf16: Option<CudaSlice<u16>>,
+    /// With `f16_lm_head` or `f16_projections`: the input of the f16 GEMM
+    /// about to run, cast to f16 (raw bits) into its front
+    /// ([`Workspace::half_input_len`] elements; the LM head's `nf` and each
+    /// projection's input in turn, as each GEMM reads it right away).
+    pub half_input: Option<CudaSlice<u16>>,
     pub logits: CudaSlice<f32>,
     pub losses: CudaSlice<f32>,
     pub loss: CudaSlice<f32>,
@@ -173,7 +176,7 @@ pub struct Workspace {
 
 impl Workspace {
     /// All buffers for `c` (its `batch` and `seq_len`) and `options`
-    /// (`keep_mlp`, `f16_lm_head`), zeroed.
+    /// (`keep_mlp`, `f16_lm_head`, `f16_projections`), zeroed.
     pub fn new(
         gpu: &GpuContext,
         c: &ModelConfig,
@@ -215,10 +218,9 @@ impl Workspace {
                 act: z(t * c.intermediate)?,
             },
             nf: z(t * c.hidden)?,
-            nf16: if f16_head {
-                Some(gpu.zeros(t * c.hidden)?)
-            } else {
-                None
+            half_input: match Self::half_input_len(c, options) {
+                0 => None,
+                n => Some(gpu.zeros(n)?),
             },
             logits: z(t * c.vocab)?,
             losses: z(t)?,
@@ -268,9 +270,10 @@ impl Workspace {
     /// cannot fit is refused up front:
     /// `4 * (layers * saved + (layers + 7) * T * hidden + 2 * T * vocab`
     /// `+ 6 * T * intermediate + 2 * T * (q_dim + kv_dim) + T * width`
-    /// `+ attention scratch)` plus the cuBLAS workspace; with `f16_lm_head`
-    /// the logits' gradient is f16 (`2 * T * vocab` bytes fewer) and the
-    /// final norm's output has an f16 copy (`2 * T * hidden` more).
+    /// `+ attention scratch)` plus the cuBLAS workspace and the f16 GEMM
+    /// input ([`Workspace::half_input_len`], 2 bytes each); with
+    /// `f16_lm_head` the logits' gradient is f16 (`2 * T * vocab` bytes
+    /// fewer).
     /// Term by term: the residual stream (`layers + 1`), the final norm's
     /// output and five hidden-wide gradients; logits and their gradient; gate,
     /// up and their product (scratch) and their three gradients; attention's
@@ -288,12 +291,26 @@ impl Workspace {
             + 2 * t * c.kv_dim()
             + t * qkv_width(c)
             + attention_scratch(c);
-        let bytes = 4 * floats + CUBLAS_WORKSPACE_BYTES;
+        let bytes = 4 * floats + CUBLAS_WORKSPACE_BYTES + 2 * Self::half_input_len(c, options);
         if options.f16_lm_head {
             // Never below zero: `bytes` counts 8 T vocab for the logits and their gradient.
-            bytes + 2 * t * c.hidden - 2 * t * c.vocab
+            bytes - 2 * t * c.vocab
         } else {
             bytes
+        }
+    }
+
+    /// Elements of [`Workspace::half_input`]: the widest input an f16 GEMM
+    /// of `options` reads (`T x hidden` for the LM head; `T x intermediate`,
+    /// the down projection's, with f16 projections), 0 without one.
+    pub fn half_input_len(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
+        let t = c.tokens();
+        if options.f16_projections {
+            t * c.hidden.max(c.q_dim()).max(c.intermediate)
+        } else if options.f16_lm_head {
+            t * c.hidden
+        } else {
+            0
         }
     }
 
@@ -321,7 +338,7 @@ impl Workspace {
             + f32s(&[&sc.gate, &sc.up, &sc.act])
             + f32s(&[&self.nf, &self.logits, &self.losses, &self.loss])
             + self.ce_stats.bytes()
-            + 2 * self.nf16.as_ref().map_or(0, |b| b.len())
+            + 2 * self.half_input.as_ref().map_or(0, |b| b.len())
             + d.dlogits.bytes()
             + f32s(&[
                 &d.dnf, &d.dx, &d.dtmp, &d.dn1, &d.dn2, &d.dact, &d.dgate, &d.dup, &d.datt, &d.dqr,

@@ -27,7 +27,7 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
     // f32 -> f16
     let x_dev = gpu.upload(&x)?;
     let mut h_dev = gpu.upload(&vec![F16_NAN_BITS; n])?;
-    f32_to_f16(gpu, &x_dev, &mut h_dev)?;
+    f32_to_f16(gpu, &x_dev.as_view(), &mut h_dev.as_view_mut())?;
     let narrowed: Vec<f32> = gpu
         .download(&h_dev)?
         .into_iter()
