@@ -173,7 +173,7 @@ impl Attention<'_> {
         let stack = self.fill_stack(gpu, c, stack, &mut ws.stack)?;
         let a = &mut ws.layers[l];
         let sh = qkv_shape(c);
-        let dims = (rows, h, sh.width());
+        let spec = GemmSpec::linear(rows, h, sh.width());
         match stack_f16 {
             Some(s16) => {
                 // The LoRA A rows fill_stack just copied, rounded in.
@@ -181,10 +181,9 @@ impl Attention<'_> {
                 let mut rows16 = s16.slice_mut(first..);
                 cast::f32_to_f16(gpu, &stack.slice(first..), &mut rows16)?;
                 let n1 = half_of(gpu, &a.n1, &mut ws.half_input)?;
-                let spec = GemmSpec::linear(rows, h, sh.width());
                 blas::gemm_f16(gpu, spec, 1.0, &n1, s16, 0.0, &mut a.qkv)?;
             }
-            None => blas::linear(gpu, ctx.fwd, 1.0, &a.n1, stack, 0.0, &mut a.qkv, dims)?,
+            None => blas::gemm(gpu, ctx.fwd, spec, 1.0, &a.n1, stack, 0.0, &mut a.qkv)?,
         }
         let pi = |slot: Slot| self.params.get(slot);
         rope::qkv_forward(
@@ -448,14 +447,12 @@ pub(super) fn half_of<'h>(
     x: &CudaSlice<f32>,
     half: &'h mut Option<CudaSlice<u16>>,
 ) -> Result<CudaView<'h, u16>> {
-    let too_small = || {
-        Error::InvalidArgument {
+    let too_small = || Error::InvalidArgument {
         op: "train",
         message: format!(
-            "an f16 GEMM input of {} elements needs the workspace's f16 input buffer of at least that many",
+            "no f16 input buffer of {} elements in the workspace",
             x.len()
         ),
-    }
     };
     let buf = half.as_mut().ok_or_else(too_small)?;
     let mut front = buf.try_slice_mut(0..x.len()).ok_or_else(too_small)?;
