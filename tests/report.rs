@@ -605,6 +605,21 @@ fn only_a_speedup_interval_wholly_below_the_baseline_regresses() {
         write_report(&baseline, &slow_mutant).unwrap().verdict,
         Verdict::Clean
     );
+    // The ratio fell because the baseline side got faster while the
+    // candidate did not slow (an eager step on a faster host): marked, not a
+    // regression.
+    let faster_baseline_side = run(
+        "faster-baseline-side",
+        vec![SpeedupRow {
+            baseline_median_ms: 1.1 / 1.3,
+            candidate_median_ms: 1.0 / 1.3,
+            ..speedup(1.1, 1.05, 1.19)
+        }],
+    );
+    let outcome = write_report(&baseline, &faster_baseline_side).unwrap();
+    assert_eq!(outcome.verdict, Verdict::Clean);
+    let md = std::fs::read_to_string(&outcome.path).unwrap();
+    assert!(md.contains("| -15.4% (baseline side faster) |"), "{md}");
     // The same low figure from another GPU is another measurement, not a regression.
     let elsewhere = run(
         "elsewhere",

@@ -14,7 +14,7 @@ use super::artifacts::{ArtifactWriter, ARTIFACTS_DIR};
 use super::baseline::{refuse_output_inside, select};
 use super::charts::{write_charts, Chart};
 use super::claim::short;
-use super::compare::{RunComparison, RunData, SpeedupDiff, TrialDiff, Verdict};
+use super::compare::{RunComparison, RunData, SpeedupDiff, TrialDiff, Verdict, RUN_TO_RUN_NOISE};
 use super::meta::{plain_device, plain_sha, GitSource};
 use super::{format_number, FalsificationRow, SpeedupRow, Status};
 use crate::error::{Error, Result};
@@ -597,7 +597,7 @@ fn speedups_section(md: &mut String, report: &Report) {
     }
     let _ = writeln!(
         md,
-        "`ratio` is baseline time / candidate time (for a `d2d copy` baseline: the kernel's fraction of copy bandwidth; for a target: the measured rate over the target). *pass at* is the ratio the trial needs; rows without one are context (parts of a judged total). Mutant rows time an injected fault and never count as regressions.\n"
+        "`ratio` is baseline time / candidate time (for a `d2d copy` baseline: the kernel's fraction of copy bandwidth; for a target: the measured rate over the target). *pass at* is the ratio the trial needs; rows without one are context (parts of a judged total). Mutant rows time an injected fault and never count as regressions; nor does a ratio that fell because its baseline side got faster while the candidate did not slow (*baseline side faster*).\n"
     );
     for c in &report.compared {
         if c.cmp.speedups.is_empty() {
@@ -621,8 +621,12 @@ fn speedup_row(md: &mut String, s: &SpeedupDiff) {
         Some(c) => format!("{:+.1}%", c * 100.0),
         None => String::new(),
     };
+    let mutant = s.current.as_ref().is_some_and(SpeedupRow::is_mutant);
+    let dropped = !mutant && s.change().is_some_and(|c| c < -RUN_TO_RUN_NOISE);
     let mark = if s.is_regression() {
         " **(regression)**"
+    } else if dropped && s.baseline_side_faster() {
+        " (baseline side faster)"
     } else {
         ""
     };
