@@ -894,8 +894,20 @@ pub fn planned_device_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> usi
 /// its `_ignored` fault ([`crate::Faults::f16_lm_head_ignored`],
 /// [`crate::Faults::f16_projections_ignored`]).
 fn honoured_options(gpu: &GpuContext, options: GpuTrainOptions) -> Result<GpuTrainOptions> {
-    let fwd = options.forward_math.unwrap_or(gpu.options().forward_math);
-    let bwd = options.backward_math.unwrap_or(gpu.options().backward_math);
+    let math = (
+        options.forward_math.unwrap_or(gpu.options().forward_math),
+        options.backward_math.unwrap_or(gpu.options().backward_math),
+    );
+    honoured_with(options, math, gpu.faults())
+}
+
+/// [`honoured_options`] for the GEMM math `(fwd, bwd)` the step will run
+/// and the context's `faults`.
+fn honoured_with(
+    options: GpuTrainOptions,
+    (fwd, bwd): (GemmMath, GemmMath),
+    faults: crate::Faults,
+) -> Result<GpuTrainOptions> {
     let refuse = |message: String| Error::InvalidArgument {
         op: "train",
         message,
@@ -911,7 +923,6 @@ fn honoured_options(gpu: &GpuContext, options: GpuTrainOptions) -> Result<GpuTra
             options.base
         )));
     }
-    let faults = gpu.faults();
     Ok(GpuTrainOptions {
         f16_lm_head: options.f16_lm_head && !faults.f16_lm_head_ignored,
         f16_projections: options.f16_projections && !faults.f16_projections_ignored,
@@ -943,4 +954,88 @@ fn refuse_if_too_big(gpu: &GpuContext, cfg: &ModelConfig, options: &GpuTrainOpti
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Faults;
+
+    const TF32: (GemmMath, GemmMath) = (GemmMath::Tf32, GemmMath::Tf32);
+
+    /// f16 operands are refused where their precision or their copies do
+    /// not apply, and dropped (not refused) under their `_ignored` faults.
+    #[test]
+    fn f16_operands_need_tf32_math_and_an_fp32_base() {
+        let projections = GpuTrainOptions {
+            f16_projections: true,
+            ..GpuTrainOptions::default()
+        };
+        assert!(
+            honoured_with(projections, TF32, Faults::NONE)
+                .unwrap()
+                .f16_projections
+        );
+        let fp32_forward = (GemmMath::Fp32, GemmMath::Tf32);
+        let e = honoured_with(projections, fp32_forward, Faults::NONE).unwrap_err();
+        assert!(
+            e.to_string().contains("f16_projections needs TF32 forward"),
+            "{e}"
+        );
+        let nf4 = GpuTrainOptions {
+            base: BaseWeights::Nf4,
+            ..projections
+        };
+        let e = honoured_with(nf4, TF32, Faults::NONE).unwrap_err();
+        assert!(
+            e.to_string().contains("an fp32 base, got Tf32 and Nf4"),
+            "{e}"
+        );
+        let ignored = Faults {
+            f16_projections_ignored: true,
+            ..Faults::NONE
+        };
+        assert!(
+            !honoured_with(projections, TF32, ignored)
+                .unwrap()
+                .f16_projections
+        );
+
+        let head = GpuTrainOptions {
+            f16_lm_head: true,
+            ..GpuTrainOptions::default()
+        };
+        let fp32_backward = (GemmMath::Tf32, GemmMath::Fp32);
+        let e = honoured_with(head, fp32_backward, Faults::NONE).unwrap_err();
+        assert!(
+            e.to_string().contains("f16_lm_head needs TF32 GEMMs"),
+            "{e}"
+        );
+        assert!(honoured_with(head, TF32, Faults::NONE).unwrap().f16_lm_head);
+    }
+
+    /// The f16 projections add two bytes per frozen projection weight and
+    /// per LoRA A row of each stack, and the f16 input buffer (the widest
+    /// projection input, `T x intermediate`).
+    #[test]
+    fn f16_projections_are_planned() {
+        let c = ModelConfig::preset("qwen2.5-0.5b").unwrap();
+        let fast = GpuTrainOptions {
+            backward_math: Some(GemmMath::Tf32),
+            keep_mlp: true,
+            transposed_weights: true,
+            f16_lm_head: true,
+            ..GpuTrainOptions::default()
+        };
+        let with = GpuTrainOptions {
+            f16_projections: true,
+            ..fast
+        };
+        let copies = 2 * c.layers * (c.base_params_per_layer() + 2 * c.lora_rank * c.hidden);
+        let input = 2 * c.tokens() * (c.intermediate - c.hidden);
+        assert_eq!(
+            planned_device_bytes(&c, &with) - planned_device_bytes(&c, &fast),
+            copies + input
+        );
+    }
 }
