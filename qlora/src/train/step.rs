@@ -745,13 +745,13 @@ impl GpuTrainer {
                 let spec = GemmSpec::linear_dx(rows, h, vocab);
                 blas::gemm_f16(gpu, spec, alpha, g, w16, 0.0, &mut d.dnf)?;
             }
-            (Dlogits::F32(g), _) => {
+            (Dlogits::F32(g), None) => {
                 let mut view = g.as_view_mut();
                 cross_entropy::backward(gpu, &logits, rows, vocab, &targets, stats, &mut view)?;
                 let (w, dims) = (&self.base.lm_head, (rows, h, vocab));
                 blas::linear_dx(gpu, bwd, 1.0, g, w, 0.0, &mut d.dnf, dims)?;
             }
-            (Dlogits::F16(_), None) => return Err(missing_f16_head()),
+            (Dlogits::F16(_), None) | (Dlogits::F32(_), Some(_)) => return Err(f16_head_mismatch()),
         }
         rmsnorm::backward(
             gpu,
@@ -930,12 +930,12 @@ fn honoured_with(
     })
 }
 
-/// The error of a workspace with f16 head buffers for a base without an f16 head.
-fn missing_f16_head() -> Error {
+/// The error of a workspace whose LM-head gradient is f16 where the base has
+/// no f16 LM head, or f32 where it has one: never a silent fallback.
+fn f16_head_mismatch() -> Error {
     Error::InvalidArgument {
         op: "train",
-        message: "the workspace holds an f16 LM-head gradient but the base has no f16 LM head"
-            .into(),
+        message: "the workspace's LM-head gradient and the base's LM head disagree on f16".into(),
     }
 }
 
