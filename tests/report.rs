@@ -507,7 +507,7 @@ fn the_committed_baselines_are_found_from_the_parent_folder() {
     let runs = section(&md, "## Runs");
     // A run from staged executables says its tree state is unknown.
     assert!(
-        runs.contains("01e76460689a (not run from a checkout: tree state unknown)"),
+        runs.contains("ca655fab2e46 (not run from a checkout: tree state unknown)"),
         "{runs}"
     );
     assert!(runs.contains("`gpu.forward_math=Tf32`") && !runs.contains("GpuOptions {"));
