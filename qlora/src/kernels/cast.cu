@@ -26,9 +26,7 @@ extern "C" __global__ void cast_fwd_f32_f16(const float* __restrict__ x,
     const long long quads = vec ? n / 4 : 0;
     for (long long q = first; q < quads; q += stride) {
         const float4 v = reinterpret_cast<const float4*>(x)[q];
-        const unsigned lo = f32_to_f16_bits(v.x) | ((unsigned)f32_to_f16_bits(v.y) << 16);
-        const unsigned hi = f32_to_f16_bits(v.z) | ((unsigned)f32_to_f16_bits(v.w) << 16);
-        reinterpret_cast<uint2*>(y)[q] = make_uint2(lo, hi);
+        store_f16x4(y, q, v.x, v.y, v.z, v.w);
     }
     for (long long i = 4 * quads + first; i < n; i += stride) {
         y[i] = f32_to_f16_bits(x[i]);

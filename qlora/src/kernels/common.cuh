@@ -16,6 +16,16 @@ static __device__ __forceinline__ unsigned short f32_to_f16_bits(float x) {
     return h;
 }
 
+// d[4 i4 .. 4 i4 + 3] = f16(a, b, c, e) as one 8-byte store (d 8-byte
+// aligned). Little-endian: the element of the lower index in the lower 16
+// bits.
+static __device__ __forceinline__ void store_f16x4(unsigned short* d, long long i4, float a,
+                                                   float b, float c, float e) {
+    const unsigned lo = (unsigned)f32_to_f16_bits(a) | ((unsigned)f32_to_f16_bits(b) << 16);
+    const unsigned hi = (unsigned)f32_to_f16_bits(c) | ((unsigned)f32_to_f16_bits(e) << 16);
+    reinterpret_cast<uint2*>(d)[i4] = make_uint2(lo, hi);
+}
+
 // The tensor of element k of a tensor table's concatenation: the largest i
 // with offsets[i] <= k, for 0 <= k < offsets[n] (see gpu/table.rs).
 static __device__ __forceinline__ int table_find(const long long* __restrict__ offsets, int n,

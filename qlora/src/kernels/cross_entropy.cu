@@ -104,10 +104,7 @@ __device__ __forceinline__ void store4(float* d, int j4, float a, float b, float
 }
 __device__ __forceinline__ void store4(unsigned short* d, int j4, float a, float b, float c,
                                        float e) {
-    // Little-endian: the element of the lower index in the lower 16 bits.
-    const unsigned lo = (unsigned)f32_to_f16_bits(a) | ((unsigned)f32_to_f16_bits(b) << 16);
-    const unsigned hi = (unsigned)f32_to_f16_bits(c) | ((unsigned)f32_to_f16_bits(e) << 16);
-    reinterpret_cast<uint2*>(d)[j4] = make_uint2(lo, hi);
+    store_f16x4(d, j4, a, b, c, e);
 }
 __device__ __forceinline__ void store1(float* d, int j, float v) { d[j] = v; }
 __device__ __forceinline__ void store1(unsigned short* d, int j, float v) { d[j] = f32_to_f16_bits(v); }

@@ -77,11 +77,11 @@ fn to_f32(v: &[f64]) -> Vec<f32> {
     v.iter().map(|&x| x as f32).collect()
 }
 
-/// `v` as f32, then rounded to the nearest f16 (ties to even), as raw bits:
-/// the value the f32 tensor's f16 copy holds.
-fn to_f16_bits(v: &[f64]) -> Vec<u16> {
+/// `v` as f32 (f32 input: exactly itself), then rounded to the nearest f16
+/// (ties to even), as raw bits: the value the f32 tensor's f16 copy holds.
+fn to_f16_bits<T: Copy + Into<f64>>(v: &[T]) -> Vec<u16> {
     v.iter()
-        .map(|&x| half::f16::from_f32(x as f32).to_bits())
+        .map(|&x| half::f16::from_f32(x.into() as f32).to_bits())
         .collect()
 }
 
@@ -209,11 +209,7 @@ impl BaseDevice {
                 let mut rows: Vec<f32> = drawn[..3].iter().flat_map(|w| to_f32(w)).collect();
                 rows.resize(rows.len() + 2 * cfg.lora_rank * cfg.hidden, 0.0);
                 if options.f16_projections {
-                    let bits: Vec<u16> = rows
-                        .iter()
-                        .map(|&x| half::f16::from_f32(x).to_bits())
-                        .collect();
-                    stacks_f16.push(gpu.upload(&bits)?);
+                    stacks_f16.push(gpu.upload(&to_f16_bits(&rows))?);
                 }
                 stacks.push(gpu.upload(&rows)?);
             }
