@@ -32,7 +32,8 @@ pub const F16_CAST_MODULE: &str = "cast";
 /// RMSNorm backward build) change the set. Not
 /// in it: `softmax` (attention computes its own), `gemm` (the step's GEMMs are
 /// cuBLAS), `adamw` and `elementwise` (the step's optimizer and gradient
-/// accumulation are in `train`). `prewarm` checks reports list any module
+/// accumulation are in `train`), `silu` (the MLP is SwiGLU), `embedding_bwd`
+/// (the table is frozen) and `clip_single` (the step clips a tensor table). `prewarm` checks reports list any module
 /// pre-warmed but unused, and any used but not pre-warmed.
 pub fn modules_for(
     config: &ModelConfig,
@@ -46,7 +47,7 @@ pub fn modules_for(
         crate::ops::rmsnorm::bwd_module_for(config.hidden),
         crate::ops::rope::QKV_FWD_MODULE,
         crate::ops::rope::QKV_BWD_MODULE,
-        "activation",
+        crate::ops::activation::SWIGLU_MODULE,
         "cross_entropy",
         "clip",
         "train",

@@ -12,6 +12,9 @@
 // test-only "last element unwritten" fault. The float4 fast path with its
 // scalar tail is map1 / map2 in common.cuh; the two-output backward spells
 // it out.
+//
+// Two modules (ACT_PART): 0 `swiglu`, the pair the training step runs, and
+// 1 `silu`; a pre-warm compiles only the first.
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -30,6 +33,7 @@ __device__ __forceinline__ float2 swiglu_bwd_1(float g, float u, float d) {
     return make_float2(d * u * s * (1.0f + g * (1.0f - s)), d * g * s);
 }
 
+#if ACT_PART == 1
 extern "C" __global__ void silu_fwd_f32(const float* __restrict__ x, float* __restrict__ y, int n) {
     map1(x, y, n, [](float v) { return silu_fwd_1(v); });
 }
@@ -38,7 +42,9 @@ extern "C" __global__ void silu_bwd_f32(const float* __restrict__ x, const float
                                         float* __restrict__ dx, int n) {
     map2(x, dy, dx, n, [](float v, float d) { return silu_bwd_1(v, d); });
 }
+#endif
 
+#if ACT_PART == 0
 extern "C" __global__ void swiglu_fwd_f32(const float* __restrict__ gate, const float* __restrict__ up,
                                           float* __restrict__ y, int n) {
     map2(gate, up, y, n, [](float g, float u) { return swiglu_fwd_1(g, u); });
@@ -77,3 +83,4 @@ extern "C" __global__ void swiglu_bwd_f32(const float* __restrict__ gate, const 
         dup[k] = r.y;
     }
 }
+#endif

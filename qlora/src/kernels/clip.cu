@@ -20,6 +20,11 @@
 //
 // blockDim.x must be a multiple of 32 and at most 1024 for every kernel here
 // that reduces.
+//
+// Two modules (CLIP_PART), each with the final kernel: 0 `clip`, what the
+// training step runs (the squared sum over a tensor table, the scale; AdamW
+// applies it), and 1 `clip_single`, the squared sum tensor by tensor and
+// clip_apply.
 
 // sq[0] = sum of partials[0, total) in a fixed order (when `write`; 0 only
 // under the test-only "last element unwritten" fault). One block.
@@ -36,6 +41,7 @@ extern "C" __global__ void squared_sum_final_f64(const double* __restrict__ part
 // launcher's SQUARED_SUM_UNROLL).
 #define SQ_UNROLL 4
 
+#if CLIP_PART == 1
 // partials[first + blockIdx.x] = sum of x[k]^2 over this block's share of
 // [0, n): float4 k = blockIdx.x * blockDim.x + tid + j * stride in j order
 // when x is 16-byte aligned, then the last n % 4 values (or every value, one
@@ -77,7 +83,9 @@ extern "C" __global__ void squared_sum_partial_f32(const float* __restrict__ x,
     acc = block_sum_d(acc);
     if (threadIdx.x == 0) partials[first + blockIdx.x] = acc;
 }
+#endif
 
+#if CLIP_PART == 0
 // The same over every tensor of a table (gpu/table.rs, one column: g_i), in
 // one launch: block b sums the elements b * blockDim + tid + j * stride of the
 // concatenation, in j order, then the fixed-shape tree. The grid is fixed by
@@ -103,7 +111,9 @@ extern "C" __global__ void squared_sum_multi_partial_f32(const unsigned long lon
     acc = block_sum_d(acc);
     if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
+#endif
 
+#if CLIP_PART == 0
 // scale[0] = min(1, max_norm / (sqrt(sq[0]) + 1e-6)), computed in double.
 // One thread; `write` is 0 only under the test-only "last element unwritten" fault.
 extern "C" __global__ void clip_scale_f32(const double* __restrict__ sq,
@@ -113,7 +123,9 @@ extern "C" __global__ void clip_scale_f32(const double* __restrict__ sq,
     const double s = (double)max_norm / (sqrt(sq[0]) + 1e-6);
     scale[0] = (float)fmin(1.0, s);
 }
+#endif
 
+#if CLIP_PART == 1
 // g[k] *= scale[0] for k in [0, n), in place; the scale never leaves the device.
 // When g is 16-byte aligned the first 4 * (n / 4) values move as float4s
 // (enough bytes in flight per thread to cover DRAM latency), the rest one by
@@ -138,3 +150,4 @@ extern "C" __global__ void clip_apply_f32(float* __restrict__ g,
         g[k] *= s;
     }
 }
+#endif

@@ -10,7 +10,11 @@
 // stride over hidden, so loads and stores are coalesced. The backward is
 // deterministic: each table row is owned by one block that scans the tokens
 // in order and sums the matching dy rows; no atomics.
+//
+// Two modules (EMB_PART): 0 `embedding`, the forward, which the training
+// step runs (its embedding table is frozen), and 1 `embedding_bwd`.
 
+#if EMB_PART == 0
 extern "C" __global__ void embedding_fwd_f32(const float* __restrict__ table,
                                              const unsigned int* __restrict__ tokens,
                                              float* __restrict__ y,
@@ -26,6 +30,9 @@ extern "C" __global__ void embedding_fwd_f32(const float* __restrict__ table,
     const float* src = table + (size_t)tok * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) yr[i] = src[i];
 }
+#endif
+
+#if EMB_PART == 1
 
 // dtable rows [0, vocab_rows); every one of them is written (zero when no
 // token matches). blockDim.x a multiple of 32, at most 1024.
@@ -81,3 +88,4 @@ extern "C" __global__ void embedding_bwd_f32(const float* __restrict__ dy,
         __syncthreads();  // match, warp_offset and nmatch are rewritten by the next tile
     }
 }
+#endif

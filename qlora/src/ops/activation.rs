@@ -9,16 +9,30 @@ use crate::error::Result;
 use crate::gpu::GpuContext;
 use crate::kernels::abi::{Arg, Signatures};
 
-pub const MODULE: &str = "activation";
+/// The module of the SwiGLU kernels, which the training step runs.
+pub const SWIGLU_MODULE: &str = "swiglu";
+/// The module of the SiLU kernels.
+pub const SILU_MODULE: &str = "silu";
 
-/// Kernel argument lists, checked against the compiled PTX by a unit test.
-pub const SIGNATURES: Signatures = &[
-    ("silu_fwd_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
-    ("silu_bwd_f32", &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32]),
-    ("swiglu_fwd_f32", &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32]),
+/// Kernel argument lists by module, checked against the compiled PTX by a
+/// unit test.
+pub const SIGNATURES: &[(&str, Signatures)] = &[
     (
-        "swiglu_bwd_f32",
-        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32],
+        SILU_MODULE,
+        &[
+            ("silu_fwd_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
+            ("silu_bwd_f32", &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32]),
+        ],
+    ),
+    (
+        SWIGLU_MODULE,
+        &[
+            ("swiglu_fwd_f32", &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32]),
+            (
+                "swiglu_bwd_f32",
+                &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32],
+            ),
+        ],
     ),
 ];
 
@@ -33,7 +47,7 @@ pub fn silu_forward(
     let Some((n_i, cfg)) = vec4_launch(gpu, "silu", n)? else {
         return Ok(());
     };
-    let f = gpu.function(MODULE, "silu_fwd_f32")?;
+    let f = gpu.function(SILU_MODULE, "silu_fwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x).arg(y).arg(&n_i);
     // SAFETY: silu_fwd_f32(const float* x, float* y, int n): x and y hold
@@ -55,7 +69,7 @@ pub fn silu_backward(
     let Some((n_i, cfg)) = vec4_launch(gpu, "silu", n)? else {
         return Ok(());
     };
-    let f = gpu.function(MODULE, "silu_bwd_f32")?;
+    let f = gpu.function(SILU_MODULE, "silu_bwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x).arg(dy).arg(dx).arg(&n_i);
     // SAFETY: silu_bwd_f32(const float* x, const float* dy, float* dx, int n):
@@ -77,7 +91,7 @@ pub fn swiglu_forward(
     let Some((n_i, cfg)) = vec4_launch(gpu, "swiglu", n)? else {
         return Ok(());
     };
-    let f = gpu.function(MODULE, "swiglu_fwd_f32")?;
+    let f = gpu.function(SWIGLU_MODULE, "swiglu_fwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(gate).arg(up).arg(y).arg(&n_i);
     // SAFETY: swiglu_fwd_f32(const float* gate, const float* up, float* y, int n):
@@ -103,7 +117,7 @@ pub fn swiglu_backward(
     let Some((n_i, cfg)) = vec4_launch(gpu, "swiglu", n)? else {
         return Ok(());
     };
-    let f = gpu.function(MODULE, "swiglu_bwd_f32")?;
+    let f = gpu.function(SWIGLU_MODULE, "swiglu_bwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(gate).arg(up).arg(dy).arg(dgate).arg(dup).arg(&n_i);
     // SAFETY: swiglu_bwd_f32(const float* gate, const float* up, const float* dy,

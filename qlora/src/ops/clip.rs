@@ -14,23 +14,43 @@ use crate::error::{Error, Result};
 use crate::gpu::{GpuContext, TensorTable, THREADS_1D};
 use crate::kernels::abi::{Arg, Signatures};
 
+/// The module of what the training step runs: [`squared_sum_table`] and
+/// [`scale`] (AdamW applies the scale).
 pub const MODULE: &str = "clip";
+/// The module of [`squared_sum`] (tensor by tensor) and [`apply`].
+pub const SINGLE_MODULE: &str = "clip_single";
 
-/// Kernel argument lists, checked against the compiled PTX by a unit test.
-pub const SIGNATURES: Signatures = &[
+type Signature = (&'static str, &'static [Arg]);
+
+const FINAL: Signature = (
+    "squared_sum_final_f64",
+    &[Arg::Ptr, Arg::I32, Arg::Ptr, Arg::I32],
+);
+
+/// Kernel argument lists by module, checked against the compiled PTX by a
+/// unit test. Both modules hold the final sum.
+pub const SIGNATURES: &[(&str, Signatures)] = &[
     (
-        "squared_sum_partial_f32",
-        &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32],
+        MODULE,
+        &[
+            (
+                "squared_sum_multi_partial_f32",
+                &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::Ptr],
+            ),
+            FINAL,
+            ("clip_scale_f32", &[Arg::Ptr, Arg::Ptr, Arg::F32, Arg::I32]),
+        ],
     ),
     (
-        "squared_sum_final_f64",
-        &[Arg::Ptr, Arg::I32, Arg::Ptr, Arg::I32],
-    ),
-    ("clip_scale_f32", &[Arg::Ptr, Arg::Ptr, Arg::F32, Arg::I32]),
-    ("clip_apply_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
-    (
-        "squared_sum_multi_partial_f32",
-        &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::Ptr],
+        SINGLE_MODULE,
+        &[
+            (
+                "squared_sum_partial_f32",
+                &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32],
+            ),
+            FINAL,
+            ("clip_apply_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
+        ],
     ),
 ];
 
@@ -116,7 +136,7 @@ pub fn squared_sum(
         });
     }
     expect_len("squared_sum", "sq", sq.len(), &[1])?;
-    let f = gpu.function(MODULE, "squared_sum_partial_f32")?;
+    let f = gpu.function(SINGLE_MODULE, "squared_sum_partial_f32")?;
     let total: usize = lens.iter().map(|&n| partials_for(n)).sum();
     let mut first = 0;
     for t in tensors {
@@ -140,13 +160,15 @@ pub fn squared_sum(
         unsafe { l.launch(cfg) }?;
         first += blocks;
     }
-    sum_partials(gpu, &ws.partials, total, sq)
+    sum_partials(gpu, SINGLE_MODULE, &ws.partials, total, sq)
 }
 
 /// `sq[0]` = the sum of `partials[0, total)` in a fixed order: the final
-/// kernel, launched as the dependent of the partial launch just before it.
+/// kernel of `module` (the partials' module), launched as the dependent of
+/// the partial launch just before it.
 fn sum_partials(
     gpu: &mut GpuContext,
+    module: &str,
     partials: &CudaSlice<f64>,
     total: usize,
     sq: &mut CudaViewMut<'_, f64>,
@@ -160,7 +182,7 @@ fn sum_partials(
     }
     let total_i = crate::gpu::to_i32("squared_sum", "partials", total)?;
     let write = i32::from(gpu.faults().written(1) == 1);
-    let f = gpu.function(MODULE, "squared_sum_final_f64")?;
+    let f = gpu.function(module, "squared_sum_final_f64")?;
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
         block_dim: (FINAL_THREADS, 1, 1),
@@ -213,7 +235,7 @@ pub fn squared_sum_table(
     // of TABLE_PARTIALS; THREADS_1D is a multiple of 32 as the reduction
     // needs.
     unsafe { l.launch(cfg) }?;
-    sum_partials(gpu, &ws.partials, TABLE_PARTIALS, sq)
+    sum_partials(gpu, MODULE, &ws.partials, TABLE_PARTIALS, sq)
 }
 
 /// `scale[0] = min(1, max_norm / (sqrt(sq[0]) + 1e-6))`, device to device.
@@ -258,7 +280,7 @@ pub fn apply(
     let Some((n_i, cfg)) = vec4_launch(gpu, "clip_apply", g.len())? else {
         return Ok(());
     };
-    let f = gpu.function(MODULE, "clip_apply_f32")?;
+    let f = gpu.function(SINGLE_MODULE, "clip_apply_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(g).arg(scale).arg(&n_i);
     // SAFETY: clip_apply_f32(float* g, const float* scale, int n): g holds

@@ -10,18 +10,20 @@ use crate::error::{Error, Result};
 use crate::gpu::{launch_config_rows, to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
 
+/// The forward's module, which the training step runs (its table is frozen).
 pub const MODULE: &str = "embedding";
+/// The backward's module.
+pub const BWD_MODULE: &str = "embedding_bwd";
 
-/// Kernel argument lists, checked against the compiled PTX by a unit test.
-pub const SIGNATURES: Signatures = &[
-    (
-        "embedding_fwd_f32",
-        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::I32],
-    ),
-    (
-        "embedding_bwd_f32",
-        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::I32],
-    ),
+/// Both kernels' arguments: a table or dy, tokens, y or dtable, and three
+/// sizes.
+const ARGS: &[Arg] = &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::I32];
+
+/// Kernel argument lists by module, checked against the compiled PTX by a
+/// unit test.
+pub const SIGNATURES: &[(&str, Signatures)] = &[
+    (MODULE, &[("embedding_fwd_f32", ARGS)]),
+    (BWD_MODULE, &[("embedding_bwd_f32", ARGS)]),
 ];
 
 /// Threads per block (at most; fewer for narrow rows). The backward kernel's
@@ -98,7 +100,7 @@ pub fn backward(
     let ntok_i = to_i32("embedding", "tokens", ntok)?;
     let vocab_i = to_i32("embedding", "vocab", vocab_w)?;
     let hidden_i = to_i32("embedding", "hidden", hidden)?;
-    let f = gpu.function(MODULE, "embedding_bwd_f32")?;
+    let f = gpu.function(BWD_MODULE, "embedding_bwd_f32")?;
     let cfg = launch_config_rows(vocab_w, row_threads(hidden, ROW_THREADS))?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(dy)
