@@ -33,8 +33,9 @@ pub const F16_CAST_MODULE: &str = "cast";
 /// in it: `softmax` (attention computes its own), `gemm` (the step's GEMMs are
 /// cuBLAS), `adamw` and `elementwise` (the step's optimizer and gradient
 /// accumulation are in `train`), `silu` (the MLP is SwiGLU), `embedding_bwd`
-/// (the table is frozen) and `clip_single` (the step clips a tensor table). `prewarm` checks reports list any module
-/// pre-warmed but unused, and any used but not pre-warmed.
+/// (the table is frozen) and `clip_single` (the step clips a tensor table).
+/// `prewarm` checks reports list any module pre-warmed but unused, and any
+/// used but not pre-warmed.
 pub fn modules_for(
     config: &ModelConfig,
     base: BaseWeights,
@@ -42,14 +43,14 @@ pub fn modules_for(
     f16_casts: bool,
 ) -> Vec<&'static str> {
     let mut modules = vec![
-        "embedding",
+        crate::ops::embedding::MODULE,
         "rmsnorm",
         crate::ops::rmsnorm::bwd_module_for(config.hidden),
         crate::ops::rope::QKV_FWD_MODULE,
         crate::ops::rope::QKV_BWD_MODULE,
         crate::ops::activation::SWIGLU_MODULE,
         "cross_entropy",
-        "clip",
+        crate::ops::clip::MODULE,
         "train",
     ];
     modules.extend(attention::modules_for(config.head_dim, fwd, bwd));

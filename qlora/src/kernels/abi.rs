@@ -28,8 +28,11 @@ impl Arg {
     }
 }
 
+/// One kernel's symbol and argument list.
+pub type Signature = (&'static str, &'static [Arg]);
+
 /// The argument list of every kernel of a module, by symbol.
-pub type Signatures = &'static [(&'static str, &'static [Arg])];
+pub type Signatures = &'static [Signature];
 
 /// The `.param` types of kernel `symbol` in a PTX text, in order.
 pub fn ptx_param_types(ptx: &str, symbol: &str) -> Option<Vec<String>> {

@@ -33,7 +33,6 @@ extern "C" __global__ void embedding_fwd_f32(const float* __restrict__ table,
 #endif
 
 #if EMB_PART == 1
-
 // dtable rows [0, vocab_rows); every one of them is written (zero when no
 // token matches). blockDim.x a multiple of 32, at most 1024.
 //

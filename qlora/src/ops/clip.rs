@@ -12,15 +12,13 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelA
 use super::launch::{elements, expect_len, vec4_launch, DependentLaunch};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuContext, TensorTable, THREADS_1D};
-use crate::kernels::abi::{Arg, Signatures};
+use crate::kernels::abi::{Arg, Signature, Signatures};
 
 /// The module of what the training step runs: [`squared_sum_table`] and
 /// [`scale`] (AdamW applies the scale).
 pub const MODULE: &str = "clip";
 /// The module of [`squared_sum`] (tensor by tensor) and [`apply`].
 pub const SINGLE_MODULE: &str = "clip_single";
-
-type Signature = (&'static str, &'static [Arg]);
 
 const FINAL: Signature = (
     "squared_sum_final_f64",

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, LaunchConfig, 
 use super::launch::{expect_len, row_threads, DependentLaunch};
 use crate::error::{Error, Result};
 use crate::gpu::{launch_config_rows, to_i32, GpuContext};
-use crate::kernels::abi::{Arg, Signatures};
+use crate::kernels::abi::{Arg, Signature, Signatures};
 
 /// The forwards' module.
 pub const MODULE: &str = "rmsnorm";
@@ -142,8 +142,6 @@ pub const SIGNATURES: &[(&str, Signatures)] = &[
     bwd_signatures!(4),
     bwd_signatures!(5),
 ];
-
-type Signature = (&'static str, &'static [Arg]);
 
 const FWD: Signature = (
     "rmsnorm_fwd_f32",
