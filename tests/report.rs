@@ -505,11 +505,8 @@ fn the_committed_baselines_are_found_from_the_parent_folder() {
     );
     let md = std::fs::read_to_string(&outcome.path).unwrap();
     let runs = section(&md, "## Runs");
-    // A run from staged executables says its tree state is unknown.
-    assert!(
-        runs.contains("ca655fab2e46 (not run from a checkout: tree state unknown)"),
-        "{runs}"
-    );
+    // The baseline ran on the GPU machine from a clean copy of its commit.
+    assert!(runs.contains("d96285145c12 (clean checkout)"), "{runs}");
     assert!(runs.contains("`gpu.forward_math=Tf32`") && !runs.contains("GpuOptions {"));
     assert!(!runs.contains("cpu: Intel"), "{runs}");
     // Bandwidth rows show their shape, never `0 x 0`.
