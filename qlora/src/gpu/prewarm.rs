@@ -14,11 +14,11 @@ use crate::train::BaseWeights;
 /// The module [`crate::Faults::module_left_out_of_prewarm`] leaves out (and
 /// [`crate::Faults::module_evicted_after_prewarm`] evicts): one every
 /// configuration's forward pass uses.
-pub const LEFT_OUT_MODULE: &str = "rmsnorm";
+pub const LEFT_OUT_MODULE: &str = crate::ops::rmsnorm::MODULE;
 
 /// The module of the f32 -> f16 cast that a step with f16 GEMM operands
 /// (`f16_lm_head`, `f16_projections`) runs on each such GEMM's input.
-pub const F16_CAST_MODULE: &str = "cast";
+pub const F16_CAST_MODULE: &str = crate::ops::cast::MODULE;
 
 /// The kernel modules the forward + backward + optimizer step of `config` with
 /// `base` weights uses (with `f16_casts`, a step with f16 GEMM operands: the
@@ -44,14 +44,14 @@ pub fn modules_for(
 ) -> Vec<&'static str> {
     let mut modules = vec![
         crate::ops::embedding::MODULE,
-        "rmsnorm",
+        crate::ops::rmsnorm::MODULE,
         crate::ops::rmsnorm::bwd_module_for(config.hidden),
         crate::ops::rope::QKV_FWD_MODULE,
         crate::ops::rope::QKV_BWD_MODULE,
         crate::ops::activation::SWIGLU_MODULE,
-        "cross_entropy",
+        crate::ops::cross_entropy::MODULE,
         crate::ops::clip::MODULE,
-        "train",
+        crate::train::kernels::MODULE,
     ];
     modules.extend(attention::modules_for(config.head_dim, fwd, bwd));
     if base == BaseWeights::Nf4 {
