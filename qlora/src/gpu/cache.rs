@@ -651,10 +651,12 @@ pub fn accept_entry(
 ///
 /// Why a pool, and why that order: a cold pre-warm's wall is its slowest
 /// compilation, an attention module (theirs is the longest source by far),
-/// and concurrent NVRTC compilations slow each other down. On the 16-CPU
-/// GPU runners, 10 threads taking the longest sources first left a cold
-/// pre-warm 15-30 % shorter than one thread per module, all started at once
-/// (`reports/runs/20261124-h100-prewarm-pool/`).
+/// and concurrent NVRTC compilations slow each other down. Compiling a
+/// pre-warm's set from Python on a 16-CPU GPU runner, 8-10 threads taking
+/// the attention modules first took 15-30 % less wall than one thread per
+/// module, and on 4-6 threads the order alone saved up to a third; in
+/// C-PREWARM-001 itself, two runs each way on one machine differed by less
+/// than their spread (`reports/runs/20261123-h100-prewarm-pool/`).
 fn fetch_all(
     missing: &[&'static ModuleSource],
     wanted: &[EntryHeader],
