@@ -654,7 +654,7 @@ pub fn accept_entry(
 /// and concurrent NVRTC compilations slow each other down. Compiling a
 /// pre-warm's set from Python on a 16-CPU GPU runner, 8-10 threads taking
 /// the attention modules first took 15-30 % less wall than one thread per
-/// module, and on 4-6 threads the order alone saved up to a third; in
+/// module, and on 4-6 threads the order alone saved up to 36 %; in
 /// C-PREWARM-001 itself, two runs each way on one machine differed by less
 /// than their spread (`reports/runs/20261123-h100-prewarm-pool/`).
 fn fetch_all(
