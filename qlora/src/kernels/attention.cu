@@ -546,7 +546,7 @@ __device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
 // ---------------------------------------------------------------------------
 // Tensor-core kernels: the same arguments, layouts and outputs as the f32
 // kernels above, with every product on the tensor cores (TF32 inputs rounded
-// to nearest by cvt.rna.tf32.f32, f32 accumulation) through
+// to nearest, f32 accumulation; see tc_tf32) through
 // mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32. Softmax, masking and the dS
 // formula stay in f32 on the CUDA cores.
 //
@@ -650,9 +650,17 @@ static_assert(TcShape<128>::SMEM_FLOATS * 4 == 34816, "the launcher's shared mem
 static_assert(32 * TcShape<64>::THREADS <= TcShape<64>::SMEM_FLOATS, "split sums fit");
 static_assert(32 * TcShape<128>::THREADS <= TcShape<128>::SMEM_FLOATS, "split sums fit");
 
+// x rounded to the nearest tf32 value. From sm_90 on, cvt.rn (ties to even)
+// is one instruction (F2FP); cvt.rna (ties away from zero), the only form
+// before it, is emulated in about four integer instructions. The two differ
+// only on exact ties, so both stay within tf32's half-ulp rounding error.
 __device__ __forceinline__ float tc_tf32(float x) {
     unsigned r;
+#if __CUDA_ARCH__ >= 900
+    asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+#else
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+#endif
     return __uint_as_float(r);
 }
 
