@@ -1,0 +1,1509 @@
+// Causal grouped-query attention (GQA), forward and backward, in f32.
+//
+// Layouts (row-major, as in ops/attention.rs):
+//   q, out, dq, dout  [batch, seq, heads, head_dim]
+//   k, v, dk, dv      [batch, seq, kv_heads, head_dim]
+//   probs             [batch, heads, seq, seq], masked entries (j > i) exactly 0
+//   ds                [batch, heads, seq, seq], scratch: only j <= i is meaningful
+//   pk, pv            [batch, seq, heads, head_dim], scratch: one query head's
+//                     share of dk (before the scale) and of dv
+// Query head h reads kv head h / (heads / kv_heads).
+//
+//   S_ij = scale <q_i, k_j>,  scale = 1 / sqrt(head_dim) (passed in)
+//   P_ij = exp(S_ij - m_i) / l_i   for j <= i,  m_i = max_j S_ij,  l_i = sum_j exp(S_ij - m_i)
+//   out_i = sum_{j <= i} P_ij v_j
+//
+// Backward, from the saved P and out:
+//   dP_ij = <dout_i, v_j>,   D_i = sum_j P_ij dP_ij = <dout_i, out_i>,   dS_ij = P_ij (dP_ij - D_i)
+//   dq_i = scale sum_j dS_ij k_j
+//   dk_j = scale sum_{h in group} sum_{i >= j} dS_ij q_i
+//   dv_j =       sum_{h in group} sum_{i >= j} P_ij dout_i
+//
+// The tiled kernels come in two builds: _d64 for head_dim <= 64 and _d128 for
+// head_dim <= 128 (rows staged in shared memory are zero-padded to 64 or 128,
+// so the inner loops have a compile-time length and no bounds tests). Each
+// kernel of each build is its own module (this file with ATT_BUILD and
+// ATT_PART defined), so a model compiles only the build its head_dim needs,
+// and the three compile in parallel at pre-warm:
+//   attention_fwd_dXX      attention_fwd_dXX_f32: out and probs, one pass
+//                          over the keys;
+//   attention_dq_dXX       attention_bwd_dq_dXX_f32: dS (into ds) and dq;
+//   attention_dkv_dXX      attention_bwd_dkv_dXX_f32: each query head's
+//                          share of dk and dv (pk, pv), and
+//                          attention_bwd_kv_sum_f32: dk, dv, the shares of a
+//                          group added in order (not tiled; in both builds).
+//   attention_tc_{fwd,dq,dkv}_dXX (ATT_PART 3, 4, 5): the same three on the
+//                          tensor cores (TF32 products, f32 accumulation),
+//                          same arguments and outputs; see "Tensor-core
+//                          kernels" below. The tc dkv module holds kv_sum too.
+//
+// Tiling. The tiled kernels run 256 threads on a tile of ATT_ROWS = 32 rows
+// (query rows for the forward and dq, key rows for dk/dv): thread (g, c), with
+// g = tid / 16 and c = tid % 16, owns rows 2g and 2g + 1 of the tile. The
+// other dimension is walked in chunks staged in shared memory; of a chunk of
+// keys the thread owns keys c, c + 16, ..., and of a head_dim-wide output row
+// it owns columns c, c + 16, ... Two rows per thread make each value read
+// from shared memory feed two multiply-adds. The next chunk is loaded into
+// registers while the current one is computed, so a chunk costs one memory
+// latency at most. Row reductions (max, sum) combine the 16 threads of a row,
+// half a warp, with xor shuffles: every thread of the row gets the same value,
+// in the same order on every run. Nothing uses atomics, so the results are
+// deterministic. Shared-memory rows are padded to an odd length so the
+// column-strided reads of a warp hit distinct banks.
+//
+// The forward is one pass with a running maximum: for each chunk of keys it
+// rescales the row's sum l and its output accumulator by exp(m_old - m_new)
+// (the online softmax of Milakov & Gimelshein, 2018), and it stores the raw
+// scores in probs; a last loop over each thread's own entries turns them into
+// probabilities with the final m and l.
+//
+// `write_limit` exists only so the test-only fault injection "last element
+// unwritten" skips real stores (of `out` in the forward, of `dv` in kv_sum);
+// it is the output length otherwise.
+
+#define ATT_LANES 16
+#define ATT_THREADS 256
+#define ATT_ROWS 32
+#define ATT_NEG_INF __int_as_float(0xff800000)
+
+// Compile-time shapes of one build: D = padded head_dim.
+template <int D>
+struct AttShape {
+    // Keys per chunk of the forward and dq kernels (smaller at 128 so the
+    // shared memory stays under the 48 KiB a launch gets without opting in).
+    static constexpr int CHUNK = D <= 64 ? 64 : 32;
+    static constexpr int KEYS = CHUNK / ATT_LANES;  // keys of a chunk per thread
+    static constexpr int COLS = D / ATT_LANES;      // output columns per thread
+    static constexpr int LD = D + 1;                // padded shared-memory row
+    static constexpr int QCHUNK = 32;               // query rows per chunk of dk/dv
+};
+
+// Max and sum over the 16 lanes of a row (half a warp).
+__device__ __forceinline__ float att_row_max(float v) { return warp_reduce<ATT_LANES>(v, MaxOp()); }
+
+__device__ __forceinline__ float att_row_sum(float v) { return warp_reduce<ATT_LANES>(v, SumOp()); }
+
+__device__ __forceinline__ size_t att_q_at(int b, int i, int h, int seq, int heads, int head_dim) {
+    return (((size_t)b * seq + i) * heads + h) * head_dim;
+}
+
+__device__ __forceinline__ size_t att_kv_at(int b, int j, int kvh, int seq, int kv_heads, int head_dim) {
+    return (((size_t)b * seq + j) * kv_heads + kvh) * head_dim;
+}
+
+__device__ __forceinline__ size_t att_p_at(int b, int h, int i, int seq, int heads) {
+    return (((size_t)b * heads + h) * seq + i) * seq;
+}
+
+// ROWS rows of a head_dim-wide tensor, held in registers between a load from
+// global memory and a store to shared memory (row n at dst + n * (D + 1)).
+// Entries past `valid` rows or past head_dim are zero. Thread t holds the
+// entries t, t + 256, ... of the tile in row-major order, so a warp reads
+// consecutive floats of a row.
+template <int D, int ROWS>
+struct AttTile {
+    static constexpr int N = ROWS * D / ATT_THREADS;
+    float r[N];
+
+    __device__ __forceinline__ void load(const float* __restrict__ src, size_t stride, int valid,
+                                         int head_dim) {
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+            const int idx = threadIdx.x + u * ATT_THREADS;
+            const int n = idx / D;
+            const int t = idx % D;
+            r[u] = (n < valid && t < head_dim) ? src[(size_t)n * stride + t] : 0.0f;
+        }
+    }
+
+    __device__ __forceinline__ void store(float* dst) const {
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+            const int idx = threadIdx.x + u * ATT_THREADS;
+            dst[(idx / D) * (D + 1) + idx % D] = r[u];
+        }
+    }
+};
+
+// Stores a staged tile to shared memory between two barriers: the first lets
+// every thread finish reading what the buffer held, the second makes the
+// tile visible to all.
+template <int D, int ROWS>
+__device__ __forceinline__ void att_publish(const AttTile<D, ROWS>& tile, float* dst) {
+    __syncthreads();
+    tile.store(dst);
+    __syncthreads();
+}
+
+// out[rr][n] = <a_rr, kv_n> for the thread's two rows a_rr = a + (2g + rr) * LD
+// and its keys kv_n = kv + (c + 16 n) * LD of a chunk (both padded to D).
+template <int D>
+__device__ __forceinline__ void att_dots(const float* a, const float* kv, int g, int c,
+                                         float (&out)[2][AttShape<D>::KEYS]) {
+    using S = AttShape<D>;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+        for (int n = 0; n < S::KEYS; ++n) out[rr][n] = 0.0f;
+#pragma unroll 8
+    for (int t = 0; t < D; ++t) {
+        const float a0 = a[(2 * g) * S::LD + t];
+        const float a1 = a[(2 * g + 1) * S::LD + t];
+#pragma unroll
+        for (int n = 0; n < S::KEYS; ++n) {
+            const float kk = kv[(c + n * ATT_LANES) * S::LD + t];
+            out[0][n] = fmaf(a0, kk, out[0][n]);
+            out[1][n] = fmaf(a1, kk, out[1][n]);
+        }
+    }
+}
+
+// acc[rr][n] += sum_jj w[(2g + rr)][jj] * rows[jj][c + 16 n] over a chunk: the
+// thread's two rows of weights (ld CHUNK + 1) times the chunk's rows (ld LD).
+template <int D>
+__device__ __forceinline__ void att_accumulate(const float* w, const float* rows, int g, int c,
+                                               float (&acc)[2][AttShape<D>::COLS]) {
+    using S = AttShape<D>;
+#pragma unroll 4
+    for (int jj = 0; jj < S::CHUNK; ++jj) {
+        const float w0 = w[(2 * g) * (S::CHUNK + 1) + jj];
+        const float w1 = w[(2 * g + 1) * (S::CHUNK + 1) + jj];
+#pragma unroll
+        for (int n = 0; n < S::COLS; ++n) {
+            const float r = rows[jj * S::LD + c + n * ATT_LANES];
+            acc[0][n] = fmaf(w0, r, acc[0][n]);
+            acc[1][n] = fmaf(w1, r, acc[1][n]);
+        }
+    }
+}
+
+// Forward: out[b, i, h, :] and probs[b, h, i, :] for 32 query rows i. Grid
+// (ceil(seq / 32), heads, batch), 256 threads, dynamic shared memory
+// (ATT_ROWS + CHUNK) * (D + 1) + ATT_ROWS * (CHUNK + 1) floats.
+template <int D>
+__device__ __forceinline__ void attention_fwd(const float* __restrict__ q,
+                                              const float* __restrict__ k,
+                                              const float* __restrict__ v,
+                                              float* __restrict__ out,
+                                              float* __restrict__ probs, int batch, int seq,
+                                              int heads, int kv_heads, int head_dim, float scale,
+                                              long long write_limit) {
+    using S = AttShape<D>;
+    extern __shared__ float att_smem[];
+    float* qs = att_smem;                   // [ATT_ROWS][LD]
+    float* kvs = qs + ATT_ROWS * S::LD;     // [CHUNK][LD]: k, then v, of a chunk
+    float* ps = kvs + S::CHUNK * S::LD;     // [ATT_ROWS][CHUNK + 1]
+
+    const int r0 = blockIdx.x * ATT_ROWS;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    if (r0 >= seq || h >= heads || b >= batch) return;  // whole block
+    const int kvh = h / (heads / kv_heads);
+    const int g = threadIdx.x / ATT_LANES;
+    const int c = threadIdx.x % ATT_LANES;
+    // Keys 0 ..= last row of the tile. Every chunk starts at or before r0, so
+    // key j0 of a chunk is visible to every row and each chunk maximum is
+    // finite (rows past seq see every key j < seq; they are never stored).
+    const int key_end = min(seq, r0 + ATT_ROWS);
+    const size_t kv_stride = (size_t)kv_heads * head_dim;
+    const size_t q_stride = (size_t)heads * head_dim;
+
+    {
+        AttTile<D, ATT_ROWS> tq;
+        tq.load(q + att_q_at(b, r0, h, seq, heads, head_dim), q_stride, seq - r0, head_dim);
+        tq.store(qs);
+    }
+    int row[2];
+    bool ok[2];
+    size_t p_row[2];
+    float m[2], l[2], acc[2][S::COLS];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        row[rr] = r0 + 2 * g + rr;
+        ok[rr] = row[rr] < seq;
+        p_row[rr] = att_p_at(b, h, ok[rr] ? row[rr] : 0, seq, heads);
+        m[rr] = ATT_NEG_INF;
+        l[rr] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < S::COLS; ++n) acc[rr][n] = 0.0f;
+    }
+
+    AttTile<D, S::CHUNK> tk, tv;
+    tk.load(k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim), kv_stride, seq, head_dim);
+    for (int j0 = 0; j0 < key_end; j0 += S::CHUNK) {
+        const int valid = seq - j0;
+        tv.load(v + att_kv_at(b, j0, kvh, seq, kv_heads, head_dim), kv_stride, valid, head_dim);
+        att_publish(tk, kvs);  // after qs is stored and the previous chunk's v read
+        float s[2][S::KEYS];
+        att_dots<D>(qs, kvs, g, c, s);
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            float chunk_max = ATT_NEG_INF;
+#pragma unroll
+            for (int n = 0; n < S::KEYS; ++n) {
+                const int j = j0 + c + n * ATT_LANES;
+                float sv = ATT_NEG_INF;
+                if (j < seq && (j <= row[rr] || !ok[rr])) {
+                    sv = scale * s[rr][n];
+                    if (ok[rr]) probs[p_row[rr] + j] = sv;  // raw score; normalised below
+                }
+                s[rr][n] = sv;
+                chunk_max = fmaxf(chunk_max, sv);
+            }
+            const float m_new = fmaxf(m[rr], att_row_max(chunk_max));
+            const float alpha = expf(m[rr] - m_new);
+            float part = 0.0f;
+#pragma unroll
+            for (int n = 0; n < S::KEYS; ++n) {
+                const float e = expf(s[rr][n] - m_new);
+                part += e;
+                ps[(2 * g + rr) * (S::CHUNK + 1) + c + n * ATT_LANES] = e;
+            }
+            l[rr] = l[rr] * alpha + att_row_sum(part);
+            m[rr] = m_new;
+#pragma unroll
+            for (int n = 0; n < S::COLS; ++n) acc[rr][n] *= alpha;
+        }
+        if (j0 + S::CHUNK < key_end) {
+            tk.load(k + att_kv_at(b, j0 + S::CHUNK, kvh, seq, kv_heads, head_dim), kv_stride,
+                    valid - S::CHUNK, head_dim);
+        }
+        att_publish(tv, kvs);  // after k is read and ps is complete
+        // Keys past seq have weight exp(-inf) = 0 and zero rows of v.
+        att_accumulate<D>(ps, kvs, g, c, acc);
+    }
+
+    const int zero_from = ((key_end + S::CHUNK - 1) / S::CHUNK) * S::CHUNK;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        if (!ok[rr]) continue;
+        const float inv_l = 1.0f / l[rr];
+        const size_t o_row = att_q_at(b, row[rr], h, seq, heads, head_dim);
+#pragma unroll
+        for (int n = 0; n < S::COLS; ++n) {
+            const int t = c + n * ATT_LANES;
+            const size_t idx = o_row + t;
+            if (t < head_dim && (long long)idx < write_limit) out[idx] = acc[rr][n] * inv_l;
+        }
+        // This thread's own entries: raw scores (j <= i) to probabilities.
+        for (int j = c; j < zero_from && j < seq; j += ATT_LANES) {
+            float p = 0.0f;
+            if (j <= row[rr]) p = expf(probs[p_row[rr] + j] - m[rr]) * inv_l;
+            probs[p_row[rr] + j] = p;
+        }
+        for (int j = zero_from + c; j < seq; j += ATT_LANES) probs[p_row[rr] + j] = 0.0f;
+    }
+}
+
+// Backward, part 1: dS (into ds, entries j <= i) and dq for 32 query rows.
+// Grid (ceil(seq / 32), heads, batch), 256 threads, the forward's dynamic
+// shared memory. D_i = <dout_i, out_i> needs no pass over the keys, so each
+// chunk is visited once: dP from v, then dS, then dS k.
+template <int D>
+__device__ __forceinline__ void attention_bwd_dq(const float* __restrict__ k,
+                                                 const float* __restrict__ v,
+                                                 const float* __restrict__ probs,
+                                                 const float* __restrict__ out,
+                                                 const float* __restrict__ dout,
+                                                 float* __restrict__ dq, float* __restrict__ ds,
+                                                 int batch, int seq, int heads, int kv_heads,
+                                                 int head_dim, float scale) {
+    using S = AttShape<D>;
+    extern __shared__ float att_smem[];
+    float* dos = att_smem;                  // [ATT_ROWS][LD]: dout rows
+    float* kvs = dos + ATT_ROWS * S::LD;    // [CHUNK][LD]: v, then k, of a chunk
+    float* ss = kvs + S::CHUNK * S::LD;     // [ATT_ROWS][CHUNK + 1]: dS
+
+    const int r0 = blockIdx.x * ATT_ROWS;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    if (r0 >= seq || h >= heads || b >= batch) return;
+    const int kvh = h / (heads / kv_heads);
+    const int g = threadIdx.x / ATT_LANES;
+    const int c = threadIdx.x % ATT_LANES;
+    const int key_end = min(seq, r0 + ATT_ROWS);
+    const size_t kv_stride = (size_t)kv_heads * head_dim;
+    const size_t q_stride = (size_t)heads * head_dim;
+
+    {
+        AttTile<D, ATT_ROWS> td;
+        td.load(dout + att_q_at(b, r0, h, seq, heads, head_dim), q_stride, seq - r0, head_dim);
+        td.store(dos);
+    }
+    int row[2];
+    bool ok[2];
+    size_t p_row[2];
+    float d_row[2], acc[2][S::COLS];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        row[rr] = r0 + 2 * g + rr;
+        ok[rr] = row[rr] < seq;
+        p_row[rr] = att_p_at(b, h, ok[rr] ? row[rr] : 0, seq, heads);
+        float part = 0.0f;
+        if (ok[rr]) {
+            const size_t o_row = att_q_at(b, row[rr], h, seq, heads, head_dim);
+#pragma unroll
+            for (int n = 0; n < S::COLS; ++n) {
+                const int t = c + n * ATT_LANES;
+                if (t < head_dim) part = fmaf(dout[o_row + t], out[o_row + t], part);
+            }
+        }
+        d_row[rr] = att_row_sum(part);
+#pragma unroll
+        for (int n = 0; n < S::COLS; ++n) acc[rr][n] = 0.0f;
+    }
+
+    AttTile<D, S::CHUNK> tv, tk;
+    tv.load(v + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim), kv_stride, seq, head_dim);
+    for (int j0 = 0; j0 < key_end; j0 += S::CHUNK) {
+        const int valid = seq - j0;
+        tk.load(k + att_kv_at(b, j0, kvh, seq, kv_heads, head_dim), kv_stride, valid, head_dim);
+        // This thread's probabilities of the chunk, loaded now so that their
+        // latency overlaps the dP products below.
+        float pr[2][S::KEYS];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+            for (int n = 0; n < S::KEYS; ++n) {
+                const int j = j0 + c + n * ATT_LANES;
+                pr[rr][n] = (ok[rr] && j <= row[rr]) ? probs[p_row[rr] + j] : 0.0f;
+            }
+        att_publish(tv, kvs);  // after dos is stored and the previous chunk's k read
+        float dp[2][S::KEYS];
+        att_dots<D>(dos, kvs, g, c, dp);
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+#pragma unroll
+            for (int n = 0; n < S::KEYS; ++n) {
+                const int j = j0 + c + n * ATT_LANES;
+                float gs = 0.0f;
+                if (ok[rr] && j <= row[rr]) {
+                    gs = pr[rr][n] * (dp[rr][n] - d_row[rr]);
+                    ds[p_row[rr] + j] = gs;
+                }
+                ss[(2 * g + rr) * (S::CHUNK + 1) + c + n * ATT_LANES] = gs;
+            }
+        }
+        if (j0 + S::CHUNK < key_end) {
+            tv.load(v + att_kv_at(b, j0 + S::CHUNK, kvh, seq, kv_heads, head_dim), kv_stride,
+                    valid - S::CHUNK, head_dim);
+        }
+        att_publish(tk, kvs);  // after v is read and ss is complete
+        att_accumulate<D>(ss, kvs, g, c, acc);
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        if (!ok[rr]) continue;
+        const size_t o_row = att_q_at(b, row[rr], h, seq, heads, head_dim);
+#pragma unroll
+        for (int n = 0; n < S::COLS; ++n) {
+            const int t = c + n * ATT_LANES;
+            if (t < head_dim) dq[o_row + t] = scale * acc[rr][n];
+        }
+    }
+}
+
+// Backward, part 2: one query head's share of dk and dv for 32 key rows j,
+// summed over the query rows i >= j, in chunks of QCHUNK query rows (q and
+// dout rows, and the matching dS and P entries, masked to i >= j):
+//   pk[b, j, h, :] = sum_{i >= j} dS_ij q_i,   pv[b, j, h, :] = sum_{i >= j} P_ij dout_i.
+// One block per (key tile, query head, batch) rather than per kv head keeps
+// every SM busy; part 3 sums the group's heads in a fixed order. Grid
+// (ceil(seq / 32), heads, batch), 256 threads, dynamic shared memory
+// 2 * QCHUNK * (D + 1) + 2 * ATT_ROWS * (QCHUNK + 1) floats.
+template <int D>
+__device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
+                                                  const float* __restrict__ dout,
+                                                  const float* __restrict__ probs,
+                                                  const float* __restrict__ ds,
+                                                  float* __restrict__ pk, float* __restrict__ pv,
+                                                  int batch, int seq, int heads, int head_dim) {
+    using S = AttShape<D>;
+    constexpr int QC = S::QCHUNK;
+    constexpr int LT = QC + 1;
+    // dS and P entries of a chunk per thread: (QC query rows x ATT_ROWS keys) / 256.
+    constexpr int E = QC * ATT_ROWS / ATT_THREADS;
+    extern __shared__ float att_smem[];
+    float* qs = att_smem;                   // [QC][LD]: q rows
+    float* dos = qs + QC * S::LD;           // [QC][LD]: dout rows
+    float* sts = dos + QC * S::LD;          // [ATT_ROWS][LT]: dS^T
+    float* pts = sts + ATT_ROWS * LT;       // [ATT_ROWS][LT]: P^T
+
+    const int j0 = blockIdx.x * ATT_ROWS;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    if (j0 >= seq || h >= heads || b >= batch) return;
+    const int g = threadIdx.x / ATT_LANES;
+    const int c = threadIdx.x % ATT_LANES;
+    const size_t q_stride = (size_t)heads * head_dim;
+
+    float ka[2][S::COLS], va[2][S::COLS];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+        for (int n = 0; n < S::COLS; ++n) {
+            ka[rr][n] = 0.0f;
+            va[rr][n] = 0.0f;
+        }
+    for (int i0 = j0; i0 < seq; i0 += QC) {
+        const int rows = seq - i0;
+        AttTile<D, QC> tq, td;
+        tq.load(q + att_q_at(b, i0, h, seq, heads, head_dim), q_stride, rows, head_dim);
+        td.load(dout + att_q_at(b, i0, h, seq, heads, head_dim), q_stride, rows, head_dim);
+        // Entry e: query row ii = e / 32, key rr = e % 32, so a warp reads 32
+        // consecutive floats of one row of ds and of probs.
+        float se[E], pe[E];
+#pragma unroll
+        for (int u = 0; u < E; ++u) {
+            const int e = threadIdx.x + u * ATT_THREADS;
+            const int ir = i0 + e / ATT_ROWS;
+            const int jr = j0 + e % ATT_ROWS;
+            se[u] = 0.0f;
+            pe[u] = 0.0f;
+            if (ir < seq && jr < seq && ir >= jr) {
+                const size_t at = att_p_at(b, h, ir, seq, heads) + jr;
+                se[u] = ds[at];
+                pe[u] = probs[at];
+            }
+        }
+        __syncthreads();  // the previous chunk is no longer read
+        tq.store(qs);
+        td.store(dos);
+#pragma unroll
+        for (int u = 0; u < E; ++u) {
+            const int e = threadIdx.x + u * ATT_THREADS;
+            sts[(e % ATT_ROWS) * LT + e / ATT_ROWS] = se[u];
+            pts[(e % ATT_ROWS) * LT + e / ATT_ROWS] = pe[u];
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int ii = 0; ii < QC; ++ii) {
+            const float s0 = sts[(2 * g) * LT + ii];
+            const float s1 = sts[(2 * g + 1) * LT + ii];
+            const float p0 = pts[(2 * g) * LT + ii];
+            const float p1 = pts[(2 * g + 1) * LT + ii];
+#pragma unroll
+            for (int n = 0; n < S::COLS; ++n) {
+                const float qv = qs[ii * S::LD + c + n * ATT_LANES];
+                const float dv = dos[ii * S::LD + c + n * ATT_LANES];
+                ka[0][n] = fmaf(s0, qv, ka[0][n]);
+                ka[1][n] = fmaf(s1, qv, ka[1][n]);
+                va[0][n] = fmaf(p0, dv, va[0][n]);
+                va[1][n] = fmaf(p1, dv, va[1][n]);
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int j = j0 + 2 * g + rr;
+        if (j >= seq) continue;
+        const size_t o_row = att_q_at(b, j, h, seq, heads, head_dim);
+#pragma unroll
+        for (int n = 0; n < S::COLS; ++n) {
+            const int t = c + n * ATT_LANES;
+            if (t < head_dim) {
+                pk[o_row + t] = ka[rr][n];
+                pv[o_row + t] = va[rr][n];
+            }
+        }
+    }
+}
+
+// The kernel entry points. One kernel per macro, so each module (below)
+// holds one of them. P names the set (`attention` for the f32 kernels,
+// `attention_tc` for the tensor-core ones), IMPL its device function and
+// BOUNDS(D) its launch bounds; both sets take the same arguments.
+#define ATT_FWD_ENTRY(P, IMPL, BOUNDS, D)                                                     \
+    extern "C" __global__ void BOUNDS(D) P##_fwd_d##D##_f32(                                  \
+        const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, \
+        float* __restrict__ out, float* __restrict__ probs, int batch, int seq, int heads,    \
+        int kv_heads, int head_dim, float scale, long long write_limit) {                     \
+        IMPL<D>(q, k, v, out, probs, batch, seq, heads, kv_heads, head_dim, scale,           \
+                write_limit);                                                                 \
+    }
+#define ATT_DQ_ENTRY(P, IMPL, BOUNDS, D)                                                      \
+    extern "C" __global__ void BOUNDS(D) P##_bwd_dq_d##D##_f32(                               \
+        const float* __restrict__ k, const float* __restrict__ v,                             \
+        const float* __restrict__ probs, const float* __restrict__ out,                       \
+        const float* __restrict__ dout, float* __restrict__ dq, float* __restrict__ ds,       \
+        int batch, int seq, int heads, int kv_heads, int head_dim, float scale) {             \
+        IMPL<D>(k, v, probs, out, dout, dq, ds, batch, seq, heads, kv_heads, head_dim,       \
+                scale);                                                                       \
+    }
+#define ATT_DKV_ENTRY(P, IMPL, BOUNDS, D)                                                     \
+    extern "C" __global__ void BOUNDS(D) P##_bwd_dkv_d##D##_f32(                              \
+        const float* __restrict__ q, const float* __restrict__ dout,                          \
+        const float* __restrict__ probs, const float* __restrict__ ds, float* __restrict__ pk, \
+        float* __restrict__ pv, int batch, int seq, int heads, int head_dim) {                \
+        IMPL<D>(q, dout, probs, ds, pk, pv, batch, seq, heads, head_dim);                     \
+    }
+
+#define ATT_F32_BOUNDS(D) __launch_bounds__(ATT_THREADS)
+#define ATT_FWD(D) ATT_FWD_ENTRY(attention, attention_fwd, ATT_F32_BOUNDS, D)
+#define ATT_DQ(D) ATT_DQ_ENTRY(attention, attention_bwd_dq, ATT_F32_BOUNDS, D)
+#define ATT_DKV(D) ATT_DKV_ENTRY(attention, attention_bwd_dkv, ATT_F32_BOUNDS, D)
+
+// ---------------------------------------------------------------------------
+// Tensor-core kernels: the same arguments, layouts and outputs as the f32
+// kernels above, with every product on the tensor cores (TF32 inputs rounded
+// to nearest, f32 accumulation; see tc_tf32) through
+// mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32. Softmax, masking and the dS
+// formula stay in f32 on the CUDA cores.
+//
+// Tiling. A block owns a tile of TC_ROWS = 64 rows (query rows for the
+// forward and dq, key rows for dk/dv) in four row groups of 16, the M of the
+// mma, one warp each. The grid is small (qwen2.5-0.5b: 224 blocks), so a
+// warp has few peers to hide its latencies behind. TcShape::SPLIT > 1 gives
+// each row group SPLIT warps that split the inner dimension of every chunk
+// (keys for the forward and dq, query rows for dk/dv) and add their partial
+// accumulators at the end in warp order through shared memory (warp w: row
+// group w % 4, part w / 4). It is 1 in both builds: measured on an H100 at
+// qwen2.5-0.5b's shape, SPLIT = 2 in the d64 build was slower (fwd + dq +
+// dk/dv 101.8 us against 92.5 us), the 128-register cap that two 256-thread
+// blocks per SM need making the forward and dq spill.
+//
+// Operands that every warp shares (k and v chunks; q and dout chunks for
+// dk/dv) are copied to shared memory with cp.async, two buffers, so the next
+// chunk is in flight while the current one is multiplied; each thread rounds
+// the elements it copied to tf32 in place, once per block rather than once
+// per warp that reads them. With g = lane / 4 and t = lane % 4 (the PTX
+// fragment layouts), a B operand is read from shared memory at one of two
+// patterns, each free of bank conflicts with its row padding:
+//   "k-style" (the tile's rows are the mma's n): row n0 + g, columns
+//     k0 + 2t and 2t + 1 as one 8-byte load; rows of D + 8 floats (8 banks
+//     apart, so the 4 rows of a half warp cover the 32 banks once);
+//   "v-style" (the tile's rows are the mma's k): rows k0 + 2t and 2t + 1,
+//     column n0 + g; rows of D + 4 floats (banks 8t + g).
+//
+// The k order of an mma is free (a product sums over k), so a k-step's
+// index t may stand for column 2t and t + 4 for 2t + 1, in A and B alike:
+//   - for S = q k^T and dP = dout v^T this makes B's two registers adjacent
+//     in a k-style row (one 8-byte load), and A's too;
+//   - an accumulator (thread (g, t) holds columns 2t and 2t + 1 of rows g and
+//     g + 8) then is an A operand as it is: P V and dS k use the softmax and
+//     dS results straight from registers, with B read v-style; dS^T q and
+//     P^T dout read their A operands from global memory in the same order.
+//
+// Every mma loop runs over whole chunks with no per-tile branch, so the
+// compiler interleaves the independent accumulators (a warp has few peers
+// on its scheduler to hide the mma latency: the grid is small). Tiles wholly
+// above the diagonal cost some products but are masked like the rest.
+//
+// Forward: two passes over the keys, both cheap on the tensor cores. The first
+// computes each row's max m and sum l (online, per thread, then combined over
+// the 4 threads of a row); the second recomputes S, writes P = exp(S - m) / l
+// to probs once, and accumulates P V. So probs is written once, with no
+// read-back, and out needs no rescaling.
+//
+// Where the time goes (an H100 at qwen2.5-0.5b's shape, batch 4, seq 256,
+// 14 heads, head_dim 64, measured with 64-key chunks: graph-timed fwd 27 us,
+// dq 39 us, dk/dv 26 us against 70, 76 and 51 us for the f32 kernels; ncu
+// for the rest; with today's 32-key chunks the suite measures fwd 41 us and
+// dq + dk/dv 68 us, K-EFF-ATTN-001): not memory (DRAM at 4-10 % of its peak) and not
+// the tensor cores, but the latency of each warp's instruction stream: about
+// 2 warps per scheduler, 5-9 cycles per issued instruction (short-scoreboard
+// and fixed-latency waits; long-scoreboard in dq), and integer address and
+// mask arithmetic outnumbering the mma instructions several times over.
+// Fewer instructions per chunk (unmasked chunks below the diagonal) and more
+// independent warps without spilling are the levers left.
+
+#define TC_ROW_GROUPS 4
+#define TC_ROWS (TC_ROW_GROUPS * 16)
+
+__host__ __device__ constexpr int tc_max(int a, int b) { return a > b ? a : b; }
+
+template <int D>
+struct TcShape {
+    static constexpr int SPLIT = 1;  // warps per row group (see Tiling)
+    static constexpr int THREADS = 32 * TC_ROW_GROUPS * SPLIT;
+    // Blocks per SM asked of __launch_bounds__: with SPLIT = 2 the grid fits
+    // the device at once only with two blocks per SM.
+    static constexpr int MIN_BLOCKS = SPLIT > 1 ? 2 : 1;
+    static constexpr int LDK = D + 8;                 // row of a tile read k-style
+    static constexpr int LDV = D + 4;                 // row of a tile read v-style
+    // Keys per chunk (fwd, dq): 32 x 64 or 16 x 128, so a chunk's scores
+    // are 32 mma per warp in either build. Twice that (one more unrolled
+    // copy of every mma loop) made the forward module the slowest compile of
+    // the cold pre-warm. In a lab on an H100 the three kernels of a layer
+    // take 81 us with these chunks, 78 us with chunks twice as long.
+    static constexpr int CHUNK = D <= 64 ? 32 : 16;
+    static constexpr int NT = CHUNK / 8;              // 8-key tiles of a chunk
+    static constexpr int NH = NT / SPLIT;             // ... of one warp's part
+    static constexpr int QCHUNK = D <= 64 ? 32 : 16;  // query rows per chunk (dk/dv)
+    static constexpr int QT = QCHUNK / 8;             // 8-query steps of a chunk
+    static constexpr int QH = QT / SPLIT;             // ... of one warp's part
+    static constexpr int KT = D / 8;                  // 8-wide steps of head_dim
+    // Shared memory of every kernel, the largest of what they stage: the
+    // TC_ROWS query or dout rows (fwd, dq, first), two buffers of CHUNK rows
+    // of LDK floats (fwd, dq), and two stages of a q and a dout chunk of LDV
+    // rows (dk/dv): 34,816 bytes in both builds, under the 48 KiB a launch
+    // gets without opting in.
+    static constexpr int BUF = CHUNK * LDK;
+    static constexpr int ROW_TILE = TC_ROWS * LDK;
+    static constexpr int KV_STAGES = 4 * QCHUNK * LDV;
+    static constexpr int SMEM_FLOATS = tc_max(tc_max(ROW_TILE, 2 * BUF), KV_STAGES);
+};
+// The launcher passes 34,816 bytes (ops/attention.rs, TC_SMEM).
+static_assert(TcShape<64>::SMEM_FLOATS * 4 == 34816, "the launcher's shared memory, d64");
+static_assert(TcShape<128>::SMEM_FLOATS * 4 == 34816, "the launcher's shared memory, d128");
+// tc_sum_split passes 32 floats per thread through the buffers.
+static_assert(32 * TcShape<64>::THREADS <= TcShape<64>::SMEM_FLOATS, "split sums fit");
+static_assert(32 * TcShape<128>::THREADS <= TcShape<128>::SMEM_FLOATS, "split sums fit");
+
+// x rounded to the nearest tf32 value. From sm_90 on, cvt.rn (ties to even)
+// is one instruction (F2FP); cvt.rna (ties away from zero), the only form
+// before it, is emulated in about four integer instructions. The two differ
+// only on exact ties, so both stay within tf32's half-ulp rounding error.
+__device__ __forceinline__ float tc_tf32(float x) {
+    unsigned r;
+#if __CUDA_ARCH__ >= 900
+    asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+#else
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+#endif
+    return __uint_as_float(r);
+}
+
+// 2^x (MUFU.EX2; 2^-inf = 0).
+__device__ __forceinline__ float tc_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// d += a b on one 16 x 8 x 8 tile; a and b hold tf32 values.
+__device__ __forceinline__ void tc_mma(float (&d)[4], const float (&a)[4], float b0, float b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
+          "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
+}
+
+// Asynchronous copies global -> shared of 16 or 4 bytes; `bytes` 0 writes
+// zeros and reads nothing.
+__device__ __forceinline__ void tc_cp16(float* dst, const float* src, int bytes) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void tc_cp4(float* dst, const float* src, int bytes) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;"); }
+// Waits until at most one committed group (the latest) is still in flight.
+__device__ __forceinline__ void tc_wait_prev() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void tc_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// A ROWS x D tile in shared memory, rows of LD floats. Thread threadIdx.x
+// owns the same elements in stage() and round(), so after its copies land
+// it can round them without a barrier in between.
+template <int D, int ROWS, int LD>
+struct TcTile {
+    static constexpr int T = TcShape<D>::THREADS;
+    float* s;
+
+    // In the 16-byte layout thread x copies (and rounds) column c = 4 (x %
+    // (D / 4)) of rows x / (D / 4) + u STEP: the same column every time, so
+    // its addresses advance by a constant.
+    static constexpr int STEP = T / (D / 4);
+    static_assert(T % (D / 4) == 0, "a thread keeps its column");
+
+    // Starts copying rows n < valid (row n at src + n * stride, head_dim
+    // floats); the rest of the tile, rows past valid and columns past
+    // head_dim, becomes zeros. `vec`: head_dim % 4 == 0 and src 16-byte
+    // aligned, so rows move in 16-byte pieces (stride is a multiple of
+    // head_dim).
+    __device__ __forceinline__ void stage(const float* __restrict__ src, size_t stride, int valid,
+                                          int head_dim, bool vec) const {
+        if (vec) {
+            const int c = 4 * (threadIdx.x % (D / 4));
+            const int n0 = threadIdx.x / (D / 4);
+            const bool col_in = c < head_dim;
+            const float* from = src + (size_t)n0 * stride + c;
+            float* to = s + n0 * LD + c;
+#pragma unroll
+            for (int u = 0; u * STEP < ROWS; ++u) {
+                if (ROWS % STEP != 0 && n0 + u * STEP >= ROWS) break;
+                const bool in = col_in && n0 + u * STEP < valid;
+                tc_cp16(to + u * STEP * LD, in ? from + (size_t)u * STEP * stride : src,
+                        in ? 16 : 0);
+            }
+        } else {
+#pragma unroll 1  // the rare path: a smaller module compiles faster
+            for (int e = threadIdx.x; e < ROWS * D; e += T) {
+                const int n = e / D;
+                const int c = e % D;
+                const bool in = n < valid && c < head_dim;
+                tc_cp4(s + n * LD + c, in ? src + (size_t)n * stride + c : src, in ? 4 : 0);
+            }
+        }
+    }
+
+    // Rounds this thread's elements to tf32, after its copies landed.
+    __device__ __forceinline__ void round(bool vec, float mul = 1.0f) const {
+        if (vec) {
+            const int n0 = threadIdx.x / (D / 4);
+            float* at = s + n0 * LD + 4 * (threadIdx.x % (D / 4));
+#pragma unroll
+            for (int u = 0; u * STEP < ROWS; ++u) {
+                if (ROWS % STEP != 0 && n0 + u * STEP >= ROWS) break;
+                float4* p = reinterpret_cast<float4*>(at + u * STEP * LD);
+                const float4 x = *p;
+                *p = make_float4(tc_tf32(mul * x.x), tc_tf32(mul * x.y), tc_tf32(mul * x.z),
+                                 tc_tf32(mul * x.w));
+            }
+        } else {
+#pragma unroll 1  // the rare path: a smaller module compiles faster
+            for (int e = threadIdx.x; e < ROWS * D; e += T) {
+                float* p = s + (e / D) * LD + e % D;
+                *p = tc_tf32(mul * *p);
+            }
+        }
+    }
+};
+
+// The A operands of the 16 rows at `rows` (a k-style tile, already tf32), all
+// KT steps of head_dim, in the k order above: a[kt] = rows g and g + 8 at
+// columns 8 kt + 2t (registers 0, 1) and 8 kt + 2t + 1 (registers 2, 3).
+template <int D>
+__device__ __forceinline__ void tc_load_a(const float* rows, int g, int t,
+                                          float (&a)[TcShape<D>::KT][4]) {
+    constexpr int LD = TcShape<D>::LDK;
+#pragma unroll
+    for (int kt = 0; kt < TcShape<D>::KT; ++kt) {
+        const float2 lo = *reinterpret_cast<const float2*>(rows + g * LD + 8 * kt + 2 * t);
+        const float2 hi = *reinterpret_cast<const float2*>(rows + (g + 8) * LD + 8 * kt + 2 * t);
+        a[kt][0] = lo.x;
+        a[kt][1] = hi.x;
+        a[kt][2] = lo.y;
+        a[kt][3] = hi.y;
+    }
+}
+
+// s[n] = a kv_n^T for N 8-key tiles n from kv (k-style, tf32): the warp's
+// 16 rows times its 8N keys.
+template <int D, int N>
+__device__ __forceinline__ void tc_scores(const float (&a)[TcShape<D>::KT][4], const float* kv,
+                                          int g, int t, float (&s)[N][4]) {
+    using S = TcShape<D>;
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+    const float* row = kv + g * S::LDK + 2 * t;
+#pragma unroll
+    for (int kt = 0; kt < S::KT; ++kt)
+#pragma unroll
+        for (int n = 0; n < N; ++n) {
+            const float2 b = *reinterpret_cast<const float2*>(row + 8 * n * S::LDK + 8 * kt);
+            tc_mma(s[n], a[kt], b.x, b.y);
+        }
+}
+
+// acc += w rows: w is the warp's 16 x 8N accumulator (f32, rounded here;
+// read as A operands in the k order above) and rows its 8N rows, v-style,
+// tf32.
+template <int D, int N>
+__device__ __forceinline__ void tc_accumulate(const float (&w)[N][4], const float* rows, int g,
+                                              int t, float (&acc)[TcShape<D>::KT][4]) {
+    using S = TcShape<D>;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        const float a[4] = {tc_tf32(w[n][0]), tc_tf32(w[n][2]), tc_tf32(w[n][1]), tc_tf32(w[n][3])};
+        const float* r = rows + (8 * n + 2 * t) * S::LDV + g;
+#pragma unroll
+        for (int nd = 0; nd < S::KT; ++nd) tc_mma(acc[nd], a, r[8 * nd], r[S::LDV + 8 * nd]);
+    }
+}
+
+// Stores the pair (x, y) at p[0], p[1]; p[1] only when `second`. `pair`:
+// both exist and p is 8-byte aligned.
+__device__ __forceinline__ void tc_store2(float* p, float x, float y, bool pair, bool second) {
+    if (pair) {
+        *reinterpret_cast<float2*>(p) = make_float2(x, y);
+    } else {
+        p[0] = x;
+        if (second) p[1] = y;
+    }
+}
+
+// Where a thread sits in a tile of the tc kernels: row group rg, split
+// part kh, and (g, t) of the fragment layouts.
+struct TcLane {
+    int rg, kh, g, t;
+    __device__ __forceinline__ TcLane()
+        : rg((threadIdx.x / 32) % TC_ROW_GROUPS),
+          kh(threadIdx.x / (32 * TC_ROW_GROUPS)),
+          g((threadIdx.x % 32) / 4),
+          t(threadIdx.x % 4) {}
+};
+
+// Combines a running (max, sum) pair (m, l) with another, (mo, lo). A side
+// that saw no key has m = -inf and l = 0; its factor is 1, not
+// exp(-inf + inf) = NaN, when the other saw none either.
+__device__ __forceinline__ void tc_merge(float& m, float& l, float mo, float lo) {
+    const float mn = fmaxf(m, mo);
+    l = l * (m == mn ? 1.0f : tc_exp2(m - mn)) + lo * (mo == mn ? 1.0f : tc_exp2(mo - mn));
+    m = mn;
+}
+
+// acc of part 0 += acc of the other parts of the row group, in part order,
+// through shared memory x (free: call it after the last read of the buffers;
+// every thread of the block calls it). 32 floats per thread per round, laid
+// out [float][thread] so each store and load is one conflict-free row.
+template <int D, int R>
+__device__ __forceinline__ void tc_sum_split(float (&acc)[R][4], float* x, int kh) {
+    constexpr int T = TcShape<D>::THREADS;
+    constexpr int PART = T / TcShape<D>::SPLIT;  // threads of one part
+    constexpr int N = TcShape<D>::SPLIT > 1 ? 4 * R : 0;  // nothing to add with one part
+#pragma unroll
+    for (int base = 0; base < N; base += 32) {
+        __syncthreads();  // x is no longer read (buffers or the previous round)
+        if (kh != 0) {
+#pragma unroll
+            for (int i = 0; i < 32 && base + i < 4 * R; ++i)
+                x[i * T + threadIdx.x] = acc[(base + i) / 4][(base + i) % 4];
+        }
+        __syncthreads();
+        if (kh == 0) {
+#pragma unroll
+            for (int i = 0; i < 32 && base + i < 4 * R; ++i)
+#pragma unroll
+                for (int p = 1; p < TcShape<D>::SPLIT; ++p)
+                    acc[(base + i) / 4][(base + i) % 4] += x[i * T + threadIdx.x + p * PART];
+        }
+    }
+}
+
+// The running max and sum of a row over the values a thread sees; merge()
+// combines the 4 threads of a row (xor shuffles, the same order every run).
+struct TcSoftmaxStats {
+    float m = ATT_NEG_INF;
+    float l = 0.0f;
+
+    template <int N>
+    __device__ __forceinline__ void add(float chunk_max, const float (&vals)[N]) {
+        const float m_new = fmaxf(m, chunk_max);
+        if (m_new == ATT_NEG_INF) return;  // nothing visible yet
+        float part = 0.0f;
+#pragma unroll
+        for (int e = 0; e < N; ++e) part += tc_exp2(vals[e] - m_new);
+        l = l * tc_exp2(m - m_new) + part;
+        m = m_new;
+    }
+
+    __device__ __forceinline__ void merge() {
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {
+            const float mo = __shfl_xor_sync(0xffffffffu, m, o);
+            const float lo = __shfl_xor_sync(0xffffffffu, l, o);
+            tc_merge(m, l, mo, lo);
+        }
+    }
+};
+
+// Pass 0 of the forward: adds a chunk's scores to each row's running max
+// and sum. j: the key of s[n][e] is j + 8 n + e; keys past lim[r] are
+// masked.
+template <int D>
+__device__ __forceinline__ void tc_softmax_stats(const float (&s)[TcShape<D>::NH][4],
+                                                 TcSoftmaxStats (&st)[2], int j,
+                                                 const int (&lim)[2]) {
+    constexpr int NH = TcShape<D>::NH;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float vals[2 * NH];
+        float mx = ATT_NEG_INF;
+#pragma unroll
+        for (int n = 0; n < NH; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float x = j + 8 * n + e <= lim[r] ? s[n][2 * r + e] : ATT_NEG_INF;
+                vals[2 * n + e] = x;
+                mx = fmaxf(mx, x);
+            }
+        st[r].add(mx, vals);
+    }
+}
+
+// Pass 1 of the forward: turns a chunk's scores into P = exp(scale s - m) / l
+// in place (masked keys: 0) and stores the visible ones into the probs plane
+// `plane` of (b, h).
+template <int D>
+__device__ __forceinline__ void tc_probs(float (&s)[TcShape<D>::NH][4],
+                                         const TcSoftmaxStats (&st)[2], const float (&inv_l)[2],
+                                         int j, const int (&lim)[2], const int (&row)[2],
+                                         float scale, int seq, bool pairs, float* plane) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float m = st[r].m;
+        float* pr = plane + (size_t)min(row[r], seq - 1) * seq;
+#pragma unroll
+        for (int n = 0; n < TcShape<D>::NH; ++n) {
+            const int jn = j + 8 * n;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float x = s[n][2 * r + e];
+                s[n][2 * r + e] = jn + e <= lim[r] ? tc_exp2(x - m) * inv_l[r] : 0.0f;
+            }
+        }
+    }
+    // Stores without branches: predicated 8-byte stores when seq is even
+    // (then j is even and every pair inside a row), else predicated floats.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float* pr = plane + (size_t)min(row[r], seq - 1) * seq;
+        const bool row_in = row[r] < seq;
+#pragma unroll
+        for (int n = 0; n < TcShape<D>::NH; ++n) {
+            const int jn = j + 8 * n;
+            if (pairs) {
+                if (row_in && jn < seq)
+                    *reinterpret_cast<float2*>(pr + jn) = make_float2(s[n][2 * r], s[n][2 * r + 1]);
+            } else {
+                if (row_in && jn < seq) pr[jn] = s[n][2 * r];
+                if (row_in && jn + 1 < seq) pr[jn + 1] = s[n][2 * r + 1];
+            }
+        }
+    }
+}
+
+// Combines the row statistics of a row group's parts, in part order,
+// through shared memory x (free: the key buffers are no longer read).
+template <int D>
+__device__ __forceinline__ void tc_merge_split(TcSoftmaxStats (&st)[2], float* x) {
+    x[4 * threadIdx.x] = st[0].m;
+    x[4 * threadIdx.x + 1] = st[0].l;
+    x[4 * threadIdx.x + 2] = st[1].m;
+    x[4 * threadIdx.x + 3] = st[1].l;
+    __syncthreads();
+    const int first = threadIdx.x % (32 * TC_ROW_GROUPS);  // this lane in part 0
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        st[r].m = x[4 * first + 2 * r];
+        st[r].l = x[4 * first + 2 * r + 1];
+#pragma unroll
+        for (int p = 1; p < TcShape<D>::SPLIT; ++p) {
+            const int o = 4 * (first + p * 32 * TC_ROW_GROUPS) + 2 * r;
+            tc_merge(st[r].m, st[r].l, x[o], x[o + 1]);
+        }
+    }
+    __syncthreads();
+}
+
+// Forward: out and probs for TC_ROWS query rows. Grid (ceil(seq / TC_ROWS),
+// heads, batch), THREADS threads, SMEM_FLOATS of dynamic shared memory. A
+// warp takes its part (NH tiles) of every key chunk. The tiles nearest the
+// end of the sequence see the most keys; they get the lowest block indices
+// so they start first.
+template <int D>
+__device__ __forceinline__ void attention_tc_fwd(const float* __restrict__ q,
+                                                 const float* __restrict__ k,
+                                                 const float* __restrict__ v,
+                                                 float* __restrict__ out,
+                                                 float* __restrict__ probs, int batch, int seq,
+                                                 int heads, int kv_heads, int head_dim,
+                                                 float scale, long long write_limit) {
+    using S = TcShape<D>;
+    using KTile = TcTile<D, S::CHUNK, S::LDK>;
+    using VTile = TcTile<D, S::CHUNK, S::LDV>;
+    extern __shared__ __align__(16) float tc_smem[];
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * TC_ROWS;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    if (r0 >= seq || h >= heads || b >= batch) return;
+    const int kvh = h / (heads / kv_heads);
+    const TcLane ln;
+    const int wr = r0 + 16 * ln.rg;
+    const int row[2] = {wr + ln.g, wr + ln.g + 8};
+    // Keys j <= lim[r] are visible to row r (rows past seq see all keys, so
+    // their max stays finite; they are never stored).
+    const int lim[2] = {min(row[0], seq - 1), min(row[1], seq - 1)};
+    const int key_end = min(seq, r0 + TC_ROWS);  // keys any row of the block sees
+    const int chunks = (key_end + S::CHUNK - 1) / S::CHUNK;
+    const int koff = 8 * S::NH * ln.kh;          // this warp's first key of a chunk
+    const size_t kv_stride = (size_t)kv_heads * head_dim;
+    const size_t q_stride = (size_t)heads * head_dim;
+    // 16-byte pieces only: the launcher runs this kernel when head_dim % 4
+    // == 0 (q, k, v are whole allocations, so every row is 16-byte aligned)
+    // and the f32 forward otherwise (ops/attention.rs, fwd_build). Without
+    // the scalar path the module compiles faster; it is on the cold
+    // pre-warm's critical path.
+    const bool vec = true;
+    const float* kb = k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
+    const float* vb = v + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
+
+    // The query rows, staged across both buffers, into A operands.
+    float qa[S::KT][4];
+    {
+        const TcTile<D, TC_ROWS, S::LDK> tq{tc_smem};
+        tq.stage(q + att_q_at(b, r0, h, seq, heads, head_dim), q_stride, seq - r0, head_dim, vec);
+        tc_commit();
+        tc_wait_all();
+        // scale / ln 2 folded into q: the scores come out in log2 units.
+        tq.round(vec, scale * 1.4426950408889634f);
+        __syncthreads();
+        tc_load_a<D>(tc_smem + 16 * ln.rg * S::LDK, ln.g, ln.t, qa);
+        __syncthreads();
+    }
+
+    // Two passes over the keys in one loop body, so the module holds one
+    // copy of the score mma (a second copy made it the slowest compilation
+    // of the cold pre-warm). Pass 0: each row's max and sum over this warp's
+    // keys. Pass 1: P into probs and P v into the accumulator. k is in the
+    // first buffer, v (pass 1 only) in the second; each is refilled with the
+    // next chunk as soon as its chunk is read. Every chunk commits two copy
+    // groups (v's empty in pass 0), so "all but the latest group" is always
+    // the tile about to be read.
+    TcSoftmaxStats st[2];
+    float inv_l[2] = {0.0f, 0.0f};
+    float acc[S::KT][4];
+#pragma unroll
+    for (int nd = 0; nd < S::KT; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nd][e] = 0.0f;
+    const bool pairs = seq % 2 == 0;  // then j even, and probs + row * seq + j is 8-byte aligned
+    const KTile kt{tc_smem};
+    const VTile vt{tc_smem + S::BUF};
+#pragma unroll 1
+    for (int pass = 0; pass < 2; ++pass) {
+        // Opaque to the compiler, so it does not split the loop below into
+        // one copy per pass.
+        asm volatile("" : "+r"(pass));
+        kt.stage(kb, kv_stride, seq, head_dim, vec);
+        tc_commit();
+        if (pass == 1) vt.stage(vb, kv_stride, seq, head_dim, vec);
+        tc_commit();
+        for (int c = 0; c < chunks; ++c) {
+            const int j0 = c * S::CHUNK;
+            const int next = j0 + S::CHUNK;
+            tc_wait_prev();  // k of chunk c
+            kt.round(vec);
+            __syncthreads();
+            float s[S::NH][4];
+            tc_scores<D>(qa, kt.s + koff * S::LDK, ln.g, ln.t, s);
+            __syncthreads();
+            if (c + 1 < chunks)
+                kt.stage(kb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
+            tc_commit();
+            if (pass == 0) {
+                tc_softmax_stats<D>(s, st, j0 + koff + 2 * ln.t, lim);
+                tc_commit();
+                continue;
+            }
+            tc_probs<D>(s, st, inv_l, j0 + koff + 2 * ln.t, lim, row, scale, seq, pairs,
+                        probs + att_p_at(b, h, 0, seq, heads));
+            tc_wait_prev();  // v of chunk c
+            vt.round(vec);
+            __syncthreads();
+            tc_accumulate<D>(s, vt.s + koff * S::LDV, ln.g, ln.t, acc);
+            __syncthreads();
+            if (c + 1 < chunks)
+                vt.stage(vb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
+            tc_commit();
+        }
+        if (pass == 0) {
+            // The row's 4 threads combine, then its parts (through shared
+            // memory), so every part ends with the same m and l.
+#pragma unroll
+            for (int r = 0; r < 2; ++r) st[r].merge();
+            if (S::SPLIT > 1) tc_merge_split<D>(st, tc_smem);
+            inv_l[0] = 1.0f / st[0].l;
+            inv_l[1] = 1.0f / st[1].l;
+        }
+    }
+
+    // Zeros past the last chunk (all above the diagonal): the row group's
+    // parts share each of its rows.
+    const int zero_from = chunks * S::CHUNK;
+    for (int rr = 0; rr < 16; ++rr) {
+        const int i = wr + rr;
+        if (i >= seq) break;
+        float* pr = probs + att_p_at(b, h, i, seq, heads);
+        for (int j = zero_from + 32 * ln.kh + threadIdx.x % 32; j < seq; j += 32 * S::SPLIT)
+            pr[j] = 0.0f;
+    }
+    tc_sum_split<D>(acc, tc_smem, ln.kh);
+    if (ln.kh != 0) return;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (row[r] >= seq) continue;
+        const size_t o_row = att_q_at(b, row[r], h, seq, heads, head_dim);
+#pragma unroll
+        for (int nd = 0; nd < S::KT; ++nd)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = 8 * nd + 2 * ln.t + e;
+                const size_t idx = o_row + col;
+                if (col < head_dim && (long long)idx < write_limit) out[idx] = acc[nd][2 * r + e];
+            }
+    }
+}
+
+// D_r = <dout_i, out_i> of the thread's rows g and g + 8 of its row group
+// (dout rows staged at `rows`, LDK apart, in f32): lanes 2 rr and 2 rr + 1
+// sum the halves of row rr, so every load of the warp is independent; the
+// sums reach the lanes that need them by shuffles.
+template <int D>
+__device__ __forceinline__ void tc_row_dots(const float* rows, const float* __restrict__ out,
+                                            int b, int wr, int h, int seq, int heads,
+                                            int head_dim, int g, float (&d_row)[2]) {
+    const int lane = threadIdx.x % 32;
+    const int rr = lane / 2;
+    const int c0 = (lane % 2) * (D / 2);
+    float part = 0.0f;
+    if (wr + rr < seq) {
+        const float* o = out + att_q_at(b, wr + rr, h, seq, heads, head_dim);
+#pragma unroll 8
+        for (int c = c0; c < c0 + D / 2; ++c)
+            if (c < head_dim) part = fmaf(rows[rr * TcShape<D>::LDK + c], o[c], part);
+    }
+    part += __shfl_xor_sync(0xffffffffu, part, 1);
+    d_row[0] = __shfl_sync(0xffffffffu, part, 2 * g);
+    d_row[1] = __shfl_sync(0xffffffffu, part, 2 * (g + 8));
+}
+
+// Backward, part 1: dS (into ds, entries j <= i) and dq for TC_ROWS query
+// rows, one pass over the keys: dP = dout v^T, dS = P (dP - D), dq += dS k,
+// each warp on its part of every key chunk. Grid, block and shared memory
+// as the forward.
+template <int D>
+__device__ __forceinline__ void attention_tc_dq(const float* __restrict__ k,
+                                                const float* __restrict__ v,
+                                                const float* __restrict__ probs,
+                                                const float* __restrict__ out,
+                                                const float* __restrict__ dout,
+                                                float* __restrict__ dq, float* __restrict__ ds,
+                                                int batch, int seq, int heads, int kv_heads,
+                                                int head_dim, float scale) {
+    using S = TcShape<D>;
+    extern __shared__ __align__(16) float tc_smem[];
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * TC_ROWS;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    if (r0 >= seq || h >= heads || b >= batch) return;
+    const int kvh = h / (heads / kv_heads);
+    const TcLane ln;
+    const int wr = r0 + 16 * ln.rg;
+    const int row[2] = {wr + ln.g, wr + ln.g + 8};
+    const int key_end = min(seq, r0 + TC_ROWS);
+    const int chunks = (key_end + S::CHUNK - 1) / S::CHUNK;
+    const int koff = 8 * S::NH * ln.kh;
+    const size_t kv_stride = (size_t)kv_heads * head_dim;
+    const size_t q_stride = (size_t)heads * head_dim;
+    const bool vec = head_dim % 4 == 0 && aligned16(dout) && aligned16(k) && aligned16(v);
+    const float* kb = k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
+    const float* vb = v + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
+
+    // dout rows as A operands, and D_i = <dout_i, out_i> of the thread's rows
+    // (from the f32 rows, before they are rounded).
+    float da[S::KT][4];
+    float d_row[2];
+    {
+        const TcTile<D, TC_ROWS, S::LDK> td{tc_smem};
+        td.stage(dout + att_q_at(b, r0, h, seq, heads, head_dim), q_stride, seq - r0, head_dim,
+                 vec);
+        tc_commit();
+        tc_wait_all();
+        __syncthreads();
+        const float* mine = tc_smem + 16 * ln.rg * S::LDK;
+        tc_row_dots<D>(mine, out, b, wr, h, seq, heads, head_dim, ln.g, d_row);
+        __syncthreads();
+        td.round(vec);
+        __syncthreads();
+        tc_load_a<D>(mine, ln.g, ln.t, da);
+        __syncthreads();
+    }
+
+    float acc[S::KT][4];
+#pragma unroll
+    for (int nd = 0; nd < S::KT; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nd][e] = 0.0f;
+    const bool pairs = seq % 2 == 0;
+    size_t p_row[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) p_row[r] = att_p_at(b, h, min(row[r], seq - 1), seq, heads);
+    // v is read k-style (dP = dout v^T), k v-style (dq = dS k).
+    const TcTile<D, S::CHUNK, S::LDK> vt{tc_smem};
+    const TcTile<D, S::CHUNK, S::LDV> kt{tc_smem + S::BUF};
+    vt.stage(vb, kv_stride, seq, head_dim, vec);
+    tc_commit();
+    kt.stage(kb, kv_stride, seq, head_dim, vec);
+    tc_commit();
+    // This warp's probabilities of chunk c (masked entries: 0), loaded one
+    // chunk ahead so their latency overlaps a whole chunk's work.
+    auto load_probs = [&](int c, float (&w)[S::NH][4]) {
+        const int j0 = c * S::CHUNK + koff;
+#pragma unroll
+        for (int n = 0; n < S::NH; ++n)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int j = j0 + 8 * n + 2 * ln.t;
+                const bool in = row[r] < seq && j <= row[r];
+                if (pairs && in) {
+                    const float2 p2 = *reinterpret_cast<const float2*>(probs + p_row[r] + j);
+                    w[n][2 * r] = p2.x;
+                    w[n][2 * r + 1] = j + 1 <= row[r] ? p2.y : 0.0f;
+                } else {
+                    w[n][2 * r] = in ? probs[p_row[r] + j] : 0.0f;
+                    w[n][2 * r + 1] = in && j + 1 <= row[r] ? probs[p_row[r] + j + 1] : 0.0f;
+                }
+            }
+    };
+    float wn[S::NH][4];
+    load_probs(0, wn);
+    for (int c = 0; c < chunks; ++c) {
+        const int j0 = c * S::CHUNK + koff;  // this warp's first key of the chunk
+        const int next = c * S::CHUNK + S::CHUNK;
+        float w[S::NH][4];
+#pragma unroll
+        for (int n = 0; n < S::NH; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) w[n][e] = wn[n][e];
+        load_probs(c + 1, wn);  // past the last chunk every entry is masked
+        tc_wait_prev();  // v of chunk c
+        vt.round(vec);
+        __syncthreads();
+        float dp[S::NH][4];
+        tc_scores<D>(da, vt.s + koff * S::LDK, ln.g, ln.t, dp);
+        __syncthreads();
+        if (c + 1 < chunks) vt.stage(vb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
+        tc_commit();
+#pragma unroll
+        for (int n = 0; n < S::NH; ++n) {
+            const int j = j0 + 8 * n + 2 * ln.t;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                // Masked entries have P = 0, so dS = 0 there.
+                w[n][2 * r] *= dp[n][2 * r] - d_row[r];
+                w[n][2 * r + 1] *= dp[n][2 * r + 1] - d_row[r];
+                if (row[r] < seq && j <= row[r])
+                    tc_store2(ds + p_row[r] + j, w[n][2 * r], w[n][2 * r + 1], pairs,
+                              j + 1 <= row[r]);
+            }
+        }
+        tc_wait_prev();  // k of chunk c
+        kt.round(vec);
+        __syncthreads();
+        tc_accumulate<D>(w, kt.s + koff * S::LDV, ln.g, ln.t, acc);
+        __syncthreads();
+        if (c + 1 < chunks) kt.stage(kb + next * kv_stride, kv_stride, seq - next, head_dim, vec);
+        tc_commit();
+    }
+    tc_sum_split<D>(acc, tc_smem, ln.kh);
+    if (ln.kh != 0) return;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (row[r] >= seq) continue;
+        const size_t o_row = att_q_at(b, row[r], h, seq, heads, head_dim);
+#pragma unroll
+        for (int nd = 0; nd < S::KT; ++nd)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = 8 * nd + 2 * ln.t + e;
+                if (col < head_dim) dq[o_row + col] = scale * acc[nd][2 * r + e];
+            }
+    }
+}
+
+// The A operands of dS^T and P^T for QH 8-query steps from query i0, in f32:
+// rows = the warp's keys kr[0], kr[1] (g and g + 8), k index t / t + 4 =
+// query i0 + 8 qt + 2t / + 1 (the k order above), masked to i >= j, i < seq.
+template <int D>
+__device__ __forceinline__ void tc_load_dkv_a(const float* __restrict__ ds,
+                                              const float* __restrict__ probs, size_t plane,
+                                              int seq, int i0, const int (&kr)[2], int t,
+                                              float (&sa)[TcShape<D>::QH][4],
+                                              float (&pa)[TcShape<D>::QH][4]) {
+#pragma unroll
+    for (int qt = 0; qt < TcShape<D>::QH; ++qt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = i0 + 8 * qt + 2 * t + e / 2;  // a0, a1: query 2t; a2, a3: 2t + 1
+            const int j = kr[e % 2];                    // a0, a2: key g; a1, a3: g + 8
+            float sv = 0.0f;
+            float pv = 0.0f;
+            if (i < seq && j < seq && i >= j) {
+                const size_t at = plane + (size_t)i * seq + j;
+                sv = ds[at];
+                pv = probs[at];
+            }
+            sa[qt][e] = sv;
+            pa[qt][e] = pv;
+        }
+}
+
+// Backward, part 2: one query head's share of dk and dv (pk, pv) for TC_ROWS
+// key rows, over the query rows i >= the tile's first key in chunks of
+// QCHUNK, each warp on its part (QH steps) of every chunk:
+// pk_j = sum_i dS_ij q_i, pv_j = sum_i P_ij dout_i. The dS and P entries go
+// from global memory straight into A operands (a warp's load covers 32-byte
+// pieces of 4 rows), one chunk ahead; q and dout chunks are staged v-style,
+// two stages. Grid (ceil(seq / TC_ROWS), heads, batch), THREADS threads,
+// SMEM_FLOATS of dynamic shared memory.
+template <int D>
+__device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
+                                                 const float* __restrict__ dout,
+                                                 const float* __restrict__ probs,
+                                                 const float* __restrict__ ds,
+                                                 float* __restrict__ pk, float* __restrict__ pv,
+                                                 int batch, int seq, int heads, int head_dim) {
+    using S = TcShape<D>;
+    using Tile = TcTile<D, S::QCHUNK, S::LDV>;
+    extern __shared__ __align__(16) float tc_smem[];
+    const int j0 = blockIdx.x * TC_ROWS;
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    if (j0 >= seq || h >= heads || b >= batch) return;
+    const TcLane ln;
+    const int wj = j0 + 16 * ln.rg;
+    const int kr[2] = {wj + ln.g, wj + ln.g + 8};
+    const int qoff = 8 * S::QH * ln.kh;  // this warp's first query of a chunk
+    const size_t q_stride = (size_t)heads * head_dim;
+    const size_t plane = att_p_at(b, h, 0, seq, heads);
+    const bool vec = head_dim % 4 == 0 && aligned16(q) && aligned16(dout);
+    const float* qb = q + att_q_at(b, 0, h, seq, heads, head_dim);
+    const float* db = dout + att_q_at(b, 0, h, seq, heads, head_dim);
+    const int chunks = (seq - j0 + S::QCHUNK - 1) / S::QCHUNK;
+    constexpr int TILE = S::QCHUNK * S::LDV;
+    // Stage s (chunk c in stage c % 2): q rows at tc_smem + 2 s TILE, dout
+    // rows right after.
+    auto stage = [&](int c) {
+        const int i0 = j0 + c * S::QCHUNK;
+        float* at = tc_smem + (c & 1) * 2 * TILE;
+        Tile{at}.stage(qb + i0 * q_stride, q_stride, seq - i0, head_dim, vec);
+        Tile{at + TILE}.stage(db + i0 * q_stride, q_stride, seq - i0, head_dim, vec);
+    };
+
+    float ka[S::KT][4], va[S::KT][4];
+#pragma unroll
+    for (int nd = 0; nd < S::KT; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            ka[nd][e] = 0.0f;
+            va[nd][e] = 0.0f;
+        }
+    float sa[S::QH][4], pa[S::QH][4];
+    tc_load_dkv_a<D>(ds, probs, plane, seq, j0 + qoff, kr, ln.t, sa, pa);
+    stage(0);
+    tc_commit();
+    for (int c = 0; c < chunks; ++c) {
+        const int i0 = j0 + c * S::QCHUNK;
+        if (c + 1 < chunks) stage(c + 1);
+        tc_commit();
+        float sn[S::QH][4], pn[S::QH][4];
+        tc_load_dkv_a<D>(ds, probs, plane, seq, i0 + S::QCHUNK + qoff, kr, ln.t, sn, pn);
+        tc_wait_prev();
+        const Tile qt_{tc_smem + (c & 1) * 2 * TILE};
+        const Tile dt_{qt_.s + TILE};
+        qt_.round(vec);
+        dt_.round(vec);
+        __syncthreads();
+#pragma unroll
+        for (int qt = 0; qt < S::QH; ++qt) {
+            float as[4], ap[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                as[e] = tc_tf32(sa[qt][e]);
+                ap[e] = tc_tf32(pa[qt][e]);
+            }
+            const int at = (qoff + 8 * qt + 2 * ln.t) * S::LDV + ln.g;
+            const float* qr = qt_.s + at;
+            const float* dr = dt_.s + at;
+#pragma unroll
+            for (int nd = 0; nd < S::KT; ++nd) {
+                tc_mma(ka[nd], as, qr[8 * nd], qr[S::LDV + 8 * nd]);
+                tc_mma(va[nd], ap, dr[8 * nd], dr[S::LDV + 8 * nd]);
+            }
+        }
+        __syncthreads();  // this stage is refilled at c + 1
+#pragma unroll
+        for (int qt = 0; qt < S::QH; ++qt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                sa[qt][e] = sn[qt][e];
+                pa[qt][e] = pn[qt][e];
+            }
+    }
+    tc_sum_split<D>(ka, tc_smem, ln.kh);
+    tc_sum_split<D>(va, tc_smem, ln.kh);
+    if (ln.kh != 0) return;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (kr[r] >= seq) continue;
+        const size_t o_row = att_q_at(b, kr[r], h, seq, heads, head_dim);
+#pragma unroll
+        for (int nd = 0; nd < S::KT; ++nd)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = 8 * nd + 2 * ln.t + e;
+                if (col < head_dim) {
+                    pk[o_row + col] = ka[nd][2 * r + e];
+                    pv[o_row + col] = va[nd][2 * r + e];
+                }
+            }
+    }
+}
+
+#define ATT_TC_BOUNDS(D) __launch_bounds__(TcShape<D>::THREADS, TcShape<D>::MIN_BLOCKS)
+#define ATT_TC_FWD(D) ATT_FWD_ENTRY(attention_tc, attention_tc_fwd, ATT_TC_BOUNDS, D)
+#define ATT_TC_DQ(D) ATT_DQ_ENTRY(attention_tc, attention_tc_dq, ATT_TC_BOUNDS, D)
+#define ATT_TC_DKV(D) ATT_DKV_ENTRY(attention_tc, attention_tc_dkv, ATT_TC_BOUNDS, D)
+
+// The module defines ATT_BUILD (64 or 128) and ATT_PART (kernels/mod.rs):
+// one kernel of one build per module, parts 0-2 the f32 kernels and 3-5 the
+// tensor-core ones; each dkv module (parts 2 and 5) also holds kv_sum.
+#if ATT_BUILD != 64 && ATT_BUILD != 128
+#error "ATT_BUILD must be 64 or 128"
+#endif
+// ATT_BUILD is expanded to its number before the kernel macro pastes it
+// into the symbol (a direct ATT_FWD(ATT_BUILD) would paste the name).
+#define ATT_INSTANTIATE(KERNEL, D) KERNEL(D)
+#if ATT_PART == 0
+ATT_INSTANTIATE(ATT_FWD, ATT_BUILD)
+#elif ATT_PART == 1
+ATT_INSTANTIATE(ATT_DQ, ATT_BUILD)
+#elif ATT_PART == 3
+ATT_INSTANTIATE(ATT_TC_FWD, ATT_BUILD)
+#elif ATT_PART == 4
+ATT_INSTANTIATE(ATT_TC_DQ, ATT_BUILD)
+#elif ATT_PART == 2 || ATT_PART == 5
+#if ATT_PART == 2
+ATT_INSTANTIATE(ATT_DKV, ATT_BUILD)
+#else
+ATT_INSTANTIATE(ATT_TC_DKV, ATT_BUILD)
+#endif
+
+// Backward, part 3: dk = scale * (sum over the group's heads of pk) and dv =
+// the same sum of pv, heads in increasing order. One thread per element of
+// dk, grid-stride.
+extern "C" __global__ void attention_bwd_kv_sum_f32(const float* __restrict__ pk,
+                                                    const float* __restrict__ pv,
+                                                    float* __restrict__ dk,
+                                                    float* __restrict__ dv, int batch, int seq,
+                                                    int heads, int kv_heads, int head_dim,
+                                                    float scale, long long write_limit) {
+    const int group = heads / kv_heads;
+    const long long n = (long long)batch * seq * kv_heads * head_dim;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+        const int t = (int)(e % head_dim);
+        const long long row = e / head_dim;   // (b * seq + j) * kv_heads + g
+        const int g = (int)(row % kv_heads);
+        const long long bj = row / kv_heads;  // b * seq + j
+        const size_t first = ((size_t)bj * heads + (size_t)g * group) * head_dim + t;
+        float sk = 0.0f;
+        float sv = 0.0f;
+        for (int hh = 0; hh < group; ++hh) {
+            sk += pk[first + (size_t)hh * head_dim];
+            sv += pv[first + (size_t)hh * head_dim];
+        }
+        dk[e] = scale * sk;
+        if (e < write_limit) dv[e] = sv;
+    }
+}
+#else
+#error "ATT_PART must be 0 to 5"
+#endif  // ATT_PART
