@@ -41,9 +41,6 @@ runs() { [ "$part" = all ] || [ "$part" = "$1" ]; }
 bin=.gpu/bin
 work=$(mktemp -d)/suite
 mkdir -p "$work"
-# The driver's on-disk compute cache (~/.nv/ComputeCache) keeps NVRTC's cubin
-# compilations too: it would turn C-PREWARM-001's cold pre-warms warm.
-export CUDA_CACHE_DISABLE=1
 note() { echo "$*" >> "$work/summary.txt"; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu \

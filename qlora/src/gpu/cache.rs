@@ -39,11 +39,21 @@ pub const OLDER_ARCH: &str = "compute_75";
 /// types, the device runtime's `cuda*` functions, launches from device
 /// code), so NVRTC's front end parses less: about 4 % of a cold pre-warm's
 /// compile work, with every module's cubin byte for byte the same.
+///
+/// `--no-cache` keeps NVRTC (12.9 and later) away from the CUDA driver's
+/// compute cache (`~/.nv/ComputeCache`), which it otherwise reads and
+/// writes for every cubin. The kernel cache here is the one cache: its key
+/// is checked entry by entry (F-PTX-001), NVRTC's is not. And NVRTC's costs
+/// a cold compilation its write: on an H100, one thread, `attention_dq_d64`
+/// took 634 ms through it against 431-560 ms without, `attention_tc_dkv_d64`
+/// 963 against 678-765 ms. It also made a cold pre-warm warm (a repeat
+/// compilation 22-33 ms) unless the runner set `CUDA_CACHE_DISABLE=1`.
 pub fn compile_options(source: &ModuleSource, arch: &str) -> Vec<String> {
     let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".into(),
         "-minimal".into(),
+        "--no-cache".into(),
     ];
     if source.compile == Compile::FastMin {
         options.push("--Ofast-compile=min".into());
@@ -767,6 +777,21 @@ mod tests {
         assert_eq!(compile_threads(1), 1);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert!((1..=cpus).contains(&compile_threads(1000)));
+    }
+
+    #[test]
+    fn nvrtc_never_uses_the_drivers_compute_cache() {
+        // A cold pre-warm must compile, whatever the runner's environment.
+        for source in kernels::MODULES {
+            for arch in ["sm_90", "compute_90"] {
+                let options = compile_options(source, arch);
+                assert!(
+                    options.iter().any(|o| o == "--no-cache"),
+                    "{}: {options:?}",
+                    source.name
+                );
+            }
+        }
     }
 
     #[test]
