@@ -65,272 +65,23 @@ fn three<T>(v: (T, T, T)) -> Vec<T> {
     vec![v.0, v.1, v.2]
 }
 
-/// Builds the seeded instance of `op` at `shape`; `mutant` swaps in a faulty backward.
+/// Builds the seeded instance of `op` at `shape`; `mutant` swaps in a faulty
+/// backward (each op's own mutant, named here).
 fn problem(op: Op, shape: &Shape, rng: &mut ChaCha8Rng, mutant: Option<Mutant>) -> Result<Problem> {
-    let d = |name: &str| shape.dim(name);
     let is = |m: Mutant| mutant == Some(m);
-    let p = match op {
-        Op::Embedding => {
-            let (vocab, hidden, n) = (d("vocab"), d("hidden"), d("tokens"));
-            let mut tokens: Vec<u32> = (0..n).map(|_| rng.random_range(0..vocab as u32)).collect();
-            // At least one repeated token, so accumulation is exercised.
-            if n >= 2 {
-                tokens[n - 1] = tokens[0];
-            }
-            let tk = tokens.clone();
-            let overwrite = is(Mutant::EmbeddingBackwardOverwrites);
-            Problem {
-                names: vec!["table"],
-                inputs: vec![uniform(rng, vocab * hidden, -1.0, 1.0)],
-                forward: Box::new(move |x| embedding::forward(&x[0], vocab, hidden, &tokens)),
-                backward: Box::new(move |_, dy| {
-                    let g = if overwrite {
-                        faulty::embedding_backward_overwrites(dy, vocab, hidden, &tk)?
-                    } else {
-                        embedding::backward(dy, vocab, hidden, &tk)?
-                    };
-                    Ok(vec![g])
-                }),
-            }
-        }
-        Op::Rmsnorm => {
-            let (rows, hidden) = (d("rows"), d("hidden"));
-            let faulty_bwd = is(Mutant::RmsnormBackwardMissingProjection);
-            Problem {
-                names: vec!["x", "gamma"],
-                inputs: vec![
-                    uniform(rng, rows * hidden, -1.0, 1.0),
-                    uniform(rng, hidden, 0.5, 1.5),
-                ],
-                forward: Box::new(move |x| {
-                    rmsnorm::forward(&x[0], &x[1], rows, hidden, RMSNORM_EPS)
-                }),
-                backward: Box::new(move |x, dy| {
-                    let (dx, dg) = if faulty_bwd {
-                        faulty::rmsnorm_backward_missing_projection(
-                            &x[0],
-                            &x[1],
-                            dy,
-                            rows,
-                            hidden,
-                            RMSNORM_EPS,
-                        )?
-                    } else {
-                        rmsnorm::backward(&x[0], &x[1], dy, rows, hidden, RMSNORM_EPS)?
-                    };
-                    Ok(vec![dx, dg])
-                }),
-            }
-        }
-        Op::Rope => {
-            let (b, s, h, hd) = (d("batch"), d("seq"), d("heads"), d("head_dim"));
-            let faulty_bwd = is(Mutant::RopeBackwardForwardRotation);
-            Problem {
-                names: vec!["x"],
-                inputs: vec![uniform(rng, b * s * h * hd, -1.0, 1.0)],
-                forward: Box::new(move |x| rope::forward(&x[0], b, s, h, hd, ROPE_THETA)),
-                backward: Box::new(move |_, dy| {
-                    let g = if faulty_bwd {
-                        faulty::rope_backward_forward_rotation(dy, b, s, h, hd, ROPE_THETA)?
-                    } else {
-                        rope::backward(dy, b, s, h, hd, ROPE_THETA)?
-                    };
-                    Ok(vec![g])
-                }),
-            }
-        }
-        Op::RopeQkv => {
-            let dims = rope::QkvDims {
-                batch: d("batch"),
-                seq: d("seq"),
-                heads: d("heads"),
-                kv_heads: d("kv_heads"),
-                head_dim: d("head_dim"),
-                rank: d("rank"),
-                scale: 2.0,
-            };
-            // Bq and Bv are held fixed: the step takes their gradients with
-            // GEMMs, not through this epilogue.
-            let bq = uniform(rng, dims.heads * dims.head_dim * dims.rank, -0.5, 0.5);
-            let bv = uniform(rng, dims.kv_heads * dims.head_dim * dims.rank, -0.5, 0.5);
-            let (bq2, bv2) = (bq.clone(), bv.clone());
-            let backward = if is(Mutant::RopeBackwardForwardRotation) {
-                faulty::rope_qkv_backward_forward_rotation
-            } else {
-                rope::qkv_backward
-            };
-            Problem {
-                names: vec!["y"],
-                inputs: vec![uniform(rng, dims.batch * dims.seq * dims.width(), -1.0, 1.0)],
-                forward: Box::new(move |x| rope::qkv_forward(&x[0], &bq, &bv, &dims, ROPE_THETA)),
-                backward: Box::new(move |_, dy| {
-                    Ok(vec![backward(dy, &bq2, &bv2, &dims, ROPE_THETA)?])
-                }),
-            }
-        }
-        Op::Softmax => {
-            let (rows, seq) = (d("rows"), d("seq"));
-            let faulty_bwd = is(Mutant::SoftmaxBackwardMissingDot);
-            Problem {
-                names: vec!["x"],
-                inputs: vec![uniform(rng, rows * seq, -2.0, 2.0)],
-                forward: Box::new(move |x| softmax::forward(&x[0], rows, seq)),
-                backward: Box::new(move |x, dy| {
-                    let y = softmax::forward(&x[0], rows, seq)?;
-                    let g = if faulty_bwd {
-                        faulty::softmax_backward_missing_dot(&y, dy, rows, seq)?
-                    } else {
-                        softmax::backward(&y, dy, rows, seq)?
-                    };
-                    Ok(vec![g])
-                }),
-            }
-        }
-        Op::Attention => {
-            let sh = AttnShape {
-                batch: d("batch"),
-                seq: d("seq"),
-                heads: d("heads"),
-                kv_heads: d("kv_heads"),
-                head_dim: d("head_dim"),
-            };
-            let q_len = sh.batch * sh.seq * sh.heads * sh.head_dim;
-            let kv_len = sh.batch * sh.seq * sh.kv_heads * sh.head_dim;
-            let faulty_bwd = is(Mutant::AttentionBackwardUnscaled);
-            Problem {
-                names: vec!["q", "k", "v"],
-                inputs: vec![
-                    uniform(rng, q_len, -1.5, 1.5),
-                    uniform(rng, kv_len, -1.5, 1.5),
-                    uniform(rng, kv_len, -1.0, 1.0),
-                ],
-                forward: Box::new(move |x| Ok(attention::forward(&x[0], &x[1], &x[2], &sh)?.0)),
-                backward: Box::new(move |x, dy| {
-                    let (_, probs) = attention::forward(&x[0], &x[1], &x[2], &sh)?;
-                    let g = if faulty_bwd {
-                        faulty::attention_backward_unscaled(&x[0], &x[1], &x[2], &probs, dy, &sh)?
-                    } else {
-                        attention::backward(&x[0], &x[1], &x[2], &probs, dy, &sh)?
-                    };
-                    Ok(three(g))
-                }),
-            }
-        }
-        Op::Silu => {
-            let n = d("rows") * d("cols");
-            let faulty_bwd = is(Mutant::SwigluBackwardMissingSiluDerivative);
-            Problem {
-                names: vec!["x"],
-                inputs: vec![uniform(rng, n, -4.0, 4.0)],
-                forward: Box::new(|x| Ok(activation::silu_forward(&x[0]))),
-                backward: Box::new(move |x, dy| {
-                    let g = if faulty_bwd {
-                        faulty::silu_backward_missing_derivative(&x[0], dy)?
-                    } else {
-                        activation::silu_backward(&x[0], dy)?
-                    };
-                    Ok(vec![g])
-                }),
-            }
-        }
-        Op::Swiglu => {
-            let n = d("rows") * d("cols");
-            let faulty_bwd = is(Mutant::SwigluBackwardMissingSiluDerivative);
-            Problem {
-                names: vec!["gate", "up"],
-                inputs: vec![uniform(rng, n, -4.0, 4.0), uniform(rng, n, -1.0, 1.0)],
-                forward: Box::new(|x| activation::swiglu_forward(&x[0], &x[1])),
-                backward: Box::new(move |x, dy| {
-                    let (dg, du) = if faulty_bwd {
-                        faulty::swiglu_backward_missing_silu_derivative(&x[0], &x[1], dy)?
-                    } else {
-                        activation::swiglu_backward(&x[0], &x[1], dy)?
-                    };
-                    Ok(vec![dg, du])
-                }),
-            }
-        }
-        Op::ResidualAdd => {
-            let n = d("rows") * d("cols");
-            let faulty_bwd = is(Mutant::ResidualBackwardDropsSkip);
-            Problem {
-                names: vec!["a (skip)", "b (branch)"],
-                inputs: vec![uniform(rng, n, -1.0, 1.0), uniform(rng, n, -1.0, 1.0)],
-                forward: Box::new(|x| elementwise::residual_add(&x[0], &x[1])),
-                backward: Box::new(move |_, dy| {
-                    let (da, db) = if faulty_bwd {
-                        faulty::residual_backward_drops_skip(dy)
-                    } else {
-                        elementwise::residual_add_backward(dy)
-                    };
-                    Ok(vec![da, db])
-                }),
-            }
-        }
-        Op::Scale => {
-            let n = d("rows") * d("cols");
-            // Kept away from 1 so a backward that ignores the scale shows.
-            let s = rng.random_range(0.1..0.9);
-            let faulty_bwd = is(Mutant::ScaleBackwardIgnoresScale);
-            Problem {
-                names: vec!["x"],
-                inputs: vec![uniform(rng, n, -1.0, 1.0)],
-                forward: Box::new(move |x| Ok(elementwise::scale(&x[0], s))),
-                backward: Box::new(move |_, dy| {
-                    let g = if faulty_bwd {
-                        faulty::scale_backward_ignores_scale(dy, s)
-                    } else {
-                        elementwise::scale_backward(dy, s)
-                    };
-                    Ok(vec![g])
-                }),
-            }
-        }
-        Op::CrossEntropy => {
-            let (rows, vocab) = (d("rows"), d("vocab"));
-            let targets: Vec<u32> = (0..rows)
-                .map(|_| rng.random_range(0..vocab as u32))
-                .collect();
-            let tg = targets.clone();
-            let faulty_bwd = is(Mutant::CrossEntropyGradMissingSoftmax);
-            Problem {
-                names: vec!["logits"],
-                inputs: vec![uniform(rng, rows * vocab, -3.0, 3.0)],
-                forward: Box::new(move |x| {
-                    Ok(vec![cross_entropy::forward(&x[0], rows, vocab, &targets)?])
-                }),
-                backward: Box::new(move |x, dy| {
-                    let g = if faulty_bwd {
-                        faulty::cross_entropy_grad_missing_softmax(&x[0], rows, vocab, &tg)?
-                    } else {
-                        cross_entropy::backward(&x[0], rows, vocab, &tg)?
-                    };
-                    // The loss is a scalar: L = dy_0 * loss.
-                    let s = dy.first().copied().unwrap_or(0.0);
-                    Ok(vec![g.iter().map(|v| v * s).collect()])
-                }),
-            }
-        }
-        Op::Gemm => {
-            let (m, n, k) = (d("m"), d("n"), d("k"));
-            let faulty_bwd = is(Mutant::GemmBackwardUntransposed);
-            Problem {
-                names: vec!["a", "b"],
-                inputs: vec![
-                    uniform(rng, m * k, -1.0, 1.0),
-                    uniform(rng, k * n, -1.0, 1.0),
-                ],
-                forward: Box::new(move |x| gemm::matmul(&x[0], &x[1], m, n, k)),
-                backward: Box::new(move |x, dc| {
-                    let (da, db) = if faulty_bwd {
-                        faulty::gemm_backward_untransposed(&x[0], &x[1], dc, m, n, k)?
-                    } else {
-                        gemm::backward(&x[0], &x[1], dc, m, n, k)?
-                    };
-                    Ok(vec![da, db])
-                }),
-            }
-        }
+    Ok(match op {
+        Op::Embedding => embedding_problem(shape, rng, is(Mutant::EmbeddingBackwardOverwrites)),
+        Op::Rmsnorm => rmsnorm_problem(shape, rng, is(Mutant::RmsnormBackwardMissingProjection)),
+        Op::Rope => rope_problem(shape, rng, is(Mutant::RopeBackwardForwardRotation)),
+        Op::RopeQkv => rope_qkv_problem(shape, rng, is(Mutant::RopeBackwardForwardRotation)),
+        Op::Softmax => softmax_problem(shape, rng, is(Mutant::SoftmaxBackwardMissingDot)),
+        Op::Attention => attention_problem(shape, rng, is(Mutant::AttentionBackwardUnscaled)),
+        Op::Silu => silu_problem(shape, rng, is(Mutant::SwigluBackwardMissingSiluDerivative)),
+        Op::Swiglu => swiglu_problem(shape, rng, is(Mutant::SwigluBackwardMissingSiluDerivative)),
+        Op::ResidualAdd => residual_add_problem(shape, rng, is(Mutant::ResidualBackwardDropsSkip)),
+        Op::Scale => scale_problem(shape, rng, is(Mutant::ScaleBackwardIgnoresScale)),
+        Op::CrossEntropy => cross_entropy_problem(shape, rng, is(Mutant::CrossEntropyGradMissingSoftmax)),
+        Op::Gemm => gemm_problem(shape, rng, is(Mutant::GemmBackwardUntransposed)),
         Op::Nf4Gemm => {
             return Err(Error::InvalidArgument {
                 op: "gradient_check",
@@ -345,8 +96,305 @@ fn problem(op: Op, shape: &Shape, rng: &mut ChaCha8Rng, mutant: Option<Mutant>) 
                 message: format!("op `{other}` has no backward pass to check"),
             })
         }
+    })
+}
+
+/// The instance of `embedding`; `overwrite` swaps in the faulty backward
+/// (`EmbeddingBackwardOverwrites`).
+fn embedding_problem(shape: &Shape, rng: &mut ChaCha8Rng, overwrite: bool) -> Problem {
+    let d = |name: &str| shape.dim(name);
+    let (vocab, hidden, n) = (d("vocab"), d("hidden"), d("tokens"));
+    let mut tokens: Vec<u32> = (0..n).map(|_| rng.random_range(0..vocab as u32)).collect();
+    // At least one repeated token, so accumulation is exercised.
+    if n >= 2 {
+        tokens[n - 1] = tokens[0];
+    }
+    let tk = tokens.clone();
+    Problem {
+        names: vec!["table"],
+        inputs: vec![uniform(rng, vocab * hidden, -1.0, 1.0)],
+        forward: Box::new(move |x| embedding::forward(&x[0], vocab, hidden, &tokens)),
+        backward: Box::new(move |_, dy| {
+            let g = if overwrite {
+                faulty::embedding_backward_overwrites(dy, vocab, hidden, &tk)?
+            } else {
+                embedding::backward(dy, vocab, hidden, &tk)?
+            };
+            Ok(vec![g])
+        }),
+    }
+}
+
+/// The instance of `rmsnorm`; `faulty_bwd` swaps in the faulty backward
+/// (`RmsnormBackwardMissingProjection`).
+fn rmsnorm_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+    let d = |name: &str| shape.dim(name);
+    let (rows, hidden) = (d("rows"), d("hidden"));
+    Problem {
+        names: vec!["x", "gamma"],
+        inputs: vec![
+            uniform(rng, rows * hidden, -1.0, 1.0),
+            uniform(rng, hidden, 0.5, 1.5),
+        ],
+        forward: Box::new(move |x| {
+            rmsnorm::forward(&x[0], &x[1], rows, hidden, RMSNORM_EPS)
+        }),
+        backward: Box::new(move |x, dy| {
+            let (dx, dg) = if faulty_bwd {
+                faulty::rmsnorm_backward_missing_projection(
+                    &x[0],
+                    &x[1],
+                    dy,
+                    rows,
+                    hidden,
+                    RMSNORM_EPS,
+                )?
+            } else {
+                rmsnorm::backward(&x[0], &x[1], dy, rows, hidden, RMSNORM_EPS)?
+            };
+            Ok(vec![dx, dg])
+        }),
+    }
+}
+
+/// The instance of `rope`; `faulty_bwd` swaps in the faulty backward
+/// (`RopeBackwardForwardRotation`).
+fn rope_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+    let d = |name: &str| shape.dim(name);
+    let (b, s, h, hd) = (d("batch"), d("seq"), d("heads"), d("head_dim"));
+    Problem {
+        names: vec!["x"],
+        inputs: vec![uniform(rng, b * s * h * hd, -1.0, 1.0)],
+        forward: Box::new(move |x| rope::forward(&x[0], b, s, h, hd, ROPE_THETA)),
+        backward: Box::new(move |_, dy| {
+            let g = if faulty_bwd {
+                faulty::rope_backward_forward_rotation(dy, b, s, h, hd, ROPE_THETA)?
+            } else {
+                rope::backward(dy, b, s, h, hd, ROPE_THETA)?
+            };
+            Ok(vec![g])
+        }),
+    }
+}
+
+/// The instance of `rope_qkv`; `faulty_bwd` swaps in the faulty backward
+/// (`RopeBackwardForwardRotation`).
+fn rope_qkv_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+    let d = |name: &str| shape.dim(name);
+    let dims = rope::QkvDims {
+        batch: d("batch"),
+        seq: d("seq"),
+        heads: d("heads"),
+        kv_heads: d("kv_heads"),
+        head_dim: d("head_dim"),
+        rank: d("rank"),
+        scale: 2.0,
     };
-    Ok(p)
+    // Bq and Bv are held fixed: the step takes their gradients with
+    // GEMMs, not through this epilogue.
+    let bq = uniform(rng, dims.heads * dims.head_dim * dims.rank, -0.5, 0.5);
+    let bv = uniform(rng, dims.kv_heads * dims.head_dim * dims.rank, -0.5, 0.5);
+    let (bq2, bv2) = (bq.clone(), bv.clone());
+    let backward = if faulty_bwd {
+        faulty::rope_qkv_backward_forward_rotation
+    } else {
+        rope::qkv_backward
+    };
+    Problem {
+        names: vec!["y"],
+        inputs: vec![uniform(rng, dims.batch * dims.seq * dims.width(), -1.0, 1.0)],
+        forward: Box::new(move |x| rope::qkv_forward(&x[0], &bq, &bv, &dims, ROPE_THETA)),
+        backward: Box::new(move |_, dy| {
+            Ok(vec![backward(dy, &bq2, &bv2, &dims, ROPE_THETA)?])
+        }),
+    }
+}
+
+/// The instance of `softmax`; `faulty_bwd` swaps in the faulty backward
+/// (`SoftmaxBackwardMissingDot`).
+fn softmax_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+    let d = |name: &str| shape.dim(name);
+    let (rows, seq) = (d("rows"), d("seq"));
+    Problem {
+        names: vec!["x"],
+        inputs: vec![uniform(rng, rows * seq, -2.0, 2.0)],
+        forward: Box::new(move |x| softmax::forward(&x[0], rows, seq)),
+        backward: Box::new(move |x, dy| {
+            let y = softmax::forward(&x[0], rows, seq)?;
+            let g = if faulty_bwd {
+                faulty::softmax_backward_missing_dot(&y, dy, rows, seq)?
+            } else {
+                softmax::backward(&y, dy, rows, seq)?
+            };
+            Ok(vec![g])
+        }),
+    }
+}
+
+/// The instance of `attention`; `faulty_bwd` swaps in the faulty backward
+/// (`AttentionBackwardUnscaled`).
+fn attention_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+    let d = |name: &str| shape.dim(name);
+    let sh = AttnShape {
+        batch: d("batch"),
+        seq: d("seq"),
+        heads: d("heads"),
+        kv_heads: d("kv_heads"),
+        head_dim: d("head_dim"),
+    };
+    let q_len = sh.batch * sh.seq * sh.heads * sh.head_dim;
+    let kv_len = sh.batch * sh.seq * sh.kv_heads * sh.head_dim;
+    Problem {
+        names: vec!["q", "k", "v"],
+        inputs: vec![
+            uniform(rng, q_len, -1.5, 1.5),
+            uniform(rng, kv_len, -1.5, 1.5),
+            uniform(rng, kv_len, -1.0, 1.0),
+        ],
+        forward: Box::new(move |x| Ok(attention::forward(&x[0], &x[1], &x[2], &sh)?.0)),
+        backward: Box::new(move |x, dy| {
+            let (_, probs) = attention::forward(&x[0], &x[1], &x[2], &sh)?;
+            let g = if faulty_bwd {
+                faulty::attention_backward_unscaled(&x[0], &x[1], &x[2], &probs, dy, &sh)?
+            } else {
+                attention::backward(&x[0], &x[1], &x[2], &probs, dy, &sh)?
+            };
+            Ok(three(g))
+        }),
+    }
+}
+
+/// The instance of `silu`; `faulty_bwd` swaps in the faulty backward
+/// (`SwigluBackwardMissingSiluDerivative`).
+fn silu_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+    let d = |name: &str| shape.dim(name);
+    let n = d("rows") * d("cols");
+    Problem {
+        names: vec!["x"],
+        inputs: vec![uniform(rng, n, -4.0, 4.0)],
+        forward: Box::new(|x| Ok(activation::silu_forward(&x[0]))),
+        backward: Box::new(move |x, dy| {
+            let g = if faulty_bwd {
+                faulty::silu_backward_missing_derivative(&x[0], dy)?
+            } else {
+                activation::silu_backward(&x[0], dy)?
+            };
+            Ok(vec![g])
+        }),
+    }
+}
+
+/// The instance of `swiglu`; `faulty_bwd` swaps in the faulty backward
+/// (`SwigluBackwardMissingSiluDerivative`).
+fn swiglu_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+    let d = |name: &str| shape.dim(name);
+    let n = d("rows") * d("cols");
+    Problem {
+        names: vec!["gate", "up"],
+        inputs: vec![uniform(rng, n, -4.0, 4.0), uniform(rng, n, -1.0, 1.0)],
+        forward: Box::new(|x| activation::swiglu_forward(&x[0], &x[1])),
+        backward: Box::new(move |x, dy| {
+            let (dg, du) = if faulty_bwd {
+                faulty::swiglu_backward_missing_silu_derivative(&x[0], &x[1], dy)?
+            } else {
+                activation::swiglu_backward(&x[0], &x[1], dy)?
+            };
+            Ok(vec![dg, du])
+        }),
+    }
+}
+
+/// The instance of `residual_add`; `faulty_bwd` swaps in the faulty backward
+/// (`ResidualBackwardDropsSkip`).
+fn residual_add_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+    let d = |name: &str| shape.dim(name);
+    let n = d("rows") * d("cols");
+    Problem {
+        names: vec!["a (skip)", "b (branch)"],
+        inputs: vec![uniform(rng, n, -1.0, 1.0), uniform(rng, n, -1.0, 1.0)],
+        forward: Box::new(|x| elementwise::residual_add(&x[0], &x[1])),
+        backward: Box::new(move |_, dy| {
+            let (da, db) = if faulty_bwd {
+                faulty::residual_backward_drops_skip(dy)
+            } else {
+                elementwise::residual_add_backward(dy)
+            };
+            Ok(vec![da, db])
+        }),
+    }
+}
+
+/// The instance of `scale`; `faulty_bwd` swaps in the faulty backward
+/// (`ScaleBackwardIgnoresScale`).
+fn scale_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+    let d = |name: &str| shape.dim(name);
+    let n = d("rows") * d("cols");
+    // Kept away from 1 so a backward that ignores the scale shows.
+    let s = rng.random_range(0.1..0.9);
+    Problem {
+        names: vec!["x"],
+        inputs: vec![uniform(rng, n, -1.0, 1.0)],
+        forward: Box::new(move |x| Ok(elementwise::scale(&x[0], s))),
+        backward: Box::new(move |_, dy| {
+            let g = if faulty_bwd {
+                faulty::scale_backward_ignores_scale(dy, s)
+            } else {
+                elementwise::scale_backward(dy, s)
+            };
+            Ok(vec![g])
+        }),
+    }
+}
+
+/// The instance of `cross_entropy`; `faulty_bwd` swaps in the faulty backward
+/// (`CrossEntropyGradMissingSoftmax`).
+fn cross_entropy_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+    let d = |name: &str| shape.dim(name);
+    let (rows, vocab) = (d("rows"), d("vocab"));
+    let targets: Vec<u32> = (0..rows)
+        .map(|_| rng.random_range(0..vocab as u32))
+        .collect();
+    let tg = targets.clone();
+    Problem {
+        names: vec!["logits"],
+        inputs: vec![uniform(rng, rows * vocab, -3.0, 3.0)],
+        forward: Box::new(move |x| {
+            Ok(vec![cross_entropy::forward(&x[0], rows, vocab, &targets)?])
+        }),
+        backward: Box::new(move |x, dy| {
+            let g = if faulty_bwd {
+                faulty::cross_entropy_grad_missing_softmax(&x[0], rows, vocab, &tg)?
+            } else {
+                cross_entropy::backward(&x[0], rows, vocab, &tg)?
+            };
+            // The loss is a scalar: L = dy_0 * loss.
+            let s = dy.first().copied().unwrap_or(0.0);
+            Ok(vec![g.iter().map(|v| v * s).collect()])
+        }),
+    }
+}
+
+/// The instance of `gemm`; `faulty_bwd` swaps in the faulty backward
+/// (`GemmBackwardUntransposed`).
+fn gemm_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+    let d = |name: &str| shape.dim(name);
+    let (m, n, k) = (d("m"), d("n"), d("k"));
+    Problem {
+        names: vec!["a", "b"],
+        inputs: vec![
+            uniform(rng, m * k, -1.0, 1.0),
+            uniform(rng, k * n, -1.0, 1.0),
+        ],
+        forward: Box::new(move |x| gemm::matmul(&x[0], &x[1], m, n, k)),
+        backward: Box::new(move |x, dc| {
+            let (da, db) = if faulty_bwd {
+                faulty::gemm_backward_untransposed(&x[0], &x[1], dc, m, n, k)?
+            } else {
+                gemm::backward(&x[0], &x[1], dc, m, n, k)?
+            };
+            Ok(vec![da, db])
+        }),
+    }
 }
 
 /// Relative error of the analytic gradient of each input of `p` (in order),
