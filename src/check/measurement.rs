@@ -48,6 +48,10 @@ pub struct Speedup {
     pub ratio_ci_low: f64,
     pub ratio_ci_high: f64,
     pub repeats: usize,
+    /// Peak device memory of the one configuration the row measures, GiB
+    /// (`step_throughput`); `None` where the row compares two configurations
+    /// or times a kernel.
+    pub peak_device_gib: Option<f64>,
 }
 
 /// The outcome of one check.

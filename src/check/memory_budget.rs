@@ -3,7 +3,7 @@
 //! optimizer state and activations.
 
 use crate::check::params::{at_most, StepMode};
-use crate::check::training::{trainer_bytes, trainer_shortfall, TRAINING_TIMEOUT_S};
+use crate::check::training::{trainer_bytes, trainer_shortfall, DeviceMemory, TRAINING_TIMEOUT_S};
 use crate::check::{require_gpu, Comparator};
 use crate::error::Result;
 use qlora::gpu::GpuContext;
@@ -96,17 +96,17 @@ fn memory_budget(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     let faults = cx.faults();
     let mut scope = require_gpu(cx)?.with_faults(faults);
     let gpu: &mut GpuContext = &mut scope;
-    let before = used_bytes(gpu)?;
+    let mut memory = DeviceMemory::start(gpu)?;
     let mut t = GpuTrainer::new(gpu, &cfg, options, seed)?;
-    let mut peak = used_bytes(gpu)?.saturating_sub(before);
+    memory.sample(gpu)?;
     let mut loss = f64::NAN;
     for _ in 0..STEPS {
         loss = t.step(gpu)?.loss;
-        peak = peak.max(used_bytes(gpu)?.saturating_sub(before));
+        memory.sample(gpu)?;
     }
     let (base, params, ws) = t.accounted_bytes();
     let gib = |b: usize| b as f64 / f64::from(1u32 << 30);
-    let mut m = Measurement::new("peak_device_gib", gib(peak), Comparator::Le, p.max_gib.0, "GiB")
+    let mut m = Measurement::new("peak_device_gib", memory.peak_gib(), Comparator::Le, p.max_gib.0, "GiB")
         .with_detail(format!(
             "model {} ({:?} base, batch {}, seq {}) on {}, {STEPS} graphed steps (last loss {loss:.3}); accounted: base {:.3} GiB, trainable + grads + moments {:.3} GiB, workspace {:.3} GiB (saved activations {:.3} GiB)",
             cfg.name,
@@ -123,13 +123,6 @@ fn memory_budget(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         m.violate(format!("the loss is {loss}"));
     }
     Ok(m)
-}
-
-/// Device memory in use now, `total - free` as the driver reports it.
-fn used_bytes(gpu: &GpuContext) -> Result<usize> {
-    gpu.synchronize()?;
-    let (free, total) = cudarc::driver::result::mem_get_info()?;
-    Ok(total.saturating_sub(free))
 }
 
 impl Kind for Params {

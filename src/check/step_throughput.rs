@@ -281,6 +281,9 @@ impl Kind for Params {
 /// as tokens per second against `min_tokens_per_s`. The trial's mutant goes
 /// to the trainer; a slowed launch (`SerialisedLaunch`) is set on the context
 /// while the trainer is built and stepped, and removed whatever the outcome.
+/// The configuration's peak device memory ([`DeviceMemory`], sampled after
+/// building and after each warm-up step, never inside a timed one) goes to
+/// the detail and to the `speedups.csv` row, beside its tokens/s.
 fn step_throughput(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
     let cfg = p.config();
@@ -298,20 +301,24 @@ fn step_throughput(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
                 op: "step_throughput",
                 message: p.not_applicable_on(&device).unwrap_or_default(),
             })?;
-    let times = {
+    let (ms, replayed, memory) = {
         let gpu: &mut GpuContext = &mut gpu.with_faults(faults);
+        let mut memory = DeviceMemory::start(gpu)?;
         let mut t = GpuTrainer::new(gpu, &cfg, options, seed)?;
+        memory.sample(gpu)?;
         for _ in 0..p.warmup.0.max(2) {
             t.step(gpu)?;
+            memory.sample(gpu)?;
         }
         let mut ms = Vec::with_capacity(p.repeats.0);
         for _ in 0..p.repeats.0 {
             let tokens = t.next_batch()?;
             ms.push(timed_step(gpu, &mut t, &tokens)?);
         }
-        (ms, t.graph_ready())
+        memory.sample(gpu)?;
+        (ms, t.graph_ready(), memory)
     };
-    let (ms, replayed) = times;
+    let peak = memory.peak_gib();
     let tokens = cfg.tokens() as f64;
     let med = median(&ms);
     let rate = tokens / med * 1e3;
@@ -322,7 +329,7 @@ fn step_throughput(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
     let on = kind.map_or(String::new(), |g| format!(" on {g}"));
     let mut m = Measurement::new("tokens_per_s", rate, Comparator::Ge, target, "tokens/s")
         .with_detail(format!(
-            "model {} batch {} seq {} {} on {device}: median step {med:.3} ms over {} steps ({rate:.0} tokens/s, {:.3}x the target{on}, 95% CI [{lo:.3}, {hi:.3}]; graph {})",
+            "model {} batch {} seq {} {} on {device}: median step {med:.3} ms over {} steps ({rate:.0} tokens/s, {:.3}x the target{on}, 95% CI [{lo:.3}, {hi:.3}]; graph {}; peak device memory {peak:.2} GiB)",
             cfg.name,
             cfg.batch,
             cfg.seq_len,
@@ -344,6 +351,7 @@ fn step_throughput(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
         ratio_ci_low: lo,
         ratio_ci_high: hi,
         repeats: p.repeats.0,
+        peak_device_gib: Some(peak),
     });
     Ok(m)
 }

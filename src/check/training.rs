@@ -258,6 +258,46 @@ pub(super) fn timed_step(gpu: &mut GpuContext, t: &mut GpuTrainer, tokens: &[u32
     Ok(f64::from(start.elapsed_ms(&end)?))
 }
 
+/// The device memory a training configuration adds: `total - free` as the
+/// driver reports it (`cuMemGetInfo`), sampled at points the caller chooses,
+/// minus what was in use when tracking started; `peak` is the largest
+/// sample. A sample synchronizes the device, so none is taken inside a timed
+/// step. The trainer allocates its buffers when it is built and a graphed
+/// step allocates nothing, so samples after building and after the first
+/// steps (the second captures the graph) see the peak.
+pub(super) struct DeviceMemory {
+    before: usize,
+    peak: usize,
+}
+
+impl DeviceMemory {
+    /// Starts tracking: what is in use now is not counted.
+    pub(super) fn start(gpu: &GpuContext) -> Result<Self> {
+        Ok(DeviceMemory {
+            before: used_bytes(gpu)?,
+            peak: 0,
+        })
+    }
+
+    /// Takes a sample.
+    pub(super) fn sample(&mut self, gpu: &GpuContext) -> Result<()> {
+        self.peak = self.peak.max(used_bytes(gpu)?.saturating_sub(self.before));
+        Ok(())
+    }
+
+    /// The largest sample, GiB.
+    pub(super) fn peak_gib(&self) -> f64 {
+        self.peak as f64 / f64::from(1u32 << 30)
+    }
+}
+
+/// Device memory in use now, `total - free`, after the work queued so far.
+fn used_bytes(gpu: &GpuContext) -> Result<usize> {
+    gpu.synchronize()?;
+    let (free, total) = gpu.memory_bytes()?;
+    Ok(total.saturating_sub(free))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -268,9 +268,10 @@ fn token_items(rows: &[&SpeedupDiff]) -> Vec<Item> {
     items
 }
 
-/// The tokens/s items of one row: for a target row, the measured mode with
-/// the target as its threshold (judged only when its trial was); for a
-/// step comparison, both modes.
+/// The tokens/s items of one row: for a target row, the measured mode (with
+/// its peak device memory, where the row has it) and the target as its
+/// threshold (judged only when its trial was); for a step comparison, both
+/// modes.
 fn tokens_of(c: &SpeedupRow, base: Option<&SpeedupRow>) -> Vec<Item> {
     let per_step = (c.batch * c.seq_len) as f64;
     let rate = |ms: f64| if ms > 0.0 { per_step * 1e3 / ms } else { 0.0 };
@@ -308,6 +309,9 @@ fn tokens_of(c: &SpeedupRow, base: Option<&SpeedupRow>) -> Vec<Item> {
         c.candidate_median_ms,
         base.map(|b| b.candidate_median_ms),
     );
+    if let Some(gib) = c.peak_device_gib {
+        measured.subtitle = format!("{}, peak {gib:.2} GiB", measured.subtitle);
+    }
     measured.low = c.ratio_ci_low * target;
     measured.high = c.ratio_ci_high * target;
     measured.threshold = threshold;
@@ -670,6 +674,39 @@ mod tests {
                 .and_then(|(_, body)| body.split("</text>").next())
                 .is_some_and(|body| body.trim() == text)
         })
+    }
+
+    #[test]
+    fn a_target_row_shows_its_configurations_peak_memory() {
+        let mut row = SpeedupRow {
+            run_id: "r".into(),
+            contract: "train-throughput-v1".into(),
+            test_id: "F-TPUT-003".into(),
+            status: Some(Status::Passed),
+            threshold: Some(1.0),
+            subject: "tokens/s".into(),
+            model: "qwen2.5-0.5b".into(),
+            batch: 4,
+            seq_len: 256,
+            baseline: "target 79000 tokens/s on H100".into(),
+            candidate: "graphed/global-clip/fp32".into(),
+            baseline_median_ms: 13.0,
+            candidate_median_ms: 12.0,
+            ratio: 13.0 / 12.0,
+            ratio_ci_low: 1.07,
+            ratio_ci_high: 1.09,
+            repeats: 20,
+            device: "NVIDIA H100 80GB HBM3".into(),
+            peak_device_gib: Some(3.456),
+        };
+        let items = tokens_of(&row, None);
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0].subtitle, "graphed/global-clip/fp32, peak 3.46 GiB");
+        row.peak_device_gib = None;
+        assert_eq!(
+            tokens_of(&row, None)[0].subtitle,
+            "graphed/global-clip/fp32"
+        );
     }
 
     #[test]

@@ -144,8 +144,9 @@ pub struct SpeedupRow {
     pub ratio_ci_high: f64,
     pub repeats: usize,
     pub device: String,
-    /// Peak device memory of the measured configuration, GiB; empty until a
-    /// check measures it.
+    /// Peak device memory of the measured configuration, GiB: filled by
+    /// `step_throughput`, empty in rows that compare two configurations or
+    /// time a kernel.
     #[serde(default)]
     pub peak_device_gib: Option<f64>,
 }

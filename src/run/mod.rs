@@ -583,8 +583,7 @@ impl Engine {
                     ratio_ci_high: s.ratio_ci_high,
                     repeats: s.repeats,
                     device: device.clone(),
-                    // No check measures a configuration's peak memory yet.
-                    peak_device_gib: None,
+                    peak_device_gib: s.peak_device_gib,
                 });
             }
         }

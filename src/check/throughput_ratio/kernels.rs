@@ -252,6 +252,7 @@ fn judge(
             ratio_ci_low: lo,
             ratio_ci_high: hi,
             repeats,
+            peak_device_gib: None,
         }
     };
     let subject = match p.subject {
@@ -437,6 +438,7 @@ fn nf4_pairs(
             ratio_ci_low: lo,
             ratio_ci_high: hi,
             repeats: FUSED_REPEATS,
+            peak_device_gib: None,
         });
         pairs.push(Pair {
             label,

@@ -79,6 +79,9 @@ pub(super) fn throughput_ratio(p: &Params, cx: &mut TrialContext<'_>) -> Result<
         ratio_ci_low: lo,
         ratio_ci_high: hi,
         repeats: p.repeats.0,
+        // Two trainers share the device here, so no one configuration's
+        // peak can be told apart; `step_throughput` records it.
+        peak_device_gib: None,
     });
     Ok(m)
 }
