@@ -508,7 +508,7 @@ fn the_committed_baselines_are_found_from_the_parent_folder() {
     // The baseline ran on the GPU machine from an archive built at its commit
     // (the copy there had no git metadata of that commit).
     assert!(
-        runs.contains("df78db781505 (not run from a checkout: tree state unknown)"),
+        runs.contains("95e2eee338fd (not run from a checkout: tree state unknown)"),
         "{runs}"
     );
     assert!(runs.contains("`gpu.forward_math=Tf32`") && !runs.contains("GpuOptions {"));

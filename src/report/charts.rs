@@ -240,22 +240,33 @@ fn bandwidth_items(rows: &[&SpeedupDiff]) -> Vec<Item> {
 
 /// Tokens/s per (preset, mode): each measured mode once; a target row's
 /// measurement replaces an earlier one of the same mode and brings its
-/// target as the threshold. Grouped by preset, in first-seen order.
+/// target as the threshold, and its configuration's peak device memory
+/// where the row has it. Grouped by preset, in first-seen order.
 fn token_items(rows: &[&SpeedupDiff]) -> Vec<Item> {
     let mut items: Vec<Item> = Vec::new();
+    let mut peaks: Vec<Option<f64>> = Vec::new();
     for s in rows {
         let Some(c) = s.current.as_ref().filter(|c| is_tokens_row(c)) else {
             continue;
         };
+        let peak = c.peak_device_gib;
         for item in tokens_of(c, s.baseline.as_ref()) {
             match items
-                .iter_mut()
-                .find(|i| i.title == item.title && i.subtitle == item.subtitle)
+                .iter()
+                .position(|i| i.title == item.title && i.subtitle == item.subtitle)
             {
-                Some(old) if item.threshold.is_some() => *old = item,
+                Some(k) if item.threshold.is_some() => (items[k], peaks[k]) = (item, peak),
                 Some(_) => {}
-                None => items.push(item),
+                None => {
+                    items.push(item);
+                    peaks.push(peak);
+                }
             }
+        }
+    }
+    for (item, peak) in items.iter_mut().zip(&peaks) {
+        if let Some(gib) = peak {
+            item.subtitle = format!("{}, peak {gib:.2} GiB", item.subtitle);
         }
     }
     let mut presets: Vec<String> = Vec::new();
@@ -268,10 +279,9 @@ fn token_items(rows: &[&SpeedupDiff]) -> Vec<Item> {
     items
 }
 
-/// The tokens/s items of one row: for a target row, the measured mode (with
-/// its peak device memory, where the row has it) and the target as its
-/// threshold (judged only when its trial was); for a step comparison, both
-/// modes.
+/// The tokens/s items of one row: for a target row, the measured mode with
+/// the target as its threshold (judged only when its trial was); for a
+/// step comparison, both modes.
 fn tokens_of(c: &SpeedupRow, base: Option<&SpeedupRow>) -> Vec<Item> {
     let per_step = (c.batch * c.seq_len) as f64;
     let rate = |ms: f64| if ms > 0.0 { per_step * 1e3 / ms } else { 0.0 };
@@ -309,9 +319,6 @@ fn tokens_of(c: &SpeedupRow, base: Option<&SpeedupRow>) -> Vec<Item> {
         c.candidate_median_ms,
         base.map(|b| b.candidate_median_ms),
     );
-    if let Some(gib) = c.peak_device_gib {
-        measured.subtitle = format!("{}, peak {gib:.2} GiB", measured.subtitle);
-    }
     measured.low = c.ratio_ci_low * target;
     measured.high = c.ratio_ci_high * target;
     measured.threshold = threshold;
@@ -676,9 +683,9 @@ mod tests {
         })
     }
 
-    #[test]
-    fn a_target_row_shows_its_configurations_peak_memory() {
-        let mut row = SpeedupRow {
+    /// A target row of `mode` measured at 12 ms, with `peak` GiB.
+    fn target_row(mode: &str, peak: Option<f64>) -> SpeedupRow {
+        SpeedupRow {
             run_id: "r".into(),
             contract: "train-throughput-v1".into(),
             test_id: "F-TPUT-003".into(),
@@ -689,7 +696,7 @@ mod tests {
             batch: 4,
             seq_len: 256,
             baseline: "target 79000 tokens/s on H100".into(),
-            candidate: "graphed/global-clip/fp32".into(),
+            candidate: mode.into(),
             baseline_median_ms: 13.0,
             candidate_median_ms: 12.0,
             ratio: 13.0 / 12.0,
@@ -697,16 +704,36 @@ mod tests {
             ratio_ci_high: 1.09,
             repeats: 20,
             device: "NVIDIA H100 80GB HBM3".into(),
-            peak_device_gib: Some(3.456),
-        };
-        let items = tokens_of(&row, None);
-        assert_eq!(items.len(), 1);
-        assert_eq!(items[0].subtitle, "graphed/global-clip/fp32, peak 3.46 GiB");
-        row.peak_device_gib = None;
-        assert_eq!(
-            tokens_of(&row, None)[0].subtitle,
-            "graphed/global-clip/fp32"
-        );
+            peak_device_gib: peak,
+        }
+    }
+
+    #[test]
+    fn a_target_row_shows_its_peak_memory_and_replaces_its_modes_context_row() {
+        // A step comparison of "graphed" against "eager", then the target
+        // row of "graphed": one "graphed" item, the target's, with its peak.
+        let mut comparison = target_row("graphed", None);
+        comparison.subject = "train_step".into();
+        comparison.baseline = "eager".into();
+        comparison.threshold = None;
+        let diffs = [
+            SpeedupDiff {
+                baseline: None,
+                current: Some(comparison),
+            },
+            SpeedupDiff {
+                baseline: None,
+                current: Some(target_row("graphed", Some(3.456))),
+            },
+            SpeedupDiff {
+                baseline: None,
+                current: Some(target_row("fast", None)),
+            },
+        ];
+        let items = token_items(&diffs.iter().collect::<Vec<_>>());
+        let subtitles: Vec<&str> = items.iter().map(|i| i.subtitle.as_str()).collect();
+        assert_eq!(subtitles, ["eager", "graphed, peak 3.46 GiB", "fast"]);
+        assert!(items[1].threshold.is_some());
     }
 
     #[test]
