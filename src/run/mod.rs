@@ -216,6 +216,27 @@ struct Planned {
     gpu: std::result::Result<DeviceFacts, String>,
 }
 
+/// The one line a person reads for a trial: the bound that decided it, read
+/// as a verdict (`grad_rel_error 2.31 > 1e-6: falsified`), or its detail
+/// when no verdict line applies; a self-test's names its mutant.
+fn summary_line(trial: &TrialSpec, status: Status, m: &Measurement, detail: &str) -> String {
+    let headline = crate::report::claim::Headline::of(
+        &m.metric,
+        m.observed,
+        m.comparator.symbol(),
+        m.threshold,
+        &m.unit,
+        &m.violations,
+    );
+    let line = crate::report::claim::verdict_line(&headline, status, trial.selftest)
+        .unwrap_or_else(|| detail.to_string());
+    if trial.selftest {
+        format!("with mutant `{}`: {line}", trial.test().mutant)
+    } else {
+        line
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panicking trial is caught and recorded; its lock is still usable.
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -463,39 +484,10 @@ impl Engine {
         let mutant = (trial.selftest || injected).then_some(test.mutant);
         let started = Instant::now();
 
-        let mut gpu_guard = None;
-        if trial.backend == Backend::Cuda {
-            let mut slot = lock(&self.gpu);
-            Self::ensure_gpu(&mut slot, &self.options.gpu);
-            match &mut *slot {
-                GpuSlot::Unavailable(why) => {
-                    let why = why.clone();
-                    drop(slot);
-                    return self.skip(trial, &why);
-                }
-                GpuSlot::Lost(why) => {
-                    let why = why.clone();
-                    drop(slot);
-                    return self.record_error(trial, &why);
-                }
-                GpuSlot::Ready(ctx) => {
-                    // Every trial starts with no fault on. The guard of
-                    // `with_faults` makes this hold; should it ever fail, the
-                    // knobs are turned off and this trial is not trusted.
-                    let left = ctx.faults();
-                    if left.any() {
-                        drop(ctx.with_faults(Faults::NONE));
-                        drop(slot);
-                        return self.record_error(
-                            trial,
-                            &format!("fault knobs were on before this trial started ({left:?}); they are off now"),
-                        );
-                    }
-                }
-                GpuSlot::Unprobed => {}
-            }
-            gpu_guard = Some(slot);
-        }
+        let mut gpu_guard = match self.claim_gpu(trial) {
+            Ok(guard) => guard,
+            Err(outcome) => return outcome,
+        };
         let gpu = gpu_guard.as_mut().and_then(|slot| match &mut **slot {
             GpuSlot::Ready(ctx) => Some(&mut **ctx),
             _ => None,
@@ -534,58 +526,11 @@ impl Engine {
             }
         }
         let summary = match &measurement {
-            Some(m) => {
-                // The bound that decided the trial, read as a verdict:
-                // `grad_rel_error 2.31 > 1e-6: falsified`.
-                let headline = crate::report::claim::Headline::of(
-                    &m.metric,
-                    m.observed,
-                    m.comparator.symbol(),
-                    m.threshold,
-                    &m.unit,
-                    &m.violations,
-                );
-                let line = crate::report::claim::verdict_line(&headline, status, trial.selftest)
-                    .unwrap_or_else(|| detail.clone());
-                if trial.selftest {
-                    format!("with mutant `{}`: {line}", test.mutant)
-                } else {
-                    line
-                }
-            }
+            Some(m) => summary_line(trial, status, m, &detail),
             None => detail.clone(),
         };
         if let Some(m) = &measurement {
-            let device = self.device_name(trial.backend);
-            let mut speedups = lock(&self.speedups);
-            for s in &m.speedups {
-                speedups.push(SpeedupRow {
-                    run_id: self.meta.run_id.clone(),
-                    contract: trial.contract.metadata.id.clone(),
-                    test_id: trial.test_id(),
-                    status: Some(status),
-                    threshold: crate::report::claim::ratio_threshold(
-                        s.ratio,
-                        m.observed,
-                        m.comparator.symbol(),
-                        m.threshold,
-                    ),
-                    subject: s.subject.clone(),
-                    model: s.model.clone(),
-                    batch: s.batch,
-                    seq_len: s.seq_len,
-                    baseline: s.baseline.clone(),
-                    candidate: s.candidate.clone(),
-                    baseline_median_ms: s.baseline_median_ms,
-                    candidate_median_ms: s.candidate_median_ms,
-                    ratio: s.ratio,
-                    ratio_ci_low: s.ratio_ci_low,
-                    ratio_ci_high: s.ratio_ci_high,
-                    repeats: s.repeats,
-                    device: device.clone(),
-                    peak_device_gib: s.peak_device_gib,
-                });
-            }
+            self.record_speedups(trial, status, m);
         }
         let row = self.row(
             trial,
@@ -600,6 +545,83 @@ impl Engine {
             status,
             summary,
             detail,
+        }
+    }
+
+    /// The GPU slot a cuda trial runs with, held for the whole trial (`None`
+    /// for a cpu trial), or the trial's outcome when it cannot run: `skipped`
+    /// with no usable GPU, `error` once the context is lost or when a fault
+    /// knob was left on.
+    fn claim_gpu(
+        &self,
+        trial: &TrialSpec,
+    ) -> Result<Option<MutexGuard<'_, GpuSlot>>, TrialOutcome> {
+        if trial.backend != Backend::Cuda {
+            return Ok(None);
+        }
+        let mut slot = lock(&self.gpu);
+        Self::ensure_gpu(&mut slot, &self.options.gpu);
+        match &mut *slot {
+            GpuSlot::Unavailable(why) => {
+                let why = why.clone();
+                drop(slot);
+                Err(self.skip(trial, &why))
+            }
+            GpuSlot::Lost(why) => {
+                let why = why.clone();
+                drop(slot);
+                Err(self.record_error(trial, &why))
+            }
+            GpuSlot::Ready(ctx) => {
+                // Every trial starts with no fault on. The guard of
+                // `with_faults` makes this hold; should it ever fail, the
+                // knobs are turned off and this trial is not trusted.
+                let left = ctx.faults();
+                if left.any() {
+                    drop(ctx.with_faults(Faults::NONE));
+                    drop(slot);
+                    return Err(self.record_error(
+                        trial,
+                        &format!("fault knobs were on before this trial started ({left:?}); they are off now"),
+                    ));
+                }
+                Ok(Some(slot))
+            }
+            GpuSlot::Unprobed => Ok(Some(slot)),
+        }
+    }
+
+    /// Adds the speedup rows of `m` to the run's `speedups.csv`.
+    fn record_speedups(&self, trial: &TrialSpec, status: Status, m: &Measurement) {
+        let device = self.device_name(trial.backend);
+        let mut speedups = lock(&self.speedups);
+        for s in &m.speedups {
+            speedups.push(SpeedupRow {
+                run_id: self.meta.run_id.clone(),
+                contract: trial.contract.metadata.id.clone(),
+                test_id: trial.test_id(),
+                status: Some(status),
+                threshold: crate::report::claim::ratio_threshold(
+                    s.ratio,
+                    m.observed,
+                    m.comparator.symbol(),
+                    m.threshold,
+                ),
+                subject: s.subject.clone(),
+                model: s.model.clone(),
+                batch: s.batch,
+                seq_len: s.seq_len,
+                baseline: s.baseline.clone(),
+                candidate: s.candidate.clone(),
+                baseline_median_ms: s.baseline_median_ms,
+                candidate_median_ms: s.candidate_median_ms,
+                ratio: s.ratio,
+                ratio_ci_low: s.ratio_ci_low,
+                ratio_ci_high: s.ratio_ci_high,
+                repeats: s.repeats,
+                device: device.clone(),
+                peak_device_gib: s.peak_device_gib,
+            });
         }
     }
 
