@@ -22,6 +22,7 @@ use crate::check::{GpuHere, Here, Measurement, TrialContext};
 use crate::contract::{Backend, Contract, FalsificationTest};
 use crate::error::{Error, Result};
 use crate::report::artifacts::{self, artifact_stem, ArtifactWriter, ARTIFACTS_DIR};
+use crate::report::claim::Headline;
 use crate::report::{FalsificationRow, ReportDir, SpeedupRow, Status};
 use qlora::gpu::{driver_present, DeviceFacts, GpuContext, GpuOptions};
 use qlora::Faults;
@@ -220,21 +221,25 @@ struct Planned {
 /// as a verdict (`grad_rel_error 2.31 > 1e-6: falsified`), or its detail
 /// when no verdict line applies; a self-test's names its mutant.
 fn summary_line(trial: &TrialSpec, status: Status, m: &Measurement, detail: &str) -> String {
-    let headline = crate::report::claim::Headline::of(
-        &m.metric,
-        m.observed,
-        m.comparator.symbol(),
-        m.threshold,
-        &m.unit,
-        &m.violations,
-    );
-    let line = crate::report::claim::verdict_line(&headline, status, trial.selftest)
+    let line = crate::report::claim::verdict_line(&headline(m), status, trial.selftest)
         .unwrap_or_else(|| detail.to_string());
     if trial.selftest {
         format!("with mutant `{}`: {line}", trial.test().mutant)
     } else {
         line
     }
+}
+
+/// The bound of `m` that decided its trial (see [`Headline::of`]).
+fn headline(m: &Measurement) -> Headline {
+    Headline::of(
+        &m.metric,
+        m.observed,
+        m.comparator.symbol(),
+        m.threshold,
+        &m.unit,
+        &m.violations,
+    )
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -698,18 +703,7 @@ impl Engine {
         // The headline is the bound that decided the trial: when the metric
         // held and a violation did not, the violation leads the row and the
         // metric that held moves to the detail.
-        let headline = m
-            .map(|m| {
-                crate::report::claim::Headline::of(
-                    &m.metric,
-                    m.observed,
-                    m.comparator.symbol(),
-                    m.threshold,
-                    &m.unit,
-                    &m.violations,
-                )
-            })
-            .unwrap_or_default();
+        let headline = m.map(headline).unwrap_or_default();
         let detail = match &headline.held {
             Some(held) => format!("{detail}; headline metric: {held}"),
             None => detail,
