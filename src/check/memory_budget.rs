@@ -3,7 +3,8 @@
 //! optimizer state and activations.
 
 use crate::check::params::{at_most, StepMode};
-use crate::check::training::{trainer_bytes, trainer_shortfall, DeviceMemory, TRAINING_TIMEOUT_S};
+use crate::check::training::{gib, trainer_bytes, trainer_shortfall, DeviceMemory};
+use crate::check::training::TRAINING_TIMEOUT_S;
 use crate::check::{require_gpu, Comparator};
 use crate::error::Result;
 use qlora::gpu::GpuContext;
@@ -105,7 +106,6 @@ fn memory_budget(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         memory.sample(gpu)?;
     }
     let (base, params, ws) = t.accounted_bytes();
-    let gib = |b: usize| b as f64 / f64::from(1u32 << 30);
     let mut m = Measurement::new("peak_device_gib", memory.peak_gib(), Comparator::Le, p.max_gib.0, "GiB")
         .with_detail(format!(
             "model {} ({:?} base, batch {}, seq {}) on {}, {STEPS} graphed steps (last loss {loss:.3}); accounted: base {:.3} GiB, trainable + grads + moments {:.3} GiB, workspace {:.3} GiB (saved activations {:.3} GiB)",

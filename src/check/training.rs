@@ -287,8 +287,13 @@ impl DeviceMemory {
 
     /// The largest sample, GiB.
     pub(super) fn peak_gib(&self) -> f64 {
-        self.peak as f64 / f64::from(1u32 << 30)
+        gib(self.peak)
     }
+}
+
+/// `bytes` in GiB.
+pub(super) fn gib(bytes: usize) -> f64 {
+    bytes as f64 / f64::from(1u32 << 30)
 }
 
 /// Device memory in use now, `total - free`, after the work queued so far.
