@@ -55,6 +55,12 @@ pub struct RunMeta {
     /// rows of the trials that finished, and no others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incomplete: Option<String>,
+    /// Every trial the run selected, as `{contract}::{test_id}` (sorted):
+    /// the evidence the report expects from this run. A selected trial with
+    /// no row of this run did not finish, and the run is incomplete. For a
+    /// run of several processes (cargo-nextest), the union of theirs.
+    #[serde(default)]
+    pub selected: Vec<String>,
 }
 
 /// Where a run record's `git_dirty` was read.
@@ -172,6 +178,7 @@ impl RunMeta {
             clocks: "not read".into(),
             options: RecordedOptions::default(),
             incomplete: None,
+            selected: Vec::new(),
         }
     }
 
@@ -246,6 +253,14 @@ impl RunMeta {
             (Some(a), Some(b)) if a != b => Some(format!("{a}; {b}")),
             (a, b) => a.clone().or_else(|| b.clone()),
         };
+        out.selected = self
+            .selected
+            .iter()
+            .chain(&other.selected)
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
         out.git_dirty = match (self.git_dirty, other.git_dirty) {
             (Some(a), Some(b)) => Some(a || b),
             (Some(true), None) | (None, Some(true)) => Some(true),

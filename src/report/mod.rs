@@ -61,6 +61,12 @@ pub struct FalsificationRow {
     pub git_sha: String,
     pub contract: String,
     pub contract_version: String,
+    /// The first 16 hex digits of the SHA-256 of the contract file's bytes
+    /// as the run read them (once, when it planned its trials): two rows of
+    /// one contract with different hashes were judged against different
+    /// texts. Empty in reports written before the column existed.
+    #[serde(default)]
+    pub contract_hash: String,
     pub test_id: String,
     pub check_kind: String,
     pub backend: String,
@@ -456,6 +462,7 @@ pub(crate) fn test_row(contract: &str, test: &str, status: Status) -> Falsificat
         git_sha: "g".into(),
         contract: contract.into(),
         contract_version: "1".into(),
+        contract_hash: String::new(),
         test_id: test.into(),
         check_kind: "property".into(),
         backend: "cpu".into(),

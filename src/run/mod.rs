@@ -714,6 +714,8 @@ impl Engine {
             git_sha: self.meta.git_sha.clone(),
             contract: trial.contract.metadata.id.clone(),
             contract_version: trial.contract.metadata.version.clone(),
+            // Filled when the contract's text is hashed at planning.
+            contract_hash: String::new(),
             test_id: trial.test_id(),
             check_kind: test.check.kind_name().to_string(),
             backend: trial.backend.to_string(),

@@ -23,6 +23,7 @@ pub fn row(run_id: &str, contract: &str, test_id: String, i: usize) -> Falsifica
         git_sha: "abc123".into(),
         contract: contract.into(),
         contract_version: "1.0.0".into(),
+        contract_hash: String::new(),
         detail: format!("{test_id} row {i}: commas, \"quotes\"\nand a newline"),
         test_id,
         check_kind: "property".into(),
