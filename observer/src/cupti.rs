@@ -241,10 +241,10 @@ unsafe fn driver_call(shared: &Shared, cbid: u32, data: *const CUpti_CallbackDat
     // SAFETY: at exit a driver call's return value is its CUresult (a C enum).
     let result = (!returned.is_null()).then(|| CuResult(unsafe { returned.cast::<u32>().read() }));
     let result = result.unwrap_or(CuResult(u32::MAX));
-    // SAFETY: as above; written by this callback's entry.
     let token = if slot.is_null() {
         NO_TOKEN
     } else {
+        // SAFETY: CUPTI's per-call slot, written by this call's entry.
         unsafe { slot.read() }
     };
     let outputs = if result.is_success() {

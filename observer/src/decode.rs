@@ -128,12 +128,12 @@ fn handle<T>(pointer: *mut T) -> u64 {
 /// # Safety
 /// `text` is null or a NUL-terminated string valid for the callback.
 unsafe fn c_string(text: *const c_char) -> Option<String> {
+    if text.is_null() {
+        return None;
+    }
     // SAFETY: per this function's contract.
-    (!text.is_null()).then(|| {
-        unsafe { CStr::from_ptr(text) }
-            .to_string_lossy()
-            .into_owned()
-    })
+    let text = unsafe { CStr::from_ptr(text) };
+    Some(text.to_string_lossy().into_owned())
 }
 
 /// Whether the call begins or ends a stream capture: those are followed even
@@ -789,4 +789,266 @@ pub(crate) unsafe fn module_loaded(data: *const cupti::CUpti_ResourceData) -> Op
         cubin_bytes: size as u64,
         cubin: header.and_then(cubin_sm),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CString;
+
+    use super::*;
+    use crate::image::tests::elf;
+    use crate::sm::Sm;
+
+    fn params<T>(p: &T) -> *const c_void {
+        (p as *const T).cast()
+    }
+
+    fn stream(address: usize) -> cu::CUstream {
+        address as cu::CUstream
+    }
+
+    /// Decodes an entry as the callback does, without a driver to ask.
+    fn decoded<T>(cbid: u32, p: &T) -> Option<EventKind> {
+        // SAFETY: `p` is the parameters struct of `cbid`, built by the test.
+        unsafe { entry(cbid, params(p), std::ptr::null(), false) }
+    }
+
+    #[test]
+    fn a_module_load_reads_the_image_it_is_handed() {
+        let ptx = CString::new(".version 8.8\n.target sm_90\n.address_size 64\n").unwrap();
+        let mut module: cu::CUmodule = std::ptr::null_mut();
+        let p = cupti::cuModuleLoadData_params {
+            module: &mut module,
+            image: ptx.as_ptr().cast(),
+        };
+        let Some(EventKind::ModuleLoad { image, .. }) = decoded(MODULE_LOAD_DATA, &p) else {
+            panic!("not a module load");
+        };
+        assert_eq!(image.targets(), vec![Sm::new(9, 0)]);
+        let mut cubin = elf(8, 0x0600_5a04);
+        cubin.resize(0x200 + 3 * 64, 0);
+        let link = cupti::cuLinkAddData_v2_params {
+            state: std::ptr::null_mut(),
+            type_: cu::CUjitInputType::CU_JIT_INPUT_CUBIN,
+            data: cubin.as_mut_ptr().cast(),
+            size: cubin.len(),
+            name: std::ptr::null(),
+            numOptions: 0,
+            options: std::ptr::null_mut(),
+            optionValues: std::ptr::null_mut(),
+        };
+        let Some(EventKind::ModuleLoad { image, .. }) = decoded(LINK_ADD_DATA_V2, &link) else {
+            panic!("not a module load");
+        };
+        assert_eq!(image.describe(), "cubin sm_90");
+        // On success the driver writes the module, which is read back.
+        // SAFETY: `p.module` points to `module`, alive and not borrowed.
+        unsafe { p.module.write(0xabc0 as cu::CUmodule) };
+        // SAFETY: the parameters of a load that "returned" success.
+        let written = unsafe { outputs(MODULE_LOAD_DATA, params(&p)) };
+        assert_eq!(written.handle, Some(0xabc0));
+    }
+
+    #[test]
+    fn copies_read_their_direction_size_and_stream() {
+        let host = [0u8; 64];
+        let p = cupti::cuMemcpyHtoDAsync_v2_params {
+            dstDevice: 0x1000,
+            srcHost: host.as_ptr().cast(),
+            ByteCount: 64,
+            hStream: stream(0x77),
+        };
+        let expected = EventKind::Copy {
+            direction: Direction::HostToDevice,
+            bytes: 64,
+            asynchronous: true,
+            stream: Some(0x77),
+        };
+        assert_eq!(decoded(MEMCPY_HTOD_ASYNC_V2, &p), Some(expected));
+        let sync = cupti::cuMemcpyDtoH_v2_params {
+            dstHost: std::ptr::null_mut(),
+            srcDevice: 0x1000,
+            ByteCount: 8,
+        };
+        let Some(EventKind::Copy {
+            direction,
+            asynchronous,
+            ..
+        }) = decoded(MEMCPY_DTOH_V2, &sync)
+        else {
+            panic!("not a copy");
+        };
+        assert_eq!((direction, asynchronous), (Direction::DeviceToHost, false));
+        // Without a driver to ask, a unified-address copy has no direction.
+        let unified = cupti::cuMemcpy_params {
+            dst: 1,
+            src: 2,
+            ByteCount: 8,
+        };
+        let Some(EventKind::Copy { direction, .. }) = decoded(MEMCPY, &unified) else {
+            panic!("not a copy");
+        };
+        assert_eq!(direction, Direction::Unknown);
+    }
+
+    #[test]
+    fn a_2d_copy_reads_its_descriptor() {
+        let copy = cu::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_HOST,
+            srcHost: std::ptr::null(),
+            srcDevice: 0,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: 16,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: 0x1000,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: 16,
+            WidthInBytes: 16,
+            Height: 4,
+        };
+        let p = cupti::cuMemcpy2DAsync_v2_params {
+            pCopy: &copy,
+            hStream: stream(0x77),
+        };
+        let Some(EventKind::Copy {
+            direction,
+            bytes,
+            stream,
+            ..
+        }) = decoded(MEMCPY_2D_ASYNC_V2, &p)
+        else {
+            panic!("not a copy");
+        };
+        assert_eq!(
+            (direction, bytes, stream),
+            (Direction::HostToDevice, 64, Some(0x77))
+        );
+    }
+
+    #[test]
+    fn captures_graphs_syncs_and_launches_read_their_handles() {
+        let begin = cupti::cuStreamBeginCapture_v2_params {
+            hStream: stream(0x50),
+            mode: cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        };
+        let expected = EventKind::CaptureBegin {
+            stream: 0x50,
+            mode: Some(2),
+        };
+        assert_eq!(decoded(STREAM_BEGIN_CAPTURE_V2, &begin), Some(expected));
+        assert!(is_capture(STREAM_BEGIN_CAPTURE_V2) && is_capture(STREAM_END_CAPTURE_PTSZ));
+        assert!(!is_capture(GRAPH_LAUNCH));
+        let mut graph = 0x9000 as cu::CUgraph;
+        let end = cupti::cuStreamEndCapture_params {
+            hStream: stream(0x50),
+            phGraph: &mut graph,
+        };
+        // SAFETY: the parameters of an end that "returned" success.
+        assert_eq!(
+            unsafe { outputs(STREAM_END_CAPTURE, params(&end)) }.handle,
+            Some(0x9000)
+        );
+        let replay = cupti::cuGraphLaunch_params {
+            hGraph: 0xE000 as cu::CUgraphExec,
+            hStream: stream(0x50),
+        };
+        let expected = EventKind::GraphLaunch {
+            exec: 0xE000,
+            stream: 0x50,
+        };
+        assert_eq!(decoded(GRAPH_LAUNCH, &replay), Some(expected));
+        // cuCtxSynchronize has no parameters.
+        // SAFETY: no parameters are read for it.
+        let ctx = unsafe { entry(CTX_SYNCHRONIZE, std::ptr::null(), std::ptr::null(), false) };
+        assert_eq!(
+            ctx,
+            Some(EventKind::Sync {
+                on: SyncOn::Context,
+                handle: 0
+            })
+        );
+        let name = CString::new("scale").unwrap();
+        let launch = cupti::cuLaunchKernel_params {
+            f: std::ptr::null_mut(),
+            gridDimX: 4,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: 256,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: stream(0x50),
+            kernelParams: std::ptr::null_mut(),
+            extra: std::ptr::null_mut(),
+        };
+        // SAFETY: the parameters of a launch and a C string as its symbol.
+        let decoded = unsafe { entry(LAUNCH_KERNEL, params(&launch), name.as_ptr(), false) };
+        let expected = EventKind::KernelLaunch {
+            name: Some("scale".into()),
+            stream: 0x50,
+            grid: [4, 1, 1],
+            block: [256, 1, 1],
+        };
+        assert_eq!(decoded, Some(expected));
+    }
+
+    #[test]
+    fn a_pitched_allocation_is_sized_by_its_pitch() {
+        let (mut address, mut pitch) = (0u64, 0usize);
+        let p = cupti::cuMemAllocPitch_v2_params {
+            dptr: &mut address,
+            pPitch: &mut pitch,
+            WidthInBytes: 100,
+            Height: 4,
+            ElementSizeBytes: 4,
+        };
+        let Some(EventKind::Alloc { bytes, memory, .. }) = decoded(MEM_ALLOC_PITCH_V2, &p) else {
+            panic!("not an allocation");
+        };
+        assert_eq!((bytes, memory), (400, Memory::Pitched));
+        // SAFETY: the out-pointers point to `address` and `pitch`, alive.
+        unsafe { (p.dptr.write(0x7000), p.pPitch.write(128)) };
+        // SAFETY: the parameters of an allocation that "returned" success.
+        let written = unsafe { outputs(MEM_ALLOC_PITCH_V2, params(&p)) };
+        assert_eq!((written.handle, written.bytes), (Some(0x7000), Some(512)));
+    }
+
+    #[test]
+    fn unobserved_calls_decode_to_nothing() {
+        assert!(!OBSERVED.contains(&0));
+        let p = cupti::cuStreamSynchronize_params { hStream: stream(1) };
+        assert_eq!(decoded(0, &p), None);
+        assert!(OBSERVED.contains(&STREAM_SYNCHRONIZE));
+    }
+
+    #[test]
+    fn a_loaded_module_notification_reads_the_cubin_header() {
+        let cubin = elf(8, 0x0600_5a04);
+        let mut module = cupti::CUpti_ModuleResourceData {
+            moduleId: 3,
+            cubinSize: cubin.len(),
+            pCubin: cubin.as_ptr().cast(),
+        };
+        let data = cupti::CUpti_ResourceData {
+            context: std::ptr::null_mut(),
+            resourceHandle: cupti::CUpti_ResourceData__bindgen_ty_1 {
+                stream: cupti::__BindgenUnionField::new(),
+                bindgen_union_field: 0,
+            },
+            resourceDescriptor: (&mut module as *mut cupti::CUpti_ModuleResourceData).cast(),
+        };
+        // SAFETY: resource data whose descriptor is a module's.
+        let loaded = unsafe { module_loaded(&data) };
+        let expected = EventKind::ModuleLoaded {
+            module_id: 3,
+            cubin_bytes: 64,
+            cubin: Some(Sm::new(9, 0)),
+        };
+        assert_eq!(loaded, Some(expected));
+    }
 }

@@ -641,30 +641,21 @@ pub(crate) mod tests {
         );
         let fat = fatbin(&[(2, 90, &cubin)]);
         // SAFETY: a whole fat binary.
-        assert_eq!(
-            unsafe { image_at(fat.as_ptr()) }.targets(),
-            vec![Sm::new(9, 0)]
-        );
+        let image = unsafe { image_at(fat.as_ptr()) };
+        assert_eq!(image.targets(), vec![Sm::new(9, 0)]);
         let mut wrapper = Vec::new();
         wrapper.extend_from_slice(&FATBIN_WRAPPER_MAGIC.to_le_bytes());
         wrapper.extend_from_slice(&1u32.to_le_bytes());
         wrapper.extend_from_slice(&(fat.as_ptr() as usize).to_le_bytes());
         wrapper.extend_from_slice(&0usize.to_le_bytes());
         // SAFETY: a wrapper whose data pointer is the fat binary above.
-        assert_eq!(
-            unsafe { image_at(wrapper.as_ptr()) }.targets(),
-            vec![Sm::new(9, 0)]
-        );
-        // SAFETY: one-byte and empty C strings: reading stops at the NUL.
-        assert_eq!(
-            unsafe { image_at(c"\x7f".as_ptr().cast()) }.format,
-            ImageFormat::Unknown
-        );
-        // SAFETY: as above.
-        assert_eq!(
-            unsafe { image_at(c"".as_ptr().cast()) }.format,
-            ImageFormat::Unknown
-        );
+        let image = unsafe { image_at(wrapper.as_ptr()) };
+        assert_eq!(image.targets(), vec![Sm::new(9, 0)]);
+        for short in [c"\x7f", c""] {
+            // SAFETY: one-byte and empty C strings: reading stops at the NUL.
+            let image = unsafe { image_at(short.as_ptr().cast()) };
+            assert_eq!(image.format, ImageFormat::Unknown);
+        }
         // SAFETY: a null pointer is allowed.
         assert!(unsafe { image_at(std::ptr::null()) }.problem.is_some());
     }

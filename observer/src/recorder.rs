@@ -395,3 +395,453 @@ impl Recorder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::event::{CaptureState, SyncOn};
+    use crate::image::parse_image;
+    use crate::inject::SyncScope;
+    use crate::sm::Sm;
+
+    fn here() -> ThreadId {
+        std::thread::current().id()
+    }
+
+    fn elsewhere() -> ThreadId {
+        std::thread::spawn(|| std::thread::current().id())
+            .join()
+            .unwrap()
+    }
+
+    fn load(target: &str) -> EventKind {
+        EventKind::ModuleLoad {
+            image: parse_image(format!(".version 7.8\n.target {target}\n").as_bytes()),
+            file: None,
+            handle: None,
+        }
+    }
+
+    fn h2d(bytes: u64) -> EventKind {
+        EventKind::Copy {
+            direction: Direction::HostToDevice,
+            bytes,
+            asynchronous: true,
+            stream: Some(7),
+        }
+    }
+
+    fn begin_capture(stream: u64) -> EventKind {
+        EventKind::CaptureBegin {
+            stream,
+            mode: Some(0),
+        }
+    }
+
+    fn end_capture(stream: u64) -> EventKind {
+        EventKind::CaptureEnd {
+            stream,
+            graph: None,
+        }
+    }
+
+    /// Drives the recorder as the callback does, one clock tick a call.
+    struct Driver {
+        recorder: Recorder,
+        now: Instant,
+    }
+
+    impl Driver {
+        fn new() -> Self {
+            Self {
+                recorder: Recorder::default(),
+                now: Instant::now(),
+            }
+        }
+
+        fn tick(&mut self) -> Instant {
+            self.now += Duration::from_micros(10);
+            self.now
+        }
+
+        fn enter(&mut self, api: &str, kind: &EventKind, thread: ThreadId) -> u64 {
+            let now = self.tick();
+            self.recorder.enter(api, kind.clone(), now, || thread)
+        }
+
+        fn exit(
+            &mut self,
+            token: u64,
+            api: &str,
+            kind: &EventKind,
+            result: CuResult,
+            thread: ThreadId,
+        ) -> Option<Action> {
+            let now = self.tick();
+            let returned = Returned {
+                token,
+                api,
+                result,
+                outputs: Outputs::default(),
+                capture: Some(kind),
+            };
+            self.recorder.exit(returned, now, || thread)
+        }
+
+        /// A whole call on this thread; what it fired.
+        fn call(&mut self, api: &str, kind: EventKind, result: CuResult) -> Option<Action> {
+            let token = self.enter(api, &kind, here());
+            self.exit(token, api, &kind, result, here())
+        }
+    }
+
+    #[test]
+    fn calls_get_their_result_order_and_times() {
+        let mut d = Driver::new();
+        d.recorder.start(Vec::new(), d.now).unwrap();
+        let outer = d.enter("cuModuleLoadData", &load("sm_90"), here());
+        d.call("cuMemAlloc_v2", h2d(8), CuResult::SUCCESS);
+        d.exit(
+            outer,
+            "cuModuleLoadData",
+            &load("sm_90"),
+            CuResult::INVALID_PTX,
+            here(),
+        );
+        let recording = d.recorder.stop().unwrap();
+        let events = recording.events();
+        assert_eq!(events.len(), 2);
+        assert_eq!((events[0].seq, events[1].seq), (0, 1));
+        assert_eq!(events[0].result, Some(CuResult::INVALID_PTX));
+        assert!(events[0].start_ns < events[1].start_ns);
+        assert!(events[0].end_ns > events[1].end_ns);
+        assert!(events.iter().all(|e| e.origin == Origin::Program));
+    }
+
+    #[test]
+    fn an_exit_answers_only_its_own_entry() {
+        let mut d = Driver::new();
+        d.recorder.start(Vec::new(), d.now).unwrap();
+        let kind = load("sm_90");
+        let token = d.enter("cuModuleLoadData", &kind, here());
+        // A stale or foreign slot: another name, an unknown index.
+        d.exit(token, "cuLibraryLoadData", &kind, CuResult::SUCCESS, here());
+        d.exit(
+            token + 5,
+            "cuModuleLoadData",
+            &kind,
+            CuResult::SUCCESS,
+            here(),
+        );
+        d.exit(
+            NO_TOKEN,
+            "cuModuleLoadData",
+            &kind,
+            CuResult::SUCCESS,
+            here(),
+        );
+        assert_eq!(d.recorder.stop().unwrap().events[0].result, None);
+        // A token of the previous region does not land in the next one.
+        d.recorder.start(Vec::new(), d.now).unwrap();
+        let again = d.enter("cuModuleLoadData", &kind, here());
+        assert_ne!(again, token);
+        d.exit(token, "cuModuleLoadData", &kind, CuResult::SUCCESS, here());
+        assert_eq!(d.recorder.stop().unwrap().events[0].result, None);
+    }
+
+    #[test]
+    fn regions_start_once_and_stop_once() {
+        let mut d = Driver::new();
+        assert!(matches!(
+            d.recorder.stop(),
+            Err(ObserverError::NotRecording)
+        ));
+        assert!(matches!(
+            d.recorder.mark("x".into(), d.now),
+            Err(ObserverError::NotRecording)
+        ));
+        assert_eq!(
+            d.enter("cuCtxSynchronize", &load("sm_90"), here()),
+            NO_TOKEN
+        );
+        d.recorder.start(Vec::new(), d.now).unwrap();
+        let again = d.recorder.start(Vec::new(), d.now);
+        assert!(matches!(again, Err(ObserverError::AlreadyRecording)));
+        assert_eq!(d.recorder.mark("step 1".into(), d.now).unwrap(), 0);
+        assert_eq!(d.recorder.stop().unwrap().events.len(), 1);
+    }
+
+    #[test]
+    fn captures_are_followed_across_regions_and_stamp_calls() {
+        let mut d = Driver::new();
+        // Begun before any region records.
+        d.call(
+            "cuStreamBeginCapture_v2",
+            begin_capture(3),
+            CuResult::SUCCESS,
+        );
+        d.recorder.start(Vec::new(), d.now).unwrap();
+        let sync = EventKind::Sync {
+            on: SyncOn::Stream,
+            handle: 3,
+        };
+        d.call(
+            "cuStreamSynchronize",
+            sync.clone(),
+            CuResult::STREAM_CAPTURE_UNSUPPORTED,
+        );
+        let other = EventKind::Sync {
+            on: SyncOn::Stream,
+            handle: 4,
+        };
+        d.call("cuStreamSynchronize", other, CuResult::SUCCESS);
+        d.call(
+            "cuStreamEndCapture",
+            end_capture(3),
+            CuResult::STREAM_CAPTURE_INVALIDATED,
+        );
+        d.call("cuStreamSynchronize", sync.clone(), CuResult::SUCCESS);
+        // A failed begin opens nothing; an end from the wrong thread closes nothing.
+        d.call(
+            "cuStreamBeginCapture_v2",
+            begin_capture(5),
+            CuResult::INVALID_VALUE,
+        );
+        d.call("cuStreamSynchronize", sync.clone(), CuResult::SUCCESS);
+        d.call(
+            "cuStreamBeginCapture_v2",
+            begin_capture(6),
+            CuResult::SUCCESS,
+        );
+        d.call(
+            "cuStreamEndCapture",
+            end_capture(6),
+            CuResult::STREAM_CAPTURE_WRONG_THREAD,
+        );
+        d.call("cuStreamSynchronize", sync, CuResult::SUCCESS);
+        let recording = d.recorder.stop().unwrap();
+        assert_eq!(recording.open_captures_at_start, 1);
+        let stamps: Vec<CaptureState> = recording
+            .events
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::Sync { .. }))
+            .map(|e| e.capture)
+            .collect();
+        let state = |open, on_capturing_stream| CaptureState {
+            open,
+            on_capturing_stream,
+        };
+        assert_eq!(
+            stamps,
+            [
+                state(1, true),
+                state(1, false),
+                state(0, false),
+                state(0, false),
+                state(1, false)
+            ]
+        );
+    }
+
+    #[test]
+    fn an_injection_fires_once_on_its_trigger_and_only_for_the_program() {
+        let device = Sm::new(9, 0);
+        let mut d = Driver::new();
+        let armed = vec![
+            Injection::older_target(device),
+            Injection::module_after_upload(100, device),
+            Injection::sync_inside_capture(),
+        ];
+        d.recorder.start(armed, d.now).unwrap();
+        // A refused load triggers nothing; the first successful one does.
+        assert_eq!(
+            d.call("cuModuleLoadData", load("sm_100"), CuResult::INVALID_PTX),
+            None
+        );
+        let fired = d.call("cuModuleLoadData", load("sm_90"), CuResult::SUCCESS);
+        assert_eq!(
+            fired,
+            Some(Action::LoadModule {
+                target: Sm::new(7, 0)
+            })
+        );
+        // While it runs, nothing else fires (100 bytes reached meanwhile).
+        assert_eq!(
+            d.call("cuMemcpyHtoDAsync_v2", h2d(100), CuResult::SUCCESS),
+            None
+        );
+        d.recorder
+            .finish_injection(performed_load(Sm::new(7, 0)), d.now);
+        assert_eq!(
+            d.call("cuModuleLoadData", load("sm_90"), CuResult::SUCCESS),
+            None
+        );
+        // The upload trigger counts bytes: the next copy meets it.
+        let fired = d.call("cuMemcpyHtoDAsync_v2", h2d(1), CuResult::SUCCESS);
+        assert_eq!(fired, Some(Action::LoadModule { target: device }));
+        d.recorder.finish_injection(performed_load(device), d.now);
+        let fired = d.call(
+            "cuStreamBeginCapture_v2",
+            begin_capture(3),
+            CuResult::SUCCESS,
+        );
+        let sync = Action::Synchronize {
+            scope: SyncScope::Stream,
+            stream: 3,
+        };
+        assert_eq!(fired, Some(sync));
+        let recording = d.recorder.stop().unwrap();
+        let triggers: Vec<Option<u64>> =
+            recording.injections.iter().map(|r| r.trigger_seq).collect();
+        assert_eq!(triggers, [Some(1), Some(5), Some(7)]);
+        // The third was never finished: it fired but made no call on record.
+        assert!(recording.injections[0].fired() && !recording.injections[2].fired());
+    }
+
+    fn performed_load(target: Sm) -> Performed {
+        Performed {
+            api: "cuModuleLoadData",
+            result: CuResult::SUCCESS,
+            kind: load(&target.to_string()),
+        }
+    }
+
+    #[test]
+    fn an_injected_call_cupti_reports_is_taken_from_cupti() {
+        let mut d = Driver::new();
+        d.recorder
+            .start(vec![Injection::sync_inside_capture()], d.now)
+            .unwrap();
+        let fired = d.call(
+            "cuStreamBeginCapture_v2",
+            begin_capture(3),
+            CuResult::SUCCESS,
+        );
+        assert!(fired.is_some());
+        // CUPTI reports the nested call on this thread; another thread's call
+        // meanwhile is the program's.
+        let sync = EventKind::Sync {
+            on: SyncOn::Stream,
+            handle: 3,
+        };
+        let nested = d.enter("cuStreamSynchronize", &sync, here());
+        let theirs = d.enter("cuCtxSynchronize", &sync, elsewhere());
+        d.exit(
+            nested,
+            "cuStreamSynchronize",
+            &sync,
+            CuResult::STREAM_CAPTURE_UNSUPPORTED,
+            here(),
+        );
+        let performed = Performed {
+            api: "cuStreamSynchronize",
+            result: CuResult::STREAM_CAPTURE_UNSUPPORTED,
+            kind: sync,
+        };
+        d.recorder.finish_injection(performed, d.now);
+        let recording = d.recorder.stop().unwrap();
+        assert_eq!(recording.events.len(), 3, "no second record of the sync");
+        let injected = Origin::Injected {
+            inside_callback: true,
+            reported_by_cupti: true,
+        };
+        assert_eq!(recording.events[1].origin, injected);
+        assert_eq!(
+            recording.events[1].capture,
+            CaptureState {
+                open: 1,
+                on_capturing_stream: true
+            }
+        );
+        assert_eq!(recording.events[2].origin, Origin::Program);
+        let call = recording.injections[0].call.as_ref().unwrap();
+        assert!(call.reported_by_cupti && call.inside_callback);
+        assert_eq!(call.events, [1]);
+        let _ = theirs;
+    }
+
+    #[test]
+    fn an_injected_call_cupti_does_not_report_is_recorded_by_the_injector() {
+        let mut d = Driver::new();
+        d.recorder
+            .start(vec![Injection::sync_inside_capture()], d.now)
+            .unwrap();
+        d.call(
+            "cuStreamBeginCapture_v2",
+            begin_capture(3),
+            CuResult::SUCCESS,
+        );
+        // Only a resource-style notification arrives, not the call itself.
+        let now = d.tick();
+        d.recorder.notify(
+            "module loaded",
+            EventKind::ModuleLoaded {
+                module_id: 1,
+                cubin_bytes: 0,
+                cubin: None,
+            },
+            now,
+            here,
+        );
+        let performed = Performed {
+            api: "cuStreamSynchronize",
+            result: CuResult::STREAM_CAPTURE_UNSUPPORTED,
+            kind: EventKind::Sync {
+                on: SyncOn::Stream,
+                handle: 3,
+            },
+        };
+        d.recorder.finish_injection(performed, d.now);
+        let recording = d.recorder.stop().unwrap();
+        let last = recording.events.last().unwrap();
+        assert_eq!(last.api, "cuStreamSynchronize");
+        assert_eq!(last.result, Some(CuResult::STREAM_CAPTURE_UNSUPPORTED));
+        assert_eq!(
+            last.origin,
+            Origin::Injected {
+                inside_callback: true,
+                reported_by_cupti: false
+            }
+        );
+        assert_eq!(
+            last.capture,
+            CaptureState {
+                open: 1,
+                on_capturing_stream: true
+            }
+        );
+        let call = recording.injections[0].call.as_ref().unwrap();
+        assert!(!call.reported_by_cupti);
+        assert_eq!(call.events, [1, 2]);
+    }
+
+    #[test]
+    fn a_direct_injection_is_reported_apart_from_the_armed_ones() {
+        let mut d = Driver::new();
+        let action = Action::LoadModule {
+            target: Sm::new(7, 0),
+        };
+        let refused = d.recorder.begin_direct(action, d.now, here());
+        assert!(matches!(refused, Err(ObserverError::NotRecording)));
+        d.recorder.start(Vec::new(), d.now).unwrap();
+        d.recorder.begin_direct(action, d.now, here()).unwrap();
+        let busy = d.recorder.begin_direct(action, d.now, here());
+        assert!(matches!(busy, Err(ObserverError::InjectionRunning)));
+        let kind = load("sm_70");
+        let token = d.enter("cuModuleLoadData", &kind, here());
+        d.exit(token, "cuModuleLoadData", &kind, CuResult::SUCCESS, here());
+        d.recorder
+            .finish_injection(performed_load(Sm::new(7, 0)), d.now);
+        let recording = d.recorder.stop().unwrap();
+        assert_eq!(recording.events.len(), 1);
+        let injected = Origin::Injected {
+            inside_callback: false,
+            reported_by_cupti: true,
+        };
+        assert_eq!(recording.events[0].origin, injected);
+        let report = &recording.injections[0];
+        assert!(report.injection.is_none() && report.trigger_seq.is_none() && report.fired());
+    }
+}

@@ -452,3 +452,286 @@ impl RecordingBuilder {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Memory, SyncOn};
+    use crate::image::parse_image;
+    use crate::image::tests::{elf, fatbin};
+
+    const DEVICE: Sm = Sm::new(9, 0);
+    const STREAM: u64 = 0x5000;
+
+    fn load_bytes(bytes: &[u8]) -> EventKind {
+        EventKind::ModuleLoad {
+            image: parse_image(bytes),
+            file: None,
+            handle: None,
+        }
+    }
+
+    fn ptx(target: &str) -> EventKind {
+        load_bytes(format!(".version 7.8\n.target {target}\n").as_bytes())
+    }
+
+    fn copy(direction: Direction, bytes: u64, asynchronous: bool) -> EventKind {
+        EventKind::Copy {
+            direction,
+            bytes,
+            asynchronous,
+            stream: asynchronous.then_some(STREAM),
+        }
+    }
+
+    fn sync(on: SyncOn) -> EventKind {
+        EventKind::Sync { on, handle: STREAM }
+    }
+
+    fn launch(name: &str) -> EventKind {
+        EventKind::KernelLaunch {
+            name: Some(name.into()),
+            stream: STREAM,
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+        }
+    }
+
+    fn begin() -> EventKind {
+        EventKind::CaptureBegin {
+            stream: STREAM,
+            mode: Some(0),
+        }
+    }
+
+    fn end(graph: Option<u64>) -> EventKind {
+        EventKind::CaptureEnd {
+            stream: STREAM,
+            graph,
+        }
+    }
+
+    fn replay(exec: u64) -> EventKind {
+        EventKind::GraphLaunch {
+            exec,
+            stream: STREAM,
+        }
+    }
+
+    /// Loads (PTX for the device, older PTX, a refused newer PTX, a cubin, a
+    /// fat binary without device code), an upload of 300 bytes in three
+    /// copies, one load after it, then marked steps: a direct step, a broken
+    /// capture, a good capture replayed three times (once failing).
+    fn trial() -> Recording {
+        let mut b = RecordingBuilder::new();
+        b.call("cuModuleLoadData", ptx("sm_90"));
+        b.call("cuModuleLoadData", ptx("sm_70"));
+        b.call_with("cuModuleLoadData", ptx("sm_100"), CuResult::INVALID_PTX);
+        b.call("cuModuleLoadData", load_bytes(&elf(8, 0x0600_5a04)));
+        b.call(
+            "cuLibraryLoadData",
+            load_bytes(&fatbin(&[(2, 80, &elf(7, 0x0050_0550))])),
+        );
+        let alloc = EventKind::Alloc {
+            bytes: 300,
+            memory: Memory::Device,
+            stream: None,
+            address: None,
+        };
+        b.call("cuMemAlloc_v2", alloc);
+        for _ in 0..3 {
+            b.call(
+                "cuMemcpyHtoDAsync_v2",
+                copy(Direction::HostToDevice, 100, true),
+            );
+        }
+        b.call("cuModuleLoadData", ptx("sm_90"));
+        b.notify(
+            "module loaded",
+            EventKind::ModuleLoaded {
+                module_id: 9,
+                cubin_bytes: 4096,
+                cubin: Some(DEVICE),
+            },
+        );
+        b.mark("step 1");
+        b.call("cuLaunchKernel", launch("direct"));
+        b.call("cuStreamSynchronize", sync(SyncOn::Stream));
+        b.call("cuMemcpyDtoH_v2", copy(Direction::DeviceToHost, 4, false));
+        b.mark("step 2");
+        b.call("cuStreamBeginCapture_v2", begin());
+        b.call("cuLaunchKernel", launch("captured"));
+        b.call_with(
+            "cuCtxSynchronize",
+            sync(SyncOn::Context),
+            CuResult::STREAM_CAPTURE_UNSUPPORTED,
+        );
+        b.call(
+            "cuMemcpyDtoHAsync_v2",
+            copy(Direction::DeviceToHost, 4, true),
+        );
+        b.call_with(
+            "cuStreamEndCapture",
+            end(None),
+            CuResult::STREAM_CAPTURE_INVALIDATED,
+        );
+        b.mark("step 3");
+        b.call("cuStreamBeginCapture_v2", begin());
+        b.call("cuLaunchKernel", launch("captured"));
+        b.call("cuStreamEndCapture", end(Some(0x9000)));
+        let instantiate = EventKind::GraphInstantiate {
+            graph: 0x9000,
+            exec: Some(0xE000),
+        };
+        b.call("cuGraphInstantiateWithFlags", instantiate);
+        b.call("cuGraphLaunch", replay(0xE000));
+        b.call("cuGraphLaunch", replay(0xE000));
+        b.call_with("cuGraphLaunch", replay(0xE000), CuResult(700));
+        b.call("cuGraphLaunch", replay(0xF000));
+        b.call("cuEventSynchronize", sync(SyncOn::Event));
+        b.build()
+    }
+
+    #[test]
+    fn events_are_numbered_in_order() {
+        let recording = trial();
+        assert!(recording
+            .events
+            .iter()
+            .enumerate()
+            .all(|(i, e)| e.seq == i as u64));
+        assert_eq!(recording.markers().len(), 3);
+        assert_eq!(recording.callback_faults, 0);
+    }
+
+    #[test]
+    fn every_load_names_its_targets_and_the_mismatches_are_the_loaded_ones() {
+        let recording = trial();
+        let loads = recording.loaded_targets();
+        let images: Vec<&str> = loads.iter().map(|l| l.image.as_str()).collect();
+        assert_eq!(
+            images,
+            [
+                "PTX sm_90",
+                "PTX sm_70",
+                "PTX sm_100",
+                "cubin sm_90",
+                "fatbin [sm_80 cubin]",
+                "PTX sm_90"
+            ]
+        );
+        assert_eq!(loads[2].result, Some(CuResult::INVALID_PTX));
+        let mismatches = recording.target_mismatches((9, 0));
+        let found: Vec<(u64, &str)> = mismatches
+            .iter()
+            .map(|m| (m.seq, m.found.as_str()))
+            .collect();
+        assert_eq!(found, [(1, "PTX sm_70"), (4, "fatbin [sm_80 cubin]")]);
+        assert_eq!(
+            mismatches[0].to_string(),
+            "event 1 (cuModuleLoadData) loaded PTX sm_70 on an sm_90 device"
+        );
+        let jit: Vec<u64> = recording.jit_loads(DEVICE).iter().map(|e| e.seq).collect();
+        assert_eq!(jit, [0, 1, 9]);
+    }
+
+    #[test]
+    fn the_upload_ends_where_the_model_bytes_are_reached_and_later_loads_show() {
+        let recording = trial();
+        let upload = recording.upload_point(300).unwrap();
+        assert_eq!(upload.seq, 8);
+        assert_eq!(recording.upload_point(150).unwrap().seq, 7);
+        assert!(recording.upload_point(301).is_none());
+        let after: Vec<(u64, &str)> = recording
+            .loads_after(upload.seq)
+            .iter()
+            .map(|e| (e.seq, e.api.as_str()))
+            .collect();
+        assert_eq!(after, [(9, "cuModuleLoadData"), (10, "module loaded")]);
+        assert_eq!(recording.bytes_allocated(), 300);
+        assert_eq!(recording.bytes_copied(Direction::HostToDevice), 300);
+        assert_eq!(recording.bytes_copied(Direction::DeviceToHost), 8);
+    }
+
+    #[test]
+    fn syncs_and_copies_inside_a_capture_are_told_apart() {
+        let recording = trial();
+        let syncs: Vec<&str> = recording
+            .syncs_inside_capture()
+            .iter()
+            .map(|e| e.api.as_str())
+            .collect();
+        assert_eq!(syncs, ["cuCtxSynchronize"]);
+        let dtoh = recording.dtoh_inside_capture();
+        assert_eq!(dtoh.len(), 1);
+        assert!(dtoh[0].capture.on_capturing_stream);
+        let steps = recording.host_syncs_per_step();
+        let steps: Vec<(&str, usize, usize)> = steps
+            .iter()
+            .map(|s| (s.label.as_str(), s.host_syncs, s.host_syncs_inside_capture))
+            .collect();
+        // step 1: a stream sync and a synchronous copy; step 3: an event sync.
+        assert_eq!(
+            steps,
+            [("step 1", 2, 0), ("step 2", 0, 1), ("step 3", 1, 0)]
+        );
+    }
+
+    #[test]
+    fn captures_carry_their_results_graphs_and_replays() {
+        let recording = trial();
+        let captures = recording.captures();
+        assert_eq!(captures.len(), 2);
+        let broken = &captures[0];
+        assert_eq!(
+            broken.end_result,
+            Some(CuResult::STREAM_CAPTURE_INVALIDATED)
+        );
+        assert_eq!((broken.graph, broken.syncs_inside), (None, 1));
+        assert!(!broken.succeeded());
+        let good = &captures[1];
+        assert!(good.succeeded(), "{good:?}");
+        assert_eq!(good.graph, Some(0x9000));
+        assert_eq!(good.instantiations[0].exec, Some(0xE000));
+        assert_eq!(
+            (good.launches, good.failed_launches, good.syncs_inside),
+            (2, 1, 0)
+        );
+        assert_eq!(recording.graph_launches().len(), 4);
+        let names: Vec<&str> = recording
+            .kernel_launches()
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::KernelLaunch { name, .. } => name.as_deref(),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["direct", "captured", "captured"]);
+    }
+
+    #[test]
+    fn a_capture_that_never_ends_has_no_graph() {
+        let mut b = RecordingBuilder::new();
+        b.call("cuStreamBeginCapture_v2", begin());
+        let pending = b.begin("cuStreamSynchronize", sync(SyncOn::Stream));
+        b.end(pending, CuResult::STREAM_CAPTURE_UNSUPPORTED);
+        b.call_with("cuStreamBeginCapture_v2", begin(), CuResult::INVALID_VALUE);
+        let recording = b.build();
+        let captures = recording.captures();
+        assert_eq!(captures.len(), 2);
+        assert_eq!((captures[0].end_seq, captures[0].syncs_inside), (None, 1));
+        assert_eq!(captures[1].begin_result, Some(CuResult::INVALID_VALUE));
+        assert!(captures.iter().all(|c| !c.succeeded()));
+        assert!(
+            recording.host_syncs_per_step().is_empty(),
+            "no markers, no steps"
+        );
+    }
+
+    #[test]
+    fn recordings_serialise_for_reports() {
+        let json = serde_json::to_string(&trial()).unwrap();
+        assert!(json.contains("\"type\":\"ModuleLoad\""), "{json}");
+        assert!(json.contains("\"CUDA_ERROR_STREAM_CAPTURE_INVALIDATED\""));
+    }
+}
