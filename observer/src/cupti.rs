@@ -197,69 +197,103 @@ unsafe extern "C" fn on_callback(
     }
 }
 
+/// One driver-API callback's data, read out of CUPTI's struct.
+struct Call {
+    cbid: u32,
+    params: *const c_void,
+    returned: *mut c_void,
+    slot: *mut u64,
+    symbol: *const std::ffi::c_char,
+    api: String,
+}
+
 /// # Safety
 /// `data` is null or the CUpti_CallbackData of a driver-API callback.
 unsafe fn driver_call(shared: &Shared, cbid: u32, data: *const CUpti_CallbackData) {
     if data.is_null() {
         return;
     }
+    let followed = shared.recording.load(Ordering::SeqCst) || decode::is_capture(cbid);
     // SAFETY: CUPTI's callback data, valid during the callback; fields are
     // read one by one (the site is 0 or 1, both variants).
-    let (site, params, returned, slot, name, symbol) = unsafe {
-        (
-            (*data).callbackSite,
-            (*data).functionParams,
-            (*data).functionReturnValue,
-            (*data).correlationData,
-            (*data).functionName,
-            (*data).symbolName,
-        )
-    };
-    let followed = shared.recording.load(Ordering::SeqCst) || decode::is_capture(cbid);
-    // SAFETY: CUPTI's function name, a global C string.
-    let api = || (!name.is_null()).then(|| unsafe { CStr::from_ptr(name) }.to_string_lossy());
-    let api = api().unwrap_or_default();
-    if site == CUpti_ApiCallbackSite::CUPTI_API_ENTER {
-        let mut token = NO_TOKEN;
-        if followed {
-            // SAFETY: the parameters and symbol of this callback, at entry.
-            if let Some(kind) = unsafe { decode::entry(cbid, params, symbol, shared.driver) } {
-                token = shared.lock().enter(&api, kind, Instant::now(), thread);
-            }
-        }
-        // Always written: the slot is not promised to start at zero, and the
-        // exit reads it.
-        if !slot.is_null() {
-            // SAFETY: CUPTI's per-call slot, shared by entry and exit.
-            unsafe { slot.write(token) };
-        }
-        return;
-    }
+    let (site, slot) = unsafe { ((*data).callbackSite, (*data).correlationData) };
     if !followed {
+        // Always written at entry: the slot is not promised to start at zero,
+        // and the exit reads it.
+        if site == CUpti_ApiCallbackSite::CUPTI_API_ENTER && !slot.is_null() {
+            // SAFETY: CUPTI's per-call slot, shared by entry and exit.
+            unsafe { slot.write(NO_TOKEN) };
+        }
         return;
     }
-    // SAFETY: at exit a driver call's return value is its CUresult (a C enum).
-    let result = (!returned.is_null()).then(|| CuResult(unsafe { returned.cast::<u32>().read() }));
-    let result = result.unwrap_or(CuResult(u32::MAX));
-    let token = if slot.is_null() {
+    // SAFETY: as above; the function name is a global C string.
+    let call = unsafe {
+        let name = (*data).functionName;
+        Call {
+            cbid,
+            params: (*data).functionParams,
+            returned: (*data).functionReturnValue,
+            slot,
+            symbol: (*data).symbolName,
+            api: if name.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(name).to_string_lossy().into_owned()
+            },
+        }
+    };
+    if site == CUpti_ApiCallbackSite::CUPTI_API_ENTER {
+        // SAFETY: the data of an entry callback.
+        unsafe { on_entry(shared, &call) }
+    } else {
+        // SAFETY: the data of an exit callback.
+        unsafe { on_exit(shared, &call) }
+    }
+}
+
+/// # Safety
+/// `call` holds the data of a driver-API entry callback.
+unsafe fn on_entry(shared: &Shared, call: &Call) {
+    // SAFETY: the parameters and symbol of this callback, at entry.
+    let kind = unsafe { decode::entry(call.cbid, call.params, call.symbol, shared.driver) };
+    let token = kind.map_or(NO_TOKEN, |kind| {
+        shared.lock().enter(&call.api, kind, Instant::now(), thread)
+    });
+    if !call.slot.is_null() {
+        // SAFETY: CUPTI's per-call slot, shared by entry and exit.
+        unsafe { call.slot.write(token) };
+    }
+}
+
+/// # Safety
+/// `call` holds the data of a driver-API exit callback.
+unsafe fn on_exit(shared: &Shared, call: &Call) {
+    let result = if call.returned.is_null() {
+        CuResult(u32::MAX)
+    } else {
+        // SAFETY: at exit a driver call's return value is its CUresult (a C
+        // enum, an `int`).
+        CuResult(unsafe { call.returned.cast::<u32>().read() })
+    };
+    let token = if call.slot.is_null() {
         NO_TOKEN
     } else {
         // SAFETY: CUPTI's per-call slot, written by this call's entry.
-        unsafe { slot.read() }
+        unsafe { call.slot.read() }
     };
     let outputs = if result.is_success() {
         // SAFETY: the parameters of a call that returned CUDA_SUCCESS.
-        unsafe { decode::outputs(cbid, params) }
+        unsafe { decode::outputs(call.cbid, call.params) }
     } else {
         Outputs::default()
     };
     // SAFETY: the parameters of this call, still valid at exit.
-    let capture = decode::is_capture(cbid)
-        .then(|| unsafe { decode::entry(cbid, params, std::ptr::null(), false) })
+    let capture = decode::is_capture(call.cbid)
+        .then(|| unsafe { decode::entry(call.cbid, call.params, std::ptr::null(), false) })
         .flatten();
     let returned = Returned {
         token,
-        api: &api,
+        api: &call.api,
         result,
         outputs,
         capture: capture.as_ref(),

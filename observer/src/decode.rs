@@ -461,9 +461,14 @@ macro_rules! described {
 /// # Safety
 /// As [`entry`].
 unsafe fn pitched_copy(cbid: u32, p: *const c_void) -> Option<EventKind> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { copy_2d(cbid, p).or_else(|| copy_3d(cbid, p)) }
+}
+
+/// # Safety
+/// As [`entry`].
+unsafe fn copy_2d(cbid: u32, p: *const c_void) -> Option<EventKind> {
     let flat = |_: *const cu::CUDA_MEMCPY2D| 1usize;
-    // SAFETY: a 3D descriptor passed the null check in `described!`.
-    let deep = |c: *const cu::CUDA_MEMCPY3D| unsafe { (*c).Depth };
     let (copy, stream) = match cbid {
         MEMCPY_2D_V2 => (
             described!(arg!(p, cuMemcpy2D_v2_params, pCopy), CUDA_MEMCPY2D, flat),
@@ -509,6 +514,17 @@ unsafe fn pitched_copy(cbid: u32, p: *const c_void) -> Option<EventKind> {
             ),
             Some(arg!(p, cuMemcpy2DAsync_v2_ptsz_params, hStream)),
         ),
+        _ => return None,
+    };
+    Some(transfer(copy.0, copy.1, stream))
+}
+
+/// # Safety
+/// As [`entry`].
+unsafe fn copy_3d(cbid: u32, p: *const c_void) -> Option<EventKind> {
+    // SAFETY: a 3D descriptor passed the null check in `described!`.
+    let deep = |c: *const cu::CUDA_MEMCPY3D| unsafe { (*c).Depth };
+    let (copy, stream) = match cbid {
         MEMCPY_3D_V2 => (
             described!(arg!(p, cuMemcpy3D_v2_params, pCopy), CUDA_MEMCPY3D, deep),
             None,
@@ -559,6 +575,17 @@ fn instantiate(graph: cu::CUgraph) -> EventKind {
 /// # Safety
 /// As [`entry`].
 unsafe fn sync_or_graph(cbid: u32, p: *const c_void) -> Option<EventKind> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        sync(cbid, p)
+            .or_else(|| capture(cbid, p))
+            .or_else(|| graph(cbid, p))
+    }
+}
+
+/// # Safety
+/// As [`entry`].
+unsafe fn sync(cbid: u32, p: *const c_void) -> Option<EventKind> {
     let sync = |on, handle| EventKind::Sync { on, handle };
     Some(match cbid {
         CTX_SYNCHRONIZE_V2 => sync(
@@ -577,6 +604,14 @@ unsafe fn sync_or_graph(cbid: u32, p: *const c_void) -> Option<EventKind> {
             SyncOn::Event,
             handle(arg!(p, cuEventSynchronize_params, hEvent)),
         ),
+        _ => return None,
+    })
+}
+
+/// # Safety
+/// As [`entry`].
+unsafe fn capture(cbid: u32, p: *const c_void) -> Option<EventKind> {
+    Some(match cbid {
         STREAM_BEGIN_CAPTURE => capture_begin(arg!(p, cuStreamBeginCapture_params, hStream), None),
         STREAM_BEGIN_CAPTURE_PTSZ => {
             capture_begin(arg!(p, cuStreamBeginCapture_ptsz_params, hStream), None)
@@ -605,6 +640,14 @@ unsafe fn sync_or_graph(cbid: u32, p: *const c_void) -> Option<EventKind> {
             stream: handle(arg!(p, cuStreamEndCapture_ptsz_params, hStream)),
             graph: None,
         },
+        _ => return None,
+    })
+}
+
+/// # Safety
+/// As [`entry`].
+unsafe fn graph(cbid: u32, p: *const c_void) -> Option<EventKind> {
+    Some(match cbid {
         GRAPH_INSTANTIATE => instantiate(arg!(p, cuGraphInstantiate_params, hGraph)),
         GRAPH_INSTANTIATE_V2 => instantiate(arg!(p, cuGraphInstantiate_v2_params, hGraph)),
         GRAPH_INSTANTIATE_WITH_FLAGS => {
@@ -949,10 +992,8 @@ mod tests {
             phGraph: &mut graph,
         };
         // SAFETY: the parameters of an end that "returned" success.
-        assert_eq!(
-            unsafe { outputs(STREAM_END_CAPTURE, params(&end)) }.handle,
-            Some(0x9000)
-        );
+        let written = unsafe { outputs(STREAM_END_CAPTURE, params(&end)) };
+        assert_eq!(written.handle, Some(0x9000));
         let replay = cupti::cuGraphLaunch_params {
             hGraph: 0xE000 as cu::CUgraphExec,
             hStream: stream(0x50),

@@ -22,6 +22,15 @@
 //! [`event`] is what is recorded, [`recording`] holds the analyses (pure, so
 //! they are tested with hand-built recordings), [`inject`] the mutants; the
 //! CUPTI subscription and the decoding of each call's parameters are private.
+//!
+//! # On a GPU
+//!
+//! `examples/observe_smoke.rs` goes through every kind of event and every
+//! injection on a real device and checks each expectation. Build it with
+//! `cargo build --release -p falsify-observer --example observe_smoke`, carry
+//! `target/release/examples/observe_smoke` to the GPU machine and run it:
+//! exit status 0 and a last JSON line with `"ok":true` mean the observer
+//! works there; each `FAIL` line names what did not.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

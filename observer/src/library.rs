@@ -114,7 +114,9 @@ fn found(library: libloading::Library, opened_as: String) -> CuptiLibrary {
 /// Loads CUPTI so that cudarc's loader finds it; the error says everything
 /// that was tried.
 pub(crate) fn load() -> Result<CuptiLibrary, ObserverError> {
-    let names = cudarc::get_lib_name_candidates("cupti");
+    let mut names = cudarc::get_lib_name_candidates("cupti");
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|name| seen.insert(name.clone()));
     if let Some((library, name)) = open_first(&names) {
         return Ok(found(library, name));
     }
@@ -160,6 +162,8 @@ mod tests {
         match load() {
             Err(ObserverError::CuptiNotFound { tried }) => {
                 assert!(tried.iter().any(|t| t.starts_with("libcupti")), "{tried:?}");
+                let unique: std::collections::HashSet<&String> = tried.iter().collect();
+                assert_eq!(unique.len(), tried.len(), "{tried:?}");
                 let message = ObserverError::CuptiNotFound { tried }.to_string();
                 assert!(
                     message.starts_with("CUPTI not found (tried libcupti"),
