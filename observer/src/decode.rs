@@ -193,6 +193,14 @@ fn load(image: ModuleImage, file: Option<String>) -> EventKind {
     }
 }
 
+/// The same code as an input to the JIT linker.
+fn linked(load: EventKind) -> EventKind {
+    match load {
+        EventKind::ModuleLoad { image, file, .. } => EventKind::LinkInput { image, file },
+        other => other,
+    }
+}
+
 /// # Safety
 /// `path` is null or a C string.
 unsafe fn load_file(path: *const c_char) -> EventKind {
@@ -222,7 +230,7 @@ unsafe fn module_load(cbid: u32, p: *const c_void) -> Option<EventKind> {
         MODULE_LOAD_FAT_BINARY => image(arg!(p, cuModuleLoadFatBinary_params, fatCubin)),
         LIBRARY_LOAD_DATA => image(arg!(p, cuLibraryLoadData_params, code)),
         LIBRARY_LOAD_FROM_FILE => file(arg!(p, cuLibraryLoadFromFile_params, fileName)),
-        LINK_ADD_FILE_V2 => file(arg!(p, cuLinkAddFile_v2_params, path)),
+        LINK_ADD_FILE_V2 => linked(file(arg!(p, cuLinkAddFile_v2_params, path))),
         LINK_ADD_DATA_V2 => {
             let data = arg!(p, cuLinkAddData_v2_params, data);
             let size = arg!(p, cuLinkAddData_v2_params, size);
@@ -232,7 +240,7 @@ unsafe fn module_load(cbid: u32, p: *const c_void) -> Option<EventKind> {
                 // SAFETY: cuLinkAddData's input is `size` bytes at `data`.
                 parse_image(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), size) })
             };
-            load(image, None)
+            EventKind::LinkInput { image, file: None }
         }
         _ => return None,
     })
@@ -880,8 +888,8 @@ mod tests {
             options: std::ptr::null_mut(),
             optionValues: std::ptr::null_mut(),
         };
-        let Some(EventKind::ModuleLoad { image, .. }) = decoded(LINK_ADD_DATA_V2, &link) else {
-            panic!("not a module load");
+        let Some(EventKind::LinkInput { image, .. }) = decoded(LINK_ADD_DATA_V2, &link) else {
+            panic!("not a link input");
         };
         assert_eq!(image.describe(), "cubin sm_90");
         // On success the driver writes the module, which is read back.

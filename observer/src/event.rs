@@ -140,13 +140,18 @@ pub enum SyncOn {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "type")]
 pub enum EventKind {
-    /// `cuModuleLoad*`, `cuLibraryLoad*`, `cuLinkAdd*`: code handed to the
-    /// driver. `file`: the path, for the calls that take one. `handle`: the
+    /// `cuModuleLoad*`, `cuLibraryLoad*`: code handed to the driver to load. `file`: the path, for the calls that take one. `handle`: the
     /// module or library made (on success).
     ModuleLoad {
         image: ModuleImage,
         file: Option<String>,
         handle: Option<u64>,
+    },
+    /// `cuLinkAddData`, `cuLinkAddFile`: an input to the driver's JIT linker,
+    /// whose output cubin is then loaded (a `ModuleLoad` of its own).
+    LinkInput {
+        image: ModuleImage,
+        file: Option<String>,
     },
     /// CUPTI's resource callback that a module was loaded, with the cubin the
     /// driver loaded (after JIT, for PTX) and the SM in its header.

@@ -158,13 +158,16 @@ impl Recording {
             .collect()
     }
 
-    /// The module loads that made the driver JIT-compile PTX for `device`.
+    /// The module loads and link inputs that made the driver JIT-compile PTX
+    /// for `device`.
     pub fn jit_loads(&self, device: impl Into<Sm>) -> Vec<&Event> {
         let device = device.into();
-        self.module_loads()
-            .filter(|(e, image)| !e.failed() && image.needs_jit(device) == Some(true))
-            .map(|(e, _)| e)
-            .collect()
+        self.filter(|e| match &e.kind {
+            EventKind::ModuleLoad { image, .. } | EventKind::LinkInput { image, .. } => {
+                !e.failed() && image.needs_jit(device) == Some(true)
+            }
+            _ => false,
+        })
     }
 
     /// The host-to-device copy with which the bytes copied host to device
@@ -185,14 +188,14 @@ impl Recording {
         })
     }
 
-    /// Module loads after event `seq`: the load calls the driver did not
-    /// refuse, and CUPTI's notifications that a module was loaded (which
-    /// lazy loading may deliver later than the call).
+    /// Module loads after event `seq`: the load calls and JIT-linker inputs
+    /// the driver did not refuse, and CUPTI's notifications that a module was
+    /// loaded (which lazy loading may deliver later than the call).
     pub fn loads_after(&self, seq: u64) -> Vec<&Event> {
         self.filter(|e| {
             e.seq > seq
                 && match e.kind {
-                    EventKind::ModuleLoad { .. } => !e.failed(),
+                    EventKind::ModuleLoad { .. } | EventKind::LinkInput { .. } => !e.failed(),
                     EventKind::ModuleLoaded { .. } => true,
                     _ => false,
                 }
@@ -726,6 +729,29 @@ mod tests {
             recording.host_syncs_per_step().is_empty(),
             "no markers, no steps"
         );
+    }
+
+    #[test]
+    fn jit_linker_inputs_are_compilations_not_loaded_modules() {
+        let mut b = RecordingBuilder::new();
+        b.call("cuMemcpyHtoD_v2", copy(Direction::HostToDevice, 10, false));
+        let image = parse_image(b".version 7.0\n.target sm_70\n\0");
+        b.call(
+            "cuLinkAddData_v2",
+            EventKind::LinkInput { image, file: None },
+        );
+        b.call("cuModuleLoadData", load_bytes(&elf(8, 0x0600_5a04)));
+        let recording = b.build();
+        assert!(recording.target_mismatches(DEVICE).is_empty());
+        assert_eq!(recording.loaded_targets().len(), 1);
+        let jit: Vec<&str> = recording
+            .jit_loads(DEVICE)
+            .iter()
+            .map(|e| e.api.as_str())
+            .collect();
+        assert_eq!(jit, ["cuLinkAddData_v2"]);
+        let upload = recording.upload_point(10).unwrap().seq;
+        assert_eq!(recording.loads_after(upload).len(), 2);
     }
 
     #[test]
