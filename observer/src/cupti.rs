@@ -181,10 +181,12 @@ unsafe extern "C" fn on_callback(
         CUpti_CallbackDomain::CUPTI_CB_DOMAIN_DRIVER_API => unsafe {
             driver_call(shared, cbid, cbdata.cast())
         },
-        CUpti_CallbackDomain::CUPTI_CB_DOMAIN_RESOURCE if cbid == decode::MODULE_LOADED => {
+        CUpti_CallbackDomain::CUPTI_CB_DOMAIN_RESOURCE
+            if cbid == decode::MODULE_LOADED && shared.recording.load(Ordering::SeqCst) =>
+        {
             // SAFETY: the resource domain passes a CUpti_ResourceData.
             let loaded = unsafe { decode::module_loaded(cbdata.cast::<CUpti_ResourceData>()) };
-            if let (Some(kind), true) = (loaded, shared.recording.load(Ordering::SeqCst)) {
+            if let Some(kind) = loaded {
                 shared
                     .lock()
                     .notify("module loaded", kind, Instant::now(), thread);
