@@ -79,7 +79,9 @@ enum Command {
         #[arg(long, default_value = "reports/latest")]
         current: PathBuf,
         /// First merge these run directories (the shards of a partitioned
-        /// run) into `--current`, replacing its reports, then judge it.
+        /// run, each with its run.json) into `--current`, then judge it on
+        /// the shards' rows (rows already there of trials no shard ran stay,
+        /// as rows of their own runs).
         #[arg(long, num_args = 1.., value_name = "RUN_DIR")]
         merge: Vec<PathBuf>,
     },

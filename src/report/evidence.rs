@@ -146,13 +146,9 @@ pub struct Evidence {
 pub fn load(dir: &Path, side: Side) -> Result<Evidence> {
     let csv = dir.join(FALSIFICATION_CSV);
     if !csv.exists() {
-        return Err(Error::io(
-            &csv,
-            std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "no falsification report here; run `falsify run` first",
-            ),
-        ));
+        let why = "no falsification report here; run `falsify run` first";
+        let not_found = std::io::Error::new(std::io::ErrorKind::NotFound, why);
+        return Err(Error::io(&csv, not_found));
     }
     let located: Vec<(u64, FalsificationRow)> = read_rows_located(&csv)?;
     let meta = RunMeta::read_json(dir)?;
