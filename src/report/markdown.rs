@@ -1,8 +1,10 @@
 //! `REPORT.md`: the regression report of a run against its baseline(s).
 //!
-//! Layout, most urgent first: the verdict and which baseline was chosen, run
-//! metadata, regressions, baseline trials that did not run, changes of status
-//! (with the trials skipped here for a recorded reason), charts, failure
+//! Layout, most urgent first: the verdict and which baseline was chosen, the
+//! evidence (what each side's folder held, which runs were judged, what was
+//! set aside), run metadata, regressions, trials that did not run (selected
+//! trials without a row, baseline trials absent), changes of status (with
+//! the trials skipped here for a recorded reason), charts, failure
 //! artifacts, a verdict table per contract, and the speedup table. Against
 //! several baselines (a run without a GPU), each comparison section has one
 //! subsection per baseline.
