@@ -39,6 +39,16 @@ pub enum Error {
     #[error("{}: {message}", path.display())]
     Merge { path: PathBuf, message: String },
 
+    /// Reports that cannot be judged: empty, the same trial twice, rows of
+    /// several builds or contract texts, a baseline that did not finish.
+    /// `line` is the 1-based line of the file, 0 when the whole file is meant.
+    #[error("{}: {message}", location(path, *line, 0))]
+    Evidence {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+
     /// A run selected no trial at all (an empty directory or a filter matching nothing).
     #[error("no trials selected: {0}")]
     NothingSelected(String),

@@ -79,7 +79,9 @@ enum Command {
         #[arg(long, default_value = "reports/latest")]
         current: PathBuf,
         /// First merge these run directories (the shards of a partitioned
-        /// run) into `--current`, replacing its reports, then judge it.
+        /// run, each with its run.json) into `--current`, then judge it on
+        /// the shards' rows (rows already there of trials no shard ran stay,
+        /// as rows of their own runs).
         #[arg(long, num_args = 1.., value_name = "RUN_DIR")]
         merge: Vec<PathBuf>,
     },
@@ -308,6 +310,9 @@ fn merge_shards(baseline: &Path, shards: &[PathBuf], into: &Path) -> anyhow::Res
     falsify::report::baseline::refuse_output_inside(baseline, existing)?;
     let merged = falsify::report::merge::merge_runs(shards, into)
         .with_context(|| format!("merging {} run(s) into {}", shards.len(), into.display()))?;
+    for shard in &merged.shards {
+        println!("shard {shard}");
+    }
     println!(
         "merged {} run(s) into {}: {} trials, {} speedup rows",
         shards.len(),
@@ -315,11 +320,33 @@ fn merge_shards(baseline: &Path, shards: &[PathBuf], into: &Path) -> anyhow::Res
         merged.trials,
         merged.speedups
     );
+    if merged.kept > 0 {
+        println!(
+            "kept {} row(s) {} already held of trials no shard ran (rows of earlier runs: not judged)",
+            merged.kept,
+            into.display()
+        );
+    }
     Ok(())
 }
 
-/// How many not-run trials the terminal lists; REPORT.md lists them all.
+/// How many not-run (or missing) trials the terminal lists; REPORT.md lists
+/// them all.
 const NOT_RUN_SHOWN: usize = 20;
+
+/// Prints the first [`NOT_RUN_SHOWN`] of `items` as `LABEL item note`.
+fn print_capped(label: &str, note: &str, items: &[String]) {
+    for item in items.iter().take(NOT_RUN_SHOWN) {
+        println!("{label} {item}{note}");
+    }
+    if items.len() > NOT_RUN_SHOWN {
+        println!(
+            "... and {} more {} (REPORT.md lists them all)",
+            items.len() - NOT_RUN_SHOWN,
+            label.to_lowercase()
+        );
+    }
+}
 
 /// `falsify report`: the verdict as the exit code (0 clean, 1 regressed,
 /// 3 incomplete), and 2 when no verdict could be reached, so a script can
@@ -337,6 +364,9 @@ fn report(baseline: &Path, current: &Path) -> ExitCode {
         }
     };
     println!("baseline: {}", outcome.baseline);
+    for line in &outcome.evidence {
+        println!("{line}");
+    }
     for c in &outcome.charts {
         if let Some(file) = &c.file {
             println!("chart: {}", current.join(file).display());
@@ -349,16 +379,16 @@ fn report(baseline: &Path, current: &Path) -> ExitCode {
     for r in &outcome.speedup_regressions {
         println!("SPEEDUP REGRESSION {r}");
     }
-    for r in outcome.not_run.iter().take(NOT_RUN_SHOWN) {
-        println!("NOT RUN {r}");
+    print_capped(
+        "MISSING",
+        " (selected by this run, no row of it)",
+        &outcome.missing,
+    );
+    print_capped("NOT RUN", "", &outcome.not_run);
+    for gap in &outcome.gaps {
+        println!("{gap}: the run is incomplete, not clean");
     }
-    if outcome.not_run.len() > NOT_RUN_SHOWN {
-        println!(
-            "... and {} more not run (REPORT.md lists them all)",
-            outcome.not_run.len() - NOT_RUN_SHOWN
-        );
-    }
-    if outcome.verdict == Verdict::Incomplete {
+    if outcome.verdict == Verdict::Incomplete && !outcome.not_run.is_empty() {
         println!(
             "{} baseline trial(s) did not run: the run is incomplete, not clean",
             outcome.not_run.len()

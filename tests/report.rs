@@ -16,6 +16,7 @@ use std::process::{Command, Output};
 use falsify::report::artifacts::{ArtifactTensor, ArtifactWriter};
 use falsify::report::compare::{Verdict, EXIT_INCOMPLETE, EXIT_NO_VERDICT, EXIT_REGRESSED};
 use falsify::report::markdown::{write_report, REPORT_MD};
+use falsify::report::meta::RunMeta;
 use falsify::report::{read_rows, write_rows_atomic, FalsificationRow, SpeedupRow, Status};
 
 fn fixture(name: &str) -> PathBuf {
@@ -494,8 +495,24 @@ fn the_committed_baselines_are_found_from_the_parent_folder() {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let root = manifest.join("reports/baseline");
     let h200 = root.join("h200");
-    // The committed H200 run against itself, as a copy: clean.
+    // The committed H200 run against itself, as a copy. It holds the rows of
+    // two nextest shards, merged before merges recorded their runs, and its
+    // run.json names one of them and no selected trials: as the run judged,
+    // its rows cannot be told from leftovers, so it is refused...
     let current = copy_dir(&h200, &tmp.path().join("again"));
+    let err = write_report(&root, &current).unwrap_err().to_string();
+    assert!(
+        err.contains("run.json names run b6ed4e4f-a3f2-4425-b1c5-596ae31fc69b but rows of other run 0bf42ab5"),
+        "{err}"
+    );
+    // ... and judged, clean, once its record names both shards' runs, as
+    // `report --merge` now records them.
+    let mut meta = RunMeta::read_json(&current).unwrap().unwrap();
+    meta.runs = vec![
+        "0bf42ab5-4d59-4a00-ad9b-b82ebf64a09e".into(),
+        meta.run_id.clone(),
+    ];
+    meta.write_json(&current).unwrap();
     let outcome = write_report(&root, &current).unwrap();
     assert_eq!(outcome.verdict, Verdict::Clean, "{:?}", outcome.regressions);
     assert!(
@@ -544,9 +561,11 @@ fn the_report_never_writes_into_the_baseline_folder() {
     assert!(!inside.join(REPORT_MD).exists());
 }
 
+/// A speedup row of the planted baseline's run (a report judges a run's
+/// speedups with its trials).
 fn speedup(ratio: f64, low: f64, high: f64) -> SpeedupRow {
     SpeedupRow {
-        run_id: "r".into(),
+        run_id: "base-1".into(),
         contract: "fusion-v1".into(),
         test_id: "F-SPEED-001".into(),
         status: Some(Status::Passed),
@@ -656,7 +675,11 @@ fn speedups_csv_has_the_design_columns_and_older_files_still_read() {
         .iter()
         .all(|s| s.status.is_none() && s.contract.is_empty()));
     let tmp_baseline = copy_fixture("planted_baseline", tmp.path());
-    let data = falsify::report::compare::RunData::load(&tmp_baseline).unwrap();
+    let data = falsify::report::compare::RunData::load(
+        &tmp_baseline,
+        falsify::report::evidence::Side::Baseline,
+    )
+    .unwrap();
     let bw = data
         .speedups
         .iter()
@@ -695,7 +718,8 @@ fn cells_that_would_run_as_formulas_are_neutralised_and_numbers_stay_numbers() {
     );
     assert!(record.contains("'-1+2, then @SUM(A1)"), "{record}");
     assert!(record.contains("'+cmd|"), "{record}");
-    assert!(record.contains(",'==,"), "{record}");
+    // A comparator is no formula: `==` reads as written.
+    assert!(record.contains(",==,"), "{record}");
     // Numbers are not text: a negative number is written as a number.
     assert!(
         record.contains(",-0.5,") && record.contains(",-1e-7,"),

@@ -15,6 +15,7 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use super::compare::RunData;
+use super::evidence::Side;
 use super::{FalsificationRow, Status, FALSIFICATION_CSV};
 use crate::error::{Error, Result};
 
@@ -109,7 +110,7 @@ fn kind_dirs(root: &Path) -> Result<Vec<(String, PathBuf)>> {
 /// A GPU run against one baseline folder; `given` when `--baseline` named
 /// the folder itself rather than the folder of kinds.
 fn one_baseline(dir: &Path, device: &str, current: &RunData, given: bool) -> Result<Selection> {
-    let mut baseline = RunData::load(dir)?;
+    let mut baseline = RunData::load(dir, Side::Baseline)?;
     let kind = gpu_kind(device);
     let baseline_gpu = baseline.used_gpu();
     if let Some(gpu) = &baseline_gpu {
@@ -159,7 +160,7 @@ fn cpu_only(dirs: &[(String, PathBuf)], current: &RunData) -> Result<Selection> 
     let mut baselines = Vec::new();
     let mut whole_baselines = Vec::new();
     for (name, dir) in dirs {
-        let mut baseline = RunData::load(dir)?;
+        let mut baseline = RunData::load(dir, Side::Baseline)?;
         if !name.is_empty() {
             baseline.name = name.clone();
         } else if let Some(gpu) = baseline.used_gpu() {

@@ -5,7 +5,9 @@
 //! device name read from elsewhere could run `=HYPERLINK(...)` on the
 //! reader's machine. OWASP's remedy for CSV injection is to prefix such a
 //! cell with a single quote, which spreadsheets show as text. Numbers are
-//! left alone: `-0.5` is a number, not a formula, and must stay one.
+//! left alone: `-0.5` is a number, not a formula, and must stay one; so are
+//! comparison operators alone (`==`, `>=`): with nothing to compare there is
+//! no formula to run, and a comparator cell must read as written.
 //!
 //! The prefix is undone when the harness reads its own CSVs back. To keep
 //! that exact for every text, a cell that is already quotes followed by a
@@ -30,11 +32,20 @@ fn is_plain_number(cell: &str) -> bool {
     cell.parse::<f64>().is_ok_and(f64::is_finite)
 }
 
+/// Comparison operators and nothing else (`==`, `=`, `!=`): a spreadsheet
+/// has no operand to evaluate, so nothing can run.
+fn is_bare_operator(cell: &str) -> bool {
+    !cell.is_empty() && cell.chars().all(|c| matches!(c, '=' | '<' | '>' | '!'))
+}
+
 /// The cell as written to a CSV: prefixed with `'` when a spreadsheet would
-/// run it as a formula.
+/// run it as a formula. A cell that already starts with quotes before a
+/// formula character gets one more, whatever follows, so that [`restore`]
+/// is exact (and reads the `'==` of reports written before operators were
+/// exempt as `==`).
 pub fn neutralise(cell: &str) -> Cow<'_, str> {
     match formula_after_quotes(cell) {
-        Some(0) if is_plain_number(cell) => Cow::Borrowed(cell),
+        Some(0) if is_plain_number(cell) || is_bare_operator(cell) => Cow::Borrowed(cell),
         Some(_) => Cow::Owned(format!("'{cell}")),
         None => Cow::Borrowed(cell),
     }
@@ -63,12 +74,34 @@ mod tests {
         }
     }
 
+    /// A comparator is not a formula: `==` is written as `==`.
+    #[test]
+    fn comparison_operators_alone_are_not_formulas() {
+        for cell in ["==", "=", "!=", "<=", ">="] {
+            assert_eq!(neutralise(cell), cell, "{cell:?}");
+        }
+        for cell in ["==1", "=A1", "=-1", "= 1", "=\"x\""] {
+            assert_eq!(neutralise(cell), format!("'{cell}"), "{cell:?}");
+        }
+        // Reports written before the exemption read back as the operator.
+        assert_eq!(restore("'=="), "==");
+    }
+
     #[test]
     fn restore_undoes_neutralise_for_every_text() {
         for cell in [
-            "=1", "'=1", "''=1", "-0.5", "'-0.5", "-x", "plain", "'", "''", "'x", "@", "",
+            "=1", "'=1", "''=1", "-0.5", "'-0.5", "-x", "plain", "'", "''", "'x", "@", "", "==",
+            "'==", "''==",
         ] {
             assert_eq!(restore(&neutralise(cell)), cell, "{cell:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn restore_undoes_neutralise_for_any_text(cell in "['=+@<>!\t\r-]{0,3}.{0,4}") {
+            let written = neutralise(&cell);
+            proptest::prop_assert_eq!(restore(&written), cell.as_str());
         }
     }
 }

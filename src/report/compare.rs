@@ -14,14 +14,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::{
-    fill_from_trials, read_rows, FalsificationRow, SpeedupRow, Status, FALSIFICATION_CSV,
-    SPEEDUPS_CSV,
-};
-use crate::error::{Error, Result};
+use super::evidence::{self, Account, Side};
+use super::{FalsificationRow, SpeedupRow, Status};
+use crate::error::Result;
 use crate::report::meta::RunMeta;
 
-/// The reports of one run directory.
+/// The evidence of one run directory (see [`super::evidence`]).
 #[derive(Debug, Clone)]
 pub struct RunData {
     pub dir: PathBuf,
@@ -29,37 +27,46 @@ pub struct RunData {
     pub name: String,
     /// `run.json`, when the run wrote one.
     pub meta: Option<RunMeta>,
+    /// The judged rows: those of the run(s) the folder is evidence of.
     pub rows: Vec<FalsificationRow>,
     pub speedups: Vec<SpeedupRow>,
+    /// What was read, judged and set aside.
+    pub account: Account,
 }
 
 impl RunData {
-    /// Reads `falsification.csv` (required), `speedups.csv` and `run.json`
-    /// (both optional) from `dir`.
-    pub fn load(dir: &Path) -> Result<RunData> {
-        let csv = dir.join(FALSIFICATION_CSV);
-        if !csv.exists() {
-            return Err(Error::io(
-                &csv,
-                std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "no falsification report here; run `falsify run` first",
-                ),
-            ));
-        }
-        let rows: Vec<FalsificationRow> = read_rows(&csv)?;
-        let mut speedups: Vec<SpeedupRow> = read_rows(&dir.join(SPEEDUPS_CSV))?;
-        fill_from_trials(&mut speedups, &rows);
+    /// Reads and checks `dir`'s reports as `side` of a comparison
+    /// ([`evidence::load`]): `falsification.csv` (required), `speedups.csv`
+    /// and `run.json` (both optional).
+    pub fn load(dir: &Path, side: Side) -> Result<RunData> {
+        let evidence = evidence::load(dir, side)?;
         Ok(RunData {
             dir: dir.to_path_buf(),
             name: dir
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| dir.display().to_string()),
-            meta: RunMeta::read_json(dir)?,
-            rows,
-            speedups,
+            meta: evidence.meta,
+            rows: evidence.rows,
+            speedups: evidence.speedups,
+            account: evidence.account,
         })
+    }
+
+    /// Why this run's evidence is short of what it selected: selected trials
+    /// without a row, an interruption. Empty for a run that finished.
+    pub fn gaps(&self) -> Vec<String> {
+        let mut gaps = Vec::new();
+        if let Some(why) = &self.account.interrupted {
+            gaps.push(format!("the run did not finish: {why}"));
+        }
+        if !self.account.missing.is_empty() {
+            gaps.push(format!(
+                "{} trial(s) the run selected have no row of it",
+                self.account.missing.len()
+            ));
+        }
+        gaps
     }
 
     /// The GPU this run's `cuda` trials ran on (the device its rows name),

@@ -1,8 +1,10 @@
 //! `REPORT.md`: the regression report of a run against its baseline(s).
 //!
-//! Layout, most urgent first: the verdict and which baseline was chosen, run
-//! metadata, regressions, baseline trials that did not run, changes of status
-//! (with the trials skipped here for a recorded reason), charts, failure
+//! Layout, most urgent first: the verdict and which baseline was chosen, the
+//! evidence (what each side's folder held, which runs were judged, what was
+//! set aside), run metadata, regressions, trials that did not run (selected
+//! trials without a row, baseline trials absent), changes of status (with
+//! the trials skipped here for a recorded reason), charts, failure
 //! artifacts, a verdict table per contract, and the speedup table. Against
 //! several baselines (a run without a GPU), each comparison section has one
 //! subsection per baseline.
@@ -15,6 +17,7 @@ use super::baseline::{refuse_output_inside, select};
 use super::charts::{write_charts, Chart};
 use super::claim::short;
 use super::compare::{RunComparison, RunData, SpeedupDiff, TrialDiff, Verdict, RUN_TO_RUN_NOISE};
+use super::evidence::Side;
 use super::meta::{plain_device, plain_sha, GitSource};
 use super::{format_number, FalsificationRow, SpeedupRow, Status};
 use crate::error::{Error, Result};
@@ -35,6 +38,15 @@ pub struct ReportOutcome {
     pub speedup_regressions: Vec<String>,
     /// Baseline trials that did not run, as `contract::test_id (why)`.
     pub not_run: Vec<String>,
+    /// Trials the current run selected and has no row of, as
+    /// `contract::test_id`: they did not finish, whatever older rows say.
+    pub missing: Vec<String>,
+    /// Why the current run's evidence is short of what it selected (see
+    /// [`RunData::gaps`]); any makes the verdict at best `incomplete`.
+    pub gaps: Vec<String>,
+    /// For each side, what was read and judged: `baseline `h200`: read ...`,
+    /// then `current: read ...`.
+    pub evidence: Vec<String>,
     /// The report file.
     pub path: PathBuf,
     pub charts: Vec<Chart>,
@@ -59,13 +71,37 @@ struct Report<'a> {
 }
 
 impl Report<'_> {
-    /// The worst verdict over the baselines.
+    /// The worst verdict over the baselines; at best `incomplete` when the
+    /// current run did not finish what it selected.
     fn verdict(&self) -> Verdict {
-        self.compared
+        let compared = self
+            .compared
             .iter()
             .map(|c| c.cmp.verdict())
             .max()
-            .unwrap_or(Verdict::Clean)
+            .unwrap_or(Verdict::Clean);
+        if self.current_whole.gaps().is_empty() {
+            compared
+        } else {
+            compared.max(Verdict::Incomplete)
+        }
+    }
+
+    /// For each side, what was read and judged.
+    fn evidence(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .compared
+            .iter()
+            .map(|c| {
+                format!(
+                    "baseline `{}`: {}",
+                    c.baseline.name,
+                    c.whole.account.summary()
+                )
+            })
+            .collect();
+        lines.push(format!("current: {}", self.current_whole.account.summary()));
+        lines
     }
 
     /// Several baselines get one subsection each.
@@ -100,7 +136,7 @@ impl Report<'_> {
 /// `current_dir` lies inside `baseline_root`. The caller maps the verdict to
 /// an exit code ([`Verdict::exit_code`]).
 pub fn write_report(baseline_root: &Path, current_dir: &Path) -> Result<ReportOutcome> {
-    let current = RunData::load(current_dir)?;
+    let current = RunData::load(current_dir, Side::Current)?;
     refuse_output_inside(baseline_root, current_dir)?;
     let selection = select(baseline_root, &current)?;
     let report = Report {
@@ -143,6 +179,9 @@ fn outcome(report: &Report, path: PathBuf, charts: Vec<Chart>) -> ReportOutcome 
         regressions: Vec::new(),
         speedup_regressions: Vec::new(),
         not_run: Vec::new(),
+        missing: report.current_whole.account.missing.clone(),
+        gaps: report.current_whole.gaps(),
+        evidence: report.evidence(),
         path,
         charts,
     };
@@ -175,6 +214,7 @@ fn render(report: &Report, charts: &[Chart], artifacts: &[String]) -> String {
     let _ = writeln!(md, "# Regression report\n");
     let _ = writeln!(md, "{}\n", verdict_sentence(report));
     let _ = writeln!(md, "{}\n", report.why);
+    evidence_section(&mut md, report);
     runs_section(&mut md, report);
     regressions_section(&mut md, report);
     not_run_section(&mut md, report);
@@ -192,22 +232,37 @@ fn verdict_sentence(report: &Report) -> String {
     let regressions = report.count(|c| c.regressions().len());
     let slow = report.count(|c| c.speedup_regressions().len());
     let not_run = report.count(|c| c.not_run().len());
+    let mut gaps = Vec::new();
+    if not_run > 0 {
+        gaps.push(format!("{not_run} baseline trial(s) did not run"));
+    }
+    gaps.extend(report.current_whole.gaps());
     match verdict {
         Verdict::Regressed => format!(
             "**Verdict: REGRESSED** — {regressions} trial regression(s), {slow} speedup regression(s){}. `falsify report` exits {code}.",
-            if not_run > 0 {
-                format!("; besides, {not_run} baseline trial(s) did not run")
-            } else {
+            if gaps.is_empty() {
                 String::new()
+            } else {
+                format!("; besides, {}", gaps.join("; "))
             }
         ),
         Verdict::Incomplete => format!(
-            "**Verdict: INCOMPLETE** — {not_run} baseline trial(s) did not run and nothing records why (listed under *Not run*), so this run cannot be called clean; nothing that did run regressed. `falsify report` exits {code}."
+            "**Verdict: INCOMPLETE** — {} (listed under *Not run*), so this run cannot be called clean; nothing that did run regressed. `falsify report` exits {code}.",
+            gaps.join("; ")
         ),
         Verdict::Clean => format!(
-            "**Verdict: clean** — every baseline trial ran or was skipped for a recorded reason, nothing that passed in the baseline fails now, and no speedup dropped below its baseline interval. `falsify report` exits {code}."
+            "**Verdict: clean** — every trial this run selected finished, every baseline trial ran or was skipped for a recorded reason, nothing that passed in the baseline fails now, and no speedup dropped below its baseline interval. `falsify report` exits {code}."
         ),
     }
+}
+
+/// What each side's folder held and which of it was judged.
+fn evidence_section(md: &mut String, report: &Report) {
+    let _ = writeln!(md, "## Evidence\n");
+    for line in report.evidence() {
+        let _ = writeln!(md, "- {}", cell(&line));
+    }
+    md.push('\n');
 }
 
 /// One line of the runs table: how to read a fact from a run's reports.
@@ -265,13 +320,7 @@ fn facts() -> [(&'static str, Fact); 12] {
             (None, Some((a, b))) => format!("{a} / {b} (first and last row)"),
             (None, None) => "unknown".into(),
         }),
-        ("every selected trial finished", |r| match &r.meta {
-            Some(m) => match &m.incomplete {
-                Some(why) => format!("no: {why}"),
-                None => "yes".into(),
-            },
-            None => "not recorded".into(),
-        }),
+        ("every selected trial finished", finished_fact),
         ("git sha (build commit)", git_fact),
         ("devices", |r| {
             let devices = r.distinct(|x| &x.device);
@@ -321,6 +370,17 @@ fn facts() -> [(&'static str, Fact); 12] {
             None => "not recorded (no run.json)".into(),
         }),
     ]
+}
+
+/// Whether the run finished what it selected: its record's word, and every
+/// selected trial has a row of it.
+fn finished_fact(r: &RunData) -> String {
+    let gaps = r.gaps();
+    match &r.meta {
+        _ if !gaps.is_empty() => format!("no: {}", gaps.join("; ")),
+        Some(_) => "yes".into(),
+        None => "not recorded".into(),
+    }
 }
 
 fn run_ids(r: &RunData) -> String {
@@ -398,11 +458,25 @@ fn regressions_section(md: &mut String, report: &Report) {
 
 fn not_run_section(md: &mut String, report: &Report) {
     let _ = writeln!(md, "## Not run\n");
-    if report.count(|c| c.not_run().len()) == 0 {
+    let missing = &report.current_whole.account.missing;
+    if report.count(|c| c.not_run().len()) == 0 && missing.is_empty() {
         let _ = writeln!(
             md,
-            "None: every baseline trial ran here, or was skipped for a recorded reason.\n"
+            "None: every trial this run selected finished, and every baseline trial ran here or was skipped for a recorded reason.\n"
         );
+        return;
+    }
+    if !missing.is_empty() {
+        let _ = writeln!(
+            md,
+            "Trials this run selected that have no row of it: they did not finish (rows an earlier run left for them are not evidence).\n"
+        );
+        for key in missing {
+            let _ = writeln!(md, "- {}", cell(key));
+        }
+        md.push('\n');
+    }
+    if report.count(|c| c.not_run().len()) == 0 {
         return;
     }
     let _ = writeln!(

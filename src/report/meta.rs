@@ -61,6 +61,11 @@ pub struct RunMeta {
     /// run of several processes (cargo-nextest), the union of theirs.
     #[serde(default)]
     pub selected: Vec<String>,
+    /// The runs whose rows this folder's evidence is, when `report --merge`
+    /// joined several (the shards' run ids, in the order given); empty for a
+    /// folder one run wrote, whose evidence is the rows of `run_id`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<String>,
 }
 
 /// Where a run record's `git_dirty` was read.
@@ -179,6 +184,7 @@ impl RunMeta {
             options: RecordedOptions::default(),
             incomplete: None,
             selected: Vec::new(),
+            runs: Vec::new(),
         }
     }
 
@@ -193,6 +199,16 @@ impl RunMeta {
             )
         })?;
         crate::report::write_bytes_atomic(&path, text.as_bytes())
+    }
+
+    /// The runs whose rows are this record's evidence: those a merge joined,
+    /// else this run alone.
+    pub fn evidence_runs(&self) -> Vec<String> {
+        if self.runs.is_empty() {
+            vec![self.run_id.clone()]
+        } else {
+            self.runs.clone()
+        }
     }
 
     /// Reads `dir/run.json`; `None` when there is none (an older report).

@@ -9,6 +9,7 @@ pub mod cells;
 pub mod charts;
 pub mod claim;
 pub mod compare;
+pub mod evidence;
 pub mod markdown;
 pub mod merge;
 pub mod meta;
@@ -187,6 +188,15 @@ pub fn fill_from_trials(speedups: &mut [SpeedupRow], rows: &[FalsificationRow]) 
 /// Reads a CSV file of `T` rows, undoing the formula neutralisation of
 /// [`cells`]. A missing file is an empty report.
 pub fn read_rows<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
+    Ok(read_rows_located(path)?
+        .into_iter()
+        .map(|(_, row)| row)
+        .collect())
+}
+
+/// [`read_rows`], each row with the 1-based line of the file it starts on.
+/// An error names the file, and the line of the record it is about.
+pub fn read_rows_located<T: DeserializeOwned>(path: &Path) -> Result<Vec<(u64, T)>> {
     if !path.exists() {
         return Ok(Vec::new());
     }
@@ -198,12 +208,12 @@ pub fn read_rows<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
     let headers = reader.headers().map_err(csv_err)?.clone();
     let mut rows = Vec::new();
     for record in reader.records() {
-        let record: csv::StringRecord = record
-            .map_err(csv_err)?
-            .iter()
-            .map(cells::restore)
-            .collect();
-        rows.push(record.deserialize(Some(&headers)).map_err(csv_err)?);
+        let record = record.map_err(csv_err)?;
+        let mut restored: csv::StringRecord = record.iter().map(cells::restore).collect();
+        // The restored copy keeps the position, so an error names the line.
+        restored.set_position(record.position().cloned());
+        let line = record.position().map_or(0, csv::Position::line);
+        rows.push((line, restored.deserialize(Some(&headers)).map_err(csv_err)?));
     }
     Ok(rows)
 }
