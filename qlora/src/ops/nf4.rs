@@ -314,7 +314,7 @@ pub fn gemm_backward(
 /// ([`check_len`]), m > 0, every dimension within the kernels' `int`, and
 /// m within the grid's y limit (one block row per `TILE` rows).
 pub fn check_gemm_shape(op: &'static str, m: usize, n: usize, k: usize) -> Result<()> {
-    check_len(op, n.checked_mul(k).unwrap_or(usize::MAX))?;
+    check_len(op, n.saturating_mul(k))?;
     if m == 0 {
         return Err(Error::InvalidArgument {
             op,
