@@ -183,6 +183,24 @@ const CASES: &[Case] = &[
         2,
         7,
     ),
+    case_at(
+        "test-id-case-twin.yaml",
+        "test id `f-bad-001` differs from test id `F-BAD-001` (line 6) only in case",
+        16,
+        9,
+    ),
+    case_at(
+        "test-id-too-long.yaml",
+        "is too long: 112 characters, ids have at most 100",
+        6,
+        9,
+    ),
+    case_at(
+        "contract-id-too-long.yaml",
+        "is too long: 121 characters, ids have at most 100",
+        2,
+        7,
+    ),
     case(
         "id-mismatch.yaml",
         "must equal the file stem `id-mismatch`",
@@ -226,6 +244,41 @@ const CASES: &[Case] = &[
         "kind-wrong-backend.yaml",
         "check kind `memory_budget` cannot run on `cpu`",
         6,
+    ),
+    // shapes the ops (or, on cpu, the reference) refuse: at the shape
+    case_at(
+        "attention-heads-not-multiple.yaml",
+        "shapes[1] {batch=1, head_dim=16, heads=6, kv_heads=4, seq=8}: attention: heads (6) \
+         must be a multiple of kv_heads (4)",
+        17,
+        11,
+    ),
+    case_at(
+        "attention-head-dim-too-large.yaml",
+        "attention: head_dim 256 exceeds the kernels' 128",
+        16,
+        16,
+    ),
+    case_at("rope-odd-head-dim.yaml", "head_dim must be even", 17, 11),
+    case_at(
+        "gradient-check-kv-heads.yaml",
+        "heads (3) must be a multiple of kv_heads (2)",
+        15,
+        11,
+    ),
+    case_at(
+        "model-batch-past-grid.yaml",
+        "model `small-4l` at batch 70000 and seq_len 1: attention: batch needs 70000 blocks, \
+         more than the grid limit 65535",
+        14,
+        14,
+    ),
+    // a timeout no trial can be judged under
+    case_at(
+        "timeout-below-floor.yaml",
+        "0.001 is out of range: it must be >= 1",
+        10,
+        16,
     ),
     // numbers out of range
     case("negative-tolerance.yaml", "it must be >= 0", 15),
@@ -312,7 +365,25 @@ const CASES: &[Case] = &[
     case("duplicate-mapping-key.yaml", "duplicate key `version`", 4),
     case("duplicate-equation-key.yaml", "duplicate key `softmax`", 8),
     case("unknown-anchor.yaml", "unknown anchor", 5),
-    case("tagged-value.yaml", "invalid type", 14),
+    // YAML tags: the schema uses none, so a tag would be dropped unread
+    case_at("tagged-value.yaml", "YAML tag `!!binary`", 14, 14),
+    case_at("local-tag.yaml", "YAML tag `!shout`", 4, 16),
+    case_at("tagged-mapping.yaml", "YAML tag `!!map`", 11, 12),
+    // an error inside an anchored node reached through an alias: at the alias
+    case_at(
+        "alias-scalar-at-use.yaml",
+        "invalid type: string \"many rows\"",
+        14,
+        14,
+    ),
+    case_at("alias-mapping-at-use.yaml", "unknown field `clip`", 20, 14),
+    case_at(
+        "alias-twice-at-second-use.yaml",
+        "shapes[0] {rows=2, seq=3}: op `rmsnorm` takes the dimensions [rows, hidden], not \
+         [rows, seq] (in the value of `*shapes`, anchored at line 14)",
+        35,
+        15,
+    ),
     case(
         "non-utf8.yaml",
         "not valid UTF-8 (invalid byte at offset",
@@ -334,6 +405,18 @@ const CASES: &[Case] = &[
         "dir-duplicate-contract-id",
         "twin.yaml",
         "contract id `twin` is already used in",
+        2,
+    ),
+    dir_case(
+        "dir-test-id-case-twin",
+        "second.yaml",
+        "test id `F-Shared-001` differs from test id `F-SHARED-001` of ",
+        6,
+    ),
+    dir_case(
+        "dir-contract-id-case-twin",
+        "twin.yaml",
+        "contract id `twin` differs from contract id `Twin` of ",
         2,
     ),
     dir_case("dir-one-bad-one-good", "bad.yaml", "0 is out of range", 14),

@@ -50,7 +50,7 @@ falsification_tests:
     prediction: final <= 0.99 initial
     if_fails: the step is wrong
     mutant: adamw_update_sign_flipped
-    timeout_s: 0.3
+    timeout_s: 1
     check: {kind: loss_descent, model: tiny, steps: 500, max_fraction: 0.99}
   - id: F-S-002
     rule: Training on tiny lowers the loss

@@ -12,6 +12,7 @@ use std::fmt::Write;
 
 use qlora::model::PRESETS;
 
+use super::params::MIN_TIMEOUT_S;
 use super::training::CPU_MAX_BASE_PARAMS;
 use super::{Backend, CheckSpec, KindInfo, KINDS};
 use Piece::{Int, OneOf, Presets, Text};
@@ -176,10 +177,14 @@ pub fn example_yaml(kind: &KindInfo, extra: &[(&str, &str)]) -> String {
     format!("{{kind: {}{}}}", kind.name, body.concat())
 }
 
-/// The default timeout of a kind, read from its parsed example.
+/// The default timeout of a kind, read from its parsed example, and the
+/// floor of a test's own `timeout_s`.
 fn timeout_text(kind: &KindInfo) -> Option<String> {
     let spec: CheckSpec = serde_yaml::from_str(&example_yaml(kind, &[])).ok()?;
-    Some(format!("{} s", spec.default_timeout_s()))
+    Some(format!(
+        "{} s; a test's `timeout_s` may set another, of at least {MIN_TIMEOUT_S} s",
+        spec.default_timeout_s()
+    ))
 }
 
 fn kind_markdown(out: &mut String, kind: &KindInfo) -> std::fmt::Result {

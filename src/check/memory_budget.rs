@@ -68,7 +68,8 @@ pub const EXAMPLE: &[(&str, &str)] = &[("model", "tiny"), ("max_gib", "1")];
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {
-        at_most("batch", self.batch.map_or(0, |b| b.0), MAX_BATCH)
+        at_most("batch", self.batch.map_or(0, |b| b.0), MAX_BATCH)?;
+        self.model.check_sized(self.batch, None)
     }
 }
 

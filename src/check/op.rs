@@ -236,6 +236,69 @@ impl Op {
     }
 }
 
+impl Op {
+    /// Whether the stack's kernels take shape `s` (this op's dims, within
+    /// `op_parity`'s element bound): the rules its launchers in
+    /// `qlora::ops` enforce, called here so that a contract asking for a
+    /// shape the op refuses is refused when it is loaded, with its
+    /// location, rather than when its trial runs (on a GPU). Ops whose only
+    /// limit is their element count take every such shape.
+    pub fn check_stack_shape(self, s: &Shape) -> Result<(), String> {
+        use qlora::ops;
+        let d = |name| s.dim(name);
+        match self {
+            Op::Attention => ops::attention::check_shape(&ops::attention::AttnShape {
+                batch: d("batch"),
+                seq: d("seq"),
+                heads: d("heads"),
+                kv_heads: d("kv_heads"),
+                head_dim: d("head_dim"),
+            }),
+            Op::Rope => ops::rope::check_shape(d("batch"), d("seq"), d("heads"), d("head_dim")),
+            // The layout `op_parity` gives the fused epilogue: `batch x seq` rows.
+            Op::RopeQkv => ops::rope::QkvShape {
+                rows: d("batch").saturating_mul(d("seq")),
+                seq: d("seq"),
+                heads: d("heads"),
+                kv_heads: d("kv_heads"),
+                head_dim: d("head_dim"),
+                rank: d("rank"),
+            }
+            .check(),
+            Op::Rmsnorm => ops::rmsnorm::check_shape(d("rows"), d("hidden")),
+            Op::Softmax => ops::softmax::check_shape(d("rows"), d("seq")),
+            Op::CrossEntropy => ops::cross_entropy::check_shape(d("rows"), d("vocab")),
+            Op::Embedding => ops::embedding::check_shape(d("tokens"), d("vocab"), d("hidden")),
+            Op::Nf4Quantize | Op::Nf4Dequantize => {
+                ops::nf4::check_len(self.name(), d("rows").saturating_mul(d("cols")))
+            }
+            Op::Nf4Gemm => ops::nf4::check_gemm_shape("nf4_gemm", d("m"), d("n"), d("k")),
+            _ => Ok(()),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    /// Whether the CPU reference takes shape `s` (this op's dims): the rules
+    /// of `crate::reference`, for the checks that run the reference alone
+    /// (`gradient_check`).
+    pub fn check_reference_shape(self, s: &Shape) -> Result<(), String> {
+        use crate::reference;
+        match self {
+            Op::Rope | Op::RopeQkv => reference::rope::check_head_dim(s.dim("head_dim")),
+            Op::Attention => reference::attention::AttnShape {
+                batch: s.dim("batch"),
+                seq: s.dim("seq"),
+                heads: s.dim("heads"),
+                kv_heads: s.dim("kv_heads"),
+                head_dim: s.dim("head_dim"),
+            }
+            .check_heads(),
+            _ => Ok(()),
+        }
+        .map_err(|e| e.to_string())
+    }
+}
+
 /// The widths of q and of k (or v) of a `rope_qkv` shape.
 fn qkv_widths(s: &Shape) -> (f64, f64) {
     (
@@ -268,5 +331,43 @@ fn attention_elements(s: &Shape, bwd: bool) -> f64 {
 impl std::fmt::Display for Op {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(yaml: &str) -> Shape {
+        serde_yaml::from_str(yaml).expect("a shape")
+    }
+
+    #[test]
+    fn the_stack_and_the_reference_refuse_their_own_shapes() {
+        let attn = "{batch: 1, seq: 8, heads: 6, kv_heads: 4, head_dim: 16}";
+        let e = Op::Attention.check_stack_shape(&shape(attn)).unwrap_err();
+        assert!(
+            e.contains("heads (6) must be a multiple of kv_heads (4)"),
+            "{e}"
+        );
+        assert!(Op::Attention.check_reference_shape(&shape(attn)).is_err());
+        // The kernels' widest build is the stack's limit, not the reference's.
+        let wide = shape("{batch: 1, seq: 2, heads: 2, kv_heads: 1, head_dim: 256}");
+        assert!(Op::Attention.check_stack_shape(&wide).is_err());
+        assert_eq!(Op::Attention.check_reference_shape(&wide), Ok(()));
+        let qkv = "{batch: 2, seq: 7, heads: 4, kv_heads: 2, head_dim: 34, rank: 3}";
+        let e = Op::RopeQkv.check_stack_shape(&shape(qkv)).unwrap_err();
+        assert!(e.contains("power-of-two rank"), "{e}");
+        let e = Op::Nf4Quantize
+            .check_stack_shape(&shape("{rows: 3, cols: 33}"))
+            .unwrap_err();
+        assert!(e.contains("multiple of 64"), "{e}");
+        let odd = shape("{batch: 1, seq: 2, heads: 1, head_dim: 3}");
+        assert!(Op::Rope.check_stack_shape(&odd).is_err());
+        assert!(Op::Rope.check_reference_shape(&odd).is_err());
+        assert_eq!(
+            Op::Silu.check_stack_shape(&shape("{rows: 3, cols: 5}")),
+            Ok(())
+        );
     }
 }

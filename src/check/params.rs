@@ -35,6 +35,22 @@ pub struct Count(pub usize);
 /// The largest count any parameter parses as (2^40).
 pub const MAX_COUNT: usize = 1 << 40;
 
+/// A test's `timeout_s`: a finite number of seconds, at least
+/// [`MIN_TIMEOUT_S`].
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct Timeout(pub f64);
+
+/// The shortest `timeout_s` a test may set, in seconds. Below it the start
+/// of the trial's process (and, on a loaded machine, when it is scheduled)
+/// decides whether the trial finishes in time, not the trial's own work,
+/// so its verdict would be chance.
+pub const MIN_TIMEOUT_S: f64 = 1.0;
+
+/// [`MIN_TIMEOUT_S`] as the range check says it (a unit test keeps the two
+/// in step).
+const TIMEOUT_RULE: &str =
+    ">= 1 (seconds; a shorter limit would time the start of the trial's process, not the trial)";
+
 /// Deserialises a number and checks it inside the visitor, so serde_yaml marks
 /// the error with the line and column of the value itself.
 fn checked_f64<'de, D: Deserializer<'de>>(
@@ -82,6 +98,12 @@ impl<'de> Deserialize<'de> for NonNegative {
 impl<'de> Deserialize<'de> for Positive {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         checked_f64(d, "> 0", |v| v > 0.0).map(Positive)
+    }
+}
+
+impl<'de> Deserialize<'de> for Timeout {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        checked_f64(d, TIMEOUT_RULE, |v| v >= MIN_TIMEOUT_S).map(Timeout)
     }
 }
 
@@ -196,6 +218,20 @@ impl ModelName {
         cfg
     }
 
+    /// Whether the training step's kernels take the preset with `batch`
+    /// and `seq_len` overridden ([`qlora::train::check_shapes`], the rules
+    /// a trainer checks before it allocates): call it once the tokens are
+    /// within the kind's bound.
+    pub fn check_sized(&self, batch: Option<Count>, seq_len: Option<Count>) -> Result<(), String> {
+        let cfg = self.sized(batch, seq_len);
+        qlora::train::check_shapes(&cfg).map_err(|e| {
+            format!(
+                "model `{}` at batch {} and seq_len {}: {e}",
+                cfg.name, cfg.batch, cfg.seq_len
+            )
+        })
+    }
+
     /// Tokens per step, `batch x seq_len` with the overrides, saturating
     /// (each count may be up to [`MAX_COUNT`]) so a bound can refuse it.
     pub fn tokens(&self, batch: Option<Count>, seq_len: Option<Count>) -> usize {
@@ -244,7 +280,9 @@ impl Shape {
         dims.iter().map(|d| self.dim(d) as f64).product()
     }
 
-    /// Checks that the shape names exactly `dims`.
+    /// Checks that the shape names exactly `dims`; the error says what
+    /// the op takes, e.g. "takes the dimensions [rows, hidden], not [rows,
+    /// seq]".
     pub fn expect_dims(&self, dims: &[&str]) -> Result<(), String> {
         let got: Vec<&str> = self.0.keys().map(String::as_str).collect();
         let mut want: Vec<&str> = dims.to_vec();
@@ -253,9 +291,9 @@ impl Shape {
             Ok(())
         } else {
             Err(format!(
-                "shape has dimensions [{}]; this op needs [{}]",
-                got.join(", "),
-                dims.join(", ")
+                "takes the dimensions [{}], not [{}]",
+                dims.join(", "),
+                got.join(", ")
             ))
         }
     }
@@ -506,6 +544,13 @@ pub(crate) mod tests {
         assert!(serde_yaml::from_str::<Count>("0").is_err());
         assert_eq!(serde_yaml::from_str::<Count>("3").ok(), Some(Count(3)));
         assert!(serde_yaml::from_str::<ModelName>("gpt-17").is_err());
+        let e = serde_yaml::from_str::<Timeout>("0.5").unwrap_err();
+        assert!(e.to_string().contains("it must be >= 1 (seconds"), "{e}");
+        assert!(TIMEOUT_RULE.starts_with(&format!(">= {MIN_TIMEOUT_S} ")));
+        assert_eq!(
+            serde_yaml::from_str::<Timeout>("1").ok(),
+            Some(Timeout(MIN_TIMEOUT_S))
+        );
     }
 
     #[test]

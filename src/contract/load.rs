@@ -16,6 +16,7 @@ use serde::de::{
 use crate::contract::discover::{self as tree, Kind};
 use crate::contract::number;
 use crate::contract::schema::Contract;
+use crate::contract::tree::{Found, Mark, Tree};
 use crate::error::{Error, Result};
 
 /// Largest contract file accepted. Real contracts are a few KiB; this bounds the
@@ -130,13 +131,39 @@ pub fn parse(path: &Path, text: &str) -> Result<Contract> {
     check_flow_cost(path, text)?;
     // Structure first (duplicate keys, alias expansion), so the typed parse
     // below never works on a document that expands without bound.
-    scan(text).map_err(|e| yaml_error(path, text, &e))?;
+    scan(text).map_err(|e| yaml_error(path, text, None, &e))?;
+    let tree = read_tree(path, text)?;
+    refuse_tags(path, &tree)?;
     let mut contract: Contract =
-        serde_yaml::from_str(text).map_err(|e| yaml_error(path, text, &e))?;
-    refuse_tiny_numbers(path, text)?;
+        serde_yaml::from_str(text).map_err(|e| yaml_error(path, text, Some(&tree), &e))?;
+    refuse_tiny_numbers(path, text, &tree)?;
     contract.path = path.to_path_buf();
-    validate(&contract, text)?;
+    validate(&contract, &tree)?;
     Ok(contract)
+}
+
+/// The located nodes of `text` (see `tree.rs`). The scan has read the same
+/// text with the same parser, so this fails only if libyaml itself does.
+fn read_tree(path: &Path, text: &str) -> Result<Tree> {
+    Tree::read(text).map_err(|e| contract_error(path, e.mark.line, e.mark.column, &e.problem))
+}
+
+/// Refuses any YAML tag (`!foo value`, `!!binary ...`): the schema uses
+/// none, and serde_yaml would read the value as if the tag were not there.
+fn refuse_tags(path: &Path, tree: &Tree) -> Result<()> {
+    match tree.first_tag() {
+        None => Ok(()),
+        Some((at, tag)) => Err(contract_error(
+            path,
+            at.line,
+            at.column,
+            &format!(
+                "YAML tag `{}` on this value: the contract schema uses no tags, and a tag \
+                 would be dropped unread; write the value without it",
+                super::schema::shown(&tag)
+            ),
+        )),
+    }
 }
 
 /// Refuses a number literal too small for a normal `f64` (`1e-400`) where a
@@ -144,7 +171,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Contract> {
 /// complaint. The check parses a copy in which each such literal overflows
 /// instead (see `number::widen`), so it costs a second parse only in files
 /// that hold one.
-fn refuse_tiny_numbers(path: &Path, text: &str) -> Result<()> {
+fn refuse_tiny_numbers(path: &Path, text: &str, tree: &Tree) -> Result<()> {
     let tiny = number::tiny_literals(text);
     if tiny.is_empty() {
         return Ok(());
@@ -159,9 +186,53 @@ fn refuse_tiny_numbers(path: &Path, text: &str) -> Result<()> {
         return Ok(());
     };
     match number::explain(text, l.index(), &bare_message(&e)) {
-        Some(message) => Err(contract_error(path, l.line().max(1), l.column(), &message)),
+        Some(message) => Err(located(path, tree, &l, &message)),
         None => Ok(()),
     }
+}
+
+/// An error serde_yaml located at `l`, with `message` (its path first):
+/// moved to where the value is used when the path passes an alias
+/// (serde_yaml gives the anchored node), and to the parameter a check's
+/// cross-field rule names first (`shapes[1] ...`: that shape rather than
+/// the `check:` block).
+fn located(path: &Path, tree: &Tree, l: &serde_yaml::Location, message: &str) -> Error {
+    match relocate(tree, message) {
+        Some(found) => {
+            let message = match &found.anchor {
+                Some((name, anchor)) => format!(
+                    "{message} (in the value of `*{name}`, anchored at line {})",
+                    anchor.line
+                ),
+                None => message.to_string(),
+            };
+            contract_error(path, found.mark.line, found.mark.column, &message)
+        }
+        None => contract_error(path, l.line().max(1), l.column(), message),
+    }
+}
+
+/// Where `message` (`path: text`, as serde_yaml writes it) is better
+/// located than serde_yaml did it; `None` to keep serde_yaml's location,
+/// which is more precise (an unknown key, not its mapping) where no alias
+/// is involved.
+fn relocate(tree: &Tree, message: &str) -> Option<Found> {
+    // The path ends at the first ": " after which the tree has it (a key
+    // may itself hold ": ").
+    let (found, body, at) = message.match_indices(": ").find_map(|(i, _)| {
+        let at = &message[..i];
+        tree.find(at).map(|found| (found, &message[i + 2..], at))
+    })?;
+    let named = body
+        .split([' ', ':'])
+        .next()
+        .filter(|t| {
+            !t.is_empty()
+                && t.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_.[]".contains(&b))
+        })
+        .and_then(|param| tree.find(&format!("{at}.{param}")));
+    named.or_else(|| found.anchor.is_some().then_some(found))
 }
 
 /// serde_yaml's message without the " at line L column C" it appends when it
@@ -220,13 +291,16 @@ fn contract_error(path: &Path, line: usize, column: usize, message: &str) -> Err
 /// An error from serde_yaml, located. serde_yaml gives no location for a few
 /// whole-document conditions; those are located here from the text, so every
 /// error from [`parse`] has a line in `1..=lines + 1`.
-fn yaml_error(path: &Path, text: &str, e: &serde_yaml::Error) -> Error {
+fn yaml_error(path: &Path, text: &str, tree: Option<&Tree>, e: &serde_yaml::Error) -> Error {
     let message = bare_message(e);
     if let Some(l) = e.location() {
         // A number literal out of f64's range reaches a number field as a
         // string, or as 0: say what is wrong with it instead.
         let message = number::explain(text, l.index(), &message).unwrap_or(message);
-        return contract_error(path, l.line().max(1), l.column(), &message);
+        return match tree {
+            Some(tree) => located(path, tree, &l, &message),
+            None => contract_error(path, l.line().max(1), l.column(), &message),
+        };
     }
     if message.starts_with("EOF while parsing") {
         return contract_error(
@@ -523,60 +597,65 @@ fn locate_nth(text: &str, key: &str, value: &str, n: usize) -> usize {
         .map_or(0, |(i, _)| i + 1)
 }
 
-/// [`locate_nth`], falling back (for flow style such as `{id: x}`, which
-/// `locate` does not read) to the first line that mentions `value`, then to
-/// line 1, so a validation error always has a line.
-fn locate_or_mention(text: &str, key: &str, value: &str, n: usize) -> usize {
-    match locate_nth(text, key, value, n) {
-        0 => text
-            .lines()
-            .position(|l| !value.is_empty() && l.contains(value))
-            .map_or(1, |i| i + 1),
-        line => line,
-    }
+/// The position of the node at `path` (see [`Tree::find`]), else line 1,
+/// so a validation error always has a line.
+fn position(tree: &Tree, path: &str) -> Mark {
+    tree.find(path)
+        .map_or(Mark { line: 1, column: 0 }, |found| found.mark)
 }
 
-fn validate(contract: &Contract, text: &str) -> Result<()> {
+fn error_at(path: &Path, at: Mark, message: &str) -> Error {
+    contract_error(path, at.line, at.column, message)
+}
+
+/// Why ids must differ in more than case, for the messages.
+const CASE_RULE: &str = "ids must differ in more than letter case (trial names become file \
+    names, and some file systems do not tell case apart)";
+
+/// `id` folded for comparison: ids are ASCII ([`super::is_safe_id`]).
+fn folded(id: &str) -> String {
+    id.to_ascii_lowercase()
+}
+
+fn validate(contract: &Contract, tree: &Tree) -> Result<()> {
     let path = &contract.path;
     let id = &contract.metadata.id;
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
     if id != stem {
-        return Err(contract_error(
+        return Err(error_at(
             path,
-            locate_or_mention(text, "id", id, 0),
-            0,
+            position(tree, "metadata.id"),
             &format!("metadata.id `{id}` must equal the file stem `{stem}`"),
         ));
     }
     if contract.falsification_tests.is_empty() {
-        return Err(contract_error(
+        return Err(error_at(
             path,
-            locate_or_mention(text, "falsification_tests", "[]", 0),
-            0,
+            position(tree, "falsification_tests"),
             &format!("contract `{id}` has no falsification test; a contract that cannot be falsified is a defect"),
         ));
     }
-    // How many tests so far had each id: the n-th repeat is located at the
-    // n-th `id:` line with that value, not at the first.
-    let mut seen: HashMap<&str, usize> = HashMap::new();
-    for test in &contract.falsification_tests {
-        let repeats = seen.entry(&test.id).or_insert(0);
-        let line = locate_or_mention(text, "id", &test.id, *repeats);
-        *repeats += 1;
-        if *repeats > 1 {
-            return Err(contract_error(
-                path,
-                line,
-                0,
-                &format!("contract `{id}`: test id `{}` appears twice", test.id),
-            ));
+    // Each test id by its folded form, with the position of the first.
+    let mut seen: HashMap<String, (&str, Mark)> = HashMap::new();
+    for (i, test) in contract.falsification_tests.iter().enumerate() {
+        let at = position(tree, &format!("falsification_tests[{i}].id"));
+        if let Some((first, first_at)) = seen.insert(folded(&test.id), (&test.id, at)) {
+            let message = if first == test.id {
+                format!("contract `{id}`: test id `{first}` appears twice")
+            } else {
+                format!(
+                    "contract `{id}`: test id `{}` differs from test id `{first}` (line {}) only \
+                     in case; {CASE_RULE}",
+                    test.id, first_at.line
+                )
+            };
+            return Err(error_at(path, at, &message));
         }
         let backend = contract.backend_of(test);
         if !test.check.supports(backend) {
-            return Err(contract_error(
+            return Err(error_at(
                 path,
-                line,
-                0,
+                at,
                 &format!(
                     "contract `{id}`, test `{}`: check kind `{}` cannot run on `{backend}` (it runs on: {})",
                     test.id,
@@ -589,25 +668,23 @@ fn validate(contract: &Contract, text: &str) -> Result<()> {
     Ok(())
 }
 
-/// Test ids must be unique across all contracts, and contract ids across files.
+/// Test ids must be unique across all contracts, and contract ids across
+/// files, also under case folding.
 fn check_unique_ids(contracts: &[Contract]) -> Vec<Error> {
     let mut errors = Vec::new();
-    let mut tests: HashMap<&str, &Path> = HashMap::new();
-    let mut ids: HashMap<&str, &Path> = HashMap::new();
+    let mut tests: HashMap<String, (&str, &Path)> = HashMap::new();
+    let mut ids: HashMap<String, (&str, &Path)> = HashMap::new();
     for c in contracts {
-        if let Some(first) = ids.insert(&c.metadata.id, &c.path) {
-            errors.push(duplicate_error(
-                c,
-                "id",
-                &c.metadata.id,
-                "contract id",
-                first,
-            ));
+        let id = c.metadata.id.as_str();
+        if let Some(first) = ids.insert(folded(id), (id, &c.path)) {
+            errors.push(duplicate_error(c, "metadata.id", id, "contract id", first));
         }
-        for t in &c.falsification_tests {
-            if let Some(first) = tests.insert(&t.id, &c.path) {
-                if first != c.path {
-                    errors.push(duplicate_error(c, "id", &t.id, "test id", first));
+        for (i, t) in c.falsification_tests.iter().enumerate() {
+            if let Some(first) = tests.insert(folded(&t.id), (&t.id, &c.path)) {
+                // Repeats inside one file were refused when it was read.
+                if first.1 != c.path {
+                    let at = format!("falsification_tests[{i}].id");
+                    errors.push(duplicate_error(c, &at, &t.id, "test id", first));
                 }
             }
         }
@@ -615,22 +692,29 @@ fn check_unique_ids(contracts: &[Contract]) -> Vec<Error> {
     errors
 }
 
-fn duplicate_error(c: &Contract, key: &str, value: &str, what: &str, first: &Path) -> Error {
+/// The error for `what` `value` at `at` (a path) in `c`, whose id (the
+/// same, or the same but for case) `first.1` used first as `first.0`.
+fn duplicate_error(c: &Contract, at: &str, value: &str, what: &str, first: (&str, &Path)) -> Error {
     // The file was read moments ago; if it can no longer be read, line 1
     // still names the file.
-    let line = read_capped(&c.path)
+    let mark = read_capped(&c.path)
         .ok()
         .and_then(|bytes| String::from_utf8(bytes).ok())
-        .map_or(1, |text| locate_or_mention(&text, key, value, 0));
-    contract_error(
-        &c.path,
-        line,
-        0,
-        &format!(
+        .and_then(|text| Tree::read(text.strip_prefix('\u{feff}').unwrap_or(&text)).ok())
+        .map_or(Mark { line: 1, column: 0 }, |tree| position(&tree, at));
+    let (first_id, first_path) = first;
+    let message = if first_id == value {
+        format!(
             "{what} `{value}` is already used in {}; ids must be unique across contracts",
-            first.display()
-        ),
-    )
+            first_path.display()
+        )
+    } else {
+        format!(
+            "{what} `{value}` differs from {what} `{first_id}` of {} only in case; {CASE_RULE}",
+            first_path.display()
+        )
+    };
+    error_at(&c.path, mark, &message)
 }
 
 #[cfg(test)]

@@ -4,10 +4,11 @@ mod discover;
 mod load;
 mod number;
 mod schema;
+mod tree;
 
 pub use crate::check::Backend;
 pub use load::{discover, load_dir, load_file, locate, parse, MAX_CONTRACT_BYTES};
 pub use schema::{
     is_safe_id, Contract, Equation, FalsificationTest, Metadata, ObligationKind, ProofObligation,
-    Requirement, SAFE_ID_RULE,
+    Requirement, MAX_ID_LEN, SAFE_ID_RULE,
 };

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
-use crate::check::params::Positive;
+use crate::check::params::Timeout;
 use crate::check::{Backend, CheckSpec};
 use crate::mutant::Mutant;
 
@@ -37,7 +37,8 @@ pub struct Contract {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Metadata {
-    /// Must equal the file stem, and be a safe id ([`is_safe_id`]).
+    /// Must equal the file stem, and be a safe id ([`is_safe_id`]) of at
+    /// most [`MAX_ID_LEN`] characters.
     #[serde(deserialize_with = "contract_id")]
     pub id: String,
     pub version: String,
@@ -100,7 +101,8 @@ pub enum Requirement {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FalsificationTest {
-    /// Unique across all contracts, and a safe id ([`is_safe_id`]).
+    /// Unique across all contracts (also ignoring case), and a safe id
+    /// ([`is_safe_id`]) of at most [`MAX_ID_LEN`] characters.
     #[serde(deserialize_with = "test_id")]
     pub id: String,
     /// The claim, in words.
@@ -115,9 +117,10 @@ pub struct FalsificationTest {
     /// The injected fault that must make this check falsify (the self-test).
     pub mutant: Mutant,
     /// Seconds a trial of this test may take before it is stopped and
-    /// recorded as an `error`; absent, the check kind's default.
+    /// recorded as an `error`; absent, the check kind's default. At least
+    /// [`crate::check::params::MIN_TIMEOUT_S`].
     #[serde(default)]
-    pub timeout_s: Option<Positive>,
+    pub timeout_s: Option<Timeout>,
     pub check: CheckSpec,
 }
 
@@ -144,6 +147,12 @@ impl Contract {
 /// The characters of a safe id, as error messages and docs state them.
 pub const SAFE_ID_RULE: &str =
     "ASCII letters, digits, `-`, `_` and `.`, starting with a letter or digit";
+
+/// The longest contract or test id, in characters. A trial's name joins a
+/// contract id, a test id and `mutant` with `::`, and travels in argv, file
+/// names (a file name has at most 255 bytes) and CSV cells; real ids have
+/// under 40 characters.
+pub const MAX_ID_LEN: usize = 100;
 
 /// Whether `id` may name a contract or a test: non-empty, only ASCII
 /// letters, digits, `-`, `_` and `.`, and starting with a letter or digit.
@@ -182,7 +191,7 @@ fn unsafe_because(id: &str) -> String {
 /// `id` as a message shows it: anything but printable ASCII escaped (`\n`,
 /// `\u{202e}`), at most 64 characters, so a hostile id can neither garble
 /// nor flood the terminal.
-fn shown(id: &str) -> String {
+pub(crate) fn shown(id: &str) -> String {
     let mut s = String::new();
     for c in id.chars().take(64) {
         if c == ' ' || c.is_ascii_graphic() {
@@ -207,6 +216,14 @@ fn safe_id<'de, D: Deserializer<'de>>(d: D, what: &'static str) -> Result<String
             write!(f, "a {} ({SAFE_ID_RULE})", self.0)
         }
         fn visit_str<E: de::Error>(self, id: &str) -> Result<String, E> {
+            let len = id.chars().count();
+            if len > MAX_ID_LEN {
+                return Err(E::custom(format!(
+                    "{} `{}` is too long: {len} characters, ids have at most {MAX_ID_LEN}",
+                    self.0,
+                    shown(id)
+                )));
+            }
             if is_safe_id(id) {
                 return Ok(id.to_string());
             }

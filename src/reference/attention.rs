@@ -46,7 +46,9 @@ impl AttnShape {
         ((b * self.heads + h) * self.seq + i) * self.seq
     }
 
-    fn check(&self, q: &[f64], k: &[f64], v: &[f64]) -> Result<()> {
+    /// Refuses heads that are not a multiple of kv_heads: each kv head
+    /// serves a whole group of query heads.
+    pub fn check_heads(&self) -> Result<()> {
         if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return Err(Error::InvalidArgument {
                 op: "attention",
@@ -56,6 +58,11 @@ impl AttnShape {
                 ),
             });
         }
+        Ok(())
+    }
+
+    fn check(&self, q: &[f64], k: &[f64], v: &[f64]) -> Result<()> {
+        self.check_heads()?;
         let (b, s, d) = (self.batch, self.seq, self.head_dim);
         expect_len("attention", "q", q.len(), &[b, s, self.heads, d])?;
         expect_len("attention", "k", k.len(), &[b, s, self.kv_heads, d])?;

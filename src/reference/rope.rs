@@ -13,13 +13,19 @@ fn angle(pos: usize, i: usize, head_dim: usize, theta: f64) -> f64 {
     pos as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64)
 }
 
-fn check(len: usize, batch: usize, seq: usize, heads: usize, head_dim: usize) -> Result<()> {
+/// Refuses an odd head_dim: RoPE rotates pairs `(i, i + head_dim / 2)`.
+pub fn check_head_dim(head_dim: usize) -> Result<()> {
     if !head_dim.is_multiple_of(2) {
         return Err(Error::InvalidArgument {
             op: "rope",
             message: format!("head_dim must be even, got {head_dim}"),
         });
     }
+    Ok(())
+}
+
+fn check(len: usize, batch: usize, seq: usize, heads: usize, head_dim: usize) -> Result<()> {
+    check_head_dim(head_dim)?;
     expect_len("rope", "x", len, &[batch, seq, heads, head_dim])
 }
 

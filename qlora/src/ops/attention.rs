@@ -311,7 +311,11 @@ impl Dims {
     }
 }
 
-/// Checks that `sh` is a shape the kernels take (the launchers check it too).
+/// Checks that `sh` is a shape the kernels take (the launchers check it
+/// too, through the same rules): no empty dimension, heads a multiple of
+/// kv_heads (each kv head serves a whole group of query heads), head_dim at
+/// most [`MAX_HEAD_DIM`] (the widest build), heads and batch within the
+/// grid's y and z limits, and every dimension within the kernels' `int`.
 pub fn check_shape(sh: &AttnShape) -> Result<()> {
     validate(sh).map(|_| ())
 }

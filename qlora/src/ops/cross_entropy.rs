@@ -48,6 +48,12 @@ const ROW_THREADS: u32 = 1024;
 /// Threads of the one-block mean kernel.
 const MEAN_THREADS: u32 = 256;
 
+/// Checks that `[rows, vocab]` logits are a shape the cross-entropy kernels
+/// take (the launchers check it too): both > 0 and within the kernels' `int`.
+pub fn check_shape(rows: usize, vocab: usize) -> Result<()> {
+    dims(rows, vocab).map(|_| ())
+}
+
 fn dims(rows: usize, vocab: usize) -> Result<(i32, i32)> {
     if vocab == 0 || rows == 0 {
         return Err(Error::InvalidArgument {

@@ -30,14 +30,19 @@ pub const SIGNATURES: &[(&str, Signatures)] = &[
 /// shared match list holds up to 1024 positions, one per thread.
 const ROW_THREADS: u32 = 256;
 
-fn check_hidden(hidden: usize) -> Result<()> {
+/// Checks that `tokens` lookups in a `[vocab, hidden]` table are a shape
+/// the embedding kernels take (the launchers check it too): hidden > 0, and
+/// every dimension within the kernels' `int`.
+pub fn check_shape(tokens: usize, vocab: usize, hidden: usize) -> Result<()> {
     if hidden == 0 {
         return Err(Error::InvalidArgument {
             op: "embedding",
             message: "hidden must be > 0".into(),
         });
     }
-    Ok(())
+    to_i32("embedding", "tokens", tokens)?;
+    to_i32("embedding", "vocab", vocab)?;
+    to_i32("embedding", "hidden", hidden).map(|_| ())
 }
 
 /// `y[t, :] = table[tokens[t], :]`; `table` `[vocab, hidden]`, `y`
@@ -51,7 +56,7 @@ pub fn forward(
     tokens: &CudaView<'_, u32>,
     y: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
-    check_hidden(hidden)?;
+    check_shape(tokens.len(), vocab, hidden)?;
     let ntok = tokens.len();
     expect_len("embedding", "table", table.len(), &[vocab, hidden])?;
     expect_len("embedding", "y", y.len(), &[ntok, hidden])?;
@@ -89,7 +94,7 @@ pub fn backward(
     tokens: &CudaView<'_, u32>,
     dtable: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
-    check_hidden(hidden)?;
+    check_shape(tokens.len(), vocab, hidden)?;
     let ntok = tokens.len();
     expect_len("embedding", "dy", dy.len(), &[ntok, hidden])?;
     expect_len("embedding", "dtable", dtable.len(), &[vocab, hidden])?;

@@ -309,6 +309,24 @@ pub fn gemm_backward(
     nf4_gemm(gpu, Nf4Gemm::Backward, dy, w, dx, (m, n, k), len)
 }
 
+/// Checks that `(m, n, k)` is a shape the fused NF4 GEMMs take (their
+/// launchers check it too): `W` (`[n, k]`) a whole number of NF4 blocks
+/// ([`check_len`]), m > 0, every dimension within the kernels' `int`, and
+/// m within the grid's y limit (one block row per `TILE` rows).
+pub fn check_gemm_shape(op: &'static str, m: usize, n: usize, k: usize) -> Result<()> {
+    check_len(op, n.saturating_mul(k))?;
+    if m == 0 {
+        return Err(Error::InvalidArgument {
+            op,
+            message: "m must be > 0".into(),
+        });
+    }
+    to_i32(op, "m", m)?;
+    to_i32(op, "n", n)?;
+    to_i32(op, "k", k)?;
+    grid_dim(op, "rows", m.div_ceil(TILE as usize), 65_535).map(|_| ())
+}
+
 fn nf4_gemm(
     gpu: &mut GpuContext,
     which: Nf4Gemm,
@@ -322,7 +340,7 @@ fn nf4_gemm(
         Nf4Gemm::Forward => ("nf4_gemm_fwd", "nf4_gemm_fwd_f32"),
         Nf4Gemm::Backward => ("nf4_gemm_bwd", "nf4_gemm_bwd_f32"),
     };
-    check_len(op, n * k)?;
+    check_gemm_shape(op, m, n, k)?;
     check_device(op, w)?;
     // Forward reads x[m, k] and writes y[m, n]; backward reads dy[m, n] and
     // writes dx[m, k].
@@ -392,6 +410,17 @@ fn nf4_gemm(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gemm_shapes_the_kernels_cannot_take_are_refused() {
+        assert!(check_gemm_shape("nf4_gemm", 32, 4864, 896).is_ok());
+        let e = check_gemm_shape("nf4_gemm", 4, 3, 33)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("multiple of 64"), "{e}");
+        assert!(check_gemm_shape("nf4_gemm", 0, 64, 64).is_err());
+        assert!(check_gemm_shape("nf4_gemm", 1 << 24, 64, 64).is_err());
+    }
 
     #[test]
     fn packing_round_trips_and_puts_even_elements_low() {

@@ -222,6 +222,13 @@ fn row_loop_config(
     launch_config_rows(blocks, threads)
 }
 
+/// Checks that `[rows, hidden]` is a shape the RMSNorm kernels take (the
+/// launchers check it too): hidden in `1..=`[`MAX_HIDDEN`] (the widest row
+/// the register-held backward holds), rows within the kernels' `int`.
+pub fn check_shape(rows: usize, hidden: usize) -> Result<()> {
+    check_dims(rows, hidden).map(|_| ())
+}
+
 fn check_dims(rows: usize, hidden: usize) -> Result<(i32, i32)> {
     if hidden == 0 || hidden > MAX_HIDDEN {
         return Err(Error::InvalidArgument {
@@ -481,6 +488,19 @@ fn dgamma_final(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shapes_the_kernels_cannot_take_are_refused() {
+        assert!(check_shape(300, MAX_HIDDEN).is_ok());
+        assert!(check_shape(1, MAX_HIDDEN + 1).is_err());
+        assert!(check_shape(1 << 31, 64).is_err());
+        assert!(crate::ops::softmax::check_shape(4, 0).is_err());
+        assert!(crate::ops::softmax::check_shape(4, 7).is_ok());
+        assert!(crate::ops::cross_entropy::check_shape(0, 7).is_err());
+        assert!(crate::ops::embedding::check_shape(8, 100, 0).is_err());
+        assert!(crate::ops::embedding::check_shape(8, 1 << 31, 4).is_err());
+        assert!(crate::ops::embedding::check_shape(8, 100, 4).is_ok());
+    }
 
     #[test]
     fn each_row_width_takes_the_narrowest_build_that_holds_it() {

@@ -153,7 +153,12 @@ impl QkvShape {
         self.u_col() + 2 * self.rank
     }
 
-    fn check(&self) -> Result<()> {
+    /// Checks that this is a shape the fused q/k/v epilogues take (their
+    /// launchers check it too): an even head_dim of at most 256, rows a
+    /// multiple of seq, a power-of-two rank of at most [`QKV_MAX_RANK`], and
+    /// the backward's rows of `dq | dv` within the shared memory a block
+    /// gets without opting in.
+    pub fn check(&self) -> Result<()> {
         let ok = self.head_dim > 0
             && self.head_dim.is_multiple_of(2)
             && self.head_dim / 2 <= QKV_MAX_HALF
@@ -327,6 +332,28 @@ pub fn qkv_backward(
 }
 
 /// The dimensions of a RoPE launch.
+/// Checks that `x` of `[batch, seq, heads, head_dim]` is a shape the RoPE
+/// kernels take (the launchers check it too): head_dim even (the kernels
+/// rotate pairs `(i, i + head_dim / 2)`) and > 0, seq, heads and head_dim
+/// within the kernels' `int`, and at most [`super::launch::MAX_ELEMENTS`]
+/// pairs.
+pub fn check_shape(batch: usize, seq: usize, heads: usize, head_dim: usize) -> Result<()> {
+    if head_dim == 0 || !head_dim.is_multiple_of(2) {
+        return Err(Error::InvalidArgument {
+            op: "rope",
+            message: format!("head_dim must be even and > 0, got {head_dim}"),
+        });
+    }
+    to_i32("rope", "seq", seq)?;
+    to_i32("rope", "heads", heads)?;
+    to_i32("rope", "head_dim", head_dim)?;
+    let pairs = [batch, seq, heads, head_dim / 2]
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .unwrap_or(usize::MAX);
+    elements("rope", pairs).map(|_| ())
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RopeDims {
     batch: usize,
@@ -350,12 +377,7 @@ fn launch(
     theta: f64,
     y: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
-    if d.head_dim == 0 || !d.head_dim.is_multiple_of(2) {
-        return Err(Error::InvalidArgument {
-            op: "rope",
-            message: format!("head_dim must be even and > 0, got {}", d.head_dim),
-        });
-    }
+    check_shape(d.batch, d.seq, d.heads, d.head_dim)?;
     if !(theta.is_finite() && theta > 0.0) {
         return Err(Error::InvalidArgument {
             op: "rope",
@@ -442,6 +464,31 @@ pub fn backward(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shapes_the_kernels_cannot_take_are_refused() {
+        assert!(check_shape(4, 256, 14, 64).is_ok());
+        let e = check_shape(2, 7, 3, 33).unwrap_err().to_string();
+        assert!(e.contains("head_dim must be even"), "{e}");
+        assert!(check_shape(1 << 20, 1 << 20, 1, 2).is_err());
+        let qkv = QkvShape {
+            rows: 14,
+            seq: 7,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 34,
+            rank: 4,
+        };
+        assert!(qkv.check().is_ok());
+        assert!(QkvShape { rank: 3, ..qkv }.check().is_err());
+        assert!(QkvShape { rows: 15, ..qkv }.check().is_err());
+        assert!(QkvShape {
+            head_dim: 33,
+            ..qkv
+        }
+        .check()
+        .is_err());
+    }
 
     #[test]
     fn the_angle_table_holds_reduced_sines_then_cosines() {

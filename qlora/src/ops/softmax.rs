@@ -26,6 +26,12 @@ pub const SIGNATURES: Signatures = &[
 /// Threads per block (at most; fewer for short rows).
 const ROW_THREADS: u32 = 256;
 
+/// Checks that `[rows, seq]` is a shape the softmax kernels take (the
+/// launchers check it too): seq > 0, both within the kernels' `int`.
+pub fn check_shape(rows: usize, seq: usize) -> Result<()> {
+    dims(rows, seq).map(|_| ())
+}
+
 fn dims(rows: usize, seq: usize) -> Result<(i32, i32)> {
     if seq == 0 {
         return Err(Error::InvalidArgument {

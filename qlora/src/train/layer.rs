@@ -461,7 +461,7 @@ pub(super) fn half_of<'h>(
 }
 
 /// The fused q/k/v projection's layout for `c`.
-fn qkv_shape(c: &ModelConfig) -> QkvShape {
+pub(crate) fn qkv_shape(c: &ModelConfig) -> QkvShape {
     QkvShape {
         rows: c.tokens(),
         seq: c.seq_len,

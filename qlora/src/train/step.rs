@@ -252,6 +252,7 @@ impl GpuTrainer {
                 got: format!("those of model {}", trainable.config.name),
             });
         }
+        check_shapes(cfg)?;
         let options = honoured_options(gpu, options)?;
         refuse_if_too_big(gpu, cfg, &options)?;
         let (base, params, setup) = prewarm_then_upload(gpu, cfg, &options, seed, trainable)?;
@@ -379,6 +380,7 @@ impl GpuTrainer {
             });
         }
         let cfg = self.cfg.with_seq_len(seq_len);
+        check_shapes(&cfg)?;
         self.graph = None;
         gpu.synchronize()?;
         let doubled = gpu.faults().activations_doubled;
@@ -619,13 +621,7 @@ impl GpuTrainer {
     }
 
     fn attn_shape(&self) -> AttnShape {
-        AttnShape {
-            batch: self.cfg.batch,
-            seq: self.cfg.seq_len,
-            heads: self.cfg.heads,
-            kv_heads: self.cfg.kv_heads,
-            head_dim: self.cfg.head_dim,
-        }
+        attn_shape(&self.cfg)
     }
 
     /// What every layer's launches share in this step's forward and backward.
@@ -956,10 +952,47 @@ fn refuse_if_too_big(gpu: &GpuContext, cfg: &ModelConfig, options: &GpuTrainOpti
     Ok(())
 }
 
+/// One layer's attention at `cfg`'s batch and sequence length.
+fn attn_shape(cfg: &ModelConfig) -> AttnShape {
+    AttnShape {
+        batch: cfg.batch,
+        seq: cfg.seq_len,
+        heads: cfg.heads,
+        kv_heads: cfg.kv_heads,
+        head_dim: cfg.head_dim,
+    }
+}
+
+/// Checks that the step's kernels take `cfg` at its batch and sequence
+/// length (a trainer checks it too, before it allocates anything): one
+/// layer's attention ([`crate::ops::attention::check_shape`]) and fused
+/// q/k/v epilogue ([`crate::ops::rope::QkvShape::check`]), and the norms,
+/// the embedding and the cross-entropy over its `batch x seq_len` tokens.
+pub fn check_shapes(cfg: &ModelConfig) -> Result<()> {
+    let tokens = cfg.batch.saturating_mul(cfg.seq_len);
+    crate::ops::attention::check_shape(&attn_shape(cfg))?;
+    super::layer::qkv_shape(cfg).check()?;
+    rmsnorm::check_shape(tokens, cfg.hidden)?;
+    embedding::check_shape(tokens, cfg.vocab, cfg.hidden)?;
+    cross_entropy::check_shape(tokens, cfg.vocab)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::Faults;
+
+    #[test]
+    fn presets_fit_the_kernels_and_a_batch_past_the_grid_does_not() {
+        for preset in crate::model::PRESETS {
+            assert!(check_shapes(&preset).is_ok(), "{}", preset.name);
+        }
+        let tiny = crate::model::PRESETS[0];
+        let e = check_shapes(&tiny.with_batch(70_000).with_seq_len(1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("batch"), "{e}");
+    }
 
     const TF32: (GemmMath, GemmMath) = (GemmMath::Tf32, GemmMath::Tf32);
 

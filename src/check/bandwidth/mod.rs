@@ -20,7 +20,7 @@ use serde::Deserialize;
 use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
 use super::doc::PASSES;
 
-use super::op::Pass;
+use super::op::{Op, Pass};
 use super::params::{at_most, gpu_shortfall, Count, Fraction, Shape};
 use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 use crate::error::Result;
@@ -93,6 +93,21 @@ impl BandwidthOp {
     }
 
     /// Whether a backward kernel exists to time.
+    /// The shape rules of this op's kernels: those of the `op_parity` op
+    /// whose kernels it times ([`Op::check_stack_shape`]), none for the
+    /// element-wise ones.
+    pub fn check_stack_shape(self, s: &Shape) -> std::result::Result<(), String> {
+        let op = match self {
+            BandwidthOp::Rmsnorm | BandwidthOp::RmsnormResidual => Op::Rmsnorm,
+            BandwidthOp::Rope => Op::Rope,
+            BandwidthOp::CrossEntropy => Op::CrossEntropy,
+            BandwidthOp::Embedding => Op::Embedding,
+            BandwidthOp::Nf4Dequantize => Op::Nf4Dequantize,
+            _ => return Ok(()),
+        };
+        op.check_stack_shape(s)
+    }
+
     pub fn has_backward(self) -> bool {
         matches!(
             self,
@@ -229,15 +244,9 @@ impl Validate for Params {
         if self.repeats.0 < 5 {
             return Err("`repeats` must be at least 5 for a median and its interval".into());
         }
-        if self.op == BandwidthOp::Rope && !self.shape.dim("head_dim").is_multiple_of(2) {
-            return Err("rope needs an even head_dim".into());
-        }
-        if self.op == BandwidthOp::Nf4Dequantize
-            && !(self.shape.dim("rows") * self.shape.dim("cols")).is_multiple_of(64)
-        {
-            return Err("nf4_dequantize needs rows * cols to be a multiple of 64".into());
-        }
-        Ok(())
+        self.op
+            .check_stack_shape(&self.shape)
+            .map_err(|e| format!("shape {}: {e}", self.shape))
     }
 }
 
@@ -393,6 +402,14 @@ mod tests {
         assert!(parse("op: adamw\nshape: {n: 4}\nmin_fraction: 1.5").is_err());
         assert!(parse("op: adamw\nshape: {n: 4}\nmin_fraction: 0.7\nrepeats: 3").is_err());
         assert!(parse("op: adamw\nshape: {n: 4}\nmin_fraction: 0.7\nspeed: 3").is_err());
+        // The kernels' own shape rules, from the stack.
+        let rope = "op: rope\nshape: {batch: 1, seq: 2, heads: 1, head_dim: 3}\nmin_fraction: 0.7";
+        let e = parse(rope).unwrap_err();
+        assert!(e.contains("head_dim must be even"), "{e}");
+        let nf4 = "op: nf4_dequantize\nshape: {rows: 3, cols: 33}\nmin_fraction: 0.7";
+        assert!(parse(nf4).unwrap_err().contains("multiple of 64"));
+        let wide = "op: rmsnorm\nshape: {rows: 4, hidden: 9000}\nmin_fraction: 0.7";
+        assert!(parse(wide).unwrap_err().contains("hidden must be in 1..=8192"));
     }
 
     #[test]

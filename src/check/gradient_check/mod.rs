@@ -128,9 +128,11 @@ impl Validate for Params {
                     return Err("op `nf4_gemm` has no CPU reference backward to check".into());
                 }
                 at_most("shapes", self.shapes.len(), MAX_SHAPES)?;
-                for s in &self.shapes {
+                for (i, s) in self.shapes.iter().enumerate() {
                     s.expect_dims(op.dims())
-                        .map_err(|e| format!("op `{op}`: {e}"))?;
+                        .map_err(|e| format!("op `{op}` {e}"))
+                        .and_then(|()| op.check_reference_shape(s))
+                        .map_err(|e| format!("shapes[{i}] {s}: {e}"))?;
                 }
                 self.within_work(*op)
             }

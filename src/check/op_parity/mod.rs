@@ -142,28 +142,32 @@ impl Validate for Params {
         if self.pass == Pass::Backward && !self.op.has_backward() {
             return Err(format!("op `{}` has no backward pass", self.op));
         }
-        for s in self
-            .shapes
-            .iter()
-            .chain(self.refuse.iter().map(|r| &r.shape))
-        {
+        for (name, s) in self.all_shapes() {
             s.expect_dims(self.op.dims())
-                .map_err(|e| format!("op `{}`: {e}", self.op))?;
+                .map_err(|e| format!("{name}: op `{}` {e}", self.op))?;
         }
         at_most("shapes", self.shapes.len(), MAX_SHAPES)?;
         at_most("refuse", self.refuse.len(), MAX_SHAPES)?;
-        self.within_bounds()
+        self.within_bounds()?;
+        // The shapes the op must take (the refusals are meant to be refused).
+        for (i, s) in self.shapes.iter().enumerate() {
+            self.op
+                .check_stack_shape(s)
+                .map_err(|e| format!("shapes[{i}] {s}: {e}"))?;
+        }
+        Ok(())
     }
 }
 
 impl Params {
-    /// Every shape, the refusals after the shapes, named as in the contract.
+    /// Every shape, the refusals after the shapes, named as in the contract
+    /// (the loader locates an error at the parameter it names first).
     fn all_shapes(&self) -> impl Iterator<Item = (String, &Shape)> {
         let shapes = self.shapes.iter().enumerate();
         let refused = self.refuse.iter().enumerate();
         shapes
             .map(|(i, s)| (format!("shapes[{i}] {s}"), s))
-            .chain(refused.map(|(i, r)| (format!("refuse[{i}] {}", r.shape), &r.shape)))
+            .chain(refused.map(|(i, r)| (format!("refuse[{i}].shape {}", r.shape), &r.shape)))
     }
 
     /// [`MAX_ELEMENTS`] per shape and [`MAX_REFERENCE_WORK`] in all.
@@ -261,7 +265,7 @@ mod tests {
         let e = params("op: nf4_quantize\nshapes: [{rows: 1, cols: 64}]\nrefuse: [{shape: {rows: 1e6, cols: 1e6}, error_contains: x}]")
             .unwrap_err();
         assert!(
-            e.starts_with("refuse[0] {cols=1000000, rows=1000000}: "),
+            e.starts_with("refuse[0].shape {cols=1000000, rows=1000000}: "),
             "{e}"
         );
     }

@@ -155,7 +155,8 @@ impl Validate for Params {
         at_most("repeats", self.repeats.0, MAX_REPEATS)?;
         at_most("warmup", self.warmup.0, MAX_WARMUP)?;
         let tokens = self.model.tokens(self.batch, self.seq_len);
-        at_most("batch x seq_len", tokens, MAX_TOKENS)
+        at_most("batch x seq_len", tokens, MAX_TOKENS)?;
+        self.model.check_sized(self.batch, self.seq_len)
     }
 }
 
