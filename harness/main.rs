@@ -16,8 +16,12 @@
 //! this GPU kind, a configuration that does not fit — is reported ignored and
 //! recorded as `skipped` with the reason, decided before anything runs.
 //! SIGINT or SIGTERM stop the run and keep the rows of the trials that
-//! finished. Results go to `reports/latest/*.csv`; compiled kernel modules
-//! are kept in `target/falsify-kernel-cache/`.
+//! finished. Results go to `reports/latest/*.csv` (checked writable before
+//! any trial runs), and `run.json` lists the trials this process ran or
+//! recorded; compiled kernel modules are kept in
+//! `target/falsify-kernel-cache/`. Under nextest the contracts are read by
+//! each process: their rows' `contract_hash` tells whether all read the same
+//! text.
 
 #[path = "answer.rs"]
 mod answer;

@@ -43,6 +43,7 @@ pub struct RunOptions {
     pub gpu: GpuOptions,
     /// Test ids whose own trial runs with the test's mutant injected: a
     /// rehearsal of a regression (the report must then flag it).
+    /// [`Engine::select`] refuses one that could not take effect.
     pub inject: Vec<String>,
     /// Where trials run: in this process, or each in a child process of its
     /// own (what the CLI and the test runner use).
