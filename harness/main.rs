@@ -16,8 +16,12 @@
 //! this GPU kind, a configuration that does not fit — is reported ignored and
 //! recorded as `skipped` with the reason, decided before anything runs.
 //! SIGINT or SIGTERM stop the run and keep the rows of the trials that
-//! finished. Results go to `reports/latest/*.csv`; compiled kernel modules
-//! are kept in `target/falsify-kernel-cache/`.
+//! finished. Results go to `reports/latest/*.csv` (checked writable before
+//! any trial runs), and `run.json` lists the trials this process ran or
+//! recorded; compiled kernel modules are kept in
+//! `target/falsify-kernel-cache/`. Under nextest the contracts are read by
+//! each process: their rows' `contract_hash` tells whether all read the same
+//! text.
 
 #[path = "answer.rs"]
 mod answer;
@@ -30,7 +34,8 @@ use std::time::Instant;
 use answer::answer;
 use falsify::contract::load_dir;
 use falsify::contract::Backend;
-use falsify::report::Status;
+use falsify::report::terminal::escape_controls;
+use falsify::report::{ReportDir, Status, Written};
 use falsify::run::{
     check_budgets, helper_reply, plan, ChildCommand, Engine, Isolation, RunOptions, TrialSpec,
     DEFAULT_KERNEL_CACHE,
@@ -99,11 +104,47 @@ fn selected(args: &Arguments, spec: &TrialSpec) -> bool {
     filter_ok && !args.skip.iter().any(|s| matches(s))
 }
 
+/// Whether libtest runs `spec` in this process: the filters select it, and
+/// it is not ignored (`why`: why it cannot be judged here), or `--ignored`
+/// asks for exactly the ignored ones, or `--include-ignored` for all.
+fn runs(args: &Arguments, spec: &TrialSpec, why: Option<&str>) -> bool {
+    selected(args, spec) && (args.include_ignored || why.is_some() == args.ignored)
+}
+
+/// Whether this process records `spec` as `skipped` without running it: it
+/// cannot be judged here and libtest does not run it. cargo-nextest never
+/// starts a process for an ignored trial, so under it every process records
+/// all it judged (the same rows each time): a nextest run's report then
+/// holds every trial, as a `cargo test` run's does.
+fn records_skipped(
+    args: &Arguments,
+    spec: &TrialSpec,
+    why: Option<&str>,
+    under_nextest: bool,
+) -> bool {
+    why.is_some()
+        && !args.ignored
+        && !args.include_ignored
+        && (under_nextest || selected(args, spec))
+}
+
+/// Prints `error: {e}` on stderr, contract text escaped.
+fn print_error(e: &dyn std::fmt::Display) {
+    eprintln!("error: {}", escape_controls(&e.to_string()));
+}
+
+/// Prints what writing the reports did besides writing the rows.
+fn print_messages(written: &Written) {
+    for m in written.messages() {
+        eprintln!("{}", escape_controls(&m));
+    }
+}
+
 fn main() -> ExitCode {
     let process_start = Instant::now();
     let argv: Vec<String> = std::env::args().collect();
     // A trial process or a data-parallel rank: run it, answer on stdout.
-    if let Some(reply) = helper_reply(&argv, process_start) {
+    if let Some(reply) = helper_reply(&argv, &mut std::io::stdin().lock(), process_start) {
         return answer(reply);
     }
     let nextest = nextest();
@@ -113,7 +154,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(errors) => {
             for e in &errors {
-                eprintln!("error: {e}");
+                print_error(e);
             }
             eprintln!(
                 "{} invalid contract file(s) in {}",
@@ -127,7 +168,7 @@ fn main() -> ExitCode {
     let options = match run_options(&dir, nextest.as_ref(), process_start) {
         Ok(options) => options,
         Err(e) => {
-            eprintln!("error: {e}");
+            print_error(&e);
             return ExitCode::FAILURE;
         }
     };
@@ -137,7 +178,7 @@ fn main() -> ExitCode {
         let over = check_budgets(chosen, &engine);
         if !over.is_empty() {
             for e in &over {
-                eprintln!("error: {e}");
+                print_error(e);
             }
             eprintln!(
                 "{} trial(s) would need more than this machine has",
@@ -161,9 +202,9 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let listing = args.list;
-    if nextest.is_some() && !listing {
-        if let Err(e) = guard_nextest_trial(&args, &specs, &unjudged, &engine) {
-            eprintln!("error: could not write the report: {e}");
+    if !listing {
+        if let Err(e) = prepare(&args, &specs, &unjudged, &engine, nextest.is_some()) {
+            print_error(&format!("{e}; no trial was run"));
             return ExitCode::FAILURE;
         }
     }
@@ -173,21 +214,18 @@ fn main() -> ExitCode {
     }
 
     // Ignored trials never ran; record them as skipped, with the reason.
-    // cargo-nextest never starts a process for an ignored trial, so under it
-    // every process records all it judged (the same rows each time): a
-    // nextest run's report then holds every trial, as a `cargo test` run's does.
-    if !args.ignored && !args.include_ignored {
-        let mut reasons: std::collections::BTreeMap<&str, usize> = Default::default();
-        for (spec, why) in specs.iter().zip(&unjudged) {
-            let recorded = nextest.is_some() || selected(&args, spec);
-            if let Some(reason) = why.as_deref().filter(|_| recorded) {
-                engine.skip(spec, reason);
-                *reasons.entry(reason).or_default() += 1;
-            }
+    let mut reasons: std::collections::BTreeMap<&str, usize> = Default::default();
+    for (spec, why) in specs.iter().zip(&unjudged) {
+        if let Some(reason) = why
+            .as_deref()
+            .filter(|w| records_skipped(&args, spec, Some(w), nextest.is_some()))
+        {
+            engine.skip(spec, reason);
+            *reasons.entry(reason).or_default() += 1;
         }
-        for (reason, n) in reasons {
-            eprintln!("{n} trial(s) ignored: {reason}");
-        }
+    }
+    for (reason, n) in reasons {
+        eprintln!("{n} trial(s) ignored: {}", escape_controls(reason));
     }
     let ran = conclusion.num_passed + conclusion.num_failed;
     if ran == 0 && conclusion.num_ignored == 0 {
@@ -195,9 +233,12 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     match engine.write_reports(&specs) {
-        Ok(path) => eprintln!("report: {}", path.display()),
+        Ok(written) => {
+            print_messages(&written);
+            eprintln!("report: {}", written.path.display());
+        }
         Err(e) => {
-            eprintln!("error: could not write the report: {e}");
+            print_error(&e);
             return ExitCode::FAILURE;
         }
     }
@@ -258,6 +299,33 @@ fn run_options(
     Ok(options)
 }
 
+/// Before any trial runs: records which trials this process runs or
+/// records (run.json lists them), makes sure the reports can be written,
+/// and under cargo-nextest guards the one trial this process runs.
+fn prepare(
+    args: &Arguments,
+    specs: &[TrialSpec],
+    unjudged: &[Option<String>],
+    engine: &Arc<Engine>,
+    under_nextest: bool,
+) -> falsify::error::Result<()> {
+    let chosen: Vec<&TrialSpec> = specs
+        .iter()
+        .zip(unjudged)
+        .filter(|(s, why)| {
+            let why = why.as_deref();
+            runs(args, s, why) || records_skipped(args, s, why, under_nextest)
+        })
+        .map(|(s, _)| s)
+        .collect();
+    engine.select(&chosen)?;
+    ReportDir::new(&engine.options().out_dir).check_writable()?;
+    if under_nextest {
+        guard_nextest_trial(args, specs, unjudged, engine)?;
+    }
+    Ok(())
+}
+
 /// Under cargo-nextest, for the one trial this process runs: records its
 /// `error` row before it starts (the real row replaces it; should the
 /// process die, the row says so), and starts a watchdog that records a
@@ -268,20 +336,22 @@ fn guard_nextest_trial(
     unjudged: &[Option<String>],
     engine: &Arc<Engine>,
 ) -> falsify::error::Result<()> {
-    let mut runs = specs.iter().zip(unjudged).filter(|(s, why)| {
-        selected(args, s) && (args.include_ignored || why.is_some() == args.ignored)
-    });
-    let (Some((spec, _)), None) = (runs.next(), runs.next()) else {
+    let mut running = specs
+        .iter()
+        .zip(unjudged)
+        .filter(|(s, why)| runs(args, s, why.as_deref()));
+    let (Some((spec, _)), None) = (running.next(), running.next()) else {
         // Not one trial: an ordinary libtest run under nextest's environment.
         return Ok(());
     };
     let timeout = spec.timeout();
-    engine.write_provisional(
+    let written = engine.write_provisional(
         spec,
         "the trial's process ended before it recorded a result (a crash, or stopped \
          by the test runner); the runner's output for this test names the cause",
         specs,
     )?;
+    print_messages(&written);
     let (engine, spec, all) = (Arc::clone(engine), spec.clone(), specs.to_vec());
     std::thread::spawn(move || {
         std::thread::sleep(timeout);
@@ -289,9 +359,9 @@ fn guard_nextest_trial(
             "timed out: still running after {:.0} s, stopped",
             timeout.as_secs_f64()
         );
-        eprintln!("error: {}: {why}", spec.name);
+        print_error(&format!("{}: {why}", spec.name));
         if let Err(e) = engine.write_provisional(&spec, &why, &all) {
-            eprintln!("error: could not write the report: {e}");
+            print_error(&e);
         }
         std::process::exit(124);
     });
@@ -304,14 +374,16 @@ fn make_trial(spec: &TrialSpec, engine: &Arc<Engine>, ignored: bool) -> Trial {
     let owned = spec.clone();
     Trial::test(spec.name.clone(), move || {
         let outcome = engine.run(&owned);
+        // Contract text in a message is escaped: it reaches the terminal.
+        let (summary, detail) = (
+            escape_controls(&outcome.summary),
+            escape_controls(&outcome.detail),
+        );
         match outcome.status {
             Status::Passed => Ok(()),
-            Status::Skipped => Err(Failed::from(format!("skipped: {}", outcome.summary))),
-            Status::Falsified => Err(Failed::from(format!(
-                "falsified: {}\n{}",
-                outcome.summary, outcome.detail
-            ))),
-            Status::Error => Err(Failed::from(format!("error: {}", outcome.detail))),
+            Status::Skipped => Err(Failed::from(format!("skipped: {summary}"))),
+            Status::Falsified => Err(Failed::from(format!("falsified: {summary}\n{detail}"))),
+            Status::Error => Err(Failed::from(format!("error: {detail}"))),
         }
     })
     .with_kind(kind)

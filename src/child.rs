@@ -1,11 +1,12 @@
 //! A child process of this executable, as the trial processes
 //! (`run::isolate`) and the data-parallel ranks (`ranks`) run them: started
-//! in a process group of its own with its output pipes drained, polled,
-//! stopped with its whole group, and its reply read from the line of its
-//! stdout that starts with a marker.
+//! in a process group of its own with its request on stdin and its output
+//! pipes drained, bound to die with its parent, polled, stopped with its
+//! whole group, and its reply read from the line of its stdout that starts
+//! with a marker.
 
-use std::io::Read;
-use std::process::{Child, Command, Stdio};
+use std::io::{Read, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -14,29 +15,43 @@ use serde::de::DeserializeOwned;
 /// How often a parent looks at its running children.
 pub const POLL: Duration = Duration::from_millis(10);
 
-/// A started child and the threads draining its stdout and stderr.
+/// A started child and the threads feeding its stdin and draining its
+/// stdout and stderr.
 pub struct Piped {
     pub child: Child,
+    stdin: Option<JoinHandle<()>>,
     stdout: Option<JoinHandle<Vec<u8>>>,
     stderr: Option<JoinHandle<Vec<u8>>>,
 }
 
 impl Piped {
-    /// Starts `cmd` with no stdin, its stdout and stderr piped and drained,
-    /// in a process group of its own, so stopping it stops whatever it
-    /// started too (a grandchild holding the pipes open would otherwise keep
-    /// the parent waiting), and a terminal's Ctrl-C reaches the parent only,
+    /// Starts `cmd` with `input` on its stdin (written on a thread of its
+    /// own, then closed: a request of any size, where one command-line
+    /// argument is bounded), its stdout and stderr piped and drained, in a
+    /// process group of its own, so stopping it stops whatever it started
+    /// too (a grandchild holding the pipes open would otherwise keep the
+    /// parent waiting), and a terminal's Ctrl-C reaches the parent only,
     /// which then stops the child itself.
-    pub fn start(cmd: &mut Command) -> std::io::Result<Piped> {
-        cmd.stdin(Stdio::null())
+    ///
+    /// The child dies with this process, whatever ends it (SIGKILL
+    /// included; see `die_with_parent`). On Linux the kernel sends that
+    /// signal when the *thread* that started the child ends, so a `Piped`
+    /// is waited for, or stopped, on the thread that started it: both
+    /// users do (`run::isolate::run_in_child` starts, polls and reaps its
+    /// trial process on one thread, `ranks::launch` its ranks).
+    pub fn start(cmd: &mut Command, input: Vec<u8>) -> std::io::Result<Piped> {
+        cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         own_process_group(cmd);
+        die_with_parent(cmd);
         let mut child = cmd.spawn()?;
+        let stdin = feed(child.stdin.take(), input);
         let stdout = drain(child.stdout.take());
         let stderr = drain(child.stderr.take());
         Ok(Piped {
             child,
+            stdin,
             stdout,
             stderr,
         })
@@ -53,6 +68,11 @@ impl Piped {
 
     /// What the child wrote to stdout and stderr, once it has exited.
     pub fn output(self) -> (String, String) {
+        // The writer ends once the child has read its input or is gone
+        // (its pipe then breaks); how it ended changes nothing here.
+        if let Some(h) = self.stdin {
+            let _ = h.join();
+        }
         (join(self.stdout), join(self.stderr))
     }
 }
@@ -65,6 +85,41 @@ pub fn marked_reply<T: DeserializeOwned>(out: &str, marker: &str) -> Option<serd
         .find_map(|l| l.strip_prefix(marker))
         .map(serde_json::from_str::<T>)
 }
+
+/// Makes the child die with this process: the kernel sends it SIGKILL
+/// when the thread that started it ends, however this process ends
+/// (SIGKILL, a crash, an exit). A parent that died between the fork and
+/// this hook would never send that signal, so the child then refuses to
+/// start. Elsewhere than Linux, a child outlives a parent killed with
+/// SIGKILL.
+#[cfg(target_os = "linux")]
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id();
+    let hook = move || {
+        let (signal, unused): (libc::c_ulong, libc::c_ulong) = (libc::SIGKILL as _, 0);
+        // SAFETY: prctl(PR_SET_PDEATHSIG) changes a flag of the calling
+        // process only; its arguments are plain integers.
+        let armed = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, signal, unused, unused, unused) };
+        if armed != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: getppid(2) cannot fail and touches no memory.
+        let ppid = unsafe { libc::getppid() };
+        if u32::try_from(ppid).ok() != Some(parent) {
+            // Re-parented already: the parent is gone.
+            return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the child between fork and exec, where only
+    // async-signal-safe work is sound: it makes two system calls and builds
+    // an error from an errno, allocating nothing and taking no lock.
+    unsafe { cmd.pre_exec(hook) };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_cmd: &mut Command) {}
 
 #[cfg(unix)]
 fn own_process_group(cmd: &mut Command) {
@@ -91,6 +146,19 @@ fn kill_group(_child: &Child) {}
 
 /// The most bytes of a child's stderr an error quotes.
 pub const STDERR_TAIL: usize = 600;
+
+/// Writes `input` to the child's stdin on a thread of its own and closes
+/// it, so a child that reads slowly never blocks the parent. A child that
+/// exits without reading it all breaks the pipe, which ends the writer.
+fn feed(pipe: Option<ChildStdin>, input: Vec<u8>) -> Option<JoinHandle<()>> {
+    pipe.map(|mut p| {
+        std::thread::spawn(move || {
+            // A broken pipe: the child did not want (all of) it, and its
+            // exit, not this write, says what went wrong.
+            let _ = p.write_all(&input);
+        })
+    })
+}
 
 /// Reads a pipe to its end on a thread of its own, so a child that writes a
 /// lot never blocks on a full pipe while the parent waits.

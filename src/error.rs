@@ -49,6 +49,26 @@ pub enum Error {
         message: String,
     },
 
+    /// A folder the reports cannot be written into (a file in the way, a
+    /// folder that cannot be created or written).
+    #[error("{}: {message}", path.display())]
+    ReportDir { path: PathBuf, message: String },
+
+    /// A run's reports could not be written where it was told to write
+    /// them; `message` says why, and where the rows went instead
+    /// (`fallback`, when that could be written).
+    #[error("could not write the reports into {}: {message}", out.display())]
+    NotWritten {
+        out: PathBuf,
+        message: String,
+        fallback: Option<PathBuf>,
+    },
+
+    /// An injected mutant (`--inject`) that could not take effect in the
+    /// run: its test's trial is not selected, or cannot be judged here.
+    #[error("{0}")]
+    Inject(String),
+
     /// A run selected no trial at all (an empty directory or a filter matching nothing).
     #[error("no trials selected: {0}")]
     NothingSelected(String),

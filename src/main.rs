@@ -7,14 +7,16 @@ mod answer;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use answer::answer;
-use anyhow::{bail, Context};
-use clap::{Parser, Subcommand};
+use anyhow::{anyhow, bail, Context};
+use clap::{Args, Parser, Subcommand};
 use falsify::contract::load_dir;
 use falsify::report::compare::{Verdict, EXIT_NO_VERDICT};
 use falsify::report::markdown::write_report;
-use falsify::report::Status;
+use falsify::report::terminal::escape_controls;
+use falsify::report::{ReportDir, Status};
 use falsify::run::{
     check_budgets, helper_reply, plan, ChildCommand, Engine, Isolation, RunOptions, TrialOutcome,
     TrialSpec,
@@ -33,34 +35,39 @@ struct Cli {
     command: Command,
 }
 
+/// The options of `falsify run`.
+#[derive(Args)]
+struct RunArgs {
+    /// Directory of contract files.
+    #[arg(long, default_value = "contracts")]
+    contracts: PathBuf,
+    /// Run only trials whose name contains this text.
+    #[arg(long)]
+    filter: Option<String>,
+    /// Where the CSV reports are written.
+    #[arg(long, default_value = "reports/latest")]
+    out: PathBuf,
+    /// Mixed into every trial's seed; change it to draw different inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Skip the mutant self-tests.
+    #[arg(long)]
+    no_mutants: bool,
+    /// Run this test with its mutant injected, to rehearse a regression
+    /// (repeatable; the row says so in its detail). The test's own trial
+    /// must be selected and runnable here.
+    #[arg(long, value_name = "TEST_ID")]
+    inject: Vec<String>,
+    /// Where compiled kernel modules are kept between trial processes
+    /// (git-ignored under target/; `cargo clean` empties it).
+    #[arg(long, default_value = falsify::run::DEFAULT_KERNEL_CACHE)]
+    kernel_cache: PathBuf,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the contracts' falsification tests and their mutant self-tests.
-    Run {
-        /// Directory of contract files.
-        #[arg(long, default_value = "contracts")]
-        contracts: PathBuf,
-        /// Run only trials whose name contains this text.
-        #[arg(long)]
-        filter: Option<String>,
-        /// Where the CSV reports are written.
-        #[arg(long, default_value = "reports/latest")]
-        out: PathBuf,
-        /// Mixed into every trial's seed; change it to draw different inputs.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Skip the mutant self-tests.
-        #[arg(long)]
-        no_mutants: bool,
-        /// Run this test with its mutant injected, to rehearse a regression
-        /// (repeatable; the row says so in its detail).
-        #[arg(long, value_name = "TEST_ID")]
-        inject: Vec<String>,
-        /// Where compiled kernel modules are kept between trial processes
-        /// (git-ignored under target/; `cargo clean` empties it).
-        #[arg(long, default_value = falsify::run::DEFAULT_KERNEL_CACHE)]
-        kernel_cache: PathBuf,
-    },
+    Run(RunArgs),
     /// List the trials the contracts define.
     List {
         #[arg(long, default_value = "contracts")]
@@ -96,16 +103,39 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let argv: Vec<String> = std::env::args().collect();
     // A trial process or a data-parallel rank: run it, answer on stdout.
-    if let Some(reply) = helper_reply(&argv, process_start) {
+    if let Some(reply) = helper_reply(&argv, &mut std::io::stdin().lock(), process_start) {
         return answer(reply);
     }
     match real_main() {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", escape_controls(&error_text(&e)));
             ExitCode::FAILURE
         }
     }
+}
+
+/// `e` and its causes on one line, each said once: an error that already
+/// quotes its cause (a file error quotes the OS error) is not followed by
+/// it again.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.ends_with(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
+}
+
+/// Prints `error: {e}` on stderr, contract text escaped.
+fn print_error(e: &dyn std::fmt::Display) {
+    eprintln!("error: {}", escape_controls(&e.to_string()));
 }
 
 fn load(contracts: &Path) -> anyhow::Result<Vec<TrialSpec>> {
@@ -113,7 +143,7 @@ fn load(contracts: &Path) -> anyhow::Result<Vec<TrialSpec>> {
         Ok(c) => Ok(plan(c)),
         Err(errors) => {
             for e in &errors {
-                eprintln!("error: {e}");
+                print_error(e);
             }
             bail!(
                 "{} problem(s) in the contracts under {}",
@@ -128,7 +158,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
     match Cli::parse().command {
         Command::List { contracts } => {
             for t in load(&contracts)? {
-                println!("{}: {}", t.name, t.backend);
+                println!("{}: {}", escape_controls(&t.name), t.backend);
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -149,81 +179,122 @@ fn real_main() -> anyhow::Result<ExitCode> {
             print!("{}", falsify::check::reference_markdown());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run {
-            contracts,
-            filter,
-            out,
-            seed,
-            no_mutants,
-            inject,
-            kernel_cache,
-        } => {
-            let all = load(&contracts)?;
-            let selected: Vec<&TrialSpec> = all
-                .iter()
-                .filter(|t| filter.as_deref().is_none_or(|f| t.name.contains(f)))
-                .filter(|t| !(no_mutants && t.selftest))
-                .collect();
-            if selected.is_empty() {
-                bail!(
-                    "no trials selected{}",
-                    filter
-                        .map(|f| format!(" (filter `{f}` matched none of {} trials)", all.len()))
-                        .unwrap_or_default()
-                );
-            }
-            if let Some(unknown) = inject
-                .iter()
-                .find(|id| !all.iter().any(|t| t.test().id == **id))
-            {
-                bail!("--inject {unknown}: no test has that id");
-            }
-            let engine = std::sync::Arc::new(Engine::new(RunOptions {
-                out_dir: out,
-                seed,
-                inject,
-                isolation: Isolation::Child(ChildCommand::current_exe()?),
-                gpu: GpuOptions {
-                    kernel_cache_dir: Some(kernel_cache),
-                    ..GpuOptions::default()
-                },
-                ..RunOptions::default()
-            }));
-            let over = check_budgets(selected.iter().copied(), &engine);
-            if !over.is_empty() {
-                for e in &over {
-                    eprintln!("error: {e}");
-                }
-                bail!(
-                    "{} trial(s) would need more than this machine has",
-                    over.len()
-                );
-            }
-            let stop = std::sync::Arc::clone(&engine);
-            ctrlc::set_handler(move || stop.interrupt())
-                .context("installing the SIGINT/SIGTERM handler")?;
-            let outcomes = run_all(&engine, &selected);
-            let path = engine.write_reports(&all).context("writing the report")?;
-            print_summary(&selected, &outcomes);
-            println!("report: {}", path.display());
-            if engine.was_interrupted() {
-                println!(
-                    "interrupted: {} of {} trials finished; the report holds those",
-                    outcomes.len(),
-                    selected.len()
-                );
-                return Ok(ExitCode::from(130));
-            }
-            let bad = outcomes
-                .iter()
-                .filter(|o| matches!(o.status, Status::Falsified | Status::Error))
-                .count();
-            Ok(if bad == 0 {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+        Command::Run(args) => run(args),
+    }
+}
+
+/// The trials `falsify run` selects: those whose name contains `filter`,
+/// without the self-tests with `no_mutants`. None is an error.
+fn select<'a>(
+    all: &'a [TrialSpec],
+    filter: Option<&str>,
+    no_mutants: bool,
+) -> anyhow::Result<Vec<&'a TrialSpec>> {
+    let selected: Vec<&TrialSpec> = all
+        .iter()
+        .filter(|t| filter.is_none_or(|f| t.name.contains(f)))
+        .filter(|t| !(no_mutants && t.selftest))
+        .collect();
+    if selected.is_empty() {
+        bail!(
+            "no trials selected{}",
+            filter
+                .map(|f| format!(" (filter `{f}` matched none of {} trials)", all.len()))
+                .unwrap_or_default()
+        );
+    }
+    Ok(selected)
+}
+
+/// `falsify run`: everything that can be refused is refused before the
+/// first trial runs (contracts, budgets, an `--inject` that cannot take
+/// effect, an `--out` that cannot be written); then the trials run, the
+/// rows are written (or kept in a fallback folder the error names), and the
+/// summary is printed whatever the write did.
+fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let all = load(&args.contracts)?;
+    let selected = select(&all, args.filter.as_deref(), args.no_mutants)?;
+    if let Some(unknown) = args
+        .inject
+        .iter()
+        .find(|id| !all.iter().any(|t| t.test().id == **id))
+    {
+        bail!("--inject {unknown}: no test has that id");
+    }
+    let engine = Arc::new(Engine::new(RunOptions {
+        out_dir: args.out.clone(),
+        seed: args.seed,
+        inject: args.inject,
+        isolation: Isolation::Child(ChildCommand::current_exe()?),
+        gpu: GpuOptions {
+            kernel_cache_dir: Some(args.kernel_cache),
+            ..GpuOptions::default()
+        },
+        ..RunOptions::default()
+    }));
+    let over = check_budgets(selected.iter().copied(), &engine);
+    if !over.is_empty() {
+        for e in &over {
+            print_error(e);
         }
+        bail!(
+            "{} trial(s) would need more than this machine has",
+            over.len()
+        );
+    }
+    engine
+        .select(&selected)
+        .map_err(|e| anyhow!("{e}; no trial was run"))?;
+    ReportDir::new(&args.out)
+        .check_writable()
+        .map_err(|e| anyhow!("--out {e}; no trial was run"))?;
+    let stop = Arc::clone(&engine);
+    ctrlc::set_handler(move || stop.interrupt())
+        .context("installing the SIGINT/SIGTERM handler")?;
+    let outcomes = run_all(&engine, &selected);
+    Ok(finish(&engine, &all, &selected, &outcomes))
+}
+
+/// After the trials: writes the reports (or says where the rows went
+/// instead), prints the summary whatever the write did, and gives the exit
+/// code: 130 interrupted, 1 when a trial was falsified or errored or the
+/// reports could not be written where asked, else 0.
+fn finish(
+    engine: &Engine,
+    all: &[TrialSpec],
+    selected: &[&TrialSpec],
+    outcomes: &[TrialOutcome],
+) -> ExitCode {
+    let written = engine.write_reports(all);
+    print_summary(selected, outcomes);
+    let unwritten = match written {
+        Ok(w) => {
+            for m in w.messages() {
+                eprintln!("{}", escape_controls(&m));
+            }
+            println!("report: {}", w.path.display());
+            false
+        }
+        Err(e) => {
+            print_error(&e);
+            true
+        }
+    };
+    if engine.was_interrupted() {
+        println!(
+            "interrupted: {} of {} trials finished; the report holds those",
+            outcomes.len(),
+            selected.len()
+        );
+        return ExitCode::from(130);
+    }
+    let bad = outcomes
+        .iter()
+        .any(|o| matches!(o.status, Status::Falsified | Status::Error));
+    if bad || unwritten {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 
@@ -238,7 +309,7 @@ fn run_all(engine: &Engine, trials: &[&TrialSpec]) -> Vec<TrialOutcome> {
     );
     let mut outcomes = Vec::with_capacity(trials.len());
     for t in trials {
-        bar.set_message(t.name.clone());
+        bar.set_message(escape_controls(&t.name).into_owned());
         let before = engine.row_count();
         let outcome = match engine.unjudged(t) {
             Some(reason) => engine.skip(t, &reason),
@@ -249,12 +320,16 @@ fn run_all(engine: &Engine, trials: &[&TrialSpec]) -> Vec<TrialOutcome> {
             break;
         }
         if matches!(outcome.status, Status::Falsified | Status::Error) {
-            bar.println(format!(
-                "{} {}: {}",
-                outcome.status.as_str().to_uppercase(),
-                t.name,
-                outcome.detail
-            ));
+            // On stdout above the bar, and without a terminal too (where
+            // the bar is hidden): a log keeps why a trial failed.
+            bar.suspend(|| {
+                println!(
+                    "{} {}: {}",
+                    outcome.status.as_str().to_uppercase(),
+                    escape_controls(&t.name),
+                    escape_controls(&outcome.detail)
+                );
+            });
         }
         outcomes.push(outcome);
         bar.inc(1);
@@ -263,25 +338,26 @@ fn run_all(engine: &Engine, trials: &[&TrialSpec]) -> Vec<TrialOutcome> {
     outcomes
 }
 
+/// The table of every trial that finished, contract text escaped, and the
+/// counts.
 fn print_summary(trials: &[&TrialSpec], outcomes: &[TrialOutcome]) {
-    let width = trials
+    let names: Vec<String> = trials
         .iter()
-        .map(|t| t.name.len())
-        .max()
-        .unwrap_or(5)
-        .min(70);
+        .map(|t| escape_controls(&t.name).into_owned())
+        .collect();
+    let width = names.iter().map(String::len).max().unwrap_or(5).min(70);
     println!(
         "{:<width$}  {:<4}  {:<9}  measured",
         "trial", "on", "status"
     );
-    for (t, o) in trials.iter().zip(outcomes) {
-        let mut summary = o.summary.clone();
+    for ((t, name), o) in trials.iter().zip(&names).zip(outcomes) {
+        let mut summary = escape_controls(&o.summary).into_owned();
         if summary.chars().count() > 130 {
             summary = summary.chars().take(127).collect::<String>() + "...";
         }
         println!(
             "{:<width$}  {:<4}  {:<9}  {}",
-            t.name,
+            name,
             t.backend,
             o.status.as_str(),
             summary
@@ -337,7 +413,7 @@ const NOT_RUN_SHOWN: usize = 20;
 /// Prints the first [`NOT_RUN_SHOWN`] of `items` as `LABEL item note`.
 fn print_capped(label: &str, note: &str, items: &[String]) {
     for item in items.iter().take(NOT_RUN_SHOWN) {
-        println!("{label} {item}{note}");
+        println!("{label} {}{note}", escape_controls(item));
     }
     if items.len() > NOT_RUN_SHOWN {
         println!(
@@ -356,16 +432,17 @@ fn report(baseline: &Path, current: &Path) -> ExitCode {
         Ok(outcome) => outcome,
         Err(e) => {
             eprintln!(
-                "error: comparing {} with the baseline {}: {e}",
+                "error: comparing {} with the baseline {}: {}",
                 current.display(),
-                baseline.display()
+                baseline.display(),
+                escape_controls(&e.to_string())
             );
             return ExitCode::from(EXIT_NO_VERDICT);
         }
     };
     println!("baseline: {}", outcome.baseline);
     for line in &outcome.evidence {
-        println!("{line}");
+        println!("{}", escape_controls(line));
     }
     for c in &outcome.charts {
         if let Some(file) = &c.file {
@@ -374,10 +451,10 @@ fn report(baseline: &Path, current: &Path) -> ExitCode {
     }
     println!("report: {}", outcome.path.display());
     for r in &outcome.regressions {
-        println!("REGRESSION {r}");
+        println!("REGRESSION {}", escape_controls(&r.to_string()));
     }
     for r in &outcome.speedup_regressions {
-        println!("SPEEDUP REGRESSION {r}");
+        println!("SPEEDUP REGRESSION {}", escape_controls(&r.to_string()));
     }
     print_capped(
         "MISSING",
@@ -386,7 +463,7 @@ fn report(baseline: &Path, current: &Path) -> ExitCode {
     );
     print_capped("NOT RUN", "", &outcome.not_run);
     for gap in &outcome.gaps {
-        println!("{gap}: the run is incomplete, not clean");
+        println!("{}: the run is incomplete, not clean", escape_controls(gap));
     }
     if outcome.verdict == Verdict::Incomplete && !outcome.not_run.is_empty() {
         println!(

@@ -5,7 +5,7 @@
 //! queued), so each rank is a process of its own: the launcher ([`launch`])
 //! makes the NCCL unique id (this process hosts NCCL's bootstrap root until
 //! the ranks have joined), starts its own executable once per rank with
-//! [`RANK_FLAG`] and a [`RankJob`] as JSON, and reads each rank's
+//! [`RANK_FLAG`] and a [`RankJob`] as JSON on its stdin, and reads each rank's
 //! [`RankReply`] from its stdout after [`RANK_REPLY_MARKER`]. A rank that
 //! dies, answers nothing, or outlives the timeout ends the launch with an
 //! error, after every rank has been killed: a collective whose peer is gone
@@ -209,7 +209,7 @@ pub fn launch(job: &RankJob, timeout: Duration) -> Result<Vec<RankReply>> {
             ..job.clone()
         })
         .map_err(|e| bad(e.to_string()))?;
-        match spawn(&program, &json) {
+        match spawn(&program, json) {
             Ok(r) => ranks.push(r),
             Err(e) => {
                 kill_all(&mut ranks);
@@ -227,10 +227,10 @@ pub fn launch(job: &RankJob, timeout: Duration) -> Result<Vec<RankReply>> {
         .collect()
 }
 
-fn spawn(program: &Path, json: &str) -> Result<Piped> {
+fn spawn(program: &Path, json: String) -> Result<Piped> {
     let mut cmd = Command::new(program);
-    cmd.arg(RANK_FLAG).arg(json).env("NCCL_NVLS_ENABLE", "0");
-    Piped::start(&mut cmd).map_err(|e| Error::io(program, e))
+    cmd.arg(RANK_FLAG).env("NCCL_NVLS_ENABLE", "0");
+    Piped::start(&mut cmd, json.into_bytes()).map_err(|e| Error::io(program, e))
 }
 
 /// Polls every rank until all have exited; kills them all as soon as one

@@ -175,7 +175,8 @@ fn a_faulting_kernel_costs_one_error_row_and_the_run_completes() {
 
     let path = engine
         .write_reports(&trials)
-        .expect("the report is written");
+        .expect("the report is written")
+        .path;
     let rows: Vec<FalsificationRow> = read_rows(&path).expect("the report reads back");
     assert_eq!(rows.len(), 6);
     let faulted: Vec<&str> = rows

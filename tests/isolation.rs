@@ -9,6 +9,7 @@
 //! trial process for the others.
 
 mod common;
+mod procs;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -62,10 +63,11 @@ fn contracts_dir() -> tempfile::TempDir {
 
 /// A trial command that runs `action` (shell) for trial `F-ISO-002` and the
 /// real trial process for every other trial. The engine appends the child
-/// flag and the JSON request, which names the trial.
+/// flag and writes the JSON request, which names the trial, to stdin; the
+/// script reads it and hands it on.
 fn breaking(action: &str) -> ChildCommand {
     let script = format!(
-        r#"exe="$1"; shift; case "$2" in *'"trial":"isolation::F-ISO-002"'*) {action};; esac; exec "$exe" "$@""#
+        r#"exe="$1"; shift; req=$(cat); case "$req" in *'"trial":"isolation::F-ISO-002"'*) {action};; esac; printf '%s' "$req" | "$exe" "$@""#
     );
     ChildCommand {
         program: PathBuf::from("sh"),
@@ -156,13 +158,17 @@ fn a_trial_process_without_a_result_costs_one_error_row() {
     assert!(detail.contains("without a result"), "{detail}");
 }
 
-/// `falsify run` stopped with SIGTERM while a trial hangs: the trials that
-/// finished are in the CSV, the rest are absent, run.json says why, and the
+/// `falsify run` stopped with SIGTERM while a trial hangs, into a folder
+/// that holds an earlier complete run: the trials that finished have rows of
+/// this run, the others keep the earlier run's rows (and run id), run.json
+/// says the run is incomplete and lists every trial it selected, and the
 /// exit code is 130.
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 #[test]
 fn an_interrupted_run_keeps_the_finished_trials() {
     let dir = contracts_dir();
+    let out = dir.path().join("latest");
+    let earlier = run_with(dir.path(), breaking("true"));
     // A contract whose second test trains for far longer than the test waits.
     let slow = CONTRACT
         .replace("timeout_s: 2", "timeout_s: 600")
@@ -172,7 +178,6 @@ fn an_interrupted_run_keeps_the_finished_trials() {
         );
     assert_ne!(slow, CONTRACT);
     std::fs::write(dir.path().join("contracts/isolation.yaml"), slow).expect("write");
-    let out = dir.path().join("latest");
     let mut child = Command::new(falsify_exe())
         .arg("run")
         .arg("--contracts")
@@ -184,15 +189,16 @@ fn an_interrupted_run_keeps_the_finished_trials() {
         .spawn()
         .expect("falsify run starts");
     // Stop the run once F-ISO-001 and its self-test have finished and the
-    // trial process of F-ISO-002 (2,000 reference steps, seconds of work) runs.
-    // Both the trial and this test's own output folder, since other tests
-    // start trial processes of the same contract at the same time.
-    let needles = [
-        r#""trial":"isolation::F-ISO-002""#.to_string(),
-        out.display().to_string(),
-    ];
+    // trial process of F-ISO-002 (2,000 reference steps, many seconds of
+    // work) runs: the first trial process of this run that lives for 2 s
+    // (the others take milliseconds).
     assert!(
-        wait_for_trial_process(&needles, Duration::from_secs(60)),
+        procs::settled_trial_process(
+            child.id(),
+            Duration::from_millis(2000),
+            Duration::from_secs(60)
+        )
+        .is_some(),
         "the trial process of F-ISO-002 never started"
     );
     let killed = Command::new("kill")
@@ -203,14 +209,6 @@ fn an_interrupted_run_keeps_the_finished_trials() {
     assert!(killed.success());
     let status = child.wait().expect("falsify run ends");
     assert_eq!(status.code(), Some(130), "{status}");
-    let rows: Vec<FalsificationRow> =
-        read_rows(&out.join("falsification.csv")).expect("the CSV reads back");
-    let ids: Vec<&str> = rows.iter().map(|r| r.test_id.as_str()).collect();
-    assert_eq!(
-        ids,
-        ["F-ISO-001", "F-ISO-001::mutant"],
-        "finished trials only"
-    );
     let record = std::fs::read_to_string(out.join(RUN_JSON)).expect("run.json");
     let meta: RunMeta = serde_json::from_str(&record).expect("run.json parses");
     assert!(
@@ -219,29 +217,33 @@ fn an_interrupted_run_keeps_the_finished_trials() {
             .is_some_and(|w| w.contains("interrupted")),
         "{record}"
     );
-}
-
-/// Waits until a process whose command line contains every one of
-/// `needles` runs (a trial process carries its request, which names the
-/// trial and the output folder); false after `limit`.
-#[cfg(unix)]
-fn wait_for_trial_process(needles: &[String], limit: Duration) -> bool {
-    let started = std::time::Instant::now();
-    while started.elapsed() < limit {
-        let found = std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|entry| {
-                std::fs::read(entry.path().join("cmdline")).is_ok_and(|c| {
-                    let line = String::from_utf8_lossy(&c);
-                    needles.iter().all(|n| line.contains(n.as_str()))
-                })
-            });
-        if found {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let all: Vec<String> = earlier
+        .iter()
+        .map(|r| format!("isolation::{}", r.test_id))
+        .collect();
+    assert_eq!(meta.selected, all, "every trial the run selected");
+    let rows: Vec<FalsificationRow> =
+        read_rows(&out.join("falsification.csv")).expect("the CSV reads back");
+    let this_run: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.run_id == meta.run_id)
+        .map(|r| r.test_id.as_str())
+        .collect();
+    assert_eq!(
+        this_run,
+        ["F-ISO-001", "F-ISO-001::mutant"],
+        "finished trials only"
+    );
+    for id in [
+        "F-ISO-002",
+        "F-ISO-002::mutant",
+        "F-ISO-003",
+        "F-ISO-003::mutant",
+    ] {
+        assert_eq!(
+            common::row_named(&rows, id),
+            common::row_named(&earlier, id),
+            "{id}: the earlier run's row, run id included"
+        );
     }
-    false
 }

@@ -180,6 +180,21 @@ fn two_nextest_shards_merge_into_the_verdicts_of_one_run() {
     assert!(out.status.success(), "{out:?}");
     let expected = rows(whole.path());
     assert_eq!(expected.len(), 4);
+    let selected = |dir: &Path| {
+        falsify::report::meta::RunMeta::read_json(&dir.join("reports/latest"))
+            .expect("run.json reads")
+            .expect("run.json exists")
+            .selected
+    };
+    let all: Vec<String> = expected
+        .iter()
+        .map(|r| format!("quick::{}", r.test_id))
+        .collect();
+    assert_eq!(
+        selected(whole.path()),
+        all,
+        "cargo test records its selection"
+    );
 
     let shards = [
         ("shard-1", ["quick::F-Q-001", "quick::F-Q-002::mutant"]),
@@ -193,6 +208,13 @@ fn two_nextest_shards_merge_into_the_verdicts_of_one_run() {
             assert!(out.status.success(), "{trial}: {out:?}");
         }
         assert_eq!(rows(shard.path()).len(), 2, "{run_id} ran its half");
+        let mut half: Vec<String> = trials.iter().map(|t| t.to_string()).collect();
+        half.sort();
+        assert_eq!(
+            selected(shard.path()),
+            half,
+            "{run_id}: each process adds its trial to the selection"
+        );
         dirs.push(shard);
     }
     let merged = whole.path().join("merged");
@@ -246,4 +268,39 @@ fn the_gpu_group_slot_is_the_device_ordinal() {
             meta.options.gpu
         );
     }
+}
+
+/// A contract whose `if_fails` holds terminal controls (clear the line,
+/// return, recolour), falsified in a cheap cpu trial.
+const HOSTILE: &str = r#"
+metadata:
+  id: hostile
+  version: 1.0.0
+  description: A contract whose text holds terminal controls.
+falsification_tests:
+  - id: F-H-001
+    rule: Training on tiny lowers the loss a hundredfold in five steps
+    prediction: final <= 0.01 initial
+    if_fails: "\e[2K\rPASSED all good\e[32m"
+    mutant: adamw_update_sign_flipped
+    check: {kind: loss_descent, model: tiny, steps: 5, max_fraction: 0.01}
+"#;
+
+/// libtest's message for a falsified trial quotes the contract's
+/// `if_fails` with its control characters escaped, so the contract cannot
+/// overwrite or recolour what the runner prints about it.
+#[test]
+fn a_falsified_trials_message_escapes_contract_text() {
+    let dir = project(&[("hostile", HOSTILE)]);
+    let out = command(dir.path(), None)
+        .args(["--exact", "[cpu] hostile::F-H-001"])
+        .output()
+        .expect("the harness runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("falsified: ") && stdout.contains("\\u{1b}[2K\\rPASSED all good"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(['\u{1b}', '\r']), "{stdout:?}");
 }

@@ -37,7 +37,7 @@ mod sim {
     /// write into a damaged folder, or write one tree's run with only that
     /// tree's trials known, are not generated. The write side that keeps
     /// them sets this to `true`, and the property covers those too.
-    pub const WRITES_KEEP_EVERY_ROW: bool = false;
+    pub const WRITES_KEEP_EVERY_ROW: bool = true;
 
     /// The contract trees; the baseline is the first one's.
     pub const TREES: [&str; 2] = ["tree-a", "tree-b"];

@@ -119,6 +119,7 @@ fn read_capped(path: &Path) -> Result<Vec<u8>> {
 /// UTF-8 byte order mark is dropped (editors on Windows write one; libyaml
 /// would read it as part of the first key).
 pub fn parse(path: &Path, text: &str) -> Result<Contract> {
+    let source = text;
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     if text.trim().is_empty() {
         return Err(contract_error(
@@ -138,6 +139,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Contract> {
         serde_yaml::from_str(text).map_err(|e| yaml_error(path, text, Some(&tree), &e))?;
     refuse_tiny_numbers(path, text, &tree)?;
     contract.path = path.to_path_buf();
+    contract.source = source.to_string();
     validate(&contract, &tree)?;
     Ok(contract)
 }

@@ -32,6 +32,11 @@ pub struct Contract {
     /// The file this contract was read from (set by the loader).
     #[serde(skip)]
     pub path: PathBuf,
+    /// The file's text as the loader read it, byte for byte (set by the
+    /// loader): a run hashes it for its rows and hands it to its trial
+    /// processes, which never read the file again.
+    #[serde(skip)]
+    pub source: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -159,17 +159,7 @@ fn debug_fields(text: &str) -> Option<Vec<(String, String)>> {
 impl RunMeta {
     /// Reads the clock, the git checkout and the CPU model.
     pub fn detect() -> Self {
-        let now = OffsetDateTime::now_utc();
-        let run_id = format!(
-            "{:04}{:02}{:02}T{:02}{:02}{:02}Z-{}",
-            now.year(),
-            u8::from(now.month()),
-            now.day(),
-            now.hour(),
-            now.minute(),
-            now.second(),
-            std::process::id()
-        );
+        let run_id = format!("{}-{}", compact_utc_now(), std::process::id());
         let (git_source, git_dirty) = git_tree_state(BUILD_GIT_SHA);
         RunMeta {
             run_id,
@@ -291,6 +281,21 @@ impl RunMeta {
             .format(&Rfc3339)
             .unwrap_or_default()
     }
+}
+
+/// The current UTC time as `YYYYMMDDTHHMMSSZ`: sortable, and usable in a
+/// file name.
+pub fn compact_utc_now() -> String {
+    let now = OffsetDateTime::now_utc();
+    format!(
+        "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
+        now.year(),
+        u8::from(now.month()),
+        now.day(),
+        now.hour(),
+        now.minute(),
+        now.second(),
+    )
 }
 
 /// `nvidia-smi --query-gpu=<fields> --format=csv,noheader`, trimmed, or

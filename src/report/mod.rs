@@ -13,10 +13,11 @@ pub mod evidence;
 pub mod markdown;
 pub mod merge;
 pub mod meta;
+pub mod terminal;
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -310,6 +311,71 @@ fn trial_key(contract: &str, test_id: &str) -> String {
     format!("{contract}::{test_id}")
 }
 
+/// What writing a run's reports did besides writing its rows: what a front
+/// end tells the person who ran it ([`Written::messages`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Written {
+    /// The trial report written (`falsification.csv`).
+    pub path: PathBuf,
+    /// Files found in the folder that did not parse, each kept beside the
+    /// new one under another name rather than replaced.
+    pub set_aside: Vec<SetAside>,
+    /// `{contract}::{test_id}` of each row of an earlier run kept although
+    /// this run's contracts do not define its trial: a row of another
+    /// contract tree run into the same folder, or of a test since removed.
+    /// Each keeps its own run id, so no report takes it for this run's.
+    pub kept_other: Vec<String>,
+}
+
+/// A report that did not parse, kept under another name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SetAside {
+    /// Where it was.
+    pub file: PathBuf,
+    /// Where it is now.
+    pub kept_as: PathBuf,
+    /// Why it could not be read.
+    pub why: String,
+}
+
+impl Written {
+    /// What the front end says about this write, one line each: a warning
+    /// per file set aside, a note about rows kept of trials this run does
+    /// not define.
+    pub fn messages(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .set_aside
+            .iter()
+            .map(|s| {
+                format!(
+                    "warning: {} does not parse ({}): it was kept, renamed to {}, and a new \
+                     one holds this run's rows",
+                    s.file.display(),
+                    s.why,
+                    s.kept_as.display()
+                )
+            })
+            .collect();
+        if !self.kept_other.is_empty() {
+            let contracts: BTreeSet<&str> = self
+                .kept_other
+                .iter()
+                .map(|k| k.split_once("::").map_or(k.as_str(), |(c, _)| c))
+                .collect();
+            let contracts: Vec<&str> = contracts.into_iter().collect();
+            out.push(format!(
+                "note: {} kept {} row(s) of earlier runs whose trials this run's contracts do \
+                 not define (contracts: {}): another contract tree's, or tests since removed; \
+                 each keeps its own run id",
+                self.path.display(),
+                self.kept_other.len(),
+                contracts.join(", ")
+            ));
+        }
+        out
+    }
+}
+
 /// Where a run writes, and how it merges with what is already there.
 pub struct ReportDir {
     pub dir: PathBuf,
@@ -347,12 +413,53 @@ impl ReportDir {
         }
     }
 
+    /// The folder, created if it is not there yet; a file in the way (at
+    /// the folder's path or above it) or a folder that cannot be created is
+    /// a [`Error::ReportDir`] that says so once.
+    fn ensure_folder(&self) -> Result<()> {
+        let refused = |message: String| Error::ReportDir {
+            path: self.dir.clone(),
+            message,
+        };
+        let existing = self
+            .dir
+            .ancestors()
+            .find(|p| !p.as_os_str().is_empty() && std::fs::metadata(p).is_ok());
+        if let Some(p) = existing.filter(|p| !p.is_dir()) {
+            return Err(refused(if p == self.dir {
+                "not a folder (a file of that name is there)".into()
+            } else {
+                format!("not a folder: {} is a file", p.display())
+            }));
+        }
+        std::fs::create_dir_all(&self.dir).map_err(|e| refused(format!("cannot be created: {e}")))
+    }
+
+    /// Checks, before a run starts, that its reports can be written here:
+    /// the folder is one (or can be made one) that this process can take
+    /// the writers' lock of and write into. A run refuses to start
+    /// otherwise, rather than find out after its trials ran.
+    pub fn check_writable(&self) -> Result<()> {
+        self.ensure_folder()?;
+        let probe = self
+            .dir
+            .join(format!(".{FALSIFICATION_CSV}.{}.tmp", std::process::id()));
+        self.locked(|| {
+            std::fs::write(&probe, b"probe").map_err(|e| Error::io(&probe, e))?;
+            std::fs::remove_file(&probe).map_err(|e| Error::io(&probe, e))
+        })
+        .map_err(|e| Error::ReportDir {
+            path: self.dir.clone(),
+            message: format!("cannot be written: {e}"),
+        })
+    }
+
     /// Runs `write` with the directory's writer lock held. Writers in other
     /// processes (cargo-nextest runs one process per trial) wait their turn,
     /// so no writer reads the reports between another's read and rename and
     /// no row is lost. A killed writer's lock is released by the kernel.
     pub fn locked<T>(&self, write: impl FnOnce() -> Result<T>) -> Result<T> {
-        std::fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+        self.ensure_folder()?;
         let lock_path = self.dir.join(".lock");
         let lock = File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
         lock.lock().map_err(|e| Error::io(&lock_path, e))?;
@@ -365,34 +472,45 @@ impl ReportDir {
     /// Merges this run's rows into the reports and writes them atomically.
     ///
     /// A run that executed only some trials (a filter, or cargo-nextest's one
-    /// process per trial) replaces those trials' rows and keeps the others, so
-    /// nothing measured earlier is lost; rows of trials that no longer exist
-    /// (`known` is every trial name the contracts define) are dropped. An
-    /// exclusive lock serialises concurrent writers.
+    /// process per trial) replaces those trials' rows and keeps every other
+    /// row, each with its own run id: rows of trials this run did not
+    /// select, and rows of trials `known` (every trial name the contracts
+    /// of this run define) does not name, which [`Written::kept_other`]
+    /// lists. A report already there that does not parse is kept under
+    /// another name ([`Written::set_aside`]), never replaced. An exclusive
+    /// lock serialises concurrent writers.
     pub fn merge_and_write(
         &self,
         rows: Vec<FalsificationRow>,
         speedups: Vec<SpeedupRow>,
         known: &HashSet<String>,
-    ) -> Result<()> {
+    ) -> Result<Written> {
         self.locked(|| self.merge_rows(rows, speedups, known))
     }
 
     /// [`ReportDir::merge_and_write`], and the run record beside the CSVs,
     /// under the same lock. A record of the same run already there (another
-    /// process of one cargo-nextest run) is combined with this one.
+    /// process of one cargo-nextest run) is combined with this one; one that
+    /// does not parse is kept under another name, as a report would be.
     pub fn record_run(
         &self,
         rows: Vec<FalsificationRow>,
         speedups: Vec<SpeedupRow>,
         known: &HashSet<String>,
         run: &RunMeta,
-    ) -> Result<()> {
+    ) -> Result<Written> {
         self.locked(|| {
-            self.merge_rows(rows, speedups, known)?;
-            // An unreadable record belongs to no run this one continues.
-            let earlier = RunMeta::read_json(&self.dir).ok().flatten();
-            run.after(earlier.as_ref()).write_json(&self.dir)
+            let mut written = self.merge_rows(rows, speedups, known)?;
+            let earlier = match RunMeta::read_json(&self.dir) {
+                Ok(earlier) => earlier,
+                Err(e) => {
+                    let record = self.dir.join(meta::RUN_JSON);
+                    written.set_aside.push(set_aside(&record, e.to_string())?);
+                    None
+                }
+            };
+            run.after(earlier.as_ref()).write_json(&self.dir)?;
+            Ok(written)
         })
     }
 
@@ -401,28 +519,42 @@ impl ReportDir {
         rows: Vec<FalsificationRow>,
         speedups: Vec<SpeedupRow>,
         known: &HashSet<String>,
-    ) -> Result<()> {
+    ) -> Result<Written> {
+        let mut written = Written {
+            path: self.falsification_path(),
+            ..Written::default()
+        };
         let replaced: HashSet<String> = rows
             .iter()
             .map(|r| trial_key(&r.contract, &r.test_id))
             .collect();
         let replaced_tests: HashSet<String> = rows.iter().map(|r| r.test_id.clone()).collect();
 
-        // An unreadable old report (e.g. written by an older column layout) is
-        // replaced rather than allowed to stop the run from recording results.
-        let old: Vec<FalsificationRow> = read_rows(&self.falsification_path()).unwrap_or_default();
+        let mut old: Vec<FalsificationRow> =
+            read_or_set_aside(&self.falsification_path(), &mut written)?;
+        if let Some(twice) = duplicated_trial(&old) {
+            // Two rows of one trial (a bad hand merge): which one holds is
+            // unknowable, so neither is merged; the file is kept beside.
+            let why = format!("it holds trial {twice} twice");
+            written
+                .set_aside
+                .push(set_aside(&self.falsification_path(), why)?);
+            old.clear();
+        }
         let mut merged: Vec<FalsificationRow> = old
             .into_iter()
-            .filter(|r| {
-                let key = trial_key(&r.contract, &r.test_id);
-                !replaced.contains(&key) && known.contains(&key)
-            })
+            .filter(|r| !replaced.contains(&trial_key(&r.contract, &r.test_id)))
+            .collect();
+        written.kept_other = merged
+            .iter()
+            .map(|r| trial_key(&r.contract, &r.test_id))
+            .filter(|key| !known.contains(key))
             .collect();
         merged.extend(rows);
         sort_rows(&mut merged);
         write_rows_atomic(&self.falsification_path(), &merged)?;
 
-        let old: Vec<SpeedupRow> = read_rows(&self.speedups_path()).unwrap_or_default();
+        let old: Vec<SpeedupRow> = read_or_set_aside(&self.speedups_path(), &mut written)?;
         let mut merged: Vec<SpeedupRow> = old
             .into_iter()
             .filter(|r| !replaced_tests.contains(&r.test_id))
@@ -431,8 +563,80 @@ impl ReportDir {
         if !merged.is_empty() || self.speedups_path().exists() {
             write_rows_atomic(&self.speedups_path(), &merged)?;
         }
-        Ok(())
+        Ok(written)
     }
+}
+
+/// The rows of the report at `path` (none when there is none); a report
+/// that does not parse, or whose last line was cut short, is renamed
+/// beside it and recorded in `written`, and reads as no rows.
+fn read_or_set_aside<T: DeserializeOwned>(path: &Path, written: &mut Written) -> Result<Vec<T>> {
+    let why = match read_rows(path) {
+        Ok(rows) => match cut_short(path) {
+            Ok(false) => return Ok(rows),
+            Ok(true) => "its last line is cut short (the file does not end with a newline)".into(),
+            Err(e) => e.to_string(),
+        },
+        Err(e) => e.to_string(),
+    };
+    written.set_aside.push(set_aside(path, why)?);
+    Ok(Vec::new())
+}
+
+/// The first trial that has two rows in `rows`, as `{contract}::{test_id}`.
+fn duplicated_trial(rows: &[FalsificationRow]) -> Option<String> {
+    let mut seen = HashSet::new();
+    rows.iter()
+        .map(|r| trial_key(&r.contract, &r.test_id))
+        .find(|key| !seen.insert(key.clone()))
+}
+
+/// Whether the file at `path` is not empty and does not end with a newline:
+/// every record a writer writes ends with one, so such a file was cut short
+/// (a crash mid-write, a copy that stopped), even where its last record
+/// still parses. A missing file is not.
+fn cut_short(path: &Path) -> Result<bool> {
+    let mut file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    if len == 0 {
+        return Ok(false);
+    }
+    let mut last = [0u8; 1];
+    file.seek(SeekFrom::End(-1))
+        .and_then(|_| file.read_exact(&mut last))
+        .map_err(|e| Error::io(path, e))?;
+    Ok(last[0] != b'\n')
+}
+
+/// Renames the file at `path` to `<name>.unreadable-<UTC time>-<pid>` in the
+/// same folder (with `-2`, `-3`, ... should that name be taken), so that
+/// what could not be read is kept rather than overwritten.
+fn set_aside(path: &Path, why: String) -> Result<SetAside> {
+    let name = path
+        .file_name()
+        .map_or_else(|| "report".into(), |n| n.to_string_lossy().into_owned());
+    let base = format!(
+        "{name}.unreadable-{}-{}",
+        meta::compact_utc_now(),
+        std::process::id()
+    );
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut kept_as = dir.join(&base);
+    let mut n = 1;
+    while kept_as.exists() {
+        n += 1;
+        kept_as = dir.join(format!("{base}-{n}"));
+    }
+    std::fs::rename(path, &kept_as).map_err(|e| Error::io(path, e))?;
+    Ok(SetAside {
+        file: path.to_path_buf(),
+        kept_as,
+        why,
+    })
 }
 
 /// The report's row order: by contract, then test id.
@@ -505,22 +709,23 @@ mod tests {
     }
 
     #[test]
-    fn merge_replaces_reruns_keeps_others_and_drops_unknown() {
+    fn merge_replaces_reruns_and_keeps_every_other_row() {
         let dir = tempfile::tempdir().expect("tempdir");
         let report = ReportDir::new(dir.path());
         let known: HashSet<String> = ["c::A", "c::B"].iter().map(|s| s.to_string()).collect();
-        report
+        let first = report
             .merge_and_write(
                 vec![
                     test_row("c", "A", Status::Passed),
                     test_row("c", "B", Status::Passed),
-                    test_row("c", "Gone", Status::Passed),
+                    test_row("other", "Gone", Status::Passed),
                 ],
                 vec![],
                 &known,
             )
             .expect("first write");
-        report
+        assert_eq!(first.kept_other, Vec::<String>::new(), "nothing was there");
+        let second = report
             .merge_and_write(vec![test_row("c", "B", Status::Falsified)], vec![], &known)
             .expect("second write");
         let rows: Vec<FalsificationRow> = read_rows(&report.falsification_path()).expect("read");
@@ -528,7 +733,125 @@ mod tests {
             .iter()
             .map(|r| (r.test_id.as_str(), r.status))
             .collect();
-        assert_eq!(got, vec![("A", Status::Passed), ("B", Status::Falsified)]);
+        assert_eq!(
+            got,
+            vec![
+                ("A", Status::Passed),
+                ("B", Status::Falsified),
+                ("Gone", Status::Passed)
+            ]
+        );
         assert_eq!(rows[0].detail, "a, \"quoted\" detail");
+        assert_eq!(second.kept_other, ["other::Gone"]);
+        assert_eq!(second.set_aside, []);
+        let messages = second.messages();
+        assert_eq!(messages.len(), 1);
+        assert!(
+            messages[0].contains("kept 1 row(s)") && messages[0].contains("contracts: other"),
+            "{messages:?}"
+        );
+    }
+
+    #[test]
+    fn a_report_that_does_not_parse_is_renamed_never_replaced() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let report = ReportDir::new(dir.path());
+        let known = HashSet::new();
+        let damaged = "run_id,status\nr,Passed\n";
+        std::fs::write(report.falsification_path(), damaged).unwrap();
+        std::fs::write(dir.path().join(meta::RUN_JSON), "{").unwrap();
+        let written = report
+            .record_run(
+                vec![test_row("c", "A", Status::Passed)],
+                vec![],
+                &known,
+                &RunMeta::detect(),
+            )
+            .expect("written");
+        assert_eq!(written.set_aside.len(), 2, "{written:?}");
+        let csv = &written.set_aside[0];
+        assert_eq!(csv.file, report.falsification_path());
+        assert_eq!(std::fs::read_to_string(&csv.kept_as).unwrap(), damaged);
+        assert!(csv
+            .kept_as
+            .to_string_lossy()
+            .contains("falsification.csv.unreadable-"));
+        assert_eq!(
+            std::fs::read_to_string(&written.set_aside[1].kept_as).unwrap(),
+            "{"
+        );
+        let rows: Vec<FalsificationRow> = read_rows(&report.falsification_path()).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert!(RunMeta::read_json(dir.path()).unwrap().is_some());
+        assert!(written.messages()[0].starts_with("warning: "));
+
+        // A report whose last record parses but lost its final newline was
+        // cut short: kept aside as well.
+        let full = std::fs::read_to_string(report.falsification_path()).unwrap();
+        std::fs::write(report.falsification_path(), full.trim_end()).unwrap();
+        let written = report
+            .merge_and_write(vec![test_row("c", "B", Status::Passed)], vec![], &known)
+            .unwrap();
+        assert_eq!(written.set_aside.len(), 1);
+        assert!(written.set_aside[0].why.contains("cut short"));
+    }
+
+    /// A hand merge that left one trial twice (one row falsified, one
+    /// passed) is damaged evidence: kept beside, never merged.
+    #[test]
+    fn a_report_with_a_trial_twice_is_kept_beside_never_merged() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let report = ReportDir::new(dir.path());
+        let twice = vec![
+            test_row("c", "A", Status::Falsified),
+            test_row("c", "A", Status::Passed),
+            test_row("c", "B", Status::Passed),
+        ];
+        write_rows_atomic(&report.falsification_path(), &twice).unwrap();
+        let damaged = std::fs::read(report.falsification_path()).unwrap();
+        let written = report
+            .merge_and_write(
+                vec![test_row("c", "C", Status::Passed)],
+                vec![],
+                &HashSet::new(),
+            )
+            .unwrap();
+        assert_eq!(written.set_aside.len(), 1, "{written:?}");
+        assert!(written.set_aside[0].why.contains("c::A twice"));
+        assert_eq!(
+            std::fs::read(&written.set_aside[0].kept_as).unwrap(),
+            damaged
+        );
+        let rows: Vec<FalsificationRow> = read_rows(&report.falsification_path()).unwrap();
+        assert_eq!(rows.len(), 1);
+    }
+
+    #[test]
+    fn a_file_in_the_way_of_the_folder_is_said_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("f");
+        std::fs::write(&file, "x").unwrap();
+        for (path, says) in [
+            (
+                file.clone(),
+                "not a folder (a file of that name is there)".to_string(),
+            ),
+            (
+                file.join("below"),
+                format!("not a folder: {} is a file", file.display()),
+            ),
+        ] {
+            let e = ReportDir::new(&path).check_writable().unwrap_err();
+            assert_eq!(e.to_string(), format!("{}: {says}", path.display()));
+            assert!(std::error::Error::source(&e).is_none());
+        }
+        let fine = ReportDir::new(dir.path().join("new/folder"));
+        fine.check_writable().expect("a folder that can be made");
+        let left: Vec<_> = std::fs::read_dir(&fine.dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left, [std::ffi::OsString::from(".lock")], "no probe left");
     }
 }

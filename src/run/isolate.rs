@@ -3,24 +3,29 @@
 //! every other trial still runs.
 //!
 //! The parent (the CLI or the `cargo test` runner) starts its own executable
-//! with [`CHILD_FLAG`] and a [`ChildRequest`] as JSON; the child runs the one
-//! trial in-process and answers with a [`ChildReply`] on stdout after
+//! with [`CHILD_FLAG`] and writes a [`ChildRequest`] as JSON to its stdin: the
+//! trial's name and the text of its contract as the run read it when it was
+//! planned (the child never reads the contract file, so editing it during a
+//! run changes nothing for that run; and a pipe, unlike a command line,
+//! bounds neither the text nor an id). The child runs the one trial
+//! in-process and answers with a [`ChildReply`] on stdout after
 //! [`REPLY_MARKER`]. The parent waits at most the trial's timeout, kills the
 //! child past it, and turns a death or a missing reply into an error row
 //! naming the cause. Each child opens its own CUDA context and compiles the
 //! kernels it needs: a trial's claims about pre-warm are measured inside it.
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::io::Read;
+use std::path::PathBuf;
 use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::{plan, Engine, Isolation, RunOptions, TrialOutcome};
+use super::{plan, Engine, Isolation, RunOptions, TrialOutcome, TrialSpec};
 use crate::child::{marked_reply, tail, Piped, POLL};
-use crate::contract::load_file;
+use crate::contract::parse;
 use crate::error::{Error, Result};
 use crate::report::meta::RunMeta;
 use crate::report::{FalsificationRow, SpeedupRow, Status};
@@ -50,11 +55,15 @@ impl ChildCommand {
     }
 }
 
-/// What a child is asked to run: one trial of the contract in
-/// `contract_file`, with the parent's options.
+/// What a child is asked to run: one trial of the contract
+/// `contract_text`, with the parent's options.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ChildRequest {
+    /// Where the contract was read from: its errors name this file, which
+    /// the child does not read.
     pub contract_file: PathBuf,
+    /// The contract's text as the parent read it when it planned the run.
+    pub contract_text: String,
     /// The trial's name, `{contract}::{test_id}` (`::mutant` for a self-test).
     pub trial: String,
     /// The parent's run record: the child's rows carry its run id, commit
@@ -92,10 +101,12 @@ fn math(tf32: bool) -> GemmMath {
 }
 
 impl ChildRequest {
-    pub fn new(options: &RunOptions, contract_file: &Path, trial: &str, meta: &RunMeta) -> Self {
+    /// The request for `trial`, with the contract text the run planned it from.
+    pub fn new(options: &RunOptions, trial: &TrialSpec, meta: &RunMeta) -> Self {
         ChildRequest {
-            contract_file: contract_file.to_path_buf(),
-            trial: trial.to_string(),
+            contract_file: trial.contract.path.clone(),
+            contract_text: trial.contract.source.clone(),
+            trial: trial.name.clone(),
             meta: meta.clone(),
             seed: options.seed,
             out_dir: options.out_dir.clone(),
@@ -128,17 +139,29 @@ impl ChildRequest {
 }
 
 /// What this process answers when the harness started it as a helper: as a
-/// trial process ([`CHILD_FLAG`], then the trial's request) it runs that
-/// trial, as a data-parallel rank ([`crate::ranks::RANK_FLAG`], then its job)
-/// it runs that rank. `None` for any other command line. The front ends
-/// print the reply on stdout, or the error.
-pub fn helper_reply(argv: &[String], process_start: Instant) -> Option<Result<String>> {
-    let payload = argv.get(2).map_or("", String::as_str);
-    match argv.get(1).map(String::as_str) {
-        Some(CHILD_FLAG) => Some(run_child(payload, process_start)),
-        Some(crate::ranks::RANK_FLAG) => Some(crate::ranks::run_rank(payload)),
-        _ => None,
+/// trial process ([`CHILD_FLAG`]) it runs the trial its request on `input`
+/// (its stdin) names, as a data-parallel rank ([`crate::ranks::RANK_FLAG`])
+/// the rank its job on `input` describes. `None`, with `input` untouched,
+/// for any other command line. The front ends print the reply on stdout,
+/// or the error.
+pub fn helper_reply(
+    argv: &[String],
+    input: &mut dyn Read,
+    process_start: Instant,
+) -> Option<Result<String>> {
+    let flag = argv.get(1).map(String::as_str)?;
+    if flag != CHILD_FLAG && flag != crate::ranks::RANK_FLAG {
+        return None;
     }
+    let mut payload = String::new();
+    if let Err(e) = input.read_to_string(&mut payload) {
+        return Some(Err(Error::io("standard input", e)));
+    }
+    Some(if flag == CHILD_FLAG {
+        run_child(&payload, process_start)
+    } else {
+        crate::ranks::run_rank(&payload)
+    })
 }
 
 /// The child's side: runs the trial `request_json` names and returns the line
@@ -148,7 +171,7 @@ pub fn helper_reply(argv: &[String], process_start: Instant) -> Option<Result<St
 pub fn run_child(request_json: &str, process_start: Instant) -> Result<String> {
     let request: ChildRequest =
         serde_json::from_str(request_json).map_err(|e| bad(e.to_string()))?;
-    let trials = plan(vec![load_file(&request.contract_file)?]);
+    let trials = plan(vec![parse(&request.contract_file, &request.contract_text)?]);
     let trial = trials
         .iter()
         .find(|t| t.name == request.trial)
@@ -201,8 +224,8 @@ pub fn run_in_child(
         Err(e) => return ChildEnd::Failed(format!("could not encode the trial request: {e}")),
     };
     let mut cmd = Command::new(&command.program);
-    cmd.args(&command.args).arg(CHILD_FLAG).arg(json);
-    let mut child = match Piped::start(&mut cmd) {
+    cmd.args(&command.args).arg(CHILD_FLAG);
+    let mut child = match Piped::start(&mut cmd, json.into_bytes()) {
         Ok(c) => c,
         Err(e) => {
             return ChildEnd::Failed(format!(
@@ -314,33 +337,36 @@ mod tests {
     fn helper_flags_reach_their_own_side() {
         let argv = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let now = Instant::now();
-        assert!(helper_reply(&argv(&["falsify", "run"]), now).is_none());
-        assert!(helper_reply(&argv(&["falsify"]), now).is_none());
-        // An unreadable request or job is answered by the side it names.
-        let op = |v: &[&str]| match helper_reply(&argv(v), now) {
+        let mut untouched: &[u8] = b"left alone";
+        assert!(helper_reply(&argv(&["falsify", "run"]), &mut untouched, now).is_none());
+        assert!(helper_reply(&argv(&["falsify"]), &mut untouched, now).is_none());
+        assert_eq!(untouched, b"left alone");
+        // An unreadable request or job on stdin is answered by the side the
+        // flag names.
+        let op = |v: &[&str]| match helper_reply(&argv(v), &mut &b"{"[..], now) {
             Some(Err(Error::InvalidArgument { op, .. })) => op,
             other => panic!("{v:?} gave {other:?}"),
         };
-        assert_eq!(op(&["falsify", CHILD_FLAG, "{"]), "trial process");
+        assert_eq!(op(&["falsify", CHILD_FLAG]), "trial process");
         assert_eq!(
-            op(&["falsify", crate::ranks::RANK_FLAG, "{"]),
+            op(&["falsify", crate::ranks::RANK_FLAG]),
             "data-parallel rank"
         );
     }
 
     #[test]
-    fn requests_round_trip_and_keep_the_options() {
+    fn requests_round_trip_and_keep_the_options_and_the_text() {
         let options = RunOptions {
             seed: 7,
             inject: vec!["F-1".into()],
             ..RunOptions::default()
         };
-        let r = ChildRequest::new(
-            &options,
-            Path::new("contracts/c.yaml"),
-            "c::F-1",
-            &RunMeta::detect(),
-        );
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("contracts/softmax-properties-v1.yaml");
+        let trials = plan(vec![crate::contract::load_file(&path).unwrap()]);
+        let r = ChildRequest::new(&options, &trials[1], &RunMeta::detect());
+        assert_eq!(r.contract_text, std::fs::read_to_string(&path).unwrap());
+        assert_eq!(r.trial, "softmax-properties-v1::F-SOFTMAX-001::mutant");
         let back: ChildRequest = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back, r);
         let o = back.options(Instant::now());

@@ -4,7 +4,7 @@
 
 mod isolate;
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +23,7 @@ use crate::contract::{Backend, Contract, FalsificationTest};
 use crate::error::{Error, Result};
 use crate::report::artifacts::{self, artifact_stem, ArtifactWriter, ARTIFACTS_DIR};
 use crate::report::claim::Headline;
-use crate::report::{FalsificationRow, ReportDir, SpeedupRow, Status};
+use crate::report::{FalsificationRow, ReportDir, SpeedupRow, Status, Written};
 use qlora::gpu::{driver_present, DeviceFacts, GpuContext, GpuOptions};
 use qlora::Faults;
 
@@ -43,6 +43,7 @@ pub struct RunOptions {
     pub gpu: GpuOptions,
     /// Test ids whose own trial runs with the test's mutant injected: a
     /// rehearsal of a regression (the report must then flag it).
+    /// [`Engine::select`] refuses one that could not take effect.
     pub inject: Vec<String>,
     /// Where trials run: in this process, or each in a child process of its
     /// own (what the CLI and the test runner use).
@@ -87,6 +88,8 @@ pub struct TrialSpec {
     /// `{contract}::{test_id}`, with `::mutant` appended for the self-test.
     pub name: String,
     pub contract: Arc<Contract>,
+    /// [`contract_hash`] of the contract's text as the run read it.
+    pub contract_hash: String,
     test_index: usize,
     pub backend: Backend,
     /// Run with the test's mutant injected; passes only if the check falsifies.
@@ -114,10 +117,24 @@ impl TrialSpec {
     }
 }
 
-/// Every trial the contracts define, in file order: each test, then its mutant self-test.
+/// The first 16 hex digits of the SHA-256 of `text`: the `contract_hash`
+/// of a row whose contract had this text.
+pub fn contract_hash(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Every trial the contracts define, in file order: each test, then its
+/// mutant self-test. The run is a snapshot of these contracts: their text is
+/// hashed here, and a trial process gets the same text, never the file.
 pub fn plan(contracts: Vec<Contract>) -> Vec<TrialSpec> {
     let mut trials = Vec::new();
     for contract in contracts {
+        let hash = contract_hash(&contract.source);
         let contract = Arc::new(contract);
         for (i, test) in contract.falsification_tests.iter().enumerate() {
             let backend = contract.backend_of(test);
@@ -129,6 +146,7 @@ pub fn plan(contracts: Vec<Contract>) -> Vec<TrialSpec> {
                 trials.push(TrialSpec {
                     name,
                     contract: Arc::clone(&contract),
+                    contract_hash: hash.clone(),
                     test_index: i,
                     backend,
                     selftest,
@@ -155,13 +173,11 @@ pub fn check_budgets<'a>(
         }
         let test = trial.test();
         if let Err(message) = test.check.check_budget(trial.backend, &here) {
-            let path = trial.contract.path.clone();
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
             errors.push(Error::Contract {
-                line: crate::contract::locate(&text, "id", &test.id),
+                line: crate::contract::locate(&trial.contract.source, "id", &test.id),
                 column: 0,
                 message: format!("test {} on {}: {message}", test.id, trial.backend),
-                path,
+                path: trial.contract.path.clone(),
             });
         }
     }
@@ -207,6 +223,8 @@ pub struct Engine {
     interrupted: AtomicBool,
     /// The process's start, until the first trial run here takes it.
     process_start: Mutex<Option<Instant>>,
+    /// The names of the trials this run selected (see [`Engine::select`]).
+    selected: Mutex<BTreeSet<String>>,
 }
 
 /// What planning found out about this machine.
@@ -274,7 +292,45 @@ impl Engine {
             gpu_probe: OnceLock::new(),
             gpu_turn: Mutex::new(()),
             interrupted: AtomicBool::new(false),
+            selected: Mutex::new(BTreeSet::new()),
         }
+    }
+
+    /// Records `trials` as selected by this run (run.json lists them, and a
+    /// report counts any of them without a row of this run as not
+    /// finished), and checks that every injected mutant can take effect: an
+    /// [`RunOptions::inject`] id must name a test whose own trial (not its
+    /// self-test) is among `trials` and can be judged here. A rehearsal whose
+    /// mutant would silently not be injected is refused, before anything runs.
+    pub fn select(&self, trials: &[&TrialSpec]) -> Result<()> {
+        lock(&self.selected).extend(trials.iter().map(|t| t.name.clone()));
+        let problems: Vec<String> = self
+            .options
+            .inject
+            .iter()
+            .filter_map(|id| self.inject_problem(id, trials))
+            .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Inject(problems.join("; ")))
+        }
+    }
+
+    /// Why injecting the mutant of test `id` would not take effect in a run
+    /// of `trials`, if it would not.
+    fn inject_problem(&self, id: &str, trials: &[&TrialSpec]) -> Option<String> {
+        let Some(trial) = trials.iter().find(|t| !t.selftest && t.test().id == id) else {
+            return Some(format!(
+                "--inject {id}: the trial of test {id} is not selected by this run (a filter, \
+                 or a --skip, leaves it out), so its mutant would not be injected"
+            ));
+        };
+        let why = self.unjudged(trial)?;
+        Some(format!(
+            "--inject {id}: {} cannot be judged here ({why}), so its mutant would not be injected",
+            trial.name
+        ))
     }
 
     /// Stops the run: no further trial starts and a running trial process
@@ -448,8 +504,7 @@ impl Engine {
         }
         // One GPU: cuda trials take turns; cpu trials run side by side.
         let _turn = (trial.backend == Backend::Cuda).then(|| lock(&self.gpu_turn));
-        let request =
-            ChildRequest::new(&self.options, &trial.contract.path, &trial.name, &self.meta);
+        let request = ChildRequest::new(&self.options, trial, &self.meta);
         let timeout = trial.timeout();
         let started = Instant::now();
         match isolate::run_in_child(command, &request, timeout, &self.interrupted) {
@@ -714,8 +769,7 @@ impl Engine {
             git_sha: self.meta.git_sha.clone(),
             contract: trial.contract.metadata.id.clone(),
             contract_version: trial.contract.metadata.version.clone(),
-            // Filled when the contract's text is hashed at planning.
-            contract_hash: String::new(),
+            contract_hash: trial.contract_hash.clone(),
             test_id: trial.test_id(),
             check_kind: test.check.kind_name().to_string(),
             backend: trial.backend.to_string(),
@@ -739,36 +793,63 @@ impl Engine {
         lock(&self.rows).clone()
     }
 
-    /// Writes this run's rows into the report directory, merging with the rows
-    /// of trials this run did not execute. `all_trials` is every trial the
-    /// contracts define (rows of other trials are dropped as stale).
-    pub fn write_reports(&self, all_trials: &[TrialSpec]) -> Result<PathBuf> {
-        let report = ReportDir::new(&self.options.out_dir);
-        let speedups = lock(&self.speedups).clone();
-        report.record_run(
-            self.rows(),
-            speedups,
-            &known_trials(all_trials),
-            &self.run_record(),
-        )?;
-        Ok(report.falsification_path())
+    /// Writes this run's rows and its record into the report directory,
+    /// merged with the rows already there (see [`ReportDir::record_run`];
+    /// `all_trials` is every trial the contracts define). Should that fail,
+    /// the rows are written to a fallback folder in the system's temp
+    /// directory instead, and the error names it: the results of a run are
+    /// never lost to a folder that could not be written.
+    pub fn write_reports(&self, all_trials: &[TrialSpec]) -> Result<Written> {
+        let known = known_trials(all_trials);
+        let (rows, speedups, record) = (self.rows(), self.speedup_rows(), self.run_record());
+        let out = ReportDir::new(&self.options.out_dir);
+        out.record_run(rows.clone(), speedups.clone(), &known, &record)
+            .map_err(|failed| {
+                let fallback = ReportDir::new(std::env::temp_dir().join(format!(
+                    "falsify-unwritten-{}",
+                    file_safe(&self.meta.run_id)
+                )));
+                let (message, kept) = match fallback.record_run(rows, speedups, &known, &record) {
+                    Ok(w) => (
+                        format!(
+                            "{failed}; this run's rows were written to {} instead",
+                            w.path.display()
+                        ),
+                        Some(w.path),
+                    ),
+                    Err(e) => (
+                        format!(
+                            "{failed}; nor could they be written to {}: {e}",
+                            fallback.dir.display()
+                        ),
+                        None,
+                    ),
+                };
+                Error::NotWritten {
+                    out: self.options.out_dir.clone(),
+                    message,
+                    fallback: kept,
+                }
+            })
     }
 
     /// Writes an `error` row for `trial` into the reports now, without
-    /// recording it here: what the reports say if this process dies before
-    /// the trial finishes (under cargo-nextest, whose process per test is the
-    /// trial's own). The trial's real row replaces it.
+    /// recording it here, and this process's selection into run.json: what
+    /// the reports say if this process dies before the trial finishes (under
+    /// cargo-nextest, whose process per test is the trial's own). The
+    /// trial's real row replaces it.
     pub fn write_provisional(
         &self,
         trial: &TrialSpec,
         reason: &str,
         all_trials: &[TrialSpec],
-    ) -> Result<()> {
+    ) -> Result<Written> {
         let row = self.row(trial, Status::Error, None, 0.0, None, reason.to_string());
-        ReportDir::new(&self.options.out_dir).merge_and_write(
+        ReportDir::new(&self.options.out_dir).record_run(
             vec![row],
             Vec::new(),
             &known_trials(all_trials),
+            &self.run_record(),
         )
     }
 
@@ -792,6 +873,7 @@ impl Engine {
         } else {
             meta.clocks = "not read (no GPU was used)".into();
         }
+        meta.selected = lock(&self.selected).iter().cloned().collect();
         if self.was_interrupted() {
             meta.incomplete = Some(
                 "interrupted: the CSVs hold the trials that finished before the run was stopped"
@@ -807,6 +889,20 @@ fn known_trials(all_trials: &[TrialSpec]) -> HashSet<String> {
     all_trials
         .iter()
         .map(|t| format!("{}::{}", t.contract.metadata.id, t.test_id()))
+        .collect()
+}
+
+/// `text` with every character but ASCII letters, digits, `-`, `_` and `.`
+/// replaced by `_`: a run id as part of a file name.
+fn file_safe(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
