@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the GPU suite once, here, for a GPU runner that has no Rust toolchain
-# (README.md, "GPU CI"):
+# (docs/src/guide/gpu-runners.md):
 #
 #   scripts/gpu-archive.sh     # -> .gpu/falsify.tar.zst and .gpu/cargo-nextest
 #

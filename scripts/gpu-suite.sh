@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU run, executed on the GPU machine from a checkout of this
-# commit with the cargo-nextest archive in .gpu/ (README.md, "GPU CI"):
+# commit with the cargo-nextest archive in .gpu/ (docs/src/guide/gpu-runners.md):
 #
 #   scripts/gpu-suite.sh OUTDIR [all|suite|sanitizers|benches] [hash:K/N]
 #
