@@ -111,6 +111,9 @@ fn run(args: &Args) -> Result<(), Error> {
         losses.push(loss);
     }
     print_summary(&times, &losses, args.last);
+    for bad in session.non_finite_losses() {
+        println!("non_finite_loss step={} sample={}", bad.step + 1, bad.sample);
+    }
     Ok(())
 }
 

@@ -46,11 +46,6 @@ pub enum Error {
     #[error("the session is unusable after an earlier panic")]
     Poisoned,
 
-    /// `train_step` returned its non-finite-loss sentinel
-    /// (T:finetune/instruct_pipeline/training.rs:232-238, 379-384).
-    #[error("step {step}, sample {sample}: aprender-train reported a non-finite loss")]
-    NonFiniteLoss { step: usize, sample: usize },
-
     /// `train_step` trained another number of response tokens than the
     /// sample holds: the step was truncated or skipped.
     #[error("step {step}, sample {sample}: {got} response tokens trained, expected {expected}")]
@@ -67,10 +62,10 @@ pub enum Error {
     #[error("the session was prepared on thread {prepared} and stepped on thread {current}")]
     WrongThread { prepared: String, current: String },
 
-    /// The trial process printed another number of `[CUDA] loss=` lines than
-    /// it ran `train_step`s: some step did not take the GPU-resident path
-    /// (T:finetune/instruct_pipeline/training.rs:162-175, 229).
-    #[error("stderr holds {found} `[CUDA] loss=` lines, expected {expected} (one per train_step)")]
+    /// The trial process reported another number of losses (`[CUDA] loss=`
+    /// or `NaN/Inf loss detected` lines) than it ran `train_step`s: some step
+    /// did not take the GPU-resident path (T:finetune/instruct_pipeline/training.rs:162-175, 227-239).
+    #[error("stderr reports {found} losses, expected {expected} (one per train_step)")]
     LossLines { expected: usize, found: usize },
 
     /// A stderr line of the trial process that means the GPU path was left

@@ -16,7 +16,25 @@
 //! | `TrainSession::own_counts()` | [`Session::own_counts`] |
 //! | (stderr, captured by the harness) | [`StderrWitness::parse`] |
 //!
-//! [`Setup`] has the fields of the seam's `TrainSetup`.
+//! [`Setup`] has the fields of the seam's `TrainSetup`. Once this crate
+//! depends on `falsify-core`, the wiring is (sketch):
+//!
+//! ```text
+//! fn setup(s: &TrainSetup) -> Setup { Setup { model: s.model.clone(), batch: s.batch,
+//!     seq_len: s.seq_len, graph: s.graph, steps: s.steps, seed: s.seed,
+//!     learning_rate: s.learning_rate } }
+//! impl Workload<AprenderTrain> for AprenderWorkload {
+//!     fn models(&self) -> &[&'static str] { models() }
+//!     fn upload_bytes(&self, s: &TrainSetup) -> Result<u64, BoxError> { Ok(upload_bytes(&setup(s))?) }
+//!     fn prepare<'d>(&self, _: &'d mut NoDevice, s: &TrainSetup, _: Option<&NoMutant>)
+//!         -> Result<Box<dyn TrainSession + 'd>, BoxError> { Ok(Box::new(Session::prepare(&setup(s))?)) }
+//!     fn process_env(&self, s: &TrainSetup) -> Vec<(String, String)> { process_env(&setup(s), HOME) }
+//! }
+//! impl TrainSession for Session { fn step(&mut self) -> Result<f32, BoxError> { Ok(Session::step(self)?) } }
+//! ```
+//!
+//! where `HOME` is a fresh directory per trial, which the seam's
+//! `process_env(setup)` has no argument for yet.
 //!
 //! Source citations: `T:` = `aprender-train-0.72.3/src/`, `G:` =
 //! `aprender-gpu-0.72.3/src/`, both under the cargo registry
@@ -39,7 +57,7 @@ pub use model::{
     DEFAULT_SEQ_LEN, GRADIENT_CLIP_NORM, LORA_ALPHA, LORA_RANK, NF4_BLOCK,
 };
 pub use samples::{samples, Sample};
-pub use session::Session;
+pub use session::{NonFiniteLoss, Session};
 pub use stderr::{
     Capture, Compilation, KernelCache, Located, Prewarm, Problem, ProblemKind, StderrWitness,
 };

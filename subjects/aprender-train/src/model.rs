@@ -87,9 +87,20 @@ const MODELS: [ModelShape; 3] = [
     qwen2("qwen2-1.5b-shape", [1536, 12, 128, 8960, 28, 151_936]),
 ];
 
+/// [`MODELS`]' names, in order.
+const MODEL_NAMES: [&str; MODELS.len()] = {
+    let mut names = [""; MODELS.len()];
+    let mut i = 0;
+    while i < MODELS.len() {
+        names[i] = MODELS[i].name;
+        i += 1;
+    }
+    names
+};
+
 /// Names of the configurations this subject can train.
-pub fn models() -> Vec<&'static str> {
-    MODELS.iter().map(|m| m.name).collect()
+pub fn models() -> &'static [&'static str] {
+    &MODEL_NAMES
 }
 
 /// The shape of a named configuration.
@@ -251,7 +262,8 @@ mod tests {
             assert_eq!(shape.hidden, shape.q_dim(), "{}", shape.name);
             assert!(shape.heads.is_multiple_of(shape.kv_heads), "{}", shape.name);
         }
-        assert_eq!(models().len(), MODELS.len());
+        let names: Vec<_> = MODELS.iter().map(|m| m.name).collect();
+        assert_eq!(models(), names);
     }
 
     #[test]
@@ -267,10 +279,9 @@ mod tests {
             ),
             (512, 8, 2)
         );
-        assert_eq!(
-            (model.head_dim(), model.q_dim(), model.kv_dim()),
-            (64, 512, 128)
-        );
+        let kv_dim = model.num_kv_heads * model.head_dim();
+        assert_eq!((model.head_dim(), model.q_dim(), kv_dim), (64, 512, 128));
+        assert_eq!(model.head_dim_override, None);
         assert_eq!(
             (model.intermediate_size, model.num_hidden_layers),
             (1408, 4)

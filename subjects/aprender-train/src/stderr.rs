@@ -65,14 +65,22 @@ pub enum Capture {
     CublasWorkspace,
 }
 
-/// Why a line makes the trial an error.
+/// What a line that leaves the expected path means. Some kinds make any
+/// trial an error ([`ProblemKind::is_trial_error`]); the others are evidence
+/// for the contract that measures them (a failed capture falsifies "capture
+/// succeeds", a non-finite loss falsifies "the losses match").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProblemKind {
     /// The CPU did (part of) the work: `… falling back to CPU`, `… using CPU`,
     /// `[RES-FALSE] …`, `[PMAT-420] backward: …`, `Skipping GPU embeddings`.
     CpuFallback,
-    /// A CUDA operation, capture, compilation or module load failed.
+    /// A CUDA operation, compilation or module load failed.
     Failure,
+    /// A graph capture, instantiation or replay failed; aprender-train then
+    /// runs that part un-graphed (T:finetune/instruct_pipeline/cuda_forward.rs:99,
+    /// 115, 181, 186; T:finetune/instruct_pipeline/backward.rs:162, 245, 247;
+    /// T:finetune/backward_graph.rs:44).
+    GraphFailure,
     /// `[CUDA] NaN/Inf loss detected` (T:finetune/instruct_pipeline/training.rs:233).
     NonFiniteLoss,
     /// `[CUDA] sample skipped: …` (training.rs:152-156): no response token trained.
@@ -82,11 +90,21 @@ pub enum ProblemKind {
     NoCublas,
 }
 
+impl ProblemKind {
+    /// Whether the trial cannot count as a run of the GPU path at all:
+    /// the CPU did work, a CUDA operation failed, a sample trained nothing,
+    /// or cuBLAS (which the resident path needs) is missing.
+    pub fn is_trial_error(self) -> bool {
+        !matches!(self, Self::GraphFailure | Self::NonFiniteLoss)
+    }
+}
+
 impl fmt::Display for ProblemKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let text = match self {
             Self::CpuFallback => "CPU fallback",
             Self::Failure => "failure",
+            Self::GraphFailure => "graph failure",
             Self::NonFiniteLoss => "non-finite loss",
             Self::SkippedSample => "skipped sample",
             Self::NoCublas => "no cuBLAS",
@@ -153,21 +171,31 @@ impl StderrWitness {
             .collect()
     }
 
-    /// Ok when nothing left the GPU path and exactly `train_steps` losses
-    /// were reported (one per `train_step`; fewer means a step took another
-    /// path). Otherwise the first problem, as the trial's error.
+    /// Ok when no line makes the trial an error
+    /// ([`ProblemKind::is_trial_error`]) and every one of the `train_steps`
+    /// calls reported its loss: a GPU-resident `train_step` prints exactly
+    /// one `[CUDA] loss=` or `[CUDA] NaN/Inf loss detected` line
+    /// (T:finetune/instruct_pipeline/training.rs:227-239); fewer means a step
+    /// took another path. Otherwise the first such problem is the error.
     pub fn check(&self, train_steps: usize) -> Result<()> {
-        if let Some(problem) = self.problems.first() {
+        let first = self.problems.iter().find(|p| p.kind.is_trial_error());
+        if let Some(problem) = first {
             return Err(Error::Stderr {
                 line: problem.line,
                 kind: problem.kind,
                 text: problem.text.clone(),
             });
         }
-        if self.losses.len() != train_steps {
+        let non_finite = self
+            .problems
+            .iter()
+            .filter(|p| p.kind == ProblemKind::NonFiniteLoss)
+            .count();
+        let reported = self.losses.len() + non_finite;
+        if reported != train_steps {
             return Err(Error::LossLines {
                 expected: train_steps,
-                found: self.losses.len(),
+                found: reported,
             });
         }
         Ok(())
@@ -247,6 +275,8 @@ fn problem_kind(text: &str) -> Option<ProblemKind> {
         Some(ProblemKind::NoCublas)
     } else if is_cpu_fallback(text) {
         Some(ProblemKind::CpuFallback)
+    } else if is_graph_failure(text) {
+        Some(ProblemKind::GraphFailure)
     } else if is_failure(text) {
         Some(ProblemKind::Failure)
     } else {
@@ -272,6 +302,11 @@ fn is_cpu_fallback(text: &str) -> bool {
     text.starts_with("[RES-FALSE]")
         || text.starts_with("[PMAT-420] backward:")
         || MARKS.iter().any(|mark| text.contains(mark))
+}
+
+fn is_graph_failure(text: &str) -> bool {
+    let graph = text.starts_with("[CUDA] Graph ") || text.starts_with("[CUDA] Backward graph ");
+    graph && text.contains(" failed")
 }
 
 fn is_failure(text: &str) -> bool {

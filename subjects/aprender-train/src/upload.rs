@@ -9,8 +9,9 @@
 //! (T:finetune/instruct_pipeline/cuda_init.rs): the VRAM guard (`nvidia-smi`
 //! only, :30), `CudaTrainer::new` (context, stream, the three kernel caches
 //! and two cuBLAS handles, T:autograd/cuda_training.rs:61-85), the four
-//! pre-warms (:133-192; they only compile: T:autograd/cuda_forward/cache.rs:200-460,
-//! 591-651, T:autograd/cuda_backward/cache.rs:160-, T:autograd/cuda_optim.rs:111-),
+//! pre-warms (:133-192; they only compile, no buffer and no copy:
+//! T:autograd/cuda_forward/cache.rs:200-460, 591-651, 725-804,
+//! T:autograd/cuda_backward/cache.rs:160-328, T:autograd/cuda_optim.rs:111-162),
 //! then one `CudaNf4TransformerBlock::new` per layer (:194-353). aprender-train
 //! issues no host-to-device copy before the first layer's first norm:
 //! every one of its synchronous uploads is `GpuBuffer::from_host`, whose
