@@ -13,11 +13,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use falsify::report::artifacts::{ArtifactTensor, ArtifactWriter};
-use falsify::report::compare::{Verdict, EXIT_INCOMPLETE, EXIT_NO_VERDICT, EXIT_REGRESSED};
-use falsify::report::markdown::{write_report, REPORT_MD};
-use falsify::report::meta::RunMeta;
-use falsify::report::{read_rows, write_rows_atomic, FalsificationRow, SpeedupRow, Status};
+use falsify_core::report::artifacts::{ArtifactTensor, ArtifactWriter};
+use falsify_core::report::compare::{Verdict, EXIT_INCOMPLETE, EXIT_NO_VERDICT, EXIT_REGRESSED};
+use falsify_core::report::markdown::{write_report, REPORT_MD};
+use falsify_core::report::meta::RunMeta;
+use falsify_core::report::{read_rows, write_rows_atomic, FalsificationRow, SpeedupRow, Status};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -675,9 +675,9 @@ fn speedups_csv_has_the_design_columns_and_older_files_still_read() {
         .iter()
         .all(|s| s.status.is_none() && s.contract.is_empty()));
     let tmp_baseline = copy_fixture("planted_baseline", tmp.path());
-    let data = falsify::report::compare::RunData::load(
+    let data = falsify_core::report::compare::RunData::load(
         &tmp_baseline,
-        falsify::report::evidence::Side::Baseline,
+        falsify_core::report::evidence::Side::Baseline,
     )
     .unwrap();
     let bw = data
