@@ -1,9 +1,12 @@
 //! Which baseline a run is judged against.
 //!
-//! Baselines live per GPU kind, `reports/baseline/<kind>/` (`h200`, `h100`,
-//! ...), because timings and even verdicts (a bandwidth fraction, a tokens/s
-//! target) belong to one kind of GPU. `--baseline` names either one baseline
-//! folder (it holds `falsification.csv`) or the folder of kinds:
+//! Baselines live per subject and GPU kind,
+//! `reports/baseline/<subject>/<kind>/` (`qlora/h200`, `qlora/h100`, ...),
+//! because the subject is what was tested, and timings and even verdicts (a
+//! bandwidth fraction, a tokens/s target) belong to one kind of GPU.
+//! `--baseline` names one baseline folder (it holds `falsification.csv`),
+//! one subject's folder of kinds, or the folder of subjects (it holds a
+//! folder named for the run's subject, as `run.json` records it):
 //!
 //! - a run that used a GPU is compared with the baseline of that GPU's kind;
 //! - a run that used no GPU is judged on its `cpu` trials, against the `cpu`
@@ -16,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use super::compare::RunData;
 use super::evidence::Side;
+use super::meta::LEGACY_SUBJECT;
 use super::{FalsificationRow, Status, FALSIFICATION_CSV};
 use crate::error::{Error, Result};
 
@@ -70,8 +74,14 @@ pub struct Selection {
 
 /// Picks the baseline(s) under `root` for `current` (see the module docs).
 pub fn select(root: &Path, current: &RunData) -> Result<Selection> {
+    let subject = subject_of(current);
+    let root = &subject_root(root, subject);
     let single = root.join(FALSIFICATION_CSV).exists();
-    let kinds = if single { Vec::new() } else { kind_dirs(root)? };
+    let kinds = if single {
+        Vec::new()
+    } else {
+        kind_dirs(root, subject)?
+    };
     match current.used_gpu() {
         Some(device) if single => one_baseline(root, &device, current, true),
         Some(device) => {
@@ -86,8 +96,30 @@ pub fn select(root: &Path, current: &RunData) -> Result<Selection> {
     }
 }
 
-/// The `<kind>/` folders under `root` that hold a baseline, sorted by name.
-fn kind_dirs(root: &Path) -> Result<Vec<(String, PathBuf)>> {
+/// The subject `current` tested, as its run record says; a record from
+/// before subjects (or none) is of [`LEGACY_SUBJECT`].
+fn subject_of(current: &RunData) -> &str {
+    current
+        .meta
+        .as_ref()
+        .map_or(LEGACY_SUBJECT, |m| m.subject.as_str())
+}
+
+/// The folder of `subject`'s baselines: `root/<subject>` when `root` is the
+/// folder of subjects (it has a `<subject>/` folder and is no baseline
+/// itself), else `root` as given.
+fn subject_root(root: &Path, subject: &str) -> PathBuf {
+    let of_subject = root.join(subject);
+    if !root.join(FALSIFICATION_CSV).exists() && of_subject.is_dir() {
+        of_subject
+    } else {
+        root.to_path_buf()
+    }
+}
+
+/// The `<kind>/` folders under `root` that hold a baseline, sorted by name;
+/// `subject` (the run's) for the message when there is none.
+fn kind_dirs(root: &Path, subject: &str) -> Result<Vec<(String, PathBuf)>> {
     let entries = std::fs::read_dir(root).map_err(|e| Error::io(root, e))?;
     let mut kinds: Vec<(String, PathBuf)> = entries
         .flatten()
@@ -100,7 +132,7 @@ fn kind_dirs(root: &Path) -> Result<Vec<(String, PathBuf)>> {
         return Err(not_found(
             root,
             format!(
-                "no baseline here: neither {FALSIFICATION_CSV} nor a <gpu-kind>/{FALSIFICATION_CSV} (e.g. h200/{FALSIFICATION_CSV})"
+                "no baseline here: neither {FALSIFICATION_CSV}, nor a {subject}/<gpu-kind>/{FALSIFICATION_CSV} for this run's subject `{subject}`, nor a <gpu-kind>/{FALSIFICATION_CSV} (e.g. h200/{FALSIFICATION_CSV})"
             ),
         ));
     }
