@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use crate::subject::BoxError;
+/// Any error of a subject, boxed where the core keeps it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Everything that can go wrong in the harness core, from a malformed
 /// contract to a report that cannot be written; a subject's own errors are

@@ -49,7 +49,7 @@ use crate::subject::{DeviceOptions, Subject};
 /// ```ignore
 /// falsify_core::harness! {
 ///     contracts: "contracts",
-///     subject: falsify_qlora::Qlora,
+///     subject: my_subject::MySubject,
 /// }
 /// ```
 ///

@@ -9,12 +9,15 @@
 //! its own with a timeout, and writes what it measured to CSV; a
 //! regression report compares a run with a committed baseline.
 //!
-//! Layout: [`subject`] (the seam a system under test implements),
-//! [`contract`] (schema, discovery, validation), [`check`] (what a check
-//! kind is, [`kinds!`] to declare a subject's, parameter types and docs,
-//! stats), [`run`] (the engine: planning, a process per trial, timeouts,
-//! the run's snapshot of its contracts), [`child`] (the child processes it
-//! starts), [`report`] (CSV, run records, baselines, REPORT.md, charts) and
+//! Layout, bottom to top (`tests/layering.rs` at the workspace root holds
+//! the modules to this order): [`error`] and [`child`] (the child
+//! processes the engine starts); [`report`] (CSV, run records, baselines,
+//! REPORT.md, charts); [`check`] (the vocabulary of a check: backends,
+//! measurements, parameter types and docs, stats); [`subject`] (the seam a
+//! system under test implements: [`Subject`], its kinds ([`Kind`],
+//! [`KindSet`], [`kinds!`]) and what a trial hands them); [`contract`]
+//! (schema, discovery, validation); [`run`] (the engine: planning, a
+//! process per trial, timeouts, the run's snapshot of its contracts); and
 //! [`harness`] (the `cargo test` runner a subject's test target is made of
 //! with [`harness!`]). The core names no stack: a subject crate (e.g.
 //! `falsify-qlora`) sits above it.
@@ -32,8 +35,8 @@ mod testing;
 
 pub use error::{Error, Result};
 pub use subject::{
-    BasicOptions, BoxError, DeviceFacts, DeviceOptions, HelperRole, MutantSet, NoDevice, OwnCounts,
-    Subject, TrainSession, TrainSetup, Workload,
+    BasicOptions, BoxError, DeviceFacts, DeviceOptions, HelperRole, Kind, KindSet, MutantSet,
+    NoDevice, OwnCounts, Subject, TrainSession, TrainSetup, TrialContext, Workload,
 };
 
 /// What the macros of this crate name from its dependencies, so that a

@@ -7,11 +7,9 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::check::params::NonNegative;
-use crate::check::{
-    Backend, Comparator, Here, Kind, Measurement, ParamDoc, TrialContext, Validate, BOTH,
-};
+use crate::check::{Backend, Comparator, Here, Measurement, ParamDoc, Validate, BOTH};
 use crate::contract::ContractOf;
-use crate::subject::{BasicOptions, DeviceFacts, NoDevice, Subject};
+use crate::subject::{BasicOptions, DeviceFacts, Kind, NoDevice, Subject, TrialContext};
 
 /// The test subject.
 pub struct Toy;

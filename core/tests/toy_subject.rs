@@ -6,10 +6,10 @@ mod toy;
 
 use std::path::Path;
 
-use falsify_core::check::{reference_markdown, KindSet};
 use falsify_core::contract::{load_dir, parse};
 use falsify_core::report::{read_rows, FalsificationRow, Status};
 use falsify_core::run::{plan, Engine, RunOptions};
+use falsify_core::subject::{reference_markdown, KindSet};
 use falsify_core::Error;
 use toy::Toy;
 

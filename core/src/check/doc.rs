@@ -4,7 +4,8 @@
 //! Each kind declares its parameters as data next to its `Params` struct
 //! (`PARAMS`, a slice of [`ParamDoc`]) and a minimal valid check block
 //! (`EXAMPLE`); the subject's [`kinds!`](crate::kinds) line hands both to
-//! [`super::KindInfo`], and [`reference_markdown`] renders them. Bounds
+//! [`super::KindInfo`], and [`kind_markdown`] renders them (for the whole
+//! set, `subject::reference_markdown`). Bounds
 //! name the constants the code enforces ([`Piece::Int`], [`Piece::Real`]),
 //! so a changed bound changes the reference; a subject's tests check the
 //! names, the spellings and the defaults against serde.
@@ -12,7 +13,7 @@
 use std::fmt::Write;
 
 use super::params::MIN_TIMEOUT_S;
-use super::{Backend, KindInfo, KindSet};
+use super::{Backend, KindInfo};
 
 /// One documented parameter of a check kind.
 #[derive(Debug, Clone, Copy)]
@@ -129,17 +130,25 @@ pub fn example_yaml(kind: &KindInfo, extra: &[(&str, &str)]) -> String {
     format!("{{kind: {}{}}}", kind.name, body.concat())
 }
 
-/// The default timeout of a kind, read from its parsed example, and the
-/// floor of a test's own `timeout_s`.
-fn timeout_text<K: KindSet>(kind: &KindInfo) -> Option<String> {
-    let spec: K = serde_yaml::from_str(&example_yaml(kind, &[])).ok()?;
-    Some(format!(
-        "{} s; a test's `timeout_s` may set another, of at least {MIN_TIMEOUT_S} s",
-        spec.default_timeout_s()
-    ))
+/// The default timeout of a kind, and the floor of a test's own
+/// `timeout_s`.
+fn timeout_text(default_timeout_s: f64) -> String {
+    format!(
+        "{default_timeout_s} s; a test's `timeout_s` may set another, of at least {MIN_TIMEOUT_S} s"
+    )
 }
 
-fn kind_markdown<K: KindSet>(out: &mut String, kind: &KindInfo) -> std::fmt::Result {
+/// One kind's section of the reference: what it measures, where it runs,
+/// its default timeout (when known), a minimal check block, and a table of
+/// its parameters (default or "required", bound, meaning).
+pub fn kind_markdown(kind: &KindInfo, default_timeout_s: Option<f64>) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = write_kind(&mut out, kind, default_timeout_s);
+    out
+}
+
+fn write_kind(out: &mut String, kind: &KindInfo, timeout: Option<f64>) -> std::fmt::Result {
     let backends: Vec<&str> = kind.backends.iter().map(|b| Backend::as_str(*b)).collect();
     writeln!(out, "#### `{}`\n", kind.name)?;
     writeln!(
@@ -148,8 +157,8 @@ fn kind_markdown<K: KindSet>(out: &mut String, kind: &KindInfo) -> std::fmt::Res
         kind.measures,
         backends.join(", ")
     )?;
-    if let Some(t) = timeout_text::<K>(kind) {
-        writeln!(out, "Default timeout: {t}.")?;
+    if let Some(t) = timeout {
+        writeln!(out, "Default timeout: {}.", timeout_text(t))?;
     }
     writeln!(out, "Minimal check: `{}`.\n", example_yaml(kind, &[]))?;
     writeln!(out, "| parameter | default | bound | meaning |")?;
@@ -165,22 +174,6 @@ fn kind_markdown<K: KindSet>(out: &mut String, kind: &KindInfo) -> std::fmt::Res
         )?;
     }
     Ok(())
-}
-
-/// The Markdown reference of every kind of the set `K`: what it measures,
-/// where it runs, a minimal check block, and a table of its parameters
-/// (default or "required", bound, meaning). `falsify kinds` prints it; the
-/// README holds a copy that a test keeps current.
-pub fn reference_markdown<K: KindSet>() -> String {
-    let mut out = String::new();
-    for (i, kind) in K::KINDS.iter().enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        // Writing into a String cannot fail.
-        let _ = kind_markdown::<K>(&mut out, kind);
-    }
-    out
 }
 
 #[cfg(test)]

@@ -13,13 +13,12 @@ use serde::de::{
     self, DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess, Visitor,
 };
 
-use crate::check::KindSet;
 use crate::contract::discover::{self as tree, Kind};
 use crate::contract::number;
 use crate::contract::schema::{Contract, ContractOf};
 use crate::contract::tree::{Found, Mark, Tree};
 use crate::error::{Error, Result};
-use crate::subject::Subject;
+use crate::subject::{KindSet, Subject};
 
 /// Largest contract file accepted. Real contracts are a few KiB; this bounds the
 /// time and memory a hostile or broken file can cost before parsing starts.

@@ -12,8 +12,8 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 use crate::check::params::Timeout;
-use crate::check::{Backend, KindSet};
-use crate::subject::Subject;
+use crate::check::Backend;
+use crate::subject::{KindSet, Subject};
 
 /// One YAML contract file, whose checks are of the kind set `K` and whose
 /// mutants of the set `M` (a subject's: see [`ContractOf`]).

@@ -9,7 +9,19 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use crate::error::{Error, Result};
-use crate::subject::DeviceFacts;
+
+/// What a report row and `run.json` record about a device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceFacts {
+    /// As the driver reports it, e.g. "NVIDIA H200".
+    pub name: String,
+    /// (major, minor), e.g. (9, 0) for Hopper.
+    pub compute_capability: (u32, u32),
+    pub sm_count: u32,
+    pub total_memory_bytes: usize,
+    /// The CUDA version the driver supports, e.g. "13.0".
+    pub driver_version: String,
+}
 
 /// Name of the run record beside the CSVs.
 pub const RUN_JSON: &str = "run.json";

@@ -19,13 +19,13 @@ pub use crate::report::meta::{
     nvidia_smi_query, read_clocks, GpuMeta, RecordedOptions, RunMeta, RUN_JSON,
 };
 
-use crate::check::{GpuHere, Here, KindSet, Measurement, TrialContext};
+use crate::check::{GpuHere, Here, Measurement};
 use crate::contract::{Backend, ContractOf, TestOf};
 use crate::error::{Error, Result};
 use crate::report::artifacts::{self, artifact_stem, ArtifactWriter, ARTIFACTS_DIR};
 use crate::report::claim::Headline;
 use crate::report::{FalsificationRow, ReportDir, SpeedupRow, Status, Written};
-use crate::subject::{DeviceFacts, DeviceOptions, Subject};
+use crate::subject::{DeviceFacts, DeviceOptions, KindSet, Subject, TrialContext};
 
 /// Where the front ends keep compiled kernel modules, relative to the
 /// workspace root: under the git-ignored `target/`, shared by every trial

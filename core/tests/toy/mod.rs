@@ -10,10 +10,9 @@
 
 use falsify_core::check::params::NonNegative;
 use falsify_core::check::{
-    Backend, Comparator, Kind, Measurement, ParamDefault, ParamDoc, Piece, TrialContext, Validate,
-    BOTH,
+    Backend, Comparator, Measurement, ParamDefault, ParamDoc, Piece, Validate, BOTH,
 };
-use falsify_core::{BasicOptions, DeviceFacts, NoDevice, Subject};
+use falsify_core::{BasicOptions, DeviceFacts, Kind, NoDevice, Subject, TrialContext};
 use serde::Deserialize;
 
 /// The toy subject.

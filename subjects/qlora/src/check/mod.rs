@@ -8,8 +8,9 @@
 //! data (`PARAMS`, see [`doc`]) with a minimal check block (`EXAMPLE`). One
 //! line of the `kinds!` below registers a kind (name, backends, what it
 //! measures); the `kind:` key of a contract's `check:` block selects it.
-//! The framework (what a kind is, how `check:` parses, the parameter
-//! types and docs) is the core's: see [`falsify_core::check`].
+//! The framework is the core's: what a kind is and how `check:` parses
+//! ([`falsify_core::subject`]), the parameter types and docs
+//! ([`falsify_core::check`]).
 
 pub mod doc;
 pub mod op;
@@ -32,9 +33,10 @@ pub mod throughput_ratio;
 pub mod trajectory_match;
 
 pub use falsify_core::check::{
-    stats, Backend, Comparator, GpuHere, Here, Kind, KindInfo, KindSet, Measurement, ParamDefault,
-    ParamDoc, Piece, Speedup, Validate, BOTH, CPU, CUDA, DEFAULT_TIMEOUT_S,
+    stats, Backend, Comparator, GpuHere, Here, KindInfo, Measurement, ParamDefault, ParamDoc,
+    Piece, Speedup, Validate, BOTH, CPU, CUDA, DEFAULT_TIMEOUT_S,
 };
+pub use falsify_core::subject::{Kind, KindSet};
 
 use crate::error::Result;
 use crate::Qlora;
@@ -42,7 +44,7 @@ use qlora::gpu::GpuContext;
 use qlora::Faults;
 
 /// What a trial hands to one of qlora's checks.
-pub type TrialContext<'a> = falsify_core::check::TrialContext<'a, Qlora>;
+pub type TrialContext<'a> = falsify_core::subject::TrialContext<'a, Qlora>;
 
 falsify_core::kinds! {
     /// The `check:` block of a falsification test of the qlora subject.
@@ -66,7 +68,7 @@ falsify_core::kinds! {
 
 /// The Markdown reference of qlora's kinds (`falsify kinds`).
 pub fn reference_markdown() -> String {
-    falsify_core::check::reference_markdown::<CheckSpec>()
+    falsify_core::subject::reference_markdown::<CheckSpec>()
 }
 
 /// The stack's fault knobs of a trial's mutant.

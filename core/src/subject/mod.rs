@@ -10,6 +10,10 @@
 //! process isolation, timeouts, CSV, baselines, the report, nextest — is
 //! the core's and works for any subject.
 //!
+//! A subject's kinds implement [`Kind`] and are declared with
+//! [`kinds!`](crate::kinds), which makes them a [`KindSet`]; a check gets a
+//! [`TrialContext`].
+//!
 //! A subject with no GPU code at all uses [`NoDevice`] and [`BasicOptions`]:
 //! its `cpu` trials run, its `cuda` trials are skipped with the reason.
 //!
@@ -23,10 +27,13 @@ use std::path::PathBuf;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::check::KindSet;
+mod kinds;
+mod workload;
 
-/// Any error of a subject, boxed where the core keeps it.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::error::BoxError;
+pub use crate::report::meta::DeviceFacts;
+pub use kinds::{deserialize_check, reference_markdown, Kind, KindSet, TrialContext};
+pub use workload::{OwnCounts, TrainSession, TrainSetup, Workload};
 
 /// A system under test.
 ///
@@ -84,7 +91,7 @@ pub trait Subject: Send + Sync + Sized + 'static {
     }
 
     /// Helper processes this subject's kinds start (e.g. data-parallel
-    /// ranks), dispatched by [`crate::run::helper_reply`] beside the
+    /// ranks), dispatched by the engine's `run::helper_reply` beside the
     /// trial-process flag.
     fn helpers() -> &'static [HelperRole] {
         &[]
@@ -140,19 +147,6 @@ impl DeviceOptions for BasicOptions {
 #[derive(Debug)]
 pub enum NoDevice {}
 
-/// What a report row and `run.json` record about a device.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceFacts {
-    /// As the driver reports it, e.g. "NVIDIA H200".
-    pub name: String,
-    /// (major, minor), e.g. (9, 0) for Hopper.
-    pub compute_capability: (u32, u32),
-    pub sm_count: u32,
-    pub total_memory_bytes: usize,
-    /// The CUDA version the driver supports, e.g. "13.0".
-    pub driver_version: String,
-}
-
 /// A helper process a subject's kinds start from the front end's own
 /// executable: started with `flag` as its first argument and its job on
 /// stdin; `run` answers with the line the front end prints on stdout.
@@ -164,83 +158,6 @@ pub struct HelperRole {
     pub run: fn(&str) -> Result<String, BoxError>,
 }
 
-// ---- the workload the core's driver-observed kinds drive ----------------------
-
-/// A subject's training workload, as the core's driver-observed kinds drive
-/// it. Per trial they call [`Workload::upload_bytes`], then, inside an
-/// observed region, [`Workload::prepare`] (a marker "prepared" after it),
-/// then [`TrainSession::step`] `steps` times (a marker "step i" before
-/// each), and judge the driver's recording and
-/// [`TrainSession::own_counts`].
-pub trait Workload<S: Subject>: Sync {
-    /// Names of the configurations it can train; a core kind's `model:` is
-    /// validated against them at load time.
-    fn models(&self) -> &[&'static str];
-
-    /// Bytes of frozen and trainable weights [`Workload::prepare`] uploads:
-    /// the observer's upload point is where the cumulative host-to-device
-    /// bytes first reach this.
-    fn upload_bytes(&self, setup: &TrainSetup) -> Result<u64, BoxError>;
-
-    /// Pre-warms (if the subject has a pre-warm), then builds the trainer
-    /// and uploads the weights. The subject applies its own `mutant` (its
-    /// fault knobs) here when given one.
-    fn prepare<'d>(
-        &self,
-        device: &'d mut S::Device,
-        setup: &TrainSetup,
-        mutant: Option<&S::Mutant>,
-    ) -> Result<Box<dyn TrainSession + 'd>, BoxError>;
-
-    /// Environment a trial process needs for `setup` (a stack that reads a
-    /// switch from the environment once per process): the engine starts
-    /// the trial's process with it. Default: none.
-    fn process_env(&self, _setup: &TrainSetup) -> Vec<(String, String)> {
-        Vec::new()
-    }
-}
-
-/// A prepared trainer.
-pub trait TrainSession {
-    /// One training step; returns the loss.
-    fn step(&mut self) -> Result<f32, BoxError>;
-
-    /// The subject's own counters, where it has them: a second witness
-    /// beside the observer. Disagreement is itself a falsification.
-    fn own_counts(&self) -> Option<OwnCounts> {
-        None
-    }
-}
-
-/// What to train: a configuration of the workload and how.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TrainSetup {
-    /// One of [`Workload::models`].
-    pub model: String,
-    pub batch: usize,
-    /// `None`: the model's own.
-    pub seq_len: Option<usize>,
-    /// Replay the step as a captured CUDA graph.
-    pub graph: bool,
-    pub steps: usize,
-    pub seed: u64,
-    /// `None`: the subject's default.
-    pub learning_rate: Option<f64>,
-}
-
-/// A subject's own counters; each `None` where it does not count it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct OwnCounts {
-    /// Kernel compilations after pre-warm finished.
-    pub compilations_after_prewarm: Option<u64>,
-    /// Host synchronisations inside the captured region.
-    pub syncs_inside_capture: Option<u64>,
-    /// Host synchronisations per step, outside any capture.
-    pub syncs_per_step: Option<f64>,
-    /// Modules loaded in all.
-    pub modules_loaded: Option<u64>,
-}
-
 /// The role of `helpers` that `flag` selects.
 pub(crate) fn helper_by_flag<'a>(helpers: &'a [HelperRole], flag: &str) -> Option<&'a HelperRole> {
     helpers.iter().find(|h| h.flag == flag)
@@ -249,7 +166,7 @@ pub(crate) fn helper_by_flag<'a>(helpers: &'a [HelperRole], flag: &str) -> Optio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::{Backend, Here, Kind, Measurement, TrialContext, Validate, CPU};
+    use crate::check::{Backend, Here, Measurement, Validate, CPU};
 
     /// A fake subject whose workload counts what it was asked to do.
     struct Fake;
