@@ -1,7 +1,8 @@
-//! The `cargo test` runner of a subject's contracts, which [`harness!`]
-//! (crate::harness) makes a test target's `main`: one libtest-mimic trial
-//! per falsification test (`{contract}::{test_id}`) and one per mutant
-//! self-test (`{contract}::{test_id}::mutant`), with kind `cpu` or `cuda`.
+//! The `cargo test` runner of a subject's contracts, which
+//! [`harness!`](macro@crate::harness) makes a test target's `main`: one
+//! libtest-mimic trial per falsification test (`{contract}::{test_id}`)
+//! and one per mutant self-test (`{contract}::{test_id}::mutant`), with
+//! kind `cpu` or `cuda`.
 //!
 //! Under `cargo test` each trial runs in a child process of this executable
 //! (a crash, a hang past the trial's timeout or a poisoned CUDA context costs
@@ -184,7 +185,7 @@ fn print_messages(written: &Written) {
 }
 
 /// The contract suite of the subject `S` in the folder `dir`, as a test
-/// target's `main` (see [`harness!`](crate::harness)): a trial process or
+/// target's `main` (see [`harness!`](macro@crate::harness)): a trial process or
 /// a helper of the subject when started as one, else the libtest run of
 /// every trial the contracts define, with the reports written at the end.
 pub fn main<S: Subject>(dir: PathBuf) -> ExitCode {
@@ -195,8 +196,48 @@ pub fn main<S: Subject>(dir: PathBuf) -> ExitCode {
         return answer(reply);
     }
     let nextest = nextest();
+    let under_nextest = nextest.is_some();
     let args = Arguments::from_args();
-    let contracts = match load_dir::<S>(&dir) {
+    let Some((specs, engine)) = start::<S>(&dir, &args, nextest.as_ref(), process_start) else {
+        return ExitCode::FAILURE;
+    };
+    let unjudged = unjudged_trials(&args, &specs, &engine, under_nextest);
+    let trials: Vec<Trial> = specs
+        .iter()
+        .zip(&unjudged)
+        .map(|(spec, why)| make_trial(spec, &engine, why.is_some()))
+        .collect();
+    if trials.is_empty() {
+        eprintln!("no trials: the contracts define no falsification tests");
+        return ExitCode::FAILURE;
+    }
+    if !args.list {
+        if let Err(e) = prepare(&args, &specs, &unjudged, &engine, under_nextest) {
+            print_error(&format!("{e}; no trial was run"));
+            return ExitCode::FAILURE;
+        }
+    }
+    let conclusion = libtest_mimic::run(&args, trials);
+    if args.list {
+        return conclusion.exit_code();
+    }
+    record_skipped(&args, &specs, &unjudged, &engine, under_nextest);
+    finish(&specs, &engine, &conclusion)
+}
+
+/// Every trial the contracts define, and the engine that runs them.
+type Planned<S> = (Vec<TrialSpec<S>>, Arc<Engine<S>>);
+
+/// Loads and plans the contracts in `dir` and makes the engine; unless
+/// listing, also refuses trials that need more than this machine has and
+/// lets SIGINT/SIGTERM stop the run. `None` when refused (said on stderr).
+fn start<S: Subject>(
+    dir: &Path,
+    args: &Arguments,
+    nextest: Option<&Nextest>,
+    process_start: Instant,
+) -> Option<Planned<S>> {
+    let contracts = match load_dir::<S>(dir) {
         Ok(c) => c,
         Err(errors) => {
             for e in &errors {
@@ -207,20 +248,16 @@ pub fn main<S: Subject>(dir: PathBuf) -> ExitCode {
                 errors.len(),
                 dir.display()
             );
-            return ExitCode::FAILURE;
+            return None;
         }
     };
     let specs = plan::<S>(contracts);
-    let options = match run_options::<S>(&dir, nextest.as_ref(), process_start) {
-        Ok(options) => options,
-        Err(e) => {
-            print_error(&e);
-            return ExitCode::FAILURE;
-        }
-    };
+    let options = run_options::<S>(dir, nextest, process_start)
+        .map_err(|e| print_error(&e))
+        .ok()?;
     let engine = Arc::new(Engine::new(options));
     if !args.list {
-        let chosen = specs.iter().filter(|s| selected(&args, s));
+        let chosen = specs.iter().filter(|s| selected(args, s));
         let over = check_budgets(chosen, &engine);
         if !over.is_empty() {
             for e in &over {
@@ -230,41 +267,30 @@ pub fn main<S: Subject>(dir: PathBuf) -> ExitCode {
                 "{} trial(s) would need more than this machine has",
                 over.len()
             );
-            return ExitCode::FAILURE;
+            return None;
         }
         let stop = Arc::clone(&engine);
         if let Err(e) = ctrlc::set_handler(move || stop.interrupt()) {
             eprintln!("warning: SIGINT/SIGTERM will not keep finished rows: {e}");
         }
     }
-    let unjudged = unjudged_trials(&args, &specs, &engine, nextest.is_some());
-    let trials: Vec<Trial> = specs
-        .iter()
-        .zip(&unjudged)
-        .map(|(spec, why)| make_trial(spec, &engine, why.is_some()))
-        .collect();
-    if trials.is_empty() {
-        eprintln!("no trials: the contracts define no falsification tests");
-        return ExitCode::FAILURE;
-    }
-    let listing = args.list;
-    if !listing {
-        if let Err(e) = prepare(&args, &specs, &unjudged, &engine, nextest.is_some()) {
-            print_error(&format!("{e}; no trial was run"));
-            return ExitCode::FAILURE;
-        }
-    }
-    let conclusion = libtest_mimic::run(&args, trials);
-    if listing {
-        return conclusion.exit_code();
-    }
+    Some((specs, engine))
+}
 
-    // Ignored trials never ran; record them as skipped, with the reason.
+/// Records the trials libtest ignored (they never ran) as skipped, with
+/// the reason, and says how many per reason.
+fn record_skipped<S: Subject>(
+    args: &Arguments,
+    specs: &[TrialSpec<S>],
+    unjudged: &[Option<String>],
+    engine: &Engine<S>,
+    under_nextest: bool,
+) {
     let mut reasons: std::collections::BTreeMap<&str, usize> = Default::default();
-    for (spec, why) in specs.iter().zip(&unjudged) {
+    for (spec, why) in specs.iter().zip(unjudged) {
         if let Some(reason) = why
             .as_deref()
-            .filter(|w| records_skipped(&args, spec, Some(w), nextest.is_some()))
+            .filter(|w| records_skipped(args, spec, Some(w), under_nextest))
         {
             engine.skip(spec, reason);
             *reasons.entry(reason).or_default() += 1;
@@ -273,12 +299,22 @@ pub fn main<S: Subject>(dir: PathBuf) -> ExitCode {
     for (reason, n) in reasons {
         eprintln!("{n} trial(s) ignored: {}", escape_controls(reason));
     }
+}
+
+/// After the trials: refuses a run that matched nothing, writes the
+/// reports, and gives the exit code (130 when interrupted, libtest's
+/// otherwise).
+fn finish<S: Subject>(
+    specs: &[TrialSpec<S>],
+    engine: &Engine<S>,
+    conclusion: &libtest_mimic::Conclusion,
+) -> ExitCode {
     let ran = conclusion.num_passed + conclusion.num_failed;
     if ran == 0 && conclusion.num_ignored == 0 {
         eprintln!("no trial matched the filter: nothing was run");
         return ExitCode::FAILURE;
     }
-    match engine.write_reports(&specs) {
+    match engine.write_reports(specs) {
         Ok(written) => {
             print_messages(&written);
             eprintln!("report: {}", written.path.display());

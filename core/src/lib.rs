@@ -18,7 +18,7 @@
 //! [`KindSet`], [`kinds!`]) and what a trial hands them); [`contract`]
 //! (schema, discovery, validation); [`run`] (the engine: planning, a
 //! process per trial, timeouts, the run's snapshot of its contracts); and
-//! [`harness`] (the `cargo test` runner a subject's test target is made of
+//! [`harness`](mod@harness) (the `cargo test` runner a subject's test target is made of
 //! with [`harness!`]). The core names no stack: a subject crate (e.g.
 //! `falsify-qlora`) sits above it.
 

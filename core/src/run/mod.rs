@@ -636,8 +636,21 @@ impl<S: Subject> Engine<S> {
             Self::recover_if_faulted(slot);
         }
         drop(gpu_guard);
-        let duration_ms = started.elapsed().as_secs_f64() * 1e3;
+        let timing = (started.elapsed().as_secs_f64() * 1e3, setup_ms);
+        self.record(trial, seed, injected, result, timing)
+    }
 
+    /// Judges a trial's result, writes its failure artifact, and records
+    /// its row and speedups; `timing` is its duration and setup, in ms.
+    fn record(
+        &self,
+        trial: &TrialSpec<S>,
+        seed: u64,
+        injected: bool,
+        result: std::result::Result<Measurement, Failure<S::Error>>,
+        (duration_ms, setup_ms): (f64, f64),
+    ) -> TrialOutcome {
+        let test = trial.test();
         let (status, measurement, mut detail) = judge::<S>(trial, seed, result);
         if injected {
             detail = format!(

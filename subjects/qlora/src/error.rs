@@ -41,10 +41,6 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    /// An error of the harness core (a helper process's request, ...).
-    #[error(transparent)]
-    Core(#[from] falsify_core::Error),
-
     /// An error of the training stack under test.
     #[error(transparent)]
     Stack(#[from] qlora::Error),

@@ -7,7 +7,7 @@
 //! claim against the real code, and a mutant that must make it fail.
 //!
 //! Layout: [`check`] (the kinds, registered with `falsify_core::kinds!`),
-//! [`reference`] (the CPU oracle), [`mutant`] (named faults, mapped to the
+//! [`reference`](mod@reference) (the CPU oracle), [`mutant`] (named faults, mapped to the
 //! stack's fault knobs or to faulty oracle variants), [`ranks`]
 //! (data-parallel ranks as helper processes), and [`Qlora`], the
 //! [`Subject`] the core's engine, CLI and `harness!{}` run. The stack knows
