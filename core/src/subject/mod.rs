@@ -3,8 +3,8 @@
 //! The core plans, isolates, times, records and judges trials; a
 //! [`Subject`] says what a trial runs on and what it may check: how to open
 //! its device for a trial and what the device is ([`DeviceFacts`]), its
-//! check kinds (a [`KindSet`] declared with [`crate::kinds!`], parsed as
-//! strictly as the core's own, with located errors and parameter docs), its
+//! check kinds (a [`KindSet`] declared with [`crate::kinds!`], parsed
+//! strictly, with located errors and parameter docs), its
 //! mutants ([`MutantSet`], resolved by name when a contract loads), its
 //! errors, and the helper processes its kinds start. Everything else —
 //! process isolation, timeouts, CSV, baselines, the report, nextest — is
