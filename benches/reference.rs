@@ -3,7 +3,7 @@
 //! work) for the GEMM and in bytes for the memory-bound RMSNorm.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use falsify::reference::{gemm, rmsnorm};
+use falsify_qlora::reference::{gemm, rmsnorm};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

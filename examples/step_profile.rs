@@ -11,7 +11,7 @@
 //! (CUDA events around each step, after two warm-up steps), then the loss of
 //! the profiled step.
 
-use falsify::check::stats::median;
+use falsify_core::check::stats::median;
 use qlora::gpu::{driver_present, GemmMath, GpuContext, GpuOptions};
 use qlora::model::ModelConfig;
 use qlora::train::{BaseWeights, GpuTrainOptions, GpuTrainer};

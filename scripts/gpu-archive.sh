@@ -22,10 +22,11 @@ nextest=$(command -v cargo-nextest) || {
 rm -f .gpu/falsify.tar.zst
 # Cargo fingerprints workspace members by paths relative to the workspace
 # root, so a second checkout (a git worktree) built into the same target
-# directory leaves artifacts this checkout takes as fresh. Rebuilding the two
-# workspace crates makes the archive this checkout's code, whatever else
+# directory leaves artifacts this checkout takes as fresh. Rebuilding the
+# workspace crates the archive holds (the stack, the harness core, the qlora
+# subject and the front ends) makes it this checkout's code, whatever else
 # shares the target directory.
-cargo clean --release -p qlora -p falsify
+cargo clean --release -p qlora -p falsify-core -p falsify-qlora -p falsify
 cargo nextest archive --release --archive-format tar-zst --archive-file .gpu/falsify.tar.zst \
   -p falsify --test contracts --test gpu_fault_isolation \
   -p qlora --test train_gpu --test fault_scope --test nvrtc

@@ -2,27 +2,29 @@
 //! summary table, `list` the trials they define, `report` how the latest
 //! run compares with a baseline, or print the reference of the check `kinds`.
 
-#[path = "../harness/answer.rs"]
-mod answer;
-
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use answer::answer;
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, Parser, Subcommand};
-use falsify::contract::load_dir;
-use falsify::report::compare::{Verdict, EXIT_NO_VERDICT};
-use falsify::report::markdown::write_report;
-use falsify::report::terminal::escape_controls;
-use falsify::report::{ReportDir, Status};
-use falsify::run::{
-    check_budgets, helper_reply, plan, ChildCommand, Engine, Isolation, RunOptions, TrialOutcome,
-    TrialSpec,
+use falsify_core::contract::load_dir;
+use falsify_core::harness::answer;
+use falsify_core::report::compare::{Verdict, EXIT_NO_VERDICT};
+use falsify_core::report::markdown::write_report;
+use falsify_core::report::terminal::escape_controls;
+use falsify_core::report::{ReportDir, Status};
+use falsify_core::run::{
+    check_budgets, helper_reply, plan, ChildCommand, Isolation, RunOptions, TrialOutcome,
 };
+use falsify_qlora::Qlora;
 use indicatif::{ProgressBar, ProgressStyle};
 use qlora::gpu::GpuOptions;
+
+/// The subject `run`, `list` and `kinds` work on.
+type Subject = Qlora;
+type Engine = falsify_core::run::Engine<Subject>;
+type TrialSpec = falsify_core::run::TrialSpec<Subject>;
 
 #[derive(Parser)]
 #[command(
@@ -60,7 +62,7 @@ struct RunArgs {
     inject: Vec<String>,
     /// Where compiled kernel modules are kept between trial processes
     /// (git-ignored under target/; `cargo clean` empties it).
-    #[arg(long, default_value = falsify::run::DEFAULT_KERNEL_CACHE)]
+    #[arg(long, default_value = falsify_core::run::DEFAULT_KERNEL_CACHE)]
     kernel_cache: PathBuf,
 }
 
@@ -77,9 +79,11 @@ enum Command {
     /// the current run's directory. Exits 0 clean, 1 regressed, 3 incomplete
     /// (baseline trials that did not run), 2 when no verdict was reached.
     Report {
-        /// The folder of per-GPU baselines (`<kind>/`, e.g. `h200/`), or one
-        /// baseline's report directory. A GPU run is compared with its GPU
-        /// kind's baseline; a run without a GPU with every baseline's cpu rows.
+        /// The folder of baselines (`<subject>/<kind>/`, e.g. `qlora/h200/`),
+        /// one subject's folder of per-GPU baselines, or one baseline's
+        /// report directory. A GPU run is compared with its subject's and
+        /// GPU kind's baseline; a run without a GPU with the cpu rows of
+        /// every baseline of its subject.
         #[arg(long, default_value = "reports/baseline")]
         baseline: PathBuf,
         /// The run to judge (never inside the baseline folder).
@@ -103,7 +107,8 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let argv: Vec<String> = std::env::args().collect();
     // A trial process or a data-parallel rank: run it, answer on stdout.
-    if let Some(reply) = helper_reply(&argv, &mut std::io::stdin().lock(), process_start) {
+    if let Some(reply) = helper_reply::<Subject>(&argv, &mut std::io::stdin().lock(), process_start)
+    {
         return answer(reply);
     }
     match real_main() {
@@ -139,8 +144,8 @@ fn print_error(e: &dyn std::fmt::Display) {
 }
 
 fn load(contracts: &Path) -> anyhow::Result<Vec<TrialSpec>> {
-    match load_dir(contracts) {
-        Ok(c) => Ok(plan(c)),
+    match load_dir::<Subject>(contracts) {
+        Ok(c) => Ok(plan::<Subject>(c)),
         Err(errors) => {
             for e in &errors {
                 print_error(e);
@@ -176,7 +181,7 @@ fn real_main() -> anyhow::Result<ExitCode> {
             Ok(report(&baseline, &current))
         }
         Command::Kinds => {
-            print!("{}", falsify::check::reference_markdown());
+            print!("{}", falsify_qlora::check::reference_markdown());
             Ok(ExitCode::SUCCESS)
         }
         Command::Run(args) => run(args),
@@ -226,10 +231,10 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         seed: args.seed,
         inject: args.inject,
         isolation: Isolation::Child(ChildCommand::current_exe()?),
-        gpu: GpuOptions {
+        device: falsify_qlora::Options(GpuOptions {
             kernel_cache_dir: Some(args.kernel_cache),
             ..GpuOptions::default()
-        },
+        }),
         ..RunOptions::default()
     }));
     let over = check_budgets(selected.iter().copied(), &engine);
@@ -383,8 +388,8 @@ fn merge_shards(baseline: &Path, shards: &[PathBuf], into: &Path) -> anyhow::Res
         .find(|p| p.exists())
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    falsify::report::baseline::refuse_output_inside(baseline, existing)?;
-    let merged = falsify::report::merge::merge_runs(shards, into)
+    falsify_core::report::baseline::refuse_output_inside(baseline, existing)?;
+    let merged = falsify_core::report::merge::merge_runs(shards, into)
         .with_context(|| format!("merging {} run(s) into {}", shards.len(), into.display()))?;
     for shard in &merged.shards {
         println!("shard {shard}");

@@ -12,10 +12,10 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use falsify::report::compare::{Verdict, EXIT_INCOMPLETE, EXIT_NO_VERDICT};
-use falsify::report::markdown::{write_report, REPORT_MD};
-use falsify::report::meta::RunMeta;
-use falsify::report::{read_rows, write_rows_atomic, FalsificationRow, ReportDir, Status};
+use falsify_core::report::compare::{Verdict, EXIT_INCOMPLETE, EXIT_NO_VERDICT};
+use falsify_core::report::markdown::{write_report, REPORT_MD};
+use falsify_core::report::meta::RunMeta;
+use falsify_core::report::{read_rows, write_rows_atomic, FalsificationRow, ReportDir, Status};
 
 fn planted_baseline() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/report/planted_baseline")

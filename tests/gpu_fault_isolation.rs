@@ -9,9 +9,13 @@
 //! Needs a GPU: run on the GPU machine with
 //! `gpu_fault_isolation --ignored --test-threads 1`.
 
-use falsify::contract::load_dir;
-use falsify::report::{read_rows, FalsificationRow, Status};
-use falsify::run::{plan, ChildCommand, Engine, Isolation, RunOptions, TrialSpec};
+use falsify_core::contract::load_dir;
+use falsify_core::report::{read_rows, FalsificationRow, Status};
+use falsify_core::run::{plan, ChildCommand, Isolation, RunOptions};
+use falsify_qlora::Qlora;
+
+type Engine = falsify_core::run::Engine<Qlora>;
+type TrialSpec = falsify_core::run::TrialSpec<Qlora>;
 
 const CONTRACT: &str = r#"
 metadata:
@@ -71,7 +75,7 @@ fn setup_with(
     let contracts = dir.path().join("contracts");
     std::fs::create_dir_all(&contracts).expect("mkdir");
     std::fs::write(contracts.join(format!("{stem}.yaml")), yaml).expect("write contract");
-    let trials = plan(load_dir(&contracts).expect("the contract loads"));
+    let trials = plan::<Qlora>(load_dir::<Qlora>(&contracts).expect("the contract loads"));
     let engine = Engine::new(RunOptions {
         out_dir: dir.path().join("latest"),
         isolation,

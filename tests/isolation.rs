@@ -15,9 +15,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use falsify::contract::load_dir;
-use falsify::report::{read_rows, FalsificationRow, Status};
-use falsify::run::{plan, ChildCommand, Engine, Isolation, RunMeta, RunOptions, RUN_JSON};
+use falsify_core::contract::load_dir;
+use falsify_core::report::{read_rows, FalsificationRow, Status};
+use falsify_core::run::{plan, ChildCommand, Isolation, RunMeta, RunOptions, RUN_JSON};
+use falsify_qlora::Qlora;
+
+type Engine = falsify_core::run::Engine<Qlora>;
 
 /// Three cheap cpu trials (and their self-tests); `F-ISO-002` is the one the
 /// trial command breaks.
@@ -82,7 +85,8 @@ fn breaking(action: &str) -> ChildCommand {
 
 /// Runs every trial of the contract in `dir` with `command`; returns the rows.
 fn run_with(dir: &Path, command: ChildCommand) -> Vec<FalsificationRow> {
-    let trials = plan(load_dir(&dir.join("contracts")).expect("the contract loads"));
+    let trials =
+        plan::<Qlora>(load_dir::<Qlora>(&dir.join("contracts")).expect("the contract loads"));
     let engine = Engine::new(RunOptions {
         out_dir: dir.join("latest"),
         isolation: Isolation::Child(command),

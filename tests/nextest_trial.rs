@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use falsify::report::{read_rows, FalsificationRow, Status};
+use falsify_core::report::{read_rows, FalsificationRow, Status};
 
 const QUICK: &str = r#"
 metadata:
@@ -181,7 +181,7 @@ fn two_nextest_shards_merge_into_the_verdicts_of_one_run() {
     let expected = rows(whole.path());
     assert_eq!(expected.len(), 4);
     let selected = |dir: &Path| {
-        falsify::report::meta::RunMeta::read_json(&dir.join("reports/latest"))
+        falsify_core::report::meta::RunMeta::read_json(&dir.join("reports/latest"))
             .expect("run.json reads")
             .expect("run.json exists")
             .selected
@@ -259,9 +259,10 @@ fn the_gpu_group_slot_is_the_device_ordinal() {
             .output()
             .expect("the harness runs");
         assert!(out.status.success(), "{out:?}");
-        let meta = falsify::report::meta::RunMeta::read_json(&dir.path().join("reports/latest"))
-            .expect("run.json reads")
-            .expect("run.json exists");
+        let meta =
+            falsify_core::report::meta::RunMeta::read_json(&dir.path().join("reports/latest"))
+                .expect("run.json reads")
+                .expect("run.json exists");
         assert!(
             meta.options.gpu.contains(&format!("ordinal: {ordinal},")),
             "{group} slot {slot}: {}",

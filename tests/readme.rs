@@ -10,8 +10,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use falsify::contract::load_dir;
-use falsify::run::plan;
+use falsify_core::contract::load_dir;
+use falsify_core::run::plan;
+use falsify_qlora::Qlora;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -73,7 +74,8 @@ fn the_readme_commands_run_as_written() {
         &root().join("reports/baseline"),
         &scratch.path().join("reports/baseline"),
     );
-    let trials = plan(load_dir(&root().join("contracts")).expect("the contracts load"));
+    let trials =
+        plan::<Qlora>(load_dir::<Qlora>(&root().join("contracts")).expect("the contracts load"));
     let mut ran = 0;
     for line in sh_lines() {
         let (words, expected) = split(&line);

@@ -1,6 +1,6 @@
 //! The regression report: `falsify report --baseline B --current C` against
 //! small CSV fixtures under tests/fixtures/report/, and against the
-//! committed baselines under reports/baseline/.
+//! committed baselines under reports/baseline/<subject>/.
 //!
 //! - planted_*: a GPU parity test that passed in the baseline and is falsified
 //!   now (what its mutant produces), and a speedup whose interval fell below
@@ -13,11 +13,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use falsify::report::artifacts::{ArtifactTensor, ArtifactWriter};
-use falsify::report::compare::{Verdict, EXIT_INCOMPLETE, EXIT_NO_VERDICT, EXIT_REGRESSED};
-use falsify::report::markdown::{write_report, REPORT_MD};
-use falsify::report::meta::RunMeta;
-use falsify::report::{read_rows, write_rows_atomic, FalsificationRow, SpeedupRow, Status};
+use falsify_core::report::artifacts::{ArtifactTensor, ArtifactWriter};
+use falsify_core::report::compare::{Verdict, EXIT_INCOMPLETE, EXIT_NO_VERDICT, EXIT_REGRESSED};
+use falsify_core::report::markdown::{write_report, REPORT_MD};
+use falsify_core::report::meta::RunMeta;
+use falsify_core::report::{read_rows, write_rows_atomic, FalsificationRow, SpeedupRow, Status};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -494,7 +494,7 @@ fn the_committed_baselines_are_found_from_the_parent_folder() {
     let tmp = tempfile::tempdir().unwrap();
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let root = manifest.join("reports/baseline");
-    let h200 = root.join("h200");
+    let h200 = root.join("qlora/h200");
     // The committed H200 run against itself, as a copy. It holds the rows of
     // two nextest shards, merged before merges recorded their runs, and its
     // run.json names one of them and no selected trials: as the run judged,
@@ -536,6 +536,41 @@ fn the_committed_baselines_are_found_from_the_parent_folder() {
     assert!(!md.contains("0 x 0"));
     // The pass threshold is shown with each row.
     assert!(speedups.contains("| >= 0.7 |"), "{speedups}");
+}
+
+/// Baselines are the subject's: a run records its subject, and the folder
+/// of subjects is searched for that one's; a subject with no baseline is
+/// told so, never judged against another subject's.
+#[test]
+fn a_run_is_judged_against_the_baselines_of_its_own_subject() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("reports/baseline");
+    let current = copy_dir(&root.join("qlora/h200"), &tmp.path().join("toy-run"));
+    let mut meta = RunMeta::read_json(&current).unwrap().unwrap();
+    assert_eq!(
+        meta.subject, "qlora",
+        "a record from before subjects is qlora's"
+    );
+    meta.subject = "toy".into();
+    // Both shards' runs, as `report --merge` records them (see above).
+    meta.runs = vec![
+        "0bf42ab5-4d59-4a00-ad9b-b82ebf64a09e".into(),
+        meta.run_id.clone(),
+    ];
+    meta.write_json(&current).unwrap();
+    let err = write_report(&root, &current).unwrap_err().to_string();
+    assert!(
+        err.contains("nor a toy/<gpu-kind>/falsification.csv for this run's subject `toy`"),
+        "{err}"
+    );
+    // The subject's own folder, or one baseline, may still be named directly.
+    let outcome = write_report(&root.join("qlora"), &current).unwrap();
+    assert_eq!(outcome.verdict, Verdict::Clean, "{:?}", outcome.regressions);
+    assert!(
+        outcome.baseline.starts_with("Baseline `h200`"),
+        "{}",
+        outcome.baseline
+    );
 }
 
 #[test]
@@ -675,9 +710,9 @@ fn speedups_csv_has_the_design_columns_and_older_files_still_read() {
         .iter()
         .all(|s| s.status.is_none() && s.contract.is_empty()));
     let tmp_baseline = copy_fixture("planted_baseline", tmp.path());
-    let data = falsify::report::compare::RunData::load(
+    let data = falsify_core::report::compare::RunData::load(
         &tmp_baseline,
-        falsify::report::evidence::Side::Baseline,
+        falsify_core::report::evidence::Side::Baseline,
     )
     .unwrap();
     let bw = data

@@ -7,10 +7,13 @@
 
 use std::path::{Path, PathBuf};
 
-use falsify::contract::load_dir;
-use falsify::report::{read_rows, FalsificationRow, Status};
-use falsify::run::{plan, ChildCommand, Engine, Isolation, RunOptions};
+use falsify_core::contract::load_dir;
+use falsify_core::report::{read_rows, FalsificationRow, Status};
+use falsify_core::run::{plan, ChildCommand, Isolation, RunOptions};
+use falsify_qlora::Qlora;
 use sha2::{Digest, Sha256};
+
+type Engine = falsify_core::run::Engine<Qlora>;
 
 const CONTRACT: &str = r#"
 metadata:
@@ -73,7 +76,7 @@ fn run(dir: &Path, id: &str, text: &str, between: impl FnOnce(&Path)) -> Vec<Fal
     std::fs::create_dir_all(&contracts).expect("mkdir");
     let file = contracts.join(format!("{id}.yaml"));
     std::fs::write(&file, text).expect("write");
-    let trials = plan(load_dir(&contracts).expect("the contract loads"));
+    let trials = plan::<Qlora>(load_dir::<Qlora>(&contracts).expect("the contract loads"));
     between(&file);
     let out = dir.join("latest");
     let engine = child_engine(&out);

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use falsify::report::meta::RunMeta;
-use falsify::report::{read_rows, FalsificationRow, Status};
+use falsify_core::report::meta::RunMeta;
+use falsify_core::report::{read_rows, FalsificationRow, Status};
 
 const QUICK: &str = r#"
 metadata:

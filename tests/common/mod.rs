@@ -5,7 +5,7 @@
 // Each test crate compiles this module and uses only some of it.
 #![allow(dead_code)]
 
-use falsify::report::{FalsificationRow, SpeedupRow, Status};
+use falsify_core::report::{FalsificationRow, SpeedupRow, Status};
 
 /// The row of trial `test_id` in `rows`; a test that expects one and finds
 /// none fails here, naming the trial.

@@ -50,7 +50,7 @@ pub fn settled_trial_process(parent: u32, settled: Duration, limit: Duration) ->
     while started.elapsed() < limit {
         let now = children(parent)
             .into_iter()
-            .find(|(_, cmd)| cmd.contains(falsify::run::CHILD_FLAG))
+            .find(|(_, cmd)| cmd.contains(falsify_core::run::CHILD_FLAG))
             .map(|(pid, _)| pid);
         seen = match (seen, now) {
             (Some((old, since)), Some(pid)) if old == pid => {

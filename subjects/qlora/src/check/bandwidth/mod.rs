@@ -1,0 +1,454 @@
+//! `bandwidth`: a memory-bound kernel's achieved bandwidth as a fraction of
+//! the device-to-device copy bandwidth measured in the same trial.
+//!
+//! - bytes `B` = the fewest bytes the op must move: each input read once, each
+//!   output written once ([`Params::bytes`], the one place this is defined);
+//! - kernel time `t_k` = median over `repeats` of one launch, timed with CUDA
+//!   events around a captured graph of launches that rotate over enough
+//!   buffer sets (>= 256 MiB in all) that the L2 cache cannot serve them;
+//! - copy bandwidth `C / t_c` = a device-to-device copy of the same bytes
+//!   (`C = B` rounded up to 8: `B / 2` read, `B / 2` written), timed the same
+//!   way: median `t_c` of one copy, over graph replays rotating over as many
+//!   buffer sets as the op's, so the copy, too, starts with the L2 cache cold
+//!   and pays the same launch and tail costs a kernel of that size pays;
+//! - `fraction = (B / t_k) / (C / t_c)`; passes when `fraction >= min_fraction`.
+
+mod measure;
+
+use serde::Deserialize;
+
+use super::doc::PASSES;
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+
+use super::op::{Op, Pass};
+use super::params::{at_most, gpu_shortfall, Count, Fraction, Shape};
+use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
+use crate::error::Result;
+
+/// The memory-bound kernels this check can time, named as in contracts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BandwidthOp {
+    /// RMSNorm over `{rows, hidden}`.
+    Rmsnorm,
+    /// Fused residual add + RMSNorm over `{rows, hidden}` (forward only).
+    RmsnormResidual,
+    /// RoPE over `{batch, seq, heads, head_dim}`.
+    Rope,
+    /// SiLU over `{rows, cols}`.
+    Silu,
+    /// SwiGLU over `{rows, cols}`.
+    Swiglu,
+    /// Residual add over `{rows, cols}`.
+    ResidualAdd,
+    /// Scale over `{rows, cols}`.
+    Scale,
+    /// Cross-entropy over `{rows, vocab}` logits.
+    CrossEntropy,
+    /// Squared sum of the clip over one tensor of `{n}` values (forward only).
+    SquaredSum,
+    /// Clip apply, `g <- s g` in place over `{n}` (forward only).
+    ClipApply,
+    /// AdamW step over `{n}` parameters (forward only).
+    Adamw,
+    /// Embedding gather `{tokens, vocab, hidden}` (forward only).
+    Embedding,
+    /// NF4 dequantisation of `{rows, cols}` (forward only).
+    Nf4Dequantize,
+}
+
+impl BandwidthOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            BandwidthOp::Rmsnorm => "rmsnorm",
+            BandwidthOp::RmsnormResidual => "rmsnorm_residual",
+            BandwidthOp::Rope => "rope",
+            BandwidthOp::Silu => "silu",
+            BandwidthOp::Swiglu => "swiglu",
+            BandwidthOp::ResidualAdd => "residual_add",
+            BandwidthOp::Scale => "scale",
+            BandwidthOp::CrossEntropy => "cross_entropy",
+            BandwidthOp::SquaredSum => "squared_sum",
+            BandwidthOp::ClipApply => "clip_apply",
+            BandwidthOp::Adamw => "adamw",
+            BandwidthOp::Embedding => "embedding",
+            BandwidthOp::Nf4Dequantize => "nf4_dequantize",
+        }
+    }
+
+    /// The named dimensions a shape for this op must give.
+    pub fn dims(self) -> &'static [&'static str] {
+        match self {
+            BandwidthOp::Rmsnorm | BandwidthOp::RmsnormResidual => &["rows", "hidden"],
+            BandwidthOp::Rope => &["batch", "seq", "heads", "head_dim"],
+            BandwidthOp::Silu
+            | BandwidthOp::Swiglu
+            | BandwidthOp::ResidualAdd
+            | BandwidthOp::Scale
+            | BandwidthOp::Nf4Dequantize => &["rows", "cols"],
+            BandwidthOp::CrossEntropy => &["rows", "vocab"],
+            BandwidthOp::SquaredSum | BandwidthOp::ClipApply | BandwidthOp::Adamw => &["n"],
+            BandwidthOp::Embedding => &["tokens", "vocab", "hidden"],
+        }
+    }
+
+    /// Whether a backward kernel exists to time.
+    /// The shape rules of this op's kernels: those of the `op_parity` op
+    /// whose kernels it times ([`Op::check_stack_shape`]), none for the
+    /// element-wise ones.
+    pub fn check_stack_shape(self, s: &Shape) -> std::result::Result<(), String> {
+        let op = match self {
+            BandwidthOp::Rmsnorm | BandwidthOp::RmsnormResidual => Op::Rmsnorm,
+            BandwidthOp::Rope => Op::Rope,
+            BandwidthOp::CrossEntropy => Op::CrossEntropy,
+            BandwidthOp::Embedding => Op::Embedding,
+            BandwidthOp::Nf4Dequantize => Op::Nf4Dequantize,
+            _ => return Ok(()),
+        };
+        op.check_stack_shape(s)
+    }
+
+    pub fn has_backward(self) -> bool {
+        matches!(
+            self,
+            BandwidthOp::Rmsnorm
+                | BandwidthOp::Rope
+                | BandwidthOp::Silu
+                | BandwidthOp::Swiglu
+                | BandwidthOp::ResidualAdd
+                | BandwidthOp::Scale
+                | BandwidthOp::CrossEntropy
+        )
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    pub op: BandwidthOp,
+    #[serde(default)]
+    pub pass: Pass,
+    /// The op's dims; its largest tensor holds at most [`MAX_ELEMENTS`].
+    pub shape: Shape,
+    pub min_fraction: Fraction,
+    /// Untimed graph replays first: at most [`MAX_WARMUP`].
+    #[serde(default = "default_warmup")]
+    pub warmup: Count,
+    /// Timed replays: at least 5, at most [`MAX_REPEATS`].
+    #[serde(default = "default_repeats")]
+    pub repeats: Count,
+}
+
+/// Most elements of the op's largest tensor, 2^30 (4 GiB of f32); the
+/// shipped largest is 1.6e8 (cross-entropy logits over qwen's vocabulary).
+pub const MAX_ELEMENTS: f64 = (1u64 << 30) as f64;
+/// Most untimed replays (the shipped checks take 3).
+pub const MAX_WARMUP: usize = 100;
+/// Most timed replays of the kernel and of the copy (the shipped checks take
+/// 20): a replay is at least 8 launches, ~50 ms on an H200 at the element
+/// bound (adamw moving 28 GiB a launch), so 1,000 and the warm-up stay
+/// under a minute.
+pub const MAX_REPEATS: usize = 1_000;
+/// Device bytes the check holds besides the buffer sets: the two 4 MiB
+/// random patterns, one for the op's sets and one for the copy's.
+const FIXED_DEVICE_BYTES: f64 = (2 * (8u64 << 20)) as f64;
+/// The op's buffer sets together hold at least this many bytes (256 MiB)
+/// and at most this more than one set.
+const ROTATE_BYTES: f64 = (256u64 << 20) as f64;
+
+fn default_warmup() -> Count {
+    Count(3)
+}
+
+fn default_repeats() -> Count {
+    Count(20)
+}
+
+/// The parameters of `bandwidth`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "op",
+        default: Required,
+        bound: &[OneOf(&[
+            "rmsnorm",
+            "rmsnorm_residual",
+            "rope",
+            "silu",
+            "swiglu",
+            "residual_add",
+            "scale",
+            "cross_entropy",
+            "squared_sum",
+            "clip_apply",
+            "adamw",
+            "embedding",
+            "nf4_dequantize",
+        ])],
+        meaning: "the memory-bound kernel",
+    },
+    ParamDoc {
+        name: "pass",
+        default: Yaml("forward"),
+        bound: &[OneOf(PASSES), Text("; `backward` where the op has one")],
+        meaning: "which kernel of the op",
+    },
+    ParamDoc {
+        name: "shape",
+        default: Required,
+        bound: &[
+            Text("the op's dims; its largest tensor at most "),
+            Real(MAX_ELEMENTS),
+            Text(" elements"),
+        ],
+        meaning: "the invocation's dims",
+    },
+    ParamDoc {
+        name: "min_fraction",
+        default: Required,
+        bound: &[Text("in (0, 1]")],
+        meaning: "bound on kernel bandwidth / bandwidth of a d2d copy of the same bytes",
+    },
+    ParamDoc {
+        name: "warmup",
+        default: Yaml("3"),
+        bound: &[Text("1 to "), Int(MAX_WARMUP)],
+        meaning: "untimed graph replays first",
+    },
+    ParamDoc {
+        name: "repeats",
+        default: Yaml("20"),
+        bound: &[Text("5 to "), Int(MAX_REPEATS)],
+        meaning: "timed replays of the kernel and of the copy",
+    },
+];
+
+/// A minimal `bandwidth` check.
+pub const EXAMPLE: &[(&str, &str)] = &[
+    ("op", "rmsnorm"),
+    ("shape", "{rows: 1024, hidden: 896}"),
+    ("min_fraction", "0.5"),
+];
+
+impl Validate for Params {
+    fn validate(&self) -> std::result::Result<(), String> {
+        self.shape.expect_dims(self.op.dims())?;
+        // First, so the byte counts below cannot overflow.
+        let largest = self.largest_tensor();
+        if largest > MAX_ELEMENTS {
+            return Err(format!(
+                "shape {}: the largest tensor has {largest:.1e} elements; the bound is {MAX_ELEMENTS:.1e}",
+                self.shape
+            ));
+        }
+        at_most("warmup", self.warmup.0, MAX_WARMUP)?;
+        at_most("repeats", self.repeats.0, MAX_REPEATS)?;
+        if self.pass == Pass::Backward && !self.op.has_backward() {
+            return Err(format!("`{}` has no backward kernel", self.op.name()));
+        }
+        if self.repeats.0 < 5 {
+            return Err("`repeats` must be at least 5 for a median and its interval".into());
+        }
+        self.op
+            .check_stack_shape(&self.shape)
+            .map_err(|e| format!("shape {}: {e}", self.shape))
+    }
+}
+
+/// Bytes of one f32 (and of one u32 token or target).
+const F: usize = 4;
+
+impl Params {
+    /// Elements of the op's largest tensor: the table or the gathered rows of
+    /// an embedding, otherwise the product of the dims.
+    fn largest_tensor(&self) -> f64 {
+        let s = &self.shape;
+        match self.op {
+            BandwidthOp::Embedding => s
+                .product(&["vocab", "hidden"])
+                .max(s.product(&["tokens", "hidden"])),
+            _ => s.0.values().map(|c| c.0 as f64).product(),
+        }
+    }
+
+    /// Device bytes the check holds: the op's buffer sets and the copy's
+    /// (each at least 256 MiB in all, at most that plus one set of
+    /// [`Params::bytes`]), an embedding's table `4 V H`, and the patterns.
+    fn device_bytes(&self) -> f64 {
+        let table = match self.op {
+            BandwidthOp::Embedding => 4.0 * self.shape.product(&["vocab", "hidden"]),
+            _ => 0.0,
+        };
+        2.0 * (ROTATE_BYTES + self.bytes() as f64 + 8.0) + table + FIXED_DEVICE_BYTES
+    }
+
+    /// `op pass`, e.g. `rmsnorm fwd`.
+    pub fn subject(&self) -> String {
+        format!("{} {}", self.op.name(), self.pass.as_str())
+    }
+
+    /// The fewest bytes one invocation must move: each input read once, each
+    /// output written once (f32 and u32 are 4 bytes, NF4 codes half a byte,
+    /// the clip's squared sum an f64). With `N` the element count:
+    ///
+    /// | op, pass | bytes |
+    /// | --- | --- |
+    /// | rmsnorm fwd `{R, H}` | `4 (2RH + H)`: x, gamma in; y out |
+    /// | rmsnorm bwd | `4 (3RH + 2H)`: x, dy, gamma in; dx, dgamma out |
+    /// | rmsnorm_residual fwd | `4 (4RH + H)`: a, b, gamma in; h, y out |
+    /// | rope fwd/bwd | `4 * 2N`: x in, y out |
+    /// | silu fwd | `4 * 2N`; bwd `4 * 3N` (x, dy in; dx out) |
+    /// | swiglu fwd | `4 * 3N` (gate, up in; y out); bwd `4 * 5N` (gate, up, dy in; dgate, dup out) |
+    /// | residual_add fwd/bwd | `4 * 3N` (a, b in, y out / dy in, da, db out) |
+    /// | scale fwd/bwd | `4 * 2N` |
+    /// | cross_entropy fwd `{R, V}` | `4 (RV + 4R + 1)`: logits, targets in; losses, row stats (2R), mean out |
+    /// | cross_entropy bwd | `4 (2RV + 3R)`: logits, targets, row stats in; dlogits out |
+    /// | squared_sum `{n}` | `4n + 8`: g in; one f64 out |
+    /// | clip_apply `{n}` | `4 (2n + 1)`: g, scale in; g out |
+    /// | adamw `{n}` | `4 * 7n`: p, g, m, v in; p, m, v out |
+    /// | embedding fwd `{T, V, H}` | `4 (T + 2TH)`: tokens and the T gathered rows in; y out |
+    /// | nf4_dequantize `{R, C}` | `N/2 + 4 N/64 + 4N`: codes, absmax in; f32 out |
+    pub fn bytes(&self) -> usize {
+        let s = &self.shape;
+        let fwd = self.pass == Pass::Forward;
+        match self.op {
+            BandwidthOp::Rmsnorm => {
+                let (r, h) = (s.dim("rows"), s.dim("hidden"));
+                if fwd {
+                    F * (2 * r * h + h)
+                } else {
+                    F * (3 * r * h + 2 * h)
+                }
+            }
+            BandwidthOp::RmsnormResidual => {
+                let (r, h) = (s.dim("rows"), s.dim("hidden"));
+                F * (4 * r * h + h)
+            }
+            BandwidthOp::Rope => {
+                let n = s.dim("batch") * s.dim("seq") * s.dim("heads") * s.dim("head_dim");
+                F * 2 * n
+            }
+            BandwidthOp::Silu => {
+                let n = s.dim("rows") * s.dim("cols");
+                F * if fwd { 2 * n } else { 3 * n }
+            }
+            BandwidthOp::Swiglu => {
+                let n = s.dim("rows") * s.dim("cols");
+                F * if fwd { 3 * n } else { 5 * n }
+            }
+            BandwidthOp::ResidualAdd => F * 3 * s.dim("rows") * s.dim("cols"),
+            BandwidthOp::Scale => F * 2 * s.dim("rows") * s.dim("cols"),
+            BandwidthOp::CrossEntropy => {
+                let (r, v) = (s.dim("rows"), s.dim("vocab"));
+                if fwd {
+                    F * (r * v + 4 * r + 1)
+                } else {
+                    F * (2 * r * v + 3 * r)
+                }
+            }
+            BandwidthOp::SquaredSum => F * s.dim("n") + 8,
+            BandwidthOp::ClipApply => F * (2 * s.dim("n") + 1),
+            BandwidthOp::Adamw => F * 7 * s.dim("n"),
+            BandwidthOp::Embedding => {
+                let (t, h) = (s.dim("tokens"), s.dim("hidden"));
+                F * (t + 2 * t * h)
+            }
+            BandwidthOp::Nf4Dequantize => {
+                let n = s.dim("rows") * s.dim("cols");
+                n / 2 + F * n / 64 + F * n
+            }
+        }
+    }
+}
+
+impl Kind<crate::Qlora> for Params {
+    fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+        measure::measure(self, cx)
+    }
+
+    /// Whether the buffers fit the GPU's free memory.
+    fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
+        let what = format!("shape {}", self.shape);
+        (backend == Backend::Cuda)
+            .then(|| gpu_shortfall(&what, self.device_bytes(), here))
+            .flatten()
+    }
+
+    /// Observed: at most 0.8 s on an H200.
+    fn default_timeout_s(&self) -> f64 {
+        120.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml: &str) -> std::result::Result<Params, String> {
+        crate::check::params::tests::parse(yaml)
+    }
+
+    #[test]
+    fn bytes_follow_the_formula() {
+        let p = parse("op: rmsnorm\nshape: {rows: 1024, hidden: 896}\nmin_fraction: 0.7").unwrap();
+        assert_eq!(p.bytes(), 4 * (2 * 1024 * 896 + 896));
+        let p = parse("op: swiglu\npass: backward\nshape: {rows: 2, cols: 3}\nmin_fraction: 0.7")
+            .unwrap();
+        assert_eq!(p.bytes(), 4 * 5 * 6);
+        let p = parse("op: adamw\nshape: {n: 10}\nmin_fraction: 0.5").unwrap();
+        assert_eq!(p.bytes(), 280);
+        assert_eq!(p.subject(), "adamw fwd");
+    }
+
+    #[test]
+    fn bad_params_are_refused() {
+        assert!(parse("op: rmsnorm\nshape: {rows: 4}\nmin_fraction: 0.7").is_err());
+        assert!(parse("op: adamw\npass: backward\nshape: {n: 4}\nmin_fraction: 0.7").is_err());
+        assert!(parse("op: adamw\nshape: {n: 4}\nmin_fraction: 1.5").is_err());
+        assert!(parse("op: adamw\nshape: {n: 4}\nmin_fraction: 0.7\nrepeats: 3").is_err());
+        assert!(parse("op: adamw\nshape: {n: 4}\nmin_fraction: 0.7\nspeed: 3").is_err());
+        // The kernels' own shape rules, from the stack.
+        let rope = "op: rope\nshape: {batch: 1, seq: 2, heads: 1, head_dim: 3}\nmin_fraction: 0.7";
+        let e = parse(rope).unwrap_err();
+        assert!(e.contains("head_dim must be even"), "{e}");
+        let nf4 = "op: nf4_dequantize\nshape: {rows: 3, cols: 33}\nmin_fraction: 0.7";
+        assert!(parse(nf4).unwrap_err().contains("multiple of 64"));
+        let wide = "op: rmsnorm\nshape: {rows: 4, hidden: 9000}\nmin_fraction: 0.7";
+        assert!(parse(wide)
+            .unwrap_err()
+            .contains("hidden must be in 1..=8192"));
+    }
+
+    #[test]
+    fn sizes_and_counts_are_bounded() {
+        let e = parse("op: swiglu\nshape: {rows: 1e6, cols: 1e6}\nmin_fraction: 0.7").unwrap_err();
+        assert_eq!(
+            e,
+            "shape {cols=1000000, rows=1000000}: the largest tensor has 1.0e12 elements; the bound is 1.1e9"
+        );
+        // The embedding's table counts, not just the rows it gathers.
+        let e =
+            parse("op: embedding\nshape: {tokens: 4, vocab: 1e9, hidden: 1024}\nmin_fraction: 0.7")
+                .unwrap_err();
+        assert!(e.contains("1.0e12 elements"), "{e}");
+        let e =
+            parse("op: adamw\nshape: {n: 4}\nmin_fraction: 0.7\nrepeats: 100000000").unwrap_err();
+        assert_eq!(e, "repeats: 100000000 is above its bound of 1000");
+        let e = parse("op: adamw\nshape: {n: 4}\nmin_fraction: 0.7\nwarmup: 100000").unwrap_err();
+        assert_eq!(e, "warmup: 100000 is above its bound of 100");
+    }
+
+    #[test]
+    fn buffers_beyond_the_free_memory_are_not_judged() {
+        let p = parse("op: adamw\nshape: {n: 268435456}\nmin_fraction: 0.5").unwrap();
+        let mut here = crate::check::params::tests::with_gpu("NVIDIA H200", 141);
+        assert_eq!(p.unjudged_on(Backend::Cuda, &here), None);
+        here.gpu.as_mut().unwrap().free_memory_bytes = 4 << 30;
+        // 7 GiB of adamw buffers and 256 MiB of sets, twice (the op's and
+        // the copy's), and 16 MiB of patterns.
+        assert_eq!(
+            p.unjudged_on(Backend::Cuda, &here).unwrap(),
+            "shape {n=268435456} needs ~14.5 GiB, NVIDIA H200 has 4.0 GiB free"
+        );
+        assert_eq!(p.default_timeout_s(), 120.0);
+    }
+}

@@ -1,0 +1,466 @@
+//! `step_throughput`: training tokens per second of one step mode, from the
+//! median CUDA-event time of `repeats` steps after `warmup` steps. Passes when
+//! `tokens / median >= min_tokens_per_s`.
+//!
+//! Targets name the GPU kinds they hold for (`min_tokens_per_s: { H200:
+//! 41000, H100: 38000 }`; a plain number holds for any GPU). On a GPU it
+//! names no target for, the trial is not run: it is ignored with the reason
+//! "no target for <GPU>" when the run is planned, since a target says
+//! nothing about other hardware.
+//!
+//! The `speedups.csv` row has subject `tokens/s`: its baseline is the target
+//! (`baseline_median_ms = tokens / min_tokens_per_s`), its candidate the
+//! measured mode, so `ratio = measured tokens/s / target` and its bootstrap
+//! interval comes from the step times.
+
+use crate::check::training::*;
+use crate::check::MutantFaults;
+use crate::check::{require_gpu, Comparator};
+use crate::error::{Error, Result};
+use qlora::gpu::GpuContext;
+use qlora::model::ModelConfig;
+use qlora::train::GpuTrainer;
+
+use serde::de;
+use serde::Deserialize;
+
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+use super::doc::{DEFAULT_STEP_MODE, MODEL_BOUND, STEP_MODE_BOUND};
+
+use super::params::{at_most, Count, ModelName, Positive, StepMode};
+use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    pub model: ModelName,
+    #[serde(default)]
+    pub batch: Option<Count>,
+    #[serde(default)]
+    pub seq_len: Option<Count>,
+    #[serde(default)]
+    pub mode: StepMode,
+    /// Untimed steps first (at least 2 run, so a graphed mode has captured
+    /// and replayed): at most [`MAX_WARMUP`].
+    #[serde(default = "default_warmup")]
+    pub warmup: Count,
+    /// Timed steps: at least 5, at most [`MAX_REPEATS`].
+    #[serde(default = "default_repeats")]
+    pub repeats: Count,
+    /// The target per GPU kind, or one number for any GPU.
+    pub min_tokens_per_s: Targets,
+}
+
+/// Tokens/s targets: one number for any GPU, or one per GPU kind (a word of
+/// the device name as the driver reports it, case aside: `H200` matches
+/// "NVIDIA H200" but not "NVIDIA H20").
+#[derive(Debug, Clone, PartialEq)]
+pub enum Targets {
+    Any(Positive),
+    /// `(kind, target)` in the contract's order; the first kind that matches
+    /// the device holds.
+    PerGpu(Vec<(String, Positive)>),
+}
+
+impl Targets {
+    /// The target for `device`, with the kind it was stated for.
+    pub fn for_device(&self, device: &str) -> Option<(Option<&str>, f64)> {
+        match self {
+            Targets::Any(t) => Some((None, t.0)),
+            Targets::PerGpu(list) => list
+                .iter()
+                .find(|(kind, _)| names_kind(device, kind))
+                .map(|(kind, t)| (Some(kind.as_str()), t.0)),
+        }
+    }
+
+    /// The kinds with a target, for messages.
+    fn kinds(&self) -> String {
+        match self {
+            Targets::Any(_) => "any GPU".into(),
+            Targets::PerGpu(list) => {
+                let kinds: Vec<&str> = list.iter().map(|(k, _)| k.as_str()).collect();
+                kinds.join(", ")
+            }
+        }
+    }
+}
+
+/// Whether `kind` is one of the words of `device`, case aside.
+fn names_kind(device: &str, kind: &str) -> bool {
+    device
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|word| word.eq_ignore_ascii_case(kind))
+}
+
+/// Parses a number (any GPU) or a mapping of GPU kind to number; each value
+/// is checked where it stands, so an error points at it.
+impl<'de> Deserialize<'de> for Targets {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_any(TargetsVisitor)
+    }
+}
+
+struct TargetsVisitor;
+
+impl TargetsVisitor {
+    fn number<E: de::Error>(v: f64) -> std::result::Result<Targets, E> {
+        Positive::deserialize(de::value::F64Deserializer::<E>::new(v)).map(Targets::Any)
+    }
+}
+
+impl<'de> de::Visitor<'de> for TargetsVisitor {
+    type Value = Targets;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a number > 0, or a mapping of GPU kind to number, e.g. { H200: 41000 }")
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<Targets, E> {
+        Self::number(v)
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<Targets, E> {
+        Self::number(v as f64)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<Targets, E> {
+        Self::number(v as f64)
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Targets, A::Error> {
+        let mut list: Vec<(String, Positive)> = Vec::new();
+        while let Some(kind) = map.next_key::<String>()? {
+            check_kind(&kind, &list).map_err(de::Error::custom)?;
+            list.push((kind, map.next_value()?));
+        }
+        if list.is_empty() {
+            return Err(de::Error::custom(
+                "name at least one GPU kind, e.g. { H200: 41000 }",
+            ));
+        }
+        Ok(Targets::PerGpu(list))
+    }
+}
+
+/// A GPU kind is one word of letters and digits, named once.
+fn check_kind(kind: &str, seen: &[(String, Positive)]) -> std::result::Result<(), String> {
+    if kind.is_empty() || !kind.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return Err(format!(
+            "GPU kind `{kind}` must be one word of letters and digits, e.g. H200"
+        ));
+    }
+    if seen.iter().any(|(k, _)| k.eq_ignore_ascii_case(kind)) {
+        return Err(format!("GPU kind `{kind}` is named twice"));
+    }
+    Ok(())
+}
+
+/// Most untimed steps before the timed ones (the shipped checks take 3 or 5).
+pub const MAX_WARMUP: usize = 100;
+/// Most timed steps (the shipped checks time 20 or 30): 1,000 steps of
+/// qwen2.5-0.5b take ~20 s on an H200 (18.7 ms each).
+pub const MAX_REPEATS: usize = 1_000;
+/// Most tokens per step (`batch x seq_len`), 2^20: 256 x the presets'
+/// largest batch; the device memory decides below that.
+pub const MAX_TOKENS: usize = 1 << 20;
+
+fn default_warmup() -> Count {
+    Count(3)
+}
+
+fn default_repeats() -> Count {
+    Count(20)
+}
+
+/// The parameters of `step_throughput`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "model",
+        default: Required,
+        bound: MODEL_BOUND,
+        meaning: "the preset trained",
+    },
+    ParamDoc {
+        name: "batch",
+        default: Otherwise("the preset's"),
+        bound: &[Text("`batch x seq_len` at most "), Int(MAX_TOKENS)],
+        meaning: "overrides the preset's batch",
+    },
+    ParamDoc {
+        name: "seq_len",
+        default: Otherwise("the preset's"),
+        bound: &[Text("`batch x seq_len` at most "), Int(MAX_TOKENS)],
+        meaning: "overrides the preset's sequence length",
+    },
+    ParamDoc {
+        name: "mode",
+        default: Yaml(DEFAULT_STEP_MODE),
+        bound: STEP_MODE_BOUND,
+        meaning: "the step mode timed",
+    },
+    ParamDoc {
+        name: "warmup",
+        default: Yaml("3"),
+        bound: &[Text("1 to "), Int(MAX_WARMUP), Text(" (at least 2 run)")],
+        meaning: "untimed steps first",
+    },
+    ParamDoc {
+        name: "repeats",
+        default: Yaml("20"),
+        bound: &[Text("5 to "), Int(MAX_REPEATS)],
+        meaning: "timed steps",
+    },
+    ParamDoc {
+        name: "min_tokens_per_s",
+        default: Required,
+        bound: &[Text(
+            "> 0: one number for any GPU, or `{GPU kind: number, ...}`",
+        )],
+        meaning: "the target; on a GPU kind it names no target for, the trial is skipped",
+    },
+];
+
+/// A minimal `step_throughput` check.
+pub const EXAMPLE: &[(&str, &str)] = &[("model", "small-4l"), ("min_tokens_per_s", "1000")];
+
+impl Validate for Params {
+    fn validate(&self) -> std::result::Result<(), String> {
+        if self.repeats.0 < 5 {
+            return Err("`repeats` must be at least 5 for a median and its interval".into());
+        }
+        at_most("repeats", self.repeats.0, MAX_REPEATS)?;
+        at_most("warmup", self.warmup.0, MAX_WARMUP)?;
+        let tokens = self.model.tokens(self.batch, self.seq_len);
+        at_most("batch x seq_len", tokens, MAX_TOKENS)?;
+        self.model.check_sized(self.batch, self.seq_len)
+    }
+}
+
+impl Params {
+    /// The model with the contract's batch and sequence length.
+    fn config(&self) -> ModelConfig {
+        self.model.sized(self.batch, self.seq_len)
+    }
+
+    /// Why no target holds on `device` (a GPU name as the driver reports
+    /// it), or `None` when one does.
+    pub fn not_applicable_on(&self, device: &str) -> Option<String> {
+        self.min_tokens_per_s.for_device(device).is_none().then(|| {
+            format!(
+                "no target for {device} (targets are stated for {})",
+                self.min_tokens_per_s.kinds()
+            )
+        })
+    }
+}
+
+impl Kind<crate::Qlora> for Params {
+    fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+        step_throughput(self, cx)
+    }
+
+    /// No target for this GPU, or a trainer that does not fit its free memory.
+    fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
+        let gpu = here.gpu.as_ref().filter(|_| backend == Backend::Cuda)?;
+        let cfg = self.config();
+        self.not_applicable_on(&gpu.name).or_else(|| {
+            let needed = trainer_bytes(&cfg, &self.mode.speed_options());
+            trainer_shortfall(backend, &cfg, needed, here)
+        })
+    }
+
+    /// Observed: at most 11 s on an H200 (the serialised-launch mutant of
+    /// qwen2.5-0.5b, 23 steps of ~290 ms).
+    fn default_timeout_s(&self) -> f64 {
+        TRAINING_TIMEOUT_S
+    }
+}
+
+/// `step_throughput`: the median step time of one mode over `repeats` steps
+/// after `warmup` (at least 2, so a graphed mode has captured and replayed),
+/// as tokens per second against `min_tokens_per_s`. The trial's mutant goes
+/// to the trainer; a slowed launch (`SerialisedLaunch`) is set on the context
+/// while the trainer is built and stepped, and removed whatever the outcome.
+/// The configuration's peak device memory ([`DeviceMemory`], sampled after
+/// building and after each warm-up step, never inside a timed one) goes to
+/// the detail and to the `speedups.csv` row, beside its tokens/s.
+fn step_throughput(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+    use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
+    let cfg = p.config();
+    let seed = cx.seed;
+    let options = p.mode.speed_options();
+    let faults = cx.faults();
+    let gpu = require_gpu(cx)?;
+    let device = gpu.facts().name.clone();
+    // Planning skips a GPU with no target; a direct call is refused before
+    // anything is measured, so a run trial is always judged.
+    let (kind, target) =
+        p.min_tokens_per_s
+            .for_device(&device)
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "step_throughput",
+                message: p.not_applicable_on(&device).unwrap_or_default(),
+            })?;
+    let (ms, replayed, memory) = {
+        let gpu: &mut GpuContext = &mut gpu.with_faults(faults);
+        let mut memory = DeviceMemory::start(gpu)?;
+        let mut t = GpuTrainer::new(gpu, &cfg, options, seed)?;
+        memory.sample(gpu)?;
+        for _ in 0..p.warmup.0.max(2) {
+            t.step(gpu)?;
+            memory.sample(gpu)?;
+        }
+        let mut ms = Vec::with_capacity(p.repeats.0);
+        for _ in 0..p.repeats.0 {
+            let tokens = t.next_batch()?;
+            ms.push(timed_step(gpu, &mut t, &tokens)?);
+        }
+        memory.sample(gpu)?;
+        (ms, t.graph_ready(), memory)
+    };
+    let peak = memory.peak_gib();
+    let tokens = cfg.tokens() as f64;
+    let med = median(&ms);
+    let rate = tokens / med * 1e3;
+    let target_ms = tokens / target * 1e3;
+    // The target as a constant "baseline" series: the interval of
+    // target_ms / median(step times) is the interval of rate / target.
+    let (lo, hi) = ratio_ci(&vec![target_ms; ms.len()], &ms, seed, BOOTSTRAP_RESAMPLES);
+    let on = kind.map_or(String::new(), |g| format!(" on {g}"));
+    let mut m = Measurement::new("tokens_per_s", rate, Comparator::Ge, target, "tokens/s")
+        .with_detail(format!(
+            "model {} batch {} seq {} {} on {device}: median step {med:.3} ms over {} steps ({rate:.0} tokens/s, {:.3}x the target{on}, 95% CI [{lo:.3}, {hi:.3}]; graph {}; peak device memory {peak:.2} GiB)",
+            cfg.name,
+            cfg.batch,
+            cfg.seq_len,
+            p.mode,
+            p.repeats.0,
+            rate / target,
+            if replayed { "replayed" } else { "not used" },
+        ));
+    m.speedups.push(crate::check::Speedup {
+        subject: "tokens/s".into(),
+        model: cfg.name.into(),
+        batch: cfg.batch,
+        seq_len: cfg.seq_len,
+        baseline: format!("target {target:.0} tokens/s{on}"),
+        candidate: p.mode.to_string(),
+        baseline_median_ms: target_ms,
+        candidate_median_ms: med,
+        ratio: target_ms / med,
+        ratio_ci_low: lo,
+        ratio_ci_high: hi,
+        repeats: p.repeats.0,
+        peak_device_gib: Some(peak),
+    });
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::GpuHere;
+
+    fn params(extra: &str) -> std::result::Result<Params, String> {
+        crate::check::params::tests::parse(&format!("model: small-4l\n{extra}"))
+    }
+
+    fn on(name: &str) -> Here {
+        Here {
+            host_memory_bytes: 100 << 30,
+            gpu: Some(GpuHere {
+                name: name.into(),
+                total_memory_bytes: 80 << 30,
+                free_memory_bytes: 79 << 30,
+                device_count: 1,
+            }),
+        }
+    }
+
+    const H100: &str = "NVIDIA H100 80GB HBM3";
+
+    #[test]
+    fn a_target_is_judged_only_on_the_gpu_kinds_it_names() {
+        let p = params("min_tokens_per_s: { H200: 41000, H100: 38000 }").unwrap();
+        let t = &p.min_tokens_per_s;
+        assert_eq!(t.for_device("NVIDIA H200"), Some((Some("H200"), 41000.0)));
+        assert_eq!(
+            t.for_device("nvidia h200 nvl"),
+            Some((Some("H200"), 41000.0))
+        );
+        assert_eq!(t.for_device(H100), Some((Some("H100"), 38000.0)));
+        assert_eq!(p.unjudged_on(Backend::Cuda, &on(H100)), None);
+        // A word, not a substring: H20 is another GPU.
+        assert_eq!(t.for_device("NVIDIA H20"), None);
+        let why = p
+            .unjudged_on(Backend::Cuda, &on("NVIDIA A100-SXM4-80GB"))
+            .unwrap();
+        assert!(
+            why.starts_with("no target for NVIDIA A100-SXM4-80GB") && why.contains("H200, H100"),
+            "{why}"
+        );
+        // No GPU here: the no-driver rule applies, not this one.
+        assert_eq!(p.unjudged_on(Backend::Cuda, &Here::default()), None);
+    }
+
+    #[test]
+    fn a_plain_number_holds_for_any_gpu() {
+        let p = params("min_tokens_per_s: 1000").unwrap();
+        assert_eq!(p.min_tokens_per_s.for_device(H100), Some((None, 1000.0)));
+        assert_eq!(p.unjudged_on(Backend::Cuda, &on(H100)), None);
+    }
+
+    #[test]
+    fn bad_targets_are_refused_where_they_stand() {
+        let e = params("min_tokens_per_s: { H200: -5 }").unwrap_err();
+        assert!(e.contains("> 0") && e.contains("line 2"), "{e}");
+        let e = params("min_tokens_per_s: {}").unwrap_err();
+        assert!(e.contains("at least one GPU kind"), "{e}");
+        let e = params("min_tokens_per_s: { H200: 1, h200: 2 }").unwrap_err();
+        assert!(e.contains("named twice"), "{e}");
+        let e = params("min_tokens_per_s: { \"H 200\": 1 }").unwrap_err();
+        assert!(e.contains("one word"), "{e}");
+        // The kind lives in the map now; the old `gpu` key is unknown.
+        let e = params("min_tokens_per_s: 1000\ngpu: H200").unwrap_err();
+        assert!(e.contains("unknown field `gpu`"), "{e}");
+    }
+
+    #[test]
+    fn counts_are_bounded() {
+        let e = params("min_tokens_per_s: 1\nrepeats: 100000000").unwrap_err();
+        assert_eq!(e, "repeats: 100000000 is above its bound of 1000");
+        let e = params("min_tokens_per_s: 1\nwarmup: 1000000").unwrap_err();
+        assert_eq!(e, "warmup: 1000000 is above its bound of 100");
+        let e = params("min_tokens_per_s: 1\nbatch: 100000\nseq_len: 100000").unwrap_err();
+        assert!(
+            e.starts_with("batch x seq_len: 10000000000 is above"),
+            "{e}"
+        );
+        // Counts up to 2^40 each: the product saturates instead of overflowing.
+        let e = params("min_tokens_per_s: 1\nbatch: 1099511627776\nseq_len: 1099511627776")
+            .unwrap_err();
+        assert!(
+            e.starts_with(&format!("batch x seq_len: {} is above", usize::MAX)),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_configuration_larger_than_the_free_memory_is_not_judged() {
+        let p = params("min_tokens_per_s: { H100: 1 }\nbatch: 512").unwrap();
+        let mut here = on(H100);
+        assert_eq!(p.unjudged_on(Backend::Cuda, &here), None);
+        here.gpu.as_mut().unwrap().free_memory_bytes = 1 << 30;
+        let why = p.unjudged_on(Backend::Cuda, &here).unwrap();
+        assert!(
+            why.starts_with("model small-4l (batch 512, seq 128) needs ~")
+                && why.ends_with(&format!("{H100} has 1.0 GiB free")),
+            "{why}"
+        );
+        assert_eq!(p.default_timeout_s(), TRAINING_TIMEOUT_S);
+    }
+}

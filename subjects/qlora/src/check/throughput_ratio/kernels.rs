@@ -1,0 +1,662 @@
+//! GPU side of the kernel subjects of `throughput_ratio`, on a model's
+//! projection shapes (`rows = batch * seq_len`; q, k/v, o, gate/up, down):
+//!
+//! - `gemm`: a direct cuBLAS SGEMM call (TF32 tensor-op math, set once) vs our
+//!   launcher `ops::gemm::linear` with the forward engine of the context's
+//!   options; `ratio = t_raw / t_ours` (1 = no overhead);
+//! - `nf4_gemm`: the TF32 GEMM on fp32 weights vs the NF4 path the training
+//!   step takes (dequantise into a workspace, then the same TF32 GEMM);
+//!   `ratio = t_tf32 / t_nf4`. The fused FMA kernel `nf4_gemm_fwd_f32` is
+//!   timed too and reported next to it;
+//! - `fusion`: residual add then RMSNorm vs the fused residual + RMSNorm
+//!   kernel; `ratio = t_unfused / t_fused`;
+//! - `attention`: causal GQA attention of one decoder layer (the model's
+//!   batch, sequence, heads and head_dim), forward and backward, on the f32
+//!   kernels (FP32 math) vs the tensor-core kernels (TF32 math);
+//!   `ratio = t_f32 / t_tensor_cores`, the sum of both passes.
+//!
+//! Times are medians of CUDA-event-timed runs after warm-up (the nf4_gemm and
+//! fusion runs are captured graph replays, as in the step); each run cycles
+//! over several weight (or buffer) sets so the L2 cache cannot hold them all.
+//! A subject's ratio is of the medians of the per-run sums over the shapes
+//! (each timed run adds up one time per shape), with a seeded bootstrap
+//! interval of those sums; each shape also gets its own row.
+
+use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
+use cudarc::cublas::{sys as blas_sys, Gemm, GemmConfig};
+use cudarc::driver::CudaSlice;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
+use crate::check::throughput_ratio::{Params, Subject};
+use crate::check::MutantFaults;
+use crate::check::{require_gpu, Comparator, Measurement, Speedup, TrialContext};
+use crate::error::{Error, Result};
+use qlora::gpu::timing::{time_events, time_graph};
+use qlora::gpu::{Direction, GemmMath, GpuContext};
+use qlora::model::ModelConfig;
+use qlora::ops;
+use qlora::ops::attention::AttnShape;
+use qlora::ops::gemm::GemmEngine;
+use qlora::ops::nf4::Nf4Device;
+use qlora::Faults;
+
+/// Weight sets cycled per timed run hold at least this many bytes.
+const ROTATE_BYTES: usize = 160 << 20;
+/// At most this many weight sets.
+const MAX_SETS: usize = 8;
+/// Timed runs of the slow fused NF4 kernel (reported, not judged).
+const FUSED_REPEATS: usize = 5;
+
+/// One projection `y[rows, out] = x[rows, in] W^T`.
+#[derive(Debug, Clone, Copy)]
+struct Proj {
+    name: &'static str,
+    in_dim: usize,
+    out_dim: usize,
+}
+
+/// The distinct projection shapes of one decoder layer of `c`.
+fn projections(c: &ModelConfig) -> Vec<Proj> {
+    let p = |name, in_dim, out_dim| Proj {
+        name,
+        in_dim,
+        out_dim,
+    };
+    vec![
+        p("q", c.hidden, c.q_dim()),
+        p("k/v", c.hidden, c.kv_dim()),
+        p("o", c.q_dim(), c.hidden),
+        p("gate/up", c.hidden, c.intermediate),
+        p("down", c.intermediate, c.hidden),
+    ]
+}
+
+/// `len` values uniform in `[-1, 1)`, on the device.
+fn random(gpu: &GpuContext, rng: &mut ChaCha8Rng, len: usize) -> Result<CudaSlice<f32>> {
+    let v: Vec<f32> = (0..len).map(|_| rng.random_range(-1.0..1.0)).collect();
+    Ok(gpu.upload(&v)?)
+}
+
+fn sets_for(bytes: usize) -> usize {
+    ROTATE_BYTES.div_ceil(bytes.max(1)).clamp(1, MAX_SETS)
+}
+
+/// Buffer sets of the fusion subject for `n = rows x hidden`: a, b, h and y,
+/// 16 bytes per element per set, together at least 256 MiB.
+fn fusion_sets(n: usize) -> usize {
+    (256usize << 20).div_ceil(16 * n.max(1)).clamp(1, 64)
+}
+
+/// Device bytes a kernel subject holds at its peak on `c`'s shapes (each
+/// projection's buffers are freed before the next), `rows = batch x seq_len`:
+///
+/// - gemm: `4 (rows in + sets in out + rows out)`;
+/// - nf4_gemm: that, plus per set the NF4 codes and absmax
+///   (`in out / 2 + 4 in out / 64`), plus one dequantised weight `4 in out`;
+/// - fusion: `16 sets rows hidden + 4 hidden`;
+/// - attention: `sets` of [`attention_set_bytes`].
+pub(super) fn device_bytes(subject: Subject, c: &ModelConfig) -> f64 {
+    let rows = c.tokens() as f64;
+    let proj = |p: &Proj| {
+        let len = (p.in_dim * p.out_dim) as f64;
+        let sets = sets_for(4 * p.in_dim * p.out_dim) as f64;
+        let io = 4.0 * rows * (p.in_dim + p.out_dim) as f64;
+        match subject {
+            Subject::Nf4Gemm => io + sets * (4.0 * len + len / 2.0 + len / 16.0) + 4.0 * len,
+            _ => io + sets * 4.0 * len,
+        }
+    };
+    match subject {
+        Subject::Gemm | Subject::Nf4Gemm => projections(c).iter().map(proj).fold(0.0, f64::max),
+        Subject::Fusion => {
+            let n = c.tokens() * c.hidden;
+            16.0 * (fusion_sets(n) * n) as f64 + 4.0 * c.hidden as f64
+        }
+        Subject::Attention => {
+            let bytes = attention_set_bytes(&attn_shape(c));
+            (sets_for(bytes) * bytes) as f64
+        }
+        Subject::TrainStep => 0.0,
+    }
+}
+
+/// The attention shape of one decoder layer of `c`.
+fn attn_shape(c: &ModelConfig) -> AttnShape {
+    AttnShape {
+        batch: c.batch,
+        seq: c.seq_len,
+        heads: c.heads,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+    }
+}
+
+/// Bytes of one attention buffer set: q, out, dout, dq (q-sized); k, v, dk,
+/// dv (kv-sized); probs; the backward scratch (dS and the per-head shares).
+fn attention_set_bytes(sh: &AttnShape) -> usize {
+    let (q_len, kv_len, p_len) = ops::attention::lens(sh);
+    4 * (4 * q_len + 4 * kv_len + p_len + ops::attention::backward_scratch_len(sh))
+}
+
+/// Direct cuBLAS SGEMM of `y = x W^T` (row-major; cuBLAS computes the
+/// column-major `y^T = W x^T`), with whatever math mode the handle holds.
+fn raw_linear(
+    gpu: &GpuContext,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    (rows, in_dim, out_dim): (usize, usize, usize),
+) -> qlora::Result<()> {
+    let i32_of = |what: &str, v: usize| qlora::gpu::to_i32("gemm", what, v);
+    let (m, n, k) = (
+        i32_of("out", out_dim)?,
+        i32_of("rows", rows)?,
+        i32_of("in", in_dim)?,
+    );
+    if x.len() != rows * in_dim || w.len() != out_dim * in_dim || y.len() != rows * out_dim {
+        return Err(qlora::Error::ShapeMismatch {
+            op: "gemm",
+            expected: format!("x {rows}x{in_dim}, W {out_dim}x{in_dim}, y {rows}x{out_dim}"),
+            got: format!("x {}, W {}, y {}", x.len(), w.len(), y.len()),
+        });
+    }
+    let cfg = GemmConfig {
+        transa: cublasOperation_t::CUBLAS_OP_T,
+        transb: cublasOperation_t::CUBLAS_OP_N,
+        m,
+        n,
+        k,
+        alpha: 1.0f32,
+        lda: k,
+        ldb: k,
+        beta: 0.0f32,
+        ldc: m,
+    };
+    // SAFETY: checked above: W holds out*in, x rows*in and y rows*out f32.
+    // Column-major, W (ld in) transposed is out x in, x (ld in) is in x rows,
+    // y (ld out) is out x rows: cuBLAS reads and writes exactly those
+    // elements; beta = 0, so y's prior contents are unread.
+    unsafe { gpu.cublas().gemm(cfg, w, x, y) }?;
+    Ok(())
+}
+
+/// Sets the cuBLAS handle's math mode.
+fn set_math(gpu: &GpuContext, mode: cublasMath_t) -> Result<()> {
+    // SAFETY: the handle is the context's live cuBLAS handle; setting the math
+    // mode only changes a field of it.
+    unsafe { blas_sys::cublasSetMathMode(*gpu.cublas().handle(), mode) }.result()?;
+    Ok(())
+}
+
+/// Per-run times of one baseline and one candidate on one shape.
+struct Pair {
+    label: String,
+    baseline: Vec<f64>,
+    candidate: Vec<f64>,
+}
+
+/// The `throughput_ratio` kernel subjects; the trial's mutant is applied to
+/// the candidate and removed whatever the outcome.
+pub fn measure(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+    let (seed, faults) = (cx.seed, cx.faults());
+    let gpu = require_gpu(cx)?;
+    let config = p.config();
+    let out = match p.subject {
+        Subject::Gemm => gemm_pairs(gpu, p, &config, seed, faults),
+        Subject::Nf4Gemm => nf4_pairs(gpu, p, &config, seed, faults),
+        Subject::Fusion => fusion_pairs(gpu, p, &config, seed, faults),
+        Subject::Attention => attention_pairs(gpu, p, &config, seed, faults),
+        Subject::TrainStep => Err(Error::InvalidArgument {
+            op: "throughput_ratio",
+            message: "train_step is measured by the training step".into(),
+        }),
+    };
+    let (pairs, extra) = out?;
+    Ok(judge(p, gpu, &config, seed, pairs, extra))
+}
+
+/// Names of (baseline, candidate) per subject.
+fn names(subject: Subject) -> (&'static str, &'static str) {
+    match subject {
+        Subject::Gemm => ("raw cublas tf32", "ops::gemm::linear"),
+        Subject::Nf4Gemm => ("tf32 cublas, fp32 weight", "nf4 dequantise + tf32 cublas"),
+        Subject::Fusion => ("residual_add + rmsnorm", "fused rmsnorm_residual"),
+        Subject::Attention => ("f32 attention", "tensor-core attention"),
+        Subject::TrainStep => ("baseline", "candidate"),
+    }
+}
+
+fn judge(
+    p: &Params,
+    gpu: &GpuContext,
+    config: &ModelConfig,
+    seed: u64,
+    pairs: Vec<Pair>,
+    extra: Vec<Speedup>,
+) -> Measurement {
+    let (base_name, cand_name) = names(p.subject);
+    let repeats = p.repeats.0;
+    let row = |subject: String, baseline: &str, candidate: &str, b: &[f64], c: &[f64]| {
+        let (lo, hi) = ratio_ci(b, c, seed, BOOTSTRAP_RESAMPLES);
+        Speedup {
+            subject,
+            model: config.name.to_string(),
+            batch: config.batch,
+            seq_len: config.seq_len,
+            baseline: baseline.to_string(),
+            candidate: candidate.to_string(),
+            baseline_median_ms: median(b),
+            candidate_median_ms: median(c),
+            ratio: median(b) / median(c),
+            ratio_ci_low: lo,
+            ratio_ci_high: hi,
+            repeats,
+            peak_device_gib: None,
+        }
+    };
+    let subject = match p.subject {
+        Subject::Gemm => "gemm",
+        Subject::Nf4Gemm => "nf4_gemm",
+        Subject::Fusion => "fusion",
+        Subject::Attention => "attention",
+        Subject::TrainStep => "train_step",
+    };
+    let mut speedups = Vec::new();
+    let mut total_b = vec![0.0; repeats];
+    let mut total_c = vec![0.0; repeats];
+    let mut detail = Vec::new();
+    for pair in &pairs {
+        for (t, v) in total_b.iter_mut().zip(&pair.baseline) {
+            *t += v;
+        }
+        for (t, v) in total_c.iter_mut().zip(&pair.candidate) {
+            *t += v;
+        }
+        let r = row(
+            format!("{subject} {}", pair.label),
+            base_name,
+            cand_name,
+            &pair.baseline,
+            &pair.candidate,
+        );
+        detail.push(format!(
+            "{}: {:.1} us vs {:.1} us ({:.3})",
+            pair.label,
+            r.baseline_median_ms * 1e3,
+            r.candidate_median_ms * 1e3,
+            r.ratio
+        ));
+        speedups.push(r);
+    }
+    let total = row(
+        format!("{subject} total"),
+        base_name,
+        cand_name,
+        &total_b,
+        &total_c,
+    );
+    for e in &extra {
+        detail.push(format!(
+            "{}: {} {:.1} us vs {} {:.1} us ({:.3})",
+            e.subject,
+            e.baseline,
+            e.baseline_median_ms * 1e3,
+            e.candidate,
+            e.candidate_median_ms * 1e3,
+            e.ratio
+        ));
+    }
+    let ratio = total.ratio;
+    let ci = (total.ratio_ci_low, total.ratio_ci_high);
+    speedups.push(total);
+    speedups.extend(extra);
+    let mut m = Measurement::new("time_ratio", ratio, Comparator::Ge, p.min_ratio.0, "ratio")
+        .with_detail(format!(
+            "{base_name} / {cand_name} on {} (rows {}): {ratio:.3} [{:.3}, {:.3}]; {}; {}",
+            config.name,
+            config.tokens(),
+            ci.0,
+            ci.1,
+            detail.join("; "),
+            gpu.facts().name
+        ));
+    m.speedups = speedups;
+    m
+}
+
+/// The engine our launcher uses for the forward GEMMs.
+fn our_engine(gpu: &GpuContext) -> GemmEngine {
+    GemmEngine::for_direction(gpu.options(), Direction::Forward)
+}
+
+type Pairs = (Vec<Pair>, Vec<Speedup>);
+
+fn gemm_pairs(
+    gpu: &mut GpuContext,
+    p: &Params,
+    c: &ModelConfig,
+    seed: u64,
+    faults: Faults,
+) -> Result<Pairs> {
+    let (warmup, repeats) = (p.warmup.0, p.repeats.0);
+    let rows = c.tokens();
+    let engine = our_engine(gpu);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut pairs = Vec::new();
+    for proj in projections(c) {
+        let dims = (rows, proj.in_dim, proj.out_dim);
+        let sets = sets_for(4 * proj.in_dim * proj.out_dim);
+        let x = random(gpu, &mut rng, rows * proj.in_dim)?;
+        let mut ws = Vec::new();
+        for _ in 0..sets {
+            ws.push(random(gpu, &mut rng, proj.out_dim * proj.in_dim)?);
+        }
+        let mut y = gpu.zeros::<f32>(rows * proj.out_dim)?;
+        set_math(gpu, cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH)?;
+        let raw = time_events(gpu, warmup, repeats, sets, |gpu| {
+            for w in &ws {
+                raw_linear(gpu, &x, w, &mut y, dims)?;
+            }
+            Ok(())
+        });
+        set_math(gpu, cublasMath_t::CUBLAS_DEFAULT_MATH)?;
+        let raw = raw?;
+        // The trial's faults are on for our launcher only: the claim is about it.
+        let ours = time_events(&mut gpu.with_faults(faults), warmup, repeats, sets, |gpu| {
+            for w in &ws {
+                ops::gemm::linear(gpu, engine, &x, w, &mut y, dims)?;
+            }
+            Ok(())
+        })?;
+        pairs.push(Pair {
+            label: format!("{} {rows}x{}x{}", proj.name, proj.in_dim, proj.out_dim),
+            baseline: raw,
+            candidate: ours,
+        });
+    }
+    Ok((pairs, Vec::new()))
+}
+
+fn nf4_pairs(
+    gpu: &mut GpuContext,
+    p: &Params,
+    c: &ModelConfig,
+    seed: u64,
+    faults: Faults,
+) -> Result<Pairs> {
+    let (warmup, repeats) = (p.warmup.0, p.repeats.0);
+    let rows = c.tokens();
+    let tf32 = GemmEngine::Cublas(GemmMath::Tf32);
+    let engine = our_engine(gpu);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut pairs = Vec::new();
+    let mut extra = Vec::new();
+    for proj in projections(c) {
+        let dims = (rows, proj.in_dim, proj.out_dim);
+        let len = proj.in_dim * proj.out_dim;
+        ops::nf4::check_len("nf4_gemm", len)?;
+        let sets = sets_for(4 * len);
+        let x = random(gpu, &mut rng, rows * proj.in_dim)?;
+        let mut ws = Vec::new();
+        let mut qs = Vec::new();
+        for _ in 0..sets {
+            let w = random(gpu, &mut rng, len)?;
+            let mut q = Nf4Device::zeros(gpu, len)?;
+            ops::nf4::quantize(gpu, &w, &mut q)?;
+            ws.push(w);
+            qs.push(q);
+        }
+        // The dequantised weight lives in one workspace, as in the step.
+        let mut deq = gpu.zeros::<f32>(len)?;
+        let mut y = gpu.zeros::<f32>(rows * proj.out_dim)?;
+        // Both paths replay as captured graphs, as the training step does, so
+        // the dequantisation's extra launch is timed on the device, not the
+        // host's launch rate.
+        let base = time_graph(gpu, sets, warmup, repeats, |gpu, i| {
+            ops::gemm::linear(gpu, tf32, &x, &ws[i], &mut y, dims)
+        })?;
+        let path = time_graph(
+            &mut gpu.with_faults(faults),
+            sets,
+            warmup,
+            repeats,
+            |gpu, i| {
+                ops::nf4::dequantize(gpu, &qs[i], &mut deq)?;
+                ops::gemm::linear(gpu, engine, &x, &deq, &mut y, dims)
+            },
+        )?;
+        let fused = time_events(gpu, 1, FUSED_REPEATS, 1, |gpu| {
+            ops::nf4::gemm_forward(gpu, &x, &qs[0], &mut y, (rows, proj.out_dim, proj.in_dim))
+        })?;
+        let label = format!("{} {rows}x{}x{}", proj.name, proj.in_dim, proj.out_dim);
+        let (lo, hi) = ratio_ci(&base, &fused, seed, BOOTSTRAP_RESAMPLES);
+        extra.push(Speedup {
+            subject: format!("nf4_gemm fused {label}"),
+            model: c.name.to_string(),
+            batch: c.batch,
+            seq_len: c.seq_len,
+            baseline: "tf32 cublas, fp32 weight".into(),
+            candidate: "nf4 fused fma kernel".into(),
+            baseline_median_ms: median(&base),
+            candidate_median_ms: median(&fused),
+            ratio: median(&base) / median(&fused),
+            ratio_ci_low: lo,
+            ratio_ci_high: hi,
+            repeats: FUSED_REPEATS,
+            peak_device_gib: None,
+        });
+        pairs.push(Pair {
+            label,
+            baseline: base,
+            candidate: path,
+        });
+    }
+    Ok((pairs, extra))
+}
+
+fn fusion_pairs(
+    gpu: &mut GpuContext,
+    p: &Params,
+    c: &ModelConfig,
+    seed: u64,
+    faults: Faults,
+) -> Result<Pairs> {
+    let (warmup, repeats) = (p.warmup.0, p.repeats.0);
+    let (rows, h) = (c.tokens(), c.hidden);
+    let n = rows * h;
+    let eps = ModelConfig::RMS_EPS;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let sets = fusion_sets(n);
+    let gamma = random(gpu, &mut rng, h)?;
+    let mut bufs = Vec::new();
+    for _ in 0..sets {
+        bufs.push((
+            random(gpu, &mut rng, n)?,
+            random(gpu, &mut rng, n)?,
+            gpu.zeros::<f32>(n)?,
+            gpu.zeros::<f32>(n)?,
+        ));
+    }
+    let unfused = time_graph(gpu, sets, warmup, repeats, |gpu, i| {
+        let (a, b, hs, y) = &mut bufs[i];
+        ops::elementwise::residual_add(gpu, &a.as_view(), &b.as_view(), &mut hs.as_view_mut())?;
+        ops::rmsnorm::forward(
+            gpu,
+            &hs.as_view(),
+            &gamma.as_view(),
+            rows,
+            h,
+            eps,
+            &mut y.as_view_mut(),
+        )
+    })?;
+    // The faults (a slowed launch) apply to the fused candidate only: it is
+    // the claim "fusion pays" that the mutant must break.
+    let fused = time_graph(
+        &mut gpu.with_faults(faults),
+        sets,
+        warmup,
+        repeats,
+        |gpu, i| {
+            let (a, b, hs, y) = &mut bufs[i];
+            ops::rmsnorm::forward_residual(
+                gpu,
+                &a.as_view(),
+                &b.as_view(),
+                &gamma.as_view(),
+                rows,
+                h,
+                eps,
+                &mut hs.as_view_mut(),
+                &mut y.as_view_mut(),
+            )
+        },
+    )?;
+    let pair = Pair {
+        label: format!("residual + rmsnorm {rows}x{h}"),
+        baseline: unfused,
+        candidate: fused,
+    };
+    Ok((vec![pair], Vec::new()))
+}
+
+/// One set of attention buffers: inputs random, outputs zero.
+struct AttnSet {
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    dout: CudaSlice<f32>,
+    out: CudaSlice<f32>,
+    probs: CudaSlice<f32>,
+    scratch: CudaSlice<f32>,
+    dq: CudaSlice<f32>,
+    dk: CudaSlice<f32>,
+    dv: CudaSlice<f32>,
+}
+
+impl AttnSet {
+    fn new(gpu: &GpuContext, rng: &mut ChaCha8Rng, sh: &AttnShape) -> Result<Self> {
+        let (q_len, kv_len, p_len) = ops::attention::lens(sh);
+        Ok(AttnSet {
+            q: random(gpu, rng, q_len)?,
+            k: random(gpu, rng, kv_len)?,
+            v: random(gpu, rng, kv_len)?,
+            dout: random(gpu, rng, q_len)?,
+            out: gpu.zeros::<f32>(q_len)?,
+            probs: gpu.zeros::<f32>(p_len)?,
+            scratch: gpu.zeros::<f32>(ops::attention::backward_scratch_len(sh))?,
+            dq: gpu.zeros::<f32>(q_len)?,
+            dk: gpu.zeros::<f32>(kv_len)?,
+            dv: gpu.zeros::<f32>(kv_len)?,
+        })
+    }
+
+    fn forward(
+        &mut self,
+        gpu: &mut GpuContext,
+        math: GemmMath,
+        sh: &AttnShape,
+    ) -> qlora::Result<()> {
+        let s = self;
+        ops::attention::forward(gpu, math, (&s.q, &s.k, &s.v), &mut s.out, &mut s.probs, sh)
+    }
+
+    fn backward(
+        &mut self,
+        gpu: &mut GpuContext,
+        math: GemmMath,
+        sh: &AttnShape,
+    ) -> qlora::Result<()> {
+        let s = self;
+        ops::attention::backward(
+            gpu,
+            math,
+            (&s.q, &s.k, &s.v),
+            &s.out,
+            &s.probs,
+            &s.dout,
+            &mut s.scratch,
+            (&mut s.dq, &mut s.dk, &mut s.dv),
+            sh,
+        )
+    }
+}
+
+/// Forward and backward of one layer's attention, each pass a pair: the f32
+/// kernels vs the tensor-core kernels with the trial's faults (the claim is
+/// about the tensor-core path, so `gemm_without_tensor_ops` must break it).
+/// Both replay as captured graphs over buffer sets the L2 cannot hold.
+fn attention_pairs(
+    gpu: &mut GpuContext,
+    p: &Params,
+    c: &ModelConfig,
+    seed: u64,
+    faults: Faults,
+) -> Result<Pairs> {
+    let (warmup, repeats) = (p.warmup.0, p.repeats.0);
+    let sh = attn_shape(c);
+    ops::attention::check_shape(&sh)?;
+    let sets = sets_for(attention_set_bytes(&sh));
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut bufs = Vec::new();
+    for _ in 0..sets {
+        bufs.push(AttnSet::new(gpu, &mut rng, &sh)?);
+    }
+    let (f32m, tf32) = (GemmMath::Fp32, GemmMath::Tf32);
+    let mut pairs = Vec::new();
+    for backward in [false, true] {
+        // Each backward replays from its own set's forward, run just before.
+        for set in &mut bufs {
+            set.forward(gpu, f32m, &sh)?;
+        }
+        let mut pass = |gpu: &mut GpuContext, math: GemmMath, i: usize| {
+            let set = &mut bufs[i];
+            if backward {
+                set.backward(gpu, math, &sh)
+            } else {
+                set.forward(gpu, math, &sh)
+            }
+        };
+        let base = time_graph(gpu, sets, warmup, repeats, |gpu, i| pass(gpu, f32m, i))?;
+        let cand = time_graph(
+            &mut gpu.with_faults(faults),
+            sets,
+            warmup,
+            repeats,
+            |gpu, i| pass(gpu, tf32, i),
+        )?;
+        let name = if backward { "backward" } else { "forward" };
+        pairs.push(Pair {
+            label: format!(
+                "{name} b{} s{} h{}/{} d{}",
+                sh.batch, sh.seq, sh.heads, sh.kv_heads, sh.head_dim
+            ),
+            baseline: base,
+            candidate: cand,
+        });
+    }
+    Ok((pairs, Vec::new()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn projections_cover_one_layer_of_qwen() {
+        let c = ModelConfig::preset("qwen2.5-0.5b").unwrap();
+        let dims: Vec<(usize, usize)> = projections(&c)
+            .iter()
+            .map(|p| (p.in_dim, p.out_dim))
+            .collect();
+        assert_eq!(
+            dims,
+            vec![(896, 896), (896, 128), (896, 896), (896, 4864), (4864, 896)]
+        );
+        // 17 MB weights: 160 MiB would take 10 sets, capped at 8.
+        assert_eq!(sets_for(4 * 896 * 4864), MAX_SETS);
+        assert_eq!(sets_for(usize::MAX), 1);
+    }
+}

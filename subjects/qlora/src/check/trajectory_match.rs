@@ -1,0 +1,340 @@
+//! `trajectory_match`: the losses of two training modes at checkpoints.
+//! Passes when `max_i |loss_baseline(c_i) - loss_candidate(c_i)| <= max_abs_diff`.
+
+use crate::check::training::*;
+use crate::check::MutantFaults;
+use crate::check::{require_gpu, Comparator};
+use crate::error::{Error, Result};
+use qlora::gpu::GpuContext;
+
+use serde::Deserialize;
+
+use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
+use super::doc::{DEFAULT_HYPER, HYPER_BOUND, STEP_MODE_BOUND, TRAINING_MODEL_BOUND};
+
+use super::params::{at_most, Count, Hyper, ModelName, NonNegative, StepMode};
+use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
+
+/// Where the baseline run executes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BaselineOn {
+    /// On the trial's backend, like the candidate.
+    #[default]
+    Trial,
+    /// On the CPU reference step (f64), whatever the trial's backend: the
+    /// candidate is then compared with the oracle itself.
+    Cpu,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    pub model: ModelName,
+    /// Training steps of each run: at most [`MAX_STEPS`], and at most
+    /// [`CPU_MAX_STEPS`] for a run on cpu.
+    pub steps: Count,
+    /// 1-based step numbers at which the losses are compared, each at most
+    /// `steps`; at most [`MAX_CHECKPOINTS`] of them.
+    pub checkpoints: Vec<Count>,
+    pub baseline: StepMode,
+    pub candidate: StepMode,
+    pub max_abs_diff: NonNegative,
+    #[serde(default)]
+    pub hyper: Hyper,
+    /// Where the baseline runs (default: the trial's backend).
+    #[serde(default)]
+    pub baseline_on: BaselineOn,
+}
+
+/// Most checkpoints one trial compares (one detail entry each).
+pub const MAX_CHECKPOINTS: usize = 1_000;
+
+/// The parameters of `trajectory_match`, for the generated reference.
+pub const PARAMS: &[ParamDoc] = &[
+    ParamDoc {
+        name: "model",
+        default: Required,
+        bound: TRAINING_MODEL_BOUND,
+        meaning: "the preset trained",
+    },
+    ParamDoc {
+        name: "steps",
+        default: Required,
+        bound: &[
+            Text("1 to "),
+            Int(MAX_STEPS),
+            Text("; on cpu at most "),
+            Int(CPU_MAX_STEPS),
+            Text(" per run"),
+        ],
+        meaning: "training steps of each run",
+    },
+    ParamDoc {
+        name: "checkpoints",
+        default: Required,
+        bound: &[
+            Text("1 to "),
+            Int(MAX_CHECKPOINTS),
+            Text(" step numbers, each <= `steps`"),
+        ],
+        meaning: "1-based steps at which the losses are compared",
+    },
+    ParamDoc {
+        name: "baseline",
+        default: Required,
+        bound: STEP_MODE_BOUND,
+        meaning: "the baseline's step mode; `graph: false` with `baseline_on: cpu`",
+    },
+    ParamDoc {
+        name: "candidate",
+        default: Required,
+        bound: STEP_MODE_BOUND,
+        meaning: "the candidate's step mode; differs from `baseline` unless `baseline_on: cpu`",
+    },
+    ParamDoc {
+        name: "max_abs_diff",
+        default: Required,
+        bound: &[Text(">= 0")],
+        meaning: "bound on the largest loss difference at a checkpoint",
+    },
+    ParamDoc {
+        name: "hyper",
+        default: Yaml(DEFAULT_HYPER),
+        bound: HYPER_BOUND,
+        meaning: "optimiser hyper-parameters of both runs",
+    },
+    ParamDoc {
+        name: "baseline_on",
+        default: Yaml("trial"),
+        bound: &[OneOf(&["trial", "cpu"])],
+        meaning: "the trial's backend, or the CPU reference step (f64)",
+    },
+];
+
+/// A minimal `trajectory_match` check.
+pub const EXAMPLE: &[(&str, &str)] = &[
+    ("model", "tiny"),
+    ("steps", "10"),
+    ("checkpoints", "[1, 10]"),
+    ("baseline", "{clip: global}"),
+    ("candidate", "{clip: per_layer}"),
+    ("max_abs_diff", "0.1"),
+];
+
+impl Validate for Params {
+    fn validate(&self) -> std::result::Result<(), String> {
+        at_most("steps", self.steps.0, MAX_STEPS)?;
+        at_most("checkpoints", self.checkpoints.len(), MAX_CHECKPOINTS)?;
+        if self.checkpoints.is_empty() {
+            return Err("`checkpoints` must list at least one step".into());
+        }
+        if let Some(c) = self.checkpoints.iter().find(|c| c.0 > self.steps.0) {
+            return Err(format!(
+                "checkpoint {} is beyond `steps` ({}); checkpoints must be <= steps",
+                c.0, self.steps.0
+            ));
+        }
+        if self.baseline_on == BaselineOn::Cpu && self.baseline.graph {
+            return Err(
+                "`baseline_on: cpu` runs the CPU reference, which has no CUDA graphs; `baseline.graph` must be false".into(),
+            );
+        }
+        if self.baseline == self.candidate && self.baseline_on == BaselineOn::Trial {
+            return Err(
+                "`baseline` and `candidate` are the same mode; nothing would be compared".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Passes when `max_c |loss_baseline(c) - loss_candidate(c)| <= max_abs_diff`.
+/// Both runs start from the same seeded weights and see the same batches; the
+/// trial's mutant is injected into the candidate only.
+fn trajectory_match(p: &Params, b: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+    let seed = cx.seed;
+    let steps = p.steps.0;
+    let (base, base_text) = if b == Backend::Cpu || p.baseline_on == BaselineOn::Cpu {
+        let cfg = cpu_model(&p.model.0)?;
+        let opts = reference_options(&p.baseline, p.hyper, None)?;
+        let (l, clip) = cpu_losses(&cfg, opts, steps, seed)?;
+        (
+            l,
+            format!("cpu reference {}: {clip}", mode_text(&p.baseline, &p.hyper)),
+        )
+    } else {
+        let opts = p.baseline.gpu_options(p.hyper);
+        let gpu = require_gpu(cx)?;
+        let (l, replayed) = gpu_losses(gpu, &p.model.0, opts, steps, seed)?;
+        (
+            l,
+            format!(
+                "gpu {} ({replayed} graph replays)",
+                mode_text(&p.baseline, &p.hyper)
+            ),
+        )
+    };
+    let (cand, cand_text) = if b == Backend::Cpu {
+        let cfg = cpu_model(&p.model.0)?;
+        let opts = reference_options(&p.candidate, p.hyper, cx.mutant)?;
+        let (l, clip) = cpu_losses(&cfg, opts, steps, seed)?;
+        (l, format!("{}: {clip}", mode_text(&p.candidate, &p.hyper)))
+    } else {
+        let opts = p.candidate.gpu_options(p.hyper);
+        let faults = cx.faults();
+        let mut scope = require_gpu(cx)?.with_faults(faults);
+        let gpu: &mut GpuContext = &mut scope;
+        let (l, replayed) = gpu_losses(gpu, &p.model.0, opts, steps, seed)?;
+        (
+            l,
+            format!(
+                "gpu {} on {} ({replayed} graph replays)",
+                mode_text(&p.candidate, &p.hyper),
+                gpu.facts().name
+            ),
+        )
+    };
+    let cfg = p.model.0;
+    let mut worst = 0.0f64;
+    let mut points = Vec::with_capacity(p.checkpoints.len());
+    for c in &p.checkpoints {
+        let at = |r: &[f64]| {
+            r.get(c.0.wrapping_sub(1))
+                .copied()
+                .ok_or_else(|| Error::InvalidArgument {
+                    op: "trajectory_match",
+                    message: format!("checkpoint {} is outside steps 1..={}", c.0, p.steps.0),
+                })
+        };
+        let (lb, lc) = (at(&base)?, at(&cand)?);
+        let d = (lb - lc).abs();
+        if d > worst || d.is_nan() {
+            worst = d;
+        }
+        points.push(format!("step {}: {lb:.4} vs {lc:.4}", c.0));
+    }
+    Ok(Measurement::new(
+        "max_abs_loss_diff",
+        worst,
+        Comparator::Le,
+        p.max_abs_diff.0,
+        "nats",
+    )
+    .with_detail(format!(
+        "model {}, {} steps; baseline {base_text}; candidate {cand_text}; {}",
+        cfg.name,
+        p.steps.0,
+        points.join(", ")
+    )))
+}
+
+impl Params {
+    /// Reference runs on the host: both on cpu, the baseline alone with
+    /// `baseline_on: cpu` on cuda.
+    fn cpu_runs(&self, backend: Backend) -> usize {
+        match (backend, self.baseline_on) {
+            (Backend::Cpu, _) => 2,
+            (Backend::Cuda, BaselineOn::Cpu) => 1,
+            (Backend::Cuda, BaselineOn::Trial) => 0,
+        }
+    }
+}
+
+impl Kind<crate::Qlora> for Params {
+    fn execute(&self, backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+        trajectory_match(self, backend, cx)
+    }
+
+    /// The runs on the CPU reference (see [`cpu_budget`]); device memory
+    /// decides in `unjudged_on`.
+    fn check_budget(&self, backend: Backend, here: &Here) -> std::result::Result<(), String> {
+        match self.cpu_runs(backend) {
+            0 => Ok(()),
+            runs => cpu_budget(&self.model.0, self.steps.0, runs, here),
+        }
+    }
+
+    /// On cuda: whether the larger of the GPU runs' trainers (one at a time)
+    /// fits the GPU's free memory.
+    fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
+        if backend != Backend::Cuda {
+            return None;
+        }
+        let cfg = self.model.0;
+        let mut modes = vec![&self.candidate];
+        if self.baseline_on == BaselineOn::Trial {
+            modes.push(&self.baseline);
+        }
+        let needed = modes
+            .iter()
+            .map(|m| trainer_bytes(&cfg, &m.gpu_options(self.hyper)))
+            .fold(0.0, f64::max);
+        trainer_shortfall(Backend::Cuda, &cfg, needed, here)
+    }
+
+    /// Observed: 0.37 s on a 2-core cpu (two runs of 20 steps of `tiny`),
+    /// 2.5 s on an H200 (two runs of 1,000 steps of small-4l); at the step
+    /// bounds ~50 s on cpu.
+    fn default_timeout_s(&self) -> f64 {
+        TRAINING_TIMEOUT_S
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::params::tests::{ci, with_gpu};
+
+    fn params(extra: &str) -> std::result::Result<Params, String> {
+        crate::check::params::tests::parse(&format!(
+            "checkpoints: [4]\nmax_abs_diff: 0.1\nbaseline: {{}}\n{extra}"
+        ))
+    }
+
+    #[test]
+    fn steps_and_checkpoints_are_bounded() {
+        let e = params("model: tiny\nsteps: 100000000\ncandidate: {clip: per_layer}").unwrap_err();
+        assert_eq!(e, "steps: 100000000 is above its bound of 10000");
+        let many: Vec<String> = (0..1001).map(|_| "4".to_string()).collect();
+        let yaml = format!(
+            "model: tiny\nsteps: 4\ncheckpoints: [{}]\nmax_abs_diff: 0.1\nbaseline: {{}}\ncandidate: {{clip: per_layer}}",
+            many.join(", ")
+        );
+        let p: Params = serde_yaml::from_str(&yaml).unwrap();
+        assert_eq!(
+            p.validate().unwrap_err(),
+            "checkpoints: 1001 is above its bound of 1000"
+        );
+    }
+
+    #[test]
+    fn the_cpu_runs_are_budgeted_on_either_backend() {
+        let p = params("model: tiny\nsteps: 3000\ncandidate: {clip: per_layer}").unwrap();
+        let e = p.check_budget(Backend::Cpu, &ci()).unwrap_err();
+        assert!(
+            e.starts_with("steps: 3000 is above the cpu bound of 2000"),
+            "{e}"
+        );
+        // Both runs on the GPU: no cpu bound.
+        assert_eq!(p.check_budget(Backend::Cuda, &ci()), Ok(()));
+        // The baseline on the CPU reference is bound on a cuda trial too.
+        let p = params("model: small-4l\nsteps: 4\nbaseline_on: cpu\ncandidate: {graph: true}")
+            .unwrap();
+        let e = p.check_budget(Backend::Cuda, &ci()).unwrap_err();
+        assert!(e.starts_with("model: small-4l has "), "{e}");
+    }
+
+    #[test]
+    fn on_cuda_the_larger_trainer_must_fit() {
+        let p =
+            params("model: small-4l\nsteps: 4\ncandidate: {graph: true, mlp_activations: keep}")
+                .unwrap();
+        let mut here = with_gpu("NVIDIA H200", 141);
+        assert_eq!(p.unjudged_on(Backend::Cuda, &here), None);
+        here.gpu.as_mut().unwrap().free_memory_bytes = 1 << 20;
+        let why = p.unjudged_on(Backend::Cuda, &here).unwrap();
+        assert!(why.ends_with("NVIDIA H200 has 1.0 MiB free"), "{why}");
+        assert_eq!(p.unjudged_on(Backend::Cpu, &here), None);
+    }
+}
