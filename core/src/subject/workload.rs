@@ -3,6 +3,8 @@
 //! [`Subject::workload`](super::Subject::workload). These definitions are
 //! the contract between those kinds and every subject.
 
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 
 use super::{BoxError, Subject};
@@ -34,9 +36,11 @@ pub trait Workload<S: Subject>: Sync {
     ) -> Result<Box<dyn TrainSession + 'd>, BoxError>;
 
     /// Environment a trial process needs for `setup` (a stack that reads a
-    /// switch from the environment once per process): the engine starts
-    /// the trial's process with it. Default: none.
-    fn process_env(&self, _setup: &TrainSetup) -> Vec<(String, String)> {
+    /// switch from the environment once per process, or keeps state under
+    /// `$HOME`): the engine starts the trial's process with it. `scratch` is
+    /// an empty folder the engine made for this one process and removes
+    /// after it (a fresh home, a cold module cache). Default: none.
+    fn process_env(&self, _setup: &TrainSetup, _scratch: &Path) -> Vec<(String, String)> {
         Vec::new()
     }
 }
@@ -80,4 +84,6 @@ pub struct OwnCounts {
     pub syncs_per_step: Option<f64>,
     /// Modules loaded in all.
     pub modules_loaded: Option<u64>,
+    /// Device-to-host bytes copied during the steps.
+    pub device_to_host_bytes: Option<u64>,
 }
