@@ -661,12 +661,9 @@ pub fn accept_entry(
 ///
 /// Why a pool, and why that order: a cold pre-warm's wall is its slowest
 /// compilation, an attention module (theirs is the longest source by far),
-/// and concurrent NVRTC compilations slow each other down. Compiling a
-/// pre-warm's set from Python on a 16-CPU GPU runner, 8-10 threads taking
-/// the attention modules first took 15-30 % less wall than one thread per
-/// module, and on 4-6 threads the order alone saved up to 36 %; in
-/// C-PREWARM-001 itself, two runs each way on one machine differed by less
-/// than their spread (`reports/runs/20261123-h100-prewarm-pool/`).
+/// and concurrent NVRTC compilations slow each other down: a bounded pool
+/// that starts the longest sources first finishes the set sooner than a
+/// thread per module (measured in the book's pre-warm history).
 fn fetch_all(
     missing: &[&'static ModuleSource],
     wanted: &[EntryHeader],

@@ -596,19 +596,15 @@ __device__ __forceinline__ void attention_bwd_dkv(const float* __restrict__ q,
 // read-back, and out needs no rescaling. The query rows are multiplied by
 // scale log2(e) as they are staged, so the scores come out in log2 units,
 // s' = scale log2(e) <q_i, k_j>, and P = 2^(s' - m') / l' with MUFU.EX2
-// alone: no multiply per score for the scale or for exp's base change. On an
-// H100 at qwen2.5-0.5b's shape that took the forward from 36.1 to 29.4 us
-// (graph-timed, the same module options).
+// alone: no multiply per score for the scale or for exp's base change.
 //
-// Where the time goes (an H100 at qwen2.5-0.5b's shape, batch 4, seq 256,
-// 14 heads, head_dim 64, measured with 64-key chunks: graph-timed fwd 27 us,
-// dq 39 us, dk/dv 26 us against 70, 76 and 51 us for the f32 kernels; ncu
-// for the rest; with today's 32-key chunks the suite measures fwd 41 us and
-// dq + dk/dv 68 us, K-EFF-ATTN-001): not memory (DRAM at 4-10 % of its peak) and not
-// the tensor cores, but the latency of each warp's instruction stream: about
-// 2 warps per scheduler, 5-9 cycles per issued instruction (short-scoreboard
-// and fixed-latency waits; long-scoreboard in dq), and integer address and
-// mask arithmetic outnumbering the mma instructions several times over.
+// Where the time goes (ncu at qwen2.5-0.5b's shape; figures in the book's
+// performance pages): not memory (DRAM far below its peak) and not the
+// tensor cores, but the latency of each warp's instruction stream: about
+// 2 warps per scheduler, several cycles per issued instruction
+// (short-scoreboard and fixed-latency waits; long-scoreboard in dq), and
+// integer address and mask arithmetic outnumbering the mma instructions
+// several times over.
 // Fewer instructions per chunk (unmasked chunks below the diagonal) and more
 // independent warps without spilling are the levers left.
 
