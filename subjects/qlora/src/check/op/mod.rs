@@ -15,7 +15,9 @@ use super::bandwidth::measure::Case as BandwidthCase;
 use super::gradient_check::ops::Problem;
 use super::op_parity::compare::{Case, Comparison};
 use super::params::{Precision, Shape};
+use super::throughput_ratio::kernels::Pairs;
 use crate::mutant::Mutant;
+use qlora::model::ModelConfig;
 pub use table::OPS;
 
 /// The contract spellings of [`Op`], in its order (`tests/kinds.rs`
@@ -133,6 +135,8 @@ pub struct OpSpec {
     pub gradient: Option<Gradient>,
     /// The memory-bound kernels of this op that `bandwidth` times.
     pub bandwidth: &'static [BandwidthKernel],
+    /// The `throughput_ratio` kernel subjects that time this op.
+    pub throughput: &'static [ThroughputKernel],
 }
 
 /// An op's `gradient_check`: its instance and its mutant.
@@ -169,6 +173,35 @@ impl BandwidthKernel {
             Pass::Backward => self.backward,
         }
     }
+}
+
+/// A `throughput_ratio` kernel subject: a baseline and a candidate way of
+/// running an op, timed on a model's shapes.
+pub struct ThroughputKernel {
+    /// The contract spelling of `throughput_ratio`'s `subject`.
+    pub name: &'static str,
+    /// What the baseline and the candidate run, for the report.
+    pub baseline: &'static str,
+    pub candidate: &'static str,
+    /// Times both on the model's shapes (`throughput_ratio`'s `kernels`).
+    pub pairs: ThroughputPairs,
+    /// Device bytes held at the peak on a model's shapes.
+    pub device_bytes: fn(&ModelConfig) -> f64,
+}
+
+/// Per-shape times of a baseline and a candidate (and rows reported next
+/// to them), with the trial's faults applied to the candidate.
+pub type ThroughputPairs = fn(
+    &mut qlora::gpu::GpuContext,
+    &crate::check::throughput_ratio::Params,
+    &ModelConfig,
+    u64,
+    qlora::Faults,
+) -> crate::error::Result<Pairs>;
+
+/// Every `throughput_ratio` kernel subject, in table order.
+pub fn throughput_kernels() -> impl Iterator<Item = &'static ThroughputKernel> {
+    OPS.iter().flat_map(|spec| spec.throughput.iter())
 }
 
 /// Every `bandwidth` kernel with the op it belongs to, in table order.

@@ -3,15 +3,17 @@
 //! An entry names the stack's shape rule (the `check_shape` its launchers
 //! call), the formulas of [`super::size`], the `op_parity` function that
 //! runs the launchers against the oracle, the `gradient_check` instance with
-//! its mutant, and the kernels `bandwidth` times. Adding an op: a variant of
+//! its mutant, the kernels `bandwidth` times and the `throughput_ratio`
+//! subjects that time it. Adding an op: a variant of
 //! [`Op`], its name in [`super::OP_NAMES`], one entry here.
 
 use super::size::*;
-use super::{BandwidthKernel, Gradient, Op, OpSpec};
+use super::{BandwidthKernel, Gradient, Op, OpSpec, ThroughputKernel};
 use crate::check::bandwidth::measure as bw;
 use crate::check::gradient_check::ops as grad;
 use crate::check::op_parity as parity;
 use crate::check::params::Precision;
+use crate::check::throughput_ratio::kernels as tp;
 use crate::mutant::Mutant;
 
 /// `op_parity`'s tolerance by precision: every op takes the precision's
@@ -72,6 +74,7 @@ const fn elementwise(
         parity,
         gradient,
         bandwidth,
+        throughput: &[],
     }
 }
 
@@ -97,6 +100,7 @@ const fn vector(
         parity,
         gradient: None,
         bandwidth,
+        throughput: &[],
     }
 }
 
@@ -126,6 +130,7 @@ pub static OPS: [OpSpec; 20] = [
             forward: bw::embedding,
             backward: None,
         }],
+        throughput: &[],
     },
     OpSpec {
         op: Op::Rmsnorm,
@@ -157,6 +162,13 @@ pub static OPS: [OpSpec; 20] = [
                 None,
             ),
         ],
+        throughput: &[ThroughputKernel {
+            name: "fusion",
+            baseline: "residual_add + rmsnorm",
+            candidate: "fused rmsnorm_residual",
+            pairs: tp::fusion_pairs,
+            device_bytes: tp::fusion_device_bytes,
+        }],
     },
     OpSpec {
         op: Op::Rope,
@@ -175,6 +187,7 @@ pub static OPS: [OpSpec; 20] = [
             one_input,
         ),
         bandwidth: &[kernel("rope", rope_bytes, bw::rope, Some(bw::rope))],
+        throughput: &[],
     },
     OpSpec {
         op: Op::RopeQkv,
@@ -193,6 +206,7 @@ pub static OPS: [OpSpec; 20] = [
             rope_qkv_inputs,
         ),
         bandwidth: &[],
+        throughput: &[],
     },
     OpSpec {
         op: Op::Softmax,
@@ -211,6 +225,7 @@ pub static OPS: [OpSpec; 20] = [
             one_input,
         ),
         bandwidth: &[],
+        throughput: &[],
     },
     OpSpec {
         op: Op::Attention,
@@ -229,6 +244,13 @@ pub static OPS: [OpSpec; 20] = [
             attention_inputs,
         ),
         bandwidth: &[],
+        throughput: &[ThroughputKernel {
+            name: "attention",
+            baseline: "f32 attention",
+            candidate: "tensor-core attention",
+            pairs: tp::attention_pairs,
+            device_bytes: tp::attention_device_bytes,
+        }],
     },
     elementwise(
         Op::Silu,
@@ -305,6 +327,7 @@ pub static OPS: [OpSpec; 20] = [
             bw::cross_entropy,
             Some(bw::cross_entropy),
         )],
+        throughput: &[],
     },
     OpSpec {
         op: Op::Gemm,
@@ -323,6 +346,13 @@ pub static OPS: [OpSpec; 20] = [
             gemm_inputs,
         ),
         bandwidth: &[],
+        throughput: &[ThroughputKernel {
+            name: "gemm",
+            baseline: "raw cublas tf32",
+            candidate: "ops::gemm::linear",
+            pairs: tp::gemm_pairs,
+            device_bytes: tp::gemm_device_bytes,
+        }],
     },
     OpSpec {
         op: Op::Nf4Quantize,
@@ -337,6 +367,7 @@ pub static OPS: [OpSpec; 20] = [
         parity: |gpu, case| parity::nf4::parity(Op::Nf4Quantize, gpu, case),
         gradient: None,
         bandwidth: &[],
+        throughput: &[],
     },
     OpSpec {
         op: Op::Nf4Dequantize,
@@ -356,6 +387,7 @@ pub static OPS: [OpSpec; 20] = [
             bw::nf4_dequantize,
             None,
         )],
+        throughput: &[],
     },
     OpSpec {
         op: Op::Nf4Gemm,
@@ -372,6 +404,13 @@ pub static OPS: [OpSpec; 20] = [
         parity: |gpu, case| parity::nf4::parity(Op::Nf4Gemm, gpu, case),
         gradient: None,
         bandwidth: &[],
+        throughput: &[ThroughputKernel {
+            name: "nf4_gemm",
+            baseline: "tf32 cublas, fp32 weight",
+            candidate: "nf4 dequantise + tf32 cublas",
+            pairs: tp::nf4_pairs,
+            device_bytes: tp::nf4_gemm_device_bytes,
+        }],
     },
     vector(
         Op::CastF16,
