@@ -69,7 +69,7 @@ impl BandwidthOp {
         self.op.dims
     }
 
-    /// The shape rules of this kernel: its op's ([`Op::check_stack_shape`]).
+    /// The shape rules of this kernel: its op's ([`super::op::Op::check_stack_shape`]).
     pub fn check_stack_shape(self, s: &Shape) -> std::result::Result<(), String> {
         (self.op.stack_shape)(s)
     }

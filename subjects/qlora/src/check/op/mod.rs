@@ -6,8 +6,8 @@
 //! `op_parity`, `gradient_check` and `bandwidth` read the table; adding an
 //! op is one entry in [`table`] plus its launcher and oracle functions.
 
-mod size;
-mod table;
+pub mod size;
+pub mod table;
 
 use serde::Deserialize;
 
