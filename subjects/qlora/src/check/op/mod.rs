@@ -2,9 +2,10 @@
 //! table ([`OPS`]): each op declares once its dims and shape rules, its
 //! sizes, its `op_parity` launcher-against-oracle comparison and tolerance,
 //! its `gradient_check` instance and the mutant that must fail it, and the
-//! memory-bound kernels `bandwidth` times with their byte formulas.
-//! `op_parity`, `gradient_check` and `bandwidth` read the table; adding an
-//! op is one entry in [`table`] plus its launcher and oracle functions.
+//! memory-bound kernels `bandwidth` times with their byte formulas, and the
+//! `throughput_ratio` subjects that time it. `op_parity`, `gradient_check`,
+//! `bandwidth` and `throughput_ratio` read the table; adding an op is one
+//! entry in [`table`] plus its launcher and oracle functions.
 
 pub mod size;
 pub mod table;
