@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::check::bandwidth::{BandwidthOp, Params};
+use crate::check::bandwidth::Params;
 use crate::check::op::Pass;
 use crate::check::params::Shape;
 use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
@@ -89,7 +89,7 @@ fn ids(rng: &mut ChaCha8Rng, len: usize, below: usize) -> Vec<u32> {
 }
 
 /// One launch of the op on buffer set `i`.
-type Launch = Box<dyn FnMut(&mut GpuContext, usize) -> qlora::Result<()>>;
+pub(crate) type Launch = Box<dyn FnMut(&mut GpuContext, usize) -> qlora::Result<()>>;
 
 /// `sets` buffer sets made by `make` (one after another, so the seeded fill
 /// is drawn in the same order as set by set), and the launch that runs `run`
@@ -118,7 +118,7 @@ enum Buf {
 use Buf::{Positive, Signed, Zeros};
 
 /// What a case sets up from, besides the GPU.
-struct Setup<'a> {
+pub struct Setup<'a> {
     fill: &'a Filler,
     shape: &'a Shape,
     fwd: bool,
@@ -160,29 +160,7 @@ impl Setup<'_> {
 
 /// A case: allocates the buffer sets for one op (and pass) and returns the
 /// launch closure.
-type Case = fn(&mut GpuContext, &Setup<'_>) -> Result<Launch>;
-
-/// The case that sets up `op` in `pass`. Ops with no backward kernel run
-/// forward whatever the pass (`Params::validate` refuses them backward).
-fn case(op: BandwidthOp, pass: Pass) -> Case {
-    use BandwidthOp as B;
-    match (op, pass) {
-        (B::Rmsnorm, Pass::Forward) => rmsnorm_fwd,
-        (B::Rmsnorm, Pass::Backward) => rmsnorm_bwd,
-        (B::RmsnormResidual, _) => rmsnorm_residual,
-        (B::Rope, _) => rope,
-        (B::Silu, _) => silu,
-        (B::Swiglu, _) => swiglu,
-        (B::ResidualAdd, _) => residual_add,
-        (B::Scale, _) => scale,
-        (B::CrossEntropy, _) => cross_entropy,
-        (B::SquaredSum, _) => squared_sum,
-        (B::ClipApply, _) => clip_apply,
-        (B::Adamw, _) => adamw,
-        (B::Embedding, _) => embedding,
-        (B::Nf4Dequantize, _) => nf4_dequantize,
-    }
-}
+pub(crate) type Case = fn(&mut GpuContext, &Setup<'_>) -> Result<Launch>;
 
 /// Allocates `sets` buffer sets for `p` and returns the launch closure.
 fn setup(gpu: &mut GpuContext, p: &Params, sets: usize, seed: u64) -> Result<Launch> {
@@ -194,7 +172,10 @@ fn setup(gpu: &mut GpuContext, p: &Params, sets: usize, seed: u64) -> Result<Lau
         sets,
         seed,
     };
-    let launch = case(p.op, p.pass)(gpu, &cx)?;
+    // Ops with no backward kernel run forward whatever the pass
+    // (`Params::validate` refuses them backward).
+    let case = p.op.kernel.case(p.pass).unwrap_or(p.op.kernel.forward);
+    let launch = case(gpu, &cx)?;
     gpu.synchronize()?;
     Ok(launch)
 }
@@ -202,7 +183,7 @@ fn setup(gpu: &mut GpuContext, p: &Params, sets: usize, seed: u64) -> Result<Lau
 /// The RMSNorm cases' epsilon.
 const EPS: f64 = ModelConfig::RMS_EPS;
 
-fn rmsnorm_fwd(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+pub(crate) fn rmsnorm_fwd(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     let (r, h) = (cx.dim("rows"), cx.dim("hidden"));
     let gamma = cx.fill.positive(gpu, h)?;
     cx.f32_sets(gpu, [Signed(r * h), Zeros(r * h)], move |gpu, [x, y]| {
@@ -211,7 +192,7 @@ fn rmsnorm_fwd(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     })
 }
 
-fn rmsnorm_bwd(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+pub(crate) fn rmsnorm_bwd(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     let (r, h) = (cx.dim("rows"), cx.dim("hidden"));
     let gamma = cx.fill.positive(gpu, h)?;
     let mut dgamma = gpu.zeros::<f32>(h)?;
@@ -224,7 +205,7 @@ fn rmsnorm_bwd(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     })
 }
 
-fn rmsnorm_residual(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+pub(crate) fn rmsnorm_residual(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     let (r, h) = (cx.dim("rows"), cx.dim("hidden"));
     let gamma = cx.fill.positive(gpu, h)?;
     let spec = [Signed(r * h), Signed(r * h), Zeros(r * h), Zeros(r * h)];
@@ -235,7 +216,7 @@ fn rmsnorm_residual(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     })
 }
 
-fn rope(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+pub(crate) fn rope(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     let (b, sq) = (cx.dim("batch"), cx.dim("seq"));
     let (hd, d) = (cx.dim("heads"), cx.dim("head_dim"));
     let n = b * sq * hd * d;
@@ -250,7 +231,7 @@ fn rope(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     })
 }
 
-fn silu(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+pub(crate) fn silu(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     let n = cx.dim("rows") * cx.dim("cols");
     let fwd = cx.fwd;
     let spec = [Signed(n), Signed(n), Zeros(n)];
@@ -264,7 +245,7 @@ fn silu(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     })
 }
 
-fn swiglu(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+pub(crate) fn swiglu(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     let n = cx.dim("rows") * cx.dim("cols");
     let fwd = cx.fwd;
     // Forward leaves dy and dup unused: one zero each.
@@ -283,7 +264,7 @@ fn swiglu(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     })
 }
 
-fn residual_add(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+pub(crate) fn residual_add(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     let n = cx.dim("rows") * cx.dim("cols");
     let fwd = cx.fwd;
     let b = if fwd { Signed(n) } else { Zeros(n) };
@@ -298,7 +279,7 @@ fn residual_add(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     })
 }
 
-fn scale(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+pub(crate) fn scale(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     let n = cx.dim("rows") * cx.dim("cols");
     // Not a power of two, so the product really rounds.
     let factor = 0.7;
@@ -312,7 +293,7 @@ fn scale(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     })
 }
 
-fn cross_entropy(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+pub(crate) fn cross_entropy(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     let (r, v) = (cx.dim("rows"), cx.dim("vocab"));
     let fwd = cx.fwd;
     let mut rng = ChaCha8Rng::seed_from_u64(cx.seed ^ 0x7a);
@@ -345,7 +326,7 @@ fn cross_entropy(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     })
 }
 
-fn squared_sum(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+pub(crate) fn squared_sum(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     let n = cx.dim("n");
     let mut ws = ops::clip::SquaredSumWorkspace::new(gpu, &[n])?;
     let mut sq = gpu.zeros::<f64>(1)?;
@@ -354,7 +335,7 @@ fn squared_sum(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     })
 }
 
-fn clip_apply(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+pub(crate) fn clip_apply(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     let n = cx.dim("n");
     // A scale of exactly 1: the kernel still reads, multiplies and writes
     // every value, and thousands of in-place replays cannot shrink the data
@@ -365,7 +346,7 @@ fn clip_apply(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     })
 }
 
-fn adamw(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+pub(crate) fn adamw(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     let n = cx.dim("n");
     let hyper = qlora::train::AdamW::new(1e-3, 0.01);
     let spec = [Signed(n), Signed(n), Signed(n), Positive(n)];
@@ -376,7 +357,7 @@ fn adamw(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     })
 }
 
-fn embedding(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+pub(crate) fn embedding(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     let (t, v, h) = (cx.dim("tokens"), cx.dim("vocab"), cx.dim("hidden"));
     let table = cx.fill.signed(gpu, v * h)?;
     let mut rng = ChaCha8Rng::seed_from_u64(cx.seed ^ 0xe3);
@@ -388,7 +369,7 @@ fn embedding(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     })
 }
 
-fn nf4_dequantize(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
+pub(crate) fn nf4_dequantize(gpu: &mut GpuContext, cx: &Setup<'_>) -> Result<Launch> {
     let n = cx.dim("rows") * cx.dim("cols");
     ops::nf4::check_len("bandwidth", n)?;
     let make = |gpu: &mut GpuContext| {

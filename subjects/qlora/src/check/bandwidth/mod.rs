@@ -13,112 +13,137 @@
 //!   and pays the same launch and tail costs a kernel of that size pays;
 //! - `fraction = (B / t_k) / (C / t_c)`; passes when `fraction >= min_fraction`.
 
-mod measure;
+pub(crate) mod measure;
 
 use serde::Deserialize;
 
 use super::doc::PASSES;
 use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
 
-use super::op::{Op, Pass};
+use super::op::{bandwidth_kernels, BandwidthKernel, OpSpec, Pass};
 use super::params::{at_most, gpu_shortfall, Count, Fraction, Shape};
 use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 use crate::error::Result;
 
-/// The memory-bound kernels this check can time, named as in contracts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BandwidthOp {
-    /// RMSNorm over `{rows, hidden}`.
-    Rmsnorm,
-    /// Fused residual add + RMSNorm over `{rows, hidden}` (forward only).
-    RmsnormResidual,
-    /// RoPE over `{batch, seq, heads, head_dim}`.
-    Rope,
-    /// SiLU over `{rows, cols}`.
-    Silu,
-    /// SwiGLU over `{rows, cols}`.
-    Swiglu,
-    /// Residual add over `{rows, cols}`.
-    ResidualAdd,
-    /// Scale over `{rows, cols}`.
-    Scale,
-    /// Cross-entropy over `{rows, vocab}` logits.
-    CrossEntropy,
-    /// Squared sum of the clip over one tensor of `{n}` values (forward only).
-    SquaredSum,
-    /// Clip apply, `g <- s g` in place over `{n}` (forward only).
-    ClipApply,
-    /// AdamW step over `{n}` parameters (forward only).
-    Adamw,
-    /// Embedding gather `{tokens, vocab, hidden}` (forward only).
-    Embedding,
-    /// NF4 dequantisation of `{rows, cols}` (forward only).
-    Nf4Dequantize,
+/// The contract spellings of `bandwidth`'s `op`: the kernels of the op
+/// table ([`super::op::bandwidth_kernels`]), in the order the generated
+/// reference lists them (a test compares the two).
+pub const KERNEL_NAMES: &[&str] = &[
+    "rmsnorm",
+    "rmsnorm_residual",
+    "rope",
+    "silu",
+    "swiglu",
+    "residual_add",
+    "scale",
+    "cross_entropy",
+    "squared_sum",
+    "clip_apply",
+    "adamw",
+    "embedding",
+    "nf4_dequantize",
+];
+
+/// A memory-bound kernel this check can time, named as in contracts: an
+/// entry of the op table, with the op whose dims and shape rule it takes.
+#[derive(Clone, Copy)]
+pub struct BandwidthOp {
+    pub op: &'static OpSpec,
+    pub kernel: &'static BandwidthKernel,
 }
 
 impl BandwidthOp {
-    pub fn name(self) -> &'static str {
-        match self {
-            BandwidthOp::Rmsnorm => "rmsnorm",
-            BandwidthOp::RmsnormResidual => "rmsnorm_residual",
-            BandwidthOp::Rope => "rope",
-            BandwidthOp::Silu => "silu",
-            BandwidthOp::Swiglu => "swiglu",
-            BandwidthOp::ResidualAdd => "residual_add",
-            BandwidthOp::Scale => "scale",
-            BandwidthOp::CrossEntropy => "cross_entropy",
-            BandwidthOp::SquaredSum => "squared_sum",
-            BandwidthOp::ClipApply => "clip_apply",
-            BandwidthOp::Adamw => "adamw",
-            BandwidthOp::Embedding => "embedding",
-            BandwidthOp::Nf4Dequantize => "nf4_dequantize",
-        }
+    /// The kernel named `name`, if the op table has one.
+    pub fn named(name: &str) -> Option<BandwidthOp> {
+        bandwidth_kernels()
+            .find(|(_, k)| k.name == name)
+            .map(|(op, kernel)| BandwidthOp { op, kernel })
     }
 
-    /// The named dimensions a shape for this op must give.
+    pub fn name(self) -> &'static str {
+        self.kernel.name
+    }
+
+    /// The named dimensions a shape for this kernel must give: its op's.
     pub fn dims(self) -> &'static [&'static str] {
-        match self {
-            BandwidthOp::Rmsnorm | BandwidthOp::RmsnormResidual => &["rows", "hidden"],
-            BandwidthOp::Rope => &["batch", "seq", "heads", "head_dim"],
-            BandwidthOp::Silu
-            | BandwidthOp::Swiglu
-            | BandwidthOp::ResidualAdd
-            | BandwidthOp::Scale
-            | BandwidthOp::Nf4Dequantize => &["rows", "cols"],
-            BandwidthOp::CrossEntropy => &["rows", "vocab"],
-            BandwidthOp::SquaredSum | BandwidthOp::ClipApply | BandwidthOp::Adamw => &["n"],
-            BandwidthOp::Embedding => &["tokens", "vocab", "hidden"],
-        }
+        self.op.dims
+    }
+
+    /// The shape rules of this kernel: its op's ([`super::op::Op::check_stack_shape`]).
+    pub fn check_stack_shape(self, s: &Shape) -> std::result::Result<(), String> {
+        (self.op.stack_shape)(s)
     }
 
     /// Whether a backward kernel exists to time.
-    /// The shape rules of this op's kernels: those of the `op_parity` op
-    /// whose kernels it times ([`Op::check_stack_shape`]), none for the
-    /// element-wise ones.
-    pub fn check_stack_shape(self, s: &Shape) -> std::result::Result<(), String> {
-        let op = match self {
-            BandwidthOp::Rmsnorm | BandwidthOp::RmsnormResidual => Op::Rmsnorm,
-            BandwidthOp::Rope => Op::Rope,
-            BandwidthOp::CrossEntropy => Op::CrossEntropy,
-            BandwidthOp::Embedding => Op::Embedding,
-            BandwidthOp::Nf4Dequantize => Op::Nf4Dequantize,
-            _ => return Ok(()),
-        };
-        op.check_stack_shape(s)
+    pub fn has_backward(self) -> bool {
+        self.kernel.backward.is_some()
+    }
+}
+
+impl std::fmt::Debug for BandwidthOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl PartialEq for BandwidthOp {
+    fn eq(&self, other: &BandwidthOp) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl<'de> Deserialize<'de> for BandwidthOp {
+    /// Parsed as a unit-variant enum named by [`KERNEL_NAMES`] (as serde's
+    /// derive parses one, with the same errors), then looked up in the table.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_enum("BandwidthOp", KERNEL_NAMES, KernelVisitor)
+    }
+}
+
+/// Reads `bandwidth`'s `op` as a unit variant of [`KERNEL_NAMES`].
+struct KernelVisitor;
+
+impl<'de> serde::de::Visitor<'de> for KernelVisitor {
+    type Value = BandwidthOp;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("enum BandwidthOp")
     }
 
-    pub fn has_backward(self) -> bool {
-        matches!(
-            self,
-            BandwidthOp::Rmsnorm
-                | BandwidthOp::Rope
-                | BandwidthOp::Silu
-                | BandwidthOp::Swiglu
-                | BandwidthOp::ResidualAdd
-                | BandwidthOp::Scale
-                | BandwidthOp::CrossEntropy
-        )
+    fn visit_enum<A: serde::de::EnumAccess<'de>>(
+        self,
+        data: A,
+    ) -> std::result::Result<BandwidthOp, A::Error> {
+        use serde::de::VariantAccess;
+        let (KernelName(op), variant) = data.variant()?;
+        variant.unit_variant()?;
+        Ok(op)
+    }
+}
+
+/// The variant identifier: a name of [`KERNEL_NAMES`], looked up while it
+/// is read, so an unknown one is reported where it stands.
+struct KernelName(BandwidthOp);
+
+impl<'de> Deserialize<'de> for KernelName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_identifier(KernelNameVisitor)
+    }
+}
+
+struct KernelNameVisitor;
+
+impl serde::de::Visitor<'_> for KernelNameVisitor {
+    type Value = KernelName;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("variant identifier")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, name: &str) -> std::result::Result<KernelName, E> {
+        BandwidthOp::named(name)
+            .map(KernelName)
+            .ok_or_else(|| E::unknown_variant(name, KERNEL_NAMES))
     }
 }
 
@@ -169,21 +194,7 @@ pub const PARAMS: &[ParamDoc] = &[
     ParamDoc {
         name: "op",
         default: Required,
-        bound: &[OneOf(&[
-            "rmsnorm",
-            "rmsnorm_residual",
-            "rope",
-            "silu",
-            "swiglu",
-            "residual_add",
-            "scale",
-            "cross_entropy",
-            "squared_sum",
-            "clip_apply",
-            "adamw",
-            "embedding",
-            "nf4_dequantize",
-        ])],
+        bound: &[OneOf(KERNEL_NAMES)],
         meaning: "the memory-bound kernel",
     },
     ParamDoc {
@@ -254,31 +265,20 @@ impl Validate for Params {
     }
 }
 
-/// Bytes of one f32 (and of one u32 token or target).
-const F: usize = 4;
-
 impl Params {
-    /// Elements of the op's largest tensor: the table or the gathered rows of
-    /// an embedding, otherwise the product of the dims.
+    /// Elements of the kernel's largest tensor: the table or the gathered
+    /// rows of an embedding, otherwise the product of the dims.
     fn largest_tensor(&self) -> f64 {
-        let s = &self.shape;
-        match self.op {
-            BandwidthOp::Embedding => s
-                .product(&["vocab", "hidden"])
-                .max(s.product(&["tokens", "hidden"])),
-            _ => s.0.values().map(|c| c.0 as f64).product(),
-        }
+        (self.op.kernel.largest_tensor)(&self.shape)
     }
 
     /// Device bytes the check holds: the op's buffer sets and the copy's
     /// (each at least 256 MiB in all, at most that plus one set of
-    /// [`Params::bytes`]), an embedding's table `4 V H`, and the patterns.
+    /// [`Params::bytes`]), what the kernel holds once (an embedding's table
+    /// `4 V H`), and the patterns.
     fn device_bytes(&self) -> f64 {
-        let table = match self.op {
-            BandwidthOp::Embedding => 4.0 * self.shape.product(&["vocab", "hidden"]),
-            _ => 0.0,
-        };
-        2.0 * (ROTATE_BYTES + self.bytes() as f64 + 8.0) + table + FIXED_DEVICE_BYTES
+        let resident = (self.op.kernel.resident_bytes)(&self.shape);
+        2.0 * (ROTATE_BYTES + self.bytes() as f64 + 8.0) + resident + FIXED_DEVICE_BYTES
     }
 
     /// `op pass`, e.g. `rmsnorm fwd`.
@@ -287,76 +287,10 @@ impl Params {
     }
 
     /// The fewest bytes one invocation must move: each input read once, each
-    /// output written once (f32 and u32 are 4 bytes, NF4 codes half a byte,
-    /// the clip's squared sum an f64). With `N` the element count:
-    ///
-    /// | op, pass | bytes |
-    /// | --- | --- |
-    /// | rmsnorm fwd `{R, H}` | `4 (2RH + H)`: x, gamma in; y out |
-    /// | rmsnorm bwd | `4 (3RH + 2H)`: x, dy, gamma in; dx, dgamma out |
-    /// | rmsnorm_residual fwd | `4 (4RH + H)`: a, b, gamma in; h, y out |
-    /// | rope fwd/bwd | `4 * 2N`: x in, y out |
-    /// | silu fwd | `4 * 2N`; bwd `4 * 3N` (x, dy in; dx out) |
-    /// | swiglu fwd | `4 * 3N` (gate, up in; y out); bwd `4 * 5N` (gate, up, dy in; dgate, dup out) |
-    /// | residual_add fwd/bwd | `4 * 3N` (a, b in, y out / dy in, da, db out) |
-    /// | scale fwd/bwd | `4 * 2N` |
-    /// | cross_entropy fwd `{R, V}` | `4 (RV + 4R + 1)`: logits, targets in; losses, row stats (2R), mean out |
-    /// | cross_entropy bwd | `4 (2RV + 3R)`: logits, targets, row stats in; dlogits out |
-    /// | squared_sum `{n}` | `4n + 8`: g in; one f64 out |
-    /// | clip_apply `{n}` | `4 (2n + 1)`: g, scale in; g out |
-    /// | adamw `{n}` | `4 * 7n`: p, g, m, v in; p, m, v out |
-    /// | embedding fwd `{T, V, H}` | `4 (T + 2TH)`: tokens and the T gathered rows in; y out |
-    /// | nf4_dequantize `{R, C}` | `N/2 + 4 N/64 + 4N`: codes, absmax in; f32 out |
+    /// output written once; each kernel's formula is in the op table (the
+    /// table of them all is on `check::op::size`).
     pub fn bytes(&self) -> usize {
-        let s = &self.shape;
-        let fwd = self.pass == Pass::Forward;
-        match self.op {
-            BandwidthOp::Rmsnorm => {
-                let (r, h) = (s.dim("rows"), s.dim("hidden"));
-                if fwd {
-                    F * (2 * r * h + h)
-                } else {
-                    F * (3 * r * h + 2 * h)
-                }
-            }
-            BandwidthOp::RmsnormResidual => {
-                let (r, h) = (s.dim("rows"), s.dim("hidden"));
-                F * (4 * r * h + h)
-            }
-            BandwidthOp::Rope => {
-                let n = s.dim("batch") * s.dim("seq") * s.dim("heads") * s.dim("head_dim");
-                F * 2 * n
-            }
-            BandwidthOp::Silu => {
-                let n = s.dim("rows") * s.dim("cols");
-                F * if fwd { 2 * n } else { 3 * n }
-            }
-            BandwidthOp::Swiglu => {
-                let n = s.dim("rows") * s.dim("cols");
-                F * if fwd { 3 * n } else { 5 * n }
-            }
-            BandwidthOp::ResidualAdd => F * 3 * s.dim("rows") * s.dim("cols"),
-            BandwidthOp::Scale => F * 2 * s.dim("rows") * s.dim("cols"),
-            BandwidthOp::CrossEntropy => {
-                let (r, v) = (s.dim("rows"), s.dim("vocab"));
-                if fwd {
-                    F * (r * v + 4 * r + 1)
-                } else {
-                    F * (2 * r * v + 3 * r)
-                }
-            }
-            BandwidthOp::SquaredSum => F * s.dim("n") + 8,
-            BandwidthOp::ClipApply => F * (2 * s.dim("n") + 1),
-            BandwidthOp::Adamw => F * 7 * s.dim("n"),
-            BandwidthOp::Embedding => {
-                let (t, h) = (s.dim("tokens"), s.dim("hidden"));
-                F * (t + 2 * t * h)
-            }
-            BandwidthOp::Nf4Dequantize => {
-                let n = s.dim("rows") * s.dim("cols");
-                n / 2 + F * n / 64 + F * n
-            }
-        }
+        (self.op.kernel.bytes)(&self.shape, self.pass)
     }
 }
 
@@ -385,6 +319,23 @@ mod tests {
 
     fn parse(yaml: &str) -> std::result::Result<Params, String> {
         crate::check::params::tests::parse(yaml)
+    }
+
+    #[test]
+    fn every_kernel_of_the_op_table_is_named_once() {
+        let mut table: Vec<&str> = bandwidth_kernels().map(|(_, k)| k.name).collect();
+        let mut names = KERNEL_NAMES.to_vec();
+        table.sort_unstable();
+        names.sort_unstable();
+        assert_eq!(table, names);
+        for name in KERNEL_NAMES {
+            assert_eq!(BandwidthOp::named(name).unwrap().name(), *name);
+        }
+        let e = parse("op: gemm\nshape: {m: 1, n: 1, k: 1}\nmin_fraction: 0.5").unwrap_err();
+        assert!(
+            e.contains("unknown variant `gemm`, expected one of `rmsnorm`, `rmsnorm_residual`"),
+            "{e}"
+        );
     }
 
     #[test]

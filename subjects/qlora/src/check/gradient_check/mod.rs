@@ -5,7 +5,7 @@
 //! all in f64. The metric is `||g - g_fd|| / ||g_fd||`.
 
 mod model;
-mod ops;
+pub(crate) mod ops;
 
 use serde::Deserialize;
 
@@ -124,8 +124,8 @@ impl Validate for Params {
                 if self.shapes.is_empty() {
                     return Err("`shapes` must list at least one shape".into());
                 }
-                if *op == Op::Nf4Gemm {
-                    return Err("op `nf4_gemm` has no CPU reference backward to check".into());
+                if op.spec().gradient.is_none() {
+                    return Err(format!("op `{op}` has no CPU reference backward to check"));
                 }
                 at_most("shapes", self.shapes.len(), MAX_SHAPES)?;
                 for (i, s) in self.shapes.iter().enumerate() {
@@ -192,26 +192,12 @@ impl Params {
 }
 
 /// Lengths of the inputs `gradient_check` differentiates for `op`, in the
-/// order the check probes them.
+/// order the check probes them (none for an op without a reference backward).
 fn input_lens(op: Op, s: &Shape) -> Vec<f64> {
-    let n = s.0.values().map(|c| c.0 as f64).product::<f64>();
-    match op {
-        Op::Embedding => vec![s.product(&["vocab", "hidden"])],
-        Op::Rmsnorm => vec![s.product(&["rows", "hidden"]), s.product(&["hidden"])],
-        Op::Attention => {
-            let kv = s.product(&["batch", "seq", "kv_heads", "head_dim"]);
-            vec![s.product(&["batch", "seq", "heads", "head_dim"]), kv, kv]
-        }
-        Op::Gemm => vec![s.product(&["m", "k"]), s.product(&["k", "n"])],
-        Op::RopeQkv => {
-            let width = s.product(&["heads", "head_dim"])
-                + 2.0 * s.product(&["kv_heads", "head_dim"])
-                + 2.0 * s.product(&["rank"]);
-            vec![s.product(&["batch", "seq"]) * width]
-        }
-        Op::Swiglu | Op::ResidualAdd => vec![n, n],
-        _ => vec![n],
-    }
+    op.spec()
+        .gradient
+        .as_ref()
+        .map_or_else(Vec::new, |g| (g.input_lens)(s))
 }
 
 impl Kind<crate::Qlora> for Params {

@@ -46,7 +46,7 @@ type Backward = Box<dyn Fn(&[Vec<f64>], &[f64]) -> Result<Vec<Vec<f64>>>>;
 
 /// One differentiable instance: named inputs, the forward and the analytic
 /// backward (which returns one gradient per input, in order).
-struct Problem {
+pub struct Problem {
     names: Vec<&'static str>,
     inputs: Vec<Vec<f64>>,
     forward: Forward,
@@ -65,45 +65,28 @@ fn three<T>(v: (T, T, T)) -> Vec<T> {
     vec![v.0, v.1, v.2]
 }
 
-/// Builds the seeded instance of `op` at `shape`; `mutant` swaps in a faulty
-/// backward (each op's own mutant, named here).
+/// Builds the seeded instance of `op` at `shape` from the op table;
+/// `mutant` swaps in the faulty backward when it is the op's own.
 fn problem(op: Op, shape: &Shape, rng: &mut ChaCha8Rng, mutant: Option<Mutant>) -> Result<Problem> {
-    let is = |m: Mutant| mutant == Some(m);
-    Ok(match op {
-        Op::Embedding => embedding_problem(shape, rng, is(Mutant::EmbeddingBackwardOverwrites)),
-        Op::Rmsnorm => rmsnorm_problem(shape, rng, is(Mutant::RmsnormBackwardMissingProjection)),
-        Op::Rope => rope_problem(shape, rng, is(Mutant::RopeBackwardForwardRotation)),
-        Op::RopeQkv => rope_qkv_problem(shape, rng, is(Mutant::RopeBackwardForwardRotation)),
-        Op::Softmax => softmax_problem(shape, rng, is(Mutant::SoftmaxBackwardMissingDot)),
-        Op::Attention => attention_problem(shape, rng, is(Mutant::AttentionBackwardUnscaled)),
-        Op::Silu => silu_problem(shape, rng, is(Mutant::SwigluBackwardMissingSiluDerivative)),
-        Op::Swiglu => swiglu_problem(shape, rng, is(Mutant::SwigluBackwardMissingSiluDerivative)),
-        Op::ResidualAdd => residual_add_problem(shape, rng, is(Mutant::ResidualBackwardDropsSkip)),
-        Op::Scale => scale_problem(shape, rng, is(Mutant::ScaleBackwardIgnoresScale)),
-        Op::CrossEntropy => {
-            cross_entropy_problem(shape, rng, is(Mutant::CrossEntropyGradMissingSoftmax))
-        }
-        Op::Gemm => gemm_problem(shape, rng, is(Mutant::GemmBackwardUntransposed)),
-        Op::Nf4Gemm => {
-            return Err(Error::InvalidArgument {
-                op: "gradient_check",
-                message: "nf4_gemm has no CPU reference backward here; its backward is checked \
-                          on the GPU (op_parity) and through the training step"
-                    .into(),
-            })
-        }
-        other => {
-            return Err(Error::InvalidArgument {
-                op: "gradient_check",
-                message: format!("op `{other}` has no backward pass to check"),
-            })
-        }
-    })
+    let refuse = |message: String| Error::InvalidArgument {
+        op: "gradient_check",
+        message,
+    };
+    if !op.has_backward() {
+        return Err(refuse(format!("op `{op}` has no backward pass to check")));
+    }
+    let g = op.spec().gradient.as_ref().ok_or_else(|| {
+        refuse(format!(
+            "{op} has no CPU reference backward here; its backward is checked on the GPU \
+             (op_parity) and through the training step"
+        ))
+    })?;
+    Ok((g.problem)(shape, rng, mutant == Some(g.mutant)))
 }
 
 /// The instance of `embedding`; `overwrite` swaps in the faulty backward
 /// (`EmbeddingBackwardOverwrites`).
-fn embedding_problem(shape: &Shape, rng: &mut ChaCha8Rng, overwrite: bool) -> Problem {
+pub(crate) fn embedding_problem(shape: &Shape, rng: &mut ChaCha8Rng, overwrite: bool) -> Problem {
     let d = |name: &str| shape.dim(name);
     let (vocab, hidden, n) = (d("vocab"), d("hidden"), d("tokens"));
     let mut tokens: Vec<u32> = (0..n).map(|_| rng.random_range(0..vocab as u32)).collect();
@@ -129,7 +112,7 @@ fn embedding_problem(shape: &Shape, rng: &mut ChaCha8Rng, overwrite: bool) -> Pr
 
 /// The instance of `rmsnorm`; `faulty_bwd` swaps in the faulty backward
 /// (`RmsnormBackwardMissingProjection`).
-fn rmsnorm_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+pub(crate) fn rmsnorm_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
     let d = |name: &str| shape.dim(name);
     let (rows, hidden) = (d("rows"), d("hidden"));
     Problem {
@@ -159,7 +142,7 @@ fn rmsnorm_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Pro
 
 /// The instance of `rope`; `faulty_bwd` swaps in the faulty backward
 /// (`RopeBackwardForwardRotation`).
-fn rope_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+pub(crate) fn rope_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
     let d = |name: &str| shape.dim(name);
     let (b, s, h, hd) = (d("batch"), d("seq"), d("heads"), d("head_dim"));
     Problem {
@@ -179,7 +162,7 @@ fn rope_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Proble
 
 /// The instance of `rope_qkv`; `faulty_bwd` swaps in the faulty backward
 /// (`RopeBackwardForwardRotation`).
-fn rope_qkv_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+pub(crate) fn rope_qkv_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
     let d = |name: &str| shape.dim(name);
     let dims = rope::QkvDims {
         batch: d("batch"),
@@ -215,7 +198,7 @@ fn rope_qkv_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Pr
 
 /// The instance of `softmax`; `faulty_bwd` swaps in the faulty backward
 /// (`SoftmaxBackwardMissingDot`).
-fn softmax_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+pub(crate) fn softmax_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
     let d = |name: &str| shape.dim(name);
     let (rows, seq) = (d("rows"), d("seq"));
     Problem {
@@ -236,7 +219,7 @@ fn softmax_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Pro
 
 /// The instance of `attention`; `faulty_bwd` swaps in the faulty backward
 /// (`AttentionBackwardUnscaled`).
-fn attention_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+pub(crate) fn attention_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
     let d = |name: &str| shape.dim(name);
     let sh = AttnShape {
         batch: d("batch"),
@@ -269,7 +252,7 @@ fn attention_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> P
 
 /// The instance of `silu`; `faulty_bwd` swaps in the faulty backward
 /// (`SwigluBackwardMissingSiluDerivative`).
-fn silu_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+pub(crate) fn silu_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
     let d = |name: &str| shape.dim(name);
     let n = d("rows") * d("cols");
     Problem {
@@ -289,7 +272,7 @@ fn silu_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Proble
 
 /// The instance of `swiglu`; `faulty_bwd` swaps in the faulty backward
 /// (`SwigluBackwardMissingSiluDerivative`).
-fn swiglu_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+pub(crate) fn swiglu_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
     let d = |name: &str| shape.dim(name);
     let n = d("rows") * d("cols");
     Problem {
@@ -309,7 +292,11 @@ fn swiglu_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Prob
 
 /// The instance of `residual_add`; `faulty_bwd` swaps in the faulty backward
 /// (`ResidualBackwardDropsSkip`).
-fn residual_add_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+pub(crate) fn residual_add_problem(
+    shape: &Shape,
+    rng: &mut ChaCha8Rng,
+    faulty_bwd: bool,
+) -> Problem {
     let d = |name: &str| shape.dim(name);
     let n = d("rows") * d("cols");
     Problem {
@@ -329,7 +316,7 @@ fn residual_add_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -
 
 /// The instance of `scale`; `faulty_bwd` swaps in the faulty backward
 /// (`ScaleBackwardIgnoresScale`).
-fn scale_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+pub(crate) fn scale_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
     let d = |name: &str| shape.dim(name);
     let n = d("rows") * d("cols");
     // Kept away from 1 so a backward that ignores the scale shows.
@@ -351,7 +338,11 @@ fn scale_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Probl
 
 /// The instance of `cross_entropy`; `faulty_bwd` swaps in the faulty backward
 /// (`CrossEntropyGradMissingSoftmax`).
-fn cross_entropy_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+pub(crate) fn cross_entropy_problem(
+    shape: &Shape,
+    rng: &mut ChaCha8Rng,
+    faulty_bwd: bool,
+) -> Problem {
     let d = |name: &str| shape.dim(name);
     let (rows, vocab) = (d("rows"), d("vocab"));
     let targets: Vec<u32> = (0..rows)
@@ -377,7 +368,7 @@ fn cross_entropy_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) 
 
 /// The instance of `gemm`; `faulty_bwd` swaps in the faulty backward
 /// (`GemmBackwardUntransposed`).
-fn gemm_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
+pub(crate) fn gemm_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: bool) -> Problem {
     let d = |name: &str| shape.dim(name);
     let (m, n, k) = (d("m"), d("n"), d("k"));
     Problem {

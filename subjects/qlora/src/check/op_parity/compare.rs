@@ -128,26 +128,7 @@ pub struct Case<'a> {
 
 /// Runs `op` once for `case` on the GPU and compares with the reference.
 fn run_case(op: Op, gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
-    use super::{
-        activation, adamw, attention, cast, clip, cross_entropy, elementwise, embedding, gemm, nf4,
-        rmsnorm, rope, softmax,
-    };
-    match op {
-        Op::Embedding => embedding::parity(gpu, case),
-        Op::Rmsnorm => rmsnorm::parity(gpu, case),
-        Op::Rope => rope::parity(gpu, case),
-        Op::RopeQkv => rope::qkv_parity(gpu, case),
-        Op::Softmax => softmax::parity(gpu, case),
-        Op::Attention => attention::parity(gpu, case),
-        Op::Silu | Op::Swiglu => activation::parity(op, gpu, case),
-        Op::ResidualAdd | Op::Scale => elementwise::parity(op, gpu, case),
-        Op::CrossEntropy => cross_entropy::parity(gpu, case),
-        Op::Gemm => gemm::parity(gpu, case),
-        Op::Nf4Quantize | Op::Nf4Dequantize | Op::Nf4Gemm => nf4::parity(op, gpu, case),
-        Op::CastF16 => cast::parity(gpu, case),
-        Op::SquaredSum | Op::ClipScale | Op::ClipApply => clip::parity(op, gpu, case),
-        Op::Adamw => adamw::parity(gpu, case),
-    }
+    (op.spec().parity)(gpu, case)
 }
 
 pub fn measure(

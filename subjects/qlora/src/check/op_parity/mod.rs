@@ -5,20 +5,20 @@
 //! `||out - ref|| / ||ref||` is within tolerance, every element was written,
 //! and nothing is NaN or Inf.
 
-mod activation;
-mod adamw;
-mod attention;
-mod cast;
-mod clip;
-mod compare;
-mod cross_entropy;
-mod elementwise;
-mod embedding;
-mod gemm;
-mod nf4;
-mod rmsnorm;
-mod rope;
-mod softmax;
+pub(crate) mod activation;
+pub(crate) mod adamw;
+pub(crate) mod attention;
+pub(crate) mod cast;
+pub(crate) mod clip;
+pub(crate) mod compare;
+pub(crate) mod cross_entropy;
+pub(crate) mod elementwise;
+pub(crate) mod embedding;
+pub(crate) mod gemm;
+pub(crate) mod nf4;
+pub(crate) mod rmsnorm;
+pub(crate) mod rope;
+pub(crate) mod softmax;
 
 use serde::Deserialize;
 
@@ -195,7 +195,7 @@ impl Params {
     /// The tolerance in force: the contract's, else the precision default.
     pub fn tolerance(&self) -> f64 {
         self.tolerance
-            .map_or(self.precision.default_tolerance(), |t| t.0)
+            .map_or_else(|| self.op.tolerance(self.precision), |t| t.0)
     }
 }
 

@@ -28,11 +28,12 @@ use cudarc::driver::CudaSlice;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::check::op::ThroughputKernel;
 use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
-use crate::check::throughput_ratio::{Params, Subject};
+use crate::check::throughput_ratio::Params;
 use crate::check::MutantFaults;
 use crate::check::{require_gpu, Comparator, Measurement, Speedup, TrialContext};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use qlora::gpu::timing::{time_events, time_graph};
 use qlora::gpu::{Direction, GemmMath, GpuContext};
 use qlora::model::ModelConfig;
@@ -97,29 +98,42 @@ fn fusion_sets(n: usize) -> usize {
 ///   (`in out / 2 + 4 in out / 64`), plus one dequantised weight `4 in out`;
 /// - fusion: `16 sets rows hidden + 4 hidden`;
 /// - attention: `sets` of [`attention_set_bytes`].
-pub(super) fn device_bytes(subject: Subject, c: &ModelConfig) -> f64 {
+///
+/// The largest over `c`'s projections of `bytes(io, len, sets)`, with
+/// `io = 4 rows (in + out)`, `len = in out` and the weight sets' count.
+fn projections_peak(c: &ModelConfig, bytes: impl Fn(f64, f64, f64) -> f64) -> f64 {
     let rows = c.tokens() as f64;
     let proj = |p: &Proj| {
         let len = (p.in_dim * p.out_dim) as f64;
         let sets = sets_for(4 * p.in_dim * p.out_dim) as f64;
         let io = 4.0 * rows * (p.in_dim + p.out_dim) as f64;
-        match subject {
-            Subject::Nf4Gemm => io + sets * (4.0 * len + len / 2.0 + len / 16.0) + 4.0 * len,
-            _ => io + sets * 4.0 * len,
-        }
+        bytes(io, len, sets)
     };
-    match subject {
-        Subject::Gemm | Subject::Nf4Gemm => projections(c).iter().map(proj).fold(0.0, f64::max),
-        Subject::Fusion => {
-            let n = c.tokens() * c.hidden;
-            16.0 * (fusion_sets(n) * n) as f64 + 4.0 * c.hidden as f64
-        }
-        Subject::Attention => {
-            let bytes = attention_set_bytes(&attn_shape(c));
-            (sets_for(bytes) * bytes) as f64
-        }
-        Subject::TrainStep => 0.0,
-    }
+    projections(c).iter().map(proj).fold(0.0, f64::max)
+}
+
+/// [`projections_peak`] of the `gemm` subject.
+pub(crate) fn gemm_device_bytes(c: &ModelConfig) -> f64 {
+    projections_peak(c, |io, len, sets| io + sets * 4.0 * len)
+}
+
+/// [`projections_peak`] of the `nf4_gemm` subject.
+pub(crate) fn nf4_gemm_device_bytes(c: &ModelConfig) -> f64 {
+    projections_peak(c, |io, len, sets| {
+        io + sets * (4.0 * len + len / 2.0 + len / 16.0) + 4.0 * len
+    })
+}
+
+/// Device bytes of the `fusion` subject (see [`projections_peak`]).
+pub(crate) fn fusion_device_bytes(c: &ModelConfig) -> f64 {
+    let n = c.tokens() * c.hidden;
+    16.0 * (fusion_sets(n) * n) as f64 + 4.0 * c.hidden as f64
+}
+
+/// Device bytes of the `attention` subject (see [`projections_peak`]).
+pub(crate) fn attention_device_bytes(c: &ModelConfig) -> f64 {
+    let bytes = attention_set_bytes(&attn_shape(c));
+    (sets_for(bytes) * bytes) as f64
 }
 
 /// The attention shape of one decoder layer of `c`.
@@ -191,52 +205,36 @@ fn set_math(gpu: &GpuContext, mode: cublasMath_t) -> Result<()> {
 }
 
 /// Per-run times of one baseline and one candidate on one shape.
-struct Pair {
+pub struct Pair {
     label: String,
     baseline: Vec<f64>,
     candidate: Vec<f64>,
 }
 
-/// The `throughput_ratio` kernel subjects; the trial's mutant is applied to
-/// the candidate and removed whatever the outcome.
-pub fn measure(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+/// A `throughput_ratio` kernel subject of the op table; the trial's mutant
+/// is applied to the candidate and removed whatever the outcome.
+pub fn measure(
+    p: &Params,
+    kernel: &ThroughputKernel,
+    cx: &mut TrialContext<'_>,
+) -> Result<Measurement> {
     let (seed, faults) = (cx.seed, cx.faults());
     let gpu = require_gpu(cx)?;
     let config = p.config();
-    let out = match p.subject {
-        Subject::Gemm => gemm_pairs(gpu, p, &config, seed, faults),
-        Subject::Nf4Gemm => nf4_pairs(gpu, p, &config, seed, faults),
-        Subject::Fusion => fusion_pairs(gpu, p, &config, seed, faults),
-        Subject::Attention => attention_pairs(gpu, p, &config, seed, faults),
-        Subject::TrainStep => Err(Error::InvalidArgument {
-            op: "throughput_ratio",
-            message: "train_step is measured by the training step".into(),
-        }),
-    };
-    let (pairs, extra) = out?;
-    Ok(judge(p, gpu, &config, seed, pairs, extra))
-}
-
-/// Names of (baseline, candidate) per subject.
-fn names(subject: Subject) -> (&'static str, &'static str) {
-    match subject {
-        Subject::Gemm => ("raw cublas tf32", "ops::gemm::linear"),
-        Subject::Nf4Gemm => ("tf32 cublas, fp32 weight", "nf4 dequantise + tf32 cublas"),
-        Subject::Fusion => ("residual_add + rmsnorm", "fused rmsnorm_residual"),
-        Subject::Attention => ("f32 attention", "tensor-core attention"),
-        Subject::TrainStep => ("baseline", "candidate"),
-    }
+    let (pairs, extra) = (kernel.pairs)(gpu, p, &config, seed, faults)?;
+    Ok(judge(p, kernel, gpu, &config, seed, pairs, extra))
 }
 
 fn judge(
     p: &Params,
+    kernel: &ThroughputKernel,
     gpu: &GpuContext,
     config: &ModelConfig,
     seed: u64,
     pairs: Vec<Pair>,
     extra: Vec<Speedup>,
 ) -> Measurement {
-    let (base_name, cand_name) = names(p.subject);
+    let (base_name, cand_name) = (kernel.baseline, kernel.candidate);
     let repeats = p.repeats.0;
     let row = |subject: String, baseline: &str, candidate: &str, b: &[f64], c: &[f64]| {
         let (lo, hi) = ratio_ci(b, c, seed, BOOTSTRAP_RESAMPLES);
@@ -256,13 +254,7 @@ fn judge(
             peak_device_gib: None,
         }
     };
-    let subject = match p.subject {
-        Subject::Gemm => "gemm",
-        Subject::Nf4Gemm => "nf4_gemm",
-        Subject::Fusion => "fusion",
-        Subject::Attention => "attention",
-        Subject::TrainStep => "train_step",
-    };
+    let subject = kernel.name;
     let mut speedups = Vec::new();
     let mut total_b = vec![0.0; repeats];
     let mut total_c = vec![0.0; repeats];
@@ -331,9 +323,9 @@ fn our_engine(gpu: &GpuContext) -> GemmEngine {
     GemmEngine::for_direction(gpu.options(), Direction::Forward)
 }
 
-type Pairs = (Vec<Pair>, Vec<Speedup>);
+pub(crate) type Pairs = (Vec<Pair>, Vec<Speedup>);
 
-fn gemm_pairs(
+pub(crate) fn gemm_pairs(
     gpu: &mut GpuContext,
     p: &Params,
     c: &ModelConfig,
@@ -379,7 +371,7 @@ fn gemm_pairs(
     Ok((pairs, Vec::new()))
 }
 
-fn nf4_pairs(
+pub(crate) fn nf4_pairs(
     gpu: &mut GpuContext,
     p: &Params,
     c: &ModelConfig,
@@ -456,7 +448,7 @@ fn nf4_pairs(
     Ok((pairs, extra))
 }
 
-fn fusion_pairs(
+pub(crate) fn fusion_pairs(
     gpu: &mut GpuContext,
     p: &Params,
     c: &ModelConfig,
@@ -588,7 +580,7 @@ impl AttnSet {
 /// kernels vs the tensor-core kernels with the trial's faults (the claim is
 /// about the tensor-core path, so `gemm_without_tensor_ops` must break it).
 /// Both replay as captured graphs over buffer sets the L2 cannot hold.
-fn attention_pairs(
+pub(crate) fn attention_pairs(
     gpu: &mut GpuContext,
     p: &Params,
     c: &ModelConfig,

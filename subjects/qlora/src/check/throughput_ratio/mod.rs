@@ -2,7 +2,7 @@
 //! warm-up, over repeats. Passes when `ratio >= min_ratio`; the bootstrap
 //! confidence interval of the ratio is recorded in `speedups.csv`.
 
-mod kernels;
+pub(crate) mod kernels;
 mod train_step;
 
 use serde::Deserialize;
@@ -10,6 +10,7 @@ use serde::Deserialize;
 use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
 use super::doc::{DEFAULT_STEP_MODE, MODEL_BOUND, STEP_MODE_BOUND};
 
+use super::op::{throughput_kernels, ThroughputKernel};
 use super::params::{at_most, Count, ModelName, Positive, StepMode};
 use super::training::{trainer_bytes, trainer_shortfall, TRAINING_TIMEOUT_S};
 use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
@@ -33,6 +34,24 @@ pub enum Subject {
     /// Causal GQA attention of one `model` layer, forward + backward: the
     /// f32 kernels vs the tensor-core (TF32) kernels.
     Attention,
+}
+
+impl Subject {
+    /// The contract spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Subject::TrainStep => "train_step",
+            Subject::Nf4Gemm => "nf4_gemm",
+            Subject::Fusion => "fusion",
+            Subject::Gemm => "gemm",
+            Subject::Attention => "attention",
+        }
+    }
+
+    /// The op table's kernel subject of this name; none for `train_step`.
+    pub fn kernel(self) -> Option<&'static ThroughputKernel> {
+        throughput_kernels().find(|k| k.name == self.name())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -173,17 +192,15 @@ impl Params {
     }
 
     /// Device bytes the subject holds at its peak: both trainers at once for
-    /// `train_step` (they alternate step by step), else
-    /// [`kernels::device_bytes`].
+    /// `train_step` (they alternate step by step), else the kernel
+    /// subject's own formula (in `kernels`).
     fn device_bytes(&self) -> f64 {
         let cfg = self.config();
-        match self.subject {
-            Subject::TrainStep => {
+        match self.subject.kernel() {
+            Some(kernel) => (kernel.device_bytes)(&cfg),
+            None => {
                 trainer_bytes(&cfg, &self.baseline.speed_options())
                     + trainer_bytes(&cfg, &self.candidate.speed_options())
-            }
-            Subject::Nf4Gemm | Subject::Fusion | Subject::Gemm | Subject::Attention => {
-                kernels::device_bytes(self.subject, &cfg)
             }
         }
     }
@@ -191,11 +208,9 @@ impl Params {
 
 impl Kind<crate::Qlora> for Params {
     fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        match self.subject {
-            Subject::TrainStep => train_step::throughput_ratio(self, cx),
-            Subject::Nf4Gemm | Subject::Fusion | Subject::Gemm | Subject::Attention => {
-                kernels::measure(self, cx)
-            }
+        match self.subject.kernel() {
+            Some(kernel) => kernels::measure(self, kernel, cx),
+            None => train_step::throughput_ratio(self, cx),
         }
     }
 
@@ -219,6 +234,27 @@ mod tests {
 
     fn params(extra: &str) -> std::result::Result<Params, String> {
         crate::check::params::tests::parse(&format!("model: qwen2.5-0.5b\nmin_ratio: 1.0\n{extra}"))
+    }
+
+    #[test]
+    fn every_kernel_subject_is_in_the_op_table_once() {
+        let all = [
+            Subject::TrainStep,
+            Subject::Nf4Gemm,
+            Subject::Fusion,
+            Subject::Gemm,
+            Subject::Attention,
+        ];
+        for subject in all {
+            let parsed: Subject = serde_yaml::from_str(subject.name()).unwrap();
+            assert_eq!(parsed, subject);
+            assert_eq!(
+                subject.kernel().map(|k| k.name),
+                (subject != Subject::TrainStep).then(|| subject.name())
+            );
+        }
+        let names: Vec<&str> = throughput_kernels().map(|k| k.name).collect();
+        assert_eq!(names, ["fusion", "attention", "gemm", "nf4_gemm"]);
     }
 
     #[test]
