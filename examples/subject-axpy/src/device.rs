@@ -111,6 +111,12 @@ impl AxpyDevice {
         &self.ctx
     }
 
+    /// Free and total device memory now, in bytes.
+    pub fn free_memory(&self) -> Result<(u64, u64)> {
+        let (free, total) = self.ctx.mem_get_info()?;
+        Ok((free as u64, total as u64))
+    }
+
     /// The one stream every copy and launch is ordered on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream

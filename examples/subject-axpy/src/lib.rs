@@ -25,7 +25,7 @@ pub mod mutant;
 pub mod oracle;
 pub mod workload;
 
-use falsify_core::{BasicOptions, DeviceFacts, DeviceOptions, Subject, Workload};
+use falsify_core::{BasicOptions, DeviceFacts, Subject, Workload};
 
 pub use error::{Error, Result};
 
@@ -42,7 +42,7 @@ impl Subject for Axpy {
     type Error = Error;
 
     fn open_device(options: &BasicOptions) -> Result<device::AxpyDevice> {
-        device::AxpyDevice::open(options.ordinal())
+        device::AxpyDevice::open(options.ordinal)
     }
 
     fn device_facts(device: &device::AxpyDevice) -> DeviceFacts {
@@ -50,8 +50,7 @@ impl Subject for Axpy {
     }
 
     fn free_memory(device: &device::AxpyDevice) -> Result<(u64, u64)> {
-        let (free, total) = device.context().mem_get_info()?;
-        Ok((free as u64, total as u64))
+        device.free_memory()
     }
 
     /// After a sticky fault the stream no longer synchronises.

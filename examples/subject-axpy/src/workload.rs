@@ -210,3 +210,40 @@ impl TrainSession for LineSession<'_> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup(model: &str, batch: usize, seq_len: Option<usize>) -> TrainSetup {
+        TrainSetup {
+            model: model.into(),
+            batch,
+            seq_len,
+            graph: false,
+            steps: 3,
+            seed: 1,
+            learning_rate: None,
+        }
+    }
+
+    /// The upload the observer waits for is the data and the weights,
+    /// exactly what `prepare` copies.
+    #[test]
+    fn upload_bytes_are_the_points_targets_and_weights() {
+        let bytes = LineFit.upload_bytes(&setup("line-4k", 2, None)).unwrap();
+        assert_eq!(bytes, (2 * 8192 + 2) * 4);
+        let names: Vec<&str> = MODELS.iter().map(|(n, _)| *n).collect();
+        assert_eq!(LineFit.models(), names.as_slice());
+    }
+
+    #[test]
+    fn unknown_models_and_sequences_are_refused_by_name() {
+        let e = LineFit
+            .upload_bytes(&setup("line-2k", 1, None))
+            .unwrap_err();
+        assert!(e.to_string().contains("line-4k, line-1m"), "{e}");
+        let e = points(&setup("line-4k", 1, Some(128))).unwrap_err();
+        assert!(e.to_string().contains("seq_len: 128"), "{e}");
+    }
+}
