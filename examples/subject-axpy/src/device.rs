@@ -12,7 +12,7 @@ use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, LaunchConfig,
     PushKernelArg,
 };
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use falsify_core::DeviceFacts;
 
 use crate::error::{Error, Result};
@@ -157,15 +157,7 @@ impl AxpyDevice {
             return Ok(m.clone());
         }
         let arch = self.compute_arch();
-        let options = CompileOptions {
-            options: vec![format!("--gpu-architecture={arch}")],
-            ..Default::default()
-        };
-        let ptx = compile_ptx_with_opts(module.source, options).map_err(|e| Error::Compile {
-            module: module.name,
-            arch: arch.clone(),
-            log: e.to_string(),
-        })?;
+        let ptx = compile(module, &arch)?;
         let loaded = self.ctx.load_module(ptx)?;
         log::debug!("module `{}` compiled for {arch} and loaded", module.name);
         self.counts.modules_loaded += 1;
@@ -295,6 +287,20 @@ impl Drop for FaultScope<'_> {
     fn drop(&mut self) {
         self.device.faults = Faults::default();
     }
+}
+
+/// Compiles `module` with NVRTC to PTX for the virtual architecture `arch`
+/// (e.g. `compute_90`, whose PTX says `.target sm_90`).
+pub fn compile(module: &ModuleSource, arch: &str) -> Result<Ptx> {
+    let options = CompileOptions {
+        options: vec![format!("--gpu-architecture={arch}")],
+        ..Default::default()
+    };
+    compile_ptx_with_opts(module.source, options).map_err(|e| Error::Compile {
+        module: module.name,
+        arch: arch.to_string(),
+        log: e.to_string(),
+    })
 }
 
 /// `blocks` blocks of [`THREADS`] threads.

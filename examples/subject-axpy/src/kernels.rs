@@ -128,8 +128,37 @@ extern "C" __global__ void line_update(int blocks, int n, float lr, const float*
 /// Every module, in the order a pre-warm loads them.
 pub const MODULES: &[ModuleSource] = &[AXPY, LINE, SGD];
 
+/// The architecture on the `.target` line of a PTX text (`sm_90` for
+/// PTX compiled for `compute_90`).
+pub fn ptx_target(ptx: &str) -> Option<&str> {
+    ptx.lines()
+        .find_map(|line| line.trim().strip_prefix(".target "))
+        .and_then(|rest| rest.split([',', ' ']).next())
+}
+
 /// The blocks of a grid-stride launch over `n` elements.
 pub fn blocks_for(n: usize) -> u32 {
     let wanted = n.div_ceil(THREADS as usize).max(1);
     u32::try_from(wanted).unwrap_or(MAX_BLOCKS).min(MAX_BLOCKS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_target_line_of_ptx_is_read() {
+        let ptx = "//\n.version 9.0\n.target sm_90\n.address_size 64\n";
+        assert_eq!(ptx_target(ptx), Some("sm_90"));
+        assert_eq!(ptx_target(".target sm_75, debug\n"), Some("sm_75"));
+        assert_eq!(ptx_target(".version 9.0\n"), None);
+    }
+
+    #[test]
+    fn grids_cover_n_and_stay_capped() {
+        assert_eq!(blocks_for(0), 1);
+        assert_eq!(blocks_for(256), 1);
+        assert_eq!(blocks_for(257), 2);
+        assert_eq!(blocks_for(1 << 30), MAX_BLOCKS);
+    }
 }

@@ -10,7 +10,7 @@
 //! synchronisation. With `graph: true` the first step captures the two
 //! kernels into a CUDA graph and every step launches it.
 
-use cudarc::driver::{CudaGraph, CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, PushKernelArg};
 use falsify_core::{BoxError, OwnCounts, TrainSession, TrainSetup, Workload};
 
 use crate::device::{check_len, grid, kernel_int, AxpyDevice, Counts};
@@ -97,6 +97,7 @@ impl Workload<Axpy> for LineFit {
             buffers,
             graphed: setup.graph,
             graph: None,
+            kernels: None,
             steps: 0,
             at_start,
             loaded_at_prewarm,
@@ -120,9 +121,13 @@ struct Buffers {
 /// A prepared line fit.
 struct LineSession<'d> {
     device: &'d mut AxpyDevice,
+    /// Before the buffers, so that it is destroyed before they are freed.
+    graph: Option<CudaGraph>,
     buffers: Buffers,
     graphed: bool,
-    graph: Option<CudaGraph>,
+    /// Looked up on the first step, outside any capture (a module the
+    /// pre-warm left out is loaded then).
+    kernels: Option<StepKernels>,
     steps: u64,
     /// The device's counters when `prepare` began.
     at_start: Counts,
@@ -130,18 +135,34 @@ struct LineSession<'d> {
     loaded_at_prewarm: u64,
 }
 
+/// The two kernels of a step.
+#[derive(Clone)]
+struct StepKernels {
+    partials: CudaFunction,
+    update: CudaFunction,
+}
+
+impl StepKernels {
+    fn look_up(device: &mut AxpyDevice) -> Result<Self> {
+        Ok(StepKernels {
+            partials: device.kernel(&LINE, "line_partials")?,
+            update: device.kernel(&SGD, "line_update")?,
+        })
+    }
+}
+
 /// Queues one step's kernels on the device's stream: residual partials,
-/// then gradients, loss and the SGD update.
-fn queue_step(device: &mut AxpyDevice, b: &mut Buffers) -> Result<()> {
-    let partials = device.kernel(&LINE, "line_partials")?;
-    let update = device.kernel(&SGD, "line_update")?;
+/// then gradients, loss and the SGD update. Makes no driver call but the
+/// two launches, so it can be captured.
+fn queue_step(device: &AxpyDevice, k: &StepKernels, b: &mut Buffers) -> Result<()> {
+    let (partials, update) = (&k.partials, &k.update);
     let blocks = blocks_for(b.n);
     let n = kernel_int(b.n)?;
     let blocks_arg = kernel_int(blocks as usize)?;
     check_len(b.n, &[b.x.len(), b.t.len()])?;
     check_len(3 * blocks as usize, &[b.partial.len()])?;
     check_len(2, &[b.params.len()])?;
-    let mut launch = device.stream().launch_builder(&partials);
+    let mut launch = device.stream().launch_builder(partials);
     launch
         .arg(&n)
         .arg(&b.x)
@@ -152,7 +173,7 @@ fn queue_step(device: &mut AxpyDevice, b: &mut Buffers) -> Result<()> {
     // float*)` reads x[0..n], t[0..n], params[0..2] and writes
     // partial[0..3*blocks]; the lengths are checked above.
     unsafe { launch.launch(grid(blocks)) }?;
-    let mut launch = device.stream().launch_builder(&update);
+    let mut launch = device.stream().launch_builder(update);
     launch
         .arg(&blocks_arg)
         .arg(&n)
@@ -169,16 +190,22 @@ fn queue_step(device: &mut AxpyDevice, b: &mut Buffers) -> Result<()> {
 
 impl LineSession<'_> {
     fn run_step(&mut self) -> Result<f32> {
+        let kernels = match &self.kernels {
+            Some(k) => k.clone(),
+            None => StepKernels::look_up(self.device)?,
+        };
+        self.kernels = Some(kernels.clone());
         if self.graphed {
             if self.graph.is_none() {
                 let buffers = &mut self.buffers;
-                self.graph = Some(self.device.capture(|d| queue_step(d, buffers))?);
+                let graph = self.device.capture(|d| queue_step(d, &kernels, buffers))?;
+                self.graph = Some(graph);
             }
             if let Some(graph) = &self.graph {
                 graph.launch()?;
             }
         } else {
-            queue_step(self.device, &mut self.buffers)?;
+            queue_step(self.device, &kernels, &mut self.buffers)?;
         }
         let loss = self.device.download(&self.buffers.loss)?;
         self.steps += 1;
