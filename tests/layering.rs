@@ -594,3 +594,50 @@ fn names_are_told_from_longer_names() {
         [PathBuf::from("/w/harness/answer.rs")]
     );
 }
+
+/// The example subject (`examples/subject-axpy`, outside the workspace)
+/// proves the seam from outside: like another team's crate, it depends on
+/// the core alone — by path in its manifest, in its own Cargo.lock, and in
+/// the crates its sources name.
+#[test]
+fn the_example_subject_stands_on_the_core_alone() {
+    let dir = root().join("examples/subject-axpy");
+    let core = normalise(&root().join(krate("falsify-core").dir));
+    let manifest = toml(&dir.join("Cargo.toml"));
+    let mut wrong = Vec::new();
+    for (table, deps) in dependency_tables(&manifest) {
+        for (name, spec) in deps.iter() {
+            if let Some(path) = spec.get("path").and_then(|p| p.as_str()) {
+                if normalise(&dir.join(path)) != core {
+                    wrong.push(format!("[{table}] {name} = {{ path = {path:?} }}"));
+                }
+            }
+        }
+    }
+    let lock = read(&dir.join("Cargo.lock"));
+    assert!(
+        lock.contains("name = \"falsify-core\""),
+        "its Cargo.lock was read"
+    );
+    // The core's own dependencies (the observer) may be in its lockfile;
+    // no stack and nothing above the core may.
+    for package in STACKS.iter().chain(&["falsify-qlora", "falsify"]) {
+        if lock.contains(&format!("name = \"{package}\"\n")) {
+            wrong.push(format!("Cargo.lock holds {package}"));
+        }
+    }
+    let others = CRATES.iter().filter(|c| c.package != "falsify-core");
+    for file in rust_files(&dir) {
+        let text = read(&file);
+        for c in others.clone() {
+            for line in mentions(&text, c.lib) {
+                wrong.push(format!("{}:{line}: names {}", file.display(), c.lib));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the example subject leans on more than the core:\n{}",
+        wrong.join("\n")
+    );
+}
