@@ -84,10 +84,13 @@ const CORE_MODULES: &[(&str, &[&str])] = &[
     ("report", &["error"]),
     ("check", &["error", "report"]),
     ("subject", &["error", "report", "check"]),
+    ("workload", &["error", "child", "check", "subject"]),
     ("contract", &["error", "check", "subject"]),
     (
         "run",
-        &["error", "child", "report", "check", "subject", "contract"],
+        &[
+            "error", "child", "report", "check", "subject", "workload", "contract",
+        ],
     ),
     (
         "harness",

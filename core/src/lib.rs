@@ -15,7 +15,9 @@
 //! REPORT.md, charts); [`check`] (the vocabulary of a check: backends,
 //! measurements, parameter types and docs, stats); [`subject`] (the seam a
 //! system under test implements: [`Subject`], its kinds ([`Kind`],
-//! [`KindSet`], [`kinds!`]) and what a trial hands them); [`contract`]
+//! [`KindSet`], [`kinds!`]) and what a trial hands them); [`workload`]
+//! (kinds that compare two arms of a subject's workload, each arm a
+//! process of its own); [`contract`]
 //! (schema, discovery, validation); [`run`] (the engine: planning, a
 //! process per trial, timeouts, the run's snapshot of its contracts); and
 //! [`harness`](mod@harness) (the `cargo test` runner a subject's test target is made of
@@ -32,6 +34,7 @@ pub mod run;
 pub mod subject;
 #[cfg(test)]
 mod testing;
+pub mod workload;
 
 pub use error::{Error, Result};
 pub use subject::{

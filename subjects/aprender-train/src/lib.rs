@@ -47,10 +47,12 @@ mod model;
 mod samples;
 mod session;
 mod stderr;
+mod subject;
+mod tap;
 mod upload;
 
 pub use counters::{loss_readback_bytes, GpuCounters, OwnCounters};
-pub use env::{find_nvidia_smi, graph_env, process_env};
+pub use env::{find_nvidia_smi, graph_env, path_with_nvidia_smi, process_env};
 pub use error::{Error, Result};
 pub use model::{
     configs, model_shape, models, ModelShape, Resolved, Setup, DEFAULT_LEARNING_RATE,
@@ -61,4 +63,6 @@ pub use session::{NonFiniteLoss, Session};
 pub use stderr::{
     Capture, Compilation, KernelCache, Located, Prewarm, Problem, ProblemKind, StderrWitness,
 };
+pub use subject::{setup_of, AprenderTrain, AprenderWorkload, Gpu, NoKinds, NoMutant, SeamSession};
+pub use tap::StderrTap;
 pub use upload::{upload_bytes, LayerUpload};
