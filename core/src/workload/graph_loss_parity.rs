@@ -4,16 +4,18 @@
 //! same setup from the same seed for `max(checkpoints)` steps, one with
 //! `graph: false`, one with `graph: true`. At each checkpoint step `c`
 //! (1-based) the losses must agree: `max_c |loss_graph(c) - loss_plain(c)|
-//! <= tolerance`. A non-finite loss gives an infinite difference. An arm
-//! that stops early (a CPU fall-back, a failed step) is an error, never a
-//! pass; so is an un-graphed loss that never moves over the checkpoints
-//! (both arms failing silently the same way would otherwise agree).
+//! <= tolerance`. A non-finite loss gives an infinite difference; so does a
+//! graphed arm that stops early (a failed capture, a CPU fall-back), with
+//! its failure as a violation. An un-graphed arm that stops early is an
+//! error, never a pass; so is an un-graphed loss that never moves over the
+//! checkpoints (both arms failing silently the same way would otherwise
+//! agree).
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{require_complete, run_arms, ArmFault, ArmPlan, Arms};
+use super::{graphed_failure, run_arms, ArmFault, ArmPlan, Arms};
 use crate::check::doc::{ParamDefault::*, ParamDoc, Piece::*};
 use crate::check::params::{Count, NonNegative, Positive};
 use crate::check::{Comparator, Measurement, Validate};
@@ -158,7 +160,17 @@ impl Params {
 
     /// The verdict on two arms' losses.
     pub fn judge(&self, arms: &Arms) -> Result<Measurement> {
-        require_complete(arms)?;
+        if let Some(failure) = graphed_failure(arms)? {
+            let mut m = Measurement::new(
+                "max_abs_loss_diff",
+                f64::INFINITY,
+                Comparator::Le,
+                self.tolerance.0,
+                "",
+            );
+            m.violate(failure.clone());
+            return Ok(m.with_detail(failure));
+        }
         let plain = &arms.plain.losses;
         let at = |losses: &[f32], step: usize| losses.get(step - 1).copied();
         let mut worst = 0.0f64;
@@ -255,21 +267,32 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_arm_or_a_frozen_reference_is_an_error_not_a_pass() {
+    fn a_failed_graphed_arm_falsifies_and_a_failed_or_frozen_reference_is_an_error() {
         let p = params("{model: m, checkpoints: [2, 3], learning_rate: 0.001}");
         let mut failed = arm(&falling(1, 0.1));
         failed.failure = Some(ArmFailure {
             step: Some(1),
             error: "fell back to the CPU".into(),
         });
-        let err = p
+        let m = p
             .judge(&Arms {
                 plain: arm(&falling(3, 0.1)),
-                graphed: failed,
+                graphed: failed.clone(),
+            })
+            .unwrap();
+        assert!(!m.passed() && m.observed.is_infinite());
+        assert!(
+            m.violations[0].contains("graphed arm failed at step 2"),
+            "{m:?}"
+        );
+        let err = p
+            .judge(&Arms {
+                plain: failed,
+                graphed: arm(&falling(3, 0.1)),
             })
             .unwrap_err();
         assert!(
-            err.to_string().contains("graphed arm failed at step 2"),
+            err.to_string().contains("un-graphed arm failed at step 2"),
             "{err}"
         );
         let frozen = Arms {

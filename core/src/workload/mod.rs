@@ -115,22 +115,27 @@ pub fn run_arms<S: Subject>(plan: &ArmPlan<'_, S>) -> Result<Arms> {
     })
 }
 
-/// An arm that stopped early makes the trial an error that names where and
-/// why (a subject that fell back to the CPU never passes), with what the
-/// other arm measured.
-fn require_complete(arms: &Arms) -> Result<()> {
-    for (name, arm) in [("un-graphed", &arms.plain), ("graphed", &arms.graphed)] {
-        if let Some(failure) = &arm.failure {
-            return Err(Error::Arm(format!(
+/// An un-graphed arm that stopped early makes the trial an error (the
+/// reference could not be measured; a subject that fell back to the CPU
+/// never passes). A graphed arm that stopped early (a failed capture, a
+/// CPU fall-back) is evidence against the claim: its failure, as a
+/// violation, with what it measured before.
+fn graphed_failure(arms: &Arms) -> Result<Option<String>> {
+    let describe = |name: &str, arm: &ArmReply| {
+        arm.failure.as_ref().map(|failure| {
+            format!(
                 "the {name} arm failed at {} after {} steps (losses {}): {}",
                 failure.place(),
                 arm.losses.len(),
                 losses_text(&arm.losses),
                 failure.error
-            )));
-        }
+            )
+        })
+    };
+    if let Some(text) = describe("un-graphed", &arms.plain) {
+        return Err(Error::Arm(text));
     }
-    Ok(())
+    Ok(describe("graphed", &arms.graphed))
 }
 
 /// The first and last few losses, for messages.
