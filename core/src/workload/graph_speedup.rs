@@ -29,6 +29,10 @@ pub const MAX_WARMUP: usize = 100;
 /// The most samples per step.
 pub const MAX_BATCH: usize = 64;
 
+/// A trial's wall-time limit when its test states none, in seconds
+/// (two arms of warm-up and timed steps, a step falling back to the CPU taking most of a second); each arm gets the same limit.
+pub const DEFAULT_TIMEOUT_S: f64 = 600.0;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Params {
