@@ -84,14 +84,31 @@ const CORE_MODULES: &[(&str, &[&str])] = &[
     ("report", &["error"]),
     ("check", &["error", "report"]),
     ("subject", &["error", "report", "check"]),
-    ("contract", &["error", "check", "subject"]),
+    ("core_kinds", &["error", "check", "subject"]),
+    ("contract", &["error", "check", "subject", "core_kinds"]),
     (
         "run",
-        &["error", "child", "report", "check", "subject", "contract"],
+        &[
+            "error",
+            "child",
+            "report",
+            "check",
+            "subject",
+            "core_kinds",
+            "contract",
+        ],
     ),
     (
         "harness",
-        &["error", "report", "check", "subject", "contract", "run"],
+        &[
+            "error",
+            "report",
+            "check",
+            "subject",
+            "core_kinds",
+            "contract",
+            "run",
+        ],
     ),
 ];
 
