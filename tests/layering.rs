@@ -85,16 +85,32 @@ const CORE_MODULES: &[(&str, &[&str])] = &[
     ("check", &["error", "report"]),
     ("subject", &["error", "report", "check"]),
     ("workload", &["error", "child", "check", "subject"]),
-    ("contract", &["error", "check", "subject"]),
+    ("core_kinds", &["error", "check", "subject", "workload"]),
+    ("contract", &["error", "check", "subject", "core_kinds"]),
     (
         "run",
         &[
-            "error", "child", "report", "check", "subject", "workload", "contract",
+            "error",
+            "child",
+            "report",
+            "check",
+            "subject",
+            "workload",
+            "core_kinds",
+            "contract",
         ],
     ),
     (
         "harness",
-        &["error", "report", "check", "subject", "contract", "run"],
+        &[
+            "error",
+            "report",
+            "check",
+            "subject",
+            "core_kinds",
+            "contract",
+            "run",
+        ],
     ),
 ];
 

@@ -16,8 +16,9 @@
 //! measurements, parameter types and docs, stats); [`subject`] (the seam a
 //! system under test implements: [`Subject`], its kinds ([`Kind`],
 //! [`KindSet`], [`kinds!`]) and what a trial hands them); [`workload`]
-//! (kinds that compare two arms of a subject's workload, each arm a
-//! process of its own); [`contract`]
+//! (two arms of a subject's workload, each a process of its own);
+//! [`core_kinds`] (the core's own kinds and mutants, valid beside every
+//! subject's: [`core_kinds::Check`], [`core_kinds::MutantName`]); [`contract`]
 //! (schema, discovery, validation); [`run`] (the engine: planning, a
 //! process per trial, timeouts, the run's snapshot of its contracts); and
 //! [`harness`](mod@harness) (the `cargo test` runner a subject's test target is made of
@@ -27,6 +28,7 @@
 pub mod check;
 pub mod child;
 pub mod contract;
+pub mod core_kinds;
 pub mod error;
 pub mod harness;
 pub mod report;

@@ -208,11 +208,13 @@ mod tests {
         assert_eq!(reply.failure.unwrap().place(), "step 3");
     }
 
+    /// The toy subject has a workload but no device: the arm answers with
+    /// where it stopped, which the kinds judge; a bad job is an error.
     #[test]
-    fn a_subject_without_a_workload_has_no_arms() {
+    fn an_arm_that_cannot_open_its_device_says_so_in_its_reply() {
         let job = ArmJob::<Toy> {
             setup: TrainSetup {
-                model: "m".into(),
+                model: "toy-model".into(),
                 batch: 1,
                 seq_len: None,
                 graph: true,
@@ -224,11 +226,14 @@ mod tests {
             mutant: None,
             slowdown: None,
         };
-        let json = serde_json::to_string(&job).unwrap();
-        let err = arm_reply::<Toy>(&json).unwrap_err();
-        assert!(err.to_string().contains("no training workload"), "{err}");
-        let err = run_arm::<Toy>(&job, Duration::from_secs(1)).unwrap_err();
-        assert!(err.to_string().contains("no training workload"), "{err}");
+        let line = arm_reply::<Toy>(&serde_json::to_string(&job).unwrap()).unwrap();
+        let reply = marked_reply::<ArmReply>(&line, ARM_REPLY_MARKER)
+            .unwrap()
+            .unwrap();
+        let failure = reply.failure.unwrap();
+        assert_eq!(failure.place(), "prepare");
+        assert!(failure.error.contains("opening the device"), "{failure:?}");
+        assert!(reply.losses.is_empty());
         assert!(matches!(arm_reply::<Toy>("{"), Err(Error::Arm(_))));
     }
 }

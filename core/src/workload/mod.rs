@@ -14,15 +14,12 @@ pub mod arms;
 pub mod graph_loss_parity;
 pub mod graph_speedup;
 
-use serde::Deserialize;
-
 use crate::error::{Error, Result};
 use crate::subject::{Subject, TrainSetup};
 use arms::{run_arm, ArmJob, ArmReply, Slowdown};
 
-/// The core mutants of the two-arm kinds, injected into the graphed arm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// The faults the two-arm kinds' core mutants inject into the graphed arm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ArmFault {
     /// The graphed arm trains with twice the learning rate: its losses
     /// leave the un-graphed arm's (falsifies `graph_loss_parity`).
