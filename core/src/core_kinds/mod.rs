@@ -172,7 +172,7 @@ core_kinds! {
     DriverTargetParity(driver_target_parity) "driver_target_parity", CUDA,
         "module images the CUDA driver loads while the subject trains whose target is not the device's sm_XY (observed, not asked)";
     GraphLossParity(graph_loss_parity) "graph_loss_parity", CUDA,
-        "largest |graphed - un-graphed| loss at checkpoint steps, each arm of the subject's workload a process of its own";
+        "largest absolute difference of the graphed and un-graphed losses at checkpoint steps, each arm of the subject's workload a process of its own";
     GraphSpeedup(graph_speedup) "graph_speedup", CUDA,
         "median un-graphed / graphed ms per step of the subject's workload after warm-up, each arm a process of its own";
 }

@@ -75,7 +75,7 @@ pub const PARAMS: &[ParamDoc] = &[
         name: "tolerance",
         default: Yaml("0.1"),
         bound: &[Text(">= 0")],
-        meaning: "largest |graphed - un-graphed| loss difference allowed",
+        meaning: "largest absolute difference of the graphed and un-graphed losses allowed",
     },
     ParamDoc {
         name: "learning_rate",
