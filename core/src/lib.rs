@@ -34,9 +34,11 @@ pub mod harness;
 pub mod report;
 pub mod run;
 pub mod subject;
+pub mod workload;
+
+// Last: the layering test reads the modules above this line.
 #[cfg(test)]
 mod testing;
-pub mod workload;
 
 pub use error::{Error, Result};
 pub use subject::{
