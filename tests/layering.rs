@@ -84,14 +84,33 @@ const CORE_MODULES: &[(&str, &[&str])] = &[
     ("report", &["error"]),
     ("check", &["error", "report"]),
     ("subject", &["error", "report", "check"]),
-    ("contract", &["error", "check", "subject"]),
+    ("workload", &["error", "child", "check", "subject"]),
+    ("core_kinds", &["error", "check", "subject", "workload"]),
+    ("contract", &["error", "check", "subject", "core_kinds"]),
     (
         "run",
-        &["error", "child", "report", "check", "subject", "contract"],
+        &[
+            "error",
+            "child",
+            "report",
+            "check",
+            "subject",
+            "workload",
+            "core_kinds",
+            "contract",
+        ],
     ),
     (
         "harness",
-        &["error", "report", "check", "subject", "contract", "run"],
+        &[
+            "error",
+            "report",
+            "check",
+            "subject",
+            "core_kinds",
+            "contract",
+            "run",
+        ],
     ),
 ];
 

@@ -88,6 +88,11 @@ pub enum Error {
     CudaUnavailable(String),
 
     /// An error of the subject under test (its device, its helpers).
+    /// A workload arm (a helper process that trains one arm of a two-arm
+    /// comparison) could not run or answer.
+    #[error("workload arm: {0}")]
+    Arm(String),
+
     #[error(transparent)]
     Subject(BoxError),
 }

@@ -15,7 +15,10 @@
 //! REPORT.md, charts); [`check`] (the vocabulary of a check: backends,
 //! measurements, parameter types and docs, stats); [`subject`] (the seam a
 //! system under test implements: [`Subject`], its kinds ([`Kind`],
-//! [`KindSet`], [`kinds!`]) and what a trial hands them); [`contract`]
+//! [`KindSet`], [`kinds!`]) and what a trial hands them); [`workload`]
+//! (two arms of a subject's workload, each a process of its own);
+//! [`core_kinds`] (the core's own kinds and mutants, valid beside every
+//! subject's: [`core_kinds::Check`], [`core_kinds::MutantName`]); [`contract`]
 //! (schema, discovery, validation); [`run`] (the engine: planning, a
 //! process per trial, timeouts, the run's snapshot of its contracts); and
 //! [`harness`](mod@harness) (the `cargo test` runner a subject's test target is made of
@@ -25,11 +28,15 @@
 pub mod check;
 pub mod child;
 pub mod contract;
+pub mod core_kinds;
 pub mod error;
 pub mod harness;
 pub mod report;
 pub mod run;
 pub mod subject;
+pub mod workload;
+
+// Last: the layering test reads the modules above this line.
 #[cfg(test)]
 mod testing;
 

@@ -9,7 +9,10 @@ use serde::Deserialize;
 use crate::check::params::NonNegative;
 use crate::check::{Backend, Comparator, Here, Measurement, ParamDoc, Validate, BOTH};
 use crate::contract::ContractOf;
-use crate::subject::{BasicOptions, DeviceFacts, Kind, NoDevice, Subject, TrialContext};
+use crate::subject::{
+    BasicOptions, BoxError, DeviceFacts, Kind, NoDevice, Subject, TrainSession, TrainSetup,
+    TrialContext, Workload,
+};
 
 /// The test subject.
 pub struct Toy;
@@ -101,6 +104,33 @@ impl Subject for Toy {
     }
 
     fn free_memory(device: &NoDevice) -> crate::Result<(u64, u64)> {
+        match *device {}
+    }
+
+    fn workload() -> Option<&'static dyn Workload<Self>> {
+        Some(&ToyWorkload)
+    }
+}
+
+/// The toy's workload: it names a model, so the core's driver kinds load
+/// for it; with no device it never trains.
+pub struct ToyWorkload;
+
+impl Workload<Toy> for ToyWorkload {
+    fn models(&self) -> &[&'static str] {
+        &["toy-model"]
+    }
+
+    fn upload_bytes(&self, _setup: &TrainSetup) -> Result<u64, BoxError> {
+        Ok(1 << 10)
+    }
+
+    fn prepare<'d>(
+        &self,
+        device: &'d mut NoDevice,
+        _setup: &TrainSetup,
+        _mutant: Option<&ToyMutant>,
+    ) -> Result<Box<dyn TrainSession + 'd>, BoxError> {
         match *device {}
     }
 }

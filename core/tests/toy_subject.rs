@@ -84,6 +84,25 @@ fn the_toys_contracts_parse_as_strictly_as_any() {
     assert!(e.to_string().contains("values: at least one number"), "{e}");
 }
 
+/// The toy has no training workload: the core's driver-observed kinds are
+/// refused, located at the check's `kind`.
+#[test]
+fn a_subject_without_a_workload_cannot_use_the_cores_driver_kinds() {
+    let text = "metadata: {id: bad, version: '1', description: d}\nrequires: [cuda]\nfalsification_tests:\n  - id: T-1\n    rule: r\n    prediction: p\n    if_fails: f\n    mutant: driver_older_target_module\n    check:\n      kind: driver_target_parity\n      model: tiny\n      steps: 2\n";
+    let e = parse::<Toy>(Path::new("contracts/bad.yaml"), text).unwrap_err();
+    let Error::Contract { line, message, .. } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(*line, 10, "{e}");
+    assert!(
+        message.contains(
+            "subject `toy` has no training workload, so the core's driver-observed kinds cannot \
+             run for it"
+        ),
+        "{e}"
+    );
+}
+
 #[test]
 fn the_toys_kinds_are_documented_like_any() {
     let doc = reference_markdown::<toy::ToyKinds>();

@@ -18,7 +18,7 @@ use crate::contract::number;
 use crate::contract::schema::{Contract, ContractOf};
 use crate::contract::tree::{Found, Mark, Tree};
 use crate::error::{Error, Result};
-use crate::subject::{KindSet, Subject};
+use crate::subject::Subject;
 
 /// Largest contract file accepted. Real contracts are a few KiB; this bounds the
 /// time and memory a hostile or broken file can cost before parsing starts.
@@ -667,8 +667,30 @@ fn validate<S: Subject>(contract: &ContractOf<S>, tree: &Tree) -> Result<()> {
                 ),
             ));
         }
+        validate_for_subject::<S>(contract, tree, i)?;
     }
     Ok(())
+}
+
+/// Whether the subject can run test `i`'s check (a core kind's `model:`
+/// is one its workload trains), and its mutant can take effect on it.
+fn validate_for_subject<S: Subject>(contract: &ContractOf<S>, tree: &Tree, i: usize) -> Result<()> {
+    let test = &contract.falsification_tests[i];
+    let located = |key: &str, why: &str| {
+        let at = position(tree, &format!("falsification_tests[{i}].{key}"));
+        let message = format!(
+            "contract `{}`, test `{}`: {why}",
+            contract.metadata.id, test.id
+        );
+        error_at(&contract.path, at, &message)
+    };
+    if let Err((key, why)) = test.check.validate_for_subject() {
+        return Err(located(&format!("check.{key}"), &why));
+    }
+    match test.mutant.core().and_then(|m| m.refuses(&test.check)) {
+        Some(why) => Err(located("mutant", &why)),
+        None => Ok(()),
+    }
 }
 
 /// Test ids must be unique across all contracts, and contract ids across

@@ -1,5 +1,7 @@
 //! Contracts: the YAML schema, discovery and validation.
 
+#[cfg(test)]
+mod core_kinds_tests;
 mod discover;
 mod load;
 mod number;

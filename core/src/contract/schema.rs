@@ -3,7 +3,8 @@
 //! The shape follows the public provable-contracts schema (metadata, equations,
 //! proof_obligations, falsification_tests); every falsification test here also
 //! carries an executable check (one of its subject's kinds, a
-//! [`KindSet`]) and the mutant that must make it fail.
+//! [`KindSet`], or one of the core's: a [`Check`]) and the mutant that must
+//! make it fail (a [`MutantName`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -13,12 +14,13 @@ use serde::Deserialize;
 
 use crate::check::params::Timeout;
 use crate::check::Backend;
-use crate::subject::{KindSet, Subject};
+use crate::core_kinds::{Check, MutantName};
+use crate::subject::{KindSet, MutantSet, Subject};
 
 /// One YAML contract file, whose checks are of the kind set `K` and whose
 /// mutants of the set `M` (a subject's: see [`ContractOf`]).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, bound(deserialize = "K: KindSet, M: MutantSet"))]
 pub struct Contract<K, M> {
     pub metadata: Metadata,
     /// Default requirements of every test in the file; a test may override them.
@@ -112,7 +114,7 @@ pub type TestOf<S> = FalsificationTest<<S as Subject>::Kinds, <S as Subject>::Mu
 
 /// One falsifiable claim and the check that tries to falsify it.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, bound(deserialize = "K: KindSet, M: MutantSet"))]
 pub struct FalsificationTest<K, M> {
     /// Unique across all contracts (also ignoring case), and a safe id
     /// ([`is_safe_id`]) of at most [`MAX_ID_LEN`] characters.
@@ -127,14 +129,16 @@ pub struct FalsificationTest<K, M> {
     /// Overrides the contract's `requires` for this test.
     #[serde(default)]
     pub requires: Option<Vec<Requirement>>,
-    /// The injected fault that must make this check falsify (the self-test).
-    pub mutant: M,
+    /// The injected fault that must make this check falsify (the self-test):
+    /// one of the core's mutants or one of the subject's.
+    pub mutant: MutantName<M>,
     /// Seconds a trial of this test may take before it is stopped and
     /// recorded as an `error`; absent, the check kind's default. At least
     /// [`crate::check::params::MIN_TIMEOUT_S`].
     #[serde(default)]
     pub timeout_s: Option<Timeout>,
-    pub check: K,
+    /// One of the core's kinds or one of the subject's.
+    pub check: Check<K>,
 }
 
 impl<K: KindSet, M> FalsificationTest<K, M> {

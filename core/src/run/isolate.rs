@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::report::meta::RunMeta;
 use crate::report::{FalsificationRow, SpeedupRow, Status};
 use crate::subject::{helper_by_flag, Subject};
+use crate::workload::arms::{arm_reply, ARM_FLAG};
 
 /// The first argument that makes a front end run one trial as a child.
 pub const CHILD_FLAG: &str = "__falsify-trial";
@@ -120,7 +121,8 @@ impl<S: Subject> ChildRequest<S> {
 /// What this process answers when the harness started it as a helper: as a
 /// trial process ([`CHILD_FLAG`]) it runs the trial its request on `input`
 /// (its stdin) names; as one of the subject's helpers
-/// ([`Subject::helpers`], e.g. a data-parallel rank) whatever its job on
+/// ([`Subject::helpers`], e.g. a data-parallel rank) or as a workload arm
+/// ([`ARM_FLAG`], see [`crate::workload::arms`]) whatever its job on
 /// `input` describes. `None`, with `input` untouched, for any other command
 /// line. The front ends print the reply on stdout, or the error.
 pub fn helper_reply<S: Subject>(
@@ -130,7 +132,7 @@ pub fn helper_reply<S: Subject>(
 ) -> Option<Result<String>> {
     let flag = argv.get(1).map(String::as_str)?;
     let helper = helper_by_flag(S::helpers(), flag);
-    if flag != CHILD_FLAG && helper.is_none() {
+    if flag != CHILD_FLAG && flag != ARM_FLAG && helper.is_none() {
         return None;
     }
     let mut payload = String::new();
@@ -139,6 +141,7 @@ pub fn helper_reply<S: Subject>(
     }
     Some(match helper {
         Some(role) => (role.run)(&payload).map_err(Error::Subject),
+        None if flag == ARM_FLAG => arm_reply::<S>(&payload),
         None => run_child::<S>(&payload, process_start),
     })
 }

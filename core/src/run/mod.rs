@@ -21,6 +21,7 @@ pub use crate::report::meta::{
 
 use crate::check::{GpuHere, Here, Measurement};
 use crate::contract::{Backend, ContractOf, TestOf};
+use crate::core_kinds::{Check, CoreTrial, MutantName};
 use crate::error::{Error, Result};
 use crate::report::artifacts::{self, artifact_stem, ArtifactWriter, ARTIFACTS_DIR};
 use crate::report::claim::Headline;
@@ -619,14 +620,21 @@ impl<S: Subject> Engine<S> {
         });
         let mut cx = TrialContext {
             seed,
-            mutant,
+            mutant: mutant.as_ref().and_then(|m| m.subject().cloned()),
             device,
         };
         let setup_ms = origin.elapsed().as_secs_f64() * 1e3;
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            test.check
+        let result = catch_unwind(AssertUnwindSafe(|| match &test.check {
+            Check::Subject(kind) => kind
                 .execute(trial.backend, &mut cx)
-                .map_err(Failure::Subject)
+                .map_err(Failure::Subject),
+            Check::Core(kind) => {
+                let core = CoreTrial {
+                    cx: &mut cx,
+                    mutant: mutant.as_ref().and_then(MutantName::core),
+                };
+                kind.execute(trial.backend, core).map_err(Failure::Core)
+            }
         }))
         .unwrap_or_else(|panic| Err(Failure::Panicked(panic_message(panic))));
         // A sticky fault (e.g. an illegal address) leaves the context unusable
@@ -1037,6 +1045,8 @@ fn probe_gpu<S: Subject>(
 enum Failure<E> {
     /// The subject's error, as the check returned it.
     Subject(E),
+    /// A core kind's error.
+    Core(crate::Error),
     /// The check panicked, with this message.
     Panicked(String),
 }
@@ -1045,6 +1055,7 @@ impl<E: std::fmt::Display> std::fmt::Display for Failure<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Failure::Subject(e) => e.fmt(f),
+            Failure::Core(e) => e.fmt(f),
             Failure::Panicked(message) => write!(f, "check: panicked: {message}"),
         }
     }

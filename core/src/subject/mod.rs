@@ -317,7 +317,9 @@ mod tests {
         let setup = setup("one");
         assert_eq!(workload.upload_bytes(&setup).unwrap(), 8);
         assert!(workload.upload_bytes(&self::setup("two")).is_err());
-        assert!(workload.process_env(&setup).is_empty());
+        assert!(workload
+            .process_env(&setup, std::path::Path::new("scratch"))
+            .is_empty());
         let mut device = Fake::open_device(&BasicOptions::default()).unwrap();
         let losses: Vec<f32> = {
             let mut session = workload.prepare(&mut device, &setup, None).unwrap();

@@ -112,7 +112,11 @@ fn run(args: &Args) -> Result<(), Error> {
     }
     print_summary(&times, &losses, args.last);
     for bad in session.non_finite_losses() {
-        println!("non_finite_loss step={} sample={}", bad.step + 1, bad.sample);
+        println!(
+            "non_finite_loss step={} sample={}",
+            bad.step + 1,
+            bad.sample
+        );
     }
     Ok(())
 }

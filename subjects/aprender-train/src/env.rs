@@ -81,6 +81,32 @@ pub fn find_nvidia_smi(path: Option<&OsStr>) -> Option<PathBuf> {
         .find(|candidate| candidate.is_file())
 }
 
+/// Where `nvidia-smi` is installed when it is not on `PATH`: the NVIDIA
+/// container runtime's folder first.
+const NVIDIA_SMI_DIRS: [&str; 3] = ["/usr/local/nvidia/bin", "/usr/bin", "/usr/local/bin"];
+
+/// A `PATH` for a trial process that finds `nvidia-smi`: `None` when `path`
+/// (the inherited value) already does, or when none of the usual folders
+/// holds it (the session then refuses to start, [`crate::Error::NoNvidiaSmi`]);
+/// else `path` with the first folder that holds it appended.
+pub fn path_with_nvidia_smi(path: Option<&OsStr>) -> Option<String> {
+    path_with_nvidia_smi_in(path, &NVIDIA_SMI_DIRS.map(Path::new))
+}
+
+fn path_with_nvidia_smi_in(path: Option<&OsStr>, dirs: &[&Path]) -> Option<String> {
+    if find_nvidia_smi(path).is_some() {
+        return None;
+    }
+    let dir = dirs.iter().find(|dir| dir.join("nvidia-smi").is_file())?;
+    let mut parts: Vec<PathBuf> = path
+        .map(|p| std::env::split_paths(p).collect())
+        .unwrap_or_default();
+    parts.push(dir.to_path_buf());
+    std::env::join_paths(parts)
+        .ok()
+        .map(|joined| joined.to_string_lossy().into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,5 +152,21 @@ mod tests {
             Some(dir.path().join("nvidia-smi"))
         );
         assert_eq!(find_nvidia_smi(None), None);
+    }
+
+    #[test]
+    fn a_path_without_nvidia_smi_gets_the_folder_that_has_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = tempfile::tempdir().unwrap();
+        let inherited = std::ffi::OsString::from("/bin");
+        assert_eq!(
+            path_with_nvidia_smi_in(Some(&inherited), &[empty.path(), dir.path()]),
+            None
+        );
+        std::fs::write(dir.path().join("nvidia-smi"), b"").unwrap();
+        let path = path_with_nvidia_smi_in(Some(&inherited), &[empty.path(), dir.path()]).unwrap();
+        assert_eq!(path, format!("/bin:{}", dir.path().display()));
+        let found = std::ffi::OsString::from(&path);
+        assert_eq!(path_with_nvidia_smi_in(Some(&found), &[dir.path()]), None);
     }
 }

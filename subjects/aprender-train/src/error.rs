@@ -76,6 +76,18 @@ pub enum Error {
         kind: ProblemKind,
         text: String,
     },
+
+    /// Reading this process's stderr failed (see [`crate::StderrTap`]).
+    #[error("stderr tap: {0}")]
+    Tap(String),
+
+    /// The CUDA driver refused a query of the device a trial runs on.
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+
+    /// A setup the seam handed over that this subject cannot take.
+    #[error("{0}")]
+    Seam(String),
 }
 
 /// The crate's result type.

@@ -66,9 +66,10 @@ falsify_core::kinds! {
     }
 }
 
-/// The Markdown reference of qlora's kinds (`falsify kinds`).
+/// The Markdown reference of the kinds qlora's contracts may use, its own
+/// and then the core's (`falsify kinds`).
 pub fn reference_markdown() -> String {
-    falsify_core::subject::reference_markdown::<CheckSpec>()
+    falsify_core::core_kinds::kinds_markdown::<CheckSpec>()
 }
 
 /// The stack's fault knobs of a trial's mutant.

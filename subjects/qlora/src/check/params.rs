@@ -266,7 +266,7 @@ impl Default for Hyper {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::check::{Here, KindSet};
+    use crate::check::Here;
 
     /// A kind's parameters from YAML, validated as the loader does: serde's
     /// error or `validate`'s, as text.

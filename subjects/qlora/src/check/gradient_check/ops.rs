@@ -485,6 +485,7 @@ mod tests {
     use super::*;
     use crate::check::{Backend, CheckSpec, KindSet};
     use falsify_core::contract::ContractOf;
+    use falsify_core::core_kinds::Check;
 
     /// Every CPU test of this module's contracts holds for many seeds, and its
     /// mutant is caught for every one of them (not just for the harness's seed).
@@ -499,18 +500,20 @@ mod tests {
             let text = std::fs::read_to_string(dir.join(format!("{file}.yaml"))).unwrap();
             let contract: ContractOf<crate::Qlora> = serde_yaml::from_str(&text).unwrap();
             for test in &contract.falsification_tests {
-                assert!(matches!(
-                    test.check,
-                    CheckSpec::GradientCheck(_) | CheckSpec::Property(_)
-                ));
+                let check = match &test.check {
+                    Check::Subject(
+                        check @ (CheckSpec::GradientCheck(_) | CheckSpec::Property(_)),
+                    ) => check,
+                    other => panic!("{}: {other:?}", test.id),
+                };
                 for seed in 0..12u64 {
-                    for mutant in [None, Some(test.mutant)] {
+                    for mutant in [None, test.mutant.subject().copied()] {
                         let mut cx = TrialContext {
                             seed: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15),
                             mutant,
                             device: None,
                         };
-                        let m = test.check.execute(Backend::Cpu, &mut cx).unwrap();
+                        let m = check.execute(Backend::Cpu, &mut cx).unwrap();
                         assert_eq!(
                             m.passed(),
                             mutant.is_none(),
