@@ -168,6 +168,7 @@ mod sim {
             duration_ms: 1.0,
             setup_ms: Some(0.5),
             detail: detail.into(),
+            known_violation: String::new(),
         }
     }
 

@@ -853,6 +853,11 @@ impl<S: Subject> Engine<S> {
             duration_ms,
             setup_ms,
             detail,
+            // The test's own trial only: a self-test judges the mutant.
+            known_violation: match &test.known_violation {
+                Some(known) if !trial.selftest => known.reason.clone(),
+                _ => String::new(),
+            },
         }
     }
 
