@@ -901,7 +901,7 @@ mod tests {
     #[test]
     fn a_subject_that_does_not_accept_known_violations_refuses_them_located() {
         // The toy keeps the default, as qlora does: never excused.
-        assert!(!crate::testing::Toy::ACCEPTS_KNOWN_VIOLATIONS);
+        const { assert!(!crate::testing::Toy::ACCEPTS_KNOWN_VIOLATIONS) };
         let text = with_known(&KNOWN.replace("outsider", "toy"));
         let (line, message) = refused::<crate::testing::Toy>(&text);
         // The known violation's mapping, from its first line.
