@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use falsify_core::contract::load_dir;
 use falsify_core::harness::answer;
 use falsify_core::report::compare::{Verdict, EXIT_NO_VERDICT};
-use falsify_core::report::markdown::write_report;
+use falsify_core::report::markdown::{write_report, ReportOutcome};
 use falsify_core::report::terminal::escape_controls;
 use falsify_core::report::{ReportDir, Status};
 use falsify_core::run::{
@@ -429,6 +429,29 @@ fn print_capped(label: &str, note: &str, items: &[String]) {
     }
 }
 
+/// The subject's known violations, just above the verdict: those still
+/// falsified (findings, not regressions), then those that hold now, whose
+/// `known_violation` must be removed.
+fn print_known_violations(outcome: &ReportOutcome) {
+    let subject = escape_controls(&outcome.subject);
+    if !outcome.known_violations.is_empty() {
+        println!(
+            "known violations of {subject}: {} still falsified, as their contracts state \
+             (not regressions)",
+            outcome.known_violations.len()
+        );
+    }
+    for k in &outcome.known_violations {
+        println!("KNOWN VIOLATION {subject} {}", escape_controls(k));
+    }
+    for f in &outcome.fixed {
+        println!(
+            "FIXED {subject} {}: remove its known_violation from the contract",
+            escape_controls(f)
+        );
+    }
+}
+
 /// `falsify report`: the verdict as the exit code (0 clean, 1 regressed,
 /// 3 incomplete), and 2 when no verdict could be reached, so a script can
 /// tell a failed comparison from a regression.
@@ -476,6 +499,7 @@ fn report(baseline: &Path, current: &Path) -> ExitCode {
             outcome.not_run.len()
         );
     }
+    print_known_violations(&outcome);
     let code = outcome.verdict.exit_code();
     println!("verdict: {} (exit {code})", outcome.verdict.as_str());
     ExitCode::from(code)

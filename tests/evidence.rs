@@ -31,13 +31,20 @@ fn baseline(tmp: &Path) -> PathBuf {
     dir
 }
 
-/// The baseline's trials as run `run_id` (same statuses).
+/// The baseline's trials as run `run_id`: the same statuses, the one the
+/// baseline falsified (F-SOFTMAX-002) now a known violation, since any
+/// other falsified trial would regress whatever the baseline says.
 fn trials(run_id: &str) -> Vec<FalsificationRow> {
     read_rows::<FalsificationRow>(&planted_baseline().join("falsification.csv"))
         .unwrap()
         .into_iter()
         .map(|r| FalsificationRow {
             run_id: run_id.into(),
+            known_violation: if r.status == Status::Falsified {
+                "falsified in the baseline too".into()
+            } else {
+                String::new()
+            },
             ..r
         })
         .collect()

@@ -168,6 +168,7 @@ mod sim {
             duration_ms: 1.0,
             setup_ms: Some(0.5),
             detail: detail.into(),
+            known_violation: String::new(),
         }
     }
 
@@ -431,12 +432,13 @@ mod sim {
             }
             let truth = self.truth.as_ref()?;
             let baseline: Vec<String> = (0..TRIALS).map(|i| key(0, i)).collect();
-            let regressed = baseline.iter().any(|k| {
-                matches!(
-                    truth.finished.get(k),
-                    Some(Outcome::Falsified | Outcome::Error)
-                )
-            });
+            // A falsified trial regresses whether the baseline has it or
+            // not (none here is a known violation); an error only where the
+            // baseline passed.
+            let regressed = truth.finished.values().any(|o| *o == Outcome::Falsified)
+                || baseline
+                    .iter()
+                    .any(|k| truth.finished.get(k) == Some(&Outcome::Error));
             let gap = truth.interrupted
                 || truth
                     .selected

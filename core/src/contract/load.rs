@@ -668,6 +668,54 @@ fn validate<S: Subject>(contract: &ContractOf<S>, tree: &Tree) -> Result<()> {
             ));
         }
         validate_for_subject::<S>(contract, tree, i)?;
+        refuse_foreign_known_violation::<S>(contract, i, tree)?;
+    }
+    Ok(())
+}
+
+/// Refuses test `i`'s `known_violation` unless the subject running the
+/// contracts accepts known violations and is the one it names: a known
+/// violation excuses a falsified claim in the gate, so it must never reach
+/// a stack of our own, nor a subject it was not measured on.
+fn refuse_foreign_known_violation<S: Subject>(
+    contract: &ContractOf<S>,
+    i: usize,
+    tree: &Tree,
+) -> Result<()> {
+    let test = &contract.falsification_tests[i];
+    let Some(known) = &test.known_violation else {
+        return Ok(());
+    };
+    let (id, at) = (
+        &contract.metadata.id,
+        format!("falsification_tests[{i}].known_violation"),
+    );
+    if !S::ACCEPTS_KNOWN_VIOLATIONS {
+        return Err(error_at(
+            &contract.path,
+            position(tree, &at),
+            &format!(
+                "contract `{id}`, test `{}`: subject `{}` does not accept known violations \
+                 (only a stack we do not own may mark a claim as expected to be falsified; \
+                 a failure of our own is a bug to fix)",
+                test.id,
+                S::NAME
+            ),
+        ));
+    }
+    if known.subject != S::NAME {
+        return Err(error_at(
+            &contract.path,
+            position(tree, &format!("{at}.subject")),
+            &format!(
+                "contract `{id}`, test `{}`: the known violation names subject `{}`, but these \
+                 contracts run against `{}`; a known violation holds only for the subject it \
+                 was measured on",
+                test.id,
+                super::schema::shown(&known.subject),
+                S::NAME
+            ),
+        ));
     }
     Ok(())
 }
@@ -786,6 +834,146 @@ mod tests {
         assert!(e.to_string().contains("duplicate key `c`"), "{e}");
         assert_eq!(e.location().map(|l| l.line()), Some(4));
         assert!(scan("a: {c: 1}\nb: {c: 1}\n").is_ok());
+    }
+
+    /// A subject we do not own, for the rules of known violations: the
+    /// toy's kind, and known violations accepted.
+    mod outsider {
+        use crate::check::{Backend, Measurement, BOTH};
+        use crate::subject::{BasicOptions, DeviceFacts, Kind, NoDevice, Subject, TrialContext};
+        use crate::testing::{compare, ToyMutant};
+
+        pub struct Outsider;
+
+        impl Kind<Outsider> for compare::Params {
+            fn execute(
+                &self,
+                _backend: Backend,
+                _cx: &mut TrialContext<'_, Outsider>,
+            ) -> crate::Result<Measurement> {
+                Err(crate::Error::CudaUnavailable("never run".into()))
+            }
+        }
+
+        crate::kinds! {
+            /// The outsider's `check:` block.
+            pub enum OutsiderKinds for Outsider {
+                Compare(compare) "compare", BOTH, "a number against a bound";
+            }
+        }
+
+        impl Subject for Outsider {
+            const NAME: &'static str = "outsider";
+            const ACCEPTS_KNOWN_VIOLATIONS: bool = true;
+            type Device = NoDevice;
+            type Kinds = OutsiderKinds;
+            type Mutant = ToyMutant;
+            type Options = BasicOptions;
+            type Error = crate::Error;
+
+            fn open_device(_options: &BasicOptions) -> crate::Result<NoDevice> {
+                Err(crate::Error::CudaUnavailable("no device".into()))
+            }
+            fn device_facts(device: &NoDevice) -> DeviceFacts {
+                match *device {}
+            }
+            fn free_memory(device: &NoDevice) -> crate::Result<(u64, u64)> {
+                match *device {}
+            }
+        }
+    }
+
+    /// A contract of one toy test that ends with `known` (YAML lines of
+    /// the test's mapping, indented by four spaces).
+    fn with_known(known: &str) -> String {
+        format!(
+            "metadata:\n  id: c\n  version: 1.0.0\n  description: d\nfalsification_tests:\n{}{known}",
+            crate::testing::test("T-1", 1.0, 2.0, &[])
+        )
+    }
+
+    const KNOWN: &str = "    known_violation:\n      subject: outsider\n      reason: compiles after the upload\n      evidence: 3 modules loaded after the upload\n      source: src/cache.rs:123\n";
+
+    /// The error of parsing `text` as a contract of `S`, as `(line, message)`.
+    fn refused<S: Subject>(text: &str) -> (usize, String) {
+        match parse::<S>(Path::new("contracts/c.yaml"), text) {
+            Err(Error::Contract { line, message, .. }) => (line, message),
+            other => panic!("expected a contract error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_known_violation_of_the_subject_that_accepts_them_loads() {
+        let c = parse::<outsider::Outsider>(Path::new("contracts/c.yaml"), &with_known(KNOWN))
+            .expect("loads");
+        let known = c.falsification_tests[0]
+            .known_violation
+            .as_ref()
+            .expect("read");
+        assert_eq!(known.subject, "outsider");
+        assert_eq!(known.reason, "compiles after the upload");
+        assert_eq!(known.evidence, "3 modules loaded after the upload");
+        assert_eq!(known.source, "src/cache.rs:123");
+        let plain = parse::<outsider::Outsider>(Path::new("contracts/c.yaml"), &with_known(""));
+        assert!(plain.expect("loads").falsification_tests[0]
+            .known_violation
+            .is_none());
+    }
+
+    #[test]
+    fn a_subject_that_does_not_accept_known_violations_refuses_them_located() {
+        // The toy keeps the default, as qlora does: never excused.
+        const { assert!(!crate::testing::Toy::ACCEPTS_KNOWN_VIOLATIONS) };
+        let text = with_known(&KNOWN.replace("outsider", "toy"));
+        let (line, message) = refused::<crate::testing::Toy>(&text);
+        // The known violation's mapping, from its first line.
+        assert_eq!(line, 13, "{message}");
+        assert!(
+            message.contains("test `T-1`: subject `toy` does not accept known violations"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_known_violation_of_another_subject_is_refused_at_its_subject() {
+        let text = with_known(&KNOWN.replace("outsider", "aprender-train"));
+        let (line, message) = refused::<outsider::Outsider>(&text);
+        assert_eq!(line, 13, "the `subject:` line: {message}");
+        assert!(
+            message.contains(
+                "names subject `aprender-train`, but these contracts run against `outsider`"
+            ),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_known_violation_is_parsed_strictly_and_located() {
+        let cases = [
+            // An empty reason says nothing.
+            (
+                KNOWN.replace("compiles after the upload", "\"  \""),
+                14,
+                "must not be empty",
+            ),
+            // Every field is required ...
+            (
+                KNOWN.replace("      source: src/cache.rs:123\n", ""),
+                13,
+                "missing field `source`",
+            ),
+            // ... and no other is accepted.
+            (
+                KNOWN.replace("evidence:", "evidense:"),
+                15,
+                "unknown field `evidense`",
+            ),
+        ];
+        for (known, line, says) in cases {
+            let (at, message) = refused::<outsider::Outsider>(&with_known(&known));
+            assert!(message.contains(says), "{message}");
+            assert_eq!(at, line, "{message}");
+        }
     }
 
     #[test]

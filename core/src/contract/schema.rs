@@ -137,8 +137,38 @@ pub struct FalsificationTest<K, M> {
     /// [`crate::check::params::MIN_TIMEOUT_S`].
     #[serde(default)]
     pub timeout_s: Option<Timeout>,
+    /// The subject this test is known to be falsified on, and why: the
+    /// trial still runs and records what it measured, and its rows say it
+    /// was expected to fail, so the report gates on changes (see
+    /// [`KnownViolation`]). Only a subject that accepts known violations
+    /// ([`Subject::ACCEPTS_KNOWN_VIOLATIONS`]) may be named, and only by
+    /// its own contracts.
+    #[serde(default)]
+    pub known_violation: Option<KnownViolation>,
     /// One of the core's kinds or one of the subject's.
     pub check: Check<K>,
+}
+
+/// A test expected to be falsified on a subject we do not own: a published
+/// claim that the published code does not keep. The finding stays a
+/// result (the trial records `falsified`); this says it is known, so that
+/// only a change (a new violation, or this one fixed) moves the gate.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KnownViolation {
+    /// The subject's name ([`Subject::NAME`]) the contracts run against.
+    #[serde(deserialize_with = "non_empty")]
+    pub subject: String,
+    /// Why the claim does not hold there, in words (the report shows it).
+    #[serde(deserialize_with = "non_empty")]
+    pub reason: String,
+    /// What was measured when the violation was found (which module loaded
+    /// after the upload, the loss difference at each checkpoint, ...).
+    #[serde(deserialize_with = "non_empty")]
+    pub evidence: String,
+    /// The line of the subject's source that explains it, `path.rs:123`.
+    #[serde(deserialize_with = "non_empty")]
+    pub source: String,
 }
 
 impl<K: KindSet, M> FalsificationTest<K, M> {
@@ -253,6 +283,28 @@ fn safe_id<'de, D: Deserializer<'de>>(d: D, what: &'static str) -> Result<String
         }
     }
     d.deserialize_str(V(what))
+}
+
+/// A string with something besides white space in it. Checked inside the
+/// visitor, so serde_yaml locates an empty one at its own line and column.
+fn non_empty<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    struct V;
+    impl de::Visitor<'_> for V {
+        type Value = String;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a non-empty string")
+        }
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<String, E> {
+            if text.trim().is_empty() {
+                return Err(E::custom(
+                    "this must not be empty: a known violation states its subject, reason, \
+                     evidence and source",
+                ));
+            }
+            Ok(text.to_string())
+        }
+    }
+    d.deserialize_str(V)
 }
 
 fn contract_id<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {

@@ -98,7 +98,7 @@ pub fn select(root: &Path, current: &RunData) -> Result<Selection> {
 
 /// The subject `current` tested, as its run record says; a record from
 /// before subjects (or none) is of [`LEGACY_SUBJECT`].
-fn subject_of(current: &RunData) -> &str {
+pub(crate) fn subject_of(current: &RunData) -> &str {
     current
         .meta
         .as_ref()

@@ -2,8 +2,12 @@
 //! which of those changes are regressions, which baseline trials did not run,
 //! and which speedups dropped beyond their recorded noise.
 //!
-//! A trial regresses when it `passed` in the baseline and is now `falsified` or
-//! `error`. A speedup regresses when its current confidence interval lies
+//! A trial regresses when it is `falsified` now, whatever the baseline says
+//! (a new trial too), unless its row says it is a *known violation* (its
+//! contract expects it falsified on this subject: see
+//! [`FalsificationRow::known_violation`]); and when it `passed` in the
+//! baseline and is `error` now. A known violation that passes now is
+//! *fixed*: no regression, but its `known_violation` must go. A speedup regresses when its current confidence interval lies
 //! wholly below the baseline's (`current.ratio_ci_high < baseline.ratio_ci_low`;
 //! overlapping intervals are noise) *and* it dropped by more than
 //! [`RUN_TO_RUN_NOISE`]: a bootstrap interval over one run's repeats is far
@@ -146,13 +150,51 @@ impl TrialDiff {
             .unwrap_or("")
     }
 
-    /// Passed in the baseline, falsified or error now.
+    /// Falsified now and not a known violation (whatever the baseline
+    /// says: a falsified claim is news unless its contract says otherwise),
+    /// or passed in the baseline and error now.
     pub fn is_regression(&self) -> bool {
-        self.baseline_status() == Some(Status::Passed)
-            && matches!(
-                self.current_status(),
-                Some(Status::Falsified | Status::Error)
-            )
+        match self.current_status() {
+            // A new violation: not one the contract expects, and not one
+            // the baseline already recorded as a plain falsification.
+            Some(Status::Falsified) => !self.is_known_violation() && !self.was_falsified_already(),
+            Some(Status::Error) => self.baseline_status() == Some(Status::Passed),
+            _ => false,
+        }
+    }
+
+    /// Falsified in the baseline too, where no contract excused it then:
+    /// the same violation, unchanged. (One the baseline's contract excused
+    /// and the current one no longer does is new to the gate.)
+    fn was_falsified_already(&self) -> bool {
+        self.baseline
+            .as_ref()
+            .is_some_and(|b| b.status == Status::Falsified && !b.expected_falsified())
+    }
+
+    /// Falsified now, as its contract expects on this subject: a finding
+    /// already recorded, not a regression.
+    pub fn is_known_violation(&self) -> bool {
+        self.current
+            .as_ref()
+            .is_some_and(|r| r.status == Status::Falsified && r.expected_falsified())
+    }
+
+    /// Passes now although its contract expects it falsified: the subject
+    /// was fixed, and the test's `known_violation` must be removed (until
+    /// then a new failure of it would be excused).
+    pub fn is_fixed(&self) -> bool {
+        self.current
+            .as_ref()
+            .is_some_and(|r| r.status == Status::Passed && r.expected_falsified())
+    }
+
+    /// Why the contract expects this trial falsified, when it does.
+    pub fn known_reason(&self) -> Option<&str> {
+        self.current
+            .as_ref()
+            .filter(|r| r.expected_falsified())
+            .map(|r| r.known_violation.as_str())
     }
 
     /// The status differs (a trial present in only one report counts).
@@ -319,9 +361,23 @@ impl RunComparison {
         }
     }
 
-    /// Trials that passed in the baseline and are falsified or error now.
+    /// Trials falsified now and not known violations, and trials that
+    /// passed in the baseline and are error now.
     pub fn regressions(&self) -> Vec<&TrialDiff> {
         self.trials.iter().filter(|t| t.is_regression()).collect()
+    }
+
+    /// Trials falsified now as their contracts expect (never regressions).
+    pub fn known_violations(&self) -> Vec<&TrialDiff> {
+        self.trials
+            .iter()
+            .filter(|t| t.is_known_violation())
+            .collect()
+    }
+
+    /// Known violations that pass now: fixed (never regressions).
+    pub fn fixed(&self) -> Vec<&TrialDiff> {
+        self.trials.iter().filter(|t| t.is_fixed()).collect()
     }
 
     /// Speedups whose interval now lies wholly below the baseline's.
@@ -418,5 +474,108 @@ impl SpeedupKey {
             candidate: r.candidate.clone(),
             device: r.device.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::test_row;
+
+    fn run(rows: Vec<FalsificationRow>) -> RunData {
+        RunData {
+            dir: PathBuf::from("run"),
+            name: "run".into(),
+            meta: None,
+            rows,
+            speedups: Vec::new(),
+            account: Account::default(),
+        }
+    }
+
+    fn compare(baseline: Vec<FalsificationRow>, current: Vec<FalsificationRow>) -> RunComparison {
+        RunComparison::new(&run(baseline), &run(current))
+    }
+
+    fn ids(trials: Vec<&TrialDiff>) -> Vec<&str> {
+        trials.iter().map(|t| t.test_id.as_str()).collect()
+    }
+
+    #[test]
+    fn a_falsified_trial_without_a_baseline_row_regresses() {
+        let cmp = compare(
+            vec![test_row("c", "OLD", Status::Passed)],
+            vec![
+                test_row("c", "OLD", Status::Passed),
+                test_row("c", "NEW", Status::Falsified),
+                test_row("c", "NEW::mutant", Status::Passed),
+            ],
+        );
+        assert_eq!(ids(cmp.regressions()), ["NEW"]);
+        assert_eq!(cmp.verdict(), Verdict::Regressed);
+    }
+
+    #[test]
+    fn a_trial_falsified_in_the_baseline_too_is_unchanged() {
+        let cmp = compare(
+            vec![test_row("c", "T", Status::Falsified)],
+            vec![test_row("c", "T", Status::Falsified)],
+        );
+        assert_eq!(ids(cmp.regressions()), Vec::<&str>::new());
+    }
+
+    fn known(status: Status) -> FalsificationRow {
+        FalsificationRow {
+            known_violation: "compiles after the upload".into(),
+            ..test_row("c", "K", status)
+        }
+    }
+
+    #[test]
+    fn a_known_violation_still_falsified_is_not_a_regression() {
+        for baseline in [vec![known(Status::Falsified)], vec![]] {
+            let cmp = compare(baseline, vec![known(Status::Falsified)]);
+            assert_eq!(ids(cmp.regressions()), Vec::<&str>::new());
+            assert_eq!(ids(cmp.known_violations()), ["K"]);
+            assert_eq!(
+                cmp.trials[0].known_reason(),
+                Some("compiles after the upload")
+            );
+            assert_eq!(cmp.verdict(), Verdict::Clean);
+        }
+    }
+
+    #[test]
+    fn a_known_violation_that_passes_now_is_fixed_not_a_regression() {
+        let cmp = compare(vec![known(Status::Falsified)], vec![known(Status::Passed)]);
+        assert_eq!(ids(cmp.fixed()), ["K"]);
+        assert_eq!(ids(cmp.known_violations()), Vec::<&str>::new());
+        assert_eq!(cmp.verdict(), Verdict::Clean);
+    }
+
+    #[test]
+    fn a_violation_the_contract_no_longer_expects_regresses() {
+        // Known in the baseline; the current contract dropped it.
+        let cmp = compare(
+            vec![known(Status::Falsified)],
+            vec![test_row("c", "K", Status::Falsified)],
+        );
+        assert_eq!(ids(cmp.regressions()), ["K"]);
+        assert_eq!(cmp.verdict(), Verdict::Regressed);
+    }
+
+    #[test]
+    fn passed_to_error_regresses_and_a_pass_does_not() {
+        let cmp = compare(
+            vec![
+                test_row("c", "A", Status::Passed),
+                test_row("c", "B", Status::Falsified),
+            ],
+            vec![
+                test_row("c", "A", Status::Error),
+                test_row("c", "B", Status::Passed),
+            ],
+        );
+        assert_eq!(ids(cmp.regressions()), ["A"]);
     }
 }

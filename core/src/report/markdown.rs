@@ -2,7 +2,8 @@
 //!
 //! Layout, most urgent first: the verdict and which baseline was chosen, the
 //! evidence (what each side's folder held, which runs were judged, what was
-//! set aside), run metadata, regressions, trials that did not run (selected
+//! set aside), run metadata, regressions, the subject's known violations
+//! (those fixed first), trials that did not run (selected
 //! trials without a row, baseline trials absent), changes of status (with
 //! the trials skipped here for a recorded reason), charts, failure
 //! artifacts, a verdict table per contract, and the speedup table. Against
@@ -13,7 +14,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::artifacts::{ArtifactWriter, ARTIFACTS_DIR};
-use super::baseline::{refuse_output_inside, select};
+use super::baseline::{refuse_output_inside, select, subject_of};
 use super::charts::{write_charts, Chart};
 use super::claim::short;
 use super::compare::{RunComparison, RunData, SpeedupDiff, TrialDiff, Verdict, RUN_TO_RUN_NOISE};
@@ -31,9 +32,19 @@ pub struct ReportOutcome {
     pub verdict: Verdict,
     /// Which baseline(s) the run was compared with, and why.
     pub baseline: String,
-    /// Trials that passed in the baseline and are falsified or error now,
-    /// as `contract::test_id (baseline -> current)`.
+    /// Trials falsified now that are not known violations, and trials
+    /// that passed in the baseline and are error now, as
+    /// `contract::test_id (baseline -> current)`.
     pub regressions: Vec<String>,
+    /// The subject the current run tested (its run record's; `qlora` for
+    /// records from before subjects).
+    pub subject: String,
+    /// Trials falsified as their contracts expect on this subject, as
+    /// `contract::test_id: reason`. Never regressions.
+    pub known_violations: Vec<String>,
+    /// Known violations that pass now, as `contract::test_id (reason)`:
+    /// fixed, so their `known_violation` must be removed. Never regressions.
+    pub fixed: Vec<String>,
     /// Speedups whose interval now lies wholly below the baseline's.
     pub speedup_regressions: Vec<String>,
     /// Baseline trials that did not run, as `contract::test_id (why)`.
@@ -128,6 +139,23 @@ impl Report<'_> {
     fn count(&self, f: impl Fn(&RunComparison) -> usize) -> usize {
         self.compared.iter().map(|c| f(&c.cmp)).sum()
     }
+
+    /// The current run's known violations still falsified: what the rows
+    /// say, the same against every baseline, so read from the first.
+    fn known_violations(&self) -> Vec<&TrialDiff> {
+        self.compared
+            .first()
+            .map(|c| c.cmp.known_violations())
+            .unwrap_or_default()
+    }
+
+    /// The current run's known violations that pass now.
+    fn fixed(&self) -> Vec<&TrialDiff> {
+        self.compared
+            .first()
+            .map(|c| c.cmp.fixed())
+            .unwrap_or_default()
+    }
 }
 
 /// Compares the run in `current_dir` with its baseline(s) under
@@ -177,6 +205,9 @@ fn outcome(report: &Report, path: PathBuf, charts: Vec<Chart>) -> ReportOutcome 
         verdict: report.verdict(),
         baseline: report.why.to_string(),
         regressions: Vec::new(),
+        subject: subject_of(report.current_whole).to_string(),
+        known_violations: report.known_violations().iter().map(known_line).collect(),
+        fixed: report.fixed().iter().map(fixed_line).collect(),
         speedup_regressions: Vec::new(),
         not_run: Vec::new(),
         missing: report.current_whole.account.missing.clone(),
@@ -217,6 +248,7 @@ fn render(report: &Report, charts: &[Chart], artifacts: &[String]) -> String {
     evidence_section(&mut md, report);
     runs_section(&mut md, report);
     regressions_section(&mut md, report);
+    known_violations_section(&mut md, report);
     not_run_section(&mut md, report);
     changes_section(&mut md, report);
     charts_section(&mut md, charts);
@@ -228,7 +260,6 @@ fn render(report: &Report, charts: &[Chart], artifacts: &[String]) -> String {
 
 fn verdict_sentence(report: &Report) -> String {
     let verdict = report.verdict();
-    let code = verdict.exit_code();
     let regressions = report.count(|c| c.regressions().len());
     let slow = report.count(|c| c.speedup_regressions().len());
     let not_run = report.count(|c| c.not_run().len());
@@ -237,6 +268,20 @@ fn verdict_sentence(report: &Report) -> String {
         gaps.push(format!("{not_run} baseline trial(s) did not run"));
     }
     gaps.extend(report.current_whole.gaps());
+    let sentence = verdict_words(verdict, regressions, slow, &gaps);
+    match report.fixed().len() {
+        0 => sentence,
+        fixed => format!(
+            "{sentence} **{fixed} known violation(s) of `{}` now hold: remove their \
+             `known_violation`** (listed under *Known violations*).",
+            subject_of(report.current_whole)
+        ),
+    }
+}
+
+/// The verdict in words, with what decided it.
+fn verdict_words(verdict: Verdict, regressions: usize, slow: usize, gaps: &[String]) -> String {
+    let code = verdict.exit_code();
     match verdict {
         Verdict::Regressed => format!(
             "**Verdict: REGRESSED** — {regressions} trial regression(s), {slow} speedup regression(s){}. `falsify report` exits {code}.",
@@ -251,7 +296,7 @@ fn verdict_sentence(report: &Report) -> String {
             gaps.join("; ")
         ),
         Verdict::Clean => format!(
-            "**Verdict: clean** — every trial this run selected finished, every baseline trial ran or was skipped for a recorded reason, nothing that passed in the baseline fails now, and no speedup dropped below its baseline interval. `falsify report` exits {code}."
+            "**Verdict: clean** — every trial this run selected finished, every baseline trial ran or was skipped for a recorded reason, no trial is falsified but the known violations its contract states, nothing that passed in the baseline errors now, and no speedup dropped below its baseline interval. `falsify report` exits {code}."
         ),
     }
 }
@@ -456,6 +501,77 @@ fn regressions_section(md: &mut String, report: &Report) {
     }
 }
 
+/// The subject's known violations: those that hold now first (their
+/// `known_violation` must go), then those still falsified, with the reason
+/// their contracts give.
+fn known_violations_section(md: &mut String, report: &Report) {
+    let subject = subject_of(report.current_whole);
+    let _ = writeln!(md, "## Known violations\n");
+    let (fixed, known) = (report.fixed(), report.known_violations());
+    if fixed.is_empty() && known.is_empty() {
+        let _ = writeln!(
+            md,
+            "None: no trial of `{}` is falsified as its contract expects.\n",
+            cell(subject)
+        );
+        return;
+    }
+    if !fixed.is_empty() {
+        let _ = writeln!(
+            md,
+            "**Fixed: {} known violation(s) of `{}` now hold. Remove the `known_violation` of each test from its contract**, so that a new failure of it is a regression again.\n",
+            fixed.len(),
+            cell(subject)
+        );
+        for t in &fixed {
+            let _ = writeln!(md, "- **{}** — {}", cell(&key(t)), cell(&fixed_text(t)));
+        }
+        md.push('\n');
+    }
+    if known.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "Claims `{}` is known not to keep, still falsified as its contracts state: findings, not regressions.\n\n| trial | on | current result | reason |\n| --- | --- | --- | --- |",
+        cell(subject)
+    );
+    for t in known {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            cell(&key(t)),
+            t.backend(),
+            cell(&t.current.as_ref().map(result).unwrap_or_default()),
+            cell(t.known_reason().unwrap_or_default())
+        );
+    }
+    md.push('\n');
+}
+
+/// `contract::test_id` of a trial.
+fn key(t: &TrialDiff) -> String {
+    format!("{}::{}", t.contract, t.test_id)
+}
+
+/// A known violation still falsified, as `falsify report` lists it.
+fn known_line(t: &&TrialDiff) -> String {
+    format!("{}: {}", key(t), t.known_reason().unwrap_or_default())
+}
+
+/// A fixed known violation, as `falsify report` lists it.
+fn fixed_line(t: &&TrialDiff) -> String {
+    format!("{} ({})", key(t), fixed_text(t))
+}
+
+fn fixed_text(t: &TrialDiff) -> String {
+    format!(
+        "passes now: {}; its contract says: {}",
+        t.current.as_ref().map(result).unwrap_or_default(),
+        t.known_reason().unwrap_or_default()
+    )
+}
+
 fn not_run_section(md: &mut String, report: &Report) {
     let _ = writeln!(md, "## Not run\n");
     let missing = &report.current_whole.account.missing;
@@ -561,6 +677,10 @@ fn changes_of(md: &mut String, cmp: &RunComparison) {
 fn change_kind(t: &TrialDiff) -> &'static str {
     if t.is_regression() {
         "**regression**"
+    } else if t.is_fixed() {
+        "**fixed: remove the known_violation**"
+    } else if t.is_known_violation() {
+        "known violation"
     } else if t.not_run() {
         "**not run**"
     } else if t.not_run_here() {
@@ -636,6 +756,10 @@ fn verdicts_section(md: &mut String, report: &Report) {
 fn verdict_row(md: &mut String, t: &TrialDiff) {
     let mark = if t.is_regression() {
         " **(regression)**"
+    } else if t.is_fixed() {
+        " **(fixed: remove the known_violation)**"
+    } else if t.is_known_violation() {
+        " (known violation)"
     } else if t.not_run() {
         " **(not run)**"
     } else {

@@ -91,6 +91,14 @@ pub struct FalsificationRow {
     #[serde(default)]
     pub setup_ms: Option<f64>,
     pub detail: String,
+    /// Why this trial was expected to be falsified: the `reason` of its
+    /// test's `known_violation`, a claim the subject is known not to keep.
+    /// Empty for every other trial (self-tests included), and in reports
+    /// written before the column existed. The status still says what was
+    /// measured; the report's gate reads this column (see
+    /// [`compare::TrialDiff::is_known_violation`]).
+    #[serde(default)]
+    pub known_violation: String,
 }
 
 impl FalsificationRow {
@@ -104,6 +112,12 @@ impl FalsificationRow {
             unit: self.unit.clone(),
             held: None,
         }
+    }
+
+    /// Whether the trial's contract says it is expected to be falsified
+    /// (see [`FalsificationRow::known_violation`]).
+    pub fn expected_falsified(&self) -> bool {
+        !self.known_violation.trim().is_empty()
     }
 
     /// The mutant self-test of a test (its `test_id` ends in `::mutant`).
@@ -692,6 +706,7 @@ pub(crate) fn test_row(contract: &str, test: &str, status: Status) -> Falsificat
         duration_ms: 1.0,
         setup_ms: Some(0.5),
         detail: "a, \"quoted\" detail".into(),
+        known_violation: String::new(),
     }
 }
 
@@ -750,6 +765,43 @@ mod tests {
             messages[0].contains("kept 1 row(s)") && messages[0].contains("contracts: other"),
             "{messages:?}"
         );
+    }
+
+    #[test]
+    fn the_known_violation_column_round_trips_and_is_empty_in_older_reports() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(FALSIFICATION_CSV);
+        let known = FalsificationRow {
+            known_violation: "=loads a module after the upload, \"late\"".into(),
+            ..test_row("c", "K", Status::Falsified)
+        };
+        write_rows_atomic(&path, &[known.clone(), test_row("c", "A", Status::Passed)]).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with(",detail,known_violation"));
+        let rows: Vec<FalsificationRow> = read_rows(&path).unwrap();
+        assert_eq!(rows[0], known);
+        assert!(rows[0].expected_falsified() && !rows[1].expected_falsified());
+
+        // A report written before the column: no trial expected falsified.
+        let mut old = csv::Reader::from_path(&path).unwrap();
+        let headers = old.headers().unwrap().clone();
+        let keep = headers.len() - 1;
+        let mut writer = csv::Writer::from_path(dir.path().join("old.csv")).unwrap();
+        writer.write_record(headers.iter().take(keep)).unwrap();
+        for record in old.records() {
+            writer
+                .write_record(record.unwrap().iter().take(keep))
+                .unwrap();
+        }
+        writer.flush().unwrap();
+        let rows: Vec<FalsificationRow> = read_rows(&dir.path().join("old.csv")).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert!(rows.iter().all(|r| r.known_violation.is_empty()));
+        assert_eq!(rows[0].status, Status::Falsified);
     }
 
     #[test]

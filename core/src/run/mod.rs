@@ -861,6 +861,11 @@ impl<S: Subject> Engine<S> {
             duration_ms,
             setup_ms,
             detail,
+            // The test's own trial only: a self-test judges the mutant.
+            known_violation: match &test.known_violation {
+                Some(known) if !trial.selftest => known.reason.clone(),
+                _ => String::new(),
+            },
         }
     }
 
@@ -1202,6 +1207,40 @@ mod tests {
             rows[3].detail.starts_with("mutant `inflated` caught"),
             "{}",
             rows[3].detail
+        );
+    }
+
+    /// A test known to be falsified says so in its own row (which still
+    /// records `falsified`), never in its self-test's.
+    #[test]
+    fn a_known_violation_is_recorded_on_the_tests_own_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = contract("toy-v1", false, &test("T-1", 3.0, 2.0, &[]));
+        // Set after loading: the toy, like qlora, refuses the key itself.
+        c.falsification_tests[0].known_violation = Some(crate::contract::KnownViolation {
+            subject: "toy".into(),
+            reason: "r".into(),
+            evidence: "e".into(),
+            source: "s.rs:1".into(),
+        });
+        let trials = plan::<Toy>(vec![c]);
+        let engine = Engine::<Toy>::new(RunOptions {
+            out_dir: dir.path().to_path_buf(),
+            ..RunOptions::default()
+        });
+        let statuses: Vec<Status> = trials.iter().map(|t| engine.run(t).status).collect();
+        assert_eq!(statuses, [Status::Falsified, Status::Passed]);
+        let rows: Vec<(Status, String)> = engine
+            .rows()
+            .into_iter()
+            .map(|r| (r.status, r.known_violation))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (Status::Falsified, "r".into()),
+                (Status::Passed, String::new())
+            ]
         );
     }
 

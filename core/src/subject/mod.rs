@@ -48,6 +48,13 @@ pub trait Subject: Send + Sync + Sized + 'static {
     /// The subject's name, e.g. `qlora`: recorded in `run.json`, and the
     /// folder of its baselines, `reports/baseline/<subject>/<gpu-kind>/`.
     const NAME: &'static str;
+    /// Whether a contract may mark a test as known to be falsified on this
+    /// subject (`known_violation`, naming [`Subject::NAME`]). Only for a
+    /// stack we do not own, whose broken claims are findings to report; a
+    /// stack of our own (qlora) keeps the default, `false`: its failures
+    /// are bugs to fix, never to excuse. A contract that names a subject
+    /// that does not accept them is refused when it loads.
+    const ACCEPTS_KNOWN_VIOLATIONS: bool = false;
     /// What a `cuda` trial gets (qlora: its GPU context). [`NoDevice`] for a
     /// subject without GPU code.
     type Device: Send;

@@ -43,6 +43,7 @@ pub fn row(run_id: &str, contract: &str, test_id: String, i: usize) -> Falsifica
         unit: String::new(),
         duration_ms: i as f64 + 0.5,
         setup_ms: Some(0.25),
+        known_violation: String::new(),
     }
 }
 

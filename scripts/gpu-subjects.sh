@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The subjects outside the root workspace, on the GPU machine: the example
+# subject (examples/subject-axpy) and aprender-train (subjects/aprender-train).
+# Their release test executables are built here first and staged in
+# .gpu/subjects/ (a GPU runner has no Rust toolchain):
+#
+#   scripts/gpu-subjects.sh stage          # here: build and copy the executables
+#   scripts/gpu-subjects.sh run OUTDIR     # on the GPU machine, from the repo root
+#
+# `run` starts each subject's contract suite from the subject's own folder
+# (its harness reads ./contracts first and writes ./reports/latest), twice for
+# aprender-train (a rerun must give the same verdicts), and packs the reports
+# into OUTDIR/subjects.tgz.
+set -uo pipefail
+cd "$(git rev-parse --show-toplevel)"
+stage=.gpu/subjects
+
+newest_test() { # newest executable named contracts-* (or nvrtc-*) under $1
+  find "$1" -maxdepth 1 -type f -perm -u+x -name "$2-*" -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2
+}
+
+case "${1:-}" in
+  stage)
+    set -e
+    mkdir -p "$stage"
+    cargo test --release --locked --no-run --manifest-path examples/subject-axpy/Cargo.toml --target-dir target
+    cp "$(newest_test target/release/deps contracts)" "$stage/axpy-contracts"
+    cp "$(newest_test target/release/deps nvrtc)" "$stage/axpy-nvrtc"
+    cargo test --release --locked --no-run --manifest-path subjects/aprender-train/Cargo.toml
+    cp "$(newest_test subjects/aprender-train/target/release/deps contracts)" "$stage/aprender-contracts"
+    strip "$stage"/* 2>/dev/null || true
+    du -sh "$stage"/*
+    ;;
+  run)
+    out=${2:?usage: scripts/gpu-subjects.sh run OUTDIR}
+    work=$(mktemp -d)/subjects
+    mkdir -p "$work"
+    root=$(pwd)
+    (cd examples/subject-axpy && rm -rf reports/latest &&
+      "$root/$stage/axpy-nvrtc" --include-ignored > "$work/axpy-nvrtc.log" 2>&1
+      echo "axpy nvrtc exit $?" >> "$work/summary.txt"
+      "$root/$stage/axpy-contracts" --test-threads 1 > "$work/axpy.log" 2>&1
+      echo "axpy contracts exit $?" >> "$work/summary.txt"
+      cp -r reports/latest "$work/axpy")
+    for run in 1 2; do
+      (cd subjects/aprender-train && rm -rf reports/latest &&
+        "$root/$stage/aprender-contracts" --test-threads 1 > "$work/aprender-run$run.log" 2>&1
+        echo "aprender-train run$run exit $?" >> "$work/summary.txt"
+        cp -r reports/latest "$work/aprender-run$run")
+    done
+    python3 scripts/compare-verdicts.py "$work/aprender-run1/falsification.csv" \
+      "$work/aprender-run2/falsification.csv" >> "$work/summary.txt" 2>&1
+    grep -h "test result" "$work"/*.log >> "$work/summary.txt"
+    tar czf "$out/subjects.tgz" -C "$(dirname "$work")" subjects
+    cat "$work/summary.txt"
+    ;;
+  *)
+    echo "usage: scripts/gpu-subjects.sh stage | run OUTDIR" >&2
+    exit 2
+    ;;
+esac
