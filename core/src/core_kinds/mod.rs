@@ -16,12 +16,16 @@
 //! [`CoreMutant::refuses`], the checks it cannot take effect on.
 
 mod check;
+pub mod drive;
 mod driver_target_parity;
+mod evidence;
 mod mutant;
 mod train;
 
+use falsify_observer::DriverObserver;
+
 use crate::check::{Backend, Here, KindInfo, Measurement, Validate, CUDA, DEFAULT_TIMEOUT_S};
-use crate::subject::{Subject, TrialContext};
+use crate::subject::{Subject, TrainSetup, TrialContext};
 
 pub use check::{kinds_markdown, Check};
 pub use mutant::{CoreMutant, MutantName};
@@ -33,6 +37,9 @@ pub struct CoreTrial<'c, 'a, S: Subject> {
     pub cx: &'c mut TrialContext<'a, S>,
     /// The core mutant of a self-test (or `--inject`) trial.
     pub mutant: Option<CoreMutant>,
+    /// The driver observer, attached in this process for a check that
+    /// [observes the driver](CoreCheck::observes_driver); `None` otherwise.
+    pub observer: Option<&'c DriverObserver>,
 }
 
 /// A core kind's parameters: parsed strictly, checked across fields
@@ -57,6 +64,13 @@ pub trait CoreCheck: Validate {
     /// the driver mutants can take effect on it).
     fn observes_driver(&self) -> bool {
         false
+    }
+
+    /// The training this check drives, for the workload's process
+    /// environment ([`Workload::process_env`](crate::subject::Workload::process_env));
+    /// `None` for a check that trains nothing.
+    fn train_setup(&self, _seed: u64) -> Option<TrainSetup> {
+        None
     }
 
     /// See [`Kind::unjudged_on`](crate::subject::Kind::unjudged_on).
@@ -128,6 +142,13 @@ macro_rules! core_kinds {
             pub fn observes_driver(&self) -> bool {
                 match self {
                     $(Self::$variant(p) => p.observes_driver(),)*
+                }
+            }
+
+            /// See [`CoreCheck::train_setup`].
+            pub fn train_setup(&self, seed: u64) -> Option<TrainSetup> {
+                match self {
+                    $(Self::$variant(p) => p.train_setup(seed),)*
                 }
             }
 
