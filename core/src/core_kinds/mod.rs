@@ -17,6 +17,8 @@
 
 mod check;
 pub mod drive;
+mod driver_capture;
+mod driver_prewarm;
 mod driver_target_parity;
 mod evidence;
 mod mutant;
@@ -190,4 +192,8 @@ macro_rules! core_kinds {
 core_kinds! {
     DriverTargetParity(driver_target_parity) "driver_target_parity", CUDA,
         "module images the CUDA driver loads while the subject trains whose target is not the device's sm_XY (observed, not asked)";
+    DriverPrewarm(driver_prewarm) "driver_prewarm", CUDA,
+        "module loads and JIT compilations the CUDA driver sees after the subject's weights are uploaded (observed, not asked)";
+    DriverCapture(driver_capture) "driver_capture", CUDA,
+        "host syncs inside the subject's CUDA-graph captures, with capture results, replays and syncs per step (observed, not asked)";
 }

@@ -62,6 +62,9 @@ pub(super) fn observes_driver<K: KindSet>(check: &Check<K>) -> bool {
     matches!(check, Check::Core(kind) if kind.observes_driver())
 }
 
+/// Variables a trial process starts with, as `(name, value)`.
+pub(super) type ProcessEnv = Vec<(String, String)>;
+
 /// The environment a trial process of `check` starts with, and the scratch
 /// folder made for it (removed when the guard drops, after the process):
 /// the workload's [`process_env`](crate::subject::Workload::process_env)
@@ -70,7 +73,7 @@ pub(super) fn observes_driver<K: KindSet>(check: &Check<K>) -> bool {
 pub(super) fn process_env<S: Subject>(
     check: &Check<S::Kinds>,
     seed: u64,
-) -> Result<(Vec<(String, String)>, Option<tempfile::TempDir>)> {
+) -> Result<(ProcessEnv, Option<tempfile::TempDir>)> {
     let (Check::Core(kind), Some(workload)) = (check, S::workload()) else {
         return Ok((Vec::new(), None));
     };
@@ -80,7 +83,7 @@ pub(super) fn process_env<S: Subject>(
     let scratch = tempfile::Builder::new()
         .prefix("falsify-trial-")
         .tempdir()
-        .map_err(|e| Error::io(&std::env::temp_dir(), e))?;
+        .map_err(|e| Error::io(std::env::temp_dir(), e))?;
     let env = workload.process_env(&setup, scratch.path());
     Ok((env, Some(scratch)))
 }
