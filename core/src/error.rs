@@ -87,14 +87,24 @@ pub enum Error {
     #[error("CUDA unavailable: {0}")]
     CudaUnavailable(String),
 
-    /// An error of the subject under test (its device, its helpers).
     /// A workload arm (a helper process that trains one arm of a two-arm
     /// comparison) could not run or answer.
     #[error("workload arm: {0}")]
     Arm(String),
 
+    /// An error of the subject under test (its device, its helpers, its
+    /// workload).
     #[error(transparent)]
     Subject(BoxError),
+
+    /// The driver observer could not attach, record or inject.
+    #[error("driver observer: {0}")]
+    Observer(#[from] falsify_observer::ObserverError),
+
+    /// A driver-observed check whose evidence cannot be judged (e.g. the
+    /// upload point never reached: the workload's byte count is wrong).
+    #[error("{0}")]
+    Unjudgeable(String),
 }
 
 /// `Result` with [`Error`].

@@ -111,6 +111,16 @@ fn found(library: libloading::Library, opened_as: String) -> CuptiLibrary {
     }
 }
 
+impl CuptiLibrary {
+    /// Loads CUPTI as [`DriverObserver::attach`](crate::DriverObserver::attach)
+    /// would, without subscribing: whether an observer can attach in this
+    /// process's environment (the error is the reason to skip a trial that
+    /// needs one, e.g. `CUPTI not found (tried ...)`).
+    pub fn probe() -> Result<CuptiLibrary, ObserverError> {
+        load()
+    }
+}
+
 /// Loads CUPTI so that cudarc's loader finds it; the error says everything
 /// that was tried.
 pub(crate) fn load() -> Result<CuptiLibrary, ObserverError> {

@@ -16,13 +16,19 @@
 //! [`CoreMutant::refuses`], the checks it cannot take effect on.
 
 mod check;
+pub mod drive;
+mod driver_capture;
+mod driver_prewarm;
 mod driver_target_parity;
+mod evidence;
 mod mutant;
 mod train;
 mod two_arms;
 
+use falsify_observer::DriverObserver;
+
 use crate::check::{Backend, Here, KindInfo, Measurement, Validate, CUDA, DEFAULT_TIMEOUT_S};
-use crate::subject::{Subject, TrialContext};
+use crate::subject::{Subject, TrainSetup, TrialContext};
 use crate::workload::{graph_loss_parity, graph_speedup};
 
 pub use check::{kinds_markdown, Check};
@@ -35,6 +41,9 @@ pub struct CoreTrial<'c, 'a, S: Subject> {
     pub cx: &'c mut TrialContext<'a, S>,
     /// The core mutant of a self-test (or `--inject`) trial.
     pub mutant: Option<CoreMutant>,
+    /// The driver observer, attached in this process for a check that
+    /// [observes the driver](CoreCheck::observes_driver); `None` otherwise.
+    pub observer: Option<&'c DriverObserver>,
 }
 
 /// A core kind's parameters: parsed strictly, checked across fields
@@ -59,6 +68,13 @@ pub trait CoreCheck: Validate {
     /// the driver mutants can take effect on it).
     fn observes_driver(&self) -> bool {
         false
+    }
+
+    /// The training this check drives, for the workload's process
+    /// environment ([`Workload::process_env`](crate::subject::Workload::process_env));
+    /// `None` for a check that trains nothing.
+    fn train_setup(&self, _seed: u64) -> Option<TrainSetup> {
+        None
     }
 
     /// See [`Kind::unjudged_on`](crate::subject::Kind::unjudged_on).
@@ -133,6 +149,13 @@ macro_rules! core_kinds {
                 }
             }
 
+            /// See [`CoreCheck::train_setup`].
+            pub fn train_setup(&self, seed: u64) -> Option<TrainSetup> {
+                match self {
+                    $(Self::$variant(p) => p.train_setup(seed),)*
+                }
+            }
+
             /// See [`CoreCheck::unjudged_on`].
             pub fn unjudged_on(&self, backend: Backend, here: &Here) -> Option<String> {
                 match self {
@@ -171,6 +194,10 @@ macro_rules! core_kinds {
 core_kinds! {
     DriverTargetParity(driver_target_parity) "driver_target_parity", CUDA,
         "module images the CUDA driver loads while the subject trains whose target is not the device's sm_XY (observed, not asked)";
+    DriverPrewarm(driver_prewarm) "driver_prewarm", CUDA,
+        "module loads and JIT compilations the CUDA driver sees after the subject's weights are uploaded (observed, not asked)";
+    DriverCapture(driver_capture) "driver_capture", CUDA,
+        "host syncs inside the subject's CUDA-graph captures, with capture results, replays and syncs per step (observed, not asked)";
     GraphLossParity(graph_loss_parity) "graph_loss_parity", CUDA,
         "largest absolute difference of the graphed and un-graphed losses at checkpoint steps, each arm of the subject's workload a process of its own";
     GraphSpeedup(graph_speedup) "graph_speedup", CUDA,

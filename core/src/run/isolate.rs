@@ -196,10 +196,17 @@ pub enum ChildEnd {
     Failed(String),
 }
 
+/// The trial process to start: the command, and the environment it adds
+/// (a workload's [`process_env`](crate::subject::Workload::process_env)).
+pub struct Child<'a> {
+    pub command: &'a ChildCommand,
+    pub env: &'a [(String, String)],
+}
+
 /// Starts a child for `request`, waits at most `timeout`, and says how it
 /// ended. `interrupted` is the run's stop flag: once set, the child is killed.
 pub fn run_in_child<S: Subject>(
-    command: &ChildCommand,
+    Child { command, env }: Child<'_>,
     request: &ChildRequest<S>,
     timeout: Duration,
     interrupted: &AtomicBool,
@@ -210,6 +217,7 @@ pub fn run_in_child<S: Subject>(
     };
     let mut cmd = Command::new(&command.program);
     cmd.args(&command.args).arg(CHILD_FLAG);
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     let mut child = match Piped::start(&mut cmd, json.into_bytes()) {
         Ok(c) => c,
         Err(e) => {

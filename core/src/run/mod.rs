@@ -4,6 +4,7 @@
 //! and collects the report rows.
 
 mod isolate;
+mod observe;
 
 use std::collections::{BTreeSet, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -287,6 +288,8 @@ pub struct Engine<S: Subject> {
     process_start: Mutex<Option<Instant>>,
     /// The names of the trials this run selected (see [`Engine::select`]).
     selected: Mutex<BTreeSet<String>>,
+    /// The driver observer, for the core's driver-observed kinds only.
+    driver: observe::DriverAccess,
 }
 
 /// What planning found out about this machine.
@@ -361,6 +364,7 @@ impl<S: Subject> Engine<S> {
             gpu_turn: Mutex::new(()),
             interrupted: AtomicBool::new(false),
             selected: Mutex::new(BTreeSet::new()),
+            driver: observe::DriverAccess::default(),
         }
     }
 
@@ -459,6 +463,7 @@ impl<S: Subject> Engine<S> {
     /// that does not fit. Such a trial is ignored and recorded `skipped`.
     pub fn unjudged(&self, trial: &TrialSpec<S>) -> Option<String> {
         unjudged_on(trial, &self.planned(trial.backend))
+            .or_else(|| self.driver.unjudged(&trial.test().check))
     }
 
     /// Whether a cuda trial ran (was not skipped) in this run.
@@ -573,18 +578,39 @@ impl<S: Subject> Engine<S> {
         let request = ChildRequest::new(&self.options, trial, &self.meta);
         let timeout = trial.timeout();
         let started = Instant::now();
-        match isolate::run_in_child(command, &request, timeout, &self.interrupted) {
+        let seed = trial_seed(
+            self.options.seed,
+            &trial.contract.metadata.id,
+            &trial.test().id,
+        );
+        // The scratch folder lives until the trial's process has ended.
+        let (env, _scratch) = match observe::process_env::<S>(&trial.test().check, seed) {
+            Ok(made) => made,
+            Err(e) => return self.record_failure(trial, started, &e.to_string()),
+        };
+        let child = isolate::Child { command, env: &env };
+        match isolate::run_in_child(child, &request, timeout, &self.interrupted) {
             isolate::ChildEnd::Replied(reply) => self.record_reply(*reply),
             isolate::ChildEnd::Interrupted => {
                 isolate::failed_outcome("not finished: the run was interrupted")
             }
-            isolate::ChildEnd::Failed(cause) => {
-                let duration_ms = started.elapsed().as_secs_f64() * 1e3;
-                let row = self.row(trial, Status::Error, None, duration_ms, None, cause.clone());
-                lock(&self.rows).push(row);
-                isolate::failed_outcome(&cause)
-            }
+            isolate::ChildEnd::Failed(cause) => self.record_failure(trial, started, &cause),
         }
+    }
+
+    /// Records an `error` row for a trial whose process gave no answer.
+    fn record_failure(&self, trial: &TrialSpec<S>, started: Instant, cause: &str) -> TrialOutcome {
+        let duration_ms = started.elapsed().as_secs_f64() * 1e3;
+        let row = self.row(
+            trial,
+            Status::Error,
+            None,
+            duration_ms,
+            None,
+            cause.to_string(),
+        );
+        lock(&self.rows).push(row);
+        isolate::failed_outcome(cause)
     }
 
     /// Records the rows a trial process sent back.
@@ -629,9 +655,11 @@ impl<S: Subject> Engine<S> {
                 .execute(trial.backend, &mut cx)
                 .map_err(Failure::Subject),
             Check::Core(kind) => {
+                let observer = self.driver.for_check(&test.check).map_err(Failure::Core)?;
                 let core = CoreTrial {
                     cx: &mut cx,
                     mutant: mutant.as_ref().and_then(MutantName::core),
+                    observer,
                 };
                 kind.execute(trial.backend, core).map_err(Failure::Core)
             }

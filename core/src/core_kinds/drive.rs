@@ -1,0 +1,104 @@
+//! Drives a subject's workload under the driver observer: the region every
+//! driver-observed kind judges.
+//!
+//! Per trial: [`Workload::upload_bytes`](crate::subject::Workload::upload_bytes),
+//! then, inside one observed region with the core mutant's injection armed,
+//! `prepare` (a marker `prepared` after it) and `steps` steps (a marker
+//! `step i` before each); the region always ends, whatever failed.
+
+use falsify_observer::{DriverObserver, Injection, Recording, Sm};
+
+use super::train::Training;
+use super::{CoreMutant, CoreTrial};
+use crate::subject::{OwnCounts, Subject, TrainSetup};
+use crate::{Error, Result};
+
+/// What an observed run of the workload left to judge.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    pub recording: Recording,
+    /// The subject's own counters after the last step, where it keeps them.
+    pub own: Option<OwnCounts>,
+    /// The workload's upload byte count for this setup.
+    pub upload_bytes: u64,
+    /// The device's architecture.
+    pub device: Sm,
+    /// The loss of each step.
+    pub losses: Vec<f32>,
+}
+
+/// The injection that makes `mutant` happen, on a `device` whose workload
+/// uploads `upload_bytes`; `None` for a mutant the observer does not inject
+/// (the two-arm kinds apply theirs to an arm).
+pub fn injection(mutant: CoreMutant, upload_bytes: u64, device: Sm) -> Option<Injection> {
+    match mutant {
+        CoreMutant::DriverOlderTargetModule => Some(Injection::older_target(device)),
+        CoreMutant::DriverModuleAfterUpload => {
+            Some(Injection::module_after_upload(upload_bytes, device))
+        }
+        CoreMutant::DriverSyncInsideCapture => Some(Injection::sync_inside_capture()),
+        CoreMutant::WorkloadGraphArmLearningRateDoubled | CoreMutant::WorkloadGraphArmSlowed => {
+            None
+        }
+    }
+}
+
+/// The setup, trained under the observer; a workload's error is the
+/// subject's, an observer's is [`Error::Observer`].
+pub fn observe<S: Subject>(
+    trial: CoreTrial<'_, '_, S>,
+    training: &Training<'_>,
+) -> Result<Observed> {
+    let workload = S::workload().ok_or_else(|| {
+        Error::Unjudgeable(format!("subject `{}` has no training workload", S::NAME))
+    })?;
+    let observer = trial.observer.ok_or_else(|| {
+        Error::Unjudgeable("no driver observer is attached in this trial's process".into())
+    })?;
+    let cx = trial.cx;
+    let setup = training.setup(cx.seed);
+    let upload_bytes = workload.upload_bytes(&setup).map_err(Error::Subject)?;
+    let device = cx
+        .device
+        .as_deref_mut()
+        .ok_or_else(|| Error::CudaUnavailable("a driver-observed trial needs the device".into()))?;
+    let (major, minor) = S::device_facts(device).compute_capability;
+    let sm = Sm::new(major, minor);
+    let injections: Vec<Injection> = trial
+        .mutant
+        .and_then(|m| injection(m, upload_bytes, sm))
+        .into_iter()
+        .collect();
+    let subject_mutant = cx.mutant.as_ref();
+    let (trained, recording) = observer.record(injections, |observer| {
+        train::<S>(observer, workload, device, &setup, subject_mutant)
+    })?;
+    let (losses, own) = trained?;
+    Ok(Observed {
+        recording,
+        own,
+        upload_bytes,
+        device: sm,
+        losses,
+    })
+}
+
+/// The observed region: prepare, then the steps, each behind its marker.
+fn train<S: Subject>(
+    observer: &DriverObserver,
+    workload: &dyn crate::subject::Workload<S>,
+    device: &mut S::Device,
+    setup: &TrainSetup,
+    mutant: Option<&S::Mutant>,
+) -> Result<(Vec<f32>, Option<OwnCounts>)> {
+    let mut session = workload
+        .prepare(device, setup, mutant)
+        .map_err(Error::Subject)?;
+    observer.mark("prepared")?;
+    let mut losses = Vec::with_capacity(setup.steps);
+    for step in 1..=setup.steps {
+        observer.mark(format!("step {step}"))?;
+        losses.push(session.step().map_err(Error::Subject)?);
+    }
+    Ok((losses, session.own_counts()))
+}
