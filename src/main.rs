@@ -98,7 +98,7 @@ enum Command {
     },
     /// Print the reference of the check kinds (Markdown): what each
     /// measures, where it runs, and its parameters with their defaults and
-    /// bounds. The README's "Check kinds" section holds a copy of it.
+    /// bounds. docs/src/reference/kinds.md holds a copy of it.
     Kinds,
 }
 

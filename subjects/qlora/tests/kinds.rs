@@ -1,6 +1,7 @@
 //! The check kinds' parameter reference is current.
 //!
-//! The README holds the output of `falsify kinds` verbatim; each kind's
+//! The book's reference page (docs/src/reference/kinds.md) holds the
+//! output of `falsify kinds` verbatim; each kind's
 //! documented parameters are exactly the keys its serde `Params` accepts,
 //! its documented spellings are serde's, and each default written as YAML is
 //! the one the parser fills in.
@@ -17,17 +18,17 @@ const END: &str = "<!-- kinds:end -->";
 /// A key and a value no kind accepts.
 const BAD: &str = "zzz_not_accepted";
 
-/// The text between the README's two markers.
-fn readme_block() -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
-    let text = std::fs::read_to_string(path).expect("README.md");
+/// The text between the reference page's two markers.
+fn reference_block() -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/src/reference/kinds.md");
+    let text = std::fs::read_to_string(path).expect("docs/src/reference/kinds.md");
     let start = text
         .find(BEGIN)
-        .expect("README.md has `<!-- kinds:begin -->`")
+        .expect("kinds.md has `<!-- kinds:begin -->`")
         + BEGIN.len();
     let len = text[start..]
         .find(END)
-        .expect("README.md has `<!-- kinds:end -->` after the begin marker");
+        .expect("kinds.md has `<!-- kinds:end -->` after the begin marker");
     text[start..start + len].to_string()
 }
 
@@ -49,8 +50,8 @@ fn serde_expected(error: &str) -> Vec<String> {
 }
 
 #[test]
-fn the_readme_lists_the_kinds_as_generated() {
-    let (readme, generated) = (readme_block(), reference_markdown());
+fn the_reference_page_lists_the_kinds_as_generated() {
+    let (readme, generated) = (reference_block(), reference_markdown());
     if readme != generated {
         let line = readme
             .lines()
@@ -58,7 +59,7 @@ fn the_readme_lists_the_kinds_as_generated() {
             .position(|(a, b)| a != b)
             .unwrap_or_else(|| readme.lines().count().min(generated.lines().count()));
         panic!(
-            "README.md's check kinds are not current (first difference at line {} of the block: {:?} vs generated {:?}); \
+            "docs/src/reference/kinds.md's check kinds are not current (first difference at line {} of the block: {:?} vs generated {:?}); \
              run `cargo run --release -- kinds` and paste its output between `<!-- kinds:begin -->` and `<!-- kinds:end -->`",
             line + 1,
             readme.lines().nth(line),
