@@ -115,13 +115,15 @@ const CORE_MODULES: &[(&str, &[&str])] = &[
 ];
 
 /// The qlora subject's top-level modules, likewise. The oracle is a leaf
-/// beside the error type: it names no check, mutant or rank.
+/// beside the error type: it names no check, mutant or rank. The training
+/// workload (for the core's driver-observed kinds) sits on the checks.
 const QLORA_SUBJECT_MODULES: &[(&str, &[&str])] = &[
     ("error", &[]),
     ("reference", &["error"]),
     ("mutant", &["error", "reference"]),
     ("ranks", &["error", "mutant"]),
     ("check", &["error", "reference", "mutant", "ranks"]),
+    ("workload", &["error", "mutant", "check"]),
 ];
 
 fn root() -> PathBuf {

@@ -9,7 +9,8 @@
 //! Layout: [`check`] (the kinds, registered with `falsify_core::kinds!`),
 //! [`reference`](mod@reference) (the CPU oracle), [`mutant`] (named faults, mapped to the
 //! stack's fault knobs or to faulty oracle variants), [`ranks`]
-//! (data-parallel ranks as helper processes), and [`Qlora`], the
+//! (data-parallel ranks as helper processes), [`workload`] (the trainer
+//! the core's driver-observed kinds drive), and [`Qlora`], the
 //! [`Subject`] the core's engine, CLI and `harness!{}` run. The stack knows
 //! nothing of this crate.
 
@@ -18,10 +19,11 @@ pub mod error;
 pub mod mutant;
 pub mod ranks;
 pub mod reference;
+pub mod workload;
 
 use std::path::PathBuf;
 
-use falsify_core::{DeviceFacts, DeviceOptions, HelperRole, Subject};
+use falsify_core::{DeviceFacts, DeviceOptions, HelperRole, Subject, Workload};
 use qlora::gpu::{GemmMath, GpuContext, GpuOptions};
 use serde::{Deserialize, Serialize};
 
@@ -72,6 +74,12 @@ impl Subject for Qlora {
     /// would not fit the device's memory.
     fn does_not_fit(error: &Error) -> bool {
         matches!(error, Error::Stack(qlora::Error::OutOfMemory { .. }))
+    }
+
+    /// The GPU trainer of the model presets, for the core's driver-observed
+    /// kinds.
+    fn workload() -> Option<&'static dyn Workload<Self>> {
+        Some(&workload::QloraTraining)
     }
 
     fn helpers() -> &'static [HelperRole] {

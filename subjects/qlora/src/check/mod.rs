@@ -97,21 +97,31 @@ pub(crate) fn require_gpu<'a, 'b>(cx: &'a mut TrialContext<'b>) -> Result<&'a mu
             "this check needs a GPU context".into(),
         ));
     };
+    no_faults_left(gpu)?;
+    Ok(gpu)
+}
+
+/// An error if a fault knob is on before a trial's work starts (the knobs
+/// are turned off then, and the trial is not trusted).
+pub(crate) fn no_faults_left(gpu: &mut GpuContext) -> Result<()> {
     let left = gpu.faults();
     if left.any() {
         drop(gpu.with_faults(Faults::NONE));
         return Err(crate::Error::FaultsLeftOn(format!("{left:?}")));
     }
-    Ok(gpu)
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use falsify_core::core_kinds::Check;
+
     use super::*;
 
     /// The registry, the parser and `kind_name` name the same kinds: each
     /// registered name parses as a kind (its missing parameters aside), and
-    /// each check of the shipped contracts has a registry entry.
+    /// each check of the shipped contracts has a registry entry (the
+    /// subject's, or the core's for a core kind).
     #[test]
     fn the_registry_and_the_parser_agree() {
         for kind in KINDS {
@@ -128,8 +138,12 @@ mod tests {
             .flat_map(|c| &c.falsification_tests)
         {
             let name = test.check.kind_name();
+            let registry = match &test.check {
+                Check::Core(_) => falsify_core::core_kinds::CORE_KINDS,
+                Check::Subject(_) => KINDS,
+            };
             assert!(
-                KINDS.iter().any(|k| k.name == name),
+                registry.iter().any(|k| k.name == name),
                 "{name} is not registered"
             );
         }
