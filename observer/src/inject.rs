@@ -41,14 +41,21 @@ pub enum Injection {
     /// invalidates the capture, whose end then fails; a no-sync-in-capture
     /// check must report the sync.
     SyncInsideCapture { scope: SyncScope },
+    /// When the region's first kernel launch whose name starts with
+    /// `kernel_prefix` returns, copy `bytes` device to host (synchronously,
+    /// from a device allocation the injection makes and frees). A check of
+    /// host traffic in a span of kernels must report it.
+    CopyToHostAfterKernel { kernel_prefix: String, bytes: u64 },
 }
 
 /// When an armed injection fires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Trigger {
+pub(crate) enum Trigger<'a> {
     FirstModuleLoad,
     HostToDeviceBytes(u64),
     CaptureBegin,
+    /// A kernel launch whose name starts with the prefix.
+    KernelLaunch(&'a str),
 }
 
 /// A driver call an injection makes; also what
@@ -60,6 +67,9 @@ pub enum Action {
     /// Synchronise `stream` (a `CUstream`'s address; 0 is the legacy default
     /// stream) or, with [`SyncScope::Context`], the current context.
     Synchronize { scope: SyncScope, stream: u64 },
+    /// Copy `bytes` device to host with `cuMemcpyDtoH_v2`, from a device
+    /// allocation made (and freed) for the purpose.
+    CopyToHost { bytes: u64 },
 }
 
 impl Injection {
@@ -86,11 +96,23 @@ impl Injection {
         }
     }
 
-    pub(crate) fn trigger(&self) -> Trigger {
+    /// The copy-in-span mutant: 4 bytes copied device to host right after
+    /// the first launch of a kernel whose name starts with `kernel_prefix`.
+    pub fn copy_to_host_after_kernel(kernel_prefix: impl Into<String>) -> Self {
+        Self::CopyToHostAfterKernel {
+            kernel_prefix: kernel_prefix.into(),
+            bytes: 4,
+        }
+    }
+
+    pub(crate) fn trigger(&self) -> Trigger<'_> {
         match self {
             Self::OlderTargetModule { .. } => Trigger::FirstModuleLoad,
             Self::ModuleAfterUpload { h2d_bytes, .. } => Trigger::HostToDeviceBytes(*h2d_bytes),
             Self::SyncInsideCapture { .. } => Trigger::CaptureBegin,
+            Self::CopyToHostAfterKernel { kernel_prefix, .. } => {
+                Trigger::KernelLaunch(kernel_prefix)
+            }
         }
     }
 
@@ -104,6 +126,7 @@ impl Injection {
                 scope: *scope,
                 stream,
             },
+            Self::CopyToHostAfterKernel { bytes, .. } => Action::CopyToHost { bytes: *bytes },
         }
     }
 }
@@ -203,7 +226,44 @@ pub(crate) fn perform(action: &Action) -> Performed {
                 kind: EventKind::Sync { on, handle },
             }
         }
+        Action::CopyToHost { bytes } => copy_to_host(bytes),
     }
+}
+
+/// Copies `bytes` device to host from an allocation of its own. Where the
+/// allocation is refused (inside a stream capture, say), the copy is
+/// recorded with the allocation's error: it was asked for all the same.
+fn copy_to_host(bytes: u64) -> Performed {
+    let mut performed = Performed {
+        api: "cuMemcpyDtoH_v2",
+        result: CuResult::INVALID_VALUE,
+        kind: EventKind::Copy {
+            direction: crate::event::Direction::DeviceToHost,
+            bytes,
+            asynchronous: false,
+            stream: None,
+        },
+    };
+    let Ok(len) = usize::try_from(bytes) else {
+        return performed;
+    };
+    let mut host = vec![0u8; len];
+    // SAFETY: allocates `len` bytes of device memory in the current context;
+    // nothing else holds the allocation, freed below.
+    match unsafe { cudarc::driver::result::malloc_sync(len) } {
+        Ok(device) => {
+            // SAFETY: `device` holds `len` bytes (allocated above) and
+            // `host` is `len` bytes long.
+            performed.result =
+                result_of(unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut host, device) });
+            // SAFETY: allocated above, not used after this.
+            if let Err(e) = unsafe { cudarc::driver::result::free_sync(device) } {
+                log::warn!("freeing the injected copy's device memory failed: {e:?}");
+            }
+        }
+        Err(e) => performed.result = CuResult(e.0 as u32),
+    }
+    performed
 }
 
 fn load_module(target: Sm) -> Performed {
@@ -279,5 +339,8 @@ mod tests {
                 stream: 5
             }
         );
+        let copy = Injection::copy_to_host_after_kernel("clip_");
+        assert_eq!(copy.trigger(), Trigger::KernelLaunch("clip_"));
+        assert_eq!(copy.action(5), Action::CopyToHost { bytes: 4 });
     }
 }

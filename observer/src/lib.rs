@@ -52,5 +52,5 @@ pub use image::{ImageFormat, ModuleImage};
 pub use inject::{Action, InjectedCall, Injection, InjectionReport, SyncScope};
 pub use library::CuptiLibrary;
 pub use observer::DriverObserver;
-pub use recording::{Capture, Recording, RecordingBuilder, StepSyncs, TargetMismatch};
+pub use recording::{Capture, Recording, RecordingBuilder, StepSpan, StepSyncs, TargetMismatch};
 pub use sm::Sm;

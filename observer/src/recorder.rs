@@ -74,10 +74,28 @@ pub(crate) struct Returned<'a> {
 
 /// What a returning program call may trigger.
 #[derive(Clone, Copy, Debug)]
-enum Met {
+enum Met<'e> {
     ModuleLoad,
     Upload(u64),
     CaptureBegin,
+    /// A kernel launch, with the kernel's name where CUPTI gave one.
+    KernelLaunch(Option<&'e str>),
+}
+
+impl Met<'_> {
+    /// Whether `trigger` fires on this call, the region's host-to-device
+    /// bytes having reached `h2d` with it.
+    fn meets(self, trigger: Trigger<'_>, h2d: u64) -> bool {
+        match (trigger, self) {
+            (Trigger::FirstModuleLoad, Met::ModuleLoad) => true,
+            (Trigger::HostToDeviceBytes(n), Met::Upload(_)) => h2d >= n,
+            (Trigger::CaptureBegin, Met::CaptureBegin) => true,
+            (Trigger::KernelLaunch(prefix), Met::KernelLaunch(Some(name))) => {
+                name.starts_with(prefix)
+            }
+            _ => false,
+        }
+    }
 }
 
 /// How a call changes the set of captures in progress.
@@ -262,40 +280,38 @@ impl Recorder {
         now: Instant,
         thread: impl FnOnce() -> ThreadId,
     ) -> Option<Action> {
-        let event = self.region.as_ref()?.events.get(index)?;
+        let region = self.region.as_ref()?;
+        let event = region.events.get(index)?;
         if event.failed() {
             return None;
         }
         let (seq, origin, stream) = (event.seq, event.origin, event.kind.stream().unwrap_or(0));
-        let met = match event.kind {
+        let met = match &event.kind {
             EventKind::ModuleLoad { .. } => Met::ModuleLoad,
             EventKind::Copy {
                 direction: Direction::HostToDevice,
                 bytes,
                 ..
-            } => Met::Upload(bytes),
+            } => Met::Upload(*bytes),
             EventKind::CaptureBegin { .. } => Met::CaptureBegin,
+            EventKind::KernelLaunch { name, .. } => Met::KernelLaunch(name.as_deref()),
             _ => return None,
         };
+        let h2d = match met {
+            Met::Upload(bytes) => region.h2d_bytes.saturating_add(bytes),
+            _ => region.h2d_bytes,
+        };
+        let slot = (region.running.is_none() && origin == Origin::Program)
+            .then(|| {
+                region.armed.iter().position(|a| {
+                    a.report.trigger_seq.is_none() && met.meets(a.injection.trigger(), h2d)
+                })
+            })
+            .flatten();
         let capture = self.stamp(Some(stream));
         let region = self.region.as_mut()?;
-        if let Met::Upload(bytes) = met {
-            region.h2d_bytes = region.h2d_bytes.saturating_add(bytes);
-        }
-        if region.running.is_some() || origin != Origin::Program {
-            return None;
-        }
-        let h2d = region.h2d_bytes;
-        let meets = |trigger: Trigger| match (trigger, met) {
-            (Trigger::FirstModuleLoad, Met::ModuleLoad) => true,
-            (Trigger::HostToDeviceBytes(n), Met::Upload(_)) => h2d >= n,
-            (Trigger::CaptureBegin, Met::CaptureBegin) => true,
-            _ => false,
-        };
-        let slot = region
-            .armed
-            .iter()
-            .position(|a| a.report.trigger_seq.is_none() && meets(a.injection.trigger()))?;
+        region.h2d_bytes = h2d;
+        let slot = slot?;
         let armed = &mut region.armed[slot];
         armed.report.trigger_seq = Some(seq);
         let action = armed.injection.action(stream);
@@ -321,7 +337,7 @@ impl Recorder {
     ) -> Result<(), ObserverError> {
         let stream = match action {
             Action::Synchronize { stream, .. } => Some(stream),
-            Action::LoadModule { .. } => None,
+            Action::LoadModule { .. } | Action::CopyToHost { .. } => None,
         };
         let capture = self.stamp(stream);
         let region = self.region.as_mut().ok_or(ObserverError::NotRecording)?;
@@ -698,6 +714,63 @@ mod tests {
         assert_eq!(triggers, [Some(1), Some(5), Some(7)]);
         // The third was never finished: it fired but made no call on record.
         assert!(recording.injections[0].fired() && !recording.injections[2].fired());
+    }
+
+    fn launch(name: Option<&str>) -> EventKind {
+        EventKind::KernelLaunch {
+            name: name.map(str::to_string),
+            stream: 7,
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+        }
+    }
+
+    #[test]
+    fn a_copy_fires_after_the_first_launch_of_a_kernel_named_by_its_prefix() {
+        let mut d = Driver::new();
+        let armed = vec![Injection::copy_to_host_after_kernel("squared_sum")];
+        d.recorder.start(armed, d.now).unwrap();
+        // Another kernel, a nameless one and a refused launch trigger nothing.
+        assert_eq!(
+            d.call("cuLaunchKernel", launch(Some("gemm")), CuResult::SUCCESS),
+            None
+        );
+        assert_eq!(
+            d.call("cuLaunchKernel", launch(None), CuResult::SUCCESS),
+            None
+        );
+        let refused = launch(Some("squared_sum_kernel"));
+        assert_eq!(d.call("cuLaunchKernel", refused, CuResult(700)), None);
+        let fired = d.call(
+            "cuLaunchKernel",
+            launch(Some("squared_sum_kernel")),
+            CuResult::SUCCESS,
+        );
+        assert_eq!(fired, Some(Action::CopyToHost { bytes: 4 }));
+        let performed = Performed {
+            api: "cuMemcpyDtoH_v2",
+            result: CuResult::SUCCESS,
+            kind: EventKind::Copy {
+                direction: Direction::DeviceToHost,
+                bytes: 4,
+                asynchronous: false,
+                stream: None,
+            },
+        };
+        d.recorder.finish_injection(performed, d.now);
+        // Once only.
+        assert_eq!(
+            d.call(
+                "cuLaunchKernel",
+                launch(Some("squared_sum_kernel")),
+                CuResult::SUCCESS
+            ),
+            None
+        );
+        let recording = d.recorder.stop().unwrap();
+        assert_eq!(recording.injections[0].trigger_seq, Some(3));
+        let copy = &recording.events[4];
+        assert!(copy.is_injected() && copy.is_host_sync(), "{copy:?}");
     }
 
     fn performed_load(target: Sm) -> Performed {

@@ -107,6 +107,21 @@ pub struct StepSyncs {
     pub host_syncs_inside_capture: usize,
 }
 
+/// Within one marked step, the span from the first launch of one kernel to
+/// the last launch of another, and the host traffic inside it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepSpan<'r> {
+    pub label: String,
+    pub marker_seq: u64,
+    /// The first and last event of the span (both launches, inclusive);
+    /// `None` when the step launched no `from` kernel, or no `to` kernel at
+    /// or after it.
+    pub span: Option<(u64, u64)>,
+    /// The device-to-host copies and the synchronisations inside the span,
+    /// whatever the driver answered.
+    pub traffic: Vec<&'r Event>,
+}
+
 impl Recording {
     pub fn events(&self) -> &[Event] {
         &self.events
@@ -246,6 +261,45 @@ impl Recording {
         steps
     }
 
+    /// For each marker whose label starts with `step`, the span from the
+    /// step's first program launch of a kernel whose name starts with
+    /// `from_kernel` to its last program launch of one whose name starts with
+    /// `to_kernel`, and the host traffic in it: device-to-host copies (sync
+    /// or not) and context, stream and event synchronisations, injected ones
+    /// included.
+    pub fn host_traffic_in_spans(&self, from_kernel: &str, to_kernel: &str) -> Vec<StepSpan<'_>> {
+        let mut steps = Vec::new();
+        let mut starts = self
+            .events
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| match &e.kind {
+                EventKind::Marker { label } => Some((i, e.seq, label)),
+                _ => None,
+            })
+            .peekable();
+        while let Some((at, marker_seq, label)) = starts.next() {
+            let until = starts.peek().map_or(self.events.len(), |&(next, ..)| next);
+            if !label.starts_with("step") {
+                continue;
+            }
+            let step = &self.events[at + 1..until];
+            let span = kernel_span(step, from_kernel, to_kernel);
+            let traffic = span.map_or_else(Vec::new, |(first, last)| {
+                step.iter()
+                    .filter(|e| (first..=last).contains(&e.seq) && is_host_traffic(e))
+                    .collect()
+            });
+            steps.push(StepSpan {
+                label: label.clone(),
+                marker_seq,
+                span,
+                traffic,
+            });
+        }
+        steps
+    }
+
     /// Every stream capture begun in the region, with its end, its graph's
     /// instantiations and their launches (handles matched to the latest
     /// capture that made them). Captures begun before the region are left out.
@@ -337,6 +391,35 @@ impl Recording {
             })
             .sum()
     }
+}
+
+/// The program's launches of kernels named with a prefix.
+fn launched<'e>(events: &'e [Event], prefix: &'e str) -> impl Iterator<Item = u64> + 'e {
+    events.iter().filter_map(move |e| match &e.kind {
+        EventKind::KernelLaunch {
+            name: Some(name), ..
+        } if name.starts_with(prefix) && e.origin == Origin::Program => Some(e.seq),
+        _ => None,
+    })
+}
+
+/// The first `from` launch and the last `to` launch at or after it.
+fn kernel_span(events: &[Event], from: &str, to: &str) -> Option<(u64, u64)> {
+    let first = launched(events, from).next()?;
+    let last = launched(events, to).filter(|&s| s >= first).last()?;
+    Some((first, last))
+}
+
+/// A device-to-host copy or a synchronisation.
+fn is_host_traffic(e: &Event) -> bool {
+    matches!(
+        e.kind,
+        EventKind::Sync { .. }
+            | EventKind::Copy {
+                direction: Direction::DeviceToHost,
+                ..
+            }
+    )
 }
 
 impl Capture {
@@ -752,6 +835,38 @@ mod tests {
         assert_eq!(jit, ["cuLinkAddData_v2"]);
         let upload = recording.upload_point(10).unwrap().seq;
         assert_eq!(recording.loads_after(upload).len(), 2);
+    }
+
+    #[test]
+    fn host_traffic_is_counted_between_the_first_and_last_named_launches() {
+        let mut b = RecordingBuilder::new();
+        b.mark("prepared");
+        b.call("cuLaunchKernel", launch("clip_a"));
+        b.mark("step 1");
+        b.call("cuStreamSynchronize", sync(SyncOn::Stream));
+        b.call("cuLaunchKernel", launch("clip_a"));
+        b.call(
+            "cuMemcpyDtoHAsync_v2",
+            copy(Direction::DeviceToHost, 4, true),
+        );
+        b.call("cuLaunchKernel", launch("clip_z"));
+        b.call("cuEventSynchronize", sync(SyncOn::Event));
+        b.call("cuLaunchKernel", launch("clip_z"));
+        b.call("cuMemcpyHtoD_v2", copy(Direction::HostToDevice, 4, false));
+        b.call("cuCtxSynchronize", sync(SyncOn::Context));
+        b.mark("step 2");
+        b.call("cuLaunchKernel", launch("clip_z"));
+        b.call("cuStreamSynchronize", sync(SyncOn::Stream));
+        b.call("cuLaunchKernel", launch("clip_a"));
+        let recording = b.build();
+        let spans = recording.host_traffic_in_spans("clip_a", "clip_z");
+        assert_eq!(spans.len(), 2, "steps only, not `prepared`");
+        assert_eq!(spans[0].label, "step 1");
+        assert_eq!(spans[0].span, Some((4, 8)));
+        let apis: Vec<&str> = spans[0].traffic.iter().map(|e| e.api.as_str()).collect();
+        assert_eq!(apis, ["cuMemcpyDtoHAsync_v2", "cuEventSynchronize"]);
+        // A `to` launch only before the first `from` launch: no span.
+        assert_eq!((spans[1].span, spans[1].traffic.len()), (None, 0));
     }
 
     #[test]

@@ -203,3 +203,45 @@ fn the_two_arm_kinds_take_their_own_mutants_only() {
     );
     assert!(message.contains("nope"), "{message}");
 }
+
+const SPAN: &str = "{kind: driver_span_traffic, model: toy-model, steps: 2, from_kernel: squared_sum, to_kernel: gradient_clip}";
+
+/// The span kind loads with its mutant (and the general driver mutants);
+/// its mutant is refused elsewhere, and its kernel names are required and
+/// non-empty.
+#[test]
+fn the_span_kind_takes_its_own_mutant_and_needs_its_kernel_names() {
+    let c = load("driver_copy_to_host_in_span", SPAN).unwrap();
+    let test = &c.falsification_tests[0];
+    let Check::Core(CoreKind::DriverSpanTraffic(p)) = &test.check else {
+        panic!("{:?}", test.check);
+    };
+    assert_eq!((p.from_kernel.as_str(), p.max), ("squared_sum", 0));
+    assert_eq!(test.mutant.core(), Some(CoreMutant::DriverCopyToHostInSpan));
+    assert!(load("driver_sync_inside_capture", SPAN).is_ok());
+    let capture =
+        "{kind: driver_capture, model: toy-model, steps: 2, graph: true, max_syncs_per_step: 1}";
+    let (line, _, message) = refused("driver_copy_to_host_in_span", capture);
+    assert_eq!(line, 8);
+    assert!(
+        message.contains(
+            "mutant `driver_copy_to_host_in_span` is injected after the first launch of the \
+             `from_kernel` of the core's `driver_span_traffic` only; check kind `driver_capture` \
+             would never see it"
+        ),
+        "{message}"
+    );
+    let (_, _, message) = refused(
+        "inflated",
+        "{kind: driver_span_traffic, model: toy-model, steps: 2, from_kernel: squared_sum}",
+    );
+    assert!(message.contains("missing field `to_kernel`"), "{message}");
+    let (_, _, message) = refused(
+        "inflated",
+        "{kind: driver_span_traffic, model: toy-model, steps: 2, from_kernel: '', to_kernel: x}",
+    );
+    assert!(
+        message.contains("from_kernel: must name a kernel"),
+        "{message}"
+    );
+}

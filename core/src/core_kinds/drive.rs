@@ -28,26 +28,37 @@ pub struct Observed {
 }
 
 /// The injection that makes `mutant` happen, on a `device` whose workload
-/// uploads `upload_bytes`; `None` for a mutant the observer does not inject
-/// (the two-arm kinds apply theirs to an arm).
-pub fn injection(mutant: CoreMutant, upload_bytes: u64, device: Sm) -> Option<Injection> {
+/// uploads `upload_bytes`, in a check whose kernel span starts at
+/// `span_from` (a kernel name prefix, for the span mutant); `None` for a
+/// mutant the observer does not inject (the two-arm kinds apply theirs to
+/// an arm) or a span mutant without a span to start.
+pub fn injection(
+    mutant: CoreMutant,
+    upload_bytes: u64,
+    device: Sm,
+    span_from: Option<&str>,
+) -> Option<Injection> {
     match mutant {
         CoreMutant::DriverOlderTargetModule => Some(Injection::older_target(device)),
         CoreMutant::DriverModuleAfterUpload => {
             Some(Injection::module_after_upload(upload_bytes, device))
         }
         CoreMutant::DriverSyncInsideCapture => Some(Injection::sync_inside_capture()),
+        CoreMutant::DriverCopyToHostInSpan => span_from.map(Injection::copy_to_host_after_kernel),
         CoreMutant::WorkloadGraphArmLearningRateDoubled | CoreMutant::WorkloadGraphArmSlowed => {
             None
         }
     }
 }
 
-/// The setup, trained under the observer; a workload's error is the
-/// subject's, an observer's is [`Error::Observer`].
+/// The setup, trained under the observer (`span_from`: see [`injection`]);
+/// a workload's error is the subject's, an observer's is
+/// [`Error::Observer`]. A core mutant this check cannot inject is an error,
+/// never an un-mutated run.
 pub fn observe<S: Subject>(
     trial: CoreTrial<'_, '_, S>,
     training: &Training<'_>,
+    span_from: Option<&str>,
 ) -> Result<Observed> {
     let workload = S::workload().ok_or_else(|| {
         Error::Unjudgeable(format!("subject `{}` has no training workload", S::NAME))
@@ -64,11 +75,17 @@ pub fn observe<S: Subject>(
         .ok_or_else(|| Error::CudaUnavailable("a driver-observed trial needs the device".into()))?;
     let (major, minor) = S::device_facts(device).compute_capability;
     let sm = Sm::new(major, minor);
-    let injections: Vec<Injection> = trial
-        .mutant
-        .and_then(|m| injection(m, upload_bytes, sm))
-        .into_iter()
-        .collect();
+    let injections: Vec<Injection> = match trial.mutant {
+        Some(m) => {
+            let injected = injection(m, upload_bytes, sm, span_from);
+            vec![injected.ok_or_else(|| {
+                Error::Unjudgeable(format!(
+                    "mutant `{m}` is not one the driver observer injects here"
+                ))
+            })?]
+        }
+        None => Vec::new(),
+    };
     let subject_mutant = cx.mutant.as_ref();
     let (trained, recording) = observer.record(injections, |observer| {
         train::<S>(observer, workload, device, &setup, subject_mutant)
@@ -101,4 +118,24 @@ fn train<S: Subject>(
         losses.push(session.step().map_err(Error::Subject)?);
     }
     Ok((losses, session.own_counts()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_span_mutant_copies_after_the_span_start_it_is_given() {
+        let device = Sm::new(9, 0);
+        let span = CoreMutant::DriverCopyToHostInSpan;
+        assert_eq!(
+            injection(span, 0, device, Some("squared_sum")),
+            Some(Injection::copy_to_host_after_kernel("squared_sum"))
+        );
+        assert_eq!(injection(span, 0, device, None), None);
+        assert_eq!(
+            injection(CoreMutant::DriverSyncInsideCapture, 0, device, Some("x")),
+            Some(Injection::sync_inside_capture())
+        );
+    }
 }

@@ -87,7 +87,7 @@ impl CoreCheck for Params {
         _backend: Backend,
         trial: CoreTrial<'_, '_, S>,
     ) -> Result<Measurement> {
-        let o = observe(trial, &self.training())?;
+        let o = observe(trial, &self.training(), None)?;
         Ok(judge(
             &o.recording,
             o.own.as_ref(),

@@ -63,7 +63,7 @@ impl CoreCheck for Params {
         _backend: Backend,
         trial: CoreTrial<'_, '_, S>,
     ) -> crate::Result<Measurement> {
-        let observed = observe(trial, &self.training())?;
+        let observed = observe(trial, &self.training(), None)?;
         Ok(judge(&observed.recording, observed.device))
     }
 

@@ -19,6 +19,7 @@ mod check;
 pub mod drive;
 mod driver_capture;
 mod driver_prewarm;
+mod driver_span_traffic;
 mod driver_target_parity;
 mod evidence;
 mod mutant;
@@ -198,6 +199,8 @@ core_kinds! {
         "module loads and JIT compilations the CUDA driver sees after the subject's weights are uploaded (observed, not asked)";
     DriverCapture(driver_capture) "driver_capture", CUDA,
         "host syncs inside the subject's CUDA-graph captures, with capture results, replays and syncs per step (observed, not asked)";
+    DriverSpanTraffic(driver_span_traffic) "driver_span_traffic", CUDA,
+        "device-to-host copies and host syncs in each step's span from the first launch of one named kernel to the last launch of another (observed, not asked)";
     GraphLossParity(graph_loss_parity) "graph_loss_parity", CUDA,
         "largest absolute difference of the graphed and un-graphed losses at checkpoint steps, each arm of the subject's workload a process of its own";
     GraphSpeedup(graph_speedup) "graph_speedup", CUDA,

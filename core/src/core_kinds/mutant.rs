@@ -20,6 +20,9 @@ pub enum CoreMutant {
     DriverModuleAfterUpload,
     /// The driver observer synchronises the stream inside a graph capture.
     DriverSyncInsideCapture,
+    /// The driver observer copies 4 bytes device to host right after the
+    /// first launch of `driver_span_traffic`'s `from_kernel`.
+    DriverCopyToHostInSpan,
     /// `graph_loss_parity`'s graphed arm trains with twice the learning rate.
     WorkloadGraphArmLearningRateDoubled,
     /// `graph_speedup`'s graphed arm sleeps a fixed host delay inside every
@@ -41,6 +44,10 @@ impl CoreMutant {
         (
             CoreMutant::DriverSyncInsideCapture,
             "driver_sync_inside_capture",
+        ),
+        (
+            CoreMutant::DriverCopyToHostInSpan,
+            "driver_copy_to_host_in_span",
         ),
         (
             CoreMutant::WorkloadGraphArmLearningRateDoubled,
@@ -73,15 +80,20 @@ impl CoreMutant {
     /// injected by the driver observer, which only the core's driver kinds
     /// attach.
     pub fn refuses<K: KindSet>(self, check: &Check<K>) -> Option<String> {
-        let arm_kind = match self {
-            CoreMutant::WorkloadGraphArmLearningRateDoubled => Some("graph_loss_parity"),
-            CoreMutant::WorkloadGraphArmSlowed => Some("graph_speedup"),
+        const ARM: &str = "acts on the graphed arm of";
+        let only_on = match self {
+            CoreMutant::WorkloadGraphArmLearningRateDoubled => Some(("graph_loss_parity", ARM)),
+            CoreMutant::WorkloadGraphArmSlowed => Some(("graph_speedup", ARM)),
+            CoreMutant::DriverCopyToHostInSpan => Some((
+                "driver_span_traffic",
+                "is injected after the first launch of the `from_kernel` of",
+            )),
             _ => None,
         };
-        if let Some(kind) = arm_kind {
+        if let Some((kind, acts)) = only_on {
             return (check.kind_name() != kind || !matches!(check, Check::Core(_))).then(|| {
                 format!(
-                    "mutant `{}` acts on the graphed arm of the core's `{kind}` only; check kind `{}` would never see it",
+                    "mutant `{}` {acts} the core's `{kind}` only; check kind `{}` would never see it",
                     self.name(),
                     check.kind_name()
                 )
