@@ -6,6 +6,7 @@
 //! `prepare` (a marker `prepared` after it) and `steps` steps (a marker
 //! `step i` before each); the region always ends, whatever failed.
 
+use crate::check::Measurement;
 use falsify_observer::{DriverObserver, Injection, Recording, Sm};
 
 use super::train::Training;
@@ -17,6 +18,10 @@ use crate::{Error, Result};
 #[derive(Debug, Clone)]
 pub struct Observed {
     pub recording: Recording,
+    /// Why the workload stopped before its last step, if it did: what the
+    /// driver saw until then is still judged (an injected sync inside a
+    /// capture makes the capture, and so the step, fail).
+    pub failure: Option<String>,
     /// The subject's own counters after the last step, where it keeps them.
     pub own: Option<OwnCounts>,
     /// The workload's upload byte count for this setup.
@@ -90,14 +95,39 @@ pub fn observe<S: Subject>(
     let (trained, recording) = observer.record(injections, |observer| {
         train::<S>(observer, workload, device, &setup, subject_mutant)
     })?;
-    let (losses, own) = trained?;
+    let (losses, own, failure) = match trained {
+        Ok((losses, own)) => (losses, own, None),
+        Err(e @ Error::Observer(_)) => return Err(e),
+        Err(e) => (Vec::new(), None, Some(e.to_string())),
+    };
     Ok(Observed {
         recording,
+        failure,
         own,
         upload_bytes,
         device: sm,
         losses,
     })
+}
+
+impl Observed {
+    /// The trial's result from `judged`, the judgement of the recording: a
+    /// workload that failed part way falsifies only where what the driver
+    /// saw until then already does (the failure is then one more
+    /// violation); otherwise the evidence is incomplete and the trial is an
+    /// error, never a pass.
+    pub fn conclude(&self, mut judged: Measurement) -> Result<Measurement> {
+        match &self.failure {
+            None => Ok(judged),
+            Some(failure) if !judged.passed() => {
+                judged.violate(format!("the workload stopped: {failure}"));
+                Ok(judged)
+            }
+            Some(failure) => Err(Error::Unjudgeable(format!(
+                "the workload stopped before its last step, with nothing falsified until then: {failure}"
+            ))),
+        }
+    }
 }
 
 /// The observed region: prepare, then the steps, each behind its marker.
@@ -123,6 +153,40 @@ fn train<S: Subject>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn stopped(failure: Option<&str>) -> Observed {
+        Observed {
+            recording: falsify_observer::RecordingBuilder::new().build(),
+            failure: failure.map(str::to_string),
+            own: None,
+            upload_bytes: 0,
+            device: Sm::new(9, 0),
+            losses: Vec::new(),
+        }
+    }
+
+    fn syncs_inside(n: f64) -> Measurement {
+        use crate::check::Comparator;
+        Measurement::new("syncs_inside_capture", n, Comparator::Le, 0.0, "")
+    }
+
+    #[test]
+    fn a_workload_that_stops_falsifies_only_on_what_the_driver_saw() {
+        // The injected sync invalidates the capture, so the step fails: the
+        // sync the recording holds still falsifies, the failure beside it.
+        let caught = stopped(Some("capture invalidated"))
+            .conclude(syncs_inside(1.0))
+            .unwrap();
+        assert!(!caught.passed());
+        assert!(caught
+            .violations
+            .iter()
+            .any(|v| v.contains("capture invalidated")));
+        // Nothing falsified before it stopped: incomplete evidence, an error.
+        let stopped_clean = stopped(Some("out of memory")).conclude(syncs_inside(0.0));
+        assert!(matches!(stopped_clean, Err(Error::Unjudgeable(_))));
+        assert!(stopped(None).conclude(syncs_inside(0.0)).unwrap().passed());
+    }
 
     #[test]
     fn the_span_mutant_copies_after_the_span_start_it_is_given() {

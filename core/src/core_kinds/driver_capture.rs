@@ -88,7 +88,7 @@ impl CoreCheck for Params {
         trial: CoreTrial<'_, '_, S>,
     ) -> Result<Measurement> {
         let o = observe(trial, &self.training(), None)?;
-        Ok(judge(
+        o.conclude(judge(
             &o.recording,
             o.own.as_ref(),
             self.steps.0,

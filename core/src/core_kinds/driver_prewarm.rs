@@ -66,7 +66,12 @@ impl CoreCheck for Params {
         trial: CoreTrial<'_, '_, S>,
     ) -> Result<Measurement> {
         let o = observe(trial, &self.training(), None)?;
-        judge(&o.recording, o.own.as_ref(), o.upload_bytes, o.device)
+        o.conclude(judge(
+            &o.recording,
+            o.own.as_ref(),
+            o.upload_bytes,
+            o.device,
+        )?)
     }
 
     fn validate_for<S: Subject>(&self) -> std::result::Result<(), (&'static str, String)> {

@@ -123,7 +123,12 @@ impl CoreCheck for Params {
         trial: CoreTrial<'_, '_, S>,
     ) -> Result<Measurement> {
         let o = observe(trial, &self.training(), Some(&self.from_kernel))?;
-        judge(&o.recording, &self.from_kernel, &self.to_kernel, self.max)
+        o.conclude(judge(
+            &o.recording,
+            &self.from_kernel,
+            &self.to_kernel,
+            self.max,
+        )?)
     }
 
     fn validate_for<S: Subject>(&self) -> std::result::Result<(), (&'static str, String)> {

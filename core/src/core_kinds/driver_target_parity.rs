@@ -64,7 +64,7 @@ impl CoreCheck for Params {
         trial: CoreTrial<'_, '_, S>,
     ) -> crate::Result<Measurement> {
         let observed = observe(trial, &self.training(), None)?;
-        Ok(judge(&observed.recording, observed.device))
+        observed.conclude(judge(&observed.recording, observed.device))
     }
 
     fn validate_for<S: Subject>(&self) -> Result<(), (&'static str, String)> {
