@@ -232,8 +232,9 @@ impl Kind<crate::Qlora> for Params {
         trainer_shortfall(backend, &cfg, needed, here)
     }
 
-    /// Observed: at most 1.5 s on an H200 (small-4l, most of it the host's
-    /// reference); the reference bound keeps it under ~10 s.
+    /// Many times this kind's longest trial (its `duration_ms` in the
+    /// committed baselines; the parameter bounds keep a trial within it):
+    /// a stuck trial is stopped, a slow machine is not.
     fn default_timeout_s(&self) -> f64 {
         120.0
     }

@@ -171,8 +171,9 @@ impl Kind<crate::Qlora> for Params {
         })
     }
 
-    /// Observed: at most 13 s on an H200 (two models, two bases, cold NVRTC
-    /// compilations each).
+    /// Many times this kind's longest trial (its `duration_ms` in the
+    /// committed baselines; the parameter bounds keep a trial within it):
+    /// a stuck trial is stopped, a slow machine is not.
     fn default_timeout_s(&self) -> f64 {
         TRAINING_TIMEOUT_S
     }

@@ -338,7 +338,9 @@ impl Kind<crate::Qlora> for Params {
         target_parity(self, cx)
     }
 
-    /// Observed: at most 1.3 s on an H200 (every module compiled cold).
+    /// Many times this kind's longest trial (its `duration_ms` in the
+    /// committed baselines; the parameter bounds keep a trial within it):
+    /// a stuck trial is stopped, a slow machine is not.
     /// Kernel modules hold kilobytes: there is no memory to budget.
     fn default_timeout_s(&self) -> f64 {
         120.0

@@ -307,7 +307,9 @@ impl Kind<crate::Qlora> for Params {
             .flatten()
     }
 
-    /// Observed: at most 0.8 s on an H200.
+    /// Many times this kind's longest trial (its `duration_ms` in the
+    /// committed baselines; the parameter bounds keep a trial within it):
+    /// a stuck trial is stopped, a slow machine is not.
     fn default_timeout_s(&self) -> f64 {
         120.0
     }

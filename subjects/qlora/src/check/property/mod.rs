@@ -111,7 +111,9 @@ impl Kind<crate::Qlora> for Params {
         ops::measure(self, cx)
     }
 
-    /// Observed: at most 6 ms (256 cases); 3.6 s at the case bound.
+    /// Many times this kind's longest trial (its `duration_ms` in the
+    /// committed baselines; the parameter bounds keep a trial within it):
+    /// a stuck trial is stopped, a slow machine is not.
     fn default_timeout_s(&self) -> f64 {
         30.0
     }
