@@ -161,8 +161,8 @@ fn check_kind(kind: &str, seen: &[(String, Positive)]) -> std::result::Result<()
 
 /// Most untimed steps before the timed ones (the shipped checks take 3 or 5).
 pub const MAX_WARMUP: usize = 100;
-/// Most timed steps (the shipped checks time 20 or 30): 1,000 steps of
-/// qwen2.5-0.5b take ~20 s on an H200 (18.7 ms each).
+/// Most timed steps (the shipped checks time 20 or 30): 1,000 steps of the
+/// largest shipped model stay well inside the trial's timeout.
 pub const MAX_REPEATS: usize = 1_000;
 /// Most tokens per step (`batch x seq_len`), 2^20: 256 x the presets'
 /// largest batch; the device memory decides below that.

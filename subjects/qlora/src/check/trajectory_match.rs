@@ -273,9 +273,8 @@ impl Kind<crate::Qlora> for Params {
         trainer_shortfall(Backend::Cuda, &cfg, needed, here)
     }
 
-    /// Observed: 0.37 s on a 2-core cpu (two runs of 20 steps of `tiny`),
-    /// 2.5 s on an H200 (two runs of 1,000 steps of small-4l); at the step
-    /// bounds ~50 s on cpu.
+    /// Many times this kind's longest trial (its `duration_ms` in the
+    /// committed baselines); the step bounds keep a cpu trial within it.
     fn default_timeout_s(&self) -> f64 {
         TRAINING_TIMEOUT_S
     }

@@ -170,9 +170,8 @@ pub const MAX_ELEMENTS: f64 = (1u64 << 30) as f64;
 /// Most untimed replays (the shipped checks take 3).
 pub const MAX_WARMUP: usize = 100;
 /// Most timed replays of the kernel and of the copy (the shipped checks take
-/// 20): a replay is at least 8 launches, ~50 ms on an H200 at the element
-/// bound (adamw moving 28 GiB a launch), so 1,000 and the warm-up stay
-/// under a minute.
+/// 20): a replay is at least 8 launches, and at the element bound each
+/// launch moves tens of GiB, so 1,000 and the warm-up stay around a minute.
 pub const MAX_REPEATS: usize = 1_000;
 /// Device bytes the check holds besides the buffer sets: the two 4 MiB
 /// random patterns, one for the op's sets and one for the copy's.

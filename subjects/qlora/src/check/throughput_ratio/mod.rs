@@ -82,8 +82,9 @@ pub struct Params {
 
 /// Most untimed runs of each side (the shipped checks take 3 to 5).
 pub const MAX_WARMUP: usize = 100;
-/// Most timed runs of each side (the shipped checks time 10 to 50): 1,000
-/// alternated steps of qwen2.5-0.5b take ~1 min on an H200 (20 + 40 ms).
+/// Most timed runs of each side (the shipped checks time 10 to 50): enough
+/// for any interval, few enough that alternated steps of the largest
+/// shipped model finish in about a minute.
 pub const MAX_REPEATS: usize = 1_000;
 /// Most tokens per step or GEMM (`batch x seq_len`), 2^20: 256x the
 /// presets' largest; the device memory decides below that.
