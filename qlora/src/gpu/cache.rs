@@ -44,10 +44,9 @@ pub const OLDER_ARCH: &str = "compute_75";
 /// compute cache (`~/.nv/ComputeCache`), which it otherwise reads and
 /// writes for every cubin. The kernel cache here is the one cache: its key
 /// is checked entry by entry (F-PTX-001), NVRTC's is not. And NVRTC's costs
-/// a cold compilation its write: on an H100, one thread, `attention_dq_d64`
-/// took 634 ms through it against 431-560 ms without, `attention_tc_dkv_d64`
-/// 963 against 678-765 ms. It also made a cold pre-warm warm (a repeat
-/// compilation 22-33 ms) unless the runner set `CUDA_CACHE_DISABLE=1`.
+/// a cold compilation its write (measured slower through it; the book's
+/// pre-warm history has the figures), and it made a cold pre-warm warm
+/// unless the runner set `CUDA_CACHE_DISABLE=1`.
 pub fn compile_options(source: &ModuleSource, arch: &str) -> Vec<String> {
     let mut options = vec![
         format!("--gpu-architecture={arch}"),

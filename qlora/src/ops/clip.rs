@@ -74,11 +74,9 @@ const SQUARED_SUM_THREADS: u32 = 512;
 /// before it sums any, at most [`MAX_PARTIALS_PER_TENSOR`] blocks. So a
 /// tensor of up to `264 x 512 x 16` floats (2.16 M) is read in one trip to
 /// memory: a grid capped a few blocks short of that sends some threads a
-/// second time, and the final sum waits for them. With the dependent final
-/// kernel, for the 1.12 M gradients of qwen2.5-0.5b (138 blocks), the suite
-/// measured 0.81 of a same-bytes copy on an H200 and 0.73 on an H100; in a
-/// lab on an H100, 138 blocks of 256 threads x 8 float4s or 275 of 256 x 4
-/// measured 0.75 against this shape's 0.76.
+/// second time, and the final sum waits for them. Other block shapes
+/// measured no faster (the bandwidth trials and the book's lab history
+/// hold the figures).
 fn partials_for(n: usize) -> usize {
     n.div_ceil(4 * SQUARED_SUM_UNROLL * SQUARED_SUM_THREADS as usize)
         .clamp(1, MAX_PARTIALS_PER_TENSOR)
