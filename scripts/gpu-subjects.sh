@@ -23,9 +23,9 @@ case "${1:-}" in
   stage)
     set -e
     mkdir -p "$stage"
-    cargo test --release --locked --no-run --manifest-path examples/subject-axpy/Cargo.toml --target-dir target --test contracts --test nvrtc
-    cp "$(newest_test target/release/deps contracts)" "$stage/axpy-contracts"
-    cp "$(newest_test target/release/deps nvrtc)" "$stage/axpy-nvrtc"
+    cargo test --release --locked --no-run --manifest-path examples/subject-axpy/Cargo.toml --target-dir target/axpy --test contracts --test nvrtc
+    cp "$(newest_test target/axpy/release/deps contracts)" "$stage/axpy-contracts"
+    cp "$(newest_test target/axpy/release/deps nvrtc)" "$stage/axpy-nvrtc"
     cargo test --release --locked --no-run --manifest-path subjects/aprender-train/Cargo.toml --test contracts
     cp "$(newest_test subjects/aprender-train/target/release/deps contracts)" "$stage/aprender-contracts"
     strip "$stage"/* 2>/dev/null || true
