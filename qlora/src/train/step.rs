@@ -32,6 +32,8 @@
 //! another sequence length reallocates the workspace and drops the graph; the
 //! next step captures a new one ([`GpuTrainer::set_seq_len`]).
 
+use std::time::Instant;
+
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaView, DeviceRepr};
 use rand_chacha::rand_core::SeedableRng;
@@ -42,7 +44,7 @@ use super::data_parallel::Rank;
 use super::kernels;
 use super::layer::{half_of, DecoderLayer, LayerCtx};
 use super::options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions};
-use super::weights::{BaseDevice, Params};
+use super::weights::{BaseDevice, Params, Values};
 use super::workspace::{CublasWorkspace, Dlogits, Workspace, CUBLAS_WORKSPACE_BYTES};
 use crate::error::{Error, Result};
 use crate::gpu::table::{address, TensorTable};
@@ -81,7 +83,8 @@ struct ClipGroup {
 /// A phase of [`GpuTrainer::new`] whose order matters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetupPhase {
-    /// Every kernel module the step uses was loaded ([`GpuContext::prewarm`]).
+    /// Every kernel module the step uses was loaded ([`GpuContext::prewarm`]),
+    /// then cuBLAS's, by a rehearsal step on a model of zeros.
     Prewarm,
     /// The base weights and the trainable tensors were uploaded.
     Upload,
@@ -96,6 +99,8 @@ pub struct TrainerSetup {
     pub prewarm: PrewarmReport,
     /// Free device bytes when pre-warm started.
     pub free_bytes_at_prewarm: usize,
+    /// Wall time of pre-warm's rehearsal step (see `rehearse`).
+    pub rehearsal_ms: f64,
     /// The drop in free device bytes across the weight upload.
     pub upload_bytes: usize,
     /// The phases in the order they ran.
@@ -211,6 +216,9 @@ fn prewarm_then_upload(
     );
     let casts = options.f16_lm_head || options.f16_projections;
     let prewarm = gpu.prewarm_with_math(cfg, &[options.base], math, casts)?;
+    let rehearsal = Instant::now();
+    rehearse(gpu, cfg, options, trainable)?;
+    let rehearsal_ms = rehearsal.elapsed().as_secs_f64() * 1e3;
     order.push(SetupPhase::Prewarm);
     let (base, params, upload_bytes) = match early {
         Some(uploaded) => uploaded,
@@ -219,10 +227,40 @@ fn prewarm_then_upload(
     let setup = TrainerSetup {
         prewarm,
         free_bytes_at_prewarm,
+        rehearsal_ms,
         upload_bytes,
         order,
     };
     Ok((base, params, setup))
+}
+
+/// Runs one step of `cfg` on a model of zeros (set on the device, nothing
+/// copied from the host), then frees it. Pre-warm loads our own modules;
+/// cuBLAS loads the kernels of each GEMM shape lazily, on its first call, so
+/// only running every GEMM the step runs, with the step's shapes, math and
+/// cuBLAS workspace, loads them before the weights are uploaded.
+fn rehearse(
+    gpu: &mut GpuContext,
+    cfg: &ModelConfig,
+    options: &GpuTrainOptions,
+    trainable: &Trainable,
+) -> Result<()> {
+    let base = BaseDevice::with_values(gpu, cfg, options, Values::Zeros)?;
+    let params = Params::zeroed(gpu, trainable)?;
+    let setup = TrainerSetup {
+        prewarm: PrewarmReport::default(),
+        free_bytes_at_prewarm: 0,
+        rehearsal_ms: 0.0,
+        upload_bytes: 0,
+        order: Vec::new(),
+    };
+    let mut rehearsal = GpuTrainer::assemble(gpu, cfg, *options, 0, (base, params), setup)?;
+    rehearsal.body(gpu)?;
+    gpu.synchronize()?;
+    drop(rehearsal);
+    // Hands the freed model back to the driver before the upload measures
+    // the free memory it takes.
+    gpu.synchronize()
 }
 
 impl GpuTrainer {
@@ -256,6 +294,20 @@ impl GpuTrainer {
         let options = honoured_options(gpu, options)?;
         refuse_if_too_big(gpu, cfg, &options)?;
         let (base, params, setup) = prewarm_then_upload(gpu, cfg, &options, seed, trainable)?;
+        Self::assemble(gpu, cfg, options, seed, (base, params), setup)
+    }
+
+    /// A trainer of `cfg` on the weights and trainable state `base` and
+    /// `params`, already on the device: its workspace, clip groups,
+    /// optimizer table and cuBLAS workspace.
+    fn assemble(
+        gpu: &mut GpuContext,
+        cfg: &ModelConfig,
+        options: GpuTrainOptions,
+        seed: u64,
+        (base, params): (BaseDevice, Params),
+        setup: TrainerSetup,
+    ) -> Result<Self> {
         let faults = gpu.faults();
         let ws = Workspace::new(
             gpu,

@@ -3,7 +3,7 @@
 //! model are the same model), and the trainable tensors with their
 //! gradients and AdamW moments.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 
 use crate::error::{Error, Result};
 use crate::gpu::GpuContext;
@@ -12,6 +12,40 @@ use crate::model::weights::{end_draws, projection_draws, Draw, Projections};
 use crate::model::{ModelConfig, Trainable};
 use crate::ops::nf4::{self as nf4_ops, Nf4Device};
 use crate::train::{BaseWeights, GpuTrainOptions};
+
+/// Where the values of a model on the device come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Values {
+    /// Drawn from the seed, as the host model's, and copied to the device.
+    Seeded(u64),
+    /// Zeros set on the device: memsets, no host-to-device copy. The model
+    /// of the pre-warm's rehearsal step, whose values do not matter, only
+    /// its shapes.
+    Zeros,
+}
+
+impl Values {
+    /// The values of each of `draws` (zeros: none, only their lengths count).
+    fn draw(self, draws: &[Draw]) -> Result<Vec<Vec<f64>>> {
+        match self {
+            Values::Seeded(seed) => draw_all(seed, draws),
+            Values::Zeros => Ok(vec![Vec::new(); draws.len()]),
+        }
+    }
+
+    /// A device buffer of `len` elements: `host()` copied up, or zeros.
+    fn put<T: DeviceRepr + ValidAsZeroBits>(
+        self,
+        gpu: &GpuContext,
+        len: usize,
+        host: impl FnOnce() -> Vec<T>,
+    ) -> Result<CudaSlice<T>> {
+        match self {
+            Values::Seeded(_) => gpu.upload(&host()),
+            Values::Zeros => gpu.zeros(len),
+        }
+    }
+}
 
 /// How a frozen projection is stored on the device.
 pub enum Frozen {
@@ -134,20 +168,23 @@ fn draw_all(seed: u64, draws: &[Draw]) -> Result<Vec<Vec<f64>>> {
 /// `backward_weights_untransposed` fault that copy holds `W` itself), and an
 /// f16 copy made from `half_source` when `options.f16_projections` (`w`
 /// itself but under the `f16_gate_from_up` fault).
+/// With [`Values::Zeros`], `w` and `half_source` are empty and every buffer
+/// is zeros.
 fn linear(
     gpu: &mut GpuContext,
-    w: &[f64],
-    half_source: &[f64],
+    values: Values,
+    (w, half_source): (&[f64], &[f64]),
     (out_dim, in_dim): (usize, usize),
     options: &GpuTrainOptions,
 ) -> Result<Linear> {
+    let n = out_dim * in_dim;
     let frozen = match (options.base, options.device_quantize) {
-        (BaseWeights::Fp32, _) => Frozen::Fp32(gpu.upload(&to_f32(w))?),
+        (BaseWeights::Fp32, _) => Frozen::Fp32(values.put(gpu, n, || to_f32(w))?),
+        (BaseWeights::Nf4, _) if values == Values::Zeros => Frozen::Nf4(Nf4Device::zeros(gpu, n)?),
         (BaseWeights::Nf4, false) => {
             Frozen::Nf4(nf4_ops::upload(gpu, &nf4::quantize(w, nf4::BLOCK)?)?)
         }
         (BaseWeights::Nf4, true) => {
-            let n = w.len();
             let mut t = Nf4Device::zeros(gpu, n)?;
             let src = gpu.upload(&to_f32(w))?;
             nf4_ops::quantize(gpu, &src, &mut t)?;
@@ -157,17 +194,21 @@ fn linear(
     };
     let transposed = match frozen {
         Frozen::Fp32(_) if options.transposed_weights => {
-            let host = if gpu.faults().backward_weights_untransposed {
-                to_f32(w)
-            } else {
-                transposed_f32(w, out_dim, in_dim)
-            };
-            Some(gpu.upload(&host)?)
+            let untransposed = gpu.faults().backward_weights_untransposed;
+            Some(values.put(gpu, n, || {
+                if untransposed {
+                    to_f32(w)
+                } else {
+                    transposed_f32(w, out_dim, in_dim)
+                }
+            })?)
         }
         _ => None,
     };
     let half = match frozen {
-        Frozen::Fp32(_) if options.f16_projections => Some(gpu.upload(&to_f16_bits(half_source))?),
+        Frozen::Fp32(_) if options.f16_projections => {
+            Some(values.put(gpu, n, || to_f16_bits(half_source))?)
+        }
         _ => None,
     };
     Ok(Linear {
@@ -189,6 +230,16 @@ impl BaseDevice {
         options: &GpuTrainOptions,
         seed: u64,
     ) -> Result<Self> {
+        Self::with_values(gpu, cfg, options, Values::Seeded(seed))
+    }
+
+    /// The base model of `cfg` with `values`, stored as `options.base` says.
+    pub fn with_values(
+        gpu: &mut GpuContext,
+        cfg: &ModelConfig,
+        options: &GpuTrainOptions,
+        values: Values,
+    ) -> Result<Self> {
         let base = options.base;
         let mut layers = Vec::with_capacity(cfg.layers);
         let mut stacks = Vec::new();
@@ -202,16 +253,21 @@ impl BaseDevice {
         };
         for layer in 0..cfg.layers {
             let draws = projection_draws(cfg, layer);
-            let drawn = draw_all(seed, &draws.map(|(d, _)| d))?;
+            let drawn = values.draw(&draws.map(|(d, _)| d))?;
             let stacked = |which: usize| base == BaseWeights::Fp32 && which < 3;
             if base == BaseWeights::Fp32 {
                 // q, k, v (draws 0..3) in order, then zeros for the A rows.
-                let mut rows: Vec<f32> = drawn[..3].iter().flat_map(|w| to_f32(w)).collect();
-                rows.resize(rows.len() + 2 * cfg.lora_rank * cfg.hidden, 0.0);
+                let len = draws[..3].iter().map(|(d, _)| d.len).sum::<usize>()
+                    + 2 * cfg.lora_rank * cfg.hidden;
+                let rows = || {
+                    let mut rows: Vec<f32> = drawn[..3].iter().flat_map(|w| to_f32(w)).collect();
+                    rows.resize(len, 0.0);
+                    rows
+                };
                 if options.f16_projections {
-                    stacks_f16.push(gpu.upload(&to_f16_bits(&rows))?);
+                    stacks_f16.push(values.put(gpu, len, || to_f16_bits(&rows()))?);
                 }
-                stacks.push(gpu.upload(&rows)?);
+                stacks.push(values.put(gpu, len, rows)?);
             }
             layers.push(LayerWeights::try_from_fn(|which| {
                 if stacked(which) {
@@ -225,30 +281,26 @@ impl BaseDevice {
                     });
                 }
                 let half_source = if which == gate { gate_source } else { which };
-                linear(
-                    gpu,
-                    &drawn[which],
-                    &drawn[half_source],
-                    draws[which].1,
-                    options,
-                )
+                let (w, half) = (&drawn[which], &drawn[half_source]);
+                linear(gpu, values, (w, half), draws[which].1, options)
             })?);
         }
-        let ends = draw_all(seed, &end_draws(cfg))?;
+        let ends = values.draw(&end_draws(cfg))?;
+        let end_len = cfg.vocab * cfg.hidden;
         // The fault copies the embedding, drawn as ends[0].
         let f16_source = usize::from(!gpu.faults().f16_lm_head_from_embedding);
         let lm_head_f16 = if options.f16_lm_head {
-            Some(gpu.upload(&to_f16_bits(&ends[f16_source]))?)
+            Some(values.put(gpu, end_len, || to_f16_bits(&ends[f16_source]))?)
         } else {
             None
         };
         Ok(BaseDevice {
-            embedding: gpu.upload(&to_f32(&ends[0]))?,
+            embedding: values.put(gpu, end_len, || to_f32(&ends[0]))?,
             layers,
             stacks,
             stacks_f16,
-            final_norm: gpu.upload(&vec![1.0f32; cfg.hidden])?,
-            lm_head: gpu.upload(&to_f32(&ends[1]))?,
+            final_norm: values.put(gpu, cfg.hidden, || vec![1.0f32; cfg.hidden])?,
+            lm_head: values.put(gpu, end_len, || to_f32(&ends[1]))?,
             lm_head_f16,
         })
     }
@@ -282,10 +334,26 @@ pub struct Params {
 impl Params {
     /// `t` on the device, with zero gradients and moments.
     pub fn upload(gpu: &GpuContext, t: &Trainable) -> Result<Self> {
+        Self::holding(gpu, t, |x| gpu.upload(&to_f32(x)))
+    }
+
+    /// `t`'s shapes on the device, all zeros (memsets, no copy): the
+    /// trainable state of the pre-warm's rehearsal step.
+    pub fn zeroed(gpu: &GpuContext, t: &Trainable) -> Result<Self> {
+        Self::holding(gpu, t, |x| gpu.zeros(x.len()))
+    }
+
+    /// The parameters `put` makes of each of `t`'s tensors, with zero
+    /// gradients and moments.
+    fn holding(
+        gpu: &GpuContext,
+        t: &Trainable,
+        put: impl Fn(&[f64]) -> Result<CudaSlice<f32>>,
+    ) -> Result<Self> {
         let p = t
             .tensors
             .iter()
-            .map(|x| gpu.upload(&to_f32(x)))
+            .map(|x| put(x))
             .collect::<Result<Vec<_>>>()?;
         let zeros = || {
             t.tensors

@@ -420,13 +420,14 @@ fn summary(tag: &str, seen: &Observed) -> String {
         .map(|(module, ms)| format!(", slowest {module} {ms:.0} ms"))
         .unwrap_or_default();
     let mut out = format!(
-        "{tag}: cold pre-warm {} modules ({} compiled, {:.0} ms NVRTC, {:.0} ms wall{slowest}), \
-         cached {:.0} ms ({} from disk, {} compiled), {} loaded after; \
+        "{tag}: cold pre-warm {} modules ({} compiled, {:.0} ms NVRTC, {:.0} ms wall{slowest}, \
+         rehearsal step {:.0} ms), cached {:.0} ms ({} from disk, {} compiled), {} loaded after; \
          {:.1} MiB resident at pre-warm, upload {:.1} MiB, {:.0} MiB free during steps",
         r.modules.len(),
         r.compilations,
         r.compile_ms,
         r.wall_ms,
+        seen.setup.rehearsal_ms,
         seen.cached.wall_ms,
         seen.cached.disk_hits,
         seen.cached.compilations,
