@@ -490,6 +490,11 @@ fn report(baseline: &Path, current: &Path) -> ExitCode {
         &outcome.missing,
     );
     print_capped("NOT RUN", "", &outcome.not_run);
+    print_capped(
+        "UNJUDGED",
+        ": error, not a regression, no evidence either way",
+        &outcome.unjudged,
+    );
     for gap in &outcome.gaps {
         println!("{}: the run is incomplete, not clean", escape_controls(gap));
     }

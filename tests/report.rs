@@ -349,6 +349,40 @@ fn only_a_recorded_reason_excuses_a_skipped_trial() {
 }
 
 #[test]
+fn a_trial_that_errors_in_both_runs_is_listed_as_unjudged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let baseline = tmp.path().join("baseline");
+    let current = tmp.path().join("current");
+    let planted = fixture("planted_baseline");
+    // The same trial `error` in the baseline and now: no regression, but no
+    // verdict on its claim either, and the report must say so.
+    for dir in [&baseline, &current] {
+        copy_dir(&planted, dir);
+        let rows: Vec<FalsificationRow> = rows_of(dir)
+            .into_iter()
+            .map(|mut r| {
+                if r.test_id == "F-TPUT-003" {
+                    r.status = Status::Error;
+                    r.detail = "the step stopped at step 1".into();
+                }
+                r
+            })
+            .collect();
+        write_rows_atomic(&dir.join("falsification.csv"), &rows).unwrap();
+    }
+    let out = report_cli(&baseline, &current);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("UNJUDGED train-throughput-v1::F-TPUT-003 (error in the baseline)"),
+        "{text}"
+    );
+    let md = std::fs::read_to_string(current.join(REPORT_MD)).unwrap();
+    assert!(md.contains("1 trial(s) could not be judged"), "{md}");
+    assert!(section(&md, "## Unjudged").contains("the step stopped at step 1"));
+}
+
+#[test]
 fn a_regression_outranks_an_incomplete_run() {
     let tmp = tempfile::tempdir().unwrap();
     let baseline = copy_fixture("planted_baseline", tmp.path());

@@ -380,6 +380,16 @@ impl RunComparison {
         self.trials.iter().filter(|t| t.is_fixed()).collect()
     }
 
+    /// Trials that are error now and were not passed in the baseline:
+    /// not regressions, but no evidence either way. The report lists them
+    /// so that a clean verdict never hides a claim nobody could judge.
+    pub fn unjudged(&self) -> Vec<&TrialDiff> {
+        self.trials
+            .iter()
+            .filter(|t| t.current_status() == Some(Status::Error) && !t.is_regression())
+            .collect()
+    }
+
     /// Speedups whose interval now lies wholly below the baseline's.
     pub fn speedup_regressions(&self) -> Vec<&SpeedupDiff> {
         self.speedups.iter().filter(|s| s.is_regression()).collect()
@@ -577,5 +587,24 @@ mod tests {
             ],
         );
         assert_eq!(ids(cmp.regressions()), ["A"]);
+    }
+
+    #[test]
+    fn an_error_that_did_not_pass_before_is_unjudged_not_a_regression() {
+        let cmp = compare(
+            vec![
+                test_row("c", "A", Status::Error),
+                test_row("c", "B", Status::Passed),
+                test_row("c", "C", Status::Falsified),
+            ],
+            vec![
+                test_row("c", "A", Status::Error),
+                test_row("c", "B", Status::Error),
+                test_row("c", "C", Status::Error),
+                test_row("c", "D", Status::Error),
+            ],
+        );
+        assert_eq!(ids(cmp.regressions()), ["B"]);
+        assert_eq!(ids(cmp.unjudged()), ["A", "C", "D"]);
     }
 }

@@ -49,6 +49,10 @@ pub struct ReportOutcome {
     pub speedup_regressions: Vec<String>,
     /// Baseline trials that did not run, as `contract::test_id (why)`.
     pub not_run: Vec<String>,
+    /// Trials that are error now and did not pass in the baseline, as
+    /// `contract::test_id (status in the baseline)`: not regressions, and
+    /// no evidence either way.
+    pub unjudged: Vec<String>,
     /// Trials the current run selected and has no row of, as
     /// `contract::test_id`: they did not finish, whatever older rows say.
     pub missing: Vec<String>,
@@ -210,6 +214,7 @@ fn outcome(report: &Report, path: PathBuf, charts: Vec<Chart>) -> ReportOutcome 
         fixed: report.fixed().iter().map(fixed_line).collect(),
         speedup_regressions: Vec::new(),
         not_run: Vec::new(),
+        unjudged: Vec::new(),
         missing: report.current_whole.account.missing.clone(),
         gaps: report.current_whole.gaps(),
         evidence: report.evidence(),
@@ -225,6 +230,14 @@ fn outcome(report: &Report, path: PathBuf, charts: Vec<Chart>) -> ReportOutcome 
         for s in c.cmp.speedup_regressions() {
             out.speedup_regressions
                 .push(format!("{}{against}", speedup_line(s)));
+        }
+        for t in c.cmp.unjudged() {
+            out.unjudged.push(format!(
+                "{}::{} ({} in the baseline{against})",
+                t.contract,
+                t.test_id,
+                status_text(t.baseline_status())
+            ));
         }
         for t in c.cmp.not_run() {
             out.not_run.push(format!(
@@ -250,6 +263,7 @@ fn render(report: &Report, charts: &[Chart], artifacts: &[String]) -> String {
     regressions_section(&mut md, report);
     known_violations_section(&mut md, report);
     not_run_section(&mut md, report);
+    unjudged_section(&mut md, report);
     changes_section(&mut md, report);
     charts_section(&mut md, charts);
     artifacts_section(&mut md, artifacts);
@@ -268,7 +282,14 @@ fn verdict_sentence(report: &Report) -> String {
         gaps.push(format!("{not_run} baseline trial(s) did not run"));
     }
     gaps.extend(report.current_whole.gaps());
-    let sentence = verdict_words(verdict, regressions, slow, &gaps);
+    let mut sentence = verdict_words(verdict, regressions, slow, &gaps);
+    let unjudged = report.count(|c| c.unjudged().len());
+    if unjudged > 0 {
+        sentence.push_str(&format!(
+            " {unjudged} trial(s) could not be judged (`error`, and not passed in the baseline): \
+             listed under *Unjudged*."
+        ));
+    }
     match report.fixed().len() {
         0 => sentence,
         fixed => format!(
@@ -570,6 +591,45 @@ fn fixed_text(t: &TrialDiff) -> String {
         t.current.as_ref().map(result).unwrap_or_default(),
         t.known_reason().unwrap_or_default()
     )
+}
+
+/// Trials that are `error` now without having passed in the baseline: the
+/// gate does not call them regressions, and this section says that no
+/// verdict on them was reached.
+fn unjudged_section(md: &mut String, report: &Report) {
+    if report.count(|c| c.unjudged().len()) == 0 {
+        return;
+    }
+    let _ = writeln!(md, "## Unjudged\n");
+    let _ = writeln!(
+        md,
+        "Trials whose check could not measure (`error`) here and did not pass in the baseline either: not regressions, and no evidence for or against their claims.\n"
+    );
+    for c in &report.compared {
+        let unjudged = c.cmp.unjudged();
+        if unjudged.is_empty() {
+            continue;
+        }
+        let against = report.against(c);
+        let _ = writeln!(
+            md,
+            "| trial | on | in the baseline{against} | current detail |"
+        );
+        let _ = writeln!(md, "| --- | --- | --- | --- |");
+        for t in unjudged {
+            let detail = t.current.as_ref().map_or("", |r| r.detail.as_str());
+            let _ = writeln!(
+                md,
+                "| {}::{} | {} | {} | {} |",
+                cell(&t.contract),
+                cell(&t.test_id),
+                t.backend(),
+                status_text(t.baseline_status()),
+                cell(detail)
+            );
+        }
+        md.push('\n');
+    }
 }
 
 fn not_run_section(md: &mut String, report: &Report) {
