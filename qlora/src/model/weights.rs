@@ -148,13 +148,16 @@ fn to_f32_precision(v: Vec<f64>) -> Vec<f64> {
     v.into_iter().map(|x| f64::from(x as f32)).collect()
 }
 
-/// A frozen `[out_dim, in_dim]` projection.
+/// A frozen `[out_dim, in_dim]` projection, `y = x W^T (+ b)`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FrozenLinear {
     pub out_dim: usize,
     pub in_dim: usize,
     /// The values the forward pass multiplies by: f32-rounded, or dequantised NF4.
     pub weight: Vec<f64>,
+    /// `[out_dim]`, added after the product (q, k and v of a configuration
+    /// with `qkv_bias`); kept in f32 precision whatever the base format.
+    pub bias: Option<Vec<f64>>,
 }
 
 impl FrozenLinear {
@@ -168,7 +171,16 @@ impl FrozenLinear {
             out_dim,
             in_dim,
             weight,
+            bias: None,
         })
+    }
+
+    /// The same projection with bias `b` (`[out_dim]`, rounded to f32).
+    pub fn with_bias(self, b: Vec<f64>) -> Self {
+        FrozenLinear {
+            bias: Some(to_f32_precision(b)),
+            ..self
+        }
     }
 }
 
@@ -227,25 +239,40 @@ pub struct BaseModel {
     /// `[vocab, hidden]`
     pub embedding: Vec<f64>,
     pub layers: Vec<FrozenLayer>,
-    /// `[hidden]`, all ones.
+    /// `[hidden]`, all ones when seeded.
     pub final_norm: Vec<f64>,
-    /// `[vocab, hidden]`
+    /// `[vocab, hidden]`; empty where the head is tied to the embedding
+    /// (read it through [`BaseModel::head`]).
     pub lm_head: Vec<f64>,
 }
 
 impl BaseModel {
-    /// Seeded frozen weights for `cfg`, stored as `base` says.
+    /// Seeded frozen weights for `cfg`, stored as `base` says. With
+    /// `qkv_bias` the biases start at zero (as Hugging Face initialises
+    /// them); with `tied_embeddings` no head is drawn.
     pub fn init(cfg: &ModelConfig, base: BaseWeights, seed: u64) -> Result<Self> {
         let layers = (0..cfg.layers)
             .map(|layer| {
                 let draws = projection_draws(cfg, layer);
                 FrozenLayer::try_from_fn(|which| {
                     let (draw, shape) = draws[which];
-                    FrozenLinear::new(draw.values(seed), shape, base)
+                    let linear = FrozenLinear::new(draw.values(seed), shape, base)?;
+                    let biased = cfg.qkv_bias && which < 3;
+                    Ok(if biased {
+                        linear.with_bias(vec![0.0; shape.0])
+                    } else {
+                        linear
+                    })
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let [embedding, lm_head] = end_draws(cfg).map(|d| to_f32_precision(d.values(seed)));
+        let [embedding, head] = end_draws(cfg);
+        let embedding = to_f32_precision(embedding.values(seed));
+        let lm_head = if cfg.tied_embeddings {
+            Vec::new()
+        } else {
+            to_f32_precision(head.values(seed))
+        };
         Ok(BaseModel {
             config: *cfg,
             embedding,
@@ -253,6 +280,16 @@ impl BaseModel {
             final_norm: vec![1.0; cfg.hidden],
             lm_head,
         })
+    }
+
+    /// The LM head `[vocab, hidden]`: the embedding table where the
+    /// configuration ties them, the model's own head otherwise.
+    pub fn head(&self) -> &[f64] {
+        if self.config.tied_embeddings {
+            &self.embedding
+        } else {
+            &self.lm_head
+        }
     }
 }
 
