@@ -75,7 +75,7 @@ pub fn uniform(seed: u64, id: TensorId, len: usize, std: f64) -> Vec<f64> {
 
 /// `[out_dim, in_dim]` of a layer's projections q, k, v, o, gate, up, down,
 /// in that order (`which` 0..7 of [`TensorId::Proj`]).
-fn projection_shapes(cfg: &ModelConfig) -> [(usize, usize); 7] {
+pub(super) fn projection_shapes(cfg: &ModelConfig) -> [(usize, usize); 7] {
     let (h, qd, kvd, inter) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
     [
         (qd, h),
@@ -144,7 +144,7 @@ pub fn end_draws(cfg: &ModelConfig) -> [Draw; 2] {
 }
 
 /// Rounds to the nearest f32, the precision the GPU stores fp32 weights in.
-fn to_f32_precision(v: Vec<f64>) -> Vec<f64> {
+pub(super) fn to_f32_precision(v: Vec<f64>) -> Vec<f64> {
     v.into_iter().map(|x| f64::from(x as f32)).collect()
 }
 
@@ -162,7 +162,11 @@ pub struct FrozenLinear {
 
 impl FrozenLinear {
     /// The projection of drawn values `w`, stored as `base` says.
-    fn new(w: Vec<f64>, (out_dim, in_dim): (usize, usize), base: BaseWeights) -> Result<Self> {
+    pub(super) fn new(
+        w: Vec<f64>,
+        (out_dim, in_dim): (usize, usize),
+        base: BaseWeights,
+    ) -> Result<Self> {
         let weight = match base {
             BaseWeights::Fp32 => to_f32_precision(w),
             BaseWeights::Nf4 => nf4::dequantize(&nf4::quantize(&w, nf4::BLOCK)?),
