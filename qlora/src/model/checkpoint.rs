@@ -306,6 +306,27 @@ impl<'a> Tensors<'a> {
     }
 }
 
+/// A tensor read from a safetensors file: its shape and its values, widened to f64.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    pub shape: Vec<usize>,
+    pub values: Vec<f64>,
+}
+
+/// Every tensor of the safetensors file at `path` (f32, bf16 or f16), by name.
+pub fn read_tensors(path: &Path) -> Result<HashMap<String, HostTensor>> {
+    let m = map(path)?;
+    let st = SafeTensors::deserialize(&m)
+        .map_err(|e| bad_file(path, format!("not a complete safetensors file: {e}")))?;
+    st.iter()
+        .map(|(name, v)| {
+            let values = widen(v.dtype(), v.data()).map_err(|e| bad_tensor(path, name, e))?;
+            let shape = v.shape().to_vec();
+            Ok((name.to_string(), HostTensor { shape, values }))
+        })
+        .collect()
+}
+
 /// Little-endian `bytes` of `dtype` as f64: f32, bf16 (the top half of an
 /// f32) and f16 are all exact in f64.
 fn widen(dtype: Dtype, bytes: &[u8]) -> std::result::Result<Vec<f64>, String> {

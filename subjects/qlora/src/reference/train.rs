@@ -271,6 +271,12 @@ impl Model {
         })
     }
 
+    /// The logits `[batch * seq, vocab]` of the inputs of `tokens`
+    /// (`[batch, seq + 1]`: every row but its last token).
+    pub fn logits(&self, tokens: &[u32], batch: usize) -> Result<Vec<f64>> {
+        Ok(self.forward(tokens, batch)?.logits)
+    }
+
     /// The mean cross-entropy of `tokens` (`[batch, seq + 1]`).
     pub fn loss(&self, tokens: &[u32], batch: usize) -> Result<f64> {
         let f = self.forward(tokens, batch)?;
