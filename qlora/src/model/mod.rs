@@ -1,6 +1,7 @@
 //! Model configurations, weights, NF4 quantisation, LoRA adapters and
 //! Hugging Face checkpoints.
 
+pub mod adapter;
 pub mod checkpoint;
 mod config;
 pub mod corpus;
