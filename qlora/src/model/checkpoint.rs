@@ -253,12 +253,11 @@ impl Files {
             }
             maps.push((path.clone(), map(&path)?));
         }
-        let position: HashMap<&String, usize> =
-            shards.iter().enumerate().map(|(i, s)| (*s, i)).collect();
+        // Every shard named in the map is in `shards`, so each tensor finds its file.
         let of = index
             .weight_map
             .iter()
-            .map(|(t, s)| (t.clone(), position[s]))
+            .filter_map(|(t, s)| shards.iter().position(|x| *x == s).map(|i| (t.clone(), i)))
             .collect();
         Ok(Files {
             maps,
