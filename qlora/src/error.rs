@@ -69,6 +69,23 @@ pub enum Error {
 
     #[error(transparent)]
     Cublas(#[from] cudarc::cublas::result::CublasError),
+
+    /// A checkpoint file that cannot be read or is not what it should be
+    /// (a bad `config.json`, with serde_json's line and column; a truncated
+    /// safetensors file; an index naming a missing shard).
+    #[error("{}: {message}", path.display())]
+    Checkpoint {
+        path: std::path::PathBuf,
+        message: String,
+    },
+
+    /// A tensor of a checkpoint that is missing or has the wrong shape or dtype.
+    #[error("{}: tensor {tensor}: {message}", path.display())]
+    CheckpointTensor {
+        path: std::path::PathBuf,
+        tensor: String,
+        message: String,
+    },
 }
 
 /// `Result` with [`Error`].

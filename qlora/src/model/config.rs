@@ -1,7 +1,9 @@
-//! The model presets of the design brief: a Qwen2-style decoder at four sizes.
+//! The model presets of the design brief: a Qwen2-style decoder at four sizes,
+//! and the same configuration read from a checkpoint's `config.json`
+//! ([`super::checkpoint`]).
 
 /// Shape of a Qwen2-style decoder and of the batch it trains on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ModelConfig {
     pub name: &'static str,
     pub layers: usize,
@@ -16,7 +18,39 @@ pub struct ModelConfig {
     pub seq_len: usize,
     pub batch: usize,
     pub lora_rank: usize,
+    /// Whether q, k and v add a bias after their projection
+    /// (`y = x W^T + b`; every Qwen2 checkpoint has one, the presets none).
+    pub qkv_bias: bool,
+    /// Whether the LM head is the embedding table itself
+    /// (`logits = h E^T`, Hugging Face's `tie_word_embeddings`).
+    pub tied_embeddings: bool,
+    /// RoPE base frequency `theta`: pair `i` turns by `pos theta^(-2i / head_dim)`.
+    pub rope_theta: f64,
+    /// RMSNorm epsilon: `y = x / sqrt(mean(x^2) + eps) g`.
+    pub rms_eps: f64,
 }
+
+/// What every preset shares beyond its shape: no q/k/v bias, an LM head of
+/// its own, RoPE theta [`ModelConfig::ROPE_THETA`] and RMSNorm epsilon
+/// [`ModelConfig::RMS_EPS`] (the only values the GPU step implements). The
+/// shape fields here are placeholders every preset overrides.
+const PRESET_ARCH: ModelConfig = ModelConfig {
+    name: "",
+    layers: 0,
+    hidden: 0,
+    heads: 0,
+    kv_heads: 0,
+    head_dim: 0,
+    intermediate: 0,
+    vocab: 0,
+    seq_len: 0,
+    batch: 0,
+    lora_rank: 0,
+    qkv_bias: false,
+    tied_embeddings: false,
+    rope_theta: ModelConfig::ROPE_THETA,
+    rms_eps: ModelConfig::RMS_EPS,
+};
 
 /// Every preset, smallest first.
 pub const PRESETS: [ModelConfig; 4] = [
@@ -32,6 +66,7 @@ pub const PRESETS: [ModelConfig; 4] = [
         seq_len: 32,
         batch: 2,
         lora_rank: 8,
+        ..PRESET_ARCH
     },
     ModelConfig {
         name: "small-4l",
@@ -45,6 +80,7 @@ pub const PRESETS: [ModelConfig; 4] = [
         seq_len: 128,
         batch: 4,
         lora_rank: 8,
+        ..PRESET_ARCH
     },
     ModelConfig {
         name: "qwen2.5-0.5b",
@@ -58,6 +94,7 @@ pub const PRESETS: [ModelConfig; 4] = [
         seq_len: 256,
         batch: 4,
         lora_rank: 16,
+        ..PRESET_ARCH
     },
     ModelConfig {
         name: "qwen2.5-coder-1.5b",
@@ -71,13 +108,14 @@ pub const PRESETS: [ModelConfig; 4] = [
         seq_len: 256,
         batch: 4,
         lora_rank: 16,
+        ..PRESET_ARCH
     },
 ];
 
 impl ModelConfig {
-    /// RMSNorm epsilon of every preset.
+    /// RMSNorm epsilon of every preset, and the one the GPU step implements.
     pub const RMS_EPS: f64 = 1e-6;
-    /// RoPE base frequency of every preset.
+    /// RoPE base frequency of every preset, and the one the GPU step implements.
     pub const ROPE_THETA: f64 = 1e6;
 
     /// The preset called `name`.
@@ -115,10 +153,20 @@ impl ModelConfig {
         ModelConfig { seq_len, ..self }
     }
 
-    /// Frozen parameters per layer: q, k, v, o, gate, up, down projections.
+    /// Frozen parameters per layer: q, k, v, o, gate, up, down projections
+    /// and, with `qkv_bias`, the biases of q, k and v.
     pub fn base_params_per_layer(&self) -> usize {
         let h = self.hidden;
-        h * self.q_dim() + 2 * h * self.kv_dim() + self.q_dim() * h + 3 * h * self.intermediate
+        let bias = if self.qkv_bias {
+            self.q_dim() + 2 * self.kv_dim()
+        } else {
+            0
+        };
+        h * self.q_dim()
+            + 2 * h * self.kv_dim()
+            + self.q_dim() * h
+            + 3 * h * self.intermediate
+            + bias
     }
 
     /// Trainable parameters: LoRA A (r x in) and B (out x r) on q and v of every

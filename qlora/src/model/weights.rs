@@ -75,7 +75,7 @@ pub fn uniform(seed: u64, id: TensorId, len: usize, std: f64) -> Vec<f64> {
 
 /// `[out_dim, in_dim]` of a layer's projections q, k, v, o, gate, up, down,
 /// in that order (`which` 0..7 of [`TensorId::Proj`]).
-fn projection_shapes(cfg: &ModelConfig) -> [(usize, usize); 7] {
+pub(super) fn projection_shapes(cfg: &ModelConfig) -> [(usize, usize); 7] {
     let (h, qd, kvd, inter) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.intermediate);
     [
         (qd, h),
@@ -144,22 +144,29 @@ pub fn end_draws(cfg: &ModelConfig) -> [Draw; 2] {
 }
 
 /// Rounds to the nearest f32, the precision the GPU stores fp32 weights in.
-fn to_f32_precision(v: Vec<f64>) -> Vec<f64> {
+pub(super) fn to_f32_precision(v: Vec<f64>) -> Vec<f64> {
     v.into_iter().map(|x| f64::from(x as f32)).collect()
 }
 
-/// A frozen `[out_dim, in_dim]` projection.
+/// A frozen `[out_dim, in_dim]` projection, `y = x W^T (+ b)`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FrozenLinear {
     pub out_dim: usize,
     pub in_dim: usize,
     /// The values the forward pass multiplies by: f32-rounded, or dequantised NF4.
     pub weight: Vec<f64>,
+    /// `[out_dim]`, added after the product (q, k and v of a configuration
+    /// with `qkv_bias`); kept in f32 precision whatever the base format.
+    pub bias: Option<Vec<f64>>,
 }
 
 impl FrozenLinear {
     /// The projection of drawn values `w`, stored as `base` says.
-    fn new(w: Vec<f64>, (out_dim, in_dim): (usize, usize), base: BaseWeights) -> Result<Self> {
+    pub(super) fn new(
+        w: Vec<f64>,
+        (out_dim, in_dim): (usize, usize),
+        base: BaseWeights,
+    ) -> Result<Self> {
         let weight = match base {
             BaseWeights::Fp32 => to_f32_precision(w),
             BaseWeights::Nf4 => nf4::dequantize(&nf4::quantize(&w, nf4::BLOCK)?),
@@ -168,7 +175,16 @@ impl FrozenLinear {
             out_dim,
             in_dim,
             weight,
+            bias: None,
         })
+    }
+
+    /// The same projection with bias `b` (`[out_dim]`, rounded to f32).
+    pub fn with_bias(self, b: Vec<f64>) -> Self {
+        FrozenLinear {
+            bias: Some(to_f32_precision(b)),
+            ..self
+        }
     }
 }
 
@@ -227,25 +243,40 @@ pub struct BaseModel {
     /// `[vocab, hidden]`
     pub embedding: Vec<f64>,
     pub layers: Vec<FrozenLayer>,
-    /// `[hidden]`, all ones.
+    /// `[hidden]`, all ones when seeded.
     pub final_norm: Vec<f64>,
-    /// `[vocab, hidden]`
+    /// `[vocab, hidden]`; empty where the head is tied to the embedding
+    /// (read it through [`BaseModel::head`]).
     pub lm_head: Vec<f64>,
 }
 
 impl BaseModel {
-    /// Seeded frozen weights for `cfg`, stored as `base` says.
+    /// Seeded frozen weights for `cfg`, stored as `base` says. With
+    /// `qkv_bias` the biases start at zero (as Hugging Face initialises
+    /// them); with `tied_embeddings` no head is drawn.
     pub fn init(cfg: &ModelConfig, base: BaseWeights, seed: u64) -> Result<Self> {
         let layers = (0..cfg.layers)
             .map(|layer| {
                 let draws = projection_draws(cfg, layer);
                 FrozenLayer::try_from_fn(|which| {
                     let (draw, shape) = draws[which];
-                    FrozenLinear::new(draw.values(seed), shape, base)
+                    let linear = FrozenLinear::new(draw.values(seed), shape, base)?;
+                    let biased = cfg.qkv_bias && which < 3;
+                    Ok(if biased {
+                        linear.with_bias(vec![0.0; shape.0])
+                    } else {
+                        linear
+                    })
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let [embedding, lm_head] = end_draws(cfg).map(|d| to_f32_precision(d.values(seed)));
+        let [embedding, head] = end_draws(cfg);
+        let embedding = to_f32_precision(embedding.values(seed));
+        let lm_head = if cfg.tied_embeddings {
+            Vec::new()
+        } else {
+            to_f32_precision(head.values(seed))
+        };
         Ok(BaseModel {
             config: *cfg,
             embedding,
@@ -253,6 +284,16 @@ impl BaseModel {
             final_norm: vec![1.0; cfg.hidden],
             lm_head,
         })
+    }
+
+    /// The LM head `[vocab, hidden]`: the embedding table where the
+    /// configuration ties them, the model's own head otherwise.
+    pub fn head(&self) -> &[f64] {
+        if self.config.tied_embeddings {
+            &self.embedding
+        } else {
+            &self.lm_head
+        }
     }
 }
 

@@ -13,6 +13,6 @@ pub mod workspace;
 pub use data_parallel::Rank;
 pub use options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions, Hyper};
 pub use step::{
-    check_shapes, planned_device_bytes, GpuStepReport, GpuTrainer, LossAndGrads, SetupPhase,
-    SyncCounts, TrainerSetup,
+    check_architecture, check_shapes, planned_device_bytes, GpuStepReport, GpuTrainer,
+    LossAndGrads, SetupPhase, SyncCounts, TrainerSetup,
 };

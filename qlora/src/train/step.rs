@@ -1016,11 +1016,13 @@ fn attn_shape(cfg: &ModelConfig) -> AttnShape {
 }
 
 /// Checks that the step's kernels take `cfg` at its batch and sequence
-/// length (a trainer checks it too, before it allocates anything): one
-/// layer's attention ([`crate::ops::attention::check_shape`]) and fused
-/// q/k/v epilogue ([`crate::ops::rope::QkvShape::check`]), and the norms,
-/// the embedding and the cross-entropy over its `batch x seq_len` tokens.
+/// length (a trainer checks it too, before it allocates anything): the
+/// architecture ([`check_architecture`]), one layer's attention
+/// ([`crate::ops::attention::check_shape`]) and fused q/k/v epilogue
+/// ([`crate::ops::rope::QkvShape::check`]), and the norms, the embedding and
+/// the cross-entropy over its `batch x seq_len` tokens.
 pub fn check_shapes(cfg: &ModelConfig) -> Result<()> {
+    check_architecture(cfg)?;
     let tokens = cfg.batch.saturating_mul(cfg.seq_len);
     crate::ops::attention::check_shape(&attn_shape(cfg))?;
     super::layer::qkv_shape(cfg).check()?;
@@ -1029,10 +1031,83 @@ pub fn check_shapes(cfg: &ModelConfig) -> Result<()> {
     cross_entropy::check_shape(tokens, cfg.vocab)
 }
 
+/// Refuses what the GPU step does not compute, rather than train a
+/// different model than `cfg` says: a q/k/v bias, an LM head tied to the
+/// embedding (the step keeps a head of its own), and a RoPE theta or
+/// RMSNorm epsilon other than [`ModelConfig::ROPE_THETA`] and
+/// [`ModelConfig::RMS_EPS`] (its kernels' constants).
+pub fn check_architecture(cfg: &ModelConfig) -> Result<()> {
+    let refuse = |what: String| {
+        Err(Error::InvalidArgument {
+            op: "train",
+            message: format!("{}: the GPU step does not support {what}", cfg.name),
+        })
+    };
+    if cfg.qkv_bias {
+        return refuse("a q/k/v bias".into());
+    }
+    if cfg.tied_embeddings {
+        return refuse("an LM head tied to the embedding".into());
+    }
+    if cfg.rope_theta != ModelConfig::ROPE_THETA {
+        let want = ModelConfig::ROPE_THETA;
+        return refuse(format!("rope_theta {} (only {want})", cfg.rope_theta));
+    }
+    if cfg.rms_eps != ModelConfig::RMS_EPS {
+        let want = ModelConfig::RMS_EPS;
+        return refuse(format!("rms_norm_eps {} (only {want})", cfg.rms_eps));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::Faults;
+
+    /// What the step cannot compute is refused by name, never trained as
+    /// something else; the presets pass.
+    #[test]
+    fn architectures_the_step_cannot_compute_are_refused() {
+        let tiny = crate::model::PRESETS[0];
+        let cases = [
+            (
+                ModelConfig {
+                    qkv_bias: true,
+                    ..tiny
+                },
+                "bias",
+            ),
+            (
+                ModelConfig {
+                    tied_embeddings: true,
+                    ..tiny
+                },
+                "tied",
+            ),
+            (
+                ModelConfig {
+                    rope_theta: 1e4,
+                    ..tiny
+                },
+                "rope_theta 10000",
+            ),
+            (
+                ModelConfig {
+                    rms_eps: 1e-5,
+                    ..tiny
+                },
+                "rms_norm_eps",
+            ),
+        ];
+        for (cfg, want) in cases {
+            let e = check_shapes(&cfg).unwrap_err().to_string();
+            assert!(e.contains(want) && e.contains("GPU step"), "{e}");
+        }
+        for preset in crate::model::PRESETS {
+            assert!(check_architecture(&preset).is_ok(), "{}", preset.name);
+        }
+    }
 
     #[test]
     fn presets_fit_the_kernels_and_a_batch_past_the_grid_does_not() {

@@ -21,6 +21,7 @@ pub mod bandwidth;
 pub mod data_parallel;
 pub mod gradient_check;
 pub mod gradient_parity;
+pub mod hf_parity;
 pub mod loss_descent;
 pub mod memory_budget;
 pub mod op_parity;
@@ -50,6 +51,7 @@ falsify_core::kinds! {
     /// The `check:` block of a falsification test of the qlora subject.
     pub enum CheckSpec for Qlora {
         OpParity(op_parity) "op_parity", CUDA, "rel-L2 error of an op on a backend vs the CPU reference";
+        HfParity(hf_parity) "hf_parity", CPU, "rel error of the CPU oracle's logits, loss or LoRA gradients on a Hugging Face checkpoint vs transformers' and PEFT's";
         GradientCheck(gradient_check) "gradient_check", CPU, "rel error of the reference backward vs central finite differences";
         Property(property) "property", CPU, "a named invariant over proptest-generated inputs";
         TargetParity(target_parity) "target_parity", CUDA, "target of every cached module (PTX .target, cubin ELF flags) vs the device's sm_XY; planted PTX and disk entries refused";

@@ -13,7 +13,7 @@ pub use falsify_core::check::params::*;
 pub use qlora::train::{BaseWeights, ClipMode};
 
 /// The name of a model preset, checked against [`qlora::model::PRESETS`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ModelName(pub ModelConfig);
 
 impl ModelName {

@@ -53,6 +53,16 @@ pub enum Mutant {
     ScaleBackwardIgnoresScale,
     /// Residual backward drops the skip branch.
     ResidualBackwardDropsSkip,
+    // ---- checkpoint loading -----------------------------------------------------
+    /// The loaded model drops the q/k/v biases of the checkpoint.
+    CheckpointBiasDropped,
+    /// The loaded model ignores `tie_word_embeddings` and draws an LM head
+    /// of its own where the checkpoint ties it to the embedding.
+    CheckpointUntiedHead,
+    /// The loaded model uses RoPE theta 10000 (Qwen2Config's default, what
+    /// a reader of transformers 4's `rope_theta` key alone finds in a
+    /// transformers 5 config.json) instead of the checkpoint's.
+    CheckpointWrongRopeTheta,
     // ---- clipping and optimizer -------------------------------------------------
     /// Clipping scales each layer by its own norm where global clipping is claimed.
     ClipPerLayer,
@@ -331,5 +341,6 @@ mod tests {
     }
 }
 
+pub mod checkpoint;
 pub mod optim;
 pub mod reference_ops;

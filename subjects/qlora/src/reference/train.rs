@@ -1,5 +1,7 @@
-//! The CPU reference training step: a Qwen2-style decoder with LoRA on q and
-//! v, in f64, built from the reference ops.
+//! The CPU reference training step: a Qwen2 decoder with LoRA on q and v, in
+//! f64, built from the reference ops. RoPE theta, RMSNorm epsilon, the q/k/v
+//! bias and the tying of the LM head to the embedding come from the model's
+//! configuration.
 //!
 //! Forward, for tokens `[batch, seq + 1]` (inputs the first `seq`, targets the
 //! last `seq`), `T = batch * seq` rows:
@@ -8,12 +10,13 @@
 //! x0 = embedding[inputs]                                       [T, hidden]
 //! per layer l:
 //!   n1 = rmsnorm(x, g1)
-//!   q  = n1 Wq^T + s (n1 Aq^T) Bq^T,  k = n1 Wk^T,  v = n1 Wv^T + s (n1 Av^T) Bv^T
+//!   q  = n1 Wq^T + bq + s (n1 Aq^T) Bq^T,  k = n1 Wk^T + bk,
+//!   v  = n1 Wv^T + bv + s (n1 Av^T) Bv^T                        (b = 0 without qkv_bias)
 //!   a  = attention(rope(q), rope(k), v)                         causal, GQA, 1/sqrt(d)
 //!   x2 = x + a Wo^T
 //!   n2 = rmsnorm(x2, g2)
 //!   x  = x2 + (silu(n2 Wg^T) * (n2 Wu^T)) Wd^T
-//! loss = cross_entropy(rmsnorm(x, g_final) Wlm^T, targets)     mean over T
+//! loss = cross_entropy(rmsnorm(x, g_final) Wlm^T, targets)     mean over T, Wlm = embedding if tied
 //! ```
 //!
 //! Backward propagates `dx` through every op (frozen weights get no gradient,
@@ -37,7 +40,7 @@ use super::clip::GroupClip;
 use super::{activation, cross_entropy, embedding, gemm, rmsnorm, rope};
 use crate::error::{Error, Result};
 use qlora::model::corpus::{self, Corpus};
-use qlora::model::{BaseModel, ModelConfig, Slot, Trainable};
+use qlora::model::{BaseModel, FrozenLinear, ModelConfig, Slot, Trainable};
 use qlora::train::{BaseWeights, ClipMode, Hyper};
 
 pub use qlora::model::corpus::{BATCH_SALT, CORPUS_SALT};
@@ -127,6 +130,24 @@ fn add_into(acc: &mut [f64], x: &[f64]) {
     }
 }
 
+/// `y = x W^T (+ b)` of a frozen projection over `rows` rows.
+fn frozen_linear(x: &[f64], w: &FrozenLinear, rows: usize) -> Result<Vec<f64>> {
+    let mut y = gemm::linear(x, &w.weight, rows, w.in_dim, w.out_dim)?;
+    if let Some(b) = &w.bias {
+        if b.len() != w.out_dim {
+            return Err(Error::ShapeMismatch {
+                op: "train",
+                expected: format!("a bias of {} values", w.out_dim),
+                got: format!("{} values", b.len()),
+            });
+        }
+        for row in y.chunks_exact_mut(w.out_dim) {
+            add_into(row, b);
+        }
+    }
+    Ok(y)
+}
+
 impl Model {
     /// Seeded base weights stored as `base`, and LoRA at its starting point.
     pub fn init(cfg: &ModelConfig, base: BaseWeights, seed: u64) -> Result<Self> {
@@ -151,18 +172,17 @@ impl Model {
         }
     }
 
-    /// `x W^T + s (x A^T) B^T`, also returning `u = x A^T`.
+    /// `x W^T (+ b) + s (x A^T) B^T`, also returning `u = x A^T`.
     fn lora_linear(
         &self,
         x: &[f64],
-        w: &[f64],
+        w: &FrozenLinear,
         a: &[f64],
         b: &[f64],
         rows: usize,
-        out_dim: usize,
     ) -> Result<(Vec<f64>, Vec<f64>)> {
-        let (h, r) = (self.cfg().hidden, self.cfg().lora_rank);
-        let mut y = gemm::linear(x, w, rows, h, out_dim)?;
+        let (h, r, out_dim) = (self.cfg().hidden, self.cfg().lora_rank, w.out_dim);
+        let mut y = frozen_linear(x, w, rows)?;
         let u = gemm::linear(x, a, rows, h, r)?;
         let branch = gemm::linear(&u, b, rows, r, out_dim)?;
         let s = self.params.scale;
@@ -199,33 +219,20 @@ impl Model {
         let seq = tokens.len() / batch - 1;
         let (inputs, targets) = corpus::inputs_targets(tokens, batch, seq)?;
         let rows = batch * seq;
-        let (h, qd, kvd, inter) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate);
+        let (h, qd, inter) = (c.hidden, c.q_dim(), c.intermediate);
         let shape = self.attn_shape(batch, seq);
-        let eps = ModelConfig::RMS_EPS;
-        let theta = ModelConfig::ROPE_THETA;
+        let (eps, theta) = (c.rms_eps, c.rope_theta);
 
         let mut x = embedding::forward(&self.base.embedding, c.vocab, h, &inputs)?;
         let mut layers = Vec::with_capacity(c.layers);
         for (l, w) in self.base.layers.iter().enumerate() {
             let p = &self.params;
             let n1 = rmsnorm::forward(&x, p.get(l, Slot::AttnNorm), rows, h, eps)?;
-            let (q, uq) = self.lora_linear(
-                &n1,
-                &w.q.weight,
-                p.get(l, Slot::QA),
-                p.get(l, Slot::QB),
-                rows,
-                qd,
-            )?;
-            let k = gemm::linear(&n1, &w.k.weight, rows, h, kvd)?;
-            let (v, uv) = self.lora_linear(
-                &n1,
-                &w.v.weight,
-                p.get(l, Slot::VA),
-                p.get(l, Slot::VB),
-                rows,
-                kvd,
-            )?;
+            let (q, uq) =
+                self.lora_linear(&n1, &w.q, p.get(l, Slot::QA), p.get(l, Slot::QB), rows)?;
+            let k = frozen_linear(&n1, &w.k, rows)?;
+            let (v, uv) =
+                self.lora_linear(&n1, &w.v, p.get(l, Slot::VA), p.get(l, Slot::VB), rows)?;
             let qr = rope::forward(&q, batch, seq, c.heads, c.head_dim, theta)?;
             let kr = rope::forward(&k, batch, seq, c.kv_heads, c.head_dim, theta)?;
             let (att, probs) = attention::forward(&qr, &kr, &v, &shape)?;
@@ -255,13 +262,19 @@ impl Model {
             x = x3;
         }
         let nf = rmsnorm::forward(&x, &self.base.final_norm, rows, h, eps)?;
-        let logits = gemm::linear(&nf, &self.base.lm_head, rows, h, c.vocab)?;
+        let logits = gemm::linear(&nf, self.base.head(), rows, h, c.vocab)?;
         Ok(ForwardCache {
             layers,
             x_final: x,
             logits,
             targets,
         })
+    }
+
+    /// The logits `[batch * seq, vocab]` of the inputs of `tokens`
+    /// (`[batch, seq + 1]`: every row but its last token).
+    pub fn logits(&self, tokens: &[u32], batch: usize) -> Result<Vec<f64>> {
+        Ok(self.forward(tokens, batch)?.logits)
     }
 
     /// The mean cross-entropy of `tokens` (`[batch, seq + 1]`).
@@ -285,15 +298,14 @@ impl Model {
         let seq = rows / batch;
         let (h, qd, kvd, inter, r) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate, c.lora_rank);
         let shape = self.attn_shape(batch, seq);
-        let eps = ModelConfig::RMS_EPS;
-        let theta = ModelConfig::ROPE_THETA;
+        let (eps, theta) = (c.rms_eps, c.rope_theta);
         // The LoRA branch scale as backward applies it; the fault applies it twice.
         let s = self.params.scale;
         let s_bwd = if lora_scale_twice { s * s } else { s };
 
         let loss = cross_entropy::forward(&f.logits, rows, c.vocab, &f.targets)?;
         let dlogits = cross_entropy::backward(&f.logits, rows, c.vocab, &f.targets)?;
-        let dnf = frozen_dx(&dlogits, &self.base.lm_head, rows, h, c.vocab)?;
+        let dnf = frozen_dx(&dlogits, self.base.head(), rows, h, c.vocab)?;
         let (mut dx, _) = rmsnorm::backward(&f.x_final, &self.base.final_norm, &dnf, rows, h, eps)?;
 
         let mut grads = self.params.zeros_like();
