@@ -6,6 +6,7 @@
 #
 #   scripts/gpu-subjects.sh stage          # here: build and copy the executables
 #   scripts/gpu-subjects.sh run OUTDIR     # on the GPU machine, from the repo root
+#   scripts/gpu-subjects.sh probe OUTDIR   # on the GPU machine: where aprender-train's step runs
 #
 # `run` starts each subject's contract suite from the subject's own folder
 # (its harness reads ./contracts first and writes ./reports/latest), twice for
@@ -28,6 +29,8 @@ case "${1:-}" in
     cp "$(newest_test target/axpy/release/deps nvrtc)" "$stage/axpy-nvrtc"
     cargo test --release --locked --no-run --manifest-path subjects/aprender-train/Cargo.toml --test contracts
     cp "$(newest_test subjects/aprender-train/target/release/deps contracts)" "$stage/aprender-contracts"
+    cargo build --release --locked --manifest-path subjects/aprender-train/Cargo.toml --example probe
+    cp subjects/aprender-train/target/release/examples/probe "$stage/aprender-probe"
     strip "$stage"/* 2>/dev/null || true
     du -sh "$stage"/*
     ;;
@@ -54,8 +57,32 @@ case "${1:-}" in
     tar czf "$out/subjects.tgz" -C "$(dirname "$work")" subjects
     cat "$work/summary.txt"
     ;;
+  probe)
+    # aprender-train's un-graphed step over batch x sequence length, three
+    # steps each on a cold module cache (a fresh HOME), then one step under
+    # compute-sanitizer memcheck: which shapes train, and which kernel (if
+    # any) faults before a failing JIT. Packed into OUTDIR/probe.tgz.
+    out=${2:?usage: scripts/gpu-subjects.sh probe OUTDIR}
+    work=$(mktemp -d)/probe
+    mkdir -p "$work"
+    probe=$(pwd)/$stage/aprender-probe
+    for shape in "1 256" "4 256" "2 256" "1 128" "4 128" "1 64" "4 64" "4 32"; do
+      read -r b s <<< "$shape"
+      log="$work/batch$b-seq$s"
+      start=$(date +%s)
+      HOME=$(mktemp -d) timeout 60 "$probe" qwen2-tiny-4l 3 --batch "$b" --seq-len "$s" --last 2 \
+        > "$log.out" 2> "$log.err"
+      echo "batch $b seq_len $s: exit $? in $(( $(date +%s) - start )) s;" \
+        "$(grep -h '^step=\|^error=' "$log.out" | tr '\n' ' ')" >> "$work/summary.txt"
+    done
+    HOME=$(mktemp -d) timeout 200 compute-sanitizer --tool memcheck --print-limit 10 \
+      "$probe" qwen2-tiny-4l 1 --batch 1 --seq-len 256 --last 1 > "$work/memcheck.out" 2>&1
+    echo "memcheck: exit $?" >> "$work/summary.txt"
+    tar czf "$out/probe.tgz" -C "$(dirname "$work")" probe
+    cat "$work/summary.txt"
+    ;;
   *)
-    echo "usage: scripts/gpu-subjects.sh stage | run OUTDIR" >&2
+    echo "usage: scripts/gpu-subjects.sh stage | run OUTDIR | probe OUTDIR" >&2
     exit 2
     ;;
 esac
