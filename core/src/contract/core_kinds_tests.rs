@@ -245,3 +245,50 @@ fn the_span_kind_takes_its_own_mutant_and_needs_its_kernel_names() {
         "{message}"
     );
 }
+
+const PREWARM: &str = "{kind: driver_prewarm, model: toy-model, steps: 3, batch: 2}";
+const CAPTURE: &str =
+    "{kind: driver_capture, model: toy-model, steps: 2, graph: true, max_syncs_per_step: 1}";
+
+/// The driver-observed kinds run under the observer and hand the workload
+/// the training they drive; the two-arm kinds do neither; every one of the
+/// four refuses a model the workload does not train.
+#[test]
+fn the_driver_kinds_drive_their_training_under_the_observer() {
+    for (check, steps, batch, graph) in [
+        (PARITY, 2, 1, false),
+        (PREWARM, 3, 2, false),
+        (CAPTURE, 2, 1, true),
+        (SPAN, 2, 1, false),
+    ] {
+        let c = load("inflated", check).unwrap();
+        let kind = &c.falsification_tests[0].check;
+        let Check::Core(kind) = kind else {
+            panic!("{check}: not a core kind")
+        };
+        assert!(kind.observes_driver(), "{check}");
+        let setup = kind
+            .train_setup(7)
+            .unwrap_or_else(|| panic!("{check}: no setup"));
+        assert_eq!(setup.model, "toy-model", "{check}");
+        assert_eq!(
+            (setup.steps, setup.batch, setup.graph, setup.seed),
+            (steps, batch, graph, 7),
+            "{check}"
+        );
+        let elsewhere = check.replace("toy-model", "gpt-17");
+        let (_, _, message) = refused("inflated", &elsewhere);
+        assert!(
+            message.contains("model `gpt-17` is not one"),
+            "{check}: {message}"
+        );
+    }
+    for check in [LOSS_PARITY, SPEEDUP] {
+        let c = load("inflated", check).unwrap();
+        let Check::Core(kind) = &c.falsification_tests[0].check else {
+            panic!("{check}: not a core kind")
+        };
+        assert!(!kind.observes_driver(), "{check}");
+        assert!(kind.train_setup(7).is_none(), "{check}");
+    }
+}

@@ -14,7 +14,7 @@ use super::train::{self, Training};
 use super::{CoreCheck, CoreTrial};
 use crate::check::params::Count;
 use crate::check::{Backend, Comparator, Measurement, ParamDefault, ParamDoc, Piece, Validate};
-use crate::subject::{OwnCounts, Subject, TrainSetup};
+use crate::subject::{OwnCounts, Subject};
 use crate::Result;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -96,16 +96,8 @@ impl CoreCheck for Params {
         ))
     }
 
-    fn validate_for<S: Subject>(&self) -> std::result::Result<(), (&'static str, String)> {
-        self.training().validate_for::<S>()
-    }
-
-    fn observes_driver(&self) -> bool {
-        true
-    }
-
-    fn train_setup(&self, seed: u64) -> Option<TrainSetup> {
-        Some(self.training().setup(seed))
+    fn driven_training(&self) -> Option<Training<'_>> {
+        Some(self.training())
     }
 }
 

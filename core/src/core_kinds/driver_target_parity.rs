@@ -67,16 +67,8 @@ impl CoreCheck for Params {
         observed.conclude(judge(&observed.recording, observed.device))
     }
 
-    fn validate_for<S: Subject>(&self) -> Result<(), (&'static str, String)> {
-        self.training().validate_for::<S>()
-    }
-
-    fn observes_driver(&self) -> bool {
-        true
-    }
-
-    fn train_setup(&self, seed: u64) -> Option<crate::subject::TrainSetup> {
-        Some(self.training().setup(seed))
+    fn driven_training(&self) -> Option<Training<'_>> {
+        Some(self.training())
     }
 }
 

@@ -31,6 +31,7 @@ use falsify_observer::DriverObserver;
 use crate::check::{Backend, Here, KindInfo, Measurement, Validate, CUDA, DEFAULT_TIMEOUT_S};
 use crate::subject::{Subject, TrainSetup, TrialContext};
 use crate::workload::{graph_loss_parity, graph_speedup};
+use train::Training;
 
 pub use check::{kinds_markdown, Check};
 pub use mutant::{CoreMutant, MutantName};
@@ -58,24 +59,32 @@ pub trait CoreCheck: Validate {
         trial: CoreTrial<'_, '_, S>,
     ) -> crate::Result<Measurement>;
 
+    /// The training this check drives under the driver observer; `None`
+    /// for a check that does not. The next three methods follow from it.
+    fn driven_training(&self) -> Option<Training<'_>> {
+        None
+    }
+
     /// Whether the subject `S` can run this check: `Err((key, why))` names
     /// the parameter the error is located at (e.g. `model`), or `""` for the
-    /// check as a whole. Called when a contract loads.
+    /// check as a whole. Called when a contract loads. By default, whether
+    /// `S`'s workload trains the driven training's model.
     fn validate_for<S: Subject>(&self) -> Result<(), (&'static str, String)> {
-        Ok(())
+        self.driven_training()
+            .map_or(Ok(()), |t| t.validate_for::<S>())
     }
 
     /// Whether a trial of this check runs under the driver observer (so
     /// the driver mutants can take effect on it).
     fn observes_driver(&self) -> bool {
-        false
+        self.driven_training().is_some()
     }
 
     /// The training this check drives, for the workload's process
     /// environment ([`Workload::process_env`](crate::subject::Workload::process_env));
     /// `None` for a check that trains nothing.
-    fn train_setup(&self, _seed: u64) -> Option<TrainSetup> {
-        None
+    fn train_setup(&self, seed: u64) -> Option<TrainSetup> {
+        self.driven_training().map(|t| t.setup(seed))
     }
 
     /// See [`Kind::unjudged_on`](crate::subject::Kind::unjudged_on).
