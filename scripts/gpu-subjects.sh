@@ -59,25 +59,35 @@ case "${1:-}" in
     ;;
   probe)
     # aprender-train's un-graphed step over batch x sequence length, three
-    # steps each on a cold module cache (a fresh HOME), then one step under
-    # compute-sanitizer memcheck: which shapes train, and which kernel (if
-    # any) faults before a failing JIT. Packed into OUTDIR/probe.tgz.
+    # steps each on a cold module cache (a fresh HOME), three times per shape
+    # (the failure is not deterministic), then one step under compute-sanitizer
+    # memcheck at a shape that fails outside it. The pipeline exits 0 even
+    # when a step fell back to the CPU, so each line also counts the stderr's
+    # CPU fall-backs and CUDA_ERROR_ILLEGAL_ADDRESS (700) reports. Packed into
+    # OUTDIR/probe.tgz.
     out=${2:?usage: scripts/gpu-subjects.sh probe OUTDIR}
     work=$(mktemp -d)/probe
     mkdir -p "$work"
     probe=$(pwd)/$stage/aprender-probe
     for shape in "1 256" "4 256" "2 256" "1 128" "4 128" "1 64" "4 64" "4 32"; do
       read -r b s <<< "$shape"
-      log="$work/batch$b-seq$s"
-      start=$(date +%s)
-      HOME=$(mktemp -d) timeout 60 "$probe" qwen2-tiny-4l 3 --batch "$b" --seq-len "$s" --last 2 \
-        > "$log.out" 2> "$log.err"
-      echo "batch $b seq_len $s: exit $? in $(( $(date +%s) - start )) s;" \
-        "$(grep -h '^step=\|^error=' "$log.out" | tr '\n' ' ')" >> "$work/summary.txt"
+      for rep in 1 2 3; do
+        log="$work/batch$b-seq$s-run$rep"
+        start=$(date +%s)
+        HOME=$(mktemp -d) timeout 60 "$probe" qwen2-tiny-4l 3 --batch "$b" --seq-len "$s" --last 2 \
+          > "$log.out" 2> "$log.err"
+        echo "batch $b seq_len $s run $rep: exit $? in $(( $(date +%s) - start )) s;" \
+          "cpu_fallbacks=$(grep -c 'falling back to CPU' "$log.err")" \
+          "illegal_address=$(grep -c 'ILLEGAL_ADDRESS' "$log.err");" \
+          "$(grep -h '^step=\|^error=' "$log.out" | tr '\n' ' ')" >> "$work/summary.txt"
+      done
     done
     HOME=$(mktemp -d) timeout 200 compute-sanitizer --tool memcheck --print-limit 10 \
-      "$probe" qwen2-tiny-4l 1 --batch 1 --seq-len 256 --last 1 > "$work/memcheck.out" 2>&1
-    echo "memcheck: exit $?" >> "$work/summary.txt"
+      "$probe" qwen2-tiny-4l 1 --batch 4 --seq-len 256 --last 1 > "$work/memcheck.out" 2> "$work/memcheck.err"
+    echo "memcheck batch 4 seq_len 256: exit $?;" \
+      "cpu_fallbacks=$(grep -c 'falling back to CPU' "$work/memcheck.err")" \
+      "illegal_address=$(grep -c 'ILLEGAL_ADDRESS' "$work/memcheck.err");" \
+      "$(grep -h 'ERROR SUMMARY' "$work/memcheck.out")" >> "$work/summary.txt"
     tar czf "$out/probe.tgz" -C "$(dirname "$work")" probe
     cat "$work/summary.txt"
     ;;
