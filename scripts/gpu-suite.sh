@@ -12,8 +12,9 @@
 # 370 s on one H100 and 243 s on two H200s at commit c0d8c57; with one GPU
 # the two runs of this part need two 10-minute device calls, or one shard each):
 # 1. the contract suite through cargo-nextest, twice, one process per trial,
-#    cuda trials one per GPU at a time (the `gpu` test group, with one slot
-#    per GPU this host has; the slot is the device); with hash:K/N, only that
+#    cuda trials that need a GPU alone one at a time on the host (the `gpu`
+#    test group), the others four per GPU (`gpu-shared`; slot modulo GPUs is
+#    the device); with hash:K/N, only that
 #    shard (merge the shards' reports with `falsify report --merge`);
 #    scripts/compare-verdicts.py says whether the two runs gave the same verdicts;
 # 2. the GPU-only integration tests (fault isolation, out of memory, training
@@ -57,8 +58,14 @@ nextest() {
 # One slot of the `gpu` test group per GPU of this host.
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 [ "${gpus:-0}" -ge 1 ] || gpus=1
-sed "s/^gpu = { max-threads = 1 }/gpu = { max-threads = $gpus }/" .config/nextest.toml > .gpu/nextest.toml
-note "GPUs: $gpus (gpu test group max-threads)"
+sed -e "s/^gpu = { max-threads = 1 }/gpu = { max-threads = $gpus }/" \
+  -e "s/^gpu-shared = { max-threads = 4 }/gpu-shared = { max-threads = $((4 * gpus)) }/" \
+  .config/nextest.toml > .gpu/nextest.toml
+grep -q "^gpu-shared = { max-threads = $((4 * gpus)) }" .gpu/nextest.toml || {
+  echo "scripts/gpu-suite.sh: .config/nextest.toml's test groups are not the ones this script scales" >&2
+  exit 2
+}
+note "GPUs: $gpus (gpu test group max-threads; gpu-shared $((4 * gpus)))"
 partition=()
 [ -n "$shard" ] && partition=(--partition "$shard")
 junit() { cp target/nextest/ci/junit.xml "$work/junit-$1.xml" 2>/dev/null; }

@@ -246,12 +246,24 @@ fn two_nextest_shards_merge_into_the_verdicts_of_one_run() {
     );
 }
 
-/// The `gpu` test group's slot picks the CUDA device; outside the group it is
-/// device 0. The run record names the device ordinal the engine was given.
+/// The `gpu` test group's slot picks the CUDA device; in `gpu-shared` the
+/// slot modulo the number of GPUs (one here, where no driver answers);
+/// outside both it is device 0. The run record names the device ordinal the
+/// engine was given.
 #[test]
 fn the_gpu_group_slot_is_the_device_ordinal() {
     let dir = project(&[("quick", QUICK)]);
-    for (group, slot, ordinal) in [("gpu", "1", 1), ("@global", "none", 0)] {
+    let shared_ordinal = if falsify_core::run::driver_present() {
+        None
+    } else {
+        Some(0)
+    };
+    for (group, slot, ordinal) in [
+        ("gpu", "1", Some(1)),
+        ("gpu-shared", "5", shared_ordinal),
+        ("@global", "none", Some(0)),
+    ] {
+        let Some(ordinal) = ordinal else { continue };
         let out = command(dir.path(), Some("run-slot"))
             .args(["--exact", "[cpu] quick::F-Q-001"])
             .env("NEXTEST_TEST_GROUP", group)

@@ -114,21 +114,32 @@ fn reports_dir(contracts: &std::path::Path) -> PathBuf {
 struct Nextest {
     /// Shared by every process of one `cargo nextest run`.
     run_id: String,
-    /// The slot of this test in the `gpu` test group (0 to the group's
-    /// max-threads - 1, unique among the group's running tests): the CUDA
-    /// device ordinal. `None` outside the group.
+    /// The CUDA device ordinal this test's test-group slot names (slots run
+    /// 0 to the group's max-threads - 1, unique among the group's running
+    /// tests): in the `gpu` group (one slot per GPU) the slot itself; in
+    /// the `gpu-shared` group (several slots per GPU) the slot modulo the
+    /// number of GPUs. `None` outside both groups.
     gpu_slot: Option<usize>,
 }
+
+/// The group whose tests have a GPU to themselves, one slot per GPU.
+const GPU_GROUP: &str = "gpu";
+/// The group whose tests share a GPU with others of the group.
+const SHARED_GPU_GROUP: &str = "gpu-shared";
 
 /// Whether this process was started by cargo-nextest, and with what.
 fn nextest() -> Option<Nextest> {
     let run_id = std::env::var("NEXTEST_RUN_ID").ok()?;
-    let in_gpu_group = std::env::var("NEXTEST_TEST_GROUP").is_ok_and(|g| g == "gpu");
-    let slot = std::env::var("NEXTEST_TEST_GROUP_SLOT").ok();
-    Some(Nextest {
-        run_id,
-        gpu_slot: slot.filter(|_| in_gpu_group).and_then(|s| s.parse().ok()),
-    })
+    let group = std::env::var("NEXTEST_TEST_GROUP").unwrap_or_default();
+    let slot: Option<usize> = std::env::var("NEXTEST_TEST_GROUP_SLOT")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    let gpu_slot = match group.as_str() {
+        GPU_GROUP => slot,
+        SHARED_GPU_GROUP => slot.map(|s| s % crate::run::device_count().max(1)),
+        _ => None,
+    };
+    Some(Nextest { run_id, gpu_slot })
 }
 
 /// The same selection rule libtest-mimic applies (a filter matches the name

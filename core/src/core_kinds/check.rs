@@ -75,6 +75,14 @@ impl<K: KindSet> Check<K> {
         }
     }
 
+    /// See [`crate::subject::Kind::needs_the_gpu_alone`].
+    pub fn needs_the_gpu_alone(&self) -> bool {
+        match self {
+            Check::Core(k) => k.needs_the_gpu_alone(),
+            Check::Subject(k) => k.needs_the_gpu_alone(),
+        }
+    }
+
     /// Whether the subject can run this check (a core kind's `model:` is
     /// one its workload trains, ...): `Err((key, why))`, located at the
     /// check's `key` (`""`: the check itself). Called when a contract loads.

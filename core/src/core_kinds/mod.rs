@@ -101,6 +101,11 @@ pub trait CoreCheck: Validate {
     fn default_timeout_s(&self) -> f64 {
         DEFAULT_TIMEOUT_S
     }
+
+    /// See [`Kind::needs_the_gpu_alone`](crate::subject::Kind::needs_the_gpu_alone).
+    fn needs_the_gpu_alone(&self) -> bool {
+        false
+    }
 }
 
 /// Declares the core's kinds from one line each, as
@@ -184,6 +189,13 @@ macro_rules! core_kinds {
             pub fn default_timeout_s(&self) -> f64 {
                 match self {
                     $(Self::$variant(p) => p.default_timeout_s(),)*
+                }
+            }
+
+            /// See [`CoreCheck::needs_the_gpu_alone`].
+            pub fn needs_the_gpu_alone(&self) -> bool {
+                match self {
+                    $(Self::$variant(p) => p.needs_the_gpu_alone(),)*
                 }
             }
 

@@ -84,4 +84,8 @@ impl CoreCheck for graph_speedup::Params {
     fn default_timeout_s(&self) -> f64 {
         graph_speedup::DEFAULT_TIMEOUT_S
     }
+
+    fn needs_the_gpu_alone(&self) -> bool {
+        true
+    }
 }

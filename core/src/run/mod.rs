@@ -1054,8 +1054,12 @@ fn gpu_here<S: Subject>(device: &S::Device) -> (DeviceFacts, GpuHere) {
     (facts, here)
 }
 
-/// CUDA devices the driver reports; 1 (the open one) if it cannot say.
-fn device_count() -> usize {
+/// CUDA devices the driver reports; 1 (the open one) if it cannot say or
+/// there is no driver to ask.
+pub(crate) fn device_count() -> usize {
+    if !driver_present() {
+        return 1;
+    }
     cudarc::driver::CudaContext::device_count()
         .ok()
         .and_then(|n| usize::try_from(n).ok())

@@ -58,6 +58,16 @@ pub trait Kind<S: Subject>: Validate {
     fn default_timeout_s(&self) -> f64 {
         DEFAULT_TIMEOUT_S
     }
+
+    /// Whether this check's verdict rests on what another process on the
+    /// same GPU would change: a duration or rate it times, a peak of the
+    /// device's free memory it measures, memory it fills. Such a trial has
+    /// the GPU to itself (`.config/nextest.toml` runs it alone); any other
+    /// cuda trial may share the GPU. tests/nextest_groups.rs holds that
+    /// file's list to this method.
+    fn needs_the_gpu_alone(&self) -> bool {
+        false
+    }
 }
 
 /// The `check:` block of a falsification test: one of a subject's kinds
@@ -82,6 +92,11 @@ pub trait KindSet: DeserializeOwned + Clone + Debug + Send + Sync + 'static {
 
     /// See [`Kind::default_timeout_s`].
     fn default_timeout_s(&self) -> f64;
+
+    /// See [`Kind::needs_the_gpu_alone`]; false for a set of no kinds.
+    fn needs_the_gpu_alone(&self) -> bool {
+        false
+    }
 
     /// Runs the measurement (see [`Kind::execute`]).
     fn execute(
@@ -240,6 +255,13 @@ macro_rules! kinds {
                 match self {
                     $(Self::$variant(p) =>
                         <$module::Params as $crate::subject::Kind<$subject>>::default_timeout_s(p),)*
+                }
+            }
+
+            fn needs_the_gpu_alone(&self) -> bool {
+                match self {
+                    $(Self::$variant(p) =>
+                        <$module::Params as $crate::subject::Kind<$subject>>::needs_the_gpu_alone(p),)*
                 }
             }
 

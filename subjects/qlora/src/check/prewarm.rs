@@ -177,6 +177,12 @@ impl Kind<crate::Qlora> for Params {
     fn default_timeout_s(&self) -> f64 {
         TRAINING_TIMEOUT_S
     }
+
+    /// It compares the device memory in use before and during setup, and
+    /// may time pre-warms or fill the memory.
+    fn needs_the_gpu_alone(&self) -> bool {
+        true
+    }
 }
 
 /// The step mode pre-warm is checked under: graphed, as in production.

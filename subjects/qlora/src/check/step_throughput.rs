@@ -279,6 +279,10 @@ impl Kind<crate::Qlora> for Params {
     fn default_timeout_s(&self) -> f64 {
         TRAINING_TIMEOUT_S
     }
+
+    fn needs_the_gpu_alone(&self) -> bool {
+        true
+    }
 }
 
 /// `step_throughput`: the median step time of one mode over `repeats` steps

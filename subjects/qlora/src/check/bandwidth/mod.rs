@@ -312,6 +312,10 @@ impl Kind<crate::Qlora> for Params {
     fn default_timeout_s(&self) -> f64 {
         120.0
     }
+
+    fn needs_the_gpu_alone(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]
