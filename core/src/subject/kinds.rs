@@ -93,10 +93,8 @@ pub trait KindSet: DeserializeOwned + Clone + Debug + Send + Sync + 'static {
     /// See [`Kind::default_timeout_s`].
     fn default_timeout_s(&self) -> f64;
 
-    /// See [`Kind::needs_the_gpu_alone`]; false for a set of no kinds.
-    fn needs_the_gpu_alone(&self) -> bool {
-        false
-    }
+    /// See [`Kind::needs_the_gpu_alone`].
+    fn needs_the_gpu_alone(&self) -> bool;
 
     /// Runs the measurement (see [`Kind::execute`]).
     fn execute(

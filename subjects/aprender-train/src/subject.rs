@@ -78,6 +78,9 @@ impl KindSet for NoKinds {
     fn default_timeout_s(&self) -> f64 {
         match *self {}
     }
+    fn needs_the_gpu_alone(&self) -> bool {
+        match *self {}
+    }
     fn execute(
         &self,
         _backend: Backend,
