@@ -605,27 +605,38 @@ fn unjudged_section(md: &mut String, report: &Report) {
         md,
         "Trials whose check could not measure (`error`) here and did not pass in the baseline either: not regressions, and no evidence for or against their claims.\n"
     );
+    trial_tables(md, report, RunComparison::unjudged, "current detail", |t| {
+        cell(t.current.as_ref().map_or("", |r| r.detail.as_str()))
+    });
+}
+
+/// Per compared baseline (under its subheading), a table of the trials
+/// `pick` chooses: the trial, its backend, its baseline status and `last`.
+fn trial_tables(
+    md: &mut String,
+    report: &Report,
+    pick: impl Fn(&RunComparison) -> Vec<&TrialDiff>,
+    last_heading: &str,
+    last: impl Fn(&TrialDiff) -> String,
+) {
     for c in &report.compared {
-        let unjudged = c.cmp.unjudged();
-        if unjudged.is_empty() {
+        let trials = pick(&c.cmp);
+        if trials.is_empty() {
             continue;
         }
-        let against = report.against(c);
+        report.subheading(md, c);
         let _ = writeln!(
             md,
-            "| trial | on | in the baseline{against} | current detail |"
+            "| trial | on | baseline | {last_heading} |\n| --- | --- | --- | --- |"
         );
-        let _ = writeln!(md, "| --- | --- | --- | --- |");
-        for t in unjudged {
-            let detail = t.current.as_ref().map_or("", |r| r.detail.as_str());
+        for t in trials {
             let _ = writeln!(
                 md,
-                "| {}::{} | {} | {} | {} |",
-                cell(&t.contract),
-                cell(&t.test_id),
+                "| {} | {} | {} | {} |",
+                cell(&format!("{}::{}", t.contract, t.test_id)),
                 t.backend(),
                 status_text(t.baseline_status()),
-                cell(detail)
+                last(t)
             );
         }
         md.push('\n');
@@ -659,28 +670,9 @@ fn not_run_section(md: &mut String, report: &Report) {
         md,
         "Baseline trials this run did not execute, with nothing recording why. Run them (a trial removed from the contracts needs a refreshed baseline instead).\n"
     );
-    for c in &report.compared {
-        let not_run = c.cmp.not_run();
-        if not_run.is_empty() {
-            continue;
-        }
-        report.subheading(md, c);
-        let _ = writeln!(
-            md,
-            "| trial | on | baseline | current |\n| --- | --- | --- | --- |"
-        );
-        for t in not_run {
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | {} |",
-                cell(&format!("{}::{}", t.contract, t.test_id)),
-                t.backend(),
-                status_text(t.baseline_status()),
-                not_run_reason(t)
-            );
-        }
-        md.push('\n');
-    }
+    trial_tables(md, report, RunComparison::not_run, "current", |t| {
+        not_run_reason(t).to_string()
+    });
 }
 
 /// Why a trial counts as not run: absent, or skipped without a reason.
