@@ -119,7 +119,7 @@ struct Nextest {
     /// tests): in the `gpu` group (one slot per GPU) the slot itself; in
     /// the `gpu-shared` group (several slots per GPU) the slot modulo the
     /// number of GPUs. `None` outside both groups.
-    gpu_slot: Option<usize>,
+    device_ordinal: Option<usize>,
 }
 
 /// The group whose tests have a GPU to themselves, one slot per GPU.
@@ -134,12 +134,15 @@ fn nextest() -> Option<Nextest> {
     let slot: Option<usize> = std::env::var("NEXTEST_TEST_GROUP_SLOT")
         .ok()
         .and_then(|s| s.parse().ok());
-    let gpu_slot = match group.as_str() {
+    let device_ordinal = match group.as_str() {
         GPU_GROUP => slot,
         SHARED_GPU_GROUP => slot.map(|s| s % crate::run::device_count().max(1)),
         _ => None,
     };
-    Some(Nextest { run_id, gpu_slot })
+    Some(Nextest {
+        run_id,
+        device_ordinal,
+    })
 }
 
 /// The same selection rule libtest-mimic applies (a filter matches the name
@@ -387,7 +390,7 @@ fn run_options<S: Subject>(
     match nextest {
         Some(n) => {
             options.run_id = Some(n.run_id.clone());
-            options.device.set_ordinal(n.gpu_slot.unwrap_or(0));
+            options.device.set_ordinal(n.device_ordinal.unwrap_or(0));
         }
         None => options.isolation = Isolation::Child(ChildCommand::current_exe()?),
     }
