@@ -69,6 +69,9 @@ case "${1:-}" in
     work=$(mktemp -d)/probe
     mkdir -p "$work"
     probe=$(pwd)/$stage/aprender-probe
+    failures() { # the CPU fall-backs and illegal-address reports in a stderr log
+      echo "cpu_fallbacks=$(grep -c 'falling back to CPU' "$1") illegal_address=$(grep -c 'ILLEGAL_ADDRESS' "$1")"
+    }
     for shape in "1 256" "4 256" "2 256" "1 128" "4 128" "1 64" "4 64" "4 32"; do
       read -r b s <<< "$shape"
       for rep in 1 2 3; do
@@ -77,16 +80,13 @@ case "${1:-}" in
         HOME=$(mktemp -d) timeout 60 "$probe" qwen2-tiny-4l 3 --batch "$b" --seq-len "$s" --last 2 \
           > "$log.out" 2> "$log.err"
         echo "batch $b seq_len $s run $rep: exit $? in $(( $(date +%s) - start )) s;" \
-          "cpu_fallbacks=$(grep -c 'falling back to CPU' "$log.err")" \
-          "illegal_address=$(grep -c 'ILLEGAL_ADDRESS' "$log.err");" \
+          "$(failures "$log.err");" \
           "$(grep -h '^step=\|^error=' "$log.out" | tr '\n' ' ')" >> "$work/summary.txt"
       done
     done
     HOME=$(mktemp -d) timeout 200 compute-sanitizer --tool memcheck --print-limit 10 \
       "$probe" qwen2-tiny-4l 1 --batch 4 --seq-len 256 --last 1 > "$work/memcheck.out" 2> "$work/memcheck.err"
-    echo "memcheck batch 4 seq_len 256: exit $?;" \
-      "cpu_fallbacks=$(grep -c 'falling back to CPU' "$work/memcheck.err")" \
-      "illegal_address=$(grep -c 'ILLEGAL_ADDRESS' "$work/memcheck.err");" \
+    echo "memcheck batch 4 seq_len 256: exit $?; $(failures "$work/memcheck.err");" \
       "$(grep -h 'ERROR SUMMARY' "$work/memcheck.out")" >> "$work/summary.txt"
     tar czf "$out/probe.tgz" -C "$(dirname "$work")" probe
     cat "$work/summary.txt"
