@@ -93,9 +93,12 @@ extern "C" __global__ void rope_bwd_f32(const float* __restrict__ dy, float* __r
 // y = n1 [Wq; Wk; Wv; Aq; Av]^T, a [rows, width] matrix whose columns are
 // q (heads*d) | k (kv*d) | v (kv*d) | uq (r) | uv (r), width = the row stride.
 //
-// forward:  q = y_q + s uq Bq^T, v = y_v + s uv Bv^T (Bq [heads*d, r],
-//           Bv [kv*d, r]); qr = rope(q), kr = rope(y_k), v packed. qr, kr, v
-//           are attention's packed [rows, heads*d], [rows, kv*d], [rows, kv*d].
+// forward:  q = y_q + b_q + s uq Bq^T, k = y_k + b_k, v = y_v + b_v + s uv Bv^T
+//           (Bq [heads*d, r], Bv [kv*d, r]; b = [b_q | b_k | b_v] the frozen
+//           q/k/v bias, zeros for a model without one); qr = rope(q),
+//           kr = rope(k), v packed. qr, kr, v are attention's packed
+//           [rows, heads*d], [rows, kv*d], [rows, kv*d]. The bias is a
+//           constant of the forward, so the backward does not see it.
 // backward: dq = rope^T(dqr), dk = rope^T(dkr); duq = s dq Bq, duv = s dv Bv;
 //           written into dy's columns dq | dk | dv | duq | duv, so that
 //           dn1 = dy [Wq; Wk; Wv; Aq; Av] is one GEMM.
@@ -166,6 +169,7 @@ __device__ __forceinline__ void lora_up(const float (*u)[2 * QKV_MAX_RANK], int 
 
 extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long long ld,
                                             const float* __restrict__ bq, const float* __restrict__ bv,
+                                            const float* __restrict__ bias,
                                             float s, float* __restrict__ qr, float* __restrict__ kr,
                                             float* __restrict__ v, int rows, int seq, int heads,
                                             int kv_heads, int head_dim, int r,
@@ -197,12 +201,14 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
                     lora_up(u, 0, bq, c1, r, l1);
                     lora_up(u, 0, bq, c2, r, l2);
                 }
+                const int col = is_q ? 0 : qd;
+                const float b1 = bias[col + c1], b2 = bias[col + c2];
                 #pragma unroll  // registers l1, l2, lv: indexed by constants only
                 for (int rr = 0; rr < QKV_ROWS; ++rr) {
                     if (rr >= nrows) continue;
                     const float* yr = y + (size_t)(row0 + rr) * ld;
-                    const int col = is_q ? 0 : qd;
-                    const float x1 = yr[col + c1] + s * l1[rr], x2 = yr[col + c2] + s * l2[rr];
+                    const float x1 = (yr[col + c1] + b1) + s * l1[rr];
+                    const float x2 = (yr[col + c2] + b2) + s * l2[rr];
                     const float sf = sn[rr * half + i], cf = cs[rr * half + i];
                     float* out = is_q ? qr + (size_t)(row0 + rr) * qd : kr + (size_t)(row0 + rr) * kvd;
                     out[c1] = x1 * cf - x2 * sf;
@@ -212,11 +218,12 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
                 const int c = w - q_pairs - k_pairs;
                 float lv[QKV_ROWS];
                 lora_up(u, r, bv, c, r, lv);
+                const float b = bias[qd + kvd + c];
                 #pragma unroll  // registers l1, l2, lv: indexed by constants only
                 for (int rr = 0; rr < QKV_ROWS; ++rr) {
                     if (rr >= nrows) continue;
                     const float* yr = y + (size_t)(row0 + rr) * ld;
-                    v[(size_t)(row0 + rr) * kvd + c] = yr[qd + kvd + c] + s * lv[rr];
+                    v[(size_t)(row0 + rr) * kvd + c] = (yr[qd + kvd + c] + b) + s * lv[rr];
                 }
             }
         }

@@ -6,9 +6,13 @@
 //! `base_model.model.model.layers.{i}.self_attn.{q,v}_proj.lora_{A,B}.weight`,
 //! A `[r, in]` and B `[out, r]` in f32: the layout of [`Trainable`]. The
 //! configuration says `r`, `lora_alpha = s r` (so PEFT's scale `alpha / r`
-//! is the trainer's `s`), the target modules and no dropout or bias. The
-//! norm weights this stack also trains have no place in a LoRA adapter and
-//! are not written.
+//! is the trainer's `s`), the target modules and no dropout or bias.
+//!
+//! This stack also trains both RMSNorm weights of every layer. PEFT carries
+//! whole trained modules as `modules_to_save`: the configuration lists
+//! `input_layernorm` and `post_attention_layernorm`, and their weights are
+//! written as `base_model.model.model.layers.{i}.{module}.weight`, so the
+//! adapter PEFT loads is the model that was trained.
 
 use std::path::Path;
 
@@ -30,9 +34,20 @@ const FACTORS: [(&str, Slot); 4] = [
     ("v_proj.lora_B", Slot::VB),
 ];
 
+/// The trained norms, under Hugging Face's module names, with their slot.
+const NORMS: [(&str, Slot); 2] = [
+    ("input_layernorm", Slot::AttnNorm),
+    ("post_attention_layernorm", Slot::MlpNorm),
+];
+
 /// PEFT's name of factor `factor` (e.g. `q_proj.lora_A`) of layer `layer`.
 pub fn peft_name(layer: usize, factor: &str) -> String {
     format!("base_model.model.model.layers.{layer}.self_attn.{factor}.weight")
+}
+
+/// PEFT's name of the saved module `module` (e.g. `input_layernorm`) of layer `layer`.
+pub fn peft_module_name(layer: usize, module: &str) -> String {
+    format!("base_model.model.model.layers.{layer}.{module}.weight")
 }
 
 fn write_error(path: &Path, message: impl std::fmt::Display) -> Error {
@@ -55,29 +70,36 @@ fn adapter_config(t: &Trainable, base_model: &str) -> serde_json::Value {
         "target_modules": ["q_proj", "v_proj"],
         "lora_dropout": 0.0,
         "bias": "none",
+        "modules_to_save": NORMS.map(|(module, _)| module),
         "fan_in_fan_out": false,
         "inference_mode": true,
         "init_lora_weights": true,
         "use_rslora": false,
         "use_dora": false,
-        "modules_to_save": null,
     })
 }
 
-/// Writes the LoRA factors of `t` into `dir` (created if missing) as a PEFT
-/// adapter for the checkpoint `base_model`.
+/// Writes the LoRA factors and trained norms of `t` into `dir` (created if
+/// missing) as a PEFT adapter for the checkpoint `base_model`.
 pub fn save_adapter(dir: &Path, t: &Trainable, base_model: &str) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| write_error(dir, e))?;
-    let mut tensors = Vec::with_capacity(t.config.layers * FACTORS.len());
+    let f32_bytes = |(layer, slot)| -> Vec<u8> {
+        t.get(layer, slot)
+            .iter()
+            .flat_map(|&v| (v as f32).to_le_bytes())
+            .collect()
+    };
+    let per_layer = FACTORS.len() + NORMS.len();
+    let mut tensors = Vec::with_capacity(t.config.layers * per_layer);
     for layer in 0..t.config.layers {
         for (factor, slot) in FACTORS {
             let (rows, cols) = slot.shape(&t.config);
-            let bytes: Vec<u8> = t
-                .get(layer, slot)
-                .iter()
-                .flat_map(|&v| (v as f32).to_le_bytes())
-                .collect();
-            tensors.push((peft_name(layer, factor), vec![rows, cols], bytes));
+            let name = peft_name(layer, factor);
+            tensors.push((name, vec![rows, cols], f32_bytes((layer, slot))));
+        }
+        for (module, slot) in NORMS {
+            let name = peft_module_name(layer, module);
+            tensors.push((name, vec![t.config.hidden], f32_bytes((layer, slot))));
         }
     }
     let weights = dir.join(ADAPTER_WEIGHTS_FILE);
@@ -110,7 +132,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         save_adapter(dir.path(), &t, "fixtures/qwen2-tiny").unwrap();
         let back = read_tensors(&dir.path().join(ADAPTER_WEIGHTS_FILE)).unwrap();
-        assert_eq!(back.len(), cfg.layers * FACTORS.len());
+        assert_eq!(back.len(), cfg.layers * (FACTORS.len() + NORMS.len()));
+        let norm = &back[&peft_module_name(1, "post_attention_layernorm")];
+        assert_eq!(norm.shape, vec![cfg.hidden]);
+        let want: Vec<f64> = t
+            .get(1, Slot::MlpNorm)
+            .iter()
+            .map(|&v| f64::from(v as f32))
+            .collect();
+        assert_eq!(norm.values, want);
         let vb = &back[&peft_name(1, "v_proj.lora_B")];
         assert_eq!(vb.shape, vec![cfg.kv_dim(), cfg.lora_rank]);
         let want: Vec<f64> = t
@@ -126,6 +156,10 @@ mod tests {
             t.scale
         );
         assert_eq!(c["target_modules"], serde_json::json!(["q_proj", "v_proj"]));
+        assert_eq!(
+            c["modules_to_save"],
+            serde_json::json!(["input_layernorm", "post_attention_layernorm"])
+        );
     }
 
     fn fixture() -> std::path::PathBuf {

@@ -62,6 +62,7 @@ pub const QKV_FWD_SIGNATURES: Signatures = &[(
         Arg::I64,
         Arg::Ptr,
         Arg::Ptr,
+        Arg::Ptr,
         Arg::F32,
         Arg::Ptr,
         Arg::Ptr,
@@ -234,14 +235,16 @@ pub fn qkv_angle_table(seq: usize, head_dim: usize, theta: f64) -> Vec<f32> {
 }
 
 /// The fused projection's epilogue: from `y = n1 [Wq; Wk; Wv; Aq; Av]^T`
-/// (`[rows, width]`, see [`QkvShape`]) computes `q = y_q + s uq Bq^T`,
-/// `v = y_v + s uv Bv^T` and writes `qr = rope(q)`, `kr = rope(y_k)` and `v`,
-/// packed. `bq` is `[q_dim, r]`, `bv` `[kv_dim, r]`.
+/// (`[rows, width]`, see [`QkvShape`]) and the frozen bias `b = [b_q | b_k |
+/// b_v]` (`[q_dim + 2 kv_dim]`, zeros for a model without one) computes
+/// `q = y_q + b_q + s uq Bq^T`, `k = y_k + b_k`, `v = y_v + b_v + s uv Bv^T`
+/// and writes `qr = rope(q)`, `kr = rope(k)` and `v`, packed. `bq` is
+/// `[q_dim, r]`, `bv` `[kv_dim, r]`.
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_forward(
     gpu: &mut GpuContext,
     sh: &QkvShape,
-    y: &CudaSlice<f32>,
+    (y, bias): (&CudaSlice<f32>, &CudaSlice<f32>),
     (bq, bv, s): (&CudaSlice<f32>, &CudaSlice<f32>, f32),
     table: &CudaSlice<f32>,
     (qr, kr, v): (
@@ -254,6 +257,7 @@ pub fn qkv_forward(
     expect_len(OP, "rope table", table.len(), &[2, sh.seq, sh.head_dim / 2])?;
     let (rows, qd, kvd, r) = (sh.rows, sh.q_dim(), sh.kv_dim(), sh.rank);
     expect_len(OP, "y", y.len(), &[rows, sh.width()])?;
+    expect_len(OP, "bias", bias.len(), &[sh.u_col()])?;
     expect_len(OP, "bq", bq.len(), &[qd, r])?;
     expect_len(OP, "bv", bv.len(), &[kvd, r])?;
     expect_len(OP, "qr", qr.len(), &[rows, qd])?;
@@ -263,18 +267,19 @@ pub fn qkv_forward(
     let ints = sh.ints(gpu.faults())?;
     let f = gpu.function(QKV_FWD_MODULE, "rope_qkv_fwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
-    l.arg(y).arg(&ld).arg(bq).arg(bv).arg(&s);
+    l.arg(y).arg(&ld).arg(bq).arg(bv).arg(bias).arg(&s);
     l.arg(qr).arg(kr).arg(v);
     for i in &ints {
         l.arg(i);
     }
     l.arg(table);
     // SAFETY: rope_qkv_fwd_f32(const float* y, long long ld, const float* bq,
-    // const float* bv, float s, float* qr, float* kr, float* v, int rows, int
-    // seq, int heads, int kv_heads, int head_dim, int r, const float* table):
-    // lengths checked above (the table is [2][seq][head_dim / 2], read at
+    // const float* bv, const float* bias, float s, float* qr, float* kr, float*
+    // v, int rows, int seq, int heads, int kv_heads, int head_dim, int r, const
+    // float* table): lengths checked above (the table is [2][seq][head_dim / 2], read at
     // pos < seq, i < head_dim / 2). Row `row < rows` reads y[row * ld + c] for c <
-    // width = ld, bq[c * r + j] for c < q_dim, bv[c * r + j] for c < kv_dim,
+    // width = ld, bias[c] for c < q_dim + 2 kv_dim (its length),
+    // bq[c * r + j] for c < q_dim, bv[c * r + j] for c < kv_dim,
     // j < r <= QKV_MAX_RANK (the static u and B-row arrays; head_dim / 2 <=
     // QKV_MAX_HALF sizes the angle arrays), and writes qr, kr, v only at
     // row * (their width) + c below that width. The outputs are distinct

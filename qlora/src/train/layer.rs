@@ -76,9 +76,14 @@ pub(super) struct DecoderLayer<'a> {
 }
 
 impl<'a> DecoderLayer<'a> {
-    /// Layer `layer` of the model: its frozen projections `w` and its
-    /// trainable tensors in `p` (the layout of [`Trainable::tensors`]).
-    pub(super) fn new(layer: usize, w: &'a LayerWeights, p: &'a [CudaSlice<f32>]) -> Self {
+    /// Layer `layer` of the model: its frozen projections `w` and q/k/v
+    /// bias `bias` (`[q_dim + 2 kv_dim]`), and its trainable tensors in `p`
+    /// (the layout of [`Trainable::tensors`]).
+    pub(super) fn new(
+        layer: usize,
+        (w, bias): (&'a LayerWeights, &'a CudaSlice<f32>),
+        p: &'a [CudaSlice<f32>],
+    ) -> Self {
         let params = LayerParams { layer, p };
         DecoderLayer {
             attn: Attention {
@@ -86,6 +91,7 @@ impl<'a> DecoderLayer<'a> {
                 k: &w.k,
                 v: &w.v,
                 o: &w.o,
+                bias,
                 params,
             },
             mlp: Mlp {
@@ -142,6 +148,8 @@ struct Attention<'a> {
     k: &'a Linear,
     v: &'a Linear,
     o: &'a Linear,
+    /// The frozen `[b_q | b_k | b_v]` (zeros for a model without one).
+    bias: &'a CudaSlice<f32>,
     params: LayerParams<'a>,
 }
 
@@ -159,7 +167,7 @@ impl Attention<'_> {
     ) -> Result<()> {
         let c = &ctx.c;
         let (rows, h) = (c.tokens(), c.hidden);
-        let eps = ModelConfig::RMS_EPS;
+        let eps = ctx.c.rms_eps;
         let l = self.params.layer;
         rmsnorm::forward(
             gpu,
@@ -189,7 +197,7 @@ impl Attention<'_> {
         rope::qkv_forward(
             gpu,
             &sh,
-            &a.qkv,
+            (&a.qkv, self.bias),
             (pi(Slot::QB), pi(Slot::VB), ctx.lora_s),
             &ws.rope_table,
             (&mut a.qr, &mut a.kr, &mut a.v),
@@ -270,7 +278,7 @@ impl Attention<'_> {
     ) -> Result<()> {
         let c = &ctx.c;
         let (rows, h) = (c.tokens(), c.hidden);
-        let (eps, bwd) = (ModelConfig::RMS_EPS, ctx.bwd);
+        let (eps, bwd) = (ctx.c.rms_eps, ctx.bwd);
         let l = self.params.layer;
         // Attention branch: x2 = x + o(attention(rope(q), rope(k), v)).
         let d = &mut ws.grads;
@@ -487,7 +495,7 @@ impl Mlp<'_> {
     fn forward(&self, gpu: &mut GpuContext, ctx: &LayerCtx, ws: &mut Workspace) -> Result<()> {
         let c = &ctx.c;
         let (rows, h) = (c.tokens(), c.hidden);
-        let (eps, fwd) = (ModelConfig::RMS_EPS, ctx.fwd);
+        let (eps, fwd) = (ctx.c.rms_eps, ctx.fwd);
         let l = self.params.layer;
         let a = &mut ws.layers[l];
         let x_next = &mut ws.xs[l + 1];
@@ -557,7 +565,7 @@ impl Mlp<'_> {
     ) -> Result<()> {
         let c = &ctx.c;
         let (rows, h) = (c.tokens(), c.hidden);
-        let (eps, bwd) = (ModelConfig::RMS_EPS, ctx.bwd);
+        let (eps, bwd) = (ctx.c.rms_eps, ctx.bwd);
         let a = &ws.layers[self.params.layer];
         let d = &mut ws.grads;
         let stores = (&mut ws.deq[..], &mut ws.half_input);

@@ -50,7 +50,7 @@ use crate::error::{Error, Result};
 use crate::gpu::table::{address, TensorTable};
 use crate::gpu::{GemmMath, GpuContext, PrewarmReport};
 use crate::model::corpus::{self, Corpus, BATCH_SALT, CORPUS_SALT};
-use crate::model::{ModelConfig, Slot, Trainable};
+use crate::model::{BaseModel, ModelConfig, Slot, Trainable};
 use crate::ops::attention::AttnShape;
 use crate::ops::clip::{self as clip_ops, TableSumWorkspace};
 use crate::ops::cross_entropy::F16_GRAD_SCALE;
@@ -191,13 +191,13 @@ fn prewarm_then_upload(
     gpu: &mut GpuContext,
     cfg: &ModelConfig,
     options: &GpuTrainOptions,
-    seed: u64,
+    values: Values,
     trainable: &Trainable,
 ) -> Result<(BaseDevice, Params, TrainerSetup)> {
     let mut order = Vec::with_capacity(2);
     let upload = |gpu: &mut GpuContext, order: &mut Vec<SetupPhase>| {
         let free_before = gpu.memory_bytes()?.0;
-        let base = BaseDevice::init(gpu, cfg, options, seed)?;
+        let base = BaseDevice::with_values(gpu, cfg, options, values)?;
         let params = Params::upload(gpu, trainable)?;
         gpu.synchronize()?;
         order.push(SetupPhase::Upload);
@@ -283,6 +283,33 @@ impl GpuTrainer {
         seed: u64,
         trainable: &Trainable,
     ) -> Result<Self> {
+        Self::build(gpu, cfg, options, (seed, Values::Seeded(seed)), trainable)
+    }
+
+    /// A trainer of the host model `base` (a loaded checkpoint: its
+    /// configuration, q/k/v biases, tied or own head and final norm), its
+    /// projections stored on the device as `options.base` says, starting
+    /// from `trainable` (e.g. [`crate::model::Checkpoint::trainable`]);
+    /// `seed` orders its batches.
+    pub fn from_model(
+        gpu: &mut GpuContext,
+        base: &BaseModel,
+        options: GpuTrainOptions,
+        seed: u64,
+        trainable: &Trainable,
+    ) -> Result<Self> {
+        let values = (seed, Values::Model(base));
+        Self::build(gpu, &base.config, options, values, trainable)
+    }
+
+    /// A trainer of `cfg` whose base holds `values`, the batches ordered by `seed`.
+    fn build(
+        gpu: &mut GpuContext,
+        cfg: &ModelConfig,
+        options: GpuTrainOptions,
+        (seed, values): (u64, Values),
+        trainable: &Trainable,
+    ) -> Result<Self> {
         if trainable.config != *cfg || trainable.tensors.len() != cfg.layers * Slot::ALL.len() {
             return Err(Error::ShapeMismatch {
                 op: "train",
@@ -293,7 +320,7 @@ impl GpuTrainer {
         check_shapes(cfg)?;
         let options = honoured_options(gpu, options)?;
         refuse_if_too_big(gpu, cfg, &options)?;
-        let (base, params, setup) = prewarm_then_upload(gpu, cfg, &options, seed, trainable)?;
+        let (base, params, setup) = prewarm_then_upload(gpu, cfg, &options, values, trainable)?;
         Self::assemble(gpu, cfg, options, seed, (base, params), setup)
     }
 
@@ -500,6 +527,23 @@ impl GpuTrainer {
         self.forward(gpu)?;
         self.sync.this_step = 0;
         self.read_loss(gpu)
+    }
+
+    /// The logits `[batch * seq_len, vocab]` of `tokens` (`[batch,
+    /// seq_len + 1]`; the last column is only a target), forward only.
+    pub fn logits(&mut self, gpu: &mut GpuContext, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.loss(gpu, tokens)?;
+        gpu.download(&self.ws.logits)
+    }
+
+    /// The trainable tensors as they are now on the device (f32 values).
+    pub fn trainable(&self, gpu: &GpuContext) -> Result<Trainable> {
+        let mut t = Trainable::init(&self.cfg, 0);
+        for (host, dev) in t.tensors.iter_mut().zip(&self.params.p) {
+            *host = gpu.download(dev)?.into_iter().map(f64::from).collect();
+        }
+        t.scale = self.params.scale;
+        Ok(t)
     }
 
     /// The mean loss over `batches`, without training.
@@ -712,7 +756,7 @@ impl GpuTrainer {
         )?;
         let base = &mut self.base;
         let (layers, stacks, stacks_f16) = (&base.layers, &mut base.stacks, &mut base.stacks_f16);
-        for (l, w) in layers.iter().enumerate() {
+        for (l, w) in layers.iter().zip(&base.qkv_bias).enumerate() {
             let layer = DecoderLayer::new(l, w, &self.params.p);
             layer.forward(gpu, &ctx, ws, stacks.get_mut(l), stacks_f16.get_mut(l))?;
         }
@@ -724,7 +768,7 @@ impl GpuTrainer {
     fn head_forward(&mut self, gpu: &mut GpuContext, fwd: GemmMath) -> Result<()> {
         let c = self.cfg;
         let (rows, h) = (c.tokens(), c.hidden);
-        let eps = ModelConfig::RMS_EPS;
+        let eps = c.rms_eps;
         let ws = &mut self.ws;
         rmsnorm::forward(
             gpu,
@@ -743,7 +787,7 @@ impl GpuTrainer {
                 blas::gemm_f16(gpu, spec, 1.0, &nf16, w16, 0.0, logits)?;
             }
             None => {
-                let (w, dims) = (&self.base.lm_head, (rows, h, vocab));
+                let (w, dims) = (self.base.head(), (rows, h, vocab));
                 blas::linear(gpu, fwd, 1.0, &ws.nf, w, 0.0, logits, dims)?;
             }
         }
@@ -767,9 +811,11 @@ impl GpuTrainer {
         self.head_backward(gpu, ctx.bwd)?;
         let ws = &mut self.ws;
         let g = &mut self.params.g;
-        for (l, w) in self.base.layers.iter().enumerate().rev() {
+        let layers = self.base.layers.iter().zip(&self.base.qkv_bias);
+        for (l, w) in layers.enumerate().rev() {
             let stack = self.base.stacks.get(l);
-            DecoderLayer::new(l, w, &self.params.p).backward(gpu, &ctx, ws, stack, g)?;
+            let layer = DecoderLayer::new(l, w, &self.params.p);
+            layer.backward(gpu, &ctx, ws, stack, g)?;
         }
         Ok(())
     }
@@ -779,7 +825,7 @@ impl GpuTrainer {
     fn head_backward(&mut self, gpu: &mut GpuContext, bwd: GemmMath) -> Result<()> {
         let c = self.cfg;
         let (rows, h) = (c.tokens(), c.hidden);
-        let eps = ModelConfig::RMS_EPS;
+        let eps = c.rms_eps;
         let ws = &mut self.ws;
         let d = &mut ws.grads;
         let (logits, targets) = (ws.logits.as_view(), ws.targets.as_view());
@@ -796,7 +842,7 @@ impl GpuTrainer {
             (Dlogits::F32(g), None) => {
                 let mut view = g.as_view_mut();
                 cross_entropy::backward(gpu, &logits, rows, vocab, &targets, stats, &mut view)?;
-                let (w, dims) = (&self.base.lm_head, (rows, h, vocab));
+                let (w, dims) = (self.base.head(), (rows, h, vocab));
                 blas::linear_dx(gpu, bwd, 1.0, g, w, 0.0, &mut d.dnf, dims)?;
             }
             (Dlogits::F16(_), None) | (Dlogits::F32(_), Some(_)) => return Err(f16_head_mismatch()),
@@ -880,14 +926,19 @@ fn optimizer_table(gpu: &GpuContext, params: &Params, clip: &[ClipGroup]) -> Res
 
 /// The device memory a trainer of `cfg` plans to allocate, in bytes: the
 /// frozen base (f32, or NF4 codes + block absmax + one dequantisation target
-/// per distinct projection size), the embedding and LM head (f32), the
+/// per distinct projection size), the q/k/v biases, the embedding and LM
+/// head (f32; one table where they are tied), the
 /// trainable state (parameters, gradients and two moments: 16 bytes each),
 /// the kept `W^T` copies (fp32 base with `transposed_weights`: o, gate, up,
 /// down), the LM head's f16 copy (`f16_lm_head`), the projections' f16
 /// copies (`f16_projections`) and the workspace. What `GpuTrainer::new` refuses to start beyond.
 pub fn planned_device_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> usize {
     let base = options.base;
-    let n_base = cfg.layers * cfg.base_params_per_layer();
+    // The q/k/v bias is kept in f32 whatever the base format, and held as
+    // zeros by a model without one.
+    let bias_len = cfg.q_dim() + 2 * cfg.kv_dim();
+    let n_bias = if cfg.qkv_bias { bias_len } else { 0 };
+    let n_base = cfg.layers * (cfg.base_params_per_layer() - n_bias);
     let transposed = if base == BaseWeights::Fp32 && options.transposed_weights {
         4 * cfg.layers * cfg.hidden * (cfg.q_dim() + 3 * cfg.intermediate)
     } else {
@@ -914,7 +965,9 @@ pub fn planned_device_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> usi
             n_base / 2 + 4 * (n_base / 64) + 4 * distinct + 4 * width * h
         }
     };
-    let embed_head = 4 * 2 * cfg.vocab * cfg.hidden;
+    // A tied head is the embedding itself.
+    let tables = if cfg.tied_embeddings { 1 } else { 2 };
+    let embed_head = 4 * tables * cfg.vocab * cfg.hidden + 4 * cfg.layers * bias_len;
     let f16_head = if options.f16_lm_head {
         2 * cfg.vocab * cfg.hidden
     } else {
@@ -1031,33 +1084,22 @@ pub fn check_shapes(cfg: &ModelConfig) -> Result<()> {
     cross_entropy::check_shape(tokens, cfg.vocab)
 }
 
-/// Refuses what the GPU step does not compute, rather than train a
-/// different model than `cfg` says: a q/k/v bias, an LM head tied to the
-/// embedding (the step keeps a head of its own), and a RoPE theta or
-/// RMSNorm epsilon other than [`ModelConfig::ROPE_THETA`] and
-/// [`ModelConfig::RMS_EPS`] (its kernels' constants).
+/// Refuses a configuration whose RoPE theta or RMSNorm epsilon is not a
+/// finite positive number (`theta^(-2i / head_dim)` and `1 / sqrt(mean(x^2)
+/// + eps)` need one). A q/k/v bias, a tied head and any such theta and
+/// epsilon are computed as the configuration says.
 pub fn check_architecture(cfg: &ModelConfig) -> Result<()> {
-    let refuse = |what: String| {
-        Err(Error::InvalidArgument {
-            op: "train",
-            message: format!("{}: the GPU step does not support {what}", cfg.name),
-        })
-    };
-    if cfg.qkv_bias {
-        return refuse("a q/k/v bias".into());
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if positive(cfg.rope_theta) && positive(cfg.rms_eps) {
+        return Ok(());
     }
-    if cfg.tied_embeddings {
-        return refuse("an LM head tied to the embedding".into());
-    }
-    if cfg.rope_theta != ModelConfig::ROPE_THETA {
-        let want = ModelConfig::ROPE_THETA;
-        return refuse(format!("rope_theta {} (only {want})", cfg.rope_theta));
-    }
-    if cfg.rms_eps != ModelConfig::RMS_EPS {
-        let want = ModelConfig::RMS_EPS;
-        return refuse(format!("rms_norm_eps {} (only {want})", cfg.rms_eps));
-    }
-    Ok(())
+    Err(Error::InvalidArgument {
+        op: "train",
+        message: format!(
+            "{}: rope_theta {} and rms_norm_eps {} must be finite and positive",
+            cfg.name, cfg.rope_theta, cfg.rms_eps
+        ),
+    })
 }
 
 #[cfg(test)]
@@ -1065,44 +1107,32 @@ mod tests {
     use super::*;
     use crate::Faults;
 
-    /// What the step cannot compute is refused by name, never trained as
-    /// something else; the presets pass.
+    /// Qwen2's architecture is computed as configured; a theta or epsilon
+    /// no formula takes is refused by name.
     #[test]
-    fn architectures_the_step_cannot_compute_are_refused() {
+    fn qwen2_architectures_pass_and_impossible_constants_are_refused() {
         let tiny = crate::model::PRESETS[0];
-        let cases = [
-            (
-                ModelConfig {
-                    qkv_bias: true,
-                    ..tiny
-                },
-                "bias",
-            ),
-            (
-                ModelConfig {
-                    tied_embeddings: true,
-                    ..tiny
-                },
-                "tied",
-            ),
-            (
-                ModelConfig {
-                    rope_theta: 1e4,
-                    ..tiny
-                },
-                "rope_theta 10000",
-            ),
-            (
-                ModelConfig {
-                    rms_eps: 1e-5,
-                    ..tiny
-                },
-                "rms_norm_eps",
-            ),
-        ];
-        for (cfg, want) in cases {
+        let qwen2 = ModelConfig {
+            qkv_bias: true,
+            tied_embeddings: true,
+            rope_theta: 25_000.0,
+            rms_eps: 1e-3,
+            ..tiny
+        };
+        assert!(check_shapes(&qwen2).is_ok());
+        for (theta, eps) in [
+            (0.0, 1e-6),
+            (f64::NAN, 1e-6),
+            (1e6, -1e-6),
+            (1e6, f64::INFINITY),
+        ] {
+            let cfg = ModelConfig {
+                rope_theta: theta,
+                rms_eps: eps,
+                ..tiny
+            };
             let e = check_shapes(&cfg).unwrap_err().to_string();
-            assert!(e.contains(want) && e.contains("GPU step"), "{e}");
+            assert!(e.contains("rope_theta") && e.contains("positive"), "{e}");
         }
         for preset in crate::model::PRESETS {
             assert!(check_architecture(&preset).is_ok(), "{}", preset.name);

@@ -1,34 +1,38 @@
 //! The frozen base model on the device, rebuilt tensor by tensor from the
 //! same seeds as [`crate::model::BaseModel::init`] (so the GPU and the host
-//! model are the same model), and the trainable tensors with their
-//! gradients and AdamW moments.
+//! model are the same model) or copied from a host model (a loaded
+//! checkpoint), and the trainable tensors with their gradients and AdamW
+//! moments.
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 
 use crate::error::{Error, Result};
 use crate::gpu::GpuContext;
 use crate::model::nf4;
-use crate::model::weights::{end_draws, projection_draws, Draw, Projections};
-use crate::model::{ModelConfig, Trainable};
+use crate::model::weights::{end_draws, projection_draws, Draw, Projections, TensorId};
+use crate::model::{BaseModel, ModelConfig, Trainable};
 use crate::ops::nf4::{self as nf4_ops, Nf4Device};
 use crate::train::{BaseWeights, GpuTrainOptions};
 
 /// Where the values of a model on the device come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Values {
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Values<'a> {
     /// Drawn from the seed, as the host model's, and copied to the device.
     Seeded(u64),
+    /// The host model's own (a loaded checkpoint), copied to the device.
+    Model(&'a BaseModel),
     /// Zeros set on the device: memsets, no host-to-device copy. The model
     /// of the pre-warm's rehearsal step, whose values do not matter, only
     /// its shapes.
     Zeros,
 }
 
-impl Values {
+impl Values<'_> {
     /// The values of each of `draws` (zeros: none, only their lengths count).
     fn draw(self, draws: &[Draw]) -> Result<Vec<Vec<f64>>> {
         match self {
             Values::Seeded(seed) => draw_all(seed, draws),
+            Values::Model(model) => draws.iter().map(|d| model_tensor(model, *d)).collect(),
             Values::Zeros => Ok(vec![Vec::new(); draws.len()]),
         }
     }
@@ -41,10 +45,85 @@ impl Values {
         host: impl FnOnce() -> Vec<T>,
     ) -> Result<CudaSlice<T>> {
         match self {
-            Values::Seeded(_) => gpu.upload(&host()),
+            Values::Seeded(_) | Values::Model(_) => gpu.upload(&host()),
             Values::Zeros => gpu.zeros(len),
         }
     }
+
+    /// Layer `layer`'s `[b_q | b_k | b_v]` (`len` values): the host
+    /// model's, or zeros where it has none (seeded models start their
+    /// biases at zero, as [`BaseModel::init`] does).
+    fn qkv_bias(self, gpu: &GpuContext, layer: usize, len: usize) -> Result<CudaSlice<f32>> {
+        let Values::Model(model) = self else {
+            return gpu.zeros(len);
+        };
+        let l = model
+            .layers
+            .get(layer)
+            .ok_or_else(|| missing(layer, "layer"))?;
+        match (&l.q.bias, &l.k.bias, &l.v.bias) {
+            (Some(q), Some(k), Some(v)) => {
+                let b: Vec<f64> = q.iter().chain(k).chain(v).copied().collect();
+                expect_len(b.len(), len, "q/k/v bias")?;
+                gpu.upload(&to_f32(&b))
+            }
+            _ => gpu.zeros(len),
+        }
+    }
+
+    /// The final RMSNorm's weight (`len` values): the host model's, or ones.
+    fn final_norm(self, gpu: &GpuContext, len: usize) -> Result<CudaSlice<f32>> {
+        match self {
+            Values::Model(model) => {
+                expect_len(model.final_norm.len(), len, "final norm")?;
+                gpu.upload(&to_f32(&model.final_norm))
+            }
+            _ => self.put(gpu, len, || vec![1.0f32; len]),
+        }
+    }
+}
+
+/// The host model's values of the tensor `d` stands for (a tied head is
+/// the embedding).
+fn model_tensor(model: &BaseModel, d: Draw) -> Result<Vec<f64>> {
+    let values = match d.id {
+        TensorId::Embedding => &model.embedding,
+        TensorId::LmHead => model.head(),
+        TensorId::Proj { layer, which } => {
+            let l = model
+                .layers
+                .get(layer)
+                .ok_or_else(|| missing(layer, "layer"))?;
+            let lin = l.all().get(which).copied();
+            &lin.ok_or_else(|| missing(which, "projection"))?.weight
+        }
+        TensorId::Lora { .. } | TensorId::Norm { .. } => {
+            return Err(Error::InvalidArgument {
+                op: "weights",
+                message: format!("{:?} is trainable, not part of the frozen base", d.id),
+            })
+        }
+    };
+    expect_len(values.len(), d.len, &format!("{:?}", d.id))?;
+    Ok(values.to_vec())
+}
+
+fn missing(at: usize, what: &str) -> Error {
+    Error::InvalidArgument {
+        op: "weights",
+        message: format!("the host model has no {what} {at}"),
+    }
+}
+
+fn expect_len(got: usize, want: usize, what: &str) -> Result<()> {
+    if got == want {
+        return Ok(());
+    }
+    Err(Error::ShapeMismatch {
+        op: "weights",
+        expected: format!("{want} values of {what}"),
+        got: format!("{got}"),
+    })
 }
 
 /// How a frozen projection is stored on the device.
@@ -100,9 +179,15 @@ pub struct BaseDevice {
     /// the forward's GEMM reads; the step casts the LoRA A rows in after
     /// copying them into the f32 stack.
     pub stacks_f16: Vec<CudaSlice<u16>>,
+    /// Per layer, the frozen q/k/v bias `[b_q | b_k | b_v]`
+    /// (`[q_dim + 2 kv_dim]`), zeros for a model without one: the fused
+    /// q/k/v epilogue adds it.
+    pub qkv_bias: Vec<CudaSlice<f32>>,
     pub final_norm: CudaSlice<f32>,
-    pub lm_head: CudaSlice<f32>,
-    /// With `f16_lm_head`: `lm_head` rounded to f16 (raw bits), which the
+    /// The LM head `[vocab, hidden]`; `None` where it is tied to the
+    /// embedding (read it through [`BaseDevice::head`]).
+    pub lm_head: Option<CudaSlice<f32>>,
+    /// With `f16_lm_head`: the head rounded to f16 (raw bits), which the
     /// head's GEMMs read instead.
     pub lm_head_f16: Option<CudaSlice<u16>>,
 }
@@ -234,12 +319,23 @@ impl BaseDevice {
     }
 
     /// The base model of `cfg` with `values`, stored as `options.base` says.
+    /// A host model's projections are taken as they are (an NF4 base
+    /// quantises them on the way up: load a checkpoint in fp32 for that).
     pub fn with_values(
         gpu: &mut GpuContext,
         cfg: &ModelConfig,
         options: &GpuTrainOptions,
         values: Values,
     ) -> Result<Self> {
+        if let Values::Model(model) = values {
+            if model.config != *cfg {
+                return Err(Error::ShapeMismatch {
+                    op: "weights",
+                    expected: format!("a host model of configuration {}", cfg.name),
+                    got: format!("one of {}", model.config.name),
+                });
+            }
+        }
         let base = options.base;
         let mut layers = Vec::with_capacity(cfg.layers);
         let mut stacks = Vec::new();
@@ -285,24 +381,52 @@ impl BaseDevice {
                 linear(gpu, values, (w, half), draws[which].1, options)
             })?);
         }
-        let ends = values.draw(&end_draws(cfg))?;
+        let bias_len = cfg.q_dim() + 2 * cfg.kv_dim();
+        let qkv_bias = (0..cfg.layers)
+            .map(|layer| values.qkv_bias(gpu, layer, bias_len))
+            .collect::<Result<Vec<_>>>()?;
+        // The embedding, then the head unless it is the embedding itself.
+        let [embedding, head] = end_draws(cfg);
+        let (embedding, head) = if cfg.tied_embeddings {
+            let [e] = <[Vec<f64>; 1]>::try_from(values.draw(&[embedding])?)
+                .map_err(|_| missing(0, "embedding"))?;
+            (e, None)
+        } else {
+            let [e, h] = <[Vec<f64>; 2]>::try_from(values.draw(&[embedding, head])?)
+                .map_err(|_| missing(0, "embedding or head"))?;
+            (e, Some(h))
+        };
         let end_len = cfg.vocab * cfg.hidden;
-        // The fault copies the embedding, drawn as ends[0].
-        let f16_source = usize::from(!gpu.faults().f16_lm_head_from_embedding);
+        // The fault rounds the embedding instead of the head.
+        let f16_source = match &head {
+            Some(h) if !gpu.faults().f16_lm_head_from_embedding => h,
+            _ => &embedding,
+        };
         let lm_head_f16 = if options.f16_lm_head {
-            Some(values.put(gpu, end_len, || to_f16_bits(&ends[f16_source]))?)
+            Some(values.put(gpu, end_len, || to_f16_bits(f16_source))?)
         } else {
             None
         };
+        let lm_head = match &head {
+            Some(h) => Some(values.put(gpu, end_len, || to_f32(h))?),
+            None => None,
+        };
         Ok(BaseDevice {
-            embedding: values.put(gpu, end_len, || to_f32(&ends[0]))?,
+            embedding: values.put(gpu, end_len, || to_f32(&embedding))?,
             layers,
             stacks,
             stacks_f16,
-            final_norm: values.put(gpu, cfg.hidden, || vec![1.0f32; cfg.hidden])?,
-            lm_head: values.put(gpu, end_len, || to_f32(&ends[1]))?,
+            qkv_bias,
+            final_norm: values.final_norm(gpu, cfg.hidden)?,
+            lm_head,
             lm_head_f16,
         })
+    }
+
+    /// The LM head `[vocab, hidden]`: the embedding table where the
+    /// configuration ties them, the model's own head otherwise.
+    pub fn head(&self) -> &CudaSlice<f32> {
+        self.lm_head.as_ref().unwrap_or(&self.embedding)
     }
 
     /// Every frozen projection.
@@ -312,7 +436,9 @@ impl BaseDevice {
 
     /// Bytes on the device.
     pub fn bytes(&self) -> usize {
-        4 * (self.embedding.len() + self.final_norm.len() + self.lm_head.len())
+        let head = self.lm_head.as_ref().map_or(0, |w| w.len());
+        let bias: usize = self.qkv_bias.iter().map(|b| b.len()).sum();
+        4 * (self.embedding.len() + self.final_norm.len() + head + bias)
             + 2 * self.lm_head_f16.as_ref().map_or(0, |w| w.len())
             + 4 * self.stacks.iter().map(|s| s.len()).sum::<usize>()
             + 2 * self.stacks_f16.iter().map(|s| s.len()).sum::<usize>()

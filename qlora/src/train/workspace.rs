@@ -252,7 +252,7 @@ impl Workspace {
             rope_table: gpu.upload(&crate::ops::rope::qkv_angle_table(
                 c.seq_len,
                 c.head_dim,
-                ModelConfig::ROPE_THETA,
+                c.rope_theta,
             ))?,
             stack: if nf4 {
                 Some(z(qkv_width(c) * c.hidden)?)

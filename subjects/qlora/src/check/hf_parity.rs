@@ -1,5 +1,7 @@
-//! `hf_parity`: the CPU oracle on a Hugging Face checkpoint against the
-//! outputs transformers and PEFT computed on it.
+//! `hf_parity`: the stack on a Hugging Face checkpoint against the outputs
+//! transformers and PEFT computed on it, on either backend: the CPU oracle
+//! (f64) or the GPU training step (f32, plain f32 GEMMs), both fed by the
+//! stack's checkpoint loader.
 //!
 //! A fixture under `fixtures/<name>/` (made by
 //! `scripts/make-qwen2-fixture.py`) holds the checkpoint (`config.json`,
@@ -7,14 +9,13 @@
 //! `reference.json`, and in `reference.safetensors` transformers' `logits`
 //! and `loss` of the base model on `ids` and, with a PEFT LoRA at a stored
 //! start (`layers.{i}.{q,v}_proj.lora_{A,B}`), the loss's gradient of every
-//! factor (`... .grad`). The oracle loads the checkpoint with the stack's
-//! loader and computes the same quantity in f64:
+//! factor (`... .grad`). The backend computes the same quantity:
 //!
 //! - `logits`: `||z - z_ref|| / ||z_ref||` over all `batch x seq x vocab` logits;
 //! - `loss`: `|L - L_ref| / |L_ref|`;
 //! - `lora_gradients`: `max_f ||g_f - g_ref,f|| / ||g_ref,f||` over the LoRA
-//!   factors `f` (A and B of q and v in every layer), the oracle at PEFT's
-//!   start with PEFT's scale `alpha / r`.
+//!   factors `f` (A and B of q and v in every layer), at PEFT's start with
+//!   PEFT's scale `alpha / r`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -23,13 +24,14 @@ use serde::Deserialize;
 
 use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
 use super::params::NonNegative;
-use super::{Backend, Comparator, Kind, Measurement, TrialContext, Validate};
+use super::{require_gpu, Comparator, Kind, Measurement, TrialContext, Validate};
 use crate::error::{Error, Result};
 use crate::mutant::checkpoint as faulty;
 use crate::reference::train::Model;
+use qlora::gpu::{GemmMath, GpuContext};
 use qlora::model::checkpoint::{read_tensors, HostTensor};
-use qlora::model::{Checkpoint, Slot, Trainable};
-use qlora::train::BaseWeights;
+use qlora::model::{BaseModel, Checkpoint, Slot, Trainable};
+use qlora::train::{BaseWeights, GpuTrainOptions, GpuTrainer};
 
 /// What is compared with the reference.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -80,20 +82,21 @@ pub const EXAMPLE: &[(&str, &str)] = &[
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {
-        let ok = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
-        if self.fixture.is_empty() || self.fixture.starts_with('.') || !self.fixture.chars().all(ok)
-        {
-            return Err(format!(
-                "fixture `{}`: a folder name under fixtures/",
-                self.fixture
-            ));
-        }
-        Ok(())
+        valid_fixture(&self.fixture)
     }
 }
 
+/// An error unless `name` is a plain folder name, so that a fixture stays under `fixtures/`.
+pub(crate) fn valid_fixture(name: &str) -> std::result::Result<(), String> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+    if name.is_empty() || name.starts_with('.') || !name.chars().all(ok) {
+        return Err(format!("fixture `{name}`: a folder name under fixtures/"));
+    }
+    Ok(())
+}
+
 /// The folder of fixture `name` in this repository.
-fn fixture_dir(name: &str) -> PathBuf {
+pub(crate) fn fixture_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../fixtures")
         .join(name)
@@ -112,17 +115,22 @@ struct LoraMeta {
     scale: f64,
 }
 
-/// A fixture's reference: its token ids (row-major) and batch, LoRA rank
-/// and scale, and tensors.
-struct Reference {
-    tokens: Vec<u32>,
-    batch: usize,
+/// A fixture's reference: its token ids (row-major, `[batch, seq + 1]`)
+/// and batch, LoRA rank and scale, and tensors.
+pub(crate) struct Reference {
+    pub tokens: Vec<u32>,
+    pub batch: usize,
     lora: LoraMeta,
     tensors: HashMap<String, HostTensor>,
 }
 
 impl Reference {
-    fn read(dir: &Path) -> Result<Reference> {
+    /// Positions of each row that predict a next token (`seq`).
+    pub fn seq_len(&self) -> usize {
+        (self.tokens.len() / self.batch.max(1)).saturating_sub(1)
+    }
+
+    pub fn read(dir: &Path) -> Result<Reference> {
         let path = dir.join("reference.json");
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
         let meta: ReferenceMeta = serde_json::from_str(&text).map_err(|e| invalid(&path, e))?;
@@ -174,7 +182,7 @@ const FACTORS: [(&str, Slot); 4] = [
     ("v_proj.lora_B", Slot::VB),
 ];
 
-/// The oracle at PEFT's start: the checkpoint's norms, PEFT's A and B and scale.
+/// The model at PEFT's start: the checkpoint's norms, PEFT's A and B and scale.
 fn lora_model(ckpt: Checkpoint, r: &Reference, seed: u64) -> Result<Model> {
     let ckpt = ckpt.with_lora_rank(r.lora.r);
     let mut params = ckpt.trainable(seed);
@@ -191,16 +199,99 @@ fn lora_model(ckpt: Checkpoint, r: &Reference, seed: u64) -> Result<Model> {
     })
 }
 
+/// What a backend computes on the fixture's tokens: the logits and loss of
+/// the model, and its loss's gradient of every trainable tensor.
+trait Backend {
+    fn logits(&mut self, m: Model, r: &Reference) -> Result<Vec<f64>>;
+    fn loss(&mut self, m: Model, r: &Reference) -> Result<f64>;
+    fn grads(&mut self, m: Model, r: &Reference) -> Result<Vec<Vec<f64>>>;
+}
+
+/// The CPU oracle, in f64.
+struct Oracle;
+
+impl Backend for Oracle {
+    fn logits(&mut self, m: Model, r: &Reference) -> Result<Vec<f64>> {
+        m.logits(&r.tokens, r.batch)
+    }
+    fn loss(&mut self, m: Model, r: &Reference) -> Result<f64> {
+        m.loss(&r.tokens, r.batch)
+    }
+    fn grads(&mut self, m: Model, r: &Reference) -> Result<Vec<Vec<f64>>> {
+        Ok(m.loss_and_grads(&r.tokens, r.batch, false)?.1)
+    }
+}
+
+/// The GPU training step, its GEMMs in plain f32.
+struct Gpu<'a> {
+    gpu: &'a mut GpuContext,
+    seed: u64,
+}
+
+impl Gpu<'_> {
+    /// A trainer of `m` at the fixture's batch and sequence length.
+    fn trainer(&mut self, m: Model, r: &Reference) -> Result<GpuTrainer> {
+        let cfg = m.base.config.with_batch(r.batch).with_seq_len(r.seq_len());
+        let base = BaseModel {
+            config: cfg,
+            ..m.base
+        };
+        let params = Trainable {
+            config: cfg,
+            ..m.params
+        };
+        Ok(GpuTrainer::from_model(
+            self.gpu,
+            &base,
+            f32_options(),
+            self.seed,
+            &params,
+        )?)
+    }
+}
+
+/// The step's options for parity: eager, one global clip, an fp32 base and
+/// plain f32 GEMMs both ways (TF32 would round the operands to 11 bits).
+pub(crate) fn f32_options() -> GpuTrainOptions {
+    GpuTrainOptions {
+        base: BaseWeights::Fp32,
+        forward_math: Some(GemmMath::Fp32),
+        backward_math: Some(GemmMath::Fp32),
+        ..GpuTrainOptions::default()
+    }
+}
+
+impl Backend for Gpu<'_> {
+    fn logits(&mut self, m: Model, r: &Reference) -> Result<Vec<f64>> {
+        let mut t = self.trainer(m, r)?;
+        let z = t.logits(self.gpu, &r.tokens)?;
+        Ok(z.into_iter().map(f64::from).collect())
+    }
+    fn loss(&mut self, m: Model, r: &Reference) -> Result<f64> {
+        let mut t = self.trainer(m, r)?;
+        Ok(t.loss(self.gpu, &r.tokens)?)
+    }
+    fn grads(&mut self, m: Model, r: &Reference) -> Result<Vec<Vec<f64>>> {
+        let mut t = self.trainer(m, r)?;
+        let grads = t.loss_and_grads(self.gpu, &r.tokens)?.grads;
+        Ok(grads
+            .into_iter()
+            .map(|g| g.into_iter().map(f64::from).collect())
+            .collect())
+    }
+}
+
 /// The worst rel-L2 over the LoRA factors' gradients, and which factor.
-fn lora_gradients(ckpt: Checkpoint, r: &Reference, seed: u64) -> Result<(f64, String)> {
-    let model = lora_model(ckpt, r, seed)?;
-    let (_, grads) = model.loss_and_grads(&r.tokens, r.batch, false)?;
+fn lora_gradients(grads: &[Vec<f64>], layers: usize, r: &Reference) -> Result<(f64, String)> {
     let mut worst = (f64::NEG_INFINITY, String::new());
-    for layer in 0..model.base.config.layers {
+    for layer in 0..layers {
         for (name, slot) in FACTORS {
             let name = format!("layers.{layer}.{name}");
             let want = r.tensor(&format!("{name}.grad"))?;
-            let err = rel_l2(&name, &grads[Trainable::index(layer, slot)], want)?;
+            let got = grads
+                .get(Trainable::index(layer, slot))
+                .map_or(&[][..], |g| &g[..]);
+            let err = rel_l2(&name, got, want)?;
             if err > worst.0 || err.is_nan() {
                 worst = (err, name);
             }
@@ -209,9 +300,10 @@ fn lora_gradients(ckpt: Checkpoint, r: &Reference, seed: u64) -> Result<(f64, St
     Ok(worst)
 }
 
-/// The compared quantity's relative error and the metric's name.
+/// The compared quantity's relative error, the metric's name and what was compared.
 fn measure(
     p: &Params,
+    backend: &mut dyn Backend,
     ckpt: Checkpoint,
     r: &Reference,
     seed: u64,
@@ -222,12 +314,12 @@ fn measure(
     };
     Ok(match p.quantity {
         Quantity::Logits => {
-            let z = base_model(ckpt).logits(&r.tokens, r.batch)?;
+            let z = backend.logits(base_model(ckpt), r)?;
             let err = rel_l2("logits", &z, r.tensor("logits")?)?;
             (err, "logits_rel_l2", format!("{} logits", z.len()))
         }
         Quantity::Loss => {
-            let loss = base_model(ckpt).loss(&r.tokens, r.batch)?;
+            let loss = backend.loss(base_model(ckpt), r)?;
             let want = r.tensor("loss")?.first().copied().unwrap_or(f64::NAN);
             let err = ((loss - want) / want).abs();
             (
@@ -237,23 +329,37 @@ fn measure(
             )
         }
         Quantity::LoraGradients => {
-            let (err, worst) = lora_gradients(ckpt, r, seed)?;
+            let layers = ckpt.base.config.layers;
+            let grads = backend.grads(lora_model(ckpt, r, seed)?, r)?;
+            let (err, worst) = lora_gradients(&grads, layers, r)?;
             (err, "lora_grad_max_rel_l2", format!("worst factor {worst}"))
         }
     })
 }
 
-fn hf_parity(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+fn hf_parity(
+    p: &Params,
+    on: falsify_core::check::Backend,
+    cx: &mut TrialContext<'_>,
+) -> Result<Measurement> {
     let dir = fixture_dir(&p.fixture);
     let mut ckpt = Checkpoint::load(&dir, BaseWeights::Fp32)?;
     faulty::apply(cx.mutant, &mut ckpt, cx.seed);
     let r = Reference::read(&dir)?;
     let cfg = ckpt.base.config;
-    let (err, metric, what) = measure(p, ckpt, &r, cx.seed)?;
+    let seed = cx.seed;
+    let (err, metric, what) = match on {
+        falsify_core::check::Backend::Cpu => measure(p, &mut Oracle, ckpt, &r, seed)?,
+        falsify_core::check::Backend::Cuda => {
+            let gpu = require_gpu(cx)?;
+            measure(p, &mut Gpu { gpu, seed }, ckpt, &r, seed)?
+        }
+    };
     Ok(
         Measurement::new(metric, err, Comparator::Le, p.tolerance.0, "ratio").with_detail(format!(
-            "fixture {}: {what}; {} tokens, {} layers, rope_theta {}, rms_eps {}, bias {}, tied {}",
+            "fixture {} on {}: {what}; {} tokens, {} layers, rope_theta {}, rms_eps {}, bias {}, tied {}",
             p.fixture,
+            on.as_str(),
             r.tokens.len(),
             cfg.layers,
             cfg.rope_theta,
@@ -265,8 +371,12 @@ fn hf_parity(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
 }
 
 impl Kind<crate::Qlora> for Params {
-    fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        hf_parity(self, cx)
+    fn execute(
+        &self,
+        backend: falsify_core::check::Backend,
+        cx: &mut TrialContext<'_>,
+    ) -> Result<Measurement> {
+        hf_parity(self, backend, cx)
     }
 }
 

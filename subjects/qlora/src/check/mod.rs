@@ -25,6 +25,7 @@ pub mod hf_parity;
 pub mod loss_descent;
 pub mod memory_budget;
 pub mod op_parity;
+pub mod peft_round_trip;
 pub mod prewarm;
 pub mod property;
 pub mod step_throughput;
@@ -51,7 +52,7 @@ falsify_core::kinds! {
     /// The `check:` block of a falsification test of the qlora subject.
     pub enum CheckSpec for Qlora {
         OpParity(op_parity) "op_parity", CUDA, "rel-L2 error of an op on a backend vs the CPU reference";
-        HfParity(hf_parity) "hf_parity", CPU, "rel error of the CPU oracle's logits, loss or LoRA gradients on a Hugging Face checkpoint vs transformers' and PEFT's";
+        HfParity(hf_parity) "hf_parity", BOTH, "rel error of the CPU oracle's or the GPU step's logits, loss or LoRA gradients on a Hugging Face checkpoint vs transformers' and PEFT's";
         GradientCheck(gradient_check) "gradient_check", CPU, "rel error of the reference backward vs central finite differences";
         Property(property) "property", CPU, "a named invariant over proptest-generated inputs";
         TargetParity(target_parity) "target_parity", CUDA, "target of every cached module (PTX .target, cubin ELF flags) vs the device's sm_XY; planted PTX and disk entries refused";
@@ -64,6 +65,7 @@ falsify_core::kinds! {
         GradientParity(gradient_parity) "gradient_parity", CUDA, "rel-L2 error of the GPU training step's gradients vs the CPU reference's";
         MemoryBudget(memory_budget) "memory_budget", CUDA, "peak device memory of a configuration";
         Bandwidth(bandwidth) "bandwidth", CUDA, "a memory-bound kernel's bandwidth as a fraction of the d2d copy bandwidth";
+        PeftRoundTrip(peft_round_trip) "peft_round_trip", CUDA, "rel-L2 of PEFT's logits with the adapter the GPU step trained and wrote vs the step's own";
         DataParallel(data_parallel) "data_parallel", CUDA, "the step on several GPUs (one rank process each, NCCL all-reduce) vs one GPU: losses, gradients, bytes reduced, host syncs, tokens/s";
     }
 }

@@ -63,6 +63,9 @@ pub enum Mutant {
     /// a reader of transformers 4's `rope_theta` key alone finds in a
     /// transformers 5 config.json) instead of the checkpoint's.
     CheckpointWrongRopeTheta,
+    /// The adapter writer records `lora_alpha` as the rank, so PEFT scales
+    /// the LoRA branch by `alpha / r = 1` instead of the trainer's `s`.
+    AdapterAlphaAsRank,
     // ---- clipping and optimizer -------------------------------------------------
     /// Clipping scales each layer by its own norm where global clipping is claimed.
     ClipPerLayer,

@@ -149,11 +149,12 @@ impl QkvDims {
     }
 }
 
-/// A block of columns of `y` (from `col`, `cols` wide), packed, plus with
-/// `lora = (u_col, b)` the LoRA up-projection `s u b^T` of the `u` block
-/// from `u_col` through `b` (`[cols, rank]`).
+/// A block of columns of `y` (from `col`, `cols` wide), packed, with the
+/// same columns of `bias` added, plus with `lora = (u_col, b)` the LoRA
+/// up-projection `s u b^T` of the `u` block from `u_col` through `b`
+/// (`[cols, rank]`).
 fn columns(
-    y: &[f64],
+    (y, bias): (&[f64], &[f64]),
     d: &QkvDims,
     (col, cols): (usize, usize),
     lora: Option<(usize, &[f64])>,
@@ -170,22 +171,31 @@ fn columns(
                     .map(|(a, b)| a * b)
                     .sum()
             });
-            out[row * cols + c] = y_row[col + c] + d.scale * up;
+            out[row * cols + c] = (y_row[col + c] + bias[col + c]) + d.scale * up;
         }
     }
     out
 }
 
-/// The fused q/k/v epilogue: from `y = n1 [Wq; Wk; Wv; Aq; Av]^T` returns
-/// `[rope(q) | rope(k) | v]` (each packed `[batch, seq, heads, head_dim]`),
-/// with `q = y_q + s uq Bq^T`, `k = y_k`, `v = y_v + s uv Bv^T`.
-pub fn qkv_forward(y: &[f64], bq: &[f64], bv: &[f64], d: &QkvDims, theta: f64) -> Result<Vec<f64>> {
+/// The fused q/k/v epilogue: from `y = n1 [Wq; Wk; Wv; Aq; Av]^T` and the
+/// frozen bias `b = [b_q | b_k | b_v]` returns `[rope(q) | rope(k) | v]`
+/// (each packed `[batch, seq, heads, head_dim]`), with
+/// `q = y_q + b_q + s uq Bq^T`, `k = y_k + b_k`, `v = y_v + b_v + s uv Bv^T`.
+pub fn qkv_forward(
+    (y, bias): (&[f64], &[f64]),
+    bq: &[f64],
+    bv: &[f64],
+    d: &QkvDims,
+    theta: f64,
+) -> Result<Vec<f64>> {
     d.check(y.len(), bq.len(), bv.len())?;
     let (qd, kvd) = (d.q_dim(), d.kv_dim());
+    expect_len("rope_qkv", "bias", bias.len(), &[qd + 2 * kvd])?;
     let u_col = qd + 2 * kvd;
-    let q = columns(y, d, (0, qd), Some((u_col, bq)));
-    let k = columns(y, d, (qd, kvd), None);
-    let v = columns(y, d, (qd + kvd, kvd), Some((u_col + d.rank, bv)));
+    let yb = (y, bias);
+    let q = columns(yb, d, (0, qd), Some((u_col, bq)));
+    let k = columns(yb, d, (qd, kvd), None);
+    let v = columns(yb, d, (qd + kvd, kvd), Some((u_col + d.rank, bv)));
     let mut out = forward(&q, d.batch, d.seq, d.heads, d.head_dim, theta)?;
     out.extend(forward(&k, d.batch, d.seq, d.kv_heads, d.head_dim, theta)?);
     out.extend(v);
@@ -281,7 +291,9 @@ mod tests {
         let y = wave(rows * d.width(), 0.37);
         let (bq, bv) = (wave(qd * 2, 0.91), wave(kvd * 2, 1.3));
         let g = wave(rows * (qd + 2 * kvd), 0.53);
-        let out = qkv_forward(&y, &bq, &bv, &d, 1e4).unwrap();
+        // Without a bias the epilogue is linear (a bias only shifts it).
+        let zero_bias = vec![0.0; qd + 2 * kvd];
+        let out = qkv_forward((&y, &zero_bias), &bq, &bv, &d, 1e4).unwrap();
         let dy = qkv_backward(&g, &bq, &bv, &d, 1e4).unwrap();
         let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
         let (lhs, rhs) = (dot(&out, &g), dot(&y, &dy));
@@ -289,6 +301,49 @@ mod tests {
             (lhs - rhs).abs() <= 1e-12 * lhs.abs().max(1.0),
             "{lhs} vs {rhs}"
         );
-        assert!(qkv_forward(&y[1..], &bq, &bv, &d, 1e4).is_err());
+        assert!(qkv_forward((&y[1..], &zero_bias), &bq, &bv, &d, 1e4).is_err());
+        assert!(qkv_forward((&y, &zero_bias[1..]), &bq, &bv, &d, 1e4).is_err());
+    }
+
+    /// The bias is added to q, k and v before the LoRA term and RoPE: the
+    /// epilogue of `y` with bias `b` is that of `y + [b | 0]` (b added to
+    /// every row's q, k, v columns) without one.
+    #[test]
+    fn the_bias_shifts_q_k_v_before_rope() {
+        let d = QkvDims {
+            batch: 1,
+            seq: 3,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 4,
+            rank: 2,
+            scale: 2.0,
+        };
+        let wave = |n: usize, f: f64| {
+            (0..n)
+                .map(|i| (f * (i as f64 + 0.5)).sin())
+                .collect::<Vec<f64>>()
+        };
+        let (qd, kvd, w) = (8, 4, d.width());
+        let y = wave(3 * w, 0.37);
+        let bias = wave(qd + 2 * kvd, 1.7);
+        let (bq, bv) = (wave(qd * 2, 0.91), wave(kvd * 2, 1.3));
+        let mut shifted = y.clone();
+        for row in shifted.chunks_mut(w) {
+            for (x, b) in row.iter_mut().zip(&bias) {
+                *x += b;
+            }
+        }
+        let with_bias = qkv_forward((&y, &bias), &bq, &bv, &d, 1e4).unwrap();
+        let zero = vec![0.0; bias.len()];
+        let without = qkv_forward((&shifted, &zero), &bq, &bv, &d, 1e4).unwrap();
+        assert!(with_bias
+            .iter()
+            .zip(&without)
+            .all(|(a, b)| (a - b).abs() < 1e-12));
+        assert_ne!(
+            with_bias,
+            qkv_forward((&y, &zero), &bq, &bv, &d, 1e4).unwrap()
+        );
     }
 }

@@ -177,6 +177,13 @@ pub(crate) fn rope_qkv_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: 
     // GEMMs, not through this epilogue.
     let bq = uniform(rng, dims.heads * dims.head_dim * dims.rank, -0.5, 0.5);
     let bv = uniform(rng, dims.kv_heads * dims.head_dim * dims.rank, -0.5, 0.5);
+    // A frozen bias only shifts the epilogue: its gradient in y is the same.
+    let bias = uniform(
+        rng,
+        dims.heads * dims.head_dim + 2 * dims.kv_heads * dims.head_dim,
+        -0.5,
+        0.5,
+    );
     let (bq2, bv2) = (bq.clone(), bv.clone());
     let backward = if faulty_bwd {
         faulty::rope_qkv_backward_forward_rotation
@@ -191,7 +198,7 @@ pub(crate) fn rope_qkv_problem(shape: &Shape, rng: &mut ChaCha8Rng, faulty_bwd: 
             -1.0,
             1.0,
         )],
-        forward: Box::new(move |x| rope::qkv_forward(&x[0], &bq, &bv, &dims, ROPE_THETA)),
+        forward: Box::new(move |x| rope::qkv_forward((&x[0], &bias), &bq, &bv, &dims, ROPE_THETA)),
         backward: Box::new(move |_, dy| Ok(vec![backward(dy, &bq2, &bv2, &dims, ROPE_THETA)?])),
     }
 }

@@ -53,8 +53,9 @@ pub enum Op {
     Embedding,
     Rmsnorm,
     Rope,
-    /// The training step's fused q/k/v epilogue: the LoRA up-projections
-    /// added to q and v, RoPE on q and k (`qlora::ops::rope::qkv_forward`).
+    /// The training step's fused q/k/v epilogue: the frozen q/k/v bias and
+    /// the LoRA up-projections added, RoPE on q and k
+    /// (`qlora::ops::rope::qkv_forward`).
     RopeQkv,
     Softmax,
     Attention,

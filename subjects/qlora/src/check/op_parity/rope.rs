@@ -60,7 +60,7 @@ type Launcher = fn(
 const QKV_LORA_SCALE: f32 = 2.0;
 
 /// `op_parity` of the fused q/k/v epilogue for one `{batch, seq, heads,
-/// kv_heads, head_dim, rank}` shape: forward `y -> [qr | kr | v]`, backward
+/// kv_heads, head_dim, rank}` shape: forward `(y, bias) -> [qr | kr | v]`, backward
 /// `[dqr | dkr | dv] -> dy`, against [`refop::qkv_forward`] and
 /// [`refop::qkv_backward`], with the presets' theta and the angle table the
 /// step uploads.
@@ -88,6 +88,7 @@ pub fn qkv_parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
     let mut rng = case_rng(case.seed);
     let bq = uniform(&mut rng, sh.q_dim() * sh.rank, -0.5, 0.5);
     let bv = uniform(&mut rng, sh.kv_dim() * sh.rank, -0.5, 0.5);
+    let bias = uniform(&mut rng, sh.u_col(), -0.5, 0.5);
     let (d_bq, d_bv) = (gpu.upload(&bq)?, gpu.upload(&bv)?);
     let table = gpu.upload(&qkv_angle_table(sh.seq, d, theta))?;
     let lora = (&d_bq, &d_bv, QKV_LORA_SCALE);
@@ -97,11 +98,14 @@ pub fn qkv_parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
             let d_y = gpu.upload(&y)?;
             let (mut qr, mut kr) = (gpu.poisoned(packed_q)?, gpu.poisoned(packed_kv)?);
             let mut v = gpu.poisoned(packed_kv)?;
-            qkv_forward(gpu, &sh, &d_y, lora, &table, (&mut qr, &mut kr, &mut v))?;
+            let d_bias = gpu.upload(&bias)?;
+            let out = (&mut qr, &mut kr, &mut v);
+            qkv_forward(gpu, &sh, (&d_y, &d_bias), lora, &table, out)?;
             let mut out = gpu.download(&qr)?;
             out.extend(gpu.download(&kr)?);
             out.extend(gpu.download(&v)?);
-            let want = refop::qkv_forward(&widen(&y), &widen(&bq), &widen(&bv), &dims, theta)?;
+            let y = (&widen(&y)[..], &widen(&bias)[..]);
+            let want = refop::qkv_forward(y, &widen(&bq), &widen(&bv), &dims, theta)?;
             Ok(compare(&out, &want))
         }
         Pass::Backward => {
