@@ -1085,9 +1085,9 @@ pub fn check_shapes(cfg: &ModelConfig) -> Result<()> {
 }
 
 /// Refuses a configuration whose RoPE theta or RMSNorm epsilon is not a
-/// finite positive number (`theta^(-2i / head_dim)` and `1 / sqrt(mean(x^2)
-/// + eps)` need one). A q/k/v bias, a tied head and any such theta and
-/// epsilon are computed as the configuration says.
+/// finite positive number, as `theta^(-2i / head_dim)` and
+/// `1 / sqrt(mean(x^2) + eps)` need. A q/k/v bias, a tied head and any such
+/// theta and epsilon are computed as the configuration says.
 pub fn check_architecture(cfg: &ModelConfig) -> Result<()> {
     let positive = |x: f64| x.is_finite() && x > 0.0;
     if positive(cfg.rope_theta) && positive(cfg.rms_eps) {

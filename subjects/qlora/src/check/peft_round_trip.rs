@@ -202,7 +202,7 @@ fn peft_logits_error(dir: &Path, out: &Path) -> Result<ScriptResult> {
 
 fn peft_round_trip(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     let dir = fixture_dir(&p.fixture);
-    let out = tempfile::tempdir().map_err(|e| Error::io(&std::env::temp_dir(), e))?;
+    let out = tempfile::tempdir().map_err(|e| Error::io(std::env::temp_dir(), e))?;
     let (seed, mutant) = (cx.seed, cx.mutant);
     let gpu = require_gpu(cx)?;
     let (first, last) = train_and_save(gpu, p, (&dir, out.path()), (seed, mutant))?;
