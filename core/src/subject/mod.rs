@@ -85,8 +85,10 @@ pub trait Subject: Send + Sync + Sized + 'static {
         Ok(())
     }
 
-    /// Whether `error` means "this configuration does not fit here": the
-    /// trial is then recorded `skipped` with the error, not `error`.
+    /// Whether `error` means "this trial cannot be judged here" (its
+    /// configuration does not fit, or a peer it runs beside is not
+    /// installed): the trial is then recorded `skipped` with the error, not
+    /// `error`.
     fn does_not_fit(_error: &Self::Error) -> bool {
         false
     }

@@ -33,6 +33,11 @@ pub enum Error {
     #[error("data-parallel ranks: {0}")]
     Ranks(String),
 
+    /// A peer the check runs beside is not installed here (e.g. python3
+    /// with PEFT): the trial cannot be judged on this machine.
+    #[error("{0}")]
+    PeerAbsent(String),
+
     /// Reading or writing a file failed.
     #[error("{}: {source}", path.display())]
     Io {

@@ -71,9 +71,13 @@ impl Subject for Qlora {
     }
 
     /// A configuration the stack refuses before allocating, because it
-    /// would not fit the device's memory.
+    /// would not fit the device's memory, or a check whose peer (python3
+    /// with PEFT) is not installed here.
     fn does_not_fit(error: &Error) -> bool {
-        matches!(error, Error::Stack(qlora::Error::OutOfMemory { .. }))
+        matches!(
+            error,
+            Error::Stack(qlora::Error::OutOfMemory { .. }) | Error::PeerAbsent(_)
+        )
     }
 
     /// The GPU trainer of the model presets, for the core's driver-observed

@@ -81,8 +81,9 @@ pub fn options(setup: &TrainSetup) -> GpuTrainOptions {
 /// it uploads the weights, after its pre-warm and before its workspace:
 ///
 /// ```text
-/// 4 * ( layers * (base_params_per_layer + 2 r h)   q/k/v stack with the LoRA A rows (zeros), o, gate, up, down
-///     + 2 vocab h + h                              embedding, LM head, final norm
+/// 4 * ( layers * (projections + 2 r h)   q/k/v stack with the LoRA A rows (zeros), o, gate, up, down
+///     + layers * (q_dim + 2 kv_dim)       the q/k/v bias (zeros for a model without one)
+///     + 2 vocab h + h                      embedding, LM head (none where tied), final norm
 ///     + trainable_params )                         LoRA A and B of q and v, both norms of every layer
 /// ```
 ///
@@ -92,8 +93,13 @@ pub fn options(setup: &TrainSetup) -> GpuTrainOptions {
 /// bytes first reach this count with the last weight copy.
 pub fn weight_upload_bytes(cfg: &ModelConfig) -> u64 {
     let h = cfg.hidden;
-    let stacks_and_projections = cfg.layers * (cfg.base_params_per_layer() + 2 * cfg.lora_rank * h);
-    let ends = 2 * cfg.vocab * h + h;
+    // Every layer holds a q/k/v bias on the device, zeros where the model has none.
+    let bias = cfg.q_dim() + 2 * cfg.kv_dim();
+    let projections = cfg.base_params_per_layer() - if cfg.qkv_bias { bias } else { 0 };
+    let stacks_and_projections = cfg.layers * (projections + bias + 2 * cfg.lora_rank * h);
+    // The embedding, the head unless it is the embedding, the final norm.
+    let tables = if cfg.tied_embeddings { 1 } else { 2 };
+    let ends = tables * cfg.vocab * h + h;
     let floats = stacks_and_projections + ends + cfg.trainable_params();
     4 * floats as u64
 }

@@ -8,7 +8,8 @@
 //! the adapter with `PeftModel.from_pretrained` onto the fixture checkpoint
 //! and computes PEFT's logits `z_peft` on the same tokens. Passes when
 //! `||z_peft - z|| / ||z|| <= tolerance`. Needs python3 with torch,
-//! transformers, PEFT and safetensors; without them the trial is skipped.
+//! transformers, PEFT and safetensors; without them the trial is skipped
+//! (found out when it runs, so that listing the trials starts no Python).
 
 use std::path::Path;
 use std::process::Command;
@@ -18,7 +19,7 @@ use serde::Deserialize;
 use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
 use super::hf_parity::{f32_options, fixture_dir, valid_fixture, Reference};
 use super::params::NonNegative;
-use super::{require_gpu, Backend, Comparator, Here, Kind, Measurement, TrialContext, Validate};
+use super::{require_gpu, Backend, Comparator, Kind, Measurement, TrialContext, Validate};
 use crate::error::{Error, Result};
 use crate::mutant::Mutant;
 use qlora::model::adapter::save_adapter;
@@ -28,8 +29,11 @@ use qlora::train::{BaseWeights, GpuTrainer, Hyper};
 /// Where the checking script lives, relative to the repository root.
 const SCRIPT: &str = "scripts/check-peft-adapter.py";
 
-/// The modules the script imports.
-const PYTHON_PROBE: &str = "import torch, transformers, peft, safetensors";
+/// Exits 0 when python3 finds every package the script imports, without
+/// importing them (importing torch takes seconds).
+const PYTHON_PROBE: &str = "import importlib.util as u, sys; \
+missing = [m for m in ('torch', 'transformers', 'peft', 'safetensors') if u.find_spec(m) is None]; \
+print(', '.join(missing)); sys.exit(1 if missing else 0)";
 
 /// Most training steps a trial takes.
 const MAX_STEPS: usize = 100;
@@ -91,13 +95,17 @@ fn repo_root() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Why PEFT cannot be run here, or `None` when python3 imports everything the script needs.
-fn python_missing() -> Option<String> {
+/// An error ([`Error::PeerAbsent`]: the trial is skipped) unless python3
+/// has every package the script needs.
+fn require_python() -> Result<()> {
     let probe = Command::new("python3").args(["-c", PYTHON_PROBE]).output();
     match probe {
-        Ok(out) if out.status.success() => None,
-        Ok(_) => Some(format!("python3 cannot `{PYTHON_PROBE}`")),
-        Err(e) => Some(format!("no python3 to run PEFT: {e}")),
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(Error::PeerAbsent(format!(
+            "python3 lacks {} (needed to run PEFT)",
+            String::from_utf8_lossy(&out.stdout).trim()
+        ))),
+        Err(e) => Err(Error::PeerAbsent(format!("no python3 to run PEFT: {e}"))),
     }
 }
 
@@ -201,6 +209,7 @@ fn peft_logits_error(dir: &Path, out: &Path) -> Result<ScriptResult> {
 }
 
 fn peft_round_trip(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
+    require_python()?;
     let dir = fixture_dir(&p.fixture);
     let out = tempfile::tempdir().map_err(|e| Error::io(std::env::temp_dir(), e))?;
     let (seed, mutant) = (cx.seed, cx.mutant);
@@ -225,10 +234,5 @@ fn peft_round_trip(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
 impl Kind<crate::Qlora> for Params {
     fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         peft_round_trip(self, cx)
-    }
-
-    /// PEFT runs in python3 beside the trial: without it nothing is judged.
-    fn unjudged_on(&self, _backend: Backend, _here: &Here) -> Option<String> {
-        python_missing()
     }
 }
