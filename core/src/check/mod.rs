@@ -1,7 +1,8 @@
 //! The vocabulary of a check: where it runs ([`Backend`]), what the
 //! machine offers ([`Here`]), what it reports ([`Measurement`]), its
 //! validated parameter types ([`params`]) and their documentation
-//! ([`doc`]), and the statistics timing checks share ([`stats`]).
+//! ([`doc`]), the statistics timing checks share ([`stats`]) and their adaptive
+//! repeats ([`repeats`]).
 //!
 //! Each kind lives in a module of its subject with a strictly parsed
 //! `Params` struct that implements `subject::Kind`:
@@ -15,6 +16,7 @@
 pub mod doc;
 mod measurement;
 pub mod params;
+pub mod repeats;
 pub mod stats;
 
 use serde::de::{self, MapAccess};
