@@ -82,6 +82,20 @@ impl Plan {
     }
 }
 
+/// Refuses a contract's `max_repeats` above `bound` or below its `repeats`.
+pub fn check_cap(repeats: usize, max_repeats: Option<usize>, bound: usize) -> Result<(), String> {
+    let Some(max) = max_repeats else {
+        return Ok(());
+    };
+    super::params::at_most("max_repeats", max, bound)?;
+    if max < repeats {
+        return Err(format!(
+            "`max_repeats` ({max}) must be at least `repeats` ({repeats})"
+        ));
+    }
+    Ok(())
+}
+
 /// Why timing stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
@@ -232,6 +246,16 @@ mod tests {
             time_pairs(&close, 7, noisy(0.9)).unwrap().stop,
             Stop::Failed
         );
+    }
+
+    #[test]
+    fn a_cap_below_the_minimum_or_above_the_bound_is_refused() {
+        assert_eq!(check_cap(10, None, 100), Ok(()));
+        assert_eq!(check_cap(10, Some(10), 100), Ok(()));
+        let low = check_cap(10, Some(9), 100).unwrap_err();
+        assert_eq!(low, "`max_repeats` (9) must be at least `repeats` (10)");
+        let high = check_cap(10, Some(101), 100).unwrap_err();
+        assert_eq!(high, "max_repeats: 101 is above its bound of 100");
     }
 
     #[test]

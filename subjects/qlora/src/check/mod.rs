@@ -34,8 +34,8 @@ pub mod throughput_ratio;
 pub mod trajectory_match;
 
 pub use falsify_core::check::{
-    stats, Backend, Comparator, GpuHere, Here, KindInfo, Measurement, ParamDefault, ParamDoc,
-    Piece, Speedup, Validate, BOTH, CPU, CUDA, DEFAULT_TIMEOUT_S,
+    repeats, stats, Backend, Comparator, GpuHere, Here, KindInfo, Measurement, ParamDefault,
+    ParamDoc, Piece, Speedup, Validate, BOTH, CPU, CUDA, DEFAULT_TIMEOUT_S,
 };
 pub use falsify_core::subject::{Kind, KindSet};
 
