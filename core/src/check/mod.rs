@@ -2,7 +2,8 @@
 //! machine offers ([`Here`]), what it reports ([`Measurement`]), its
 //! validated parameter types ([`params`]) and their documentation
 //! ([`doc`]), the statistics timing checks share ([`stats`]) and their adaptive
-//! repeats ([`repeats`]).
+//! repeats ([`repeats`]), and the GPU clocks around a timed region
+//! ([`clocks`]).
 //!
 //! Each kind lives in a module of its subject with a strictly parsed
 //! `Params` struct that implements `subject::Kind`:
@@ -13,6 +14,7 @@
 //! [`kinds!`](crate::kinds) registers a kind (name, backends, what it
 //! measures); the `kind:` key of a contract's `check:` block selects it.
 
+pub mod clocks;
 pub mod doc;
 mod measurement;
 pub mod params;

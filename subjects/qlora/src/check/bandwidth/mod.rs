@@ -27,7 +27,7 @@ use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
 use super::op::{bandwidth_kernels, BandwidthKernel, OpSpec, Pass};
 use super::params::{at_most, gpu_shortfall, Count, Fraction, Shape};
 use super::repeats::{check_cap, Plan};
-use super::{Backend, Comparator, Here, Kind, Measurement, TrialContext, Validate};
+use super::{clock_watched, Backend, Comparator, Here, Kind, Measurement, TrialContext, Validate};
 use crate::error::Result;
 
 /// The contract spellings of `bandwidth`'s `op`: the kernels of the op
@@ -322,7 +322,7 @@ impl Params {
 
 impl Kind<crate::Qlora> for Params {
     fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        measure::measure(self, cx)
+        clock_watched(cx, |cx| measure::measure(self, cx))
     }
 
     /// Whether the buffers fit the GPU's free memory.

@@ -14,7 +14,7 @@ use super::op::{throughput_kernels, ThroughputKernel};
 use super::params::{at_most, Count, ModelName, Positive, StepMode};
 use super::repeats::{check_cap, Plan};
 use super::training::{trainer_bytes, trainer_shortfall, TRAINING_TIMEOUT_S};
-use super::{Backend, Comparator, Here, Kind, Measurement, TrialContext, Validate};
+use super::{clock_watched, Backend, Comparator, Here, Kind, Measurement, TrialContext, Validate};
 use crate::error::Result;
 use qlora::model::ModelConfig;
 
@@ -236,10 +236,10 @@ impl Params {
 
 impl Kind<crate::Qlora> for Params {
     fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        match self.subject.kernel() {
+        clock_watched(cx, |cx| match self.subject.kernel() {
             Some(kernel) => kernels::measure(self, kernel, cx),
             None => train_step::throughput_ratio(self, cx),
-        }
+        })
     }
 
     /// Whether what the subject allocates fits the GPU's free memory.
