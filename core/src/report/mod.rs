@@ -172,7 +172,7 @@ pub struct SpeedupRow {
     #[serde(default)]
     pub peak_device_gib: Option<f64>,
     /// The GPU's SM and memory clocks and clock-event reasons before and
-    /// after the timed region ([`ClockWindow::describe`](crate::check::clocks::ClockWindow::describe)),
+    /// after the timed region, as the trial's clock window describes them,
     /// `unknown (why)` where they could not be read; empty for rows of
     /// checks that do not read them and in reports written before the column.
     #[serde(default)]
