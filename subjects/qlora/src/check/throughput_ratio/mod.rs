@@ -78,8 +78,8 @@ pub struct Params {
     /// Timed runs of each side: at least 5, at most [`MAX_REPEATS`].
     #[serde(default = "default_repeats")]
     pub repeats: Count,
-    /// Most timed runs of each side of `train_step`, when the interval is
-    /// still wider than +-1% of the ratio: at least `repeats`, at most
+    /// Most timed runs of each side (of each shape, for a kernel subject)
+    /// when the interval is still wider than +-1% of the ratio: at least `repeats`, at most
     /// [`MAX_REPEATS`]; by default
     /// [`DEFAULT_CAP_FACTOR`](super::repeats::DEFAULT_CAP_FACTOR)` x repeats`.
     #[serde(default)]
@@ -163,13 +163,13 @@ pub const PARAMS: &[ParamDoc] = &[
         name: "repeats",
         default: Yaml("30"),
         bound: &[Text("5 to "), Int(MAX_REPEATS)],
-        meaning: "timed runs of each side (`train_step`: the least; more until the ratio's 95% interval is within +-1%)",
+        meaning: "timed runs of each side, the least; more until the ratio's 95% interval is within +-1% (for a kernel subject, each shape's)",
     },
     ParamDoc {
         name: "max_repeats",
         default: Otherwise("4 x `repeats`, at most the bound"),
         bound: &[Text("`repeats` to "), Int(MAX_REPEATS)],
-        meaning: "most timed runs of each side of `train_step` (a mutant stops once its interval lies below `min_ratio`)",
+        meaning: "most timed runs of each side (a `train_step` mutant stops once its interval lies below `min_ratio`)",
     },
     ParamDoc {
         name: "min_ratio",
@@ -193,9 +193,6 @@ impl Validate for Params {
         }
         at_most("repeats", self.repeats.0, MAX_REPEATS)?;
         check_cap(self.repeats.0, self.max_repeats.map(|c| c.0), MAX_REPEATS)?;
-        if self.max_repeats.is_some() && self.subject != Subject::TrainStep {
-            return Err("`max_repeats` applies to `subject: train_step` only".into());
-        }
         at_most("warmup", self.warmup.0, MAX_WARMUP)?;
         let tokens = self.model.tokens(self.batch, self.seq_len);
         at_most("batch x seq_len", tokens, MAX_TOKENS)?;
@@ -210,7 +207,9 @@ impl Params {
     }
 
     /// How many timed pairs: `repeats` to `max_repeats`; a `mutant` trial
-    /// stops once the ratio's interval lies below `min_ratio`.
+    /// stops once the ratio's interval lies below `min_ratio` (the kernel
+    /// subjects, judged on a total over shapes, time each shape with
+    /// `mutant` false).
     pub(crate) fn plan(&self, mutant: bool) -> Plan {
         Plan::new(self.repeats.0, self.max_repeats.map(|c| c.0), MAX_REPEATS).fail_fast_if(
             mutant,
@@ -294,8 +293,13 @@ mod tests {
         assert_eq!(e, "`max_repeats` (9) must be at least `repeats` (10)");
         let e = params("max_repeats: 1001").unwrap_err();
         assert_eq!(e, "max_repeats: 1001 is above its bound of 1000");
-        let e = params("subject: gemm\nmax_repeats: 60").unwrap_err();
-        assert_eq!(e, "`max_repeats` applies to `subject: train_step` only");
+        assert_eq!(
+            params("subject: gemm\nmax_repeats: 60")
+                .unwrap()
+                .plan(false)
+                .max,
+            60
+        );
         let p = params("repeats: 10").unwrap();
         assert_eq!(p.plan(false).max, 40);
         assert_eq!(p.plan(false).fail_fast, None);
