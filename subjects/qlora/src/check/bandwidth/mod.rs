@@ -3,9 +3,13 @@
 //!
 //! - bytes `B` = the fewest bytes the op must move: each input read once, each
 //!   output written once ([`Params::bytes`], the one place this is defined);
-//! - kernel time `t_k` = median over `repeats` of one launch, timed with CUDA
-//!   events around a captured graph of launches that rotate over enough
-//!   buffer sets (>= 256 MiB in all) that the L2 cache cannot serve them;
+//! - kernel time `t_k` = median over the timed replays of one launch, timed
+//!   with CUDA events around a captured graph of launches that rotate over
+//!   enough buffer sets (>= 256 MiB in all) that the L2 cache cannot serve
+//!   them; the op's replays alternate with the copy's, `repeats` pairs at
+//!   least, then more until the fraction's 95% interval is within +-1% or
+//!   `max_repeats` pairs (a mutant stops once the interval lies below
+//!   `min_fraction`);
 //! - copy bandwidth `C / t_c` = a device-to-device copy of the same bytes
 //!   (`C = B` rounded up to 8: `B / 2` read, `B / 2` written), timed the same
 //!   way: median `t_c` of one copy, over graph replays rotating over as many
@@ -22,7 +26,8 @@ use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
 
 use super::op::{bandwidth_kernels, BandwidthKernel, OpSpec, Pass};
 use super::params::{at_most, gpu_shortfall, Count, Fraction, Shape};
-use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
+use super::repeats::{check_cap, Plan};
+use super::{clock_watched, Backend, Comparator, Here, Kind, Measurement, TrialContext, Validate};
 use crate::error::Result;
 
 /// The contract spellings of `bandwidth`'s `op`: the kernels of the op
@@ -162,6 +167,11 @@ pub struct Params {
     /// Timed replays: at least 5, at most [`MAX_REPEATS`].
     #[serde(default = "default_repeats")]
     pub repeats: Count,
+    /// Most timed replays when the interval is still wider than +-1% of the
+    /// fraction: at least `repeats`, at most [`MAX_REPEATS`]; by default
+    /// [`DEFAULT_CAP_FACTOR`](super::repeats::DEFAULT_CAP_FACTOR)` x repeats`.
+    #[serde(default)]
+    pub max_repeats: Option<Count>,
 }
 
 /// Most elements of the op's largest tensor, 2^30 (4 GiB of f32); the
@@ -228,7 +238,13 @@ pub const PARAMS: &[ParamDoc] = &[
         name: "repeats",
         default: Yaml("20"),
         bound: &[Text("5 to "), Int(MAX_REPEATS)],
-        meaning: "timed replays of the kernel and of the copy",
+        meaning: "timed replays of the kernel and of the copy, the least; more until the fraction's 95% interval is within +-1%",
+    },
+    ParamDoc {
+        name: "max_repeats",
+        default: Otherwise("4 x `repeats`, at most the bound"),
+        bound: &[Text("`repeats` to "), Int(MAX_REPEATS)],
+        meaning: "most timed replays of each (a mutant stops once its interval lies below `min_fraction`)",
     },
 ];
 
@@ -252,6 +268,7 @@ impl Validate for Params {
         }
         at_most("warmup", self.warmup.0, MAX_WARMUP)?;
         at_most("repeats", self.repeats.0, MAX_REPEATS)?;
+        check_cap(self.repeats.0, self.max_repeats.map(|c| c.0), MAX_REPEATS)?;
         if self.pass == Pass::Backward && !self.op.has_backward() {
             return Err(format!("`{}` has no backward kernel", self.op.name()));
         }
@@ -280,6 +297,16 @@ impl Params {
         2.0 * (ROTATE_BYTES + self.bytes() as f64 + 8.0) + resident + FIXED_DEVICE_BYTES
     }
 
+    /// How many timed pairs of replays: `repeats` to `max_repeats`; a
+    /// `mutant` trial stops once the interval lies below `min_fraction`.
+    pub(crate) fn plan(&self, mutant: bool) -> Plan {
+        Plan::new(self.repeats.0, self.max_repeats.map(|c| c.0), MAX_REPEATS).fail_fast_if(
+            mutant,
+            Comparator::Ge,
+            self.min_fraction.0,
+        )
+    }
+
     /// `op pass`, e.g. `rmsnorm fwd`.
     pub fn subject(&self) -> String {
         format!("{} {}", self.op.name(), self.pass.as_str())
@@ -295,7 +322,7 @@ impl Params {
 
 impl Kind<crate::Qlora> for Params {
     fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        measure::measure(self, cx)
+        clock_watched(cx, |cx| measure::measure(self, cx))
     }
 
     /// Whether the buffers fit the GPU's free memory.
@@ -362,6 +389,12 @@ mod tests {
         assert!(parse("op: adamw\nshape: {n: 4}\nmin_fraction: 1.5").is_err());
         assert!(parse("op: adamw\nshape: {n: 4}\nmin_fraction: 0.7\nrepeats: 3").is_err());
         assert!(parse("op: adamw\nshape: {n: 4}\nmin_fraction: 0.7\nspeed: 3").is_err());
+        let capped = "op: adamw\nshape: {n: 4}\nmin_fraction: 0.7\nrepeats: 10";
+        assert!(parse(&format!("{capped}\nmax_repeats: 9")).is_err());
+        let p = parse(&format!("{capped}\nmax_repeats: 15")).unwrap();
+        assert_eq!((p.plan(false).max, p.plan(false).fail_fast), (15, None));
+        assert_eq!(p.plan(true).fail_fast, Some((Comparator::Ge, 0.7)));
+        assert_eq!(parse(capped).unwrap().plan(false).max, 40);
         // The kernels' own shape rules, from the stack.
         let rope = "op: rope\nshape: {batch: 1, seq: 2, heads: 1, head_dim: 3}\nmin_fraction: 0.7";
         let e = parse(rope).unwrap_err();
