@@ -11,13 +11,11 @@ use rand_chacha::ChaCha8Rng;
 use crate::check::bandwidth::Params;
 use crate::check::op::Pass;
 use crate::check::params::Shape;
-use crate::check::repeats::time_pairs;
-use crate::check::stats::median;
+use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
 use crate::check::MutantFaults;
 use crate::check::{require_gpu, Comparator, Measurement, Speedup, TrialContext};
 use crate::error::{Error, Result};
-use cudarc::driver::CudaGraph;
-use qlora::gpu::timing::{capture, time_events};
+use qlora::gpu::timing::time_graph;
 use qlora::gpu::GpuContext;
 use qlora::model::ModelConfig;
 use qlora::ops;
@@ -412,63 +410,36 @@ fn copy_bytes(bytes: usize) -> usize {
 /// The `bandwidth` check, with the trial's faults on (launch shapes and
 /// launchers alike) until it returns.
 pub fn measure(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-    let (seed, faults, mutant) = (cx.seed, cx.faults(), cx.mutant.is_some());
+    let (seed, faults) = (cx.seed, cx.faults());
     let gpu = require_gpu(cx)?;
-    measure_body(p, &mut gpu.with_faults(faults), seed, mutant)
+    measure_body(p, &mut gpu.with_faults(faults), seed)
 }
 
-/// `launch` run once eagerly (compiling and loading what it uses), then
-/// `launches` calls of it captured as one graph, replayed `warmup` times.
-fn warm_graph(
-    gpu: &mut GpuContext,
-    launch: &mut Launch,
-    launches: usize,
-    warmup: usize,
-) -> Result<CudaGraph> {
-    for i in 0..launches {
-        launch(gpu, i)?;
-    }
-    let graph = capture(gpu, launches, |gpu, i| launch(gpu, i))?;
-    time_events(gpu, warmup, 0, launches, |_| Ok(graph.launch()?))?;
-    Ok(graph)
-}
-
-/// Milliseconds per call of one timed replay of `graph` (`launches` calls).
-fn replay_ms(gpu: &mut GpuContext, graph: &CudaGraph, launches: usize) -> Result<f64> {
-    let times = time_events(gpu, 0, 1, launches, |_| Ok(graph.launch()?))?;
-    Ok(times.first().copied().unwrap_or(f64::NAN))
-}
-
-/// Times the op's graph and the copy's, replay by replay alternated so drift
-/// hits both alike, `repeats` pairs at least and more until the fraction's
-/// interval is within +-1% or `max_repeats`; a `mutant` stops once the
-/// interval lies below `min_fraction`.
-fn measure_body(p: &Params, gpu: &mut GpuContext, seed: u64, mutant: bool) -> Result<Measurement> {
-    let warmup = p.warmup.0;
+/// The op's graph timed over `repeats` replays, then the copy's, one arm
+/// after the other: the method the contracts' bounds were set with (see the
+/// module's doc for why it is not the alternated, adaptive driver).
+fn measure_body(p: &Params, gpu: &mut GpuContext, seed: u64) -> Result<Measurement> {
+    let (warmup, repeats) = (p.warmup.0, p.repeats.0);
     let bytes = p.bytes();
     let sets = ROTATE_BYTES.div_ceil(bytes.max(1)).clamp(1, MAX_SETS);
     let launches = sets.max(MIN_LAUNCHES);
-    // Both launches (and so both sets of buffers) stay alive while their
-    // graphs replay: the graphs read and write them.
-    let mut op = setup(gpu, p, sets, seed)?;
-    let op_graph = warm_graph(gpu, &mut op, launches, warmup)?;
-    let mut copier = copy_launch(gpu, bytes, sets, seed)?;
-    let copy_graph = warm_graph(gpu, &mut copier, launches, warmup)?;
-    // The copy time scaled to the op's bytes: the time the op would take at
-    // the copy's bandwidth, so baseline / candidate is the fraction.
-    let per_op = bytes as f64 / copy_bytes(bytes) as f64;
-    let timed = time_pairs(&p.plan(mutant), seed, || {
-        let c = replay_ms(gpu, &copy_graph, launches)?;
-        Ok::<_, Error>((c * per_op, replay_ms(gpu, &op_graph, launches)?))
-    })?;
-    let repeats = timed.repeats();
-    let (baseline, kernel) = (&timed.baseline, &timed.candidate);
-    let copy: Vec<f64> = baseline.iter().map(|t| t / per_op).collect();
-    let (t_k, t_c) = (median(kernel), median(&copy));
+    let kernel = {
+        let mut launch = setup(gpu, p, sets, seed)?;
+        time_graph(gpu, launches, warmup, repeats, |gpu, i| launch(gpu, i))?
+    };
+    let copy = {
+        let mut launch = copy_launch(gpu, bytes, sets, seed)?;
+        time_graph(gpu, launches, warmup, repeats, |gpu, i| launch(gpu, i))?
+    };
+    let (t_k, t_c) = (median(&kernel), median(&copy));
     let copy_gbs = copy_bytes(bytes) as f64 / (t_c * 1e6);
     let kernel_gbs = bytes as f64 / (t_k * 1e6);
     let fraction = kernel_gbs / copy_gbs;
-    let (lo, hi) = (timed.low, timed.high);
+    // The copy time scaled to the op's bytes: the time the op would take at
+    // the copy's bandwidth, so baseline / candidate is the fraction.
+    let per_op = bytes as f64 / copy_bytes(bytes) as f64;
+    let baseline: Vec<f64> = copy.iter().map(|t| t * per_op).collect();
+    let (lo, hi) = ratio_ci(&baseline, &kernel, seed, BOOTSTRAP_RESAMPLES);
     let subject = p.subject();
     let device = gpu.facts().name.clone();
     let mut m = Measurement::new(
@@ -481,11 +452,10 @@ fn measure_body(p: &Params, gpu: &mut GpuContext, seed: u64, mutant: bool) -> Re
     .with_detail(format!(
         "{subject} {}: {bytes} B in {:.2} us = {kernel_gbs:.0} GB/s; d2d copy of the same bytes \
          {copy_gbs:.0} GB/s ({:.2} us); fraction {fraction:.3} [{lo:.3}, {hi:.3}]; {sets} buffer \
-         sets, {launches} launches per graph, {}; {device}",
+         sets, {launches} launches per graph, {repeats} repeats; {device}",
         p.shape,
         t_k * 1e3,
         t_c * 1e3,
-        timed.describe(),
     ));
     m.speedups.push(Speedup {
         subject,
@@ -494,7 +464,7 @@ fn measure_body(p: &Params, gpu: &mut GpuContext, seed: u64, mutant: bool) -> Re
         seq_len: 0,
         baseline: "d2d copy".into(),
         candidate: format!("{} kernel", p.op.name()),
-        baseline_median_ms: median(baseline),
+        baseline_median_ms: median(&baseline),
         candidate_median_ms: t_k,
         ratio: fraction,
         ratio_ci_low: lo,
