@@ -653,6 +653,7 @@ fn speedup(ratio: f64, low: f64, high: f64) -> SpeedupRow {
         repeats: 30,
         device: "NVIDIA H200".into(),
         peak_device_gib: None,
+        clocks: String::new(),
     }
 }
 
@@ -694,6 +695,17 @@ fn only_a_speedup_interval_wholly_below_the_baseline_regresses() {
         write_report(&baseline, &slow_mutant).unwrap().verdict,
         Verdict::Clean
     );
+    // A row measured on a throttled GPU is `skipped`: unjudged, so never a
+    // regression however low.
+    let throttled = SpeedupRow {
+        status: Some(Status::Skipped),
+        ..speedup(1.1, 1.05, 1.19)
+    };
+    let hot = run("throttled", vec![throttled]);
+    assert_eq!(
+        write_report(&baseline, &hot).unwrap().verdict,
+        Verdict::Clean
+    );
     // The ratio fell because the baseline side got faster while the
     // candidate did not slow (an eager step on a faster host): marked, not a
     // regression.
@@ -732,7 +744,7 @@ fn speedups_csv_has_the_design_columns_and_older_files_still_read() {
         text.lines().next().unwrap(),
         "run_id,contract,test_id,status,threshold,subject,model,batch,seq_len,baseline,candidate,\
          baseline_median_ms,candidate_median_ms,ratio,ratio_ci_low,ratio_ci_high,repeats,device,\
-         peak_device_gib"
+         peak_device_gib,clocks"
     );
     let back: Vec<SpeedupRow> = read_rows(&path).unwrap();
     assert_eq!(back, [speedup(1.3, 1.2, 1.4)]);

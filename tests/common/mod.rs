@@ -74,5 +74,6 @@ pub fn speedup(
         repeats: 9,
         device: "cpu".into(),
         peak_device_gib: None,
+        clocks: String::new(),
     }
 }

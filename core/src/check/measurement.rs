@@ -1,6 +1,7 @@
 //! What a check reports: one headline metric compared with a threshold, plus any
 //! violations that fail the trial regardless of the metric.
 
+use super::clocks::ClockWindow;
 use crate::report::artifacts::FailureDump;
 
 /// How `observed` is compared with `threshold`.
@@ -74,6 +75,9 @@ pub struct Measurement {
     /// the check captured them; the engine writes them as a safetensors
     /// artifact when the trial is falsified.
     pub failure: Option<FailureDump>,
+    /// The GPU's clocks before and after the timed region, for timing
+    /// checks; a throttled window makes the trial `skipped`, not judged.
+    pub clocks: Option<ClockWindow>,
 }
 
 impl Measurement {
@@ -95,6 +99,7 @@ impl Measurement {
             violations: Vec::new(),
             speedups: Vec::new(),
             failure: None,
+            clocks: None,
         }
     }
 

@@ -1,7 +1,9 @@
 //! The vocabulary of a check: where it runs ([`Backend`]), what the
 //! machine offers ([`Here`]), what it reports ([`Measurement`]), its
 //! validated parameter types ([`params`]) and their documentation
-//! ([`doc`]), and the statistics timing checks share ([`stats`]).
+//! ([`doc`]), the statistics timing checks share ([`stats`]) and their adaptive
+//! repeats ([`repeats`]), and the GPU clocks around a timed region
+//! ([`clocks`]).
 //!
 //! Each kind lives in a module of its subject with a strictly parsed
 //! `Params` struct that implements `subject::Kind`:
@@ -12,9 +14,11 @@
 //! [`kinds!`](crate::kinds) registers a kind (name, backends, what it
 //! measures); the `kind:` key of a contract's `check:` block selects it.
 
+pub mod clocks;
 pub mod doc;
 mod measurement;
 pub mod params;
+pub mod repeats;
 pub mod stats;
 
 use serde::de::{self, MapAccess};

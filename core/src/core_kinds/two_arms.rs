@@ -10,7 +10,7 @@ use super::train::Training;
 use super::{CoreCheck, CoreMutant, CoreTrial};
 use crate::check::params::Count;
 use crate::check::{Backend, Measurement};
-use crate::subject::Subject;
+use crate::subject::{DeviceOptions, Subject};
 use crate::workload::{graph_loss_parity, graph_speedup, ArmFault};
 
 /// Whether `S` has a workload that trains `model` (located at `kind` or
@@ -74,7 +74,16 @@ impl CoreCheck for graph_speedup::Params {
     ) -> crate::Result<Measurement> {
         let (seed, options, mutant) = arm_inputs(&trial);
         let timeout = Duration::from_secs_f64(self.default_timeout_s());
-        self.measure::<S>(seed, &options, mutant, arm_fault(trial.mutant), timeout)
+        let fault = arm_fault(trial.mutant);
+        // Both arms time on the options' GPU: its clocks around them say
+        // whether the ratio can be trusted (retried once when throttled).
+        let index = options.ordinal();
+        let (mut m, window) = crate::check::clocks::watched(
+            || crate::check::clocks::read(index),
+            || self.measure::<S>(seed, &options, mutant.clone(), fault, timeout),
+        )?;
+        m.clocks = Some(window);
+        Ok(m)
     }
 
     fn validate_for<S: Subject>(&self) -> Result<(), (&'static str, String)> {

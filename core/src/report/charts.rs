@@ -705,6 +705,7 @@ mod tests {
             repeats: 20,
             device: "NVIDIA H100 80GB HBM3".into(),
             peak_device_gib: peak,
+            clocks: String::new(),
         }
     }
 

@@ -247,12 +247,14 @@ impl SpeedupDiff {
     /// dropped by more than [`RUN_TO_RUN_NOISE`], and the candidate side got
     /// slower (see [`SpeedupDiff::baseline_side_faster`]). Only a judged row
     /// (one with a threshold) can regress: a mutant's row times an injected
-    /// fault, and a row that is one part of a judged total is context.
+    /// fault, a row that is one part of a judged total is context, and a
+    /// `skipped` row (a throttled GPU) is unjudged.
     pub fn is_regression(&self) -> bool {
         match (&self.baseline, &self.current) {
             (Some(b), Some(c)) => {
                 !c.is_mutant()
                     && c.threshold.is_some()
+                    && c.status != Some(Status::Skipped)
                     && c.ratio_ci_high < b.ratio_ci_low
                     && c.ratio < b.ratio * (1.0 - RUN_TO_RUN_NOISE)
                     && !self.baseline_side_faster()

@@ -136,7 +136,7 @@ impl FalsificationRow {
 pub const MUTANT_SUFFIX: &str = "::mutant";
 
 /// One row of `speedups.csv` (column order as in the design brief). The
-/// columns `contract`, `status`, `threshold` and `peak_device_gib` are
+/// columns `contract`, `status`, `threshold`, `peak_device_gib` and `clocks` are
 /// absent from reports written before they existed; such rows read with
 /// them empty, and [`fill_from_trials`] fills what the trial rows know.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -171,6 +171,12 @@ pub struct SpeedupRow {
     /// time a kernel.
     #[serde(default)]
     pub peak_device_gib: Option<f64>,
+    /// The GPU's SM and memory clocks and clock-event reasons before and
+    /// after the timed region, as the trial's clock window describes them,
+    /// `unknown (why)` where they could not be read; empty for rows of
+    /// checks that do not read them and in reports written before the column.
+    #[serde(default)]
+    pub clocks: String,
 }
 
 impl SpeedupRow {

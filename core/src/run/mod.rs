@@ -20,6 +20,7 @@ pub use crate::report::meta::{
     nvidia_smi_query, read_clocks, GpuMeta, RecordedOptions, RunMeta, RUN_JSON,
 };
 
+use crate::check::clocks::ClockWindow;
 use crate::check::{GpuHere, Here, Measurement};
 use crate::contract::{Backend, ContractOf, TestOf};
 use crate::core_kinds::{Check, CoreTrial, MutantName};
@@ -785,6 +786,7 @@ impl<S: Subject> Engine<S> {
                 repeats: s.repeats,
                 device: device.clone(),
                 peak_device_gib: s.peak_device_gib,
+                clocks: m.clocks.as_ref().map(|w| w.describe()).unwrap_or_default(),
             });
         }
     }
@@ -1111,6 +1113,12 @@ fn judge<S: Subject>(
         Err(Failure::Subject(e)) if S::does_not_fit(&e) => (Status::Skipped, None, e.to_string()),
         Err(e) => (Status::Error, None, format!("seed {seed}: {e}")),
         Ok(m) => {
+            if let Some(why) = m.clocks.as_ref().and_then(ClockWindow::throttled) {
+                // A throttled GPU times the cooling, not the code: unjudged,
+                // whatever the ratio says (the kind has already retried once).
+                let detail = format!("seed {seed}; {why} (measured twice); {}", m.detail);
+                return (Status::Skipped, Some(m), detail);
+            }
             let mut detail = format!("seed {seed}");
             if !m.detail.is_empty() {
                 detail.push_str("; ");
@@ -1314,6 +1322,96 @@ mod tests {
             None
         );
         assert!(!file.exists());
+    }
+
+    /// A measurement whose GPU throttled is recorded `skipped` with the
+    /// reason, its speedup rows too, whatever its ratio; calm or unknown
+    /// clocks are recorded in the row and judged.
+    #[test]
+    fn a_throttled_measurement_is_skipped_and_its_clocks_recorded() {
+        use crate::check::clocks::{ClockReading, ClockWindow, HW_THERMAL, SW_POWER_CAP};
+        use crate::check::Speedup;
+        let dir = tempfile::tempdir().unwrap();
+        let trials = plan::<Toy>(vec![contract("toy-v1", false, &test("T-1", 1.0, 2.0, &[]))]);
+        let engine = Engine::<Toy>::new(RunOptions {
+            out_dir: dir.path().to_path_buf(),
+            ..RunOptions::default()
+        });
+        let at = |reasons| {
+            Ok(ClockReading {
+                sm_mhz: 1755,
+                mem_mhz: 2619,
+                reasons,
+            })
+        };
+        let timed = |window: ClockWindow| {
+            let mut m = Measurement::new("ratio", 2.0, Comparator::Ge, 1.0, "x");
+            m.speedups.push(Speedup {
+                subject: "s".into(),
+                model: "m".into(),
+                batch: 1,
+                seq_len: 1,
+                baseline: "b".into(),
+                candidate: "c".into(),
+                baseline_median_ms: 2.0,
+                candidate_median_ms: 1.0,
+                ratio: 2.0,
+                ratio_ci_low: 1.9,
+                ratio_ci_high: 2.1,
+                repeats: 10,
+                peak_device_gib: None,
+            });
+            m.clocks = Some(window);
+            m
+        };
+        let hot = timed(ClockWindow {
+            before: at(0),
+            after: at(HW_THERMAL),
+        });
+        let out = engine.record(&trials[0], 7, false, Ok(hot), (1.0, 0.0));
+        assert_eq!(out.status, Status::Skipped);
+        assert!(
+            out.detail.contains("GPU throttled: HW thermal slowdown"),
+            "{}",
+            out.detail
+        );
+        let capped = timed(ClockWindow {
+            before: at(SW_POWER_CAP),
+            after: at(SW_POWER_CAP),
+        });
+        assert_eq!(
+            engine
+                .record(&trials[0], 7, false, Ok(capped), (1.0, 0.0))
+                .status,
+            Status::Passed
+        );
+        let unknown = timed(ClockWindow {
+            before: Err("no nvidia-smi".into()),
+            after: at(0),
+        });
+        assert_eq!(
+            engine
+                .record(&trials[0], 7, false, Ok(unknown), (1.0, 0.0))
+                .status,
+            Status::Passed
+        );
+        let rows = engine.speedup_rows();
+        let got: Vec<(Option<Status>, &str)> =
+            rows.iter().map(|r| (r.status, r.clocks.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    Some(Status::Skipped),
+                    "sm 1755->1755 MHz, mem 2619->2619 MHz, reasons none -> HW thermal slowdown"
+                ),
+                (
+                    Some(Status::Passed),
+                    "sm 1755->1755 MHz, mem 2619->2619 MHz, reasons SW power cap -> SW power cap"
+                ),
+                (Some(Status::Passed), "unknown (no nvidia-smi)"),
+            ]
+        );
     }
 
     #[test]

@@ -35,8 +35,8 @@ pub mod throughput_ratio;
 pub mod trajectory_match;
 
 pub use falsify_core::check::{
-    stats, Backend, Comparator, GpuHere, Here, KindInfo, Measurement, ParamDefault, ParamDoc,
-    Piece, Speedup, Validate, BOTH, CPU, CUDA, DEFAULT_TIMEOUT_S,
+    clocks, repeats, stats, Backend, Comparator, GpuHere, Here, KindInfo, Measurement,
+    ParamDefault, ParamDoc, Piece, Speedup, Validate, BOTH, CPU, CUDA, DEFAULT_TIMEOUT_S,
 };
 pub use falsify_core::subject::{Kind, KindSet};
 
@@ -103,6 +103,24 @@ pub(crate) fn require_gpu<'a, 'b>(cx: &'a mut TrialContext<'b>) -> Result<&'a mu
     };
     no_faults_left(gpu)?;
     Ok(gpu)
+}
+
+/// Runs a timing measurement between two readings of the trial's GPU clocks
+/// ([`clocks::watched`]): once more when the GPU throttled, and the window
+/// recorded with the measurement (a window still throttled makes the trial
+/// `skipped`). Without a GPU context the clocks are unknown.
+pub(crate) fn clock_watched(
+    cx: &mut TrialContext<'_>,
+    mut measure: impl FnMut(&mut TrialContext<'_>) -> Result<Measurement>,
+) -> Result<Measurement> {
+    let index = cx.device.as_deref().map(|gpu| gpu.options().ordinal);
+    let read = || match index {
+        Some(i) => clocks::read(i),
+        None => Err("no GPU context".to_string()),
+    };
+    let (mut m, window) = clocks::watched(read, || measure(cx))?;
+    m.clocks = Some(window);
+    Ok(m)
 }
 
 /// An error if a fault knob is on before a trial's work starts (the knobs

@@ -260,7 +260,7 @@ impl Params {
 
 impl Kind<crate::Qlora> for Params {
     fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        step_throughput(self, cx)
+        super::clock_watched(cx, |cx| step_throughput(self, cx))
     }
 
     /// No target for this GPU, or a trainer that does not fit its free memory.

@@ -415,6 +415,9 @@ pub fn measure(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     measure_body(p, &mut gpu.with_faults(faults), seed)
 }
 
+/// The op's graph timed over `repeats` replays, then the copy's, one arm
+/// after the other: the method the contracts' bounds were set with (see the
+/// module's doc for why it is not the alternated, adaptive driver).
 fn measure_body(p: &Params, gpu: &mut GpuContext, seed: u64) -> Result<Measurement> {
     let (warmup, repeats) = (p.warmup.0, p.repeats.0);
     let bytes = p.bytes();

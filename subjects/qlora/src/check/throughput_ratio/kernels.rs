@@ -15,12 +15,18 @@
 //!   kernels (FP32 math) vs the tensor-core kernels (TF32 math);
 //!   `ratio = t_f32 / t_tensor_cores`, the sum of both passes.
 //!
-//! Times are medians of CUDA-event-timed runs after warm-up (the nf4_gemm and
-//! fusion runs are captured graph replays, as in the step); each run cycles
-//! over several weight (or buffer) sets so the L2 cache cannot hold them all.
-//! A subject's ratio is of the medians of the per-run sums over the shapes
-//! (each timed run adds up one time per shape), with a seeded bootstrap
-//! interval of those sums; each shape also gets its own row.
+//! Times are medians of CUDA-event-timed runs after warm-up (the nf4_gemm,
+//! fusion and attention runs are captured graph replays, as in the step);
+//! each run cycles over several weight (or buffer) sets so the L2 cache
+//! cannot hold them all. Baseline and candidate runs alternate one by one,
+//! `repeats` pairs per shape at least, then more until that shape's ratio
+//! interval is within +-1% or `max_repeats` pairs
+//! ([`time_pairs`](crate::check::repeats::time_pairs)). A subject's ratio is
+//! of the medians of the per-run sums over the shapes (each timed run adds
+//! up one time per shape, over the fewest runs any shape took), with a
+//! seeded bootstrap interval of those sums; each shape also gets its own row.
+
+use std::cell::RefCell;
 
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
 use cudarc::cublas::{sys as blas_sys, Gemm, GemmConfig};
@@ -29,12 +35,13 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::check::op::ThroughputKernel;
+use crate::check::repeats::{time_pairs, Plan};
 use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
 use crate::check::throughput_ratio::Params;
 use crate::check::MutantFaults;
 use crate::check::{require_gpu, Comparator, Measurement, Speedup, TrialContext};
 use crate::error::Result;
-use qlora::gpu::timing::{time_events, time_graph};
+use qlora::gpu::timing::{capture, time_events};
 use qlora::gpu::{Direction, GemmMath, GpuContext};
 use qlora::model::ModelConfig;
 use qlora::ops;
@@ -197,11 +204,101 @@ fn raw_linear(
 }
 
 /// Sets the cuBLAS handle's math mode.
-fn set_math(gpu: &GpuContext, mode: cublasMath_t) -> Result<()> {
+fn set_math(gpu: &GpuContext, mode: cublasMath_t) -> qlora::Result<()> {
     // SAFETY: the handle is the context's live cuBLAS handle; setting the math
     // mode only changes a field of it.
     unsafe { blas_sys::cublasSetMathMode(*gpu.cublas().handle(), mode) }.result()?;
     Ok(())
+}
+
+/// How a pair of sides is timed: the plan of timed runs, the bootstrap
+/// seed, untimed runs of each side first, and calls per run.
+#[derive(Clone, Copy)]
+struct Timing {
+    plan: Plan,
+    seed: u64,
+    warmup: usize,
+    per_run: usize,
+}
+
+impl Timing {
+    fn new(p: &Params, seed: u64, per_run: usize) -> Timing {
+        // Each shape times until its own interval is precise; the verdict
+        // is on the total over the shapes, so no shape stops a mutant early.
+        let plan = p.plan(false);
+        Timing {
+            plan,
+            seed,
+            warmup: p.warmup.0,
+            per_run,
+        }
+    }
+}
+
+/// The milliseconds per call of one CUDA-event-timed run of `body`.
+fn one_run(
+    gpu: &mut GpuContext,
+    per_run: usize,
+    body: impl FnMut(&mut GpuContext) -> qlora::Result<()>,
+) -> Result<f64> {
+    let times = time_events(gpu, 0, 1, per_run, body)?;
+    Ok(times.first().copied().unwrap_or(f64::NAN))
+}
+
+/// `warmup` untimed runs of each side, then timed runs of the baseline and
+/// of the candidate (with `faults` on) alternated one by one, so drift hits
+/// both alike, for as many pairs as [`time_pairs`] takes.
+fn alternated(
+    gpu: &mut GpuContext,
+    t: Timing,
+    faults: Faults,
+    mut base: impl FnMut(&mut GpuContext) -> qlora::Result<()>,
+    mut cand: impl FnMut(&mut GpuContext) -> qlora::Result<()>,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    time_events(gpu, t.warmup, 0, t.per_run, &mut base)?;
+    time_events(
+        &mut gpu.with_faults(faults),
+        t.warmup,
+        0,
+        t.per_run,
+        &mut cand,
+    )?;
+    let timed = time_pairs(&t.plan, t.seed, || {
+        let b = one_run(gpu, t.per_run, &mut base)?;
+        let c = one_run(&mut gpu.with_faults(faults), t.per_run, &mut cand)?;
+        Ok::<_, crate::Error>((b, c))
+    })?;
+    Ok((timed.baseline, timed.candidate))
+}
+
+/// [`alternated`] replays of two captured graphs of `t.per_run` calls each
+/// (`base(gpu, i)` and, with `faults` on, `cand(gpu, i)`); each body runs
+/// once eagerly first so that nothing compiles while it is captured.
+fn alternated_graphs(
+    gpu: &mut GpuContext,
+    t: Timing,
+    faults: Faults,
+    mut base: impl FnMut(&mut GpuContext, usize) -> qlora::Result<()>,
+    mut cand: impl FnMut(&mut GpuContext, usize) -> qlora::Result<()>,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    for i in 0..t.per_run {
+        base(gpu, i)?;
+    }
+    let base_graph = capture(gpu, t.per_run, base)?;
+    let cand_graph = {
+        let gpu = &mut gpu.with_faults(faults);
+        for i in 0..t.per_run {
+            cand(gpu, i)?;
+        }
+        capture(gpu, t.per_run, cand)?
+    };
+    alternated(
+        gpu,
+        t,
+        faults,
+        |_| Ok(base_graph.launch()?),
+        |_| Ok(cand_graph.launch()?),
+    )
 }
 
 /// Per-run times of one baseline and one candidate on one shape.
@@ -235,7 +332,6 @@ fn judge(
     extra: Vec<Speedup>,
 ) -> Measurement {
     let (base_name, cand_name) = (kernel.baseline, kernel.candidate);
-    let repeats = p.repeats.0;
     let row = |subject: String, baseline: &str, candidate: &str, b: &[f64], c: &[f64]| {
         let (lo, hi) = ratio_ci(b, c, seed, BOOTSTRAP_RESAMPLES);
         Speedup {
@@ -250,22 +346,15 @@ fn judge(
             ratio: median(b) / median(c),
             ratio_ci_low: lo,
             ratio_ci_high: hi,
-            repeats,
+            repeats: b.len().min(c.len()),
             peak_device_gib: None,
         }
     };
     let subject = kernel.name;
     let mut speedups = Vec::new();
-    let mut total_b = vec![0.0; repeats];
-    let mut total_c = vec![0.0; repeats];
+    let (total_b, total_c) = totals(&pairs);
     let mut detail = Vec::new();
     for pair in &pairs {
-        for (t, v) in total_b.iter_mut().zip(&pair.baseline) {
-            *t += v;
-        }
-        for (t, v) in total_c.iter_mut().zip(&pair.candidate) {
-            *t += v;
-        }
         let r = row(
             format!("{subject} {}", pair.label),
             base_name,
@@ -318,6 +407,24 @@ fn judge(
     m
 }
 
+/// Per-run sums over the shapes of the baseline's and the candidate's
+/// times: run `k` of the total is the sum of run `k` of every shape. Each
+/// shape timed its own count of runs, so the total has the fewest any
+/// shape took (none without shapes).
+fn totals(pairs: &[Pair]) -> (Vec<f64>, Vec<f64>) {
+    let runs = pairs
+        .iter()
+        .map(|pair| pair.baseline.len().min(pair.candidate.len()))
+        .min()
+        .unwrap_or(0);
+    let sum = |side: fn(&Pair) -> &[f64]| -> Vec<f64> {
+        (0..runs)
+            .map(|k| pairs.iter().map(|pair| side(pair)[k]).sum())
+            .collect()
+    };
+    (sum(|p| &p.baseline), sum(|p| &p.candidate))
+}
+
 /// The engine our launcher uses for the forward GEMMs.
 fn our_engine(gpu: &GpuContext) -> GemmEngine {
     GemmEngine::for_direction(gpu.options(), Direction::Forward)
@@ -332,7 +439,6 @@ pub(crate) fn gemm_pairs(
     seed: u64,
     faults: Faults,
 ) -> Result<Pairs> {
-    let (warmup, repeats) = (p.warmup.0, p.repeats.0);
     let rows = c.tokens();
     let engine = our_engine(gpu);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -345,23 +451,30 @@ pub(crate) fn gemm_pairs(
         for _ in 0..sets {
             ws.push(random(gpu, &mut rng, proj.out_dim * proj.in_dim)?);
         }
-        let mut y = gpu.zeros::<f32>(rows * proj.out_dim)?;
-        set_math(gpu, cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH)?;
-        let raw = time_events(gpu, warmup, repeats, sets, |gpu| {
-            for w in &ws {
-                raw_linear(gpu, &x, w, &mut y, dims)?;
-            }
-            Ok(())
-        });
-        set_math(gpu, cublasMath_t::CUBLAS_DEFAULT_MATH)?;
-        let raw = raw?;
-        // The trial's faults are on for our launcher only: the claim is about it.
-        let ours = time_events(&mut gpu.with_faults(faults), warmup, repeats, sets, |gpu| {
-            for w in &ws {
-                ops::gemm::linear(gpu, engine, &x, w, &mut y, dims)?;
-            }
-            Ok(())
-        })?;
+        // Both sides write `y`; alternated runs never overlap (each run is
+        // timed to its end), so sharing it is safe.
+        let y = RefCell::new(gpu.zeros::<f32>(rows * proj.out_dim)?);
+        // The raw call runs in TF32 tensor-op math, set and reset around each
+        // run (host-side handle fields, no device work); the trial's faults
+        // are on for our launcher only: the claim is about it.
+        let (raw, ours) = alternated(
+            gpu,
+            Timing::new(p, seed, sets),
+            faults,
+            |gpu| {
+                set_math(gpu, cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH)?;
+                let ran = ws
+                    .iter()
+                    .try_for_each(|w| raw_linear(gpu, &x, w, &mut y.borrow_mut(), dims));
+                set_math(gpu, cublasMath_t::CUBLAS_DEFAULT_MATH)?;
+                ran
+            },
+            |gpu| {
+                ws.iter().try_for_each(|w| {
+                    ops::gemm::linear(gpu, engine, &x, w, &mut y.borrow_mut(), dims)
+                })
+            },
+        )?;
         pairs.push(Pair {
             label: format!("{} {rows}x{}x{}", proj.name, proj.in_dim, proj.out_dim),
             baseline: raw,
@@ -378,7 +491,6 @@ pub(crate) fn nf4_pairs(
     seed: u64,
     faults: Faults,
 ) -> Result<Pairs> {
-    let (warmup, repeats) = (p.warmup.0, p.repeats.0);
     let rows = c.tokens();
     let tf32 = GemmEngine::Cublas(GemmMath::Tf32);
     let engine = our_engine(gpu);
@@ -402,25 +514,23 @@ pub(crate) fn nf4_pairs(
         }
         // The dequantised weight lives in one workspace, as in the step.
         let mut deq = gpu.zeros::<f32>(len)?;
-        let mut y = gpu.zeros::<f32>(rows * proj.out_dim)?;
+        let y = RefCell::new(gpu.zeros::<f32>(rows * proj.out_dim)?);
         // Both paths replay as captured graphs, as the training step does, so
         // the dequantisation's extra launch is timed on the device, not the
         // host's launch rate.
-        let base = time_graph(gpu, sets, warmup, repeats, |gpu, i| {
-            ops::gemm::linear(gpu, tf32, &x, &ws[i], &mut y, dims)
-        })?;
-        let path = time_graph(
-            &mut gpu.with_faults(faults),
-            sets,
-            warmup,
-            repeats,
+        let (base, path) = alternated_graphs(
+            gpu,
+            Timing::new(p, seed, sets),
+            faults,
+            |gpu, i| ops::gemm::linear(gpu, tf32, &x, &ws[i], &mut y.borrow_mut(), dims),
             |gpu, i| {
                 ops::nf4::dequantize(gpu, &qs[i], &mut deq)?;
-                ops::gemm::linear(gpu, engine, &x, &deq, &mut y, dims)
+                ops::gemm::linear(gpu, engine, &x, &deq, &mut y.borrow_mut(), dims)
             },
         )?;
         let fused = time_events(gpu, 1, FUSED_REPEATS, 1, |gpu| {
-            ops::nf4::gemm_forward(gpu, &x, &qs[0], &mut y, (rows, proj.out_dim, proj.in_dim))
+            let dims = (rows, proj.out_dim, proj.in_dim);
+            ops::nf4::gemm_forward(gpu, &x, &qs[0], &mut y.borrow_mut(), dims)
         })?;
         let label = format!("{} {rows}x{}x{}", proj.name, proj.in_dim, proj.out_dim);
         let (lo, hi) = ratio_ci(&base, &fused, seed, BOOTSTRAP_RESAMPLES);
@@ -455,7 +565,6 @@ pub(crate) fn fusion_pairs(
     seed: u64,
     faults: Faults,
 ) -> Result<Pairs> {
-    let (warmup, repeats) = (p.warmup.0, p.repeats.0);
     let (rows, h) = (c.tokens(), c.hidden);
     let n = rows * h;
     let eps = ModelConfig::RMS_EPS;
@@ -471,28 +580,28 @@ pub(crate) fn fusion_pairs(
             gpu.zeros::<f32>(n)?,
         ));
     }
-    let unfused = time_graph(gpu, sets, warmup, repeats, |gpu, i| {
-        let (a, b, hs, y) = &mut bufs[i];
-        ops::elementwise::residual_add(gpu, &a.as_view(), &b.as_view(), &mut hs.as_view_mut())?;
-        ops::rmsnorm::forward(
-            gpu,
-            &hs.as_view(),
-            &gamma.as_view(),
-            rows,
-            h,
-            eps,
-            &mut y.as_view_mut(),
-        )
-    })?;
+    let bufs = RefCell::new(bufs);
     // The faults (a slowed launch) apply to the fused candidate only: it is
     // the claim "fusion pays" that the mutant must break.
-    let fused = time_graph(
-        &mut gpu.with_faults(faults),
-        sets,
-        warmup,
-        repeats,
+    let (unfused, fused) = alternated_graphs(
+        gpu,
+        Timing::new(p, seed, sets),
+        faults,
         |gpu, i| {
-            let (a, b, hs, y) = &mut bufs[i];
+            let (a, b, hs, y) = &mut bufs.borrow_mut()[i];
+            ops::elementwise::residual_add(gpu, &a.as_view(), &b.as_view(), &mut hs.as_view_mut())?;
+            ops::rmsnorm::forward(
+                gpu,
+                &hs.as_view(),
+                &gamma.as_view(),
+                rows,
+                h,
+                eps,
+                &mut y.as_view_mut(),
+            )
+        },
+        |gpu, i| {
+            let (a, b, hs, y) = &mut bufs.borrow_mut()[i];
             ops::rmsnorm::forward_residual(
                 gpu,
                 &a.as_view(),
@@ -587,7 +696,6 @@ pub(crate) fn attention_pairs(
     seed: u64,
     faults: Faults,
 ) -> Result<Pairs> {
-    let (warmup, repeats) = (p.warmup.0, p.repeats.0);
     let sh = attn_shape(c);
     ops::attention::check_shape(&sh)?;
     let sets = sets_for(attention_set_bytes(&sh));
@@ -603,20 +711,20 @@ pub(crate) fn attention_pairs(
         for set in &mut bufs {
             set.forward(gpu, f32m, &sh)?;
         }
-        let mut pass = |gpu: &mut GpuContext, math: GemmMath, i: usize| {
-            let set = &mut bufs[i];
+        let cells = RefCell::new(&mut bufs);
+        let pass = |gpu: &mut GpuContext, math: GemmMath, i: usize| {
+            let set = &mut cells.borrow_mut()[i];
             if backward {
                 set.backward(gpu, math, &sh)
             } else {
                 set.forward(gpu, math, &sh)
             }
         };
-        let base = time_graph(gpu, sets, warmup, repeats, |gpu, i| pass(gpu, f32m, i))?;
-        let cand = time_graph(
-            &mut gpu.with_faults(faults),
-            sets,
-            warmup,
-            repeats,
+        let (base, cand) = alternated_graphs(
+            gpu,
+            Timing::new(p, seed, sets),
+            faults,
+            |gpu, i| pass(gpu, f32m, i),
             |gpu, i| pass(gpu, tf32, i),
         )?;
         let name = if backward { "backward" } else { "forward" };
@@ -635,6 +743,21 @@ pub(crate) fn attention_pairs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn totals_add_up_each_run_over_the_shapes_that_all_have_it() {
+        let pair = |b: &[f64], c: &[f64]| Pair {
+            label: String::new(),
+            baseline: b.to_vec(),
+            candidate: c.to_vec(),
+        };
+        let pairs = [
+            pair(&[1.0, 2.0, 3.0], &[0.5, 1.0, 1.5]),
+            pair(&[10.0, 20.0], &[5.0, 6.0]),
+        ];
+        assert_eq!(totals(&pairs), (vec![11.0, 22.0], vec![5.5, 7.0]));
+        assert_eq!(totals(&[]), (vec![], vec![]));
+    }
 
     #[test]
     fn projections_cover_one_layer_of_qwen() {

@@ -12,8 +12,9 @@ use super::doc::{DEFAULT_STEP_MODE, MODEL_BOUND, STEP_MODE_BOUND};
 
 use super::op::{throughput_kernels, ThroughputKernel};
 use super::params::{at_most, Count, ModelName, Positive, StepMode};
+use super::repeats::{check_cap, Plan};
 use super::training::{trainer_bytes, trainer_shortfall, TRAINING_TIMEOUT_S};
-use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
+use super::{clock_watched, Backend, Comparator, Here, Kind, Measurement, TrialContext, Validate};
 use crate::error::Result;
 use qlora::model::ModelConfig;
 
@@ -77,6 +78,12 @@ pub struct Params {
     /// Timed runs of each side: at least 5, at most [`MAX_REPEATS`].
     #[serde(default = "default_repeats")]
     pub repeats: Count,
+    /// Most timed runs of each side (of each shape, for a kernel subject)
+    /// when the interval is still wider than +-1% of the ratio: at least `repeats`, at most
+    /// [`MAX_REPEATS`]; by default
+    /// [`DEFAULT_CAP_FACTOR`](super::repeats::DEFAULT_CAP_FACTOR)` x repeats`.
+    #[serde(default)]
+    pub max_repeats: Option<Count>,
     pub min_ratio: Positive,
 }
 
@@ -156,7 +163,13 @@ pub const PARAMS: &[ParamDoc] = &[
         name: "repeats",
         default: Yaml("30"),
         bound: &[Text("5 to "), Int(MAX_REPEATS)],
-        meaning: "timed runs of each side",
+        meaning: "timed runs of each side, the least; more until the ratio's 95% interval is within +-1% (for a kernel subject, each shape's)",
+    },
+    ParamDoc {
+        name: "max_repeats",
+        default: Otherwise("4 x `repeats`, at most the bound"),
+        bound: &[Text("`repeats` to "), Int(MAX_REPEATS)],
+        meaning: "most timed runs of each side (a `train_step` mutant stops once its interval lies below `min_ratio`)",
     },
     ParamDoc {
         name: "min_ratio",
@@ -179,6 +192,7 @@ impl Validate for Params {
             return Err("`repeats` must be at least 5 for a median and its interval".into());
         }
         at_most("repeats", self.repeats.0, MAX_REPEATS)?;
+        check_cap(self.repeats.0, self.max_repeats.map(|c| c.0), MAX_REPEATS)?;
         at_most("warmup", self.warmup.0, MAX_WARMUP)?;
         let tokens = self.model.tokens(self.batch, self.seq_len);
         at_most("batch x seq_len", tokens, MAX_TOKENS)?;
@@ -190,6 +204,18 @@ impl Params {
     /// The model with the contract's batch and sequence length.
     pub(crate) fn config(&self) -> ModelConfig {
         self.model.sized(self.batch, self.seq_len)
+    }
+
+    /// How many timed pairs: `repeats` to `max_repeats`; a `mutant` trial
+    /// stops once the ratio's interval lies below `min_ratio` (the kernel
+    /// subjects, judged on a total over shapes, time each shape with
+    /// `mutant` false).
+    pub(crate) fn plan(&self, mutant: bool) -> Plan {
+        Plan::new(self.repeats.0, self.max_repeats.map(|c| c.0), MAX_REPEATS).fail_fast_if(
+            mutant,
+            Comparator::Ge,
+            self.min_ratio.0,
+        )
     }
 
     /// Device bytes the subject holds at its peak: both trainers at once for
@@ -209,10 +235,10 @@ impl Params {
 
 impl Kind<crate::Qlora> for Params {
     fn execute(&self, _backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-        match self.subject.kernel() {
+        clock_watched(cx, |cx| match self.subject.kernel() {
             Some(kernel) => kernels::measure(self, kernel, cx),
             None => train_step::throughput_ratio(self, cx),
-        }
+        })
     }
 
     /// Whether what the subject allocates fits the GPU's free memory.
@@ -267,6 +293,22 @@ mod tests {
     fn counts_and_tokens_are_bounded() {
         let e = params("repeats: 100000000").unwrap_err();
         assert_eq!(e, "repeats: 100000000 is above its bound of 1000");
+        let e = params("repeats: 10\nmax_repeats: 9").unwrap_err();
+        assert_eq!(e, "`max_repeats` (9) must be at least `repeats` (10)");
+        let e = params("max_repeats: 1001").unwrap_err();
+        assert_eq!(e, "max_repeats: 1001 is above its bound of 1000");
+        assert_eq!(
+            params("subject: gemm\nmax_repeats: 60")
+                .unwrap()
+                .plan(false)
+                .max,
+            60
+        );
+        let p = params("repeats: 10").unwrap();
+        assert_eq!(p.plan(false).max, 40);
+        assert_eq!(p.plan(false).fail_fast, None);
+        assert_eq!(p.plan(true).fail_fast, Some((Comparator::Ge, 1.0)));
+        assert_eq!(params("max_repeats: 30").unwrap().plan(false).max, 30);
         let e = params("warmup: 5000").unwrap_err();
         assert_eq!(e, "warmup: 5000 is above its bound of 100");
         let e = params("batch: 8192").unwrap_err();

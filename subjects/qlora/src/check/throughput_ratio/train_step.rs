@@ -13,11 +13,15 @@ use super::Params;
 /// `subject: train_step`. Passes when `median(t_baseline) / median(t_candidate)
 /// >= min_ratio`. Both trainers (same seed, so the same model and batches)
 /// run `warmup` untimed steps (at least 2, so a graphed mode has captured
-/// and replayed once), then `repeats` timed steps, alternating baseline and
-/// candidate so drift hits both alike. The 95% bootstrap interval of the
+/// and replayed once), then timed steps, alternating baseline and candidate
+/// so drift hits both alike: `repeats` pairs at least, then more until the
+/// ratio's interval is within +-1% or `max_repeats` pairs
+/// ([`time_pairs`](crate::check::repeats::time_pairs)); a mutant stops as
+/// soon as the interval lies below `min_ratio`. The 95% bootstrap interval of the
 /// ratio goes to `speedups.csv`; tokens per second go to the detail.
 pub(super) fn throughput_ratio(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-    use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
+    use crate::check::repeats::time_pairs;
+    use crate::check::stats::median;
     let cfg = p.config();
     let seed = cx.seed;
     let base_opts = p.baseline.speed_options();
@@ -25,6 +29,7 @@ pub(super) fn throughput_ratio(p: &Params, cx: &mut TrialContext<'_>) -> Result<
     // The mutant's faults are on for the candidate only (while it is built,
     // captured and stepped): the claim is about it.
     let faults = cx.faults();
+    let mutant = cx.mutant.is_some();
     let gpu = require_gpu(cx)?;
     let mut tb = GpuTrainer::new(gpu, &cfg, base_opts, seed)?;
     let mut tc = GpuTrainer::new(&mut gpu.with_faults(faults), &cfg, cand_opts, seed)?;
@@ -42,20 +47,19 @@ pub(super) fn throughput_ratio(p: &Params, cx: &mut TrialContext<'_>) -> Result<
         tb.step(gpu)?;
         cand_step(gpu, &mut tc, false)?;
     }
-    let mut base_ms = Vec::with_capacity(p.repeats.0);
-    let mut cand_ms = Vec::with_capacity(p.repeats.0);
-    for _ in 0..p.repeats.0 {
+    let plan = p.plan(mutant);
+    let timed = time_pairs(&plan, seed, || {
         let tokens = tb.next_batch()?;
-        base_ms.push(timed_step(gpu, &mut tb, &tokens)?);
-        cand_ms.push(cand_step(gpu, &mut tc, true)?);
-    }
-    let (mb, mc) = (median(&base_ms), median(&cand_ms));
-    let ratio = mb / mc;
-    let (lo, hi) = ratio_ci(&base_ms, &cand_ms, seed, BOOTSTRAP_RESAMPLES);
+        let b = timed_step(gpu, &mut tb, &tokens)?;
+        Ok::<_, crate::Error>((b, cand_step(gpu, &mut tc, true)?))
+    })?;
+    let (base_ms, cand_ms) = (&timed.baseline, &timed.candidate);
+    let (mb, mc) = (median(base_ms), median(cand_ms));
+    let (ratio, lo, hi) = (timed.ratio, timed.low, timed.high);
     let tokens = cfg.tokens() as f64;
     let mut m = Measurement::new("median_step_time_ratio", ratio, Comparator::Ge, p.min_ratio.0, "x")
         .with_detail(format!(
-            "model {} batch {} seq {} on {}; baseline {} median {mb:.3} ms ({:.0} tokens/s); candidate {} median {mc:.3} ms ({:.0} tokens/s, graph {}); ratio 95% CI [{lo:.3}, {hi:.3}] over {} repeats",
+            "model {} batch {} seq {} on {}; baseline {} median {mb:.3} ms ({:.0} tokens/s); candidate {} median {mc:.3} ms ({:.0} tokens/s, graph {}); ratio 95% CI [{lo:.3}, {hi:.3}] over {}",
             cfg.name,
             cfg.batch,
             cfg.seq_len,
@@ -65,7 +69,7 @@ pub(super) fn throughput_ratio(p: &Params, cx: &mut TrialContext<'_>) -> Result<
             p.candidate,
             tokens / mc * 1e3,
             if tc.graph_ready() { "replayed" } else { "not used" },
-            p.repeats.0
+            timed.describe()
         ));
     m.speedups.push(crate::check::Speedup {
         subject: "train_step".into(),
@@ -79,7 +83,7 @@ pub(super) fn throughput_ratio(p: &Params, cx: &mut TrialContext<'_>) -> Result<
         ratio,
         ratio_ci_low: lo,
         ratio_ci_high: hi,
-        repeats: p.repeats.0,
+        repeats: timed.repeats(),
         // Two trainers share the device here, so no one configuration's
         // peak can be told apart; `step_throughput` records it.
         peak_device_gib: None,
