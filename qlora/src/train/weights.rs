@@ -506,6 +506,34 @@ impl Params {
 mod tests {
     use super::*;
 
+    /// A host model's tensors are found by the draws' ids: a tied head is
+    /// the embedding, a projection its layer's, and a trainable id or a
+    /// length the draw does not state is refused.
+    #[test]
+    fn a_host_models_tensors_are_found_by_id() {
+        let tiny = ModelConfig::preset("tiny").unwrap();
+        let cfg = ModelConfig {
+            tied_embeddings: true,
+            ..tiny
+        };
+        let model = BaseModel::init(&cfg, BaseWeights::Fp32, 3).unwrap();
+        let [embedding, head] = end_draws(&cfg);
+        assert_eq!(model_tensor(&model, head).unwrap(), model.embedding);
+        assert_eq!(model_tensor(&model, embedding).unwrap(), model.embedding);
+        let (up, _) = projection_draws(&cfg, 1)[5];
+        assert_eq!(model_tensor(&model, up).unwrap(), model.layers[1].up.weight);
+        let short = Draw {
+            len: up.len - 1,
+            ..up
+        };
+        assert!(model_tensor(&model, short).is_err());
+        let lora = Draw {
+            id: TensorId::Lora { layer: 0, which: 0 },
+            ..up
+        };
+        assert!(model_tensor(&model, lora).is_err());
+    }
+
     /// The tiled transpose moves element (r, c) to (c, r), across tile
     /// edges and for shapes that are not multiples of the tile.
     #[test]

@@ -189,13 +189,14 @@ mod tests {
     }
 
     #[test]
-    fn out_of_memory_does_not_fit_and_nothing_else() {
+    fn out_of_memory_and_an_absent_peer_do_not_fit_and_nothing_else() {
         let oom = Error::Stack(qlora::Error::OutOfMemory {
             model: "m".into(),
             needed_gib: 2.0,
             available_gib: 1.0,
         });
         assert!(Qlora::does_not_fit(&oom));
+        assert!(Qlora::does_not_fit(&Error::PeerAbsent("no python3".into())));
         assert!(!Qlora::does_not_fit(&Error::Ranks("x".into())));
     }
 }

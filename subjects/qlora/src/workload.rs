@@ -233,9 +233,12 @@ mod tests {
             floats += draws[..3].iter().map(|(d, _)| d.len).sum::<usize>();
             floats += 2 * cfg.lora_rank * cfg.hidden;
             floats += draws[3..].iter().map(|(d, _)| d.len).sum::<usize>();
+            // The q/k/v bias, zeros where the model has none.
+            floats += cfg.q_dim() + 2 * cfg.kv_dim();
         }
         let [embedding, lm_head] = end_draws(cfg);
-        floats += embedding.len + lm_head.len + cfg.hidden;
+        let head = if cfg.tied_embeddings { 0 } else { lm_head.len };
+        floats += embedding.len + head + cfg.hidden;
         floats += Trainable::init(cfg, seed)
             .tensors
             .iter()
@@ -259,11 +262,32 @@ mod tests {
         let small = QloraTraining
             .upload_bytes(&setup("small-4l", 4, None))
             .unwrap();
-        let per_layer = 3 * 256 * 256 + 3 * 256 * 688 + 2 * 8 * 256;
+        let per_layer = 3 * 256 * 256 + 3 * 256 * 688 + 2 * 8 * 256 + (256 + 2 * 128);
         let trainable_per_layer = 8 * 256 + 256 * 8 + 8 * 256 + 128 * 8 + 2 * 256;
         let floats = 4 * per_layer + 2 * 4096 * 256 + 256 + 4 * trainable_per_layer;
         assert_eq!(small, 4 * floats);
-        assert_eq!(small, 20_177_920);
+        assert_eq!(small, 20_186_112);
+    }
+
+    /// A Qwen2 with a q/k/v bias and a tied head copies its bias (the same
+    /// bytes as the zeros of a model without one) and one table, not two.
+    #[test]
+    fn a_tied_head_is_one_table_and_a_bias_is_counted_once() {
+        let small = ModelConfig::preset("small-4l").unwrap();
+        let qwen2 = ModelConfig {
+            qkv_bias: true,
+            tied_embeddings: true,
+            ..small
+        };
+        assert_eq!(
+            weight_upload_bytes(&qwen2),
+            4 * host_buffer_floats(&qwen2, 7) as u64
+        );
+        let one_table = 4 * (small.vocab * small.hidden) as u64;
+        assert_eq!(
+            weight_upload_bytes(&small) - weight_upload_bytes(&qwen2),
+            one_table
+        );
     }
 
     /// The formula holds only for the mode it was derived for: a base or

@@ -24,7 +24,7 @@ use serde::Deserialize;
 
 use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
 use super::params::NonNegative;
-use super::{require_gpu, Comparator, Kind, Measurement, TrialContext, Validate};
+use super::{require_gpu, Backend, Comparator, Kind, Measurement, TrialContext, Validate};
 use crate::error::{Error, Result};
 use crate::mutant::checkpoint as faulty;
 use crate::reference::train::Model;
@@ -201,7 +201,7 @@ fn lora_model(ckpt: Checkpoint, r: &Reference, seed: u64) -> Result<Model> {
 
 /// What a backend computes on the fixture's tokens: the logits and loss of
 /// the model, and its loss's gradient of every trainable tensor.
-trait Backend {
+trait Evaluator {
     fn logits(&mut self, m: Model, r: &Reference) -> Result<Vec<f64>>;
     fn loss(&mut self, m: Model, r: &Reference) -> Result<f64>;
     fn grads(&mut self, m: Model, r: &Reference) -> Result<Vec<Vec<f64>>>;
@@ -210,7 +210,7 @@ trait Backend {
 /// The CPU oracle, in f64.
 struct Oracle;
 
-impl Backend for Oracle {
+impl Evaluator for Oracle {
     fn logits(&mut self, m: Model, r: &Reference) -> Result<Vec<f64>> {
         m.logits(&r.tokens, r.batch)
     }
@@ -261,7 +261,7 @@ pub(crate) fn f32_options() -> GpuTrainOptions {
     }
 }
 
-impl Backend for Gpu<'_> {
+impl Evaluator for Gpu<'_> {
     fn logits(&mut self, m: Model, r: &Reference) -> Result<Vec<f64>> {
         let mut t = self.trainer(m, r)?;
         let z = t.logits(self.gpu, &r.tokens)?;
@@ -303,7 +303,7 @@ fn lora_gradients(grads: &[Vec<f64>], layers: usize, r: &Reference) -> Result<(f
 /// The compared quantity's relative error, the metric's name and what was compared.
 fn measure(
     p: &Params,
-    backend: &mut dyn Backend,
+    evaluator: &mut dyn Evaluator,
     ckpt: Checkpoint,
     r: &Reference,
     seed: u64,
@@ -314,12 +314,12 @@ fn measure(
     };
     Ok(match p.quantity {
         Quantity::Logits => {
-            let z = backend.logits(base_model(ckpt), r)?;
+            let z = evaluator.logits(base_model(ckpt), r)?;
             let err = rel_l2("logits", &z, r.tensor("logits")?)?;
             (err, "logits_rel_l2", format!("{} logits", z.len()))
         }
         Quantity::Loss => {
-            let loss = backend.loss(base_model(ckpt), r)?;
+            let loss = evaluator.loss(base_model(ckpt), r)?;
             let want = r.tensor("loss")?.first().copied().unwrap_or(f64::NAN);
             let err = ((loss - want) / want).abs();
             (
@@ -330,18 +330,14 @@ fn measure(
         }
         Quantity::LoraGradients => {
             let layers = ckpt.base.config.layers;
-            let grads = backend.grads(lora_model(ckpt, r, seed)?, r)?;
+            let grads = evaluator.grads(lora_model(ckpt, r, seed)?, r)?;
             let (err, worst) = lora_gradients(&grads, layers, r)?;
             (err, "lora_grad_max_rel_l2", format!("worst factor {worst}"))
         }
     })
 }
 
-fn hf_parity(
-    p: &Params,
-    on: falsify_core::check::Backend,
-    cx: &mut TrialContext<'_>,
-) -> Result<Measurement> {
+fn hf_parity(p: &Params, on: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     let dir = fixture_dir(&p.fixture);
     let mut ckpt = Checkpoint::load(&dir, BaseWeights::Fp32)?;
     faulty::apply(cx.mutant, &mut ckpt, cx.seed);
@@ -349,8 +345,8 @@ fn hf_parity(
     let cfg = ckpt.base.config;
     let seed = cx.seed;
     let (err, metric, what) = match on {
-        falsify_core::check::Backend::Cpu => measure(p, &mut Oracle, ckpt, &r, seed)?,
-        falsify_core::check::Backend::Cuda => {
+        Backend::Cpu => measure(p, &mut Oracle, ckpt, &r, seed)?,
+        Backend::Cuda => {
             let gpu = require_gpu(cx)?;
             measure(p, &mut Gpu { gpu, seed }, ckpt, &r, seed)?
         }
@@ -371,11 +367,7 @@ fn hf_parity(
 }
 
 impl Kind<crate::Qlora> for Params {
-    fn execute(
-        &self,
-        backend: falsify_core::check::Backend,
-        cx: &mut TrialContext<'_>,
-    ) -> Result<Measurement> {
+    fn execute(&self, backend: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         hf_parity(self, backend, cx)
     }
 }
