@@ -538,12 +538,17 @@ impl GpuTrainer {
 
     /// The trainable tensors as they are now on the device (f32 values).
     pub fn trainable(&self, gpu: &GpuContext) -> Result<Trainable> {
-        let mut t = Trainable::init(&self.cfg, 0);
-        for (host, dev) in t.tensors.iter_mut().zip(&self.params.p) {
-            *host = gpu.download(dev)?.into_iter().map(f64::from).collect();
-        }
-        t.scale = self.params.scale;
-        Ok(t)
+        let tensors = self
+            .params
+            .p
+            .iter()
+            .map(|dev| Ok(gpu.download(dev)?.into_iter().map(f64::from).collect()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Trainable {
+            config: self.cfg,
+            tensors,
+            scale: self.params.scale,
+        })
     }
 
     /// The mean loss over `batches`, without training.

@@ -386,16 +386,15 @@ impl BaseDevice {
             .map(|layer| values.qkv_bias(gpu, layer, bias_len))
             .collect::<Result<Vec<_>>>()?;
         // The embedding, then the head unless it is the embedding itself.
-        let [embedding, head] = end_draws(cfg);
-        let (embedding, head) = if cfg.tied_embeddings {
-            let [e] = <[Vec<f64>; 1]>::try_from(values.draw(&[embedding])?)
-                .map_err(|_| missing(0, "embedding"))?;
-            (e, None)
+        let ends = end_draws(cfg);
+        let drawn = if cfg.tied_embeddings {
+            &ends[..1]
         } else {
-            let [e, h] = <[Vec<f64>; 2]>::try_from(values.draw(&[embedding, head])?)
-                .map_err(|_| missing(0, "embedding or head"))?;
-            (e, Some(h))
+            &ends[..]
         };
+        let mut drawn = values.draw(drawn)?.into_iter();
+        let embedding = drawn.next().ok_or_else(|| missing(0, "embedding"))?;
+        let head = drawn.next();
         let end_len = cfg.vocab * cfg.hidden;
         // The fault rounds the embedding instead of the head.
         let f16_source = match &head {

@@ -82,26 +82,34 @@ pub fn options(setup: &TrainSetup) -> GpuTrainOptions {
 ///
 /// ```text
 /// 4 * ( layers * (projections + 2 r h)   q/k/v stack with the LoRA A rows (zeros), o, gate, up, down
-///     + layers * (q_dim + 2 kv_dim)       the q/k/v bias (zeros for a model without one)
 ///     + 2 vocab h + h                      embedding, LM head (none where tied), final norm
-///     + trainable_params )                         LoRA A and B of q and v, both norms of every layer
+///     + trainable_params )                 LoRA A and B of q and v, both norms of every layer
 /// ```
 ///
-/// Gradients and AdamW moments are zeroed on the device (memsets, no
-/// copy). The workspace, the clip and optimizer tables and each step's
+/// Gradients, AdamW moments and a seeded model's q/k/v bias (all zeros) are
+/// set on the device (memsets, no copy). The workspace, the clip and optimizer tables and each step's
 /// batch are copied after the weights, so the cumulative host-to-device
 /// bytes first reach this count with the last weight copy.
 pub fn weight_upload_bytes(cfg: &ModelConfig) -> u64 {
     let h = cfg.hidden;
-    // Every layer holds a q/k/v bias on the device, zeros where the model has none.
-    let bias = cfg.q_dim() + 2 * cfg.kv_dim();
-    let projections = cfg.base_params_per_layer() - if cfg.qkv_bias { bias } else { 0 };
-    let stacks_and_projections = cfg.layers * (projections + bias + 2 * cfg.lora_rank * h);
+    let bias = if cfg.qkv_bias {
+        qkv_bias_floats(cfg)
+    } else {
+        0
+    };
+    let projections = cfg.base_params_per_layer() - bias;
+    let stacks_and_projections = cfg.layers * (projections + 2 * cfg.lora_rank * h);
     // The embedding, the head unless it is the embedding, the final norm.
     let tables = if cfg.tied_embeddings { 1 } else { 2 };
     let ends = tables * cfg.vocab * h + h;
     let floats = stacks_and_projections + ends + cfg.trainable_params();
     4 * floats as u64
+}
+
+/// Floats of one layer's q/k/v bias `[b_q | b_k | b_v]`, which the device
+/// holds for every model (zeros set on the device for a seeded one).
+fn qkv_bias_floats(cfg: &ModelConfig) -> usize {
+    cfg.q_dim() + 2 * cfg.kv_dim()
 }
 
 impl Workload<Qlora> for QloraTraining {
@@ -140,9 +148,11 @@ fn prepare<'d>(
     let mut gpu = gpu.with_faults(faults);
     let trainer = GpuTrainer::new(&mut gpu, &cfg, options(setup), setup.seed)?;
     let (base, trainable_state, _) = trainer.accounted_bytes();
-    // Every base byte on the device was copied from the host; of the
-    // trainable state (parameters, gradients, two moments) a quarter was.
-    let copied = (base + trainable_state / 4) as u64;
+    // Every base byte on the device but the seeded q/k/v bias (zeros set
+    // there) was copied from the host; of the trainable state (parameters,
+    // gradients, two moments) a quarter was.
+    let bias = 4 * cfg.layers * qkv_bias_floats(&cfg);
+    let copied = (base - bias + trainable_state / 4) as u64;
     let counted = weight_upload_bytes(&cfg);
     if copied != counted {
         return Err(Error::InvalidArgument {
@@ -233,8 +243,7 @@ mod tests {
             floats += draws[..3].iter().map(|(d, _)| d.len).sum::<usize>();
             floats += 2 * cfg.lora_rank * cfg.hidden;
             floats += draws[3..].iter().map(|(d, _)| d.len).sum::<usize>();
-            // The q/k/v bias, zeros where the model has none.
-            floats += cfg.q_dim() + 2 * cfg.kv_dim();
+            // The q/k/v bias of a seeded model is zeros set on the device.
         }
         let [embedding, lm_head] = end_draws(cfg);
         let head = if cfg.tied_embeddings { 0 } else { lm_head.len };
@@ -262,17 +271,17 @@ mod tests {
         let small = QloraTraining
             .upload_bytes(&setup("small-4l", 4, None))
             .unwrap();
-        let per_layer = 3 * 256 * 256 + 3 * 256 * 688 + 2 * 8 * 256 + (256 + 2 * 128);
+        let per_layer = 3 * 256 * 256 + 3 * 256 * 688 + 2 * 8 * 256;
         let trainable_per_layer = 8 * 256 + 256 * 8 + 8 * 256 + 128 * 8 + 2 * 256;
         let floats = 4 * per_layer + 2 * 4096 * 256 + 256 + 4 * trainable_per_layer;
         assert_eq!(small, 4 * floats);
-        assert_eq!(small, 20_186_112);
+        assert_eq!(small, 20_177_920);
     }
 
-    /// A Qwen2 with a q/k/v bias and a tied head copies its bias (the same
-    /// bytes as the zeros of a model without one) and one table, not two.
+    /// A seeded Qwen2 with a q/k/v bias and a tied head copies one table,
+    /// not two, and no bias (its zeros are set on the device).
     #[test]
-    fn a_tied_head_is_one_table_and_a_bias_is_counted_once() {
+    fn a_tied_head_is_one_table_and_a_seeded_bias_is_not_copied() {
         let small = ModelConfig::preset("small-4l").unwrap();
         let qwen2 = ModelConfig {
             qkv_bias: true,

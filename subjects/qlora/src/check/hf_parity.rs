@@ -231,23 +231,22 @@ struct Gpu<'a> {
 impl Gpu<'_> {
     /// A trainer of `m` at the fixture's batch and sequence length.
     fn trainer(&mut self, m: Model, r: &Reference) -> Result<GpuTrainer> {
-        let cfg = m.base.config.with_batch(r.batch).with_seq_len(r.seq_len());
-        let base = BaseModel {
-            config: cfg,
-            ..m.base
-        };
-        let params = Trainable {
-            config: cfg,
-            ..m.params
-        };
-        Ok(GpuTrainer::from_model(
-            self.gpu,
-            &base,
-            f32_options(),
-            self.seed,
-            &params,
-        )?)
+        fixture_trainer(self.gpu, m, r, (f32_options(), self.seed))
     }
+}
+
+/// A GPU trainer of `m` with `options` at the fixture's batch and sequence
+/// length (a loaded checkpoint starts at the loader's), batches ordered by `seed`.
+pub(crate) fn fixture_trainer(
+    gpu: &mut GpuContext,
+    m: Model,
+    r: &Reference,
+    (options, seed): (GpuTrainOptions, u64),
+) -> Result<GpuTrainer> {
+    let config = m.base.config.with_batch(r.batch).with_seq_len(r.seq_len());
+    let base = BaseModel { config, ..m.base };
+    let params = Trainable { config, ..m.params };
+    Ok(GpuTrainer::from_model(gpu, &base, options, seed, &params)?)
 }
 
 /// The step's options for parity: eager, one global clip, an fp32 base and

@@ -17,14 +17,15 @@ use std::process::Command;
 use serde::Deserialize;
 
 use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
-use super::hf_parity::{f32_options, fixture_dir, valid_fixture, Reference};
+use super::hf_parity::{f32_options, fixture_dir, fixture_trainer, valid_fixture, Reference};
 use super::params::NonNegative;
 use super::{require_gpu, Backend, Comparator, Kind, Measurement, TrialContext, Validate};
 use crate::error::{Error, Result};
 use crate::mutant::Mutant;
+use crate::reference::train::Model;
 use qlora::model::adapter::save_adapter;
-use qlora::model::{BaseModel, Checkpoint, Trainable};
-use qlora::train::{BaseWeights, GpuTrainer, Hyper};
+use qlora::model::Checkpoint;
+use qlora::train::{BaseWeights, GpuTrainOptions, Hyper};
 
 /// Where the checking script lives, relative to the repository root.
 const SCRIPT: &str = "scripts/check-peft-adapter.py";
@@ -119,29 +120,20 @@ fn train_and_save(
 ) -> Result<(f64, f64)> {
     let ckpt = Checkpoint::load(dir, BaseWeights::Fp32)?;
     let r = Reference::read(dir)?;
-    let cfg = ckpt
-        .base
-        .config
-        .with_batch(r.batch)
-        .with_seq_len(r.seq_len());
-    let trainable = Trainable {
-        config: cfg,
-        ..ckpt.trainable(seed)
-    };
-    let base = BaseModel {
-        config: cfg,
-        ..ckpt.base
-    };
     // A larger step than the default moves the factors and norms far
     // enough from the checkpoint that a lost or mis-scaled tensor shows.
-    let options = qlora::train::GpuTrainOptions {
+    let options = GpuTrainOptions {
         hyper: Hyper {
             lr: 1e-2,
             ..Hyper::default()
         },
         ..f32_options()
     };
-    let mut t = GpuTrainer::from_model(gpu, &base, options, seed, &trainable)?;
+    let model = Model {
+        params: ckpt.trainable(seed),
+        base: ckpt.base,
+    };
+    let mut t = fixture_trainer(gpu, model, &r, (options, seed))?;
     let mut losses = Vec::with_capacity(p.steps);
     for _ in 0..p.steps {
         losses.push(t.step_on(gpu, &r.tokens)?.loss);
@@ -155,7 +147,7 @@ fn train_and_save(
     write_logits(
         &out.join("logits.safetensors"),
         &logits,
-        [r.batch, r.seq_len(), cfg.vocab],
+        [r.batch, r.seq_len(), t.config().vocab],
     )?;
     let first = losses.first().copied().unwrap_or(f64::NAN);
     Ok((first, losses.last().copied().unwrap_or(f64::NAN)))

@@ -257,6 +257,11 @@ pub(crate) fn qkv_backward_with(
 mod tests {
     use super::*;
 
+    /// `n` smooth, distinct test values `sin(f (i + 0.5))`.
+    fn wave(n: usize, f: f64) -> Vec<f64> {
+        (0..n).map(|i| (f * (i as f64 + 0.5)).sin()).collect()
+    }
+
     #[test]
     fn position_one_rotates_first_pair_by_one_radian() {
         // seq 2, head_dim 2: position 0 is untouched, position 1 rotates by 1 rad.
@@ -281,11 +286,6 @@ mod tests {
             head_dim: 6,
             rank: 2,
             scale: 1.5,
-        };
-        let wave = |n: usize, f: f64| {
-            (0..n)
-                .map(|i| (f * (i as f64 + 0.5)).sin())
-                .collect::<Vec<f64>>()
         };
         let (rows, qd, kvd) = (6, 24, 12);
         let y = wave(rows * d.width(), 0.37);
@@ -318,11 +318,6 @@ mod tests {
             head_dim: 4,
             rank: 2,
             scale: 2.0,
-        };
-        let wave = |n: usize, f: f64| {
-            (0..n)
-                .map(|i| (f * (i as f64 + 0.5)).sin())
-                .collect::<Vec<f64>>()
         };
         let (qd, kvd, w) = (8, 4, d.width());
         let y = wave(3 * w, 0.37);
