@@ -1,6 +1,6 @@
-//! The model presets of the design brief: a Qwen2-style decoder at four sizes,
-//! and the same configuration read from a checkpoint's `config.json`
-//! ([`super::checkpoint`]).
+//! The model presets of the design brief: two small Qwen2-style test models
+//! and the shapes of two real Qwen2 checkpoints, and the same configuration
+//! read from a checkpoint's `config.json` ([`super::checkpoint`]).
 
 /// Shape of a Qwen2-style decoder and of the batch it trains on.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -19,7 +19,8 @@ pub struct ModelConfig {
     pub batch: usize,
     pub lora_rank: usize,
     /// Whether q, k and v add a bias after their projection
-    /// (`y = x W^T + b`; every Qwen2 checkpoint has one, the presets none).
+    /// (`y = x W^T + b`; every Qwen2 checkpoint has one, the small test presets
+    /// none).
     pub qkv_bias: bool,
     /// Whether the LM head is the embedding table itself
     /// (`logits = h E^T`, Hugging Face's `tie_word_embeddings`).
@@ -30,10 +31,10 @@ pub struct ModelConfig {
     pub rms_eps: f64,
 }
 
-/// What every preset shares beyond its shape: no q/k/v bias, an LM head of
-/// its own, RoPE theta [`ModelConfig::ROPE_THETA`] and RMSNorm epsilon
-/// [`ModelConfig::RMS_EPS`] (the only values the GPU step implements). The
-/// shape fields here are placeholders every preset overrides.
+/// What the two small test presets share beyond their shape: no q/k/v bias,
+/// an LM head of their own, RoPE theta [`ModelConfig::ROPE_THETA`] and RMSNorm
+/// epsilon [`ModelConfig::RMS_EPS`]. The shape fields here are placeholders
+/// every preset overrides.
 const PRESET_ARCH: ModelConfig = ModelConfig {
     name: "",
     layers: 0,
@@ -50,6 +51,15 @@ const PRESET_ARCH: ModelConfig = ModelConfig {
     tied_embeddings: false,
     rope_theta: ModelConfig::ROPE_THETA,
     rms_eps: ModelConfig::RMS_EPS,
+};
+
+/// What the released Qwen2.5 checkpoints' `config.json` say beyond their
+/// shape: a q/k/v bias, the LM head tied to the embedding, RoPE theta 1e6
+/// and RMSNorm epsilon 1e-6.
+const QWEN2_ARCH: ModelConfig = ModelConfig {
+    qkv_bias: true,
+    tied_embeddings: true,
+    ..PRESET_ARCH
 };
 
 /// Every preset, smallest first.
@@ -94,7 +104,7 @@ pub const PRESETS: [ModelConfig; 4] = [
         seq_len: 256,
         batch: 4,
         lora_rank: 16,
-        ..PRESET_ARCH
+        ..QWEN2_ARCH
     },
     ModelConfig {
         name: "qwen2.5-coder-1.5b",
@@ -108,14 +118,14 @@ pub const PRESETS: [ModelConfig; 4] = [
         seq_len: 256,
         batch: 4,
         lora_rank: 16,
-        ..PRESET_ARCH
+        ..QWEN2_ARCH
     },
 ];
 
 impl ModelConfig {
-    /// RMSNorm epsilon of every preset, and the one the GPU step implements.
+    /// RMSNorm epsilon of every preset.
     pub const RMS_EPS: f64 = 1e-6;
-    /// RoPE base frequency of every preset, and the one the GPU step implements.
+    /// RoPE base frequency of every preset.
     pub const ROPE_THETA: f64 = 1e6;
 
     /// The preset called `name`.

@@ -8,7 +8,12 @@
 //! projections `[out, in]` with `std = 1/sqrt(in)`, so each keeps the scale of
 //! its (RMS-normalised) input; the embedding with `std = 1`; the LM head with
 //! `std = 1/sqrt(hidden)`, so the initial logits are about unit-variance and
-//! the initial loss is near `ln(vocab)`; the final norm is all ones.
+//! the initial loss is near `ln(vocab)`; the final norm is all ones; a q/k/v
+//! bias is all zeros (as transformers initialises Qwen2). Where the head is
+//! the embedding (`tied_embeddings`), the embedding takes the head's
+//! `std = 1/sqrt(hidden)`: with `std = 1` the logits `h E^T` of a unit-RMS
+//! `h` would have a standard deviation of `sqrt(hidden)`, and the first
+//! RMSNorm makes the residual stream's scale irrelevant to the layers.
 //!
 //! Storage of the frozen projections follows [`BaseWeights`]: `Fp32` rounds
 //! every value to f32 (what the GPU holds); `Nf4` quantises each projection
@@ -126,19 +131,21 @@ pub fn projection_draws(cfg: &ModelConfig, layer: usize) -> [(Draw, (usize, usiz
     })
 }
 
-/// The draws of the embedding and the LM head, in that order.
+/// The draws of the embedding and the LM head, in that order (the module
+/// doc says why a tied embedding is drawn at the head's scale).
 pub fn end_draws(cfg: &ModelConfig) -> [Draw; 2] {
     let len = cfg.vocab * cfg.hidden;
+    let head_std = projection_std(cfg.hidden);
     [
         Draw {
             id: TensorId::Embedding,
             len,
-            std: 1.0,
+            std: if cfg.tied_embeddings { head_std } else { 1.0 },
         },
         Draw {
             id: TensorId::LmHead,
             len,
-            std: projection_std(cfg.hidden),
+            std: head_std,
         },
     ]
 }

@@ -1209,8 +1209,8 @@ mod tests {
         assert!(honoured_with(head, TF32, Faults::NONE).unwrap().f16_lm_head);
     }
 
-    /// The f16 projections add two bytes per frozen projection weight and
-    /// per LoRA A row of each stack, and the f16 input buffer (the widest
+    /// The f16 projections add two bytes per frozen projection weight (not
+    /// bias) and per LoRA A row of each stack, and the f16 input buffer (the widest
     /// projection input, `T x intermediate`).
     #[test]
     fn f16_projections_are_planned() {
@@ -1226,7 +1226,13 @@ mod tests {
             f16_projections: true,
             ..fast
         };
-        let copies = 2 * c.layers * (c.base_params_per_layer() + 2 * c.lora_rank * c.hidden);
+        // The q/k/v bias is added in f32 and has no f16 copy.
+        let weights = ModelConfig {
+            qkv_bias: false,
+            ..c
+        }
+        .base_params_per_layer();
+        let copies = 2 * c.layers * (weights + 2 * c.lora_rank * c.hidden);
         let input = 2 * c.tokens() * (c.intermediate - c.hidden);
         assert_eq!(
             planned_device_bytes(&c, &with) - planned_device_bytes(&c, &fast),

@@ -311,19 +311,26 @@ pub(crate) mod tests {
         }
     }
 
+    /// A host with `count` GPUs like `with_gpu`'s.
+    fn with_gpus(name: &str, total_gib: u64, count: usize) -> Here {
+        let mut here = with_gpu(name, total_gib);
+        if let Some(g) = here.gpu.as_mut() {
+            g.device_count = count;
+        }
+        here
+    }
+
     /// Every shipped trial fits its machine: the cpu ones a 24 GB CI machine,
-    /// the cuda ones an H100 and an H200, where each is also judged.
+    /// the cuda ones an H100, an H200 and hosts of two and four, where each
+    /// is also judged unless it needs more GPUs than the host has.
     #[test]
     fn the_shipped_contracts_fit_ci_an_h100_and_an_h200() {
         let contracts = crate::shipped_contracts();
-        let mut two_h200 = with_gpu("NVIDIA H200", 141);
-        if let Some(g) = two_h200.gpu.as_mut() {
-            g.device_count = 2;
-        }
         let gpus = [
             with_gpu("NVIDIA H100 80GB HBM3", 80),
             with_gpu("NVIDIA H200", 141),
-            two_h200,
+            with_gpus("NVIDIA H200", 141, 2),
+            with_gpus("NVIDIA H100 80GB HBM3", 80, 4),
         ];
         for c in &contracts {
             for test in &c.falsification_tests {
@@ -335,14 +342,19 @@ pub(crate) mod tests {
                 for here in &heres {
                     let id = format!("{}::{} on {:?}", c.metadata.id, test.id, here.gpu);
                     assert_eq!(check.check_budget(backend, here), Ok(()), "{id}");
-                    // A trial needing more GPUs than one is judged on the
-                    // two-GPU host only.
-                    let one_gpu = here.gpu.as_ref().is_some_and(|g| g.device_count < 2);
-                    match check.unjudged_on(backend, here) {
-                        Some(why) if one_gpu => {
-                            assert!(why.starts_with("needs 2 GPUs"), "{id}: {why}")
-                        }
-                        why => assert_eq!(why, None, "{id}"),
+                    // A trial is unjudged only for want of GPUs.
+                    let count = here.gpu.as_ref().map_or(0, |g| g.device_count);
+                    if let Some(why) = check.unjudged_on(backend, here) {
+                        let needs = why
+                            .strip_prefix("needs ")
+                            .and_then(|w| w.split_once(" GPUs, this machine has "))
+                            .and_then(|(k, n)| {
+                                Some((k.parse::<usize>().ok()?, n.parse::<usize>().ok()?))
+                            });
+                        assert!(
+                            matches!(needs, Some((k, n)) if k > n && n == count),
+                            "{id}: {why}"
+                        );
                     }
                 }
                 assert!(check.default_timeout_s() >= 30.0, "{}", test.id);
