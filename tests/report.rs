@@ -547,7 +547,9 @@ fn the_committed_baselines_are_found_from_the_parent_folder() {
         serde_json::from_str(&std::fs::read_to_string(h200.join("run.json")).unwrap()).unwrap();
     let sha = record["git_sha"].as_str().unwrap();
     assert!(
-        runs.contains(&format!("{sha} (not run from a checkout: tree state unknown)")),
+        runs.contains(&format!(
+            "{sha} (not run from a checkout: tree state unknown)"
+        )),
         "{runs}"
     );
     assert!(runs.contains("`gpu.forward_math=Tf32`") && !runs.contains("GpuOptions {"));
