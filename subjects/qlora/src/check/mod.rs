@@ -25,9 +25,11 @@ pub mod hf_parity;
 pub mod loss_descent;
 pub mod memory_budget;
 pub mod op_parity;
+pub mod peer_ratio;
 pub mod peft_round_trip;
 pub mod prewarm;
 pub mod property;
+mod python;
 pub mod step_throughput;
 pub mod sync_count;
 pub mod target_parity;
@@ -65,6 +67,7 @@ falsify_core::kinds! {
         GradientParity(gradient_parity) "gradient_parity", CUDA, "rel-L2 error of the GPU training step's gradients vs the CPU reference's";
         MemoryBudget(memory_budget) "memory_budget", CUDA, "peak device memory of a configuration";
         Bandwidth(bandwidth) "bandwidth", CUDA, "a memory-bound kernel's bandwidth as a fraction of the d2d copy bandwidth";
+        PeerRatio(peer_ratio) "peer_ratio", CUDA, "our step's tokens/s over a PyTorch peer's, the peer run in the same trial on the same GPU";
         PeftRoundTrip(peft_round_trip) "peft_round_trip", CUDA, "rel-L2 of PEFT's logits with the adapter the GPU step trained and wrote vs the step's own";
         DataParallel(data_parallel) "data_parallel", CUDA, "the step on several GPUs (one rank process each, NCCL all-reduce) vs one GPU: losses, gradients, bytes reduced, host syncs, tokens/s";
     }

@@ -19,6 +19,7 @@ use serde::Deserialize;
 use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
 use super::hf_parity::{f32_options, fixture_dir, fixture_trainer, valid_fixture, Reference};
 use super::params::NonNegative;
+use super::python::{last_json_line, repo_root, require_python};
 use super::{require_gpu, Backend, Comparator, Kind, Measurement, TrialContext, Validate};
 use crate::error::{Error, Result};
 use crate::mutant::Mutant;
@@ -30,11 +31,8 @@ use qlora::train::{BaseWeights, GpuTrainOptions, Hyper};
 /// Where the checking script lives, relative to the repository root.
 const SCRIPT: &str = "scripts/check-peft-adapter.py";
 
-/// Exits 0 when python3 finds every package the script imports, without
-/// importing them (importing torch takes seconds).
-const PYTHON_PROBE: &str = "import importlib.util as u, sys; \
-missing = [m for m in ('torch', 'transformers', 'peft', 'safetensors') if u.find_spec(m) is None]; \
-print(', '.join(missing)); sys.exit(1 if missing else 0)";
+/// What the script imports.
+const PACKAGES: &[&str] = &["torch", "transformers", "peft", "safetensors"];
 
 /// Most training steps a trial takes.
 const MAX_STEPS: usize = 100;
@@ -88,25 +86,6 @@ impl Validate for Params {
             return Err(format!("steps {}: 1 to {MAX_STEPS}", self.steps));
         }
         Ok(())
-    }
-}
-
-/// The repository root (the script and fixtures are read from it).
-fn repo_root() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// An error ([`Error::PeerAbsent`]: the trial is skipped) unless python3
-/// has every package the script needs.
-fn require_python() -> Result<()> {
-    let probe = Command::new("python3").args(["-c", PYTHON_PROBE]).output();
-    match probe {
-        Ok(out) if out.status.success() => Ok(()),
-        Ok(out) => Err(Error::PeerAbsent(format!(
-            "python3 lacks {} (needed to run PEFT)",
-            String::from_utf8_lossy(&out.stdout).trim()
-        ))),
-        Err(e) => Err(Error::PeerAbsent(format!("no python3 to run PEFT: {e}"))),
     }
 }
 
@@ -187,21 +166,11 @@ fn peft_logits_error(dir: &Path, out: &Path) -> Result<ScriptResult> {
         .arg(dir)
         .output()
         .map_err(|e| Error::io(Path::new("python3"), e))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let last = stdout.lines().rev().find(|l| l.starts_with('{'));
-    let parsed = last.and_then(|l| serde_json::from_str::<ScriptResult>(l).ok());
-    parsed.ok_or_else(|| Error::InvalidArgument {
-        op: "peft_round_trip",
-        message: format!(
-            "{SCRIPT} gave no result ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ),
-    })
+    last_json_line("peft_round_trip", SCRIPT, &output)
 }
 
 fn peft_round_trip(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-    require_python()?;
+    require_python(PACKAGES, "needed to run PEFT")?;
     let dir = fixture_dir(&p.fixture);
     let out = tempfile::tempdir().map_err(|e| Error::io(std::env::temp_dir(), e))?;
     let (seed, mutant) = (cx.seed, cx.mutant);

@@ -19,7 +19,6 @@ use crate::check::{require_gpu, Comparator};
 use crate::error::{Error, Result};
 use qlora::gpu::GpuContext;
 use qlora::model::ModelConfig;
-use qlora::train::GpuTrainer;
 
 use serde::de;
 use serde::Deserialize;
@@ -310,22 +309,13 @@ fn step_throughput(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
                 op: "step_throughput",
                 message: p.not_applicable_on(&device).unwrap_or_default(),
             })?;
-    let (ms, replayed, memory) = {
+    let TimedSteps {
+        ms,
+        replayed,
+        memory,
+    } = {
         let gpu: &mut GpuContext = &mut gpu.with_faults(faults);
-        let mut memory = DeviceMemory::start(gpu)?;
-        let mut t = GpuTrainer::new(gpu, &cfg, options, seed)?;
-        memory.sample(gpu)?;
-        for _ in 0..p.warmup.0.max(2) {
-            t.step(gpu)?;
-            memory.sample(gpu)?;
-        }
-        let mut ms = Vec::with_capacity(p.repeats.0);
-        for _ in 0..p.repeats.0 {
-            let tokens = t.next_batch()?;
-            ms.push(timed_step(gpu, &mut t, &tokens)?);
-        }
-        memory.sample(gpu)?;
-        (ms, t.graph_ready(), memory)
+        time_steps(gpu, &cfg, (options, seed), (p.warmup.0, p.repeats.0))?
     };
     let peak = memory.peak_gib();
     let tokens = cfg.tokens() as f64;

@@ -258,6 +258,45 @@ pub(super) fn timed_step(gpu: &mut GpuContext, t: &mut GpuTrainer, tokens: &[u32
     Ok(f64::from(start.elapsed_ms(&end)?))
 }
 
+/// Timed steps of one training configuration: each step's time (ms),
+/// whether a captured graph was replayed, and the device memory it added.
+pub(super) struct TimedSteps {
+    pub ms: Vec<f64>,
+    pub replayed: bool,
+    pub memory: DeviceMemory,
+}
+
+/// Builds a trainer for `cfg`, takes `warmup` untimed steps (at least 2, so
+/// a graphed mode has captured and replayed), then times `repeats` steps on
+/// fresh batches ([`timed_step`]). Device memory is sampled after building
+/// and after each untimed step, never inside a timed one. The trainer is
+/// dropped before this returns, so its memory is free again.
+pub(super) fn time_steps(
+    gpu: &mut GpuContext,
+    cfg: &ModelConfig,
+    (options, seed): (GpuTrainOptions, u64),
+    (warmup, repeats): (usize, usize),
+) -> Result<TimedSteps> {
+    let mut memory = DeviceMemory::start(gpu)?;
+    let mut t = GpuTrainer::new(gpu, cfg, options, seed)?;
+    memory.sample(gpu)?;
+    for _ in 0..warmup.max(2) {
+        t.step(gpu)?;
+        memory.sample(gpu)?;
+    }
+    let mut ms = Vec::with_capacity(repeats);
+    for _ in 0..repeats {
+        let tokens = t.next_batch()?;
+        ms.push(timed_step(gpu, &mut t, &tokens)?);
+    }
+    memory.sample(gpu)?;
+    Ok(TimedSteps {
+        ms,
+        replayed: t.graph_ready(),
+        memory,
+    })
+}
+
 /// The device memory a training configuration adds: `total - free` as the
 /// driver reports it (`cuMemGetInfo`), sampled at points the caller chooses,
 /// minus what was in use when tracking started; `peak` is the largest
@@ -277,6 +316,12 @@ impl DeviceMemory {
             before: used_bytes(gpu)?,
             peak: 0,
         })
+    }
+
+    /// Nothing added, for tests of what reads a measurement.
+    #[cfg(test)]
+    pub(super) fn zero() -> Self {
+        DeviceMemory { before: 0, peak: 0 }
     }
 
     /// Takes a sample.
