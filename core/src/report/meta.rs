@@ -325,17 +325,37 @@ pub fn compact_utc_now() -> String {
     )
 }
 
-/// `nvidia-smi --query-gpu=<fields> --format=csv,noheader`, trimmed, or
-/// "not read" when the tool is missing or fails.
+/// `nvidia-smi --query-gpu=<fields> --format=csv,noheader` on one line
+/// ([`one_line_per_host`]), or "not read" when the tool is missing or fails.
 pub fn nvidia_smi_query(fields: &str) -> String {
     Command::new("nvidia-smi")
         .args([&format!("--query-gpu={fields}"), "--format=csv,noheader"])
         .output()
         .ok()
         .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .map(|o| one_line_per_host(&String::from_utf8_lossy(&o.stdout)))
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "not read".into())
+}
+
+/// nvidia-smi's answer, a line per GPU, as one line: the line itself where
+/// every GPU gave the same (the driver version of a host), else each GPU's
+/// prefixed with nvidia-smi's index, `GPU 0: ...; GPU 1: ...`.
+fn one_line_per_host(out: &str) -> String {
+    let lines: Vec<&str> = out
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    match lines.first() {
+        Some(first) if lines.iter().all(|l| l == first) => (*first).to_string(),
+        _ => lines
+            .iter()
+            .enumerate()
+            .map(|(i, l)| format!("GPU {i}: {l}"))
+            .collect::<Vec<_>>()
+            .join("; "),
+    }
 }
 
 /// The clock state the record keeps: SM and memory clocks and power draw.
@@ -403,6 +423,19 @@ fn cpu_name() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A host's GPUs answer a line each: one line where they agree, each
+    /// GPU's labelled where they do not.
+    #[test]
+    fn nvidia_smi_lines_of_several_gpus_become_one_line() {
+        assert_eq!(one_line_per_host("580.159.04\n580.159.04\n"), "580.159.04");
+        assert_eq!(
+            one_line_per_host("1980 MHz, 3201 MHz\n345 MHz, 3201 MHz\n"),
+            "GPU 0: 1980 MHz, 3201 MHz; GPU 1: 345 MHz, 3201 MHz"
+        );
+        assert_eq!(one_line_per_host(" 1980 MHz \n"), "1980 MHz");
+        assert_eq!(one_line_per_host(""), "");
+    }
 
     #[test]
     fn run_json_round_trips() {
