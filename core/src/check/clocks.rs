@@ -92,21 +92,52 @@ pub fn parse_reading(line: &str) -> Option<ClockReading> {
     })
 }
 
-/// Reads GPU `index` (nvidia-smi's numbering, which is CUDA's default order
-/// on a host of one GPU kind) with `nvidia-smi`; the error says why not.
-/// Drivers before the clock-event naming know the same bitmask as
-/// `clocks_throttle_reasons.active`, asked for when the first query fails.
-pub fn read(index: usize) -> Result<ClockReading, String> {
-    query(index, "clocks_event_reasons.active")
-        .or_else(|_| query(index, "clocks_throttle_reasons.active"))
+/// Reads CUDA device `ordinal` with `nvidia-smi`, named by its PCI bus id
+/// ([`pci_bus_id`]); the error says why not. Drivers before the clock-event
+/// naming know the same bitmask as `clocks_throttle_reasons.active`, asked
+/// for when the first query fails.
+pub fn read(ordinal: usize) -> Result<ClockReading, String> {
+    let id = pci_bus_id(ordinal)?;
+    query(&id, "clocks_event_reasons.active")
+        .or_else(|_| query(&id, "clocks_throttle_reasons.active"))
 }
 
-/// One `nvidia-smi` query of GPU `index`'s clocks and `reasons` field.
-fn query(index: usize, reasons: &str) -> Result<ClockReading, String> {
+/// The PCI bus id of CUDA device `ordinal` as nvidia-smi's `-i` takes it
+/// (`00000000:19:00.0`). CUDA numbers devices fastest first unless
+/// `CUDA_DEVICE_ORDER` says otherwise, and within what `CUDA_VISIBLE_DEVICES`
+/// leaves; nvidia-smi numbers every GPU of the host in PCI order. So only
+/// the bus id names the same GPU for both.
+pub fn pci_bus_id(ordinal: usize) -> Result<String, String> {
+    use cudarc::driver::{result, sys::CUdevice_attribute as A};
+    if !crate::run::driver_present() {
+        return Err("no CUDA driver to name the GPU".into());
+    }
+    let fail = |e: cudarc::driver::DriverError| format!("CUDA device {ordinal}: {e}");
+    result::init().map_err(fail)?;
+    let ordinal_c = i32::try_from(ordinal).map_err(|e| format!("CUDA device {ordinal}: {e}"))?;
+    let dev = result::device::get(ordinal_c).map_err(fail)?;
+    let attribute = |a: A| {
+        // SAFETY: `dev` came from `cuDeviceGet` just above, as the call requires.
+        unsafe { result::device::get_attribute(dev, a) }.map_err(fail)
+    };
+    Ok(format_bus_id(
+        attribute(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+        attribute(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+        attribute(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?,
+    ))
+}
+
+/// `domain:bus:device.0` in hex, as nvidia-smi prints and accepts it.
+fn format_bus_id(domain: i32, bus: i32, device: i32) -> String {
+    format!("{domain:08X}:{bus:02X}:{device:02X}.0")
+}
+
+/// One `nvidia-smi` query of the GPU `id` names: its clocks and `reasons` field.
+fn query(id: &str, reasons: &str) -> Result<ClockReading, String> {
     let out = Command::new("nvidia-smi")
         .args([
             "-i".to_string(),
-            index.to_string(),
+            id.to_string(),
             format!("--query-gpu=clocks.sm,clocks.mem,{reasons}"),
             "--format=csv,noheader,nounits".to_string(),
         ])
@@ -180,6 +211,12 @@ pub fn watched<T, E>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bus_id_is_written_as_nvidia_smi_prints_it() {
+        assert_eq!(format_bus_id(0, 0x19, 0), "00000000:19:00.0");
+        assert_eq!(format_bus_id(1, 0xb3, 0x1f), "00000001:B3:1F.0");
+    }
 
     fn at(reasons: u64) -> Result<ClockReading, String> {
         Ok(ClockReading {
