@@ -109,7 +109,7 @@ pub fn read(ordinal: usize) -> Result<ClockReading, String> {
 /// the bus id names the same GPU for both.
 pub fn pci_bus_id(ordinal: usize) -> Result<String, String> {
     use cudarc::driver::{result, sys::CUdevice_attribute as A};
-    if !crate::run::driver_present() {
+    if !super::driver_present() {
         return Err("no CUDA driver to name the GPU".into());
     }
     let fail = |e: cudarc::driver::DriverError| format!("CUDA device {ordinal}: {e}");

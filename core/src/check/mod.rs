@@ -117,3 +117,10 @@ pub fn unknown_kind<E: de::Error>(name: &str, kinds: &[KindInfo]) -> E {
         known.join(", ")
     ))
 }
+
+/// Whether a CUDA driver library can be loaded here. Never panics.
+pub fn driver_present() -> bool {
+    // SAFETY: `is_culib_present` only tries to dlopen the driver library and
+    // reports whether that worked; it touches no CUDA state.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}

@@ -36,12 +36,7 @@ use crate::subject::{DeviceFacts, DeviceOptions, KindSet, Subject, TrialContext}
 /// a fresh directory of their own instead.
 pub const DEFAULT_KERNEL_CACHE: &str = "target/falsify-kernel-cache";
 
-/// Whether a CUDA driver library can be loaded here. Never panics.
-pub fn driver_present() -> bool {
-    // SAFETY: `is_culib_present` only tries to dlopen the driver library and
-    // reports whether that worked; it touches no CUDA state.
-    unsafe { cudarc::driver::sys::is_culib_present() }
-}
+pub use crate::check::driver_present;
 
 /// Options of a run of the subject `S`. Front ends fill this in; nothing is
 /// read from the environment.

@@ -22,8 +22,9 @@ use serde::Deserialize;
 
 use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
 use super::doc::{DEFAULT_STEP_MODE, MODEL_BOUND, STEP_MODE_BOUND};
-use super::params::{at_most, Count, ModelName, Positive, StepMode};
+use super::params::{Count, ModelName, Positive, StepMode};
 use super::python::{last_json_line, repo_root, require_python};
+use super::step_throughput::{check_timed_steps, MAX_REPEATS, MAX_WARMUP};
 use super::training::{
     time_steps, trainer_bytes, trainer_shortfall, TimedSteps, TRAINING_TIMEOUT_S,
 };
@@ -36,11 +37,6 @@ use qlora::model::ModelConfig;
 
 /// The peer, relative to the repository root.
 const SCRIPT: &str = "scripts/peers/qwen2_lora_step.py";
-
-/// Most untimed steps before the timed ones, on either side.
-const MAX_WARMUP: usize = 100;
-/// Most timed steps, on either side.
-const MAX_REPEATS: usize = 1_000;
 
 /// The precision the peer trains in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -132,11 +128,7 @@ pub const EXAMPLE: &[(&str, &str)] = &[
 
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {
-        if self.repeats.0 < 5 {
-            return Err("`repeats` must be at least 5 for a median and its interval".into());
-        }
-        at_most("repeats", self.repeats.0, MAX_REPEATS)?;
-        at_most("warmup", self.warmup.0, MAX_WARMUP)?;
+        check_timed_steps(self.warmup, self.repeats)?;
         self.model.check_sized(None, None)
     }
 }

@@ -226,13 +226,19 @@ pub const PARAMS: &[ParamDoc] = &[
 /// A minimal `step_throughput` check.
 pub const EXAMPLE: &[(&str, &str)] = &[("model", "small-4l"), ("min_tokens_per_s", "1000")];
 
+/// The bounds of timed training steps: at least 5 timed (a median and its
+/// interval), at most [`MAX_REPEATS`], after at most [`MAX_WARMUP`] untimed.
+pub(super) fn check_timed_steps(warmup: Count, repeats: Count) -> std::result::Result<(), String> {
+    if repeats.0 < 5 {
+        return Err("`repeats` must be at least 5 for a median and its interval".into());
+    }
+    at_most("repeats", repeats.0, MAX_REPEATS)?;
+    at_most("warmup", warmup.0, MAX_WARMUP)
+}
+
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {
-        if self.repeats.0 < 5 {
-            return Err("`repeats` must be at least 5 for a median and its interval".into());
-        }
-        at_most("repeats", self.repeats.0, MAX_REPEATS)?;
-        at_most("warmup", self.warmup.0, MAX_WARMUP)?;
+        check_timed_steps(self.warmup, self.repeats)?;
         let tokens = self.model.tokens(self.batch, self.seq_len);
         at_most("batch x seq_len", tokens, MAX_TOKENS)?;
         self.model.check_sized(self.batch, self.seq_len)
