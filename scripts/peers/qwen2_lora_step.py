@@ -43,13 +43,16 @@ CONFIG_KEYS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediat
                "rope_theta", "rms_eps")
 
 
+def uniform_draw(shape, std, gen):
+    """Values of U(-sqrt(3) std, sqrt(3) std) (standard deviation `std`), on the CPU in f32."""
+    return (torch.rand(shape, generator=gen) * 2 - 1) * (math.sqrt(3.0) * std)
+
+
 def frozen_weights(c, dtype, device, gen):
     """Seeded frozen tensors: projections U with std 1/sqrt(in), the
     embedding at the head's scale where tied, biases zero, norms one."""
     def uniform(shape, std):
-        a = math.sqrt(3.0) * std
-        t = (torch.rand(shape, generator=gen, device="cpu") * 2 - 1) * a
-        return t.to(device=device, dtype=dtype)
+        return uniform_draw(shape, std, gen).to(device=device, dtype=dtype)
 
     h, qd, kvd, inter = c["hidden"], c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"], c["intermediate"]
     layers = []
@@ -77,11 +80,10 @@ def trainable_weights(c, device, gen):
     qd, kvd = c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"]
     params = []
     for _ in range(c["layers"]):
-        a_std = h ** -0.5
         t = {
-            "aq": ((torch.rand((r, h), generator=gen) * 2 - 1) * math.sqrt(3.0) * a_std),
-            "bq": torch.zeros(qd, r), "av": ((torch.rand((r, h), generator=gen) * 2 - 1) * math.sqrt(3.0) * a_std),
-            "bv": torch.zeros(kvd, r), "norm1": torch.ones(h), "norm2": torch.ones(h),
+            "aq": uniform_draw((r, h), h ** -0.5, gen), "bq": torch.zeros(qd, r),
+            "av": uniform_draw((r, h), h ** -0.5, gen), "bv": torch.zeros(kvd, r),
+            "norm1": torch.ones(h), "norm2": torch.ones(h),
         }
         params.append({k: v.to(device).requires_grad_() for k, v in t.items()})
     return params

@@ -92,14 +92,18 @@ pub fn parse_reading(line: &str) -> Option<ClockReading> {
     })
 }
 
-/// Reads CUDA device `ordinal` with `nvidia-smi`, named by its PCI bus id
-/// ([`pci_bus_id`]); the error says why not. Drivers before the clock-event
-/// naming know the same bitmask as `clocks_throttle_reasons.active`, asked
-/// for when the first query fails.
-pub fn read(ordinal: usize) -> Result<ClockReading, String> {
-    let id = pci_bus_id(ordinal)?;
-    query(&id, "clocks_event_reasons.active")
-        .or_else(|_| query(&id, "clocks_throttle_reasons.active"))
+/// A reader of CUDA device `ordinal`'s clocks for [`watched`]: the device is
+/// named to `nvidia-smi` by its PCI bus id ([`pci_bus_id`], looked up once),
+/// and each call is one reading or the reason there is none. Drivers before
+/// the clock-event naming know the same bitmask as
+/// `clocks_throttle_reasons.active`, asked for when the first query fails.
+pub fn reader(ordinal: usize) -> impl FnMut() -> Result<ClockReading, String> {
+    let id = pci_bus_id(ordinal);
+    move || {
+        let id = id.as_deref().map_err(Clone::clone)?;
+        query(id, "clocks_event_reasons.active")
+            .or_else(|_| query(id, "clocks_throttle_reasons.active"))
+    }
 }
 
 /// The PCI bus id of CUDA device `ordinal` as nvidia-smi's `-i` takes it

@@ -77,11 +77,10 @@ impl CoreCheck for graph_speedup::Params {
         let fault = arm_fault(trial.mutant);
         // Both arms time on the options' GPU: its clocks around them say
         // whether the ratio can be trusted (retried once when throttled).
-        let index = options.ordinal();
-        let (mut m, window) = crate::check::clocks::watched(
-            || crate::check::clocks::read(index),
-            || self.measure::<S>(seed, &options, mutant.clone(), fault, timeout),
-        )?;
+        let (mut m, window) =
+            crate::check::clocks::watched(crate::check::clocks::reader(options.ordinal()), || {
+                self.measure::<S>(seed, &options, mutant.clone(), fault, timeout)
+            })?;
         m.clocks = Some(window);
         Ok(m)
     }

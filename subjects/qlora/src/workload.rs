@@ -82,7 +82,7 @@ pub fn options(setup: &TrainSetup) -> GpuTrainOptions {
 ///
 /// ```text
 /// 4 * ( layers * (projections + 2 r h)   q/k/v stack with the LoRA A rows (zeros), o, gate, up, down
-///     + 2 vocab h + h                      embedding, LM head (none where tied), final norm
+///     + t vocab h + h                      embedding, LM head (t = 1 where tied, else 2), final norm
 ///     + trainable_params )                 LoRA A and B of q and v, both norms of every layer
 /// ```
 ///

@@ -116,9 +116,12 @@ pub(crate) fn clock_watched(
     cx: &mut TrialContext<'_>,
     mut measure: impl FnMut(&mut TrialContext<'_>) -> Result<Measurement>,
 ) -> Result<Measurement> {
-    let index = cx.device.as_deref().map(|gpu| gpu.options().ordinal);
-    let read = || match index {
-        Some(i) => clocks::read(i),
+    let mut read = cx
+        .device
+        .as_deref()
+        .map(|gpu| clocks::reader(gpu.options().ordinal));
+    let read = move || match read.as_mut() {
+        Some(read) => read(),
         None => Err("no GPU context".to_string()),
     };
     let (mut m, window) = clocks::watched(read, || measure(cx))?;

@@ -136,7 +136,6 @@ impl Validate for Params {
 /// What the peer prints as its last line (the script's doc says more).
 #[derive(Debug, Deserialize)]
 struct PeerResult {
-    tokens_per_s: f64,
     step_ms: Vec<f64>,
     setup_s: f64,
     versions: String,
@@ -213,21 +212,22 @@ fn judge(
     seed: u64,
 ) -> Measurement {
     let (t_ours, t_peer) = (median(&ours.ms), median(&peer.step_ms));
-    let our_rate = cfg.tokens() as f64 / t_ours * 1e3;
+    let rate = |median_ms: f64| cfg.tokens() as f64 / median_ms * 1e3;
     let ratio = t_peer / t_ours;
     let (lo, hi) = ratio_ci(&peer.step_ms, &ours.ms, seed, BOOTSTRAP_RESAMPLES);
     let peak = ours.memory.peak_gib();
     let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
     let name = format!("PyTorch {} peer", p.peer.as_str());
     let detail = format!(
-        "model {} batch {} seq {} on {device}: ours {} {our_rate:.0} tokens/s (median {t_ours:.3} ms, graph {}, device memory added {peak:.2} GiB); {name} ({}) {:.0} tokens/s (median {t_peer:.3} ms, setup with compilation {:.0} s, allocator peak {:.2} GiB, device in use by both processes {:.2} GiB); ratio {ratio:.3}, 95% CI [{lo:.3}, {hi:.3}]",
+        "model {} batch {} seq {} on {device}: ours {} {:.0} tokens/s (median {t_ours:.3} ms, graph {}, device memory added {peak:.2} GiB); {name} ({}) {:.0} tokens/s (median {t_peer:.3} ms, setup (weights, compilation, capture) {:.0} s, allocator peak {:.2} GiB, device in use by both processes {:.2} GiB); ratio {ratio:.3}, 95% CI [{lo:.3}, {hi:.3}]",
         cfg.name,
         cfg.batch,
         cfg.seq_len,
         p.mode,
+        rate(t_ours),
         if ours.replayed { "replayed" } else { "not used" },
         peer.versions,
-        peer.tokens_per_s,
+        rate(t_peer),
         peer.setup_s,
         gib(peer.peak_reserved_bytes),
         gib(peer.device_used_bytes),
@@ -339,7 +339,6 @@ mod tests {
             memory: super::super::training::DeviceMemory::zero(),
         };
         let peer = PeerResult {
-            tokens_per_s: 512.0 / 0.015,
             step_ms: vec![15.0; 5],
             setup_s: 60.0,
             versions: "torch 2.11.0".into(),
@@ -349,6 +348,13 @@ mod tests {
         };
         let m = judge(&p, &cfg, "NVIDIA H100 80GB HBM3", (&ours, &peer), 1);
         assert!((m.observed - 1.5).abs() < 1e-12);
+        // small-4l trains 512 tokens a step: 10 ms is 51,200 tokens/s, 15 ms 34,133.
+        assert!(
+            m.detail.contains("51200 tokens/s (median 10.000 ms")
+                && m.detail.contains("34133 tokens/s (median 15.000 ms"),
+            "{}",
+            m.detail
+        );
         assert_eq!(m.threshold, 1.5);
         let row = &m.speedups[0];
         assert_eq!(row.baseline, "PyTorch tf32 peer (torch 2.11.0)");
