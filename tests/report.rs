@@ -638,6 +638,7 @@ fn speedup(ratio: f64, low: f64, high: f64) -> SpeedupRow {
         repeats: 30,
         device: "NVIDIA H200".into(),
         peak_device_gib: None,
+        baseline_peak_device_gib: None,
         clocks: String::new(),
     }
 }
@@ -729,7 +730,7 @@ fn speedups_csv_has_the_design_columns_and_older_files_still_read() {
         text.lines().next().unwrap(),
         "run_id,contract,test_id,status,threshold,subject,model,batch,seq_len,baseline,candidate,\
          baseline_median_ms,candidate_median_ms,ratio,ratio_ci_low,ratio_ci_high,repeats,device,\
-         peak_device_gib,clocks"
+         peak_device_gib,baseline_peak_device_gib,clocks"
     );
     let back: Vec<SpeedupRow> = read_rows(&path).unwrap();
     assert_eq!(back, [speedup(1.3, 1.2, 1.4)]);

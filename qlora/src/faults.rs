@@ -32,7 +32,9 @@ pub struct Faults {
     pub last_element_unwritten: bool,
     /// The softmax kernel skips the row-maximum subtraction.
     pub softmax_without_max_subtraction: bool,
-    /// GEMMs run plain FP32 math where TF32 tensor ops are configured.
+    /// GEMMs run plain FP32 math where TF32 tensor ops are configured, and
+    /// the GEMMs on f16 or bf16 operands run cuBLAS's pedantic f32 compute,
+    /// which uses no tensor cores.
     pub gemm_without_tensor_ops: bool,
     /// Before the first kernel is fetched, a kernel stores far outside its
     /// buffer: an illegal address that poisons the CUDA context.
@@ -74,6 +76,13 @@ pub struct Faults {
     pub f16_gate_from_up: bool,
     /// AdamW moves parameters up the gradient.
     pub adamw_update_sign_flipped: bool,
+    /// After each optimizer step the trainable tensors are rounded to bf16,
+    /// as if their master copy were kept in bf16: an update smaller than
+    /// half a bf16 step of its weight is lost.
+    pub lora_weights_bf16: bool,
+    /// The bf16 GEMM engine of [`crate::ops::gemm`] rounds its f32 output to
+    /// bf16, as a kernel that accumulates or stores in bf16 would.
+    pub bf16_gemm_output_rounded: bool,
     // ---- data parallelism (every rank gets the same knobs) --------------------
     /// No rank all-reduces its gradients: each trains on its own shard.
     pub dp_all_reduce_skipped: bool,
@@ -121,6 +130,8 @@ impl Faults {
         f16_projections_ignored: false,
         f16_gate_from_up: false,
         adamw_update_sign_flipped: false,
+        lora_weights_bf16: false,
+        bf16_gemm_output_rounded: false,
         dp_all_reduce_skipped: false,
         dp_sum_instead_of_mean: false,
         dp_frozen_tensor_reduced: false,

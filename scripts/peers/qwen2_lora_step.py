@@ -17,21 +17,30 @@ backward, clip, AdamW) is captured once in a CUDA graph and replayed; each
 step copies its batch into the graph's input first.
 
     python3 scripts/peers/qwen2_lora_step.py --config '{"layers": 24, ...}' \
-        --precision bf16 [--warmup 5] [--repeats 20] [--device 0]
+        --precision bf16 [--warmup 5] [--repeats 20] [--device 0] \
+        [--bus-id 00000000:19:00.0]
 
 The last line of stdout is JSON: tokens_per_s (batch x seq / median step
 time), median_ms, step_ms (every timed step), last_loss, setup_s (everything
 before the timed steps: weights, compilation, capture), versions, and on a
-GPU peak_reserved_bytes (PyTorch's allocator) and device_used_bytes (total -
+GPU peak_reserved_bytes (PyTorch's allocator), device_used_bytes (total -
 free on the device after the run, as the driver reports it: this process's
-memory and context, and any other process's on the device).
+memory and context, and any other process's on the device) and
+driver_memory: this process's id and nvidia-smi's per-process rows
+(`--query-compute-apps=pid,used_memory`, MiB, of the GPU `--bus-id` names,
+else of every GPU), read after the timed steps, when the caching allocator
+still holds its peak; `rows` is null with the reason in `error` where
+nvidia-smi did not answer. The harness reads this process's row the way it
+reads its own. driver_memory is null on the CPU.
 `--cpu` runs it eagerly on the CPU for a quick check (nothing compiled,
 no graph, timings meaningless).
 """
 import argparse
 import json
 import math
+import os
 import statistics
+import subprocess
 import time
 
 import torch
@@ -142,6 +151,26 @@ def make_loss(c, frozen, trainable, tables):
     return loss_fn
 
 
+def driver_memory(bus_id):
+    """This process's id and nvidia-smi's rows `pid, used_memory` (MiB, the
+    driver's per-process figure, context included) of the GPU `bus_id`
+    names (every GPU where None); rows None and the reason where
+    nvidia-smi did not answer."""
+    cmd = ["nvidia-smi"] + (["-i", bus_id] if bus_id else [])
+    cmd += ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+    found = {"pid": os.getpid(), "rows": None, "error": None}
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        found["error"] = f"nvidia-smi not run: {e}"
+        return found
+    if out.returncode != 0:
+        found["error"] = f"nvidia-smi failed (exit {out.returncode}): {out.stdout.strip()} {out.stderr.strip()}".strip()
+    else:
+        found["rows"] = out.stdout
+    return found
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True, help="JSON object with " + ", ".join(CONFIG_KEYS))
@@ -150,6 +179,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bus-id", help="PCI bus id of the GPU, as nvidia-smi -i takes it")
     ap.add_argument("--cpu", action="store_true")
     args = ap.parse_args()
     c = json.loads(args.config)
@@ -232,6 +262,7 @@ def main():
         "precision": args.precision,
         "setup_s": time.perf_counter() - started - sum(step_ms) / 1e3,
         "versions": f"torch {torch.__version__}",
+        "driver_memory": driver_memory(args.bus_id) if cuda else None,
     }
     if cuda:
         free, total = torch.cuda.mem_get_info(device)

@@ -74,6 +74,7 @@ pub fn speedup(
         repeats: 9,
         device: "cpu".into(),
         peak_device_gib: None,
+        baseline_peak_device_gib: None,
         clocks: String::new(),
     }
 }

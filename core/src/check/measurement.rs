@@ -50,9 +50,14 @@ pub struct Speedup {
     pub ratio_ci_high: f64,
     pub repeats: usize,
     /// Peak device memory of the one configuration the row measures, GiB
-    /// (`step_throughput`); `None` where the row compares two configurations
-    /// or times a kernel.
+    /// (`step_throughput`), or of the candidate where the baseline's is
+    /// measured the same way beside it (`peer_ratio`); `None` where the row
+    /// compares two configurations or times a kernel.
     pub peak_device_gib: Option<f64>,
+    /// The baseline's device memory, GiB, measured as the candidate's
+    /// `peak_device_gib` is (`peer_ratio`: each process's as the driver
+    /// reports it); `None` in every other row.
+    pub baseline_peak_device_gib: Option<f64>,
 }
 
 /// The outcome of one check.

@@ -2,8 +2,9 @@
 //! machine offers ([`Here`]), what it reports ([`Measurement`]), its
 //! validated parameter types ([`params`]) and their documentation
 //! ([`doc`]), the statistics timing checks share ([`stats`]) and their adaptive
-//! repeats ([`repeats`]), and the GPU clocks around a timed region
-//! ([`clocks`]).
+//! repeats ([`repeats`]), the GPU clocks around a timed region
+//! ([`clocks`]), and a process's device memory as the driver reports it
+//! ([`process_memory`]).
 //!
 //! Each kind lives in a module of its subject with a strictly parsed
 //! `Params` struct that implements `subject::Kind`:
@@ -18,6 +19,7 @@ pub mod clocks;
 pub mod doc;
 mod measurement;
 pub mod params;
+pub mod process_memory;
 pub mod repeats;
 pub mod stats;
 

@@ -705,6 +705,7 @@ mod tests {
             repeats: 20,
             device: "NVIDIA H100 80GB HBM3".into(),
             peak_device_gib: peak,
+            baseline_peak_device_gib: None,
             clocks: String::new(),
         }
     }

@@ -136,9 +136,10 @@ impl FalsificationRow {
 pub const MUTANT_SUFFIX: &str = "::mutant";
 
 /// One row of `speedups.csv` (column order as in the design brief). The
-/// columns `contract`, `status`, `threshold`, `peak_device_gib` and `clocks` are
-/// absent from reports written before they existed; such rows read with
-/// them empty, and [`fill_from_trials`] fills what the trial rows know.
+/// columns `contract`, `status`, `threshold`, `peak_device_gib`,
+/// `baseline_peak_device_gib` and `clocks` are absent from reports written
+/// before they existed; such rows read with them empty, and
+/// [`fill_from_trials`] fills what the trial rows know.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SpeedupRow {
     pub run_id: String,
@@ -171,6 +172,11 @@ pub struct SpeedupRow {
     /// time a kernel.
     #[serde(default)]
     pub peak_device_gib: Option<f64>,
+    /// The baseline's device memory, GiB, measured as `peak_device_gib` is:
+    /// filled by `peer_ratio` (each process as the driver reports it),
+    /// empty in every other row and in reports written before the column.
+    #[serde(default)]
+    pub baseline_peak_device_gib: Option<f64>,
     /// The GPU's SM and memory clocks and clock-event reasons before and
     /// after the timed region, as the trial's clock window describes them,
     /// `unknown (why)` where they could not be read; empty for rows of

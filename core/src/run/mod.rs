@@ -781,6 +781,7 @@ impl<S: Subject> Engine<S> {
                 repeats: s.repeats,
                 device: device.clone(),
                 peak_device_gib: s.peak_device_gib,
+                baseline_peak_device_gib: s.baseline_peak_device_gib,
                 clocks: m.clocks.as_ref().map(|w| w.describe()).unwrap_or_default(),
             });
         }
@@ -1355,6 +1356,7 @@ mod tests {
                 ratio_ci_high: 2.1,
                 repeats: 10,
                 peak_device_gib: None,
+                baseline_peak_device_gib: None,
             });
             m.clocks = Some(window);
             m

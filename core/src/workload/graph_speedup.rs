@@ -206,6 +206,7 @@ impl Params {
             ratio_ci_high: high,
             repeats: plain.len().min(graphed.len()),
             peak_device_gib: None,
+            baseline_peak_device_gib: None,
         });
         Ok(m)
     }

@@ -1,9 +1,11 @@
-// f32 <-> f16 conversion for the fp16 tensor-core GEMM path.
+// f32 <-> f16 and f32 <-> bf16 conversion for the half-precision tensor-core
+// GEMM paths.
 //
 // Half values travel as their raw 16-bit patterns (unsigned short) so the
 // module needs no header: the conversions are the PTX `cvt` instructions,
 // round-to-nearest-even for f32 -> f16 (f32_to_f16_bits, common.cuh), exact
-// for f16 -> f32.
+// for f16 -> f32; bf16 by integer rounding of the f32 bits (f32_to_bf16_bits),
+// exact back.
 //
 // Launch: 1-D, grid-stride loops; any n >= 0 and any grid.
 
@@ -40,5 +42,33 @@ extern "C" __global__ void cast_fwd_f16_f32(const unsigned short* __restrict__ x
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         y[i] = f16_bits_to_f32(x[i]);
+    }
+}
+
+// y[i] = bf16(x[i]) for i < n (round to nearest even), four at a time where
+// aligned, as cast_fwd_f32_f16.
+extern "C" __global__ void cast_fwd_f32_bf16(const float* __restrict__ x,
+                                             unsigned short* __restrict__ y,
+                                             long long n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool vec = aligned16(x) && ((unsigned long long)y & 7ull) == 0;
+    const long long quads = vec ? n / 4 : 0;
+    for (long long q = first; q < quads; q += stride) {
+        const float4 v = reinterpret_cast<const float4*>(x)[q];
+        store_bf16x4(y, q, v.x, v.y, v.z, v.w);
+    }
+    for (long long i = 4 * quads + first; i < n; i += stride) {
+        y[i] = f32_to_bf16_bits(x[i]);
+    }
+}
+
+// y[i] = f32(x[i]) for i < n (exact).
+extern "C" __global__ void cast_fwd_bf16_f32(const unsigned short* __restrict__ x,
+                                             float* __restrict__ y,
+                                             long long n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        y[i] = bf16_bits_to_f32(x[i]);
     }
 }

@@ -26,6 +26,31 @@ static __device__ __forceinline__ void store_f16x4(unsigned short* d, long long 
     reinterpret_cast<uint2*>(d)[i4] = make_uint2(lo, hi);
 }
 
+// The bf16 nearest to x (ties to even, as the host's `half::bf16::from_f32`),
+// as its raw 16-bit pattern: the upper half of x's bits after adding half an
+// ulp of bf16 (less one, plus the kept lowest bit, for ties to even). A NaN
+// keeps its sign and upper payload and is made quiet, never rounded into an
+// infinity. Integer arithmetic, so it needs no sm_80 `cvt` and no header.
+static __device__ __forceinline__ unsigned short f32_to_bf16_bits(float x) {
+    const unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// The f32 value of bf16 bits h: exact (bf16 is f32's upper half).
+static __device__ __forceinline__ float bf16_bits_to_f32(unsigned short h) {
+    return __uint_as_float((unsigned)h << 16);
+}
+
+// d[4 i4 .. 4 i4 + 3] = bf16(a, b, c, e) as one 8-byte store (d 8-byte
+// aligned), lower index in the lower 16 bits.
+static __device__ __forceinline__ void store_bf16x4(unsigned short* d, long long i4, float a,
+                                                    float b, float c, float e) {
+    const unsigned lo = (unsigned)f32_to_bf16_bits(a) | ((unsigned)f32_to_bf16_bits(b) << 16);
+    const unsigned hi = (unsigned)f32_to_bf16_bits(c) | ((unsigned)f32_to_bf16_bits(e) << 16);
+    reinterpret_cast<uint2*>(d)[i4] = make_uint2(lo, hi);
+}
+
 // The tensor of element k of a tensor table's concatenation: the largest i
 // with offsets[i] <= k, for 0 <= k < offsets[n] (see gpu/table.rs).
 static __device__ __forceinline__ int table_find(const long long* __restrict__ offsets, int n,

@@ -108,9 +108,18 @@ __device__ __forceinline__ void store4(unsigned short* d, int j4, float a, float
 }
 __device__ __forceinline__ void store1(float* d, int j, float v) { d[j] = v; }
 __device__ __forceinline__ void store1(unsigned short* d, int j, float v) { d[j] = f32_to_f16_bits(v); }
+// bf16 gradients travel as raw bits too; this one-member type tells their
+// stores from the f16 ones.
+struct Bf16Bits {
+    unsigned short bits;
+};
+__device__ __forceinline__ void store4(Bf16Bits* d, int j4, float a, float b, float c, float e) {
+    store_bf16x4(reinterpret_cast<unsigned short*>(d), j4, a, b, c, e);
+}
+__device__ __forceinline__ void store1(Bf16Bits* d, int j, float v) { d[j].bits = f32_to_bf16_bits(v); }
 
 // dlogits for rows [0, rows): (softmax(x_r) - onehot(t_r)) * grad_scale,
-// with the forward's stats of each row, stored as Out (float or f16 bits).
+// with the forward's stats of each row, stored as Out (float, f16 or bf16 bits).
 template <typename Out>
 __device__ __forceinline__ void cross_entropy_bwd(const float* __restrict__ logits,
                                                   const unsigned int* __restrict__ targets,
@@ -162,4 +171,16 @@ extern "C" __global__ void cross_entropy_bwd_f16(const float* __restrict__ logit
                                                  unsigned short* __restrict__ dlogits,
                                                  int rows, int vocab, float grad_scale) {
     cross_entropy_bwd(logits, targets, stats, dlogits, rows, vocab, grad_scale);
+}
+
+// As cross_entropy_bwd_f32, the gradients stored in bf16 (raw bits): for the
+// LM head's bf16 GEMM. bf16 has f32's range, so no scale is needed to keep
+// the small probabilities of a wide vocabulary from flushing to zero.
+extern "C" __global__ void cross_entropy_bwd_bf16(const float* __restrict__ logits,
+                                                  const unsigned int* __restrict__ targets,
+                                                  const float2* __restrict__ stats,
+                                                  unsigned short* __restrict__ dlogits,
+                                                  int rows, int vocab, float grad_scale) {
+    cross_entropy_bwd(logits, targets, stats, reinterpret_cast<Bf16Bits*>(dlogits), rows, vocab,
+                      grad_scale);
 }

@@ -1,6 +1,6 @@
 // Embedding gather, table [vocab, hidden] row-major, tokens [ntok]:
 //
-//   forward:  y[t, i] = table[tokens[t], i]
+//   forward:  y[t, i] = table[tokens[t], i]   (an f32 or a bf16 table)
 //   backward: dtable[v, i] = sum_{t : tokens[t] == v} dy[t, i]   (t ascending)
 //
 // A token outside [0, vocab) makes its output row NaN (detectable, never a
@@ -29,6 +29,23 @@ extern "C" __global__ void embedding_fwd_f32(const float* __restrict__ table,
     }
     const float* src = table + (size_t)tok * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) yr[i] = src[i];
+}
+
+// As embedding_fwd_f32 from a bf16 table (raw bits): y[t, i] = f32(table[tokens[t], i]), exact.
+extern "C" __global__ void embedding_fwd_bf16(const unsigned short* __restrict__ table,
+                                              const unsigned int* __restrict__ tokens,
+                                              float* __restrict__ y,
+                                              int ntok, int vocab, int hidden) {
+    const int t = blockIdx.x;
+    if (t >= ntok) return;
+    const unsigned int tok = tokens[t];
+    float* yr = y + (size_t)t * hidden;
+    if (tok >= (unsigned int)vocab) {
+        for (int i = threadIdx.x; i < hidden; i += blockDim.x) yr[i] = __int_as_float(0x7fc00000);
+        return;
+    }
+    const unsigned short* src = table + (size_t)tok * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) yr[i] = bf16_bits_to_f32(src[i]);
 }
 #endif
 

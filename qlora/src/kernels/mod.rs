@@ -76,7 +76,7 @@ pub const MODULES: &[ModuleSource] = &[
         "embedding",
         "embedding",
         "#define EMB_PART 0",
-        ["embedding_fwd_f32"]
+        ["embedding_fwd_f32", "embedding_fwd_bf16"]
     ),
     module_with!(
         "embedding_bwd",
@@ -172,7 +172,8 @@ pub const MODULES: &[ModuleSource] = &[
             "cross_entropy_fwd_f32",
             "cross_entropy_mean_f32",
             "cross_entropy_bwd_f32",
-            "cross_entropy_bwd_f16"
+            "cross_entropy_bwd_f16",
+            "cross_entropy_bwd_bf16"
         ]
     ),
     module_with!(
@@ -206,7 +207,15 @@ pub const MODULES: &[ModuleSource] = &[
             "nf4_gemm_bwd_f32"
         ]
     ),
-    module!("cast", ["cast_fwd_f32_f16", "cast_fwd_f16_f32"]),
+    module!(
+        "cast",
+        [
+            "cast_fwd_f32_f16",
+            "cast_fwd_f16_f32",
+            "cast_fwd_f32_bf16",
+            "cast_fwd_bf16_f32"
+        ]
+    ),
     module!(
         "train",
         [
@@ -294,7 +303,7 @@ pub const MODULES: &[ModuleSource] = &[
         "#define ATT_BUILD 128\n#define ATT_PART 5",
         ["attention_tc_bwd_dkv_d128_f32", "attention_bwd_kv_sum_f32"]
     ),
-    module!("faults", ["fault_oob_write_f32"]),
+    module!("faults", ["fault_oob_write_f32", "fault_round_bf16_f32"]),
 ];
 
 /// The module called `name`.

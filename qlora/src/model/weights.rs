@@ -155,6 +155,23 @@ pub(super) fn to_f32_precision(v: Vec<f64>) -> Vec<f64> {
     v.into_iter().map(|x| f64::from(x as f32)).collect()
 }
 
+/// Rounds to f32, then to the nearest bf16 (ties to even): the values a
+/// bf16 base holds on the GPU, which rounds the same f32 values.
+pub(super) fn to_bf16_precision(v: Vec<f64>) -> Vec<f64> {
+    v.into_iter()
+        .map(|x| f64::from(half::bf16::from_f32(x as f32).to_f32()))
+        .collect()
+}
+
+/// The embedding or LM head of a `base` model, as the GPU stores it: bf16
+/// for a bf16 base, f32 otherwise (NF4 quantises only the projections).
+fn table_precision(base: BaseWeights, v: Vec<f64>) -> Vec<f64> {
+    match base {
+        BaseWeights::Bf16 => to_bf16_precision(v),
+        BaseWeights::Fp32 | BaseWeights::Nf4 => to_f32_precision(v),
+    }
+}
+
 /// A frozen `[out_dim, in_dim]` projection, `y = x W^T (+ b)`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FrozenLinear {
@@ -176,6 +193,7 @@ impl FrozenLinear {
     ) -> Result<Self> {
         let weight = match base {
             BaseWeights::Fp32 => to_f32_precision(w),
+            BaseWeights::Bf16 => to_bf16_precision(w),
             BaseWeights::Nf4 => nf4::dequantize(&nf4::quantize(&w, nf4::BLOCK)?),
         };
         Ok(FrozenLinear {
@@ -278,11 +296,11 @@ impl BaseModel {
             })
             .collect::<Result<Vec<_>>>()?;
         let [embedding, head] = end_draws(cfg);
-        let embedding = to_f32_precision(embedding.values(seed));
+        let embedding = table_precision(base, embedding.values(seed));
         let lm_head = if cfg.tied_embeddings {
             Vec::new()
         } else {
-            to_f32_precision(head.values(seed))
+            table_precision(base, head.values(seed))
         };
         Ok(BaseModel {
             config: *cfg,
@@ -307,6 +325,28 @@ impl BaseModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bf16 base holds every projection, the embedding and the head as
+    /// bf16 values: each is its own bf16 rounding, within half a bf16 step
+    /// (at most 2^-8 of its magnitude) of the fp32 model's.
+    #[test]
+    fn a_bf16_base_holds_bf16_values() {
+        let c = ModelConfig::preset("tiny").unwrap();
+        let fp32 = BaseModel::init(&c, BaseWeights::Fp32, 5).unwrap();
+        let bf16 = BaseModel::init(&c, BaseWeights::Bf16, 5).unwrap();
+        let pairs = [
+            (&fp32.embedding, &bf16.embedding),
+            (&fp32.layers[0].q.weight, &bf16.layers[0].q.weight),
+            (&fp32.layers[1].down.weight, &bf16.layers[1].down.weight),
+        ];
+        for (f, b) in pairs {
+            assert_eq!(f.len(), b.len());
+            for (&x, &y) in f.iter().zip(b.iter()) {
+                assert_eq!(f64::from(half::bf16::from_f64(y).to_f32()), y);
+                assert!((x - y).abs() <= x.abs() * 2f64.powi(-8), "{x} {y}");
+            }
+        }
+    }
 
     #[test]
     fn init_is_seeded_and_nf4_stays_close_to_fp32() {

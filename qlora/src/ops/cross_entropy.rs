@@ -5,6 +5,7 @@
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg};
 
+use super::cast::Bf16;
 use super::launch::expect_len;
 use super::launch::row_threads;
 use crate::error::{Error, Result};
@@ -22,6 +23,7 @@ pub const SIGNATURES: Signatures = &[
     ("cross_entropy_mean_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
     ("cross_entropy_bwd_f32", BWD_ARGS),
     ("cross_entropy_bwd_f16", BWD_ARGS),
+    ("cross_entropy_bwd_bf16", BWD_ARGS),
 ];
 
 /// The backward kernels' arguments: logits, targets, stats, dlogits, rows,
@@ -183,6 +185,17 @@ impl GradElement for u16 {
     }
 }
 
+/// bf16 as raw bits (rounded to nearest even): the gradient of the mean
+/// loss itself, `1 / rows`, as in f32. bf16 has f32's exponent range, so
+/// even a wide vocabulary's smallest probabilities over `rows` stay
+/// representable, where f16 would flush them to zero.
+impl GradElement for Bf16 {
+    const KERNEL: &'static str = "cross_entropy_bwd_bf16";
+    fn grad_scale(rows: usize) -> f32 {
+        (1.0 / rows as f64) as f32
+    }
+}
+
 /// `dlogits_r = (softmax(x_r) - onehot(t_r)) * T::grad_scale(rows)`,
 /// `[rows, vocab]`, with the row stats [`forward`] wrote for these logits:
 /// the gradient of the mean loss in f32 (`/ rows`), or scaled in f16 bits.
@@ -221,7 +234,7 @@ pub fn backward<T: GradElement>(
     // SAFETY: both kernels are (const float* logits, const unsigned int*
     // targets, const float2* stats, Out* dlogits, int rows, int vocab, float
     // grad_scale), and T::KERNEL is the one whose Out is T (f32: float; u16:
-    // unsigned short), so the lengths checked in elements of T are the
+    // unsigned short; Bf16: the 2-byte Bf16Bits of cross_entropy.cu), so the lengths checked in elements of T are the
     // kernel's: logits and dlogits hold rows * vocab elements, targets rows
     // >= rows_w_i and stats 2 rows floats in a whole allocation (checked
     // above); dlogits aliases no input.

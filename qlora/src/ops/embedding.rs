@@ -2,8 +2,9 @@
 //! and its deterministic scatter-add backward
 //! `dtable[v, :] = sum_{t : tokens[t] == v} dy[t, :]` (t ascending, no atomics).
 
-use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, PushKernelArg};
 
+use super::cast::Bf16;
 use super::launch::expect_len;
 use super::launch::row_threads;
 use crate::error::{Error, Result};
@@ -22,7 +23,10 @@ const ARGS: &[Arg] = &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::I3
 /// Kernel argument lists by module, checked against the compiled PTX by a
 /// unit test.
 pub const SIGNATURES: &[(&str, Signatures)] = &[
-    (MODULE, &[("embedding_fwd_f32", ARGS)]),
+    (
+        MODULE,
+        &[("embedding_fwd_f32", ARGS), ("embedding_fwd_bf16", ARGS)],
+    ),
     (BWD_MODULE, &[("embedding_bwd_f32", ARGS)]),
 ];
 
@@ -56,6 +60,32 @@ pub fn forward(
     tokens: &CudaView<'_, u32>,
     y: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
+    gather(gpu, "embedding_fwd_f32", table, (vocab, hidden), tokens, y)
+}
+
+/// [`forward`] from a bf16 table:
+/// `y[t, :] = f32(table[tokens[t], :])`, exact.
+pub fn forward_bf16(
+    gpu: &mut GpuContext,
+    table: &CudaView<'_, Bf16>,
+    vocab: usize,
+    hidden: usize,
+    tokens: &CudaView<'_, u32>,
+    y: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    gather(gpu, "embedding_fwd_bf16", table, (vocab, hidden), tokens, y)
+}
+
+/// The gather `symbol` (`embedding_fwd_f32` or `embedding_fwd_bf16`, whose
+/// table element is `T`).
+fn gather<T: DeviceRepr>(
+    gpu: &mut GpuContext,
+    symbol: &'static str,
+    table: &CudaView<'_, T>,
+    (vocab, hidden): (usize, usize),
+    tokens: &CudaView<'_, u32>,
+    y: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
     check_shape(tokens.len(), vocab, hidden)?;
     let ntok = tokens.len();
     expect_len("embedding", "table", table.len(), &[vocab, hidden])?;
@@ -67,7 +97,7 @@ pub fn forward(
     let ntok_i = to_i32("embedding", "tokens", ntok_w)?;
     let vocab_i = to_i32("embedding", "vocab", vocab)?;
     let hidden_i = to_i32("embedding", "hidden", hidden)?;
-    let f = gpu.function(MODULE, "embedding_fwd_f32")?;
+    let f = gpu.function(MODULE, symbol)?;
     let cfg = gpu.launch_rows(ntok_w, row_threads(hidden, ROW_THREADS))?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(table)
@@ -76,10 +106,11 @@ pub fn forward(
         .arg(&ntok_i)
         .arg(&vocab_i)
         .arg(&hidden_i);
-    // SAFETY: embedding_fwd_f32(const float* table, const unsigned int* tokens,
-    // float* y, int ntok, int vocab, int hidden): table holds vocab * hidden
-    // elements, tokens ntok >= ntok_i, y ntok * hidden (checked above); the
-    // kernel reads table only for tokens < vocab. y aliases no input.
+    // SAFETY: embedding_fwd_{f32,bf16}(const T* table, const unsigned int*
+    // tokens, float* y, int ntok, int vocab, int hidden), T float or the
+    // 16-bit pattern `T` is here: table holds vocab * hidden elements,
+    // tokens ntok >= ntok_i, y ntok * hidden (checked above); the kernel
+    // reads table only for tokens < vocab. y aliases no input.
     unsafe { l.launch(cfg) }?;
     Ok(())
 }

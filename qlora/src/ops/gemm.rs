@@ -21,6 +21,7 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasMath_t, cublasOperation_t, 
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
+use super::cast::{Bf16, HalfFloat};
 use crate::error::{Error, Result};
 use crate::gpu::{Direction, GemmMath, GpuContext, GpuOptions};
 use crate::kernels::abi::{Arg, Signatures};
@@ -56,6 +57,9 @@ pub enum GemmEngine {
     /// cuBLAS GemmEx on f16 copies of `A` and `B` (rounded to nearest on the
     /// device by `cast_fwd_f32_f16`), f32 accumulation, f32 `C`.
     CublasF16,
+    /// cuBLAS GemmEx on bf16 copies of `A` and `B` (`cast_fwd_f32_bf16`),
+    /// f32 accumulation, f32 `C`.
+    CublasBf16,
     /// The tiled shared-memory kernel `gemm_fwd_f32` (plain f32 FMA).
     Tiled,
 }
@@ -251,10 +255,12 @@ pub(crate) fn gemm_limited(
     let limit = write_limit.min(c.len());
     match engine {
         GemmEngine::Tiled => launch_tiled(gpu, spec, a, b, c, limit),
-        GemmEngine::Cublas(_) | GemmEngine::CublasF16 if limit == c.len() => {
+        GemmEngine::Cublas(_) | GemmEngine::CublasF16 | GemmEngine::CublasBf16
+            if limit == c.len() =>
+        {
             cublas_gemm(gpu, engine, spec, a, b, c)
         }
-        GemmEngine::Cublas(_) | GemmEngine::CublasF16 => {
+        GemmEngine::Cublas(_) | GemmEngine::CublasF16 | GemmEngine::CublasBf16 => {
             let mut scratch = gpu.zeros::<f32>(c.len())?;
             cublas_gemm(gpu, engine, spec, a, b, &mut scratch)?;
             copy_prefix(gpu.stream(), &scratch, c, limit)
@@ -358,9 +364,19 @@ fn cublas_gemm(
             })
         }
         GemmEngine::CublasF16 => {
-            let a16 = cast_to_f16(gpu, a)?;
-            let b16 = cast_to_f16(gpu, b)?;
-            gemm_ex_f16(gpu.cublas(), gpu.stream(), cfg, &b16, &a16, c)
+            let a16 = cast_to_half::<u16>(gpu, a)?;
+            let b16 = cast_to_half::<u16>(gpu, b)?;
+            gemm_ex_half(gpu, cfg, &b16, &a16, c)
+        }
+        GemmEngine::CublasBf16 => {
+            let a16 = cast_to_half::<Bf16>(gpu, a)?;
+            let b16 = cast_to_half::<Bf16>(gpu, b)?;
+            gemm_ex_half(gpu, cfg, &b16, &a16, c)?;
+            if gpu.faults().bf16_gemm_output_rounded {
+                let rounded = cast_to_half::<Bf16>(gpu, c)?;
+                super::cast::bf16_to_f32(gpu, &rounded, c)?;
+            }
+            Ok(())
         }
         GemmEngine::Tiled => Err(Error::InvalidArgument {
             op: "gemm",
@@ -393,17 +409,24 @@ pub(crate) fn with_math_mode(
     Ok(())
 }
 
-/// `cublasGemmEx` with f16 `A`, `B` (our `B`, `A` in cuBLAS order, as raw
-/// f16 bit patterns), f32 `C`, f32 compute. The callers check that `first`,
-/// `second` and `c` hold what `cfg` addresses.
-pub(crate) fn gemm_ex_f16(
-    blas: &CudaBlas,
-    stream: &Arc<CudaStream>,
+/// `cublasGemmEx` with `A`, `B` in the 16-bit format `H` (our `B`, `A` in
+/// cuBLAS order, as raw bit patterns), f32 `C`, f32 compute (pedantic f32
+/// compute, without tensor cores, under
+/// [`crate::Faults::gemm_without_tensor_ops`]). The callers check that
+/// `first`, `second` and `c` hold what `cfg` addresses.
+pub(crate) fn gemm_ex_half<H: HalfFloat>(
+    gpu: &GpuContext,
     cfg: GemmConfig<f32>,
-    first: &impl DevicePtr<u16>,
-    second: &impl DevicePtr<u16>,
+    first: &impl DevicePtr<H>,
+    second: &impl DevicePtr<H>,
     c: &mut CudaSlice<f32>,
 ) -> Result<()> {
+    let (blas, stream) = (gpu.cublas(), gpu.stream());
+    let compute = if gpu.faults().gemm_without_tensor_ops {
+        cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC
+    } else {
+        cublasComputeType_t::CUBLAS_COMPUTE_32F
+    };
     let alpha = cfg.alpha;
     let beta = cfg.beta;
     let (first_ptr, _first_sync) = first.device_ptr(stream);
@@ -412,10 +435,10 @@ pub(crate) fn gemm_ex_f16(
     // SAFETY: the handle is bound to `stream`, on which the pointers are
     // recorded. Each caller checked `first`/`second` against the shapes of
     // `cfg` (`cublas_gemm`: the same element counts as its checked f32
-    // operands, cast element for element; `train::blas::gemm_f16`: the
+    // operands, cast element for element; `train::blas::gemm_half`: the
     // spec's), so with these transposes and leading dimensions cuBLAS reads
-    // only valid f16 elements and writes exactly the m*n f32 elements of `c`. alpha and beta
-    // are host f32 values (the default host pointer mode, f32 compute type).
+    // only valid elements of H (2 bytes each, as H::CUDA_TYPE says) and writes exactly the m*n f32 elements of `c`. alpha and beta
+    // are host f32 values (the default host pointer mode, an f32 compute type).
     unsafe {
         blas_result::gemm_ex(
             *blas.handle(),
@@ -426,26 +449,26 @@ pub(crate) fn gemm_ex_f16(
             cfg.k,
             (&alpha as *const f32).cast(),
             first_ptr as *const _,
-            cudaDataType_t::CUDA_R_16F,
+            H::CUDA_TYPE,
             cfg.lda,
             second_ptr as *const _,
-            cudaDataType_t::CUDA_R_16F,
+            H::CUDA_TYPE,
             cfg.ldb,
             (&beta as *const f32).cast(),
             c_ptr as *mut _,
             cudaDataType_t::CUDA_R_32F,
             cfg.ldc,
-            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            compute,
             blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }?;
     Ok(())
 }
 
-/// A device f16 copy (raw bit patterns) of `x`, rounded to nearest even.
-fn cast_to_f16(gpu: &mut GpuContext, x: &CudaSlice<f32>) -> Result<CudaSlice<u16>> {
-    let mut out = gpu.zeros::<u16>(x.len())?;
-    super::cast::f32_to_f16(gpu, &x.as_view(), &mut out.as_view_mut())?;
+/// A device copy of `x` in the 16-bit format `H`, rounded to nearest even.
+fn cast_to_half<H: HalfFloat>(gpu: &mut GpuContext, x: &CudaSlice<f32>) -> Result<CudaSlice<H>> {
+    let mut out = gpu.zeros::<H>(x.len())?;
+    super::cast::f32_to_half(gpu, &x.as_view(), &mut out.as_view_mut())?;
     Ok(out)
 }
 

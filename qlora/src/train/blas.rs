@@ -14,7 +14,8 @@ use cudarc::driver::{CudaSlice, DevicePtr};
 
 use crate::error::{Error, Result};
 use crate::gpu::{GemmMath, GpuContext};
-use crate::ops::gemm::{gemm_ex_f16, with_math_mode, GemmSpec};
+use crate::ops::cast::HalfFloat;
+use crate::ops::gemm::{gemm_ex_half, with_math_mode, GemmSpec};
 
 /// A row-major matrix inside a buffer: element `(i, j)` is at
 /// `offset + i * ld + j`, so a column block of a wider row-major matrix is
@@ -171,22 +172,23 @@ pub fn linear_dx(
     gemm(gpu, math, spec, alpha, dy, w, beta, dx)
 }
 
-/// [`gemm`] with f16 operands (raw bits) and an f32 `C`, f32 accumulation:
-/// the products of f16 values are those of TF32's 11-bit significands, and
-/// Hopper's f16 tensor-core instructions run at twice TF32's rate and take
-/// either operand layout.
+/// [`gemm`] with 16-bit operands (raw bits of f16 or bf16) and an f32 `C`,
+/// f32 accumulation. The products of f16 values are those of TF32's 11-bit
+/// significands; bf16 keeps 8 significant bits and f32's exponent range.
+/// Hopper's 16-bit tensor-core instructions run at twice TF32's rate and
+/// take either operand layout.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_f16(
+pub fn gemm_half<H: HalfFloat>(
     gpu: &GpuContext,
     spec: GemmSpec,
     alpha: f32,
-    a: &impl DevicePtr<u16>,
-    b: &impl DevicePtr<u16>,
+    a: &impl DevicePtr<H>,
+    b: &impl DevicePtr<H>,
     beta: f32,
     c: &mut CudaSlice<f32>,
 ) -> Result<()> {
     spec.check(a.len(), b.len(), c.len())?;
     let cfg = spec.cublas_config(alpha, beta)?;
     // cuBLAS's first operand is our B, its second our A (see GemmSpec).
-    gemm_ex_f16(gpu.cublas(), gpu.stream(), cfg, b, a, c)
+    gemm_ex_half(gpu, cfg, b, a, c)
 }

@@ -29,6 +29,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{GemmMath, GpuContext};
 use crate::model::{ModelConfig, Slot, Trainable};
 use crate::ops::attention::{self, AttnShape};
+use crate::ops::cast::{Bf16, HalfFloat};
 use crate::ops::gemm::GemmSpec;
 use crate::ops::rope::{self, QkvShape};
 use crate::ops::{activation, cast, nf4, rmsnorm};
@@ -68,6 +69,41 @@ impl<'a> LayerParams<'a> {
     }
 }
 
+/// One layer's q/k/v stacks for its forward, as the base keeps them: an
+/// fp32 base's own f32 stack (with its f16 copy under f16 projections), a
+/// bf16 base's bf16 stack, or none (NF4: the workspace's).
+pub(super) struct Stacks<'s> {
+    pub f32: Option<&'s mut CudaSlice<f32>>,
+    pub f16: Option<&'s mut CudaSlice<u16>>,
+    pub bf16: Option<&'s mut CudaSlice<Bf16>>,
+}
+
+/// The stack the backward multiplies the q/k/v gradient by: f32 (an fp32
+/// base's own; `None` for NF4, which dequantises again) or a bf16 base's.
+pub(super) enum StackRef<'s> {
+    F32(Option<&'s CudaSlice<f32>>),
+    Bf16(&'s CudaSlice<Bf16>),
+}
+
+/// The workspace's buffers a frozen GEMM may need besides its operands:
+/// the NF4 dequantisation targets and the 16-bit copies of its input.
+pub(super) struct Stores<'w> {
+    pub deq: &'w mut [CudaSlice<f32>],
+    pub half: &'w mut Option<CudaSlice<u16>>,
+    pub bf16: &'w mut Option<CudaSlice<Bf16>>,
+}
+
+/// [`Stores`] of `ws`, as disjoint borrows of its fields.
+macro_rules! stores {
+    ($ws:expr) => {
+        Stores {
+            deq: &mut $ws.deq,
+            half: &mut $ws.half_input,
+            bf16: &mut $ws.bf16_input,
+        }
+    };
+}
+
 /// One decoder layer: `x' = mlp(attention(x))`, each block adding onto the
 /// residual stream.
 pub(super) struct DecoderLayer<'a> {
@@ -104,18 +140,16 @@ impl<'a> DecoderLayer<'a> {
     }
 
     /// Reads `xs[l]`, keeps the layer's activations and writes `xs[l + 1]`.
-    /// `stack` is the layer's own q/k/v stack (fp32 base; `None` for NF4,
-    /// which dequantises into the workspace's), `stack_f16` its f16 copy
-    /// (with f16 projections).
+    /// `stacks` are the layer's own q/k/v stacks (none for NF4, which
+    /// dequantises into the workspace's).
     pub(super) fn forward(
         &self,
         gpu: &mut GpuContext,
         ctx: &LayerCtx,
         ws: &mut Workspace,
-        stack: Option<&mut CudaSlice<f32>>,
-        stack_f16: Option<&mut CudaSlice<u16>>,
+        stacks: Stacks,
     ) -> Result<()> {
-        self.attn.forward(gpu, ctx, ws, stack, stack_f16)?;
+        self.attn.forward(gpu, ctx, ws, stacks)?;
         self.mlp.forward(gpu, ctx, ws)
     }
 
@@ -126,7 +160,7 @@ impl<'a> DecoderLayer<'a> {
         gpu: &mut GpuContext,
         ctx: &LayerCtx,
         ws: &mut Workspace,
-        stack: Option<&CudaSlice<f32>>,
+        stack: StackRef,
         g: &mut [CudaSlice<f32>],
     ) -> Result<()> {
         self.mlp.backward(gpu, ctx, ws, g)?;
@@ -155,15 +189,14 @@ struct Attention<'a> {
 
 impl Attention<'_> {
     /// `n1 = rmsnorm(x, g1)`; `y = n1 S^T`; `qr, kr, v` from `y`;
-    /// `att = attention(qr, kr, v)`; `x2 = x + att Wo^T`. With `stack_f16`,
-    /// `y` is the product of f16 copies of `n1` and `S`.
+    /// `att = attention(qr, kr, v)`; `x2 = x + att Wo^T`. With an f16 or a
+    /// bf16 stack, `y` is the product of 16-bit copies of `n1` and `S`.
     fn forward(
         &self,
         gpu: &mut GpuContext,
         ctx: &LayerCtx,
         ws: &mut Workspace,
-        stack: Option<&mut CudaSlice<f32>>,
-        stack_f16: Option<&mut CudaSlice<u16>>,
+        stacks: Stacks,
     ) -> Result<()> {
         let c = &ctx.c;
         let (rows, h) = (c.tokens(), c.hidden);
@@ -178,21 +211,29 @@ impl Attention<'_> {
             eps,
             &mut ws.layers[l].n1.as_view_mut(),
         )?;
-        let stack = self.fill_stack(gpu, c, stack, &mut ws.stack)?;
-        let a = &mut ws.layers[l];
         let sh = qkv_shape(c);
         let spec = GemmSpec::linear(rows, h, sh.width());
-        match stack_f16 {
-            Some(s16) => {
-                // The LoRA A rows fill_stack just copied, rounded in.
-                let first = sh.u_col() * h;
-                let mut rows16 = s16.slice_mut(first..);
-                cast::f32_to_f16(gpu, &stack.slice(first..), &mut rows16)?;
-                let n1 = half_of(gpu, &a.n1, &mut ws.half_input)?;
-                blas::gemm_f16(gpu, spec, 1.0, &n1, s16, 0.0, &mut a.qkv)?;
+        if let Some(s) = stacks.bf16 {
+            self.fill_bf16_stack(gpu, c, s)?;
+            let a = &mut ws.layers[l];
+            let n1 = half_of(gpu, &a.n1, &mut ws.bf16_input)?;
+            blas::gemm_half(gpu, spec, 1.0, &n1, &*s, 0.0, &mut a.qkv)?;
+        } else {
+            let stack = self.fill_stack(gpu, c, stacks.f32, &mut ws.stack)?;
+            let a = &mut ws.layers[l];
+            match stacks.f16 {
+                Some(s16) => {
+                    // The LoRA A rows fill_stack just copied, rounded in.
+                    let first = sh.u_col() * h;
+                    let mut rows16 = s16.slice_mut(first..);
+                    cast::f32_to_f16(gpu, &stack.slice(first..), &mut rows16)?;
+                    let n1 = half_of(gpu, &a.n1, &mut ws.half_input)?;
+                    blas::gemm_half(gpu, spec, 1.0, &n1, s16, 0.0, &mut a.qkv)?;
+                }
+                None => blas::gemm(gpu, ctx.fwd, spec, 1.0, &a.n1, stack, 0.0, &mut a.qkv)?,
             }
-            None => blas::gemm(gpu, ctx.fwd, spec, 1.0, &a.n1, stack, 0.0, &mut a.qkv)?,
         }
+        let a = &mut ws.layers[l];
         let pi = |slot: Slot| self.params.get(slot);
         rope::qkv_forward(
             gpu,
@@ -211,17 +252,26 @@ impl Attention<'_> {
             &ctx.attn,
         )?;
         gpu.stream().memcpy_dtod(&ws.xs[l], &mut a.x2)?;
-        let half = &mut ws.half_input;
-        forward_linear(
-            gpu,
-            ctx.fwd,
-            &mut ws.deq,
-            half,
-            self.o,
-            &a.att,
-            1.0,
-            &mut a.x2,
-        )
+        let mut stores = stores!(ws);
+        forward_linear(gpu, ctx.fwd, &mut stores, self.o, &a.att, 1.0, &mut a.x2)
+    }
+
+    /// A bf16 base's stack `S = [Wq; Wk; Wv; Aq; Av]` for this step: the
+    /// current LoRA A rows rounded to bf16 into its last rows.
+    fn fill_bf16_stack(
+        &self,
+        gpu: &mut GpuContext,
+        c: &ModelConfig,
+        stack: &mut CudaSlice<Bf16>,
+    ) -> Result<()> {
+        let r_len = c.lora_rank * c.hidden;
+        let first = qkv_shape(c).u_col() * c.hidden;
+        for (i, slot) in [Slot::QA, Slot::VA].into_iter().enumerate() {
+            let at = first + i * r_len;
+            let mut dst = stack.slice_mut(at..at + r_len);
+            cast::f32_to_bf16(gpu, &self.params.get(slot).as_view(), &mut dst)?;
+        }
+        Ok(())
     }
 
     /// The layer's stack `S = [Wq; Wk; Wv; Aq; Av]` as this step needs it:
@@ -273,7 +323,7 @@ impl Attention<'_> {
         gpu: &mut GpuContext,
         ctx: &LayerCtx,
         ws: &mut Workspace,
-        stack: Option<&CudaSlice<f32>>,
+        stack: StackRef,
         g: &mut [CudaSlice<f32>],
     ) -> Result<()> {
         let c = &ctx.c;
@@ -282,10 +332,11 @@ impl Attention<'_> {
         let l = self.params.layer;
         // Attention branch: x2 = x + o(attention(rope(q), rope(k), v)).
         let d = &mut ws.grads;
+        let mut stores = stores!(ws);
         input_grad(
             gpu,
             bwd,
-            &mut ws.deq,
+            &mut stores,
             self.o,
             (&d.dx, &mut d.datt),
             rows,
@@ -313,21 +364,24 @@ impl Attention<'_> {
             &ws.rope_table,
             &mut d.dqkv,
         )?;
-        let stack = match stack {
-            Some(s) => s,
-            None => self.fill_stack(gpu, c, None, &mut ws.stack)?,
-        };
+        let dims = (rows, h, sh.width());
+        match stack {
+            StackRef::Bf16(s) => {
+                let d = &mut ws.grads;
+                let dy = half_of(gpu, &d.dqkv, &mut ws.bf16_input)?;
+                let spec = GemmSpec::linear_dx(rows, h, sh.width());
+                blas::gemm_half(gpu, spec, 1.0, &dy, s, 0.0, &mut d.dn1)?;
+            }
+            StackRef::F32(stack) => {
+                let stack = match stack {
+                    Some(s) => s,
+                    None => self.fill_stack(gpu, c, None, &mut ws.stack)?,
+                };
+                let d = &mut ws.grads;
+                blas::linear_dx(gpu, bwd, 1.0, &d.dqkv, stack, 0.0, &mut d.dn1, dims)?;
+            }
+        }
         let (a, d) = (&ws.layers[l], &mut ws.grads);
-        blas::linear_dx(
-            gpu,
-            bwd,
-            1.0,
-            &d.dqkv,
-            stack,
-            0.0,
-            &mut d.dn1,
-            (rows, h, sh.width()),
-        )?;
         self.lora_backward(gpu, ctx, a, d, g)?;
         let norm = self.params.index(Slot::AttnNorm);
         rmsnorm::backward(
@@ -392,11 +446,12 @@ impl Attention<'_> {
 /// `[out, in]`): through the kept `W^T` when `lin` has one, as
 /// `dy (W^T)^T` (both operands K-major, as in the forward), else through `W`
 /// (dequantised first for an NF4 base; always `W` under the
-/// `transposed_weights_ignored` fault).
+/// `transposed_weights_ignored` fault). A bf16 `W` is multiplied by `dy`
+/// rounded to bf16.
 fn input_grad(
     gpu: &mut GpuContext,
     math: GemmMath,
-    deq: &mut [CudaSlice<f32>],
+    stores: &mut Stores,
     lin: &Linear,
     (dy, dx): (&CudaSlice<f32>, &mut CudaSlice<f32>),
     rows: usize,
@@ -404,10 +459,18 @@ fn input_grad(
 ) -> Result<()> {
     let (out_dim, in_dim) = (lin.out_dim, lin.in_dim);
     let kept = lin.transposed.as_ref();
-    match kept.filter(|_| !gpu.faults().transposed_weights_ignored) {
-        Some(wt) => blas::linear(gpu, math, 1.0, dy, wt, beta, dx, (rows, out_dim, in_dim)),
-        None => {
-            let w = Workspace::weight(deq, gpu, lin)?;
+    match (
+        kept.filter(|_| !gpu.faults().transposed_weights_ignored),
+        &lin.w,
+    ) {
+        (Some(wt), _) => blas::linear(gpu, math, 1.0, dy, wt, beta, dx, (rows, out_dim, in_dim)),
+        (None, Frozen::Bf16(w)) => {
+            let dy16 = half_of(gpu, dy, stores.bf16)?;
+            let spec = GemmSpec::linear_dx(rows, in_dim, out_dim);
+            blas::gemm_half(gpu, spec, 1.0, &dy16, w, beta, dx)
+        }
+        (None, _) => {
+            let w = Workspace::weight(stores.deq, gpu, lin)?;
             blas::linear_dx(gpu, math, 1.0, dy, w, beta, dx, (rows, in_dim, out_dim))
         }
     }
@@ -415,26 +478,29 @@ fn input_grad(
 
 /// `y = x W^T + beta y` of the frozen `lin`'s forward (`W` `[out, in]`, `x`
 /// `[rows, in]`): on f16 operands when `lin` keeps an f16 copy of `W` (`x`
-/// cast into the workspace's `half` first), else `W` in `math` (dequantised
-/// first for an NF4 base).
-#[allow(clippy::too_many_arguments)]
+/// cast into the workspace's f16 input first), on bf16 operands for a bf16
+/// `W` (likewise), else `W` in `math` (dequantised first for an NF4 base).
 fn forward_linear(
     gpu: &mut GpuContext,
     math: GemmMath,
-    deq: &mut [CudaSlice<f32>],
-    half: &mut Option<CudaSlice<u16>>,
+    stores: &mut Stores,
     lin: &Linear,
     x: &CudaSlice<f32>,
     beta: f32,
     y: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    match &lin.half {
-        Some(w16) => {
-            let x16 = half_of(gpu, x, half)?;
-            blas::gemm_f16(gpu, linear_spec(lin, x.len()), 1.0, &x16, w16, beta, y)
+    let spec = linear_spec(lin, x.len());
+    match (&lin.half, &lin.w) {
+        (Some(w16), _) => {
+            let x16 = half_of(gpu, x, stores.half)?;
+            blas::gemm_half(gpu, spec, 1.0, &x16, w16, beta, y)
         }
-        None => {
-            let w = Workspace::weight(deq, gpu, lin)?;
+        (None, Frozen::Bf16(w)) => {
+            let x16 = half_of(gpu, x, stores.bf16)?;
+            blas::gemm_half(gpu, spec, 1.0, &x16, w, beta, y)
+        }
+        (None, _) => {
+            let w = Workspace::weight(stores.deq, gpu, lin)?;
             let dims = (x.len() / lin.in_dim, lin.in_dim, lin.out_dim);
             blas::linear(gpu, math, 1.0, x, w, beta, y, dims)
         }
@@ -448,23 +514,25 @@ fn linear_spec(lin: &Linear, x_len: usize) -> GemmSpec {
     GemmSpec::linear(x_len / lin.in_dim, lin.in_dim, lin.out_dim)
 }
 
-/// `x` rounded to f16 into the front of `half` (the workspace's
-/// [`Workspace::half_input`]), as a view of `x.len()` elements.
-pub(super) fn half_of<'h>(
+/// `x` rounded to the 16-bit format `H` into the front of `half` (the
+/// workspace's [`Workspace::half_input`] or [`Workspace::bf16_input`]), as
+/// a view of `x.len()` elements.
+pub(super) fn half_of<'h, H: HalfFloat>(
     gpu: &mut GpuContext,
     x: &CudaSlice<f32>,
-    half: &'h mut Option<CudaSlice<u16>>,
-) -> Result<CudaView<'h, u16>> {
+    half: &'h mut Option<CudaSlice<H>>,
+) -> Result<CudaView<'h, H>> {
     let too_small = || Error::InvalidArgument {
         op: "train",
         message: format!(
-            "no f16 input buffer of {} elements in the workspace",
+            "no {} input buffer of {} elements in the workspace",
+            H::NAME,
             x.len()
         ),
     };
     let buf = half.as_mut().ok_or_else(too_small)?;
     let mut front = buf.try_slice_mut(0..x.len()).ok_or_else(too_small)?;
-    cast::f32_to_f16(gpu, &x.as_view(), &mut front)?;
+    cast::f32_to_half(gpu, &x.as_view(), &mut front)?;
     buf.try_slice(0..x.len()).ok_or_else(too_small)
 }
 
@@ -513,8 +581,8 @@ impl Mlp<'_> {
             Some((g, u)) => (g, u),
             None => (&mut sc.gate, &mut sc.up),
         };
-        let half = &mut ws.half_input;
-        self.gate_up(gpu, fwd, (&mut ws.deq, half), &a.n2, (gate, up))?;
+        let mut stores = stores!(ws);
+        self.gate_up(gpu, fwd, &mut stores, &a.n2, (gate, up))?;
         activation::swiglu_forward(
             gpu,
             &gate.as_view(),
@@ -522,35 +590,37 @@ impl Mlp<'_> {
             &mut sc.act.as_view_mut(),
         )?;
         gpu.stream().memcpy_dtod(&a.x2, x_next)?;
-        forward_linear(gpu, fwd, &mut ws.deq, half, self.down, &sc.act, 1.0, x_next)
+        forward_linear(gpu, fwd, &mut stores, self.down, &sc.act, 1.0, x_next)
     }
 
     /// The MLP's input projections `gate = n2 Wg^T`, `up = n2 Wu^T`: what the
     /// forward computes and the backward recomputes when they are not kept
-    /// (on f16 operands when both keep f16 copies, `n2` cast once).
+    /// (on 16-bit operands when both keep f16 copies or are bf16, `n2`
+    /// rounded once).
     fn gate_up(
         &self,
         gpu: &mut GpuContext,
         math: GemmMath,
-        (deq, half): (&mut [CudaSlice<f32>], &mut Option<CudaSlice<u16>>),
+        stores: &mut Stores,
         n2: &CudaSlice<f32>,
         (gate, up): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
     ) -> Result<()> {
+        let (gs, us) = (
+            linear_spec(self.gate, n2.len()),
+            linear_spec(self.up, n2.len()),
+        );
         if let (Some(wg), Some(wu)) = (&self.gate.half, &self.up.half) {
-            let n2 = half_of(gpu, n2, half)?;
-            blas::gemm_f16(
-                gpu,
-                linear_spec(self.gate, n2.len()),
-                1.0,
-                &n2,
-                wg,
-                0.0,
-                gate,
-            )?;
-            return blas::gemm_f16(gpu, linear_spec(self.up, n2.len()), 1.0, &n2, wu, 0.0, up);
+            let n2 = half_of(gpu, n2, stores.half)?;
+            blas::gemm_half(gpu, gs, 1.0, &n2, wg, 0.0, gate)?;
+            return blas::gemm_half(gpu, us, 1.0, &n2, wu, 0.0, up);
         }
-        forward_linear(gpu, math, deq, half, self.gate, n2, 0.0, gate)?;
-        forward_linear(gpu, math, deq, half, self.up, n2, 0.0, up)
+        if let (Frozen::Bf16(wg), Frozen::Bf16(wu)) = (&self.gate.w, &self.up.w) {
+            let n2 = half_of(gpu, n2, stores.bf16)?;
+            blas::gemm_half(gpu, gs, 1.0, &n2, wg, 0.0, gate)?;
+            return blas::gemm_half(gpu, us, 1.0, &n2, wu, 0.0, up);
+        }
+        forward_linear(gpu, math, stores, self.gate, n2, 0.0, gate)?;
+        forward_linear(gpu, math, stores, self.up, n2, 0.0, up)
     }
 
     /// The backward of [`Mlp::forward`]: `dx` (the gradient of `x'`) through
@@ -568,12 +638,12 @@ impl Mlp<'_> {
         let (eps, bwd) = (ctx.c.rms_eps, ctx.bwd);
         let a = &ws.layers[self.params.layer];
         let d = &mut ws.grads;
-        let stores = (&mut ws.deq[..], &mut ws.half_input);
-        let (gate, up) = self.saved_gate_up(gpu, ctx, a, &mut ws.scratch, stores)?;
+        let mut stores = stores!(ws);
+        let (gate, up) = self.saved_gate_up(gpu, ctx, a, &mut ws.scratch, &mut stores)?;
         input_grad(
             gpu,
             bwd,
-            &mut ws.deq,
+            &mut stores,
             self.down,
             (&d.dx, &mut d.dact),
             rows,
@@ -590,7 +660,7 @@ impl Mlp<'_> {
         input_grad(
             gpu,
             bwd,
-            &mut ws.deq,
+            &mut stores,
             self.gate,
             (&d.dgate, &mut d.dn2),
             rows,
@@ -599,7 +669,7 @@ impl Mlp<'_> {
         input_grad(
             gpu,
             bwd,
-            &mut ws.deq,
+            &mut stores,
             self.up,
             (&d.dup, &mut d.dn2),
             rows,
@@ -630,13 +700,13 @@ impl Mlp<'_> {
         ctx: &LayerCtx,
         a: &'b LayerActs,
         sc: &'b mut Scratch,
-        (deq, half): (&mut [CudaSlice<f32>], &mut Option<CudaSlice<u16>>),
+        stores: &mut Stores,
     ) -> Result<(&'b CudaSlice<f32>, &'b CudaSlice<f32>)> {
         match &a.mlp {
             Some((g, u)) => Ok((g, u)),
             None => {
                 let fwd = ctx.fwd;
-                self.gate_up(gpu, fwd, (deq, half), &a.n2, (&mut sc.gate, &mut sc.up))?;
+                self.gate_up(gpu, fwd, stores, &a.n2, (&mut sc.gate, &mut sc.up))?;
                 Ok((&sc.gate, &sc.up))
             }
         }

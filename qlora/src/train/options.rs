@@ -10,6 +10,15 @@ pub enum BaseWeights {
     Fp32,
     /// 4-bit NormalFloat codes with one f32 absmax per block of 64.
     Nf4,
+    /// bf16 (rounded to nearest even), the frozen projections, the
+    /// embedding and the LM head alike, with no f32 copy. Every GEMM of a
+    /// frozen weight (the q/k/v stack, o, gate, up, down and the head,
+    /// forward and the backward's input gradients) runs on bf16 operands,
+    /// its input rounded to bf16 first, with f32 accumulation and an f32
+    /// output. What stays f32: the LoRA and norm weights, their gradients
+    /// and AdamW moments, the activations kept between kernels, attention,
+    /// the reductions and the loss.
+    Bf16,
 }
 
 /// How gradients are clipped before the optimizer step.
@@ -129,6 +138,7 @@ impl GpuTrainOptions {
         let base = match self.base {
             BaseWeights::Fp32 => "fp32",
             BaseWeights::Nf4 => "nf4",
+            BaseWeights::Bf16 => "bf16",
         };
         let mut name = format!("{graph}/{clip}/{base}");
         if self.backward_math == Some(GemmMath::Tf32) {

@@ -42,9 +42,9 @@ use rand_chacha::ChaCha8Rng;
 use super::blas;
 use super::data_parallel::Rank;
 use super::kernels;
-use super::layer::{half_of, DecoderLayer, LayerCtx};
+use super::layer::{half_of, DecoderLayer, LayerCtx, StackRef, Stacks};
 use super::options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions};
-use super::weights::{BaseDevice, Params, Values};
+use super::weights::{BaseDevice, Params, Table, Values};
 use super::workspace::{CublasWorkspace, Dlogits, Workspace, CUBLAS_WORKSPACE_BYTES};
 use crate::error::{Error, Result};
 use crate::gpu::table::{address, TensorTable};
@@ -214,7 +214,7 @@ fn prewarm_then_upload(
         options.forward_math.unwrap_or(gpu.options().forward_math),
         options.backward_math.unwrap_or(gpu.options().backward_math),
     );
-    let casts = options.f16_lm_head || options.f16_projections;
+    let casts = options.f16_lm_head || options.f16_projections || options.base == BaseWeights::Bf16;
     let prewarm = gpu.prewarm_with_math(cfg, &[options.base], math, casts)?;
     let rehearsal = Instant::now();
     rehearse(gpu, cfg, options, trainable)?;
@@ -668,6 +668,11 @@ impl GpuTrainer {
         for _ in 0..times {
             self.adamw(gpu)?;
         }
+        if gpu.faults().lora_weights_bf16 {
+            for p in &mut self.params.p {
+                crate::ops::faults::round_to_bf16(gpu, p)?;
+            }
+        }
         Ok(())
     }
 
@@ -751,19 +756,22 @@ impl GpuTrainer {
         let c = self.cfg;
         let ctx = self.layer_ctx(gpu);
         let ws = &mut self.ws;
-        embedding::forward(
-            gpu,
-            &self.base.embedding.as_view(),
-            c.vocab,
-            c.hidden,
-            &ws.inputs.as_view(),
-            &mut ws.xs[0].as_view_mut(),
-        )?;
+        let (inputs, x0) = (&ws.inputs.as_view(), &mut ws.xs[0].as_view_mut());
+        match &self.base.embedding {
+            Table::F32(t) => embedding::forward(gpu, &t.as_view(), c.vocab, c.hidden, inputs, x0)?,
+            Table::Bf16(t) => {
+                embedding::forward_bf16(gpu, &t.as_view(), c.vocab, c.hidden, inputs, x0)?
+            }
+        }
         let base = &mut self.base;
-        let (layers, stacks, stacks_f16) = (&base.layers, &mut base.stacks, &mut base.stacks_f16);
-        for (l, w) in layers.iter().zip(&base.qkv_bias).enumerate() {
+        for (l, w) in base.layers.iter().zip(&base.qkv_bias).enumerate() {
             let layer = DecoderLayer::new(l, w, &self.params.p);
-            layer.forward(gpu, &ctx, ws, stacks.get_mut(l), stacks_f16.get_mut(l))?;
+            let stacks = Stacks {
+                f32: base.stacks.get_mut(l),
+                f16: base.stacks_f16.get_mut(l),
+                bf16: base.stacks_bf16.get_mut(l),
+            };
+            layer.forward(gpu, &ctx, ws, stacks)?;
         }
         self.head_forward(gpu, ctx.fwd)
     }
@@ -785,15 +793,18 @@ impl GpuTrainer {
             &mut ws.nf.as_view_mut(),
         )?;
         let (vocab, logits) = (c.vocab, &mut ws.logits);
-        match &self.base.lm_head_f16 {
-            Some(w16) => {
+        let spec = GemmSpec::linear(rows, h, vocab);
+        match (&self.base.lm_head_f16, self.base.head()) {
+            (Some(w16), _) => {
                 let nf16 = half_of(gpu, &ws.nf, &mut ws.half_input)?;
-                let spec = GemmSpec::linear(rows, h, vocab);
-                blas::gemm_f16(gpu, spec, 1.0, &nf16, w16, 0.0, logits)?;
+                blas::gemm_half(gpu, spec, 1.0, &nf16, w16, 0.0, logits)?;
             }
-            None => {
-                let (w, dims) = (self.base.head(), (rows, h, vocab));
-                blas::linear(gpu, fwd, 1.0, &ws.nf, w, 0.0, logits, dims)?;
+            (None, Table::Bf16(w)) => {
+                let nf = half_of(gpu, &ws.nf, &mut ws.bf16_input)?;
+                blas::gemm_half(gpu, spec, 1.0, &nf, w, 0.0, logits)?;
+            }
+            (None, Table::F32(w)) => {
+                blas::linear(gpu, fwd, 1.0, &ws.nf, w, 0.0, logits, (rows, h, vocab))?;
             }
         }
         cross_entropy::forward(
@@ -816,9 +827,12 @@ impl GpuTrainer {
         self.head_backward(gpu, ctx.bwd)?;
         let ws = &mut self.ws;
         let g = &mut self.params.g;
-        let layers = self.base.layers.iter().zip(&self.base.qkv_bias);
-        for (l, w) in layers.enumerate().rev() {
-            let stack = self.base.stacks.get(l);
+        let base = &self.base;
+        for (l, w) in base.layers.iter().zip(&base.qkv_bias).enumerate().rev() {
+            let stack = match base.stacks_bf16.get(l) {
+                Some(s) => StackRef::Bf16(s),
+                None => StackRef::F32(base.stacks.get(l)),
+            };
             let layer = DecoderLayer::new(l, w, &self.params.p);
             layer.backward(gpu, &ctx, ws, stack, g)?;
         }
@@ -835,22 +849,26 @@ impl GpuTrainer {
         let d = &mut ws.grads;
         let (logits, targets) = (ws.logits.as_view(), ws.targets.as_view());
         let (vocab, stats) = (c.vocab, &ws.ce_stats);
-        match (&mut d.dlogits, &self.base.lm_head_f16) {
-            (Dlogits::F16(g), Some(w16)) => {
+        let spec = GemmSpec::linear_dx(rows, h, vocab);
+        match (&mut d.dlogits, &self.base.lm_head_f16, self.base.head()) {
+            (Dlogits::F16(g), Some(w16), _) => {
                 let mut view = g.as_view_mut();
                 cross_entropy::backward(gpu, &logits, rows, vocab, &targets, stats, &mut view)?;
                 // g = rows * F16_GRAD_SCALE * dL/dlogits.
                 let alpha = (1.0 / (rows as f64 * f64::from(F16_GRAD_SCALE))) as f32;
-                let spec = GemmSpec::linear_dx(rows, h, vocab);
-                blas::gemm_f16(gpu, spec, alpha, g, w16, 0.0, &mut d.dnf)?;
+                blas::gemm_half(gpu, spec, alpha, g, w16, 0.0, &mut d.dnf)?;
             }
-            (Dlogits::F32(g), None) => {
+            (Dlogits::Bf16(g), None, Table::Bf16(w)) => {
                 let mut view = g.as_view_mut();
                 cross_entropy::backward(gpu, &logits, rows, vocab, &targets, stats, &mut view)?;
-                let (w, dims) = (self.base.head(), (rows, h, vocab));
-                blas::linear_dx(gpu, bwd, 1.0, g, w, 0.0, &mut d.dnf, dims)?;
+                blas::gemm_half(gpu, spec, 1.0, g, w, 0.0, &mut d.dnf)?;
             }
-            (Dlogits::F16(_), None) | (Dlogits::F32(_), Some(_)) => return Err(f16_head_mismatch()),
+            (Dlogits::F32(g), None, Table::F32(w)) => {
+                let mut view = g.as_view_mut();
+                cross_entropy::backward(gpu, &logits, rows, vocab, &targets, stats, &mut view)?;
+                blas::linear_dx(gpu, bwd, 1.0, g, w, 0.0, &mut d.dnf, (rows, h, vocab))?;
+            }
+            _ => return Err(head_mismatch()),
         }
         rmsnorm::backward(
             gpu,
@@ -930,9 +948,9 @@ fn optimizer_table(gpu: &GpuContext, params: &Params, clip: &[ClipGroup]) -> Res
 }
 
 /// The device memory a trainer of `cfg` plans to allocate, in bytes: the
-/// frozen base (f32, or NF4 codes + block absmax + one dequantisation target
-/// per distinct projection size), the q/k/v biases, the embedding and LM
-/// head (f32; one table where they are tied), the
+/// frozen base (f32, bf16, or NF4 codes + block absmax + one dequantisation
+/// target per distinct projection size), the q/k/v biases, the embedding and
+/// LM head (bf16 for a bf16 base, else f32; one table where they are tied), the
 /// trainable state (parameters, gradients and two moments: 16 bytes each),
 /// the kept `W^T` copies (fp32 base with `transposed_weights`: o, gate, up,
 /// down), the LM head's f16 copy (`f16_lm_head`), the projections' f16
@@ -953,6 +971,7 @@ pub fn planned_device_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> usi
     let base_bytes = match base {
         // The q/k/v stacks hold q, k, v and a copy of the LoRA A rows.
         BaseWeights::Fp32 => 4 * n_base + 4 * cfg.layers * 2 * cfg.lora_rank * cfg.hidden,
+        BaseWeights::Bf16 => 2 * n_base + 2 * cfg.layers * 2 * cfg.lora_rank * cfg.hidden,
         // 4-bit codes plus one f32 absmax per 64 values, and one f32
         // dequantisation target per distinct projection size (as
         // Workspace::new allocates them: q and o, k and v, the MLP's three),
@@ -972,7 +991,8 @@ pub fn planned_device_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> usi
     };
     // A tied head is the embedding itself.
     let tables = if cfg.tied_embeddings { 1 } else { 2 };
-    let embed_head = 4 * tables * cfg.vocab * cfg.hidden + 4 * cfg.layers * bias_len;
+    let table_bytes = if base == BaseWeights::Bf16 { 2 } else { 4 };
+    let embed_head = table_bytes * tables * cfg.vocab * cfg.hidden + 4 * cfg.layers * bias_len;
     let f16_head = if options.f16_lm_head {
         2 * cfg.vocab * cfg.hidden
     } else {
@@ -1023,6 +1043,11 @@ fn honoured_with(
             "f16_lm_head needs TF32 GEMMs in both directions, got {fwd:?} forward and {bwd:?} backward"
         )));
     }
+    if options.f16_lm_head && options.base == BaseWeights::Bf16 {
+        return Err(refuse(
+            "f16_lm_head needs an fp32 base: a bf16 base runs its LM head in bf16".into(),
+        ));
+    }
     if options.f16_projections && (fwd, options.base) != (GemmMath::Tf32, BaseWeights::Fp32) {
         return Err(refuse(format!(
             "f16_projections needs TF32 forward GEMMs and an fp32 base, got {fwd:?} and {:?}",
@@ -1036,12 +1061,14 @@ fn honoured_with(
     })
 }
 
-/// The error of a workspace whose LM-head gradient is f16 where the base has
-/// no f16 LM head, or f32 where it has one: never a silent fallback.
-fn f16_head_mismatch() -> Error {
+/// The error of a workspace whose LM-head gradient is in another format
+/// than the head's GEMM operands (f16 where the base has no f16 copy, f32
+/// or f16 beside a bf16 head, ...): never a silent fallback.
+fn head_mismatch() -> Error {
     Error::InvalidArgument {
         op: "train",
-        message: "the workspace's LM-head gradient and the base's LM head disagree on f16".into(),
+        message: "the workspace's LM-head gradient and the base's LM head disagree on the format"
+            .into(),
     }
 }
 
@@ -1237,6 +1264,60 @@ mod tests {
         assert_eq!(
             planned_device_bytes(&c, &with) - planned_device_bytes(&c, &fast),
             copies + input
+        );
+    }
+
+    /// A bf16 base runs its head in bf16: an f16 head beside it is refused,
+    /// and the mode is named for it.
+    #[test]
+    fn a_bf16_base_refuses_an_f16_head() {
+        let bf16 = GpuTrainOptions {
+            base: BaseWeights::Bf16,
+            ..GpuTrainOptions::default()
+        };
+        assert!(honoured_with(bf16, TF32, Faults::NONE).is_ok());
+        let head = GpuTrainOptions {
+            f16_lm_head: true,
+            ..bf16
+        };
+        let e = honoured_with(head, TF32, Faults::NONE).unwrap_err();
+        assert!(
+            e.to_string().contains("f16_lm_head needs an fp32 base"),
+            "{e}"
+        );
+        let projections = GpuTrainOptions {
+            f16_projections: true,
+            ..bf16
+        };
+        assert!(honoured_with(projections, TF32, Faults::NONE).is_err());
+        assert!(bf16.mode_name().contains("/bf16"), "{}", bf16.mode_name());
+    }
+
+    /// A bf16 base plans two bytes per frozen weight (projections, LoRA A
+    /// rows of each stack, the tied embedding) where fp32 plans four, a
+    /// bf16 logits gradient where fp32 plans f32, and the bf16 input buffer
+    /// (the widest frozen GEMM input, `T x intermediate` for qwen2.5-0.5b).
+    #[test]
+    fn a_bf16_base_is_planned_at_half_the_bytes() {
+        let c = ModelConfig::preset("qwen2.5-0.5b").unwrap();
+        let fp32 = GpuTrainOptions::default();
+        let bf16 = GpuTrainOptions {
+            base: BaseWeights::Bf16,
+            ..fp32
+        };
+        let weights = ModelConfig {
+            qkv_bias: false,
+            ..c
+        }
+        .base_params_per_layer();
+        let frozen = c.layers * (weights + 2 * c.lora_rank * c.hidden) + c.vocab * c.hidden;
+        let t = c.tokens();
+        let widest = c.intermediate.max(super::super::workspace::qkv_width(&c));
+        let saved = 2 * frozen + 2 * t * c.vocab;
+        let added = 2 * t * widest;
+        assert_eq!(
+            planned_device_bytes(&c, &fp32) + added - saved,
+            planned_device_bytes(&c, &bf16)
         );
     }
 }

@@ -11,6 +11,7 @@ use crate::gpu::GpuContext;
 use crate::model::nf4;
 use crate::model::weights::{end_draws, projection_draws, Draw, Projections, TensorId};
 use crate::model::{BaseModel, ModelConfig, Trainable};
+use crate::ops::cast::{Bf16, HalfFloat};
 use crate::ops::nf4::{self as nf4_ops, Nf4Device};
 use crate::train::{BaseWeights, GpuTrainOptions};
 
@@ -130,9 +131,44 @@ fn expect_len(got: usize, want: usize, what: &str) -> Result<()> {
 pub enum Frozen {
     Fp32(CudaSlice<f32>),
     Nf4(Nf4Device),
-    /// fp32 rows of its layer's q/k/v stack ([`BaseDevice::stacks`]): q, k
-    /// and v of an fp32 base, which the step multiplies as one matrix.
+    /// bf16 only (a bf16 base).
+    Bf16(CudaSlice<Bf16>),
+    /// Rows of its layer's q/k/v stack ([`BaseDevice::stacks`], or
+    /// [`BaseDevice::stacks_bf16`] for a bf16 base): q, k and v, which the
+    /// step multiplies as one matrix.
     Stacked,
+}
+
+/// The embedding table or the LM head, `[vocab, hidden]`, on the device.
+pub enum Table {
+    F32(CudaSlice<f32>),
+    /// A bf16 base's.
+    Bf16(CudaSlice<Bf16>),
+}
+
+impl Table {
+    /// `values` (`len` of them) stored as `base` says: bf16 for a bf16
+    /// base, f32 otherwise (an NF4 base keeps its tables in f32).
+    fn put(
+        gpu: &GpuContext,
+        values: Values,
+        base: BaseWeights,
+        v: &[f64],
+        len: usize,
+    ) -> Result<Self> {
+        Ok(match base {
+            BaseWeights::Bf16 => Table::Bf16(values.put(gpu, len, || to_half(v))?),
+            BaseWeights::Fp32 | BaseWeights::Nf4 => Table::F32(values.put(gpu, len, || to_f32(v))?),
+        })
+    }
+
+    /// Bytes on the device.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Table::F32(t) => 4 * t.len(),
+            Table::Bf16(t) => 2 * t.len(),
+        }
+    }
 }
 
 /// A frozen `[out_dim, in_dim]` projection.
@@ -157,6 +193,7 @@ impl Linear {
         kept + match &self.w {
             Frozen::Fp32(w) => 4 * w.len(),
             Frozen::Nf4(t) => t.codes.len() + 4 * t.absmax.len(),
+            Frozen::Bf16(w) => 2 * w.len(),
             Frozen::Stacked => 0,
         }
     }
@@ -167,7 +204,7 @@ pub type LayerWeights = Projections<Linear>;
 
 /// The frozen base model on the device.
 pub struct BaseDevice {
-    pub embedding: CudaSlice<f32>,
+    pub embedding: Table,
     pub layers: Vec<LayerWeights>,
     /// fp32 base only, one per layer: `[Wq; Wk; Wv; Aq; Av]`, `[width,
     /// hidden]` (see [`crate::ops::rope::QkvShape::width`]). The q, k, v rows
@@ -179,6 +216,10 @@ pub struct BaseDevice {
     /// the forward's GEMM reads; the step casts the LoRA A rows in after
     /// copying them into the f32 stack.
     pub stacks_f16: Vec<CudaSlice<u16>>,
+    /// bf16 base only, one per layer: the q/k/v stack `[Wq; Wk; Wv; Aq;
+    /// Av]` in bf16, the step rounding the LoRA A rows in before each
+    /// forward.
+    pub stacks_bf16: Vec<CudaSlice<Bf16>>,
     /// Per layer, the frozen q/k/v bias `[b_q | b_k | b_v]`
     /// (`[q_dim + 2 kv_dim]`), zeros for a model without one: the fused
     /// q/k/v epilogue adds it.
@@ -186,7 +227,7 @@ pub struct BaseDevice {
     pub final_norm: CudaSlice<f32>,
     /// The LM head `[vocab, hidden]`; `None` where it is tied to the
     /// embedding (read it through [`BaseDevice::head`]).
-    pub lm_head: Option<CudaSlice<f32>>,
+    pub lm_head: Option<Table>,
     /// With `f16_lm_head`: the head rounded to f16 (raw bits), which the
     /// head's GEMMs read instead.
     pub lm_head_f16: Option<CudaSlice<u16>>,
@@ -199,9 +240,13 @@ fn to_f32(v: &[f64]) -> Vec<f32> {
 /// `v` as f32 (f32 input: exactly itself), then rounded to the nearest f16
 /// (ties to even), as raw bits: the value the f32 tensor's f16 copy holds.
 fn to_f16_bits<T: Copy + Into<f64>>(v: &[T]) -> Vec<u16> {
-    v.iter()
-        .map(|&x| half::f16::from_f32(x.into() as f32).to_bits())
-        .collect()
+    to_half(v)
+}
+
+/// `v` as f32, then rounded to the nearest value of the 16-bit format `H`
+/// (ties to even), as raw bits.
+fn to_half<H: HalfFloat, T: Copy + Into<f64>>(v: &[T]) -> Vec<H> {
+    v.iter().map(|&x| H::round(x.into() as f32)).collect()
 }
 
 /// `w^T` of a row-major `[rows, cols]` matrix, as f32: `[cols, rows]`. In
@@ -265,6 +310,7 @@ fn linear(
     let n = out_dim * in_dim;
     let frozen = match (options.base, options.device_quantize) {
         (BaseWeights::Fp32, _) => Frozen::Fp32(values.put(gpu, n, || to_f32(w))?),
+        (BaseWeights::Bf16, _) => Frozen::Bf16(values.put(gpu, n, || to_half(w))?),
         (BaseWeights::Nf4, _) if values == Values::Zeros => Frozen::Nf4(Nf4Device::zeros(gpu, n)?),
         (BaseWeights::Nf4, false) => {
             Frozen::Nf4(nf4_ops::upload(gpu, &nf4::quantize(w, nf4::BLOCK)?)?)
@@ -340,6 +386,7 @@ impl BaseDevice {
         let mut layers = Vec::with_capacity(cfg.layers);
         let mut stacks = Vec::new();
         let mut stacks_f16 = Vec::new();
+        let mut stacks_bf16 = Vec::new();
         // Projection order q, k, v, o, gate, up, down: the fault's source.
         let (gate, up) = (4, 5);
         let gate_source = if gpu.faults().f16_gate_from_up {
@@ -350,8 +397,8 @@ impl BaseDevice {
         for layer in 0..cfg.layers {
             let draws = projection_draws(cfg, layer);
             let drawn = values.draw(&draws.map(|(d, _)| d))?;
-            let stacked = |which: usize| base == BaseWeights::Fp32 && which < 3;
-            if base == BaseWeights::Fp32 {
+            let stacked = |which: usize| base != BaseWeights::Nf4 && which < 3;
+            if base != BaseWeights::Nf4 {
                 // q, k, v (draws 0..3) in order, then zeros for the A rows.
                 let len = draws[..3].iter().map(|(d, _)| d.len).sum::<usize>()
                     + 2 * cfg.lora_rank * cfg.hidden;
@@ -360,10 +407,14 @@ impl BaseDevice {
                     rows.resize(len, 0.0);
                     rows
                 };
-                if options.f16_projections {
-                    stacks_f16.push(values.put(gpu, len, || to_f16_bits(&rows()))?);
+                if base == BaseWeights::Bf16 {
+                    stacks_bf16.push(values.put(gpu, len, || to_half(&rows()))?);
+                } else {
+                    if options.f16_projections {
+                        stacks_f16.push(values.put(gpu, len, || to_f16_bits(&rows()))?);
+                    }
+                    stacks.push(values.put(gpu, len, rows)?);
                 }
-                stacks.push(values.put(gpu, len, rows)?);
             }
             layers.push(LayerWeights::try_from_fn(|which| {
                 if stacked(which) {
@@ -407,14 +458,15 @@ impl BaseDevice {
             None
         };
         let lm_head = match &head {
-            Some(h) => Some(values.put(gpu, end_len, || to_f32(h))?),
+            Some(h) => Some(Table::put(gpu, values, base, h, end_len)?),
             None => None,
         };
         Ok(BaseDevice {
-            embedding: values.put(gpu, end_len, || to_f32(&embedding))?,
+            embedding: Table::put(gpu, values, base, &embedding, end_len)?,
             layers,
             stacks,
             stacks_f16,
+            stacks_bf16,
             qkv_bias,
             final_norm: values.final_norm(gpu, cfg.hidden)?,
             lm_head,
@@ -424,7 +476,7 @@ impl BaseDevice {
 
     /// The LM head `[vocab, hidden]`: the embedding table where the
     /// configuration ties them, the model's own head otherwise.
-    pub fn head(&self) -> &CudaSlice<f32> {
+    pub fn head(&self) -> &Table {
         self.lm_head.as_ref().unwrap_or(&self.embedding)
     }
 
@@ -435,12 +487,15 @@ impl BaseDevice {
 
     /// Bytes on the device.
     pub fn bytes(&self) -> usize {
-        let head = self.lm_head.as_ref().map_or(0, |w| w.len());
+        let head = self.lm_head.as_ref().map_or(0, Table::bytes);
         let bias: usize = self.qkv_bias.iter().map(|b| b.len()).sum();
-        4 * (self.embedding.len() + self.final_norm.len() + head + bias)
+        self.embedding.bytes()
+            + head
+            + 4 * (self.final_norm.len() + bias)
             + 2 * self.lm_head_f16.as_ref().map_or(0, |w| w.len())
             + 4 * self.stacks.iter().map(|s| s.len()).sum::<usize>()
             + 2 * self.stacks_f16.iter().map(|s| s.len()).sum::<usize>()
+            + 2 * self.stacks_bf16.iter().map(|s| s.len()).sum::<usize>()
             + self.linears().iter().map(|l| l.bytes()).sum::<usize>()
     }
 }

@@ -8,11 +8,12 @@ use crate::ops::attention::AttnShape;
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{sys, CudaSlice, DevicePtrMut};
 
-use super::options::GpuTrainOptions;
+use super::options::{BaseWeights, GpuTrainOptions};
 use super::weights::{Frozen, Linear};
 use crate::error::Result;
 use crate::gpu::GpuContext;
 use crate::model::ModelConfig;
+use crate::ops::cast::Bf16;
 use crate::ops::cross_entropy::RowStats;
 use crate::ops::nf4;
 use crate::ops::rmsnorm::BackwardWorkspace;
@@ -100,6 +101,8 @@ pub enum Dlogits {
     F32(CudaSlice<f32>),
     /// With `f16_lm_head`: scaled f16 bits (`cross_entropy::backward` into `u16`).
     F16(CudaSlice<u16>),
+    /// With a bf16 base: the gradient of the mean loss in bf16.
+    Bf16(CudaSlice<Bf16>),
 }
 
 impl Dlogits {
@@ -107,6 +110,7 @@ impl Dlogits {
         match self {
             Dlogits::F32(b) => 4 * b.len(),
             Dlogits::F16(b) => 2 * b.len(),
+            Dlogits::Bf16(b) => 2 * b.len(),
         }
     }
 }
@@ -153,6 +157,10 @@ pub struct Workspace {
     /// ([`Workspace::half_input_len`] elements; the LM head's `nf` and each
     /// projection's input in turn, as each GEMM reads it right away).
     pub half_input: Option<CudaSlice<u16>>,
+    /// With a bf16 base: the input of the bf16 GEMM about to run, rounded
+    /// to bf16 into its front ([`Workspace::bf16_input_len`] elements; every
+    /// frozen GEMM's input in turn, forward and backward).
+    pub bf16_input: Option<CudaSlice<Bf16>>,
     pub logits: CudaSlice<f32>,
     pub losses: CudaSlice<f32>,
     pub loss: CudaSlice<f32>,
@@ -222,12 +230,18 @@ impl Workspace {
                 0 => None,
                 n => Some(gpu.zeros(n)?),
             },
+            bf16_input: match Self::bf16_input_len(c, options) {
+                0 => None,
+                n => Some(gpu.zeros(n)?),
+            },
             logits: z(t * c.vocab)?,
             losses: z(t)?,
             loss: z(1)?,
             ce_stats: RowStats::new(gpu, t)?,
             grads: Grads {
-                dlogits: if f16_head {
+                dlogits: if options.base == BaseWeights::Bf16 {
+                    Dlogits::Bf16(gpu.zeros(t * c.vocab)?)
+                } else if f16_head {
                     Dlogits::F16(gpu.zeros(t * c.vocab)?)
                 } else {
                     Dlogits::F32(z(t * c.vocab)?)
@@ -270,10 +284,10 @@ impl Workspace {
     /// cannot fit is refused up front:
     /// `4 * (layers * saved + (layers + 7) * T * hidden + 2 * T * vocab`
     /// `+ 6 * T * intermediate + 2 * T * (q_dim + kv_dim) + T * width`
-    /// `+ attention scratch)` plus the cuBLAS workspace and the f16 GEMM
-    /// input ([`Workspace::half_input_len`], 2 bytes each); with
-    /// `f16_lm_head` the logits' gradient is f16 (`2 * T * vocab` bytes
-    /// fewer).
+    /// `+ attention scratch)` plus the cuBLAS workspace and the 16-bit GEMM
+    /// inputs ([`Workspace::half_input_len`], [`Workspace::bf16_input_len`],
+    /// 2 bytes each); with `f16_lm_head` or a bf16 base the logits'
+    /// gradient is 16-bit (`2 * T * vocab` bytes fewer).
     /// Term by term: the residual stream (`layers + 1`), the final norm's
     /// output and five hidden-wide gradients; logits and their gradient; gate,
     /// up and their product (scratch) and their three gradients; attention's
@@ -291,8 +305,11 @@ impl Workspace {
             + 2 * t * c.kv_dim()
             + t * qkv_width(c)
             + attention_scratch(c);
-        let bytes = 4 * floats + CUBLAS_WORKSPACE_BYTES + 2 * Self::half_input_len(c, options);
-        if options.f16_lm_head {
+        let bytes = 4 * floats
+            + CUBLAS_WORKSPACE_BYTES
+            + 2 * Self::half_input_len(c, options)
+            + 2 * Self::bf16_input_len(c, options);
+        if options.f16_lm_head || options.base == BaseWeights::Bf16 {
             // Never below zero: `bytes` counts 8 T vocab for the logits and their gradient.
             bytes - 2 * t * c.vocab
         } else {
@@ -312,6 +329,22 @@ impl Workspace {
         } else {
             0
         }
+    }
+
+    /// Elements of [`Workspace::bf16_input`]: with a bf16 base, the widest
+    /// input of a frozen GEMM, forward or backward (`T x` the widest of
+    /// hidden, q_dim, intermediate and the q/k/v stack's width, whose
+    /// gradient the backward multiplies by the stack); 0 otherwise.
+    pub fn bf16_input_len(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
+        if options.base != BaseWeights::Bf16 {
+            return 0;
+        }
+        let widest = c
+            .hidden
+            .max(c.q_dim())
+            .max(c.intermediate)
+            .max(qkv_width(c));
+        c.tokens() * widest
     }
 
     /// Bytes of activations the forward keeps per step (all layers).
@@ -339,6 +372,7 @@ impl Workspace {
             + f32s(&[&self.nf, &self.logits, &self.losses, &self.loss])
             + self.ce_stats.bytes()
             + 2 * self.half_input.as_ref().map_or(0, |b| b.len())
+            + 2 * self.bf16_input.as_ref().map_or(0, |b| b.len())
             + d.dlogits.bytes()
             + f32s(&[
                 &d.dnf, &d.dx, &d.dtmp, &d.dn1, &d.dn2, &d.dact, &d.dgate, &d.dup, &d.datt, &d.dqr,
@@ -362,6 +396,10 @@ impl Workspace {
             Frozen::Stacked => Err(crate::error::Error::InvalidArgument {
                 op: "train",
                 message: "a stacked q/k/v projection is read through its layer's stack".into(),
+            }),
+            Frozen::Bf16(_) => Err(crate::error::Error::InvalidArgument {
+                op: "train",
+                message: "a bf16 projection has no f32 copy; its GEMMs read it in bf16".into(),
             }),
             Frozen::Nf4(t) => {
                 let len = t.len;

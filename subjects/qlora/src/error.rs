@@ -38,6 +38,12 @@ pub enum Error {
     #[error("{0}")]
     PeerAbsent(String),
 
+    /// A figure the claim is judged on that this machine's driver does not
+    /// report (a process's device memory where `nvidia-smi` is absent, says
+    /// `[N/A]` or lists no such process): the trial cannot be judged here.
+    #[error("{0}")]
+    NotReported(String),
+
     /// Reading or writing a file failed.
     #[error("{}: {source}", path.display())]
     Io {

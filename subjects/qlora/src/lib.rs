@@ -71,12 +71,15 @@ impl Subject for Qlora {
     }
 
     /// A configuration the stack refuses before allocating, because it
-    /// would not fit the device's memory, or a check whose peer (python3
-    /// with PEFT) is not installed here.
+    /// would not fit the device's memory, a check whose peer (python3
+    /// with PEFT) is not installed here, or a figure the driver here does
+    /// not report.
     fn does_not_fit(error: &Error) -> bool {
         matches!(
             error,
-            Error::Stack(qlora::Error::OutOfMemory { .. }) | Error::PeerAbsent(_)
+            Error::Stack(qlora::Error::OutOfMemory { .. })
+                | Error::PeerAbsent(_)
+                | Error::NotReported(_)
         )
     }
 
@@ -189,7 +192,7 @@ mod tests {
     }
 
     #[test]
-    fn out_of_memory_and_an_absent_peer_do_not_fit_and_nothing_else() {
+    fn out_of_memory_an_absent_peer_or_an_unreported_figure_do_not_fit_and_nothing_else() {
         let oom = Error::Stack(qlora::Error::OutOfMemory {
             model: "m".into(),
             needed_gib: 2.0,
@@ -197,6 +200,9 @@ mod tests {
         });
         assert!(Qlora::does_not_fit(&oom));
         assert!(Qlora::does_not_fit(&Error::PeerAbsent("no python3".into())));
+        assert!(Qlora::does_not_fit(&Error::NotReported(
+            "no nvidia-smi".into()
+        )));
         assert!(!Qlora::does_not_fit(&Error::Ranks("x".into())));
     }
 }

@@ -296,6 +296,16 @@ const CASES: &[Case] = &[
         15,
     ),
     case(
+        "peer-memory-ratio-zero.yaml",
+        "0 is out of range: it must be > 0",
+        16,
+    ),
+    case(
+        "peer-two-claims.yaml",
+        "max_memory_ratio: a peer_ratio check judges one claim: give `min_ratio`",
+        17,
+    ),
+    case(
         "fraction-too-large.yaml",
         "1.5 is out of range: it must be in (0, 1]",
         15,

@@ -586,6 +586,7 @@ fn scaling(
         ratio_ci_high: hi,
         repeats: one.len(),
         peak_device_gib: None,
+        baseline_peak_device_gib: None,
     });
     short_ranks(&mut m, ranks, p.steps.0);
     Ok(m)

@@ -27,7 +27,7 @@ pub const STEP_MODE_BOUND: &[Piece] = &[
     Text("`{graph, clip, base, backward_math, mlp_activations, backward_weights, lm_head_operands, projection_operands}`; `clip`: "),
     OneOf(&["global", "per_layer"]),
     Text("; `base`: "),
-    OneOf(&["fp32", "nf4"]),
+    OneOf(&["fp32", "nf4", "bf16"]),
     Text("; `backward_math`: "),
     OneOf(&["fp32", "tf32"]),
     Text("; `mlp_activations`: "),

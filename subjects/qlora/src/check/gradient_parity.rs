@@ -64,7 +64,7 @@ pub const PARAMS: &[ParamDoc] = &[
     ParamDoc {
         name: "base",
         default: Yaml("fp32"),
-        bound: &[OneOf(&["fp32", "nf4"])],
+        bound: &[OneOf(&["fp32", "nf4", "bf16"])],
         meaning: "the base-weight format",
     },
     ParamDoc {

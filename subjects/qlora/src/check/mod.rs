@@ -37,8 +37,9 @@ pub mod throughput_ratio;
 pub mod trajectory_match;
 
 pub use falsify_core::check::{
-    clocks, repeats, stats, Backend, Comparator, GpuHere, Here, KindInfo, Measurement,
-    ParamDefault, ParamDoc, Piece, Speedup, Validate, BOTH, CPU, CUDA, DEFAULT_TIMEOUT_S,
+    clocks, process_memory, repeats, stats, Backend, Comparator, GpuHere, Here, KindInfo,
+    Measurement, ParamDefault, ParamDoc, Piece, Speedup, Validate, BOTH, CPU, CUDA,
+    DEFAULT_TIMEOUT_S,
 };
 pub use falsify_core::subject::{Kind, KindSet};
 
@@ -67,7 +68,7 @@ falsify_core::kinds! {
         GradientParity(gradient_parity) "gradient_parity", CUDA, "rel-L2 error of the GPU training step's gradients vs the CPU reference's";
         MemoryBudget(memory_budget) "memory_budget", CUDA, "peak device memory of a configuration";
         Bandwidth(bandwidth) "bandwidth", CUDA, "a memory-bound kernel's bandwidth as a fraction of the d2d copy bandwidth";
-        PeerRatio(peer_ratio) "peer_ratio", CUDA, "our step's tokens/s over a PyTorch peer's, the peer run in the same trial on the same GPU";
+        PeerRatio(peer_ratio) "peer_ratio", CUDA, "our step's tokens/s, or our process's device memory as the driver reports it, over a PyTorch peer's, the peer run in the same trial on the same GPU";
         PeftRoundTrip(peft_round_trip) "peft_round_trip", CUDA, "rel-L2 of PEFT's logits with the adapter the GPU step trained and wrote vs the step's own";
         DataParallel(data_parallel) "data_parallel", CUDA, "the step on several GPUs (one rank process each, NCCL all-reduce) vs one GPU: losses, gradients, bytes reduced, host syncs, tokens/s";
     }

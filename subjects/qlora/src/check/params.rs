@@ -79,6 +79,7 @@ impl<'de> Deserialize<'de> for ModelName {
 pub(crate) enum BaseWeightsDef {
     Fp32,
     Nf4,
+    Bf16,
 }
 
 /// The contract spelling of [`qlora::train::ClipMode`].
@@ -89,7 +90,7 @@ enum ClipModeDef {
     PerLayer,
 }
 
-/// A base format as a contract names it (`fp32` or `nf4`), for lists of them.
+/// A base format as a contract names it (`fp32`, `nf4` or `bf16`), for lists of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
 pub struct BaseName(#[serde(with = "BaseWeightsDef")] pub BaseWeights);

@@ -95,7 +95,7 @@ pub const PARAMS: &[ParamDoc] = &[
             Text("1 to "),
             Int(MAX_BASES),
             Text(" of "),
-            OneOf(&["fp32", "nf4"]),
+            OneOf(&["fp32", "nf4", "bf16"]),
         ],
         meaning: "base-weight formats exercised after pre-warm",
     },
@@ -414,6 +414,7 @@ fn base_name(base: BaseWeights) -> &'static str {
     match base {
         BaseWeights::Fp32 => "fp32",
         BaseWeights::Nf4 => "nf4",
+        BaseWeights::Bf16 => "bf16",
     }
 }
 

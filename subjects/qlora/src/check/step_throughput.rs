@@ -357,6 +357,7 @@ fn step_throughput(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
         ratio_ci_high: hi,
         repeats: p.repeats.0,
         peak_device_gib: Some(peak),
+        baseline_peak_device_gib: None,
     });
     Ok(m)
 }

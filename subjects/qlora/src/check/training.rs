@@ -277,6 +277,20 @@ pub(super) fn time_steps(
     (options, seed): (GpuTrainOptions, u64),
     (warmup, repeats): (usize, usize),
 ) -> Result<TimedSteps> {
+    time_steps_then(gpu, cfg, (options, seed), (warmup, repeats), || ()).map(|(t, ())| t)
+}
+
+/// [`time_steps`], and what `after` returns, called once the timed steps
+/// are done and before the trainer is dropped: while it still holds
+/// everything it allocated (its workspace is allocated when it is built and
+/// a graphed step allocates nothing, so that is its peak).
+pub(super) fn time_steps_then<T>(
+    gpu: &mut GpuContext,
+    cfg: &ModelConfig,
+    (options, seed): (GpuTrainOptions, u64),
+    (warmup, repeats): (usize, usize),
+    after: impl FnOnce() -> T,
+) -> Result<(TimedSteps, T)> {
     let mut memory = DeviceMemory::start(gpu)?;
     let mut t = GpuTrainer::new(gpu, cfg, options, seed)?;
     memory.sample(gpu)?;
@@ -290,11 +304,12 @@ pub(super) fn time_steps(
         ms.push(timed_step(gpu, &mut t, &tokens)?);
     }
     memory.sample(gpu)?;
-    Ok(TimedSteps {
+    let timed = TimedSteps {
         ms,
         replayed: t.graph_ready(),
         memory,
-    })
+    };
+    Ok((timed, after()))
 }
 
 /// The device memory a training configuration adds: `total - free` as the

@@ -100,6 +100,12 @@ pub enum Mutant {
     /// The f16 copy of each layer's gate projection is made from its up
     /// projection (the same shape).
     F16GateFromUp,
+    /// After each optimizer step the trainable tensors are rounded to bf16,
+    /// as if their master copy were kept in bf16: updates smaller than half
+    /// a bf16 step of their weight are lost.
+    LoraWeightsBf16,
+    /// The bf16 GEMM engine rounds its f32 output to bf16.
+    Bf16GemmOutputRounded,
     // ---- GPU runtime ------------------------------------------------------------
     /// The kernel cache compiles for an older architecture than the device's.
     PtxOlderTarget,
@@ -128,7 +134,8 @@ pub enum Mutant {
     /// per block. Results stay correct; the achieved bandwidth collapses.
     SerialisedLaunch,
     /// The timed GEMM path runs plain FP32 math where TF32 tensor ops are
-    /// configured (the math mode is lost): several times slower.
+    /// configured (the math mode is lost), and GEMMs on f16 or bf16
+    /// operands run without tensor cores: several times slower.
     GemmWithoutTensorOps,
     /// A kernel writes far outside its buffer before the op runs: an illegal
     /// address that poisons the CUDA context (proves the run survives it).
@@ -245,6 +252,14 @@ impl Mutant {
             },
             Mutant::F16GateFromUp => Faults {
                 f16_gate_from_up: true,
+                ..none
+            },
+            Mutant::LoraWeightsBf16 => Faults {
+                lora_weights_bf16: true,
+                ..none
+            },
+            Mutant::Bf16GemmOutputRounded => Faults {
+                bf16_gemm_output_rounded: true,
                 ..none
             },
             Mutant::AdamwUpdateSignFlipped => Faults {

@@ -471,6 +471,7 @@ fn measure_body(p: &Params, gpu: &mut GpuContext, seed: u64) -> Result<Measureme
         ratio_ci_high: hi,
         repeats,
         peak_device_gib: None,
+        baseline_peak_device_gib: None,
     });
     Ok(m)
 }

@@ -9,7 +9,7 @@
 //! | --- | --- | --- |
 //! | embedding `{T, V, H}` | `VH + T + TH` | the same (dy, dtable) |
 //! | rmsnorm `{R, H}` | `2RH + H` | `3RH + 2H` |
-//! | rope, scale, cast_f16, clip_apply, nf4 (de)quantize | `2N` | `2N` |
+//! | rope, scale, cast_f16, cast_bf16, clip_apply, nf4 (de)quantize | `2N` | `2N` |
 //! | softmax, silu | `2N` | `3N` |
 //! | swiglu | `3N` | `5N` |
 //! | residual_add | `3N` | `3N` |

@@ -105,7 +105,7 @@ const fn vector(
 }
 
 /// Every op, in the order of [`Op`]'s variants.
-pub static OPS: [OpSpec; 20] = [
+pub static OPS: [OpSpec; 21] = [
     OpSpec {
         op: Op::Embedding,
         name: "embedding",
@@ -417,6 +417,13 @@ pub static OPS: [OpSpec; 20] = [
         "cast_f16",
         two_per_element,
         parity::cast::parity,
+        &[],
+    ),
+    vector(
+        Op::CastBf16,
+        "cast_bf16",
+        two_per_element,
+        parity::cast::parity_bf16,
         &[],
     ),
     vector(

@@ -4,6 +4,7 @@ use super::compare::{case_rng, compare, Case, Comparison};
 use crate::error::Result;
 use half::f16;
 use qlora::gpu::GpuContext;
+use qlora::ops::cast::Bf16;
 use qlora::ops::cast::*;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -56,6 +57,65 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
     Ok(down.merge(up))
 }
 
+/// `op_parity` of the bf16 casts for one shape `{n}`: both directions, bit
+/// for bit against `half::bf16`, f32 -> bf16 again on views one element in.
+///
+/// The inputs are random f32 bit patterns of every finite exponent (bf16
+/// keeps f32's range, so its rounding is tested at every binade), plus
+/// the exact ties `1 + 2^-8` and `1 + 3 * 2^-8` (to even: down and up)
+/// and a value that rounds up into the next binade. Compared as f32
+/// values, so any rounding difference is a non-zero relative error.
+pub fn parity_bf16(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
+    let n = case.shape.dim("n");
+    let mut rng = case_rng(case.seed);
+    let x = random_finite_bits(&mut rng, n);
+    let ref_bits: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
+    let reference: Vec<f64> = ref_bits.iter().map(|b| f64::from(b.to_f32())).collect();
+    let x_dev = gpu.upload(&x)?;
+    let poison = Bf16::from_f32(f32::NAN);
+    let mut h_dev = gpu.upload(&vec![poison; n])?;
+    f32_to_bf16(gpu, &x_dev.as_view(), &mut h_dev.as_view_mut())?;
+    let widened = |bits: &[Bf16]| bits.iter().map(|b| b.to_f32()).collect::<Vec<f32>>();
+    let mut down = compare(&widened(&gpu.download(&h_dev)?), &reference);
+    if n > 1 {
+        let mut h_dev = gpu.upload(&vec![poison; n])?;
+        f32_to_bf16(gpu, &x_dev.slice(1..), &mut h_dev.slice_mut(1..))?;
+        let shifted = widened(&gpu.download(&h_dev)?[1..]);
+        down = down.merge(compare(&shifted, &reference[1..]));
+    }
+    let bits_dev = gpu.upload(&ref_bits)?;
+    let mut y_dev = gpu.poisoned(n)?;
+    bf16_to_f32(gpu, &bits_dev, &mut y_dev)?;
+    let up = compare(&gpu.download(&y_dev)?, &reference);
+    Ok(down.merge(up))
+}
+
+/// `n` finite f32 values from random bit patterns (every exponent below
+/// the largest, so bf16's rounding is met at every binade and a carry out
+/// of the largest one cannot overflow), the first few replaced by exact
+/// ties and a carry into the next binade.
+fn random_finite_bits(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..n)
+        .map(|_| {
+            let bits: u32 = rng.random();
+            // The exponent field in [0, 253]: no infinity or NaN, and no
+            // rounding up reaches infinity.
+            let exponent = (bits >> 23 & 0xff) % 254;
+            f32::from_bits((bits & 0x807f_ffff) | exponent << 23)
+        })
+        .collect();
+    let specials = [
+        1.0 + 2f32.powi(-8),
+        1.0 + 3.0 * 2f32.powi(-8),
+        1.999_999_9,
+        -0.0,
+    ];
+    for (slot, v) in x.iter_mut().zip(specials) {
+        *slot = v;
+    }
+    x
+}
+
 /// `n` f32 values with random signs and magnitudes log-uniform over
 /// `[2^-26, 2^15]`: f16 subnormals (below 2^-14), values that round to zero
 /// (below 2^-25) and the top binade of f16 all occur.
@@ -84,5 +144,21 @@ mod tests {
             .iter()
             .any(|v| v.abs() < 6.1e-5 && f16::from_f32(*v).to_f32() != 0.0));
         assert!(x.iter().any(|v| f16::from_f32(*v).to_f32() == 0.0));
+    }
+
+    /// The bf16 inputs are finite and stay finite in bf16, and the planted
+    /// ties round to even: `1 + 2^-8` down to 1, `1 + 3 * 2^-8` up to
+    /// `1 + 2^-6`, and `1.9999999` carries into the next binade.
+    #[test]
+    fn bf16_inputs_are_finite_and_the_ties_round_to_even() {
+        let mut rng = case_rng(2);
+        let x = random_finite_bits(&mut rng, 4096);
+        assert!(x.iter().all(|v| Bf16::from_f32(*v).to_f32().is_finite()));
+        assert_eq!(Bf16::from_f32(x[0]).to_f32(), 1.0);
+        assert_eq!(Bf16::from_f32(x[1]).to_f32(), 1.0 + 2f32.powi(-6));
+        assert_eq!(Bf16::from_f32(x[2]).to_f32(), 2.0);
+        // Subnormal inputs occur, and huge ones.
+        assert!(x.iter().any(|v| v.is_subnormal()));
+        assert!(x.iter().any(|v| v.abs() > 1e30));
     }
 }

@@ -348,6 +348,7 @@ fn judge(
             ratio_ci_high: hi,
             repeats: b.len().min(c.len()),
             peak_device_gib: None,
+            baseline_peak_device_gib: None,
         }
     };
     let subject = kernel.name;
@@ -548,6 +549,7 @@ pub(crate) fn nf4_pairs(
             ratio_ci_high: hi,
             repeats: FUSED_REPEATS,
             peak_device_gib: None,
+            baseline_peak_device_gib: None,
         });
         pairs.push(Pair {
             label,

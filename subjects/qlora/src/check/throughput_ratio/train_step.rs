@@ -87,6 +87,7 @@ pub(super) fn throughput_ratio(p: &Params, cx: &mut TrialContext<'_>) -> Result<
         // Two trainers share the device here, so no one configuration's
         // peak can be told apart; `step_throughput` records it.
         peak_device_gib: None,
+        baseline_peak_device_gib: None,
     });
     Ok(m)
 }
