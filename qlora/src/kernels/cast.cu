@@ -15,60 +15,65 @@ __device__ __forceinline__ float f16_bits_to_f32(unsigned short h) {
     return x;
 }
 
-// y[i] = f16(x[i]) for i < n (round to nearest even). Four elements per
-// step where x is 16-byte and y 8-byte aligned (one float4 load, one 8-byte
-// store: the casts of the f16 GEMM inputs are bandwidth-bound); the rest,
-// or everything when a view starts unaligned, one at a time.
+// The two 16-bit formats: each rounds an f32 to its bits (nearest, ties to
+// even) and widens its bits back to f32 (exact).
+struct F16Format {
+    static __device__ __forceinline__ unsigned short round(float x) { return f32_to_f16_bits(x); }
+    static __device__ __forceinline__ float widen(unsigned short h) { return f16_bits_to_f32(h); }
+};
+struct Bf16Format {
+    static __device__ __forceinline__ unsigned short round(float x) { return f32_to_bf16_bits(x); }
+    static __device__ __forceinline__ float widen(unsigned short h) { return bf16_bits_to_f32(h); }
+};
+
+// y[i] = Fmt(x[i]) for i < n. Four elements per step where x is 16-byte and
+// y 8-byte aligned (one float4 load, one 8-byte store, the lower index in
+// the lower 16 bits: the casts of the GEMM inputs are bandwidth-bound); the
+// rest, or everything when a view starts unaligned, one at a time.
+template <typename Fmt>
+__device__ __forceinline__ void narrow(const float* __restrict__ x, unsigned short* __restrict__ y,
+                                       long long n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool vec = aligned16(x) && ((unsigned long long)y & 7ull) == 0;
+    const long long quads = vec ? n / 4 : 0;
+    for (long long q = first; q < quads; q += stride) {
+        const float4 v = reinterpret_cast<const float4*>(x)[q];
+        const unsigned lo = (unsigned)Fmt::round(v.x) | ((unsigned)Fmt::round(v.y) << 16);
+        const unsigned hi = (unsigned)Fmt::round(v.z) | ((unsigned)Fmt::round(v.w) << 16);
+        reinterpret_cast<uint2*>(y)[q] = make_uint2(lo, hi);
+    }
+    for (long long i = 4 * quads + first; i < n; i += stride) {
+        y[i] = Fmt::round(x[i]);
+    }
+}
+
+// y[i] = f32(x[i]) for i < n (exact).
+template <typename Fmt>
+__device__ __forceinline__ void widen(const unsigned short* __restrict__ x, float* __restrict__ y,
+                                      long long n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        y[i] = Fmt::widen(x[i]);
+    }
+}
+
 extern "C" __global__ void cast_fwd_f32_f16(const float* __restrict__ x,
-                                            unsigned short* __restrict__ y,
-                                            long long n) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const bool vec = aligned16(x) && ((unsigned long long)y & 7ull) == 0;
-    const long long quads = vec ? n / 4 : 0;
-    for (long long q = first; q < quads; q += stride) {
-        const float4 v = reinterpret_cast<const float4*>(x)[q];
-        store_f16x4(y, q, v.x, v.y, v.z, v.w);
-    }
-    for (long long i = 4 * quads + first; i < n; i += stride) {
-        y[i] = f32_to_f16_bits(x[i]);
-    }
+                                            unsigned short* __restrict__ y, long long n) {
+    narrow<F16Format>(x, y, n);
 }
 
-// y[i] = f32(x[i]) for i < n (exact).
 extern "C" __global__ void cast_fwd_f16_f32(const unsigned short* __restrict__ x,
-                                            float* __restrict__ y,
-                                            long long n) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        y[i] = f16_bits_to_f32(x[i]);
-    }
+                                            float* __restrict__ y, long long n) {
+    widen<F16Format>(x, y, n);
 }
 
-// y[i] = bf16(x[i]) for i < n (round to nearest even), four at a time where
-// aligned, as cast_fwd_f32_f16.
 extern "C" __global__ void cast_fwd_f32_bf16(const float* __restrict__ x,
-                                             unsigned short* __restrict__ y,
-                                             long long n) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const bool vec = aligned16(x) && ((unsigned long long)y & 7ull) == 0;
-    const long long quads = vec ? n / 4 : 0;
-    for (long long q = first; q < quads; q += stride) {
-        const float4 v = reinterpret_cast<const float4*>(x)[q];
-        store_bf16x4(y, q, v.x, v.y, v.z, v.w);
-    }
-    for (long long i = 4 * quads + first; i < n; i += stride) {
-        y[i] = f32_to_bf16_bits(x[i]);
-    }
+                                             unsigned short* __restrict__ y, long long n) {
+    narrow<Bf16Format>(x, y, n);
 }
 
-// y[i] = f32(x[i]) for i < n (exact).
 extern "C" __global__ void cast_fwd_bf16_f32(const unsigned short* __restrict__ x,
-                                             float* __restrict__ y,
-                                             long long n) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        y[i] = bf16_bits_to_f32(x[i]);
-    }
+                                             float* __restrict__ y, long long n) {
+    widen<Bf16Format>(x, y, n);
 }

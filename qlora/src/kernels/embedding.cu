@@ -15,10 +15,14 @@
 // step runs (its embedding table is frozen), and 1 `embedding_bwd`.
 
 #if EMB_PART == 0
-extern "C" __global__ void embedding_fwd_f32(const float* __restrict__ table,
-                                             const unsigned int* __restrict__ tokens,
-                                             float* __restrict__ y,
-                                             int ntok, int vocab, int hidden) {
+// An f32 table's element as it is; a bf16 table's (raw bits) widened, exactly.
+__device__ __forceinline__ float table_value(float v) { return v; }
+__device__ __forceinline__ float table_value(unsigned short h) { return bf16_bits_to_f32(h); }
+
+template <typename T>
+__device__ __forceinline__ void gather(const T* __restrict__ table,
+                                       const unsigned int* __restrict__ tokens,
+                                       float* __restrict__ y, int ntok, int vocab, int hidden) {
     const int t = blockIdx.x;
     if (t >= ntok) return;
     const unsigned int tok = tokens[t];
@@ -27,8 +31,15 @@ extern "C" __global__ void embedding_fwd_f32(const float* __restrict__ table,
         for (int i = threadIdx.x; i < hidden; i += blockDim.x) yr[i] = __int_as_float(0x7fc00000);
         return;
     }
-    const float* src = table + (size_t)tok * hidden;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) yr[i] = src[i];
+    const T* src = table + (size_t)tok * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) yr[i] = table_value(src[i]);
+}
+
+extern "C" __global__ void embedding_fwd_f32(const float* __restrict__ table,
+                                             const unsigned int* __restrict__ tokens,
+                                             float* __restrict__ y,
+                                             int ntok, int vocab, int hidden) {
+    gather(table, tokens, y, ntok, vocab, hidden);
 }
 
 // As embedding_fwd_f32 from a bf16 table (raw bits): y[t, i] = f32(table[tokens[t], i]), exact.
@@ -36,16 +47,7 @@ extern "C" __global__ void embedding_fwd_bf16(const unsigned short* __restrict__
                                               const unsigned int* __restrict__ tokens,
                                               float* __restrict__ y,
                                               int ntok, int vocab, int hidden) {
-    const int t = blockIdx.x;
-    if (t >= ntok) return;
-    const unsigned int tok = tokens[t];
-    float* yr = y + (size_t)t * hidden;
-    if (tok >= (unsigned int)vocab) {
-        for (int i = threadIdx.x; i < hidden; i += blockDim.x) yr[i] = __int_as_float(0x7fc00000);
-        return;
-    }
-    const unsigned short* src = table + (size_t)tok * hidden;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) yr[i] = bf16_bits_to_f32(src[i]);
+    gather(table, tokens, y, ntok, vocab, hidden);
 }
 #endif
 
