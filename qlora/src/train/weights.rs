@@ -237,12 +237,6 @@ fn to_f32(v: &[f64]) -> Vec<f32> {
     v.iter().map(|&x| x as f32).collect()
 }
 
-/// `v` as f32 (f32 input: exactly itself), then rounded to the nearest f16
-/// (ties to even), as raw bits: the value the f32 tensor's f16 copy holds.
-fn to_f16_bits<T: Copy + Into<f64>>(v: &[T]) -> Vec<u16> {
-    to_half(v)
-}
-
 /// `v` as f32, then rounded to the nearest value of the 16-bit format `H`
 /// (ties to even), as raw bits.
 fn to_half<H: HalfFloat, T: Copy + Into<f64>>(v: &[T]) -> Vec<H> {
@@ -338,7 +332,7 @@ fn linear(
     };
     let half = match frozen {
         Frozen::Fp32(_) if options.f16_projections => {
-            Some(values.put(gpu, n, || to_f16_bits(half_source))?)
+            Some(values.put(gpu, n, || to_half::<u16, _>(half_source))?)
         }
         _ => None,
     };
@@ -411,7 +405,7 @@ impl BaseDevice {
                     stacks_bf16.push(values.put(gpu, len, || to_half(&rows()))?);
                 } else {
                     if options.f16_projections {
-                        stacks_f16.push(values.put(gpu, len, || to_f16_bits(&rows()))?);
+                        stacks_f16.push(values.put(gpu, len, || to_half::<u16, _>(&rows()))?);
                     }
                     stacks.push(values.put(gpu, len, rows)?);
                 }
@@ -453,7 +447,7 @@ impl BaseDevice {
             _ => &embedding,
         };
         let lm_head_f16 = if options.f16_lm_head {
-            Some(values.put(gpu, end_len, || to_f16_bits(f16_source))?)
+            Some(values.put(gpu, end_len, || to_half::<u16, _>(f16_source))?)
         } else {
             None
         };
