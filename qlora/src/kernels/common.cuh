@@ -162,26 +162,52 @@ static __device__ __forceinline__ void map1(const float* __restrict__ x, float* 
     }
 }
 
-template <typename F>
+// Where an elementwise result goes: an f32 as computed, or its bf16
+// rounding (nearest, ties to even) for a bf16 GEMM that reads it next, which
+// would otherwise need a cast kernel of its own. `vec` says whether the
+// four-at-a-time store is legal at y (16-byte aligned for f32, 8 for bf16).
+struct StoreF32 {
+    typedef float T;
+    static __device__ __forceinline__ bool vec(const T* y) { return aligned16(y); }
+    static __device__ __forceinline__ void put4(T* y, long long k4, float a, float b, float c,
+                                                float e) {
+        reinterpret_cast<float4*>(y)[k4] = make_float4(a, b, c, e);
+    }
+    static __device__ __forceinline__ void put(T* y, long long k, float v) { y[k] = v; }
+};
+struct StoreBf16 {
+    typedef unsigned short T;
+    static __device__ __forceinline__ bool vec(const T* y) {
+        return ((unsigned long long)y & 7ull) == 0;
+    }
+    static __device__ __forceinline__ void put4(T* y, long long k4, float a, float b, float c,
+                                                float e) {
+        store_bf16x4(y, k4, a, b, c, e);
+    }
+    static __device__ __forceinline__ void put(T* y, long long k, float v) {
+        y[k] = f32_to_bf16_bits(v);
+    }
+};
+
+template <typename S = StoreF32, typename F>
 static __device__ __forceinline__ void map2(const float* __restrict__ a, const float* __restrict__ b,
-                                            float* __restrict__ y, int n, F f) {
+                                            typename S::T* __restrict__ y, int n, F f) {
     const int tid = blockIdx.x * blockDim.x + threadIdx.x;
     const int stride = gridDim.x * blockDim.x;
     int done = 0;
-    if (aligned16(a) && aligned16(b) && aligned16(y)) {
+    if (aligned16(a) && aligned16(b) && S::vec(y)) {
         const int n4 = n / 4;
         const float4* a4 = reinterpret_cast<const float4*>(a);
         const float4* b4 = reinterpret_cast<const float4*>(b);
-        float4* y4 = reinterpret_cast<float4*>(y);
         for (int k = tid; k < n4; k += stride) {
             const float4 u = a4[k];
             const float4 v = b4[k];
-            y4[k] = make_float4(f(u.x, v.x), f(u.y, v.y), f(u.z, v.z), f(u.w, v.w));
+            S::put4(y, k, f(u.x, v.x), f(u.y, v.y), f(u.z, v.z), f(u.w, v.w));
         }
         done = 4 * n4;
     }
     for (int k = done + tid; k < n; k += stride) {
-        y[k] = f(a[k], b[k]);
+        S::put(y, k, f(a[k], b[k]));
     }
 }
 

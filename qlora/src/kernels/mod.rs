@@ -91,7 +91,11 @@ pub const MODULES: &[ModuleSource] = &[
         "rmsnorm",
         "rmsnorm",
         "#define RMS_PART 0",
-        ["rmsnorm_fwd_f32", "rmsnorm_residual_fwd_f32"]
+        [
+            "rmsnorm_fwd_f32",
+            "rmsnorm_fwd_f32_bf16",
+            "rmsnorm_residual_fwd_f32"
+        ]
     ),
     module_with!(
         "rmsnorm_bwd_warp1",
@@ -149,7 +153,12 @@ pub const MODULES: &[ModuleSource] = &[
         "swiglu",
         "activation",
         "#define ACT_PART 0",
-        ["swiglu_fwd_f32", "swiglu_bwd_f32"]
+        [
+            "swiglu_fwd_f32",
+            "swiglu_bwd_f32",
+            "swiglu_fwd_f32_bf16",
+            "swiglu_bwd_f32_bf16"
+        ]
     ),
     module_with!(
         "silu",

@@ -25,7 +25,8 @@
 // One file, seven modules (kernels/mod.rs defines RMS_PART for each), so a
 // configuration compiles only what it runs and the parallel cold pre-warm
 // waits on no large module:
-//   RMS_PART 0   rmsnorm            the forwards;
+//   RMS_PART 0   rmsnorm            the forwards (rmsnorm_fwd_f32_bf16 also
+//                                   writes the output's bf16 rounding);
 //   RMS_PART 32  rmsnorm_bwd_warpP  the warp-per-row backward with P packs a
 //                                   lane (RMS_WARP_PACKS: 1, 2, 4 or 8) and
 //                                   the dgamma final;
@@ -70,15 +71,36 @@ __device__ __forceinline__ int pack_index(int k, int packs) {
 // y = rmsnorm(x) * gamma for rows [0, rows); block b takes rows b, b +
 // gridDim.x, ... (one row per block, except under the test-only serialised
 // launch, which runs one block).
-extern "C" __global__ void rmsnorm_fwd_f32(const float* __restrict__ x,
-                                           const float* __restrict__ gamma,
-                                           float* __restrict__ y,
-                                           int rows, int hidden, float eps) {
+// A pack's bf16 rounding into row p (the bf16 step's GEMM operand); `vec`
+// as for store_pack, with p 8-byte aligned.
+__device__ __forceinline__ void store_pack_bf16(unsigned short* p, int j, int hidden, bool vec,
+                                                float4 v) {
+    if (vec) {
+        store_bf16x4(p, j, v.x, v.y, v.z, v.w);
+        return;
+    }
+    const int c = 4 * j;
+    if (c < hidden) p[c] = f32_to_bf16_bits(v.x);
+    if (c + 1 < hidden) p[c + 1] = f32_to_bf16_bits(v.y);
+    if (c + 2 < hidden) p[c + 2] = f32_to_bf16_bits(v.z);
+    if (c + 3 < hidden) p[c + 3] = f32_to_bf16_bits(v.w);
+}
+
+// y = rmsnorm(x) * gamma, and with BF16 also its bf16 rounding y16 (the
+// same f32 values, rounded at the store).
+template <bool BF16>
+__device__ __forceinline__ void rmsnorm_fwd(const float* __restrict__ x,
+                                            const float* __restrict__ gamma,
+                                            float* __restrict__ y,
+                                            unsigned short* __restrict__ y16,
+                                            int rows, int hidden, float eps) {
     const int packs = (hidden + 3) / 4;
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* xr = x + (size_t)row * hidden;
         float* yr = y + (size_t)row * hidden;
-        const bool vec = hidden % 4 == 0 && aligned16(xr) && aligned16(yr) && aligned16(gamma);
+        unsigned short* yr16 = BF16 ? y16 + (size_t)row * hidden : nullptr;
+        const bool vec = hidden % 4 == 0 && aligned16(xr) && aligned16(yr) && aligned16(gamma) &&
+                         (!BF16 || ((unsigned long long)yr16 & 7ull) == 0);
         float4 xv[RMS_PACKS];
         float ss = 0.0f;
         #pragma unroll
@@ -95,10 +117,27 @@ extern "C" __global__ void rmsnorm_fwd_f32(const float* __restrict__ x,
             if (j < 0) continue;
             const float4 g = load_pack(gamma, j, hidden, vec);
             const float4 v = xv[k];
-            store_pack(yr, j, hidden, vec,
-                       make_float4(v.x * r * g.x, v.y * r * g.y, v.z * r * g.z, v.w * r * g.w));
+            const float4 out =
+                make_float4(v.x * r * g.x, v.y * r * g.y, v.z * r * g.z, v.w * r * g.w);
+            store_pack(yr, j, hidden, vec, out);
+            if (BF16) store_pack_bf16(yr16, j, hidden, vec, out);
         }
     }
+}
+
+extern "C" __global__ void rmsnorm_fwd_f32(const float* __restrict__ x,
+                                           const float* __restrict__ gamma,
+                                           float* __restrict__ y,
+                                           int rows, int hidden, float eps) {
+    rmsnorm_fwd<false>(x, gamma, y, nullptr, rows, hidden, eps);
+}
+
+extern "C" __global__ void rmsnorm_fwd_f32_bf16(const float* __restrict__ x,
+                                                const float* __restrict__ gamma,
+                                                float* __restrict__ y,
+                                                unsigned short* __restrict__ y16,
+                                                int rows, int hidden, float eps) {
+    rmsnorm_fwd<true>(x, gamma, y, y16, rows, hidden, eps);
 }
 
 // Fused residual add + RMSNorm: h = a + b (the new residual stream, stored),

@@ -8,6 +8,7 @@ use super::launch::{expect_len, row_threads, DependentLaunch};
 use crate::error::{Error, Result};
 use crate::gpu::{launch_config_rows, to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signature, Signatures};
+use crate::ops::cast::Bf16;
 
 /// The forwards' module.
 pub const MODULE: &str = "rmsnorm";
@@ -134,7 +135,7 @@ macro_rules! bwd_signatures {
 /// The kernels of each module, by module, checked against the compiled PTX
 /// by a unit test.
 pub const SIGNATURES: &[(&str, Signatures)] = &[
-    (MODULE, &[FWD, RESIDUAL_FWD]),
+    (MODULE, &[FWD, FWD_BF16, RESIDUAL_FWD]),
     bwd_signatures!(0),
     bwd_signatures!(1),
     bwd_signatures!(2),
@@ -146,6 +147,18 @@ pub const SIGNATURES: &[(&str, Signatures)] = &[
 const FWD: Signature = (
     "rmsnorm_fwd_f32",
     &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::F32],
+);
+const FWD_BF16: Signature = (
+    "rmsnorm_fwd_f32_bf16",
+    &[
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::I32,
+        Arg::I32,
+        Arg::F32,
+    ],
 );
 const RESIDUAL_FWD: Signature = (
     "rmsnorm_residual_fwd_f32",
@@ -253,6 +266,35 @@ pub fn forward(
     eps: f64,
     y: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
+    forward_into(gpu, (x, gamma), (rows, hidden), eps, y, None)
+}
+
+/// [`forward`], also writing `y16`, the bf16 rounding of `y` (nearest, ties
+/// to even) that a bf16 GEMM reads next: one pass instead of a cast after.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_with_bf16(
+    gpu: &mut GpuContext,
+    x: &CudaView<'_, f32>,
+    gamma: &CudaView<'_, f32>,
+    rows: usize,
+    hidden: usize,
+    eps: f64,
+    y: &mut CudaViewMut<'_, f32>,
+    y16: &mut CudaViewMut<'_, Bf16>,
+) -> Result<()> {
+    expect_len("rmsnorm", "y16", y16.len(), &[rows, hidden])?;
+    forward_into(gpu, (x, gamma), (rows, hidden), eps, y, Some(y16))
+}
+
+/// The launch of [`forward`] and [`forward_with_bf16`].
+fn forward_into(
+    gpu: &mut GpuContext,
+    (x, gamma): (&CudaView<'_, f32>, &CudaView<'_, f32>),
+    (rows, hidden): (usize, usize),
+    eps: f64,
+    y: &mut CudaViewMut<'_, f32>,
+    y16: Option<&mut CudaViewMut<'_, Bf16>>,
+) -> Result<()> {
     check_dims(rows, hidden)?;
     expect_len("rmsnorm", "x", x.len(), &[rows, hidden])?;
     expect_len("rmsnorm", "gamma", gamma.len(), &[hidden])?;
@@ -263,20 +305,22 @@ pub fn forward(
     }
     let (rows_i, hidden_i) = check_dims(rows_w, hidden)?;
     let eps_f = eps as f32;
-    let f = gpu.function(MODULE, "rmsnorm_fwd_f32")?;
+    let symbol = if y16.is_some() { FWD_BF16.0 } else { FWD.0 };
+    let f = gpu.function(MODULE, symbol)?;
     // Few threads, four packs each: one row per block keeps plenty of
     // blocks in flight.
     let cfg = row_loop_config(gpu, rows_w, hidden, PACKS_PER_THREAD)?;
     let mut l = gpu.stream().launch_builder(&f);
-    l.arg(x)
-        .arg(gamma)
-        .arg(y)
-        .arg(&rows_i)
-        .arg(&hidden_i)
-        .arg(&eps_f);
+    l.arg(x).arg(gamma).arg(y);
+    if let Some(y16) = y16 {
+        l.arg(y16);
+    }
+    l.arg(&rows_i).arg(&hidden_i).arg(&eps_f);
     // SAFETY: rmsnorm_fwd_f32(const float* x, const float* gamma, float* y,
-    // int rows, int hidden, float eps): x, y hold rows * hidden >= rows_i *
-    // hidden elements and gamma hidden (checked above); blocks loop over the
+    // int rows, int hidden, float eps), and rmsnorm_fwd_f32_bf16 with
+    // `unsigned short* y16` after y when y16 is given: x, y (and y16) hold
+    // rows * hidden >= rows_i * hidden elements and gamma hidden (checked
+    // above); y and y16 are distinct mutable borrows; blocks loop over the
     // rows; blockDim is a multiple of 32 <= 1024, as the block reduction
     // needs, with 4 * RMS_PACKS * blockDim >= hidden, as the kernel needs.
     unsafe { l.launch(cfg) }?;

@@ -86,11 +86,13 @@ pub(super) enum StackRef<'s> {
 }
 
 /// The workspace's buffers a frozen GEMM may need besides its operands:
-/// the NF4 dequantisation targets and the 16-bit copies of its input.
+/// the NF4 dequantisation targets and the 16-bit copies of its input (two
+/// for bf16: SwiGLU's backward writes both of its gradients at once).
 pub(super) struct Stores<'w> {
     pub deq: &'w mut [CudaSlice<f32>],
     pub half: &'w mut Option<CudaSlice<u16>>,
     pub bf16: &'w mut Option<CudaSlice<Bf16>>,
+    pub bf16_second: &'w mut Option<CudaSlice<Bf16>>,
 }
 
 /// [`Stores`] of `ws`, as disjoint borrows of its fields.
@@ -100,6 +102,7 @@ macro_rules! stores {
             deq: &mut $ws.deq,
             half: &mut $ws.half_input,
             bf16: &mut $ws.bf16_input,
+            bf16_second: &mut $ws.bf16_second_input,
         }
     };
 }
@@ -202,23 +205,18 @@ impl Attention<'_> {
         let (rows, h) = (c.tokens(), c.hidden);
         let eps = ctx.c.rms_eps;
         let l = self.params.layer;
-        rmsnorm::forward(
-            gpu,
-            &ws.xs[l].as_view(),
-            &self.params.get(Slot::AttnNorm).as_view(),
-            rows,
-            h,
-            eps,
-            &mut ws.layers[l].n1.as_view_mut(),
-        )?;
+        let gamma = self.params.get(Slot::AttnNorm);
+        let norm_in = (&ws.xs[l], gamma);
+        let a = &mut ws.layers[l];
         let sh = qkv_shape(c);
         let spec = GemmSpec::linear(rows, h, sh.width());
         if let Some(s) = stacks.bf16 {
             self.fill_bf16_stack(gpu, c, s)?;
-            let a = &mut ws.layers[l];
-            let n1 = half_of(gpu, &a.n1, &mut ws.bf16_input)?;
+            let n1 = norm_to_bf16(gpu, ctx, norm_in, &mut a.n1, &mut ws.bf16_input)?;
             blas::gemm_half(gpu, spec, 1.0, &n1, &*s, 0.0, &mut a.qkv)?;
         } else {
+            let (x, gamma) = (norm_in.0.as_view(), norm_in.1.as_view());
+            rmsnorm::forward(gpu, &x, &gamma, rows, h, eps, &mut a.n1.as_view_mut())?;
             let stack = self.fill_stack(gpu, c, stacks.f32, &mut ws.stack)?;
             let a = &mut ws.layers[l];
             match stacks.f16 {
@@ -522,18 +520,71 @@ pub(super) fn half_of<'h, H: HalfFloat>(
     x: &CudaSlice<f32>,
     half: &'h mut Option<CudaSlice<H>>,
 ) -> Result<CudaView<'h, H>> {
-    let too_small = || Error::InvalidArgument {
+    cast::f32_to_half(gpu, &x.as_view(), &mut front_mut(half, x.len())?)?;
+    front(half, x.len())
+}
+
+/// The first `len` elements of a workspace's 16-bit input buffer, to write
+/// a GEMM's operand into.
+fn front_mut<H: HalfFloat>(
+    half: &mut Option<CudaSlice<H>>,
+    len: usize,
+) -> Result<cudarc::driver::CudaViewMut<'_, H>> {
+    half.as_mut()
+        .and_then(|b| b.try_slice_mut(0..len))
+        .ok_or_else(|| no_input_buffer::<H>(len))
+}
+
+/// The first `len` elements of a workspace's 16-bit input buffer, as the
+/// GEMM reads them.
+fn front<H: HalfFloat>(half: &Option<CudaSlice<H>>, len: usize) -> Result<CudaView<'_, H>> {
+    half.as_ref()
+        .and_then(|b| b.try_slice(0..len))
+        .ok_or_else(|| no_input_buffer::<H>(len))
+}
+
+/// The error of a workspace without a 16-bit input buffer of `len` elements.
+fn no_input_buffer<H: HalfFloat>(len: usize) -> Error {
+    Error::InvalidArgument {
         op: "train",
         message: format!(
-            "no {} input buffer of {} elements in the workspace",
-            H::NAME,
-            x.len()
+            "no {} input buffer of {len} elements in the workspace",
+            H::NAME
         ),
-    };
-    let buf = half.as_mut().ok_or_else(too_small)?;
-    let mut front = buf.try_slice_mut(0..x.len()).ok_or_else(too_small)?;
-    cast::f32_to_half(gpu, &x.as_view(), &mut front)?;
-    buf.try_slice(0..x.len()).ok_or_else(too_small)
+    }
+}
+
+/// `n = rmsnorm(x) * gamma` into `n` (kept for the backward) and its bf16
+/// rounding into the front of `bf16` (a bf16 base's input buffer), which the
+/// GEMM after it reads: one kernel instead of a norm and a cast.
+fn norm_to_bf16<'h>(
+    gpu: &mut GpuContext,
+    ctx: &LayerCtx,
+    (x, gamma): (&CudaSlice<f32>, &CudaSlice<f32>),
+    n: &mut CudaSlice<f32>,
+    bf16: &'h mut Option<CudaSlice<Bf16>>,
+) -> Result<CudaView<'h, Bf16>> {
+    let (rows, h) = (ctx.c.tokens(), ctx.c.hidden);
+    let (x, gamma) = (x.as_view(), gamma.as_view());
+    let mut n16 = front_mut(bf16, rows * h)?;
+    let eps = ctx.c.rms_eps;
+    rmsnorm::forward_with_bf16(
+        gpu,
+        &x,
+        &gamma,
+        rows,
+        h,
+        eps,
+        &mut n.as_view_mut(),
+        &mut n16,
+    )?;
+    front(bf16, rows * h)
+}
+
+/// The input-gradient product `dy W` of `lin` for an output gradient of
+/// `dy_len` elements (`dy_len / out_dim` rows).
+fn linear_dx_spec(lin: &Linear, dy_len: usize) -> GemmSpec {
+    GemmSpec::linear_dx(dy_len / lin.out_dim, lin.in_dim, lin.out_dim)
 }
 
 /// The fused q/k/v projection's layout for `c`.
@@ -568,28 +619,34 @@ impl Mlp<'_> {
         let a = &mut ws.layers[l];
         let x_next = &mut ws.xs[l + 1];
         let sc = &mut ws.scratch;
-        rmsnorm::forward(
-            gpu,
-            &a.x2.as_view(),
-            &self.params.get(Slot::MlpNorm).as_view(),
-            rows,
-            h,
-            eps,
-            &mut a.n2.as_view_mut(),
-        )?;
+        let gamma = self.params.get(Slot::MlpNorm);
         let (gate, up) = match &mut a.mlp {
             Some((g, u)) => (g, u),
             None => (&mut sc.gate, &mut sc.up),
         };
         let mut stores = stores!(ws);
-        self.gate_up(gpu, fwd, &mut stores, &a.n2, (gate, up))?;
-        activation::swiglu_forward(
-            gpu,
-            &gate.as_view(),
-            &up.as_view(),
-            &mut sc.act.as_view_mut(),
-        )?;
+        match (&self.gate.w, &self.up.w) {
+            (Frozen::Bf16(wg), Frozen::Bf16(wu)) => {
+                let n2 = norm_to_bf16(gpu, ctx, (&a.x2, gamma), &mut a.n2, stores.bf16)?;
+                self.gate_up_bf16(gpu, &n2, (wg, wu), (gate, up))?;
+            }
+            _ => {
+                let (x2, g2) = (a.x2.as_view(), gamma.as_view());
+                rmsnorm::forward(gpu, &x2, &g2, rows, h, eps, &mut a.n2.as_view_mut())?;
+                self.gate_up(gpu, fwd, &mut stores, &a.n2, (gate, up))?;
+            }
+        }
+        let (gate, up) = (gate.as_view(), up.as_view());
         gpu.stream().memcpy_dtod(&a.x2, x_next)?;
+        if let Frozen::Bf16(wd) = &self.down.w {
+            // The product goes straight to bf16, the down GEMM's operand.
+            let n = gate.len();
+            activation::swiglu_forward(gpu, &gate, &up, &mut front_mut(stores.bf16, n)?)?;
+            let spec = linear_spec(self.down, n);
+            let act = front(stores.bf16, n)?;
+            return blas::gemm_half(gpu, spec, 1.0, &act, wd, 1.0, x_next);
+        }
+        activation::swiglu_forward(gpu, &gate, &up, &mut sc.act.as_view_mut())?;
         forward_linear(gpu, fwd, &mut stores, self.down, &sc.act, 1.0, x_next)
     }
 
@@ -616,11 +673,27 @@ impl Mlp<'_> {
         }
         if let (Frozen::Bf16(wg), Frozen::Bf16(wu)) = (&self.gate.w, &self.up.w) {
             let n2 = half_of(gpu, n2, stores.bf16)?;
-            blas::gemm_half(gpu, gs, 1.0, &n2, wg, 0.0, gate)?;
-            return blas::gemm_half(gpu, us, 1.0, &n2, wu, 0.0, up);
+            return self.gate_up_bf16(gpu, &n2, (wg, wu), (gate, up));
         }
         forward_linear(gpu, math, stores, self.gate, n2, 0.0, gate)?;
         forward_linear(gpu, math, stores, self.up, n2, 0.0, up)
+    }
+
+    /// The input projections of a bf16 base, `gate = n2 Wg^T`, `up = n2
+    /// Wu^T`, from `n2` already rounded to bf16.
+    fn gate_up_bf16(
+        &self,
+        gpu: &mut GpuContext,
+        n2: &CudaView<'_, Bf16>,
+        (wg, wu): (&CudaSlice<Bf16>, &CudaSlice<Bf16>),
+        (gate, up): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    ) -> Result<()> {
+        let (gs, us) = (
+            linear_spec(self.gate, n2.len()),
+            linear_spec(self.up, n2.len()),
+        );
+        blas::gemm_half(gpu, gs, 1.0, n2, wg, 0.0, gate)?;
+        blas::gemm_half(gpu, us, 1.0, n2, wu, 0.0, up)
     }
 
     /// The backward of [`Mlp::forward`]: `dx` (the gradient of `x'`) through
@@ -649,32 +722,32 @@ impl Mlp<'_> {
             rows,
             0.0,
         )?;
-        activation::swiglu_backward(
-            gpu,
-            &gate.as_view(),
-            &up.as_view(),
-            &d.dact.as_view(),
-            &mut d.dgate.as_view_mut(),
-            &mut d.dup.as_view_mut(),
-        )?;
-        input_grad(
-            gpu,
-            bwd,
-            &mut stores,
-            self.gate,
-            (&d.dgate, &mut d.dn2),
-            rows,
-            0.0,
-        )?;
-        input_grad(
-            gpu,
-            bwd,
-            &mut stores,
-            self.up,
-            (&d.dup, &mut d.dn2),
-            rows,
-            1.0,
-        )?;
+        let (gate, up) = (gate.as_view(), up.as_view());
+        if let (Frozen::Bf16(wg), Frozen::Bf16(wu)) = (&self.gate.w, &self.up.w) {
+            // Both gradients go straight to bf16, the GEMMs' operands.
+            let n = gate.len();
+            let mut dgate = front_mut(stores.bf16, n)?;
+            let mut dup = front_mut(stores.bf16_second, n)?;
+            activation::swiglu_backward(gpu, &gate, &up, &d.dact.as_view(), &mut dgate, &mut dup)?;
+            let (dgate, dup) = (front(stores.bf16, n)?, front(stores.bf16_second, n)?);
+            let (gs, us) = (linear_dx_spec(self.gate, n), linear_dx_spec(self.up, n));
+            blas::gemm_half(gpu, gs, 1.0, &dgate, wg, 0.0, &mut d.dn2)?;
+            blas::gemm_half(gpu, us, 1.0, &dup, wu, 1.0, &mut d.dn2)?;
+        } else {
+            activation::swiglu_backward(
+                gpu,
+                &gate,
+                &up,
+                &d.dact.as_view(),
+                &mut d.dgate.as_view_mut(),
+                &mut d.dup.as_view_mut(),
+            )?;
+            let mut grad = |stores: &mut Stores, lin, dy, beta, dn2: &mut CudaSlice<f32>| {
+                input_grad(gpu, bwd, stores, lin, (dy, dn2), rows, beta)
+            };
+            grad(&mut stores, self.gate, &d.dgate, 0.0, &mut d.dn2)?;
+            grad(&mut stores, self.up, &d.dup, 1.0, &mut d.dn2)?;
+        }
         let norm = self.params.index(Slot::MlpNorm);
         rmsnorm::backward(
             gpu,

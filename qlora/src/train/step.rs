@@ -1295,8 +1295,9 @@ mod tests {
 
     /// A bf16 base plans two bytes per frozen weight (projections, LoRA A
     /// rows of each stack, the tied embedding) where fp32 plans four, a
-    /// bf16 logits gradient where fp32 plans f32, and the bf16 input buffer
-    /// (the widest frozen GEMM input, `T x intermediate` for qwen2.5-0.5b).
+    /// bf16 logits gradient where fp32 plans f32, and the bf16 input buffers
+    /// (the widest frozen GEMM input, `T x intermediate` for qwen2.5-0.5b,
+    /// and SwiGLU's second gradient, `T x intermediate`).
     #[test]
     fn a_bf16_base_is_planned_at_half_the_bytes() {
         let c = ModelConfig::preset("qwen2.5-0.5b").unwrap();
@@ -1314,7 +1315,7 @@ mod tests {
         let t = c.tokens();
         let widest = c.intermediate.max(super::super::workspace::qkv_width(&c));
         let saved = 2 * frozen + 2 * t * c.vocab;
-        let added = 2 * t * widest;
+        let added = 2 * t * widest + 2 * t * c.intermediate;
         assert_eq!(
             planned_device_bytes(&c, &fp32) + added - saved,
             planned_device_bytes(&c, &bf16)

@@ -161,6 +161,10 @@ pub struct Workspace {
     /// to bf16 into its front ([`Workspace::bf16_input_len`] elements; every
     /// frozen GEMM's input in turn, forward and backward).
     pub bf16_input: Option<CudaSlice<Bf16>>,
+    /// With a bf16 base: a second bf16 GEMM input, alive beside
+    /// [`Workspace::bf16_input`]: SwiGLU's backward writes `dup` here while
+    /// `dgate` goes to `bf16_input` (`T x intermediate` elements).
+    pub bf16_second_input: Option<CudaSlice<Bf16>>,
     pub logits: CudaSlice<f32>,
     pub losses: CudaSlice<f32>,
     pub loss: CudaSlice<f32>,
@@ -234,6 +238,10 @@ impl Workspace {
                 0 => None,
                 n => Some(gpu.zeros(n)?),
             },
+            bf16_second_input: match Self::bf16_second_input_len(c, options) {
+                0 => None,
+                n => Some(gpu.zeros(n)?),
+            },
             logits: z(t * c.vocab)?,
             losses: z(t)?,
             loss: z(1)?,
@@ -286,7 +294,7 @@ impl Workspace {
     /// `+ 6 * T * intermediate + 2 * T * (q_dim + kv_dim) + T * width`
     /// `+ attention scratch)` plus the cuBLAS workspace and the 16-bit GEMM
     /// inputs ([`Workspace::half_input_len`], [`Workspace::bf16_input_len`],
-    /// 2 bytes each); with `f16_lm_head` or a bf16 base the logits'
+    /// [`Workspace::bf16_second_input_len`], 2 bytes each); with `f16_lm_head` or a bf16 base the logits'
     /// gradient is 16-bit (`2 * T * vocab` bytes fewer).
     /// Term by term: the residual stream (`layers + 1`), the final norm's
     /// output and five hidden-wide gradients; logits and their gradient; gate,
@@ -308,7 +316,8 @@ impl Workspace {
         let bytes = 4 * floats
             + CUBLAS_WORKSPACE_BYTES
             + 2 * Self::half_input_len(c, options)
-            + 2 * Self::bf16_input_len(c, options);
+            + 2 * Self::bf16_input_len(c, options)
+            + 2 * Self::bf16_second_input_len(c, options);
         if options.f16_lm_head || options.base == BaseWeights::Bf16 {
             // Never below zero: `bytes` counts 8 T vocab for the logits and their gradient.
             bytes - 2 * t * c.vocab
@@ -347,6 +356,15 @@ impl Workspace {
         c.tokens() * widest
     }
 
+    /// Elements of [`Workspace::bf16_second_input`]: `T x intermediate`
+    /// with a bf16 base (SwiGLU's `dup`), 0 otherwise.
+    pub fn bf16_second_input_len(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
+        if options.base != BaseWeights::Bf16 {
+            return 0;
+        }
+        c.tokens() * c.intermediate
+    }
+
     /// Bytes of activations the forward keeps per step (all layers).
     pub fn activation_bytes(c: &ModelConfig) -> usize {
         4 * c.layers * LayerActs::floats(c)
@@ -373,6 +391,7 @@ impl Workspace {
             + self.ce_stats.bytes()
             + 2 * self.half_input.as_ref().map_or(0, |b| b.len())
             + 2 * self.bf16_input.as_ref().map_or(0, |b| b.len())
+            + 2 * self.bf16_second_input.as_ref().map_or(0, |b| b.len())
             + d.dlogits.bytes()
             + f32s(&[
                 &d.dnf, &d.dx, &d.dtmp, &d.dn1, &d.dn2, &d.dact, &d.dgate, &d.dup, &d.datt, &d.dqr,

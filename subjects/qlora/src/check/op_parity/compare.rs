@@ -69,6 +69,20 @@ impl Comparison {
 }
 
 /// Compares a device output (copied back to the host) with the reference.
+/// `reference` rounded to bf16 (through f32, nearest, ties to even): what a
+/// kernel that computes in f32 and stores bf16 should hold.
+pub fn rounded_to_bf16(reference: &[f64]) -> Vec<f64> {
+    reference
+        .iter()
+        .map(|&v| f64::from(qlora::ops::cast::Bf16::from_f32(v as f32).to_f32()))
+        .collect()
+}
+
+/// The values of bf16 bits, as f32 (exact), for [`compare`].
+pub fn widened_bf16(bits: &[qlora::ops::cast::Bf16]) -> Vec<f32> {
+    bits.iter().map(|b| b.to_f32()).collect()
+}
+
 pub fn compare(out: &[f32], reference: &[f64]) -> Comparison {
     let mut diff2 = 0.0f64;
     let mut ref2 = 0.0f64;
