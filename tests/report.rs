@@ -541,17 +541,17 @@ fn the_committed_baselines_are_found_from_the_parent_folder() {
     );
     let md = std::fs::read_to_string(&outcome.path).unwrap();
     let runs = section(&md, "## Runs");
-    // The baseline ran on the GPU machine from an archive built at its commit
-    // (the copy there had no git metadata of that commit).
+    // The baseline ran on the GPU machine from an archive; the report states
+    // the build commit and what run.json recorded of the tree it ran in.
     let record: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(h200.join("run.json")).unwrap()).unwrap();
     let sha = record["git_sha"].as_str().unwrap();
-    assert!(
-        runs.contains(&format!(
-            "{sha} (not run from a checkout: tree state unknown)"
-        )),
-        "{runs}"
-    );
+    let tree = match (record["git_source"].as_str(), record["git_dirty"].as_bool()) {
+        (Some("checkout"), Some(true)) => "checkout with uncommitted changes",
+        (Some("checkout"), Some(false)) => "clean checkout",
+        _ => "not run from a checkout: tree state unknown",
+    };
+    assert!(runs.contains(&format!("{sha} ({tree})")), "{runs}");
     assert!(runs.contains("`gpu.forward_math=Tf32`") && !runs.contains("GpuOptions {"));
     assert!(!runs.contains("cpu: Intel"), "{runs}");
     // Bandwidth rows show their shape, never `0 x 0`.
