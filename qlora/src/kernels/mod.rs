@@ -146,7 +146,7 @@ pub const MODULES: &[ModuleSource] = &[
         "rope_qkv_bwd",
         "rope",
         "#define ROPE_QKV 2",
-        ["rope_qkv_bwd_f32"]
+        ["rope_qkv_bwd_f32", "rope_qkv_bwd_f32_bf16"]
     ),
     module!("softmax", ["softmax_fwd_f32", "softmax_bwd_f32"]),
     module_with!(
@@ -230,6 +230,7 @@ pub const MODULES: &[ModuleSource] = &[
         [
             "step_count_advance_i32",
             "accumulate_fwd_f32",
+            "accumulate_fwd_f32_bf16",
             "adamw_multi_devt_f32"
         ]
     ),

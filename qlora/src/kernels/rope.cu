@@ -252,11 +252,21 @@ __device__ __forceinline__ void lora_grad_partial(const float* g, int g_ld, cons
         for (int off = 16; off >= r; off /= 2) acc[rr] += __shfl_xor_sync(0xffffffffu, acc[rr], off);
 }
 
-extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const float* __restrict__ dkr,
-                                            const float* __restrict__ dv, const float* __restrict__ bq,
-                                            const float* __restrict__ bv, float s, float* __restrict__ dy,
-                                            long long ld, int rows, int seq, int heads, int kv_heads,
-                                            int head_dim, int r, const float* __restrict__ table) {
+// dy[i] = v, and with BF16 also dy16[i] = bf16(v) (the bf16 step's operand of
+// the q/k/v stack's input-gradient GEMM, rounded once, as a cast would).
+template <bool BF16>
+__device__ __forceinline__ void put_grad(float* dy, unsigned short* dy16, size_t i, float v) {
+    dy[i] = v;
+    if (BF16) dy16[i] = f32_to_bf16_bits(v);
+}
+
+template <bool BF16>
+__device__ __forceinline__ void rope_qkv_bwd(const float* __restrict__ dqr, const float* __restrict__ dkr,
+                                             const float* __restrict__ dv, const float* __restrict__ bq,
+                                             const float* __restrict__ bv, float s, float* __restrict__ dy,
+                                             unsigned short* __restrict__ dy16, long long ld, int rows,
+                                             int seq, int heads, int kv_heads, int head_dim, int r,
+                                             const float* __restrict__ table) {
     extern __shared__ float grad[];  // [QKV_ROWS][qd + kvd]: the rows' dq | dv
     __shared__ float sn[QKV_ROWS * QKV_MAX_HALF], cs[QKV_ROWS * QKV_MAX_HALF];
     __shared__ float part[QKV_THREADS / 32][QKV_ROWS][2 * QKV_MAX_RANK];
@@ -274,7 +284,7 @@ extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const
         for (int w = threadIdx.x; w < items; w += blockDim.x) {
             for (int rr = 0; rr < nrows; ++rr) {
                 const size_t row = row0 + rr;
-                float* dyr = dy + row * ld;
+                const size_t at = row * ld;
                 float* gr = grad + rr * g_ld;
                 if (w < q_pairs + k_pairs) {
                     const bool is_q = w < q_pairs;
@@ -286,8 +296,8 @@ extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const
                     const float sf = sn[rr * half + i], cf = cs[rr * half + i];
                     const float x1 = g1 * cf - g2 * sf, x2 = g1 * sf + g2 * cf;
                     const int col = is_q ? 0 : qd;
-                    dyr[col + c1] = x1;
-                    dyr[col + c2] = x2;
+                    put_grad<BF16>(dy, dy16, at + col + c1, x1);
+                    put_grad<BF16>(dy, dy16, at + col + c2, x2);
                     if (is_q) {
                         gr[c1] = x1;
                         gr[c2] = x2;
@@ -295,7 +305,7 @@ extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const
                 } else {
                     const int c = w - q_pairs - k_pairs;
                     const float g = dv[row * kvd + c];
-                    dyr[qd + kvd + c] = g;
+                    put_grad<BF16>(dy, dy16, at + qd + kvd + c, g);
                     gr[qd + c] = g;
                 }
             }
@@ -318,9 +328,33 @@ extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const
             const int rr = t / (2 * r), j = t % (2 * r);
             float total = 0.0f;
             for (int k = 0; k < warps; ++k) total += part[k][rr][j];
-            dy[(size_t)(row0 + rr) * ld + qd + 2 * kvd + j] = s * total;
+            put_grad<BF16>(dy, dy16, (size_t)(row0 + rr) * ld + qd + 2 * kvd + j, s * total);
         }
     }
+}
+
+extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const float* __restrict__ dkr,
+                                            const float* __restrict__ dv, const float* __restrict__ bq,
+                                            const float* __restrict__ bv, float s, float* __restrict__ dy,
+                                            long long ld, int rows, int seq, int heads, int kv_heads,
+                                            int head_dim, int r, const float* __restrict__ table) {
+    rope_qkv_bwd<false>(dqr, dkr, dv, bq, bv, s, dy, nullptr, ld, rows, seq, heads, kv_heads,
+                        head_dim, r, table);
+}
+
+// The same, also writing dy's bf16 rounding into dy16 (the same layout).
+extern "C" __global__ void rope_qkv_bwd_f32_bf16(const float* __restrict__ dqr,
+                                                 const float* __restrict__ dkr,
+                                                 const float* __restrict__ dv,
+                                                 const float* __restrict__ bq,
+                                                 const float* __restrict__ bv, float s,
+                                                 float* __restrict__ dy,
+                                                 unsigned short* __restrict__ dy16, long long ld,
+                                                 int rows, int seq, int heads, int kv_heads,
+                                                 int head_dim, int r,
+                                                 const float* __restrict__ table) {
+    rope_qkv_bwd<true>(dqr, dkr, dv, bq, bv, s, dy, dy16, ld, rows, seq, heads, kv_heads,
+                       head_dim, r, table);
 }
 #endif
 #endif  // ROPE_QKV

@@ -10,6 +10,7 @@ use super::launch::expect_len;
 use crate::error::{Error, Result};
 use crate::gpu::{to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
+use crate::ops::cast::Bf16;
 use crate::Faults;
 
 pub const MODULE: &str = "rope";
@@ -77,27 +78,52 @@ pub const QKV_FWD_SIGNATURES: Signatures = &[(
     ],
 )];
 
-/// The argument list of [`QKV_BWD_MODULE`]'s kernel.
-pub const QKV_BWD_SIGNATURES: Signatures = &[(
-    "rope_qkv_bwd_f32",
-    &[
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::F32,
-        Arg::Ptr,
-        Arg::I64,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::Ptr,
-    ],
-)];
+/// The argument lists of [`QKV_BWD_MODULE`]'s kernels: the f32 one, and
+/// the one that also writes the gradient's bf16 rounding (a second output
+/// pointer after `dy`).
+pub const QKV_BWD_SIGNATURES: Signatures = &[
+    (
+        "rope_qkv_bwd_f32",
+        &[
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::F32,
+            Arg::Ptr,
+            Arg::I64,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::Ptr,
+        ],
+    ),
+    (
+        "rope_qkv_bwd_f32_bf16",
+        &[
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::F32,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I64,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::Ptr,
+        ],
+    ),
+];
 
 /// Threads of a block of the fused q/k/v epilogues (`QKV_THREADS`).
 const QKV_THREADS: u32 = 512;
@@ -301,6 +327,42 @@ pub fn qkv_backward(
     table: &CudaSlice<f32>,
     dy: &mut CudaSlice<f32>,
 ) -> Result<()> {
+    qkv_backward_into(gpu, sh, (dqr, dkr, dv), (bq, bv, s), table, (dy, None))
+}
+
+/// [`qkv_backward`], also writing `dy16`, `dy`'s bf16 rounding (nearest,
+/// ties to even; the same layout), which the bf16 step's q/k/v stack GEMM
+/// reads next: one pass instead of a cast after.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_backward_with_bf16(
+    gpu: &mut GpuContext,
+    sh: &QkvShape,
+    (dqr, dkr, dv): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (bq, bv, s): (&CudaSlice<f32>, &CudaSlice<f32>, f32),
+    table: &CudaSlice<f32>,
+    dy: &mut CudaSlice<f32>,
+    dy16: &mut CudaViewMut<'_, Bf16>,
+) -> Result<()> {
+    expect_len(OP, "dy16", dy16.len(), &[sh.rows, sh.width()])?;
+    qkv_backward_into(
+        gpu,
+        sh,
+        (dqr, dkr, dv),
+        (bq, bv, s),
+        table,
+        (dy, Some(dy16)),
+    )
+}
+
+/// The launch of [`qkv_backward`] and [`qkv_backward_with_bf16`].
+fn qkv_backward_into(
+    gpu: &mut GpuContext,
+    sh: &QkvShape,
+    (dqr, dkr, dv): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (bq, bv, s): (&CudaSlice<f32>, &CudaSlice<f32>, f32),
+    table: &CudaSlice<f32>,
+    (dy, dy16): (&mut CudaSlice<f32>, Option<&mut CudaViewMut<'_, Bf16>>),
+) -> Result<()> {
     sh.check()?;
     expect_len(OP, "rope table", table.len(), &[2, sh.seq, sh.head_dim / 2])?;
     let (rows, qd, kvd, r) = (sh.rows, sh.q_dim(), sh.kv_dim(), sh.rank);
@@ -312,10 +374,15 @@ pub fn qkv_backward(
     expect_len(OP, "dy", dy.len(), &[rows, sh.width()])?;
     let ld = sh.width() as i64;
     let ints = sh.ints(gpu.faults())?;
-    let f = gpu.function(QKV_BWD_MODULE, "rope_qkv_bwd_f32")?;
+    let symbol = QKV_BWD_SIGNATURES[usize::from(dy16.is_some())].0;
+    let f = gpu.function(QKV_BWD_MODULE, symbol)?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(dqr).arg(dkr).arg(dv).arg(bq).arg(bv).arg(&s);
-    l.arg(dy).arg(&ld);
+    l.arg(dy);
+    if let Some(dy16) = dy16 {
+        l.arg(dy16);
+    }
+    l.arg(&ld);
     for i in &ints {
         l.arg(i);
     }
@@ -323,7 +390,10 @@ pub fn qkv_backward(
     // SAFETY: rope_qkv_bwd_f32(const float* dqr, const float* dkr, const
     // float* dv, const float* bq, const float* bv, float s, float* dy, long
     // long ld, int rows, int seq, int heads, int kv_heads, int head_dim, int
-    // r, const float* table): lengths checked above (the table is [2][seq][head_dim / 2], read at
+    // r, const float* table), and rope_qkv_bwd_f32_bf16 with `unsigned short*
+    // dy16` after dy when dy16 is given (checked to dy's length, a distinct
+    // mutable borrow, written at the same indices as dy): lengths checked
+    // above (the table is [2][seq][head_dim / 2], read at
     // pos < seq, i < head_dim / 2). Row `row < rows` reads the
     // packed inputs at row * (their width) + c below that width and bq, bv as
     // in qkv_forward, and writes dy[row * ld + c] for c < width = ld; the

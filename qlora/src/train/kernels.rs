@@ -2,11 +2,12 @@
 //! with the step number in device memory, the device step counter, and
 //! in-place accumulation.
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaViewMut, PushKernelArg};
 
 use crate::error::{Error, Result};
 use crate::gpu::{to_i32, GpuContext, TensorTable};
 use crate::kernels::abi::{Arg, Signatures};
+use crate::ops::cast::Bf16;
 use crate::train::AdamW;
 
 pub const MODULE: &str = "train";
@@ -15,6 +16,10 @@ pub const MODULE: &str = "train";
 pub const SIGNATURES: Signatures = &[
     ("step_count_advance_i32", &[Arg::Ptr, Arg::I32]),
     ("accumulate_fwd_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
+    (
+        "accumulate_fwd_f32_bf16",
+        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32],
+    ),
     (
         "adamw_multi_devt_f32",
         &[
@@ -110,6 +115,29 @@ pub fn accumulate(gpu: &mut GpuContext, y: &mut CudaSlice<f32>, x: &CudaSlice<f3
     // SAFETY: accumulate_fwd_f32(float* y, const float* x, int n): both hold
     // n elements (checked above) and are distinct buffers (a mutable and a
     // shared borrow).
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+/// `y += x` element-wise, and `y16` = the sum rounded to bf16 (nearest,
+/// ties to even): the bf16 step's residual gradient and the operand of the
+/// input-gradient GEMM after it, in one pass.
+pub fn accumulate_with_bf16(
+    gpu: &mut GpuContext,
+    y: &mut CudaSlice<f32>,
+    x: &CudaSlice<f32>,
+    y16: &mut CudaViewMut<'_, Bf16>,
+) -> Result<()> {
+    same_len("x", x.len(), y.len())?;
+    same_len("y16", y16.len(), y.len())?;
+    let n_i = crate::ops::launch::elements("accumulate", y.len())?;
+    let f = gpu.function(MODULE, "accumulate_fwd_f32_bf16")?;
+    let cfg = gpu.launch_1d(y.len());
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(y).arg(x).arg(y16).arg(&n_i);
+    // SAFETY: accumulate_fwd_f32_bf16(float* y, const float* x, unsigned
+    // short* y16, int n): all three hold n elements (checked above) and are
+    // distinct buffers (two mutable borrows and a shared one).
     unsafe { l.launch(cfg) }?;
     Ok(())
 }

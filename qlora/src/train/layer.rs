@@ -331,15 +331,8 @@ impl Attention<'_> {
         // Attention branch: x2 = x + o(attention(rope(q), rope(k), v)).
         let d = &mut ws.grads;
         let mut stores = stores!(ws);
-        input_grad(
-            gpu,
-            bwd,
-            &mut stores,
-            self.o,
-            (&d.dx, &mut d.datt),
-            rows,
-            0.0,
-        )?;
+        let (dx, datt) = (&d.dx, &mut d.datt);
+        residual_input_grad(gpu, bwd, &mut stores, self.o, (dx, datt), rows)?;
         let (a, d) = (&ws.layers[l], &mut ws.grads);
         attention::backward(
             gpu,
@@ -352,33 +345,7 @@ impl Attention<'_> {
             (&mut d.dqr, &mut d.dkr, &mut d.dv),
             &ctx.attn,
         )?;
-        let sh = qkv_shape(c);
-        let pi = |slot: Slot| self.params.get(slot);
-        rope::qkv_backward(
-            gpu,
-            &sh,
-            (&d.dqr, &d.dkr, &d.dv),
-            (pi(Slot::QB), pi(Slot::VB), ctx.lora_s_bwd),
-            &ws.rope_table,
-            &mut d.dqkv,
-        )?;
-        let dims = (rows, h, sh.width());
-        match stack {
-            StackRef::Bf16(s) => {
-                let d = &mut ws.grads;
-                let dy = half_of(gpu, &d.dqkv, &mut ws.bf16_input)?;
-                let spec = GemmSpec::linear_dx(rows, h, sh.width());
-                blas::gemm_half(gpu, spec, 1.0, &dy, s, 0.0, &mut d.dn1)?;
-            }
-            StackRef::F32(stack) => {
-                let stack = match stack {
-                    Some(s) => s,
-                    None => self.fill_stack(gpu, c, None, &mut ws.stack)?,
-                };
-                let d = &mut ws.grads;
-                blas::linear_dx(gpu, bwd, 1.0, &d.dqkv, stack, 0.0, &mut d.dn1, dims)?;
-            }
-        }
+        self.qkv_input_grad(gpu, ctx, ws, stack)?;
         let (a, d) = (&ws.layers[l], &mut ws.grads);
         self.lora_backward(gpu, ctx, a, d, g)?;
         let norm = self.params.index(Slot::AttnNorm);
@@ -394,7 +361,52 @@ impl Attention<'_> {
             &mut g[norm].as_view_mut(),
             &mut d.norm,
         )?;
-        kernels::accumulate(gpu, &mut d.dx, &d.dtmp)
+        accumulate_residual(gpu, (&mut d.dx, &d.dtmp), &mut ws.bf16_second_input)
+    }
+
+    /// `dn1 = dy S` through the q/k/v stack `S`, from attention's gradients
+    /// of q, k (after RoPE) and v: `dy` (kept in `dqkv` for the LoRA
+    /// gradients) is their fused epilogue's backward, with its bf16 rounding
+    /// written in the same pass for a bf16 stack.
+    fn qkv_input_grad(
+        &self,
+        gpu: &mut GpuContext,
+        ctx: &LayerCtx,
+        ws: &mut Workspace,
+        stack: StackRef,
+    ) -> Result<()> {
+        let c = &ctx.c;
+        let (rows, h, bwd) = (c.tokens(), c.hidden, ctx.bwd);
+        let d = &mut ws.grads;
+        let sh = qkv_shape(c);
+        let pi = |slot: Slot| self.params.get(slot);
+        let grads_in = (&d.dqr, &d.dkr, &d.dv);
+        let lora = (pi(Slot::QB), pi(Slot::VB), ctx.lora_s_bwd);
+        let dims = (rows, h, sh.width());
+        match stack {
+            StackRef::Bf16(s) => {
+                // dy and its bf16 rounding, the stack GEMM's operand, in one pass.
+                let n = rows * sh.width();
+                let mut dy16 = front_mut(&mut ws.bf16_input, n)?;
+                let table = &ws.rope_table;
+                let dy = &mut d.dqkv;
+                rope::qkv_backward_with_bf16(gpu, &sh, grads_in, lora, table, dy, &mut dy16)?;
+                let dy16 = front(&ws.bf16_input, n)?;
+                let spec = GemmSpec::linear_dx(rows, h, sh.width());
+                blas::gemm_half(gpu, spec, 1.0, &dy16, s, 0.0, &mut d.dn1)?;
+            }
+            StackRef::F32(stack) => {
+                let table = &ws.rope_table;
+                rope::qkv_backward(gpu, &sh, grads_in, lora, table, &mut d.dqkv)?;
+                let stack = match stack {
+                    Some(s) => s,
+                    None => self.fill_stack(gpu, c, None, &mut ws.stack)?,
+                };
+                let d = &mut ws.grads;
+                blas::linear_dx(gpu, bwd, 1.0, &d.dqkv, stack, 0.0, &mut d.dn1, dims)?;
+            }
+        }
+        Ok(())
     }
 
     /// The LoRA weight gradients of q and v, with `u = n1 A^T` and `du = s dy
@@ -472,6 +484,56 @@ fn input_grad(
             blas::linear_dx(gpu, math, 1.0, dy, w, beta, dx, (rows, in_dim, out_dim))
         }
     }
+}
+
+/// `dx = dy W` of the frozen `lin` for the residual-stream gradient `dy`: a
+/// bf16 `W` reads `dy`'s bf16 rounding, which the block before it left in the
+/// workspace's second bf16 buffer ([`accumulate_residual`], or the head's
+/// backward, [`residual_grad_to_bf16`]); any other `W` goes through
+/// [`input_grad`].
+fn residual_input_grad(
+    gpu: &mut GpuContext,
+    math: GemmMath,
+    stores: &mut Stores,
+    lin: &Linear,
+    (dy, dx): (&CudaSlice<f32>, &mut CudaSlice<f32>),
+    rows: usize,
+) -> Result<()> {
+    if let (None, Frozen::Bf16(w)) = (&lin.transposed, &lin.w) {
+        let dy16 = front(stores.bf16_second, dy.len())?;
+        let spec = linear_dx_spec(lin, dy.len());
+        return blas::gemm_half(gpu, spec, 1.0, &dy16, w, 0.0, dx);
+    }
+    input_grad(gpu, math, stores, lin, (dy, dx), rows, 0.0)
+}
+
+/// `dx += dtmp` at the end of a block's backward; with a bf16 base (which
+/// has the second bf16 buffer `second`) also `dx`'s bf16 rounding into its
+/// front, for the next block's [`residual_input_grad`].
+fn accumulate_residual(
+    gpu: &mut GpuContext,
+    (dx, dtmp): (&mut CudaSlice<f32>, &CudaSlice<f32>),
+    second: &mut Option<CudaSlice<Bf16>>,
+) -> Result<()> {
+    if second.is_none() {
+        return kernels::accumulate(gpu, dx, dtmp);
+    }
+    let n = dx.len();
+    kernels::accumulate_with_bf16(gpu, dx, dtmp, &mut front_mut(second, n)?)
+}
+
+/// With a bf16 base (which has the second bf16 buffer `second`), `dx`'s bf16
+/// rounding into its front: the head's backward hands the top layer its
+/// residual gradient as [`accumulate_residual`] hands it to the layers below.
+pub(super) fn residual_grad_to_bf16(
+    gpu: &mut GpuContext,
+    dx: &CudaSlice<f32>,
+    second: &mut Option<CudaSlice<Bf16>>,
+) -> Result<()> {
+    if second.is_none() {
+        return Ok(());
+    }
+    cast::f32_to_bf16(gpu, &dx.as_view(), &mut front_mut(second, dx.len())?)
 }
 
 /// `y = x W^T + beta y` of the frozen `lin`'s forward (`W` `[out, in]`, `x`
@@ -713,15 +775,8 @@ impl Mlp<'_> {
         let d = &mut ws.grads;
         let mut stores = stores!(ws);
         let (gate, up) = self.saved_gate_up(gpu, ctx, a, &mut ws.scratch, &mut stores)?;
-        input_grad(
-            gpu,
-            bwd,
-            &mut stores,
-            self.down,
-            (&d.dx, &mut d.dact),
-            rows,
-            0.0,
-        )?;
+        let (dx, dact) = (&d.dx, &mut d.dact);
+        residual_input_grad(gpu, bwd, &mut stores, self.down, (dx, dact), rows)?;
         let (gate, up) = (gate.as_view(), up.as_view());
         if let (Frozen::Bf16(wg), Frozen::Bf16(wu)) = (&self.gate.w, &self.up.w) {
             // Both gradients go straight to bf16, the GEMMs' operands.
@@ -761,7 +816,7 @@ impl Mlp<'_> {
             &mut g[norm].as_view_mut(),
             &mut d.norm,
         )?;
-        kernels::accumulate(gpu, &mut d.dx, &d.dtmp)
+        accumulate_residual(gpu, (&mut d.dx, &d.dtmp), &mut ws.bf16_second_input)
     }
 
     /// The forward's `gate` and `up` for the backward: the kept ones, else

@@ -42,7 +42,7 @@ use rand_chacha::ChaCha8Rng;
 use super::blas;
 use super::data_parallel::Rank;
 use super::kernels;
-use super::layer::{half_of, DecoderLayer, LayerCtx, StackRef, Stacks};
+use super::layer::{half_of, residual_grad_to_bf16, DecoderLayer, LayerCtx, StackRef, Stacks};
 use super::options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions};
 use super::weights::{BaseDevice, Params, Table, Values};
 use super::workspace::{CublasWorkspace, Dlogits, Workspace, CUBLAS_WORKSPACE_BYTES};
@@ -881,7 +881,8 @@ impl GpuTrainer {
             &mut d.dx.as_view_mut(),
             &mut d.dfinal_gamma.as_view_mut(),
             &mut d.norm,
-        )
+        )?;
+        residual_grad_to_bf16(gpu, &d.dx, &mut ws.bf16_second_input)
     }
 
     /// Global (or per-layer) norm clipping, entirely on the device: each

@@ -162,8 +162,11 @@ pub struct Workspace {
     /// frozen GEMM's input in turn, forward and backward).
     pub bf16_input: Option<CudaSlice<Bf16>>,
     /// With a bf16 base: a second bf16 GEMM input, alive beside
-    /// [`Workspace::bf16_input`]: SwiGLU's backward writes `dup` here while
-    /// `dgate` goes to `bf16_input` (`T x intermediate` elements).
+    /// [`Workspace::bf16_input`] (`T x intermediate` elements): between the
+    /// blocks of the backward it holds the residual gradient's bf16 rounding
+    /// (the next block's first GEMM operand, kept apart from the MLP's
+    /// recomputation in `bf16_input`); inside the MLP's backward, SwiGLU's
+    /// `dup` while `dgate` goes to `bf16_input`.
     pub bf16_second_input: Option<CudaSlice<Bf16>>,
     pub logits: CudaSlice<f32>,
     pub losses: CudaSlice<f32>,
@@ -357,7 +360,7 @@ impl Workspace {
     }
 
     /// Elements of [`Workspace::bf16_second_input`]: `T x intermediate`
-    /// with a bf16 base (SwiGLU's `dup`), 0 otherwise.
+    /// with a bf16 base (SwiGLU's `dup`, the widest it holds), 0 otherwise.
     pub fn bf16_second_input_len(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
         if options.base != BaseWeights::Bf16 {
             return 0;

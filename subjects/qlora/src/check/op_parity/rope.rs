@@ -1,12 +1,15 @@
 //! `op_parity` of `rope`: the launchers of `qlora::ops::rope` against the oracle.
 
-use super::compare::{case_rng, compare, uniform, widen, Case, Comparison};
+use super::compare::{case_rng, compare, rounded_to_bf16, uniform, widen, widened_bf16};
+use super::compare::{Case, Comparison};
 use crate::check::op::Pass;
+use crate::check::params::Precision;
 use crate::error::Result;
 use crate::reference::rope as refop;
 use cudarc::driver::{CudaView, CudaViewMut};
 use qlora::gpu::GpuContext;
 use qlora::model::ModelConfig;
+use qlora::ops::cast::Bf16;
 use qlora::ops::rope::*;
 
 /// `op_parity` of RoPE for one `{batch, seq, heads, head_dim}` shape, with the
@@ -63,7 +66,8 @@ const QKV_LORA_SCALE: f32 = 2.0;
 /// kv_heads, head_dim, rank}` shape: forward `(y, bias) -> [qr | kr | v]`, backward
 /// `[dqr | dkr | dv] -> dy`, against [`refop::qkv_forward`] and
 /// [`refop::qkv_backward`], with the presets' theta and the angle table the
-/// step uploads.
+/// step uploads. The backward at precision `bf16` also writes `dy`'s bf16
+/// rounding, compared with the reference rounded to bf16.
 pub fn qkv_parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
     let d = case.shape.dim("head_dim");
     let sh = QkvShape {
@@ -113,10 +117,20 @@ pub fn qkv_parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
             let (dqr, rest) = dout.split_at(packed_q);
             let (dkr, dv) = rest.split_at(packed_kv);
             let grads = (&gpu.upload(dqr)?, &gpu.upload(dkr)?, &gpu.upload(dv)?);
-            let mut dy = gpu.poisoned(sh.rows * sh.width())?;
-            qkv_backward(gpu, &sh, grads, lora, &table, &mut dy)?;
+            let n = sh.rows * sh.width();
+            let mut dy = gpu.poisoned(n)?;
             let want = refop::qkv_backward(&widen(&dout), &widen(&bq), &widen(&bv), &dims, theta)?;
-            Ok(compare(&gpu.download(&dy)?, &want))
+            if case.precision != Precision::Bf16 {
+                qkv_backward(gpu, &sh, grads, lora, &table, &mut dy)?;
+                return Ok(compare(&gpu.download(&dy)?, &want));
+            }
+            // dy and its bf16 rounding (against the reference rounded to bf16).
+            let mut dy16 = gpu.upload(&vec![Bf16::from_f32(f32::NAN); n])?;
+            let out16 = &mut dy16.as_view_mut();
+            qkv_backward_with_bf16(gpu, &sh, grads, lora, &table, &mut dy, out16)?;
+            let full = compare(&gpu.download(&dy)?, &want);
+            let rounded = rounded_to_bf16(&want);
+            Ok(full.merge(compare(&widened_bf16(&gpu.download(&dy16)?), &rounded)))
         }
     }
 }
