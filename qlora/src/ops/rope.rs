@@ -9,7 +9,7 @@ use super::launch::elements;
 use super::launch::expect_len;
 use crate::error::{Error, Result};
 use crate::gpu::{to_i32, GpuContext};
-use crate::kernels::abi::{Arg, Signatures};
+use crate::kernels::abi::{Arg, Signature, Signatures};
 use crate::ops::cast::Bf16;
 use crate::Faults;
 
@@ -78,52 +78,54 @@ pub const QKV_FWD_SIGNATURES: Signatures = &[(
     ],
 )];
 
-/// The argument lists of [`QKV_BWD_MODULE`]'s kernels: the f32 one, and
-/// the one that also writes the gradient's bf16 rounding (a second output
-/// pointer after `dy`).
-pub const QKV_BWD_SIGNATURES: Signatures = &[
-    (
-        "rope_qkv_bwd_f32",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::F32,
-            Arg::Ptr,
-            Arg::I64,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::Ptr,
-        ],
-    ),
-    (
-        "rope_qkv_bwd_f32_bf16",
-        &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::F32,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I64,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::I32,
-            Arg::Ptr,
-        ],
-    ),
-];
+/// The argument lists of [`QKV_BWD_MODULE`]'s kernels.
+pub const QKV_BWD_SIGNATURES: Signatures = &[QKV_BWD, QKV_BWD_BF16];
+
+/// The f32 backward of the fused epilogue.
+const QKV_BWD: Signature = (
+    "rope_qkv_bwd_f32",
+    &[
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::F32,
+        Arg::Ptr,
+        Arg::I64,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::Ptr,
+    ],
+);
+
+/// The same, also writing the gradient's bf16 rounding: a second output
+/// pointer after `dy`.
+const QKV_BWD_BF16: Signature = (
+    "rope_qkv_bwd_f32_bf16",
+    &[
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::F32,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::I64,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::I32,
+        Arg::Ptr,
+    ],
+);
 
 /// Threads of a block of the fused q/k/v epilogues (`QKV_THREADS`).
 const QKV_THREADS: u32 = 512;
@@ -374,7 +376,11 @@ fn qkv_backward_into(
     expect_len(OP, "dy", dy.len(), &[rows, sh.width()])?;
     let ld = sh.width() as i64;
     let ints = sh.ints(gpu.faults())?;
-    let symbol = QKV_BWD_SIGNATURES[usize::from(dy16.is_some())].0;
+    let symbol = if dy16.is_some() {
+        QKV_BWD_BF16.0
+    } else {
+        QKV_BWD.0
+    };
     let f = gpu.function(QKV_BWD_MODULE, symbol)?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(dqr).arg(dkr).arg(dv).arg(bq).arg(bv).arg(&s);

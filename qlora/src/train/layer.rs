@@ -332,7 +332,15 @@ impl Attention<'_> {
         let d = &mut ws.grads;
         let mut stores = stores!(ws);
         let (dx, datt) = (&d.dx, &mut d.datt);
-        residual_input_grad(gpu, bwd, &mut stores, self.o, (dx, datt), rows)?;
+        input_grad(
+            gpu,
+            bwd,
+            &mut stores,
+            self.o,
+            (dx, datt),
+            0.0,
+            Bf16Dy::InSecond,
+        )?;
         let (a, d) = (&ws.layers[l], &mut ws.grads);
         attention::backward(
             gpu,
@@ -452,22 +460,34 @@ impl Attention<'_> {
     }
 }
 
+/// Where an input-gradient GEMM of a bf16 `W` finds `dy` rounded to bf16.
+#[derive(Clone, Copy)]
+enum Bf16Dy {
+    /// Rounded here, into the front of the workspace's bf16 input.
+    RoundHere,
+    /// The residual-stream gradient: the block before left its rounding in
+    /// the front of the second bf16 buffer ([`accumulate_residual`], or the
+    /// head's backward, [`residual_grad_to_bf16`]).
+    InSecond,
+}
+
 /// `dx[rows, in] = dy[rows, out] W + beta dx` for the frozen `lin` (`W`
-/// `[out, in]`): through the kept `W^T` when `lin` has one, as
-/// `dy (W^T)^T` (both operands K-major, as in the forward), else through `W`
-/// (dequantised first for an NF4 base; always `W` under the
+/// `[out, in]`, `rows = dy.len() / out`): through the kept `W^T` when `lin`
+/// has one, as `dy (W^T)^T` (both operands K-major, as in the forward), else
+/// through `W` (dequantised first for an NF4 base; always `W` under the
 /// `transposed_weights_ignored` fault). A bf16 `W` is multiplied by `dy`
-/// rounded to bf16.
+/// rounded to bf16, found as `bf16_dy` says.
 fn input_grad(
     gpu: &mut GpuContext,
     math: GemmMath,
     stores: &mut Stores,
     lin: &Linear,
     (dy, dx): (&CudaSlice<f32>, &mut CudaSlice<f32>),
-    rows: usize,
     beta: f32,
+    bf16_dy: Bf16Dy,
 ) -> Result<()> {
     let (out_dim, in_dim) = (lin.out_dim, lin.in_dim);
+    let rows = dy.len() / out_dim;
     let kept = lin.transposed.as_ref();
     match (
         kept.filter(|_| !gpu.faults().transposed_weights_ignored),
@@ -475,9 +495,11 @@ fn input_grad(
     ) {
         (Some(wt), _) => blas::linear(gpu, math, 1.0, dy, wt, beta, dx, (rows, out_dim, in_dim)),
         (None, Frozen::Bf16(w)) => {
-            let dy16 = half_of(gpu, dy, stores.bf16)?;
-            let spec = GemmSpec::linear_dx(rows, in_dim, out_dim);
-            blas::gemm_half(gpu, spec, 1.0, &dy16, w, beta, dx)
+            let dy16 = match bf16_dy {
+                Bf16Dy::RoundHere => half_of(gpu, dy, stores.bf16)?,
+                Bf16Dy::InSecond => front(stores.bf16_second, dy.len())?,
+            };
+            bf16_input_grad(gpu, lin, w, &dy16, beta, dx)
         }
         (None, _) => {
             let w = Workspace::weight(stores.deq, gpu, lin)?;
@@ -486,30 +508,23 @@ fn input_grad(
     }
 }
 
-/// `dx = dy W` of the frozen `lin` for the residual-stream gradient `dy`: a
-/// bf16 `W` reads `dy`'s bf16 rounding, which the block before it left in the
-/// workspace's second bf16 buffer ([`accumulate_residual`], or the head's
-/// backward, [`residual_grad_to_bf16`]); any other `W` goes through
-/// [`input_grad`].
-fn residual_input_grad(
+/// `dx = dy16 W + beta dx` for the bf16 `W` (`w`) of `lin`, `dy16` already
+/// rounded to bf16.
+fn bf16_input_grad(
     gpu: &mut GpuContext,
-    math: GemmMath,
-    stores: &mut Stores,
     lin: &Linear,
-    (dy, dx): (&CudaSlice<f32>, &mut CudaSlice<f32>),
-    rows: usize,
+    w: &CudaSlice<Bf16>,
+    dy16: &CudaView<'_, Bf16>,
+    beta: f32,
+    dx: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    if let (None, Frozen::Bf16(w)) = (&lin.transposed, &lin.w) {
-        let dy16 = front(stores.bf16_second, dy.len())?;
-        let spec = linear_dx_spec(lin, dy.len());
-        return blas::gemm_half(gpu, spec, 1.0, &dy16, w, 0.0, dx);
-    }
-    input_grad(gpu, math, stores, lin, (dy, dx), rows, 0.0)
+    let spec = GemmSpec::linear_dx(dy16.len() / lin.out_dim, lin.in_dim, lin.out_dim);
+    blas::gemm_half(gpu, spec, 1.0, dy16, w, beta, dx)
 }
 
 /// `dx += dtmp` at the end of a block's backward; with a bf16 base (which
 /// has the second bf16 buffer `second`) also `dx`'s bf16 rounding into its
-/// front, for the next block's [`residual_input_grad`].
+/// front, for the next block's first [`input_grad`] ([`Bf16Dy::InSecond`]).
 fn accumulate_residual(
     gpu: &mut GpuContext,
     (dx, dtmp): (&mut CudaSlice<f32>, &CudaSlice<f32>),
@@ -643,12 +658,6 @@ fn norm_to_bf16<'h>(
     front(bf16, rows * h)
 }
 
-/// The input-gradient product `dy W` of `lin` for an output gradient of
-/// `dy_len` elements (`dy_len / out_dim` rows).
-fn linear_dx_spec(lin: &Linear, dy_len: usize) -> GemmSpec {
-    GemmSpec::linear_dx(dy_len / lin.out_dim, lin.in_dim, lin.out_dim)
-}
-
 /// The fused q/k/v projection's layout for `c`.
 pub(crate) fn qkv_shape(c: &ModelConfig) -> QkvShape {
     QkvShape {
@@ -690,7 +699,7 @@ impl Mlp<'_> {
         match (&self.gate.w, &self.up.w) {
             (Frozen::Bf16(wg), Frozen::Bf16(wu)) => {
                 let n2 = norm_to_bf16(gpu, ctx, (&a.x2, gamma), &mut a.n2, stores.bf16)?;
-                self.gate_up_bf16(gpu, &n2, (wg, wu), (gate, up))?;
+                self.gate_up_half(gpu, &n2, (wg, wu), (gate, up))?;
             }
             _ => {
                 let (x2, g2) = (a.x2.as_view(), gamma.as_view());
@@ -724,30 +733,25 @@ impl Mlp<'_> {
         n2: &CudaSlice<f32>,
         (gate, up): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
     ) -> Result<()> {
-        let (gs, us) = (
-            linear_spec(self.gate, n2.len()),
-            linear_spec(self.up, n2.len()),
-        );
         if let (Some(wg), Some(wu)) = (&self.gate.half, &self.up.half) {
             let n2 = half_of(gpu, n2, stores.half)?;
-            blas::gemm_half(gpu, gs, 1.0, &n2, wg, 0.0, gate)?;
-            return blas::gemm_half(gpu, us, 1.0, &n2, wu, 0.0, up);
+            return self.gate_up_half(gpu, &n2, (wg, wu), (gate, up));
         }
         if let (Frozen::Bf16(wg), Frozen::Bf16(wu)) = (&self.gate.w, &self.up.w) {
             let n2 = half_of(gpu, n2, stores.bf16)?;
-            return self.gate_up_bf16(gpu, &n2, (wg, wu), (gate, up));
+            return self.gate_up_half(gpu, &n2, (wg, wu), (gate, up));
         }
         forward_linear(gpu, math, stores, self.gate, n2, 0.0, gate)?;
         forward_linear(gpu, math, stores, self.up, n2, 0.0, up)
     }
 
-    /// The input projections of a bf16 base, `gate = n2 Wg^T`, `up = n2
-    /// Wu^T`, from `n2` already rounded to bf16.
-    fn gate_up_bf16(
+    /// The input projections on 16-bit operands (`Wg`, `Wu` in the format
+    /// `H`), from `n2` already rounded to it.
+    fn gate_up_half<H: HalfFloat>(
         &self,
         gpu: &mut GpuContext,
-        n2: &CudaView<'_, Bf16>,
-        (wg, wu): (&CudaSlice<Bf16>, &CudaSlice<Bf16>),
+        n2: &CudaView<'_, H>,
+        (wg, wu): (&CudaSlice<H>, &CudaSlice<H>),
         (gate, up): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
     ) -> Result<()> {
         let (gs, us) = (
@@ -776,7 +780,15 @@ impl Mlp<'_> {
         let mut stores = stores!(ws);
         let (gate, up) = self.saved_gate_up(gpu, ctx, a, &mut ws.scratch, &mut stores)?;
         let (dx, dact) = (&d.dx, &mut d.dact);
-        residual_input_grad(gpu, bwd, &mut stores, self.down, (dx, dact), rows)?;
+        input_grad(
+            gpu,
+            bwd,
+            &mut stores,
+            self.down,
+            (dx, dact),
+            0.0,
+            Bf16Dy::InSecond,
+        )?;
         let (gate, up) = (gate.as_view(), up.as_view());
         if let (Frozen::Bf16(wg), Frozen::Bf16(wu)) = (&self.gate.w, &self.up.w) {
             // Both gradients go straight to bf16, the GEMMs' operands.
@@ -785,9 +797,8 @@ impl Mlp<'_> {
             let mut dup = front_mut(stores.bf16_second, n)?;
             activation::swiglu_backward(gpu, &gate, &up, &d.dact.as_view(), &mut dgate, &mut dup)?;
             let (dgate, dup) = (front(stores.bf16, n)?, front(stores.bf16_second, n)?);
-            let (gs, us) = (linear_dx_spec(self.gate, n), linear_dx_spec(self.up, n));
-            blas::gemm_half(gpu, gs, 1.0, &dgate, wg, 0.0, &mut d.dn2)?;
-            blas::gemm_half(gpu, us, 1.0, &dup, wu, 1.0, &mut d.dn2)?;
+            bf16_input_grad(gpu, self.gate, wg, &dgate, 0.0, &mut d.dn2)?;
+            bf16_input_grad(gpu, self.up, wu, &dup, 1.0, &mut d.dn2)?;
         } else {
             activation::swiglu_backward(
                 gpu,
@@ -797,11 +808,11 @@ impl Mlp<'_> {
                 &mut d.dgate.as_view_mut(),
                 &mut d.dup.as_view_mut(),
             )?;
-            let mut grad = |stores: &mut Stores, lin, dy, beta, dn2: &mut CudaSlice<f32>| {
-                input_grad(gpu, bwd, stores, lin, (dy, dn2), rows, beta)
-            };
-            grad(&mut stores, self.gate, &d.dgate, 0.0, &mut d.dn2)?;
-            grad(&mut stores, self.up, &d.dup, 1.0, &mut d.dn2)?;
+            let round = Bf16Dy::RoundHere;
+            let (dgate, dn2) = (&d.dgate, &mut d.dn2);
+            input_grad(gpu, bwd, &mut stores, self.gate, (dgate, dn2), 0.0, round)?;
+            let (dup, dn2) = (&d.dup, &mut d.dn2);
+            input_grad(gpu, bwd, &mut stores, self.up, (dup, dn2), 1.0, round)?;
         }
         let norm = self.params.index(Slot::MlpNorm);
         rmsnorm::backward(

@@ -297,8 +297,9 @@ impl Workspace {
     /// `+ 6 * T * intermediate + 2 * T * (q_dim + kv_dim) + T * width`
     /// `+ attention scratch)` plus the cuBLAS workspace and the 16-bit GEMM
     /// inputs ([`Workspace::half_input_len`], [`Workspace::bf16_input_len`],
-    /// [`Workspace::bf16_second_input_len`], 2 bytes each); with `f16_lm_head` or a bf16 base the logits'
-    /// gradient is 16-bit (`2 * T * vocab` bytes fewer).
+    /// [`Workspace::bf16_second_input_len`], 2 bytes each); with
+    /// `f16_lm_head` or a bf16 base the logits' gradient is 16-bit (`2 * T *
+    /// vocab` bytes fewer).
     /// Term by term: the residual stream (`layers + 1`), the final norm's
     /// output and five hidden-wide gradients; logits and their gradient; gate,
     /// up and their product (scratch) and their three gradients; attention's
