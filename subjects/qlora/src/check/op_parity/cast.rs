@@ -1,6 +1,6 @@
 //! `op_parity` of `cast`: the launchers of `qlora::ops::cast` against the oracle.
 
-use super::compare::{case_rng, compare, Case, Comparison};
+use super::compare::{case_rng, compare, Case, Comparison, Written};
 use crate::error::Result;
 use half::f16;
 use qlora::gpu::GpuContext;
@@ -72,15 +72,13 @@ pub fn parity_bf16(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> 
     let ref_bits: Vec<Bf16> = x.iter().map(|&v| Bf16::from_f32(v)).collect();
     let reference: Vec<f64> = ref_bits.iter().map(|b| f64::from(b.to_f32())).collect();
     let x_dev = gpu.upload(&x)?;
-    let poison = Bf16::from_f32(f32::NAN);
-    let mut h_dev = gpu.upload(&vec![poison; n])?;
+    let mut h_dev = Bf16::poisoned(gpu, n)?;
     f32_to_bf16(gpu, &x_dev.as_view(), &mut h_dev.as_view_mut())?;
-    let widened = |bits: &[Bf16]| bits.iter().map(|b| b.to_f32()).collect::<Vec<f32>>();
-    let mut down = compare(&widened(&gpu.download(&h_dev)?), &reference);
+    let mut down = compare(&Bf16::values(&gpu.download(&h_dev)?), &reference);
     if n > 1 {
-        let mut h_dev = gpu.upload(&vec![poison; n])?;
+        let mut h_dev = Bf16::poisoned(gpu, n)?;
         f32_to_bf16(gpu, &x_dev.slice(1..), &mut h_dev.slice_mut(1..))?;
-        let shifted = widened(&gpu.download(&h_dev)?[1..]);
+        let shifted = Bf16::values(&gpu.download(&h_dev)?[1..]);
         down = down.merge(compare(&shifted, &reference[1..]));
     }
     let bits_dev = gpu.upload(&ref_bits)?;

@@ -15,8 +15,10 @@ use crate::check::Backend;
 use crate::check::MutantFaults;
 use crate::check::{op_parity, require_gpu, Comparator, Measurement, TrialContext};
 use crate::error::{Error, Result};
+use cudarc::driver::{CudaSlice, DeviceRepr};
 use falsify_core::report::artifacts::{ArtifactTensor, FailureDump};
 use qlora::gpu::GpuContext;
+use qlora::ops::cast::Bf16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -68,21 +70,55 @@ impl Comparison {
     }
 }
 
+/// The element a kernel under test writes: f32, or bf16 bits. Its output
+/// buffer is poisoned with NaN, read back as f32 values, and held to the
+/// reference as that element can hold it: f32 to the f64 reference itself,
+/// bf16 to the reference rounded to bf16 (through f32, nearest, ties to
+/// even), which is what a kernel that computes in f32 and stores bf16 should
+/// hold.
+pub trait Written: DeviceRepr + Copy + Unpin {
+    /// A device buffer of `n` NaNs.
+    fn poisoned(gpu: &GpuContext, n: usize) -> Result<CudaSlice<Self>>;
+    /// The values read back, as f32 (exact).
+    fn values(out: &[Self]) -> Vec<f32>;
+    /// The f64 reference as this element holds it.
+    fn reference(reference: &[f64]) -> Vec<f64>;
+}
+
+impl Written for f32 {
+    fn poisoned(gpu: &GpuContext, n: usize) -> Result<CudaSlice<f32>> {
+        Ok(gpu.poisoned(n)?)
+    }
+    fn values(out: &[f32]) -> Vec<f32> {
+        out.to_vec()
+    }
+    fn reference(reference: &[f64]) -> Vec<f64> {
+        reference.to_vec()
+    }
+}
+
+impl Written for Bf16 {
+    fn poisoned(gpu: &GpuContext, n: usize) -> Result<CudaSlice<Bf16>> {
+        Ok(gpu.upload(&vec![Bf16::from_f32(f32::NAN); n])?)
+    }
+    fn values(out: &[Bf16]) -> Vec<f32> {
+        out.iter().map(|b| b.to_f32()).collect()
+    }
+    fn reference(reference: &[f64]) -> Vec<f64> {
+        reference
+            .iter()
+            .map(|&v| f64::from(Bf16::from_f32(v as f32).to_f32()))
+            .collect()
+    }
+}
+
+/// Compares the device output `out` of element `W` (copied back to the
+/// host) with the f64 reference as `W` holds it ([`Written::reference`]).
+pub fn compare_written<W: Written>(out: &[W], reference: &[f64]) -> Comparison {
+    compare(&W::values(out), &W::reference(reference))
+}
+
 /// Compares a device output (copied back to the host) with the reference.
-/// `reference` rounded to bf16 (through f32, nearest, ties to even): what a
-/// kernel that computes in f32 and stores bf16 should hold.
-pub fn rounded_to_bf16(reference: &[f64]) -> Vec<f64> {
-    reference
-        .iter()
-        .map(|&v| f64::from(qlora::ops::cast::Bf16::from_f32(v as f32).to_f32()))
-        .collect()
-}
-
-/// The values of bf16 bits, as f32 (exact), for [`compare`].
-pub fn widened_bf16(bits: &[qlora::ops::cast::Bf16]) -> Vec<f32> {
-    bits.iter().map(|b| b.to_f32()).collect()
-}
-
 pub fn compare(out: &[f32], reference: &[f64]) -> Comparison {
     let mut diff2 = 0.0f64;
     let mut ref2 = 0.0f64;

@@ -1,12 +1,13 @@
 //! `op_parity` of `gemm`: the launchers of `qlora::ops::gemm` against the oracle.
 
-use super::compare::{case_rng, compare, uniform, widen, Case, Comparison};
+use super::compare::{case_rng, compare, uniform, widen, Case, Comparison, Written};
 use crate::check::op::Pass;
 use crate::check::params::Precision;
 use crate::error::{Error, Result};
 use crate::reference;
 use cudarc::driver::CudaSlice;
 use qlora::gpu::{GemmMath, GpuContext};
+use qlora::ops::cast::Bf16;
 use qlora::ops::gemm::*;
 use rand_chacha::ChaCha8Rng;
 
@@ -50,10 +51,7 @@ fn engines(precision: Precision) -> Vec<GemmEngine> {
 /// rounding of the inputs is all the error bf16 may add.
 fn reference_operand(precision: Precision, v: Vec<f64>) -> Vec<f64> {
     match precision {
-        Precision::Bf16 => v
-            .into_iter()
-            .map(|x| f64::from(half::bf16::from_f64(x).to_f32()))
-            .collect(),
+        Precision::Bf16 => Bf16::reference(&v),
         _ => v,
     }
 }

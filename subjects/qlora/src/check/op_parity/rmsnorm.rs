@@ -1,6 +1,6 @@
 //! `op_parity` of `rmsnorm`: the launchers of `qlora::ops::rmsnorm` against the oracle.
 
-use super::compare::{case_rng, compare, rounded_to_bf16, uniform, widen, widened_bf16};
+use super::compare::{case_rng, compare, compare_written, uniform, widen, Written};
 use super::compare::{Case, Comparison};
 use crate::check::op::Pass;
 use crate::check::params::Precision;
@@ -8,15 +8,14 @@ use crate::error::Result;
 use crate::reference::rmsnorm as refop;
 use qlora::gpu::GpuContext;
 use qlora::model::ModelConfig;
+use qlora::ops::cast::Bf16;
 use qlora::ops::rmsnorm::*;
 
 /// `op_parity` of RMSNorm for one `{rows, hidden}` shape. Forward runs both the
 /// plain and the fused residual kernel (at precision `bf16`: the forward
-/// that also writes bf16, [`parity_bf16`]); backward compares dx and dgamma.
+/// that also writes `y`'s bf16 rounding, held to the reference rounded to
+/// bf16); backward compares dx and dgamma.
 pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
-    if case.precision == Precision::Bf16 && case.pass == Pass::Forward {
-        return parity_bf16(gpu, case);
-    }
     let rows = case.shape.dim("rows");
     let hidden = case.shape.dim("hidden");
     let eps = ModelConfig::RMS_EPS;
@@ -29,6 +28,23 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
     // The kernel sees eps rounded to f32; so does the reference.
     let eps_ref = f64::from(eps as f32);
     match case.pass {
+        Pass::Forward if case.precision == Precision::Bf16 => {
+            // y and its bf16 rounding, written in one pass.
+            let want = refop::forward(&widen(&x), &widen(&gamma), rows, hidden, eps_ref)?;
+            let (mut y, mut y16) = (gpu.poisoned(n)?, Bf16::poisoned(gpu, n)?);
+            forward_with_bf16(
+                gpu,
+                &d_x.as_view(),
+                &d_gamma.as_view(),
+                rows,
+                hidden,
+                eps,
+                &mut y.as_view_mut(),
+                &mut y16.as_view_mut(),
+            )?;
+            let full = compare(&gpu.download(&y)?, &want);
+            Ok(full.merge(compare_written(&gpu.download(&y16)?, &want)))
+        }
         Pass::Forward => {
             let want = refop::forward(&widen(&x), &widen(&gamma), rows, hidden, eps_ref)?;
             let mut y = gpu.poisoned(n)?;
@@ -96,40 +112,4 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
             Ok(c_dx.merge(c_dg))
         }
     }
-}
-
-/// `op_parity` of the forward that writes `y` and its bf16 rounding `y16`:
-/// `y` against the f64 reference, `y16` against the reference rounded to
-/// bf16 (nearest, ties to even), for one `{rows, hidden}` shape.
-fn parity_bf16(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
-    let (rows, hidden) = (case.shape.dim("rows"), case.shape.dim("hidden"));
-    let eps = ModelConfig::RMS_EPS;
-    let n = rows * hidden;
-    let mut rng = case_rng(case.seed);
-    let x = uniform(&mut rng, n, -2.0, 2.0);
-    let gamma = uniform(&mut rng, hidden, 0.5, 1.5);
-    let (d_x, d_gamma) = (gpu.upload(&x)?, gpu.upload(&gamma)?);
-    let want = refop::forward(
-        &widen(&x),
-        &widen(&gamma),
-        rows,
-        hidden,
-        f64::from(eps as f32),
-    )?;
-    let mut y = gpu.poisoned(n)?;
-    let poison = qlora::ops::cast::Bf16::from_f32(f32::NAN);
-    let mut y16 = gpu.upload(&vec![poison; n])?;
-    forward_with_bf16(
-        gpu,
-        &d_x.as_view(),
-        &d_gamma.as_view(),
-        rows,
-        hidden,
-        eps,
-        &mut y.as_view_mut(),
-        &mut y16.as_view_mut(),
-    )?;
-    let full = compare(&gpu.download(&y)?, &want);
-    let rounded = compare(&widened_bf16(&gpu.download(&y16)?), &rounded_to_bf16(&want));
-    Ok(full.merge(rounded))
 }

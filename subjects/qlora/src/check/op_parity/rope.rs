@@ -1,6 +1,6 @@
 //! `op_parity` of `rope`: the launchers of `qlora::ops::rope` against the oracle.
 
-use super::compare::{case_rng, compare, rounded_to_bf16, uniform, widen, widened_bf16};
+use super::compare::{case_rng, compare, compare_written, uniform, widen, Written};
 use super::compare::{Case, Comparison};
 use crate::check::op::Pass;
 use crate::check::params::Precision;
@@ -125,12 +125,11 @@ pub fn qkv_parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
                 return Ok(compare(&gpu.download(&dy)?, &want));
             }
             // dy and its bf16 rounding (against the reference rounded to bf16).
-            let mut dy16 = gpu.upload(&vec![Bf16::from_f32(f32::NAN); n])?;
+            let mut dy16 = Bf16::poisoned(gpu, n)?;
             let out16 = &mut dy16.as_view_mut();
             qkv_backward_with_bf16(gpu, &sh, grads, lora, &table, &mut dy, out16)?;
             let full = compare(&gpu.download(&dy)?, &want);
-            let rounded = rounded_to_bf16(&want);
-            Ok(full.merge(compare(&widened_bf16(&gpu.download(&dy16)?), &rounded)))
+            Ok(full.merge(compare_written(&gpu.download(&dy16)?, &want)))
         }
     }
 }
