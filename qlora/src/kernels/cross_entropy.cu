@@ -184,3 +184,75 @@ extern "C" __global__ void cross_entropy_bwd_bf16(const float* __restrict__ logi
     cross_entropy_bwd(logits, targets, stats, reinterpret_cast<Bf16Bits*>(dlogits), rows, vocab,
                       grad_scale);
 }
+
+// The bf16 LM head's cross-entropy, forward and backward in one kernel, in
+// place: row r of x holds the row's logits in bf16 (raw bits) on entry and
+// (softmax(x_r) - onehot(t_r)) * grad_scale in bf16 on return, and
+// losses[r] = lse(x_r) - x_r[t_r] (f32 arithmetic on the exact values of the
+// bf16 logits). One pass computes the row's (m, ln sum) online; a second
+// rewrites it. Every logit is read before any is written: the target logit
+// by thread 0 before the reductions, whose barriers order it before the
+// second pass. A row of the full vocabulary is 300 KB in bf16.
+//
+// The rows of one launch may be a chunk of the step's rows; grad_scale is
+// 1 / (the step's rows) all the same, the gradient of the step's mean loss.
+// No __restrict__ on x: it is read and written.
+__device__ __forceinline__ void online_add_bf16x2(float& m, float& s, unsigned int two) {
+    online_add(m, s, __uint_as_float(two << 16));
+    online_add(m, s, __uint_as_float(two & 0xffff0000u));
+}
+
+__device__ __forceinline__ unsigned int grad_pair(unsigned int two, int j, float2 ml,
+                                                  unsigned int t, float grad_scale, float bad) {
+    const float x0 = __uint_as_float(two << 16);
+    const float x1 = __uint_as_float(two & 0xffff0000u);
+    const float g0 = (expf((x0 - ml.x) - ml.y) - ((unsigned int)j == t ? 1.0f : 0.0f)) * grad_scale + bad;
+    const float g1 = (expf((x1 - ml.x) - ml.y) - ((unsigned int)(j + 1) == t ? 1.0f : 0.0f)) * grad_scale + bad;
+    return (unsigned int)f32_to_bf16_bits(g0) | ((unsigned int)f32_to_bf16_bits(g1) << 16);
+}
+
+extern "C" __global__ void cross_entropy_fused_bf16(unsigned short* x,
+                                                    const unsigned int* __restrict__ targets,
+                                                    float* __restrict__ losses, int rows,
+                                                    int vocab, float grad_scale) {
+    const int row = blockIdx.x;
+    if (row >= rows) return;  // uniform per block
+    unsigned short* xr = x + (size_t)row * vocab;
+    const unsigned int t = targets[row];
+    const bool valid = t < (unsigned int)vocab;
+    const float xt = (threadIdx.x == 0 && valid) ? bf16_bits_to_f32(xr[t]) : 0.0f;
+    // Eight logits (16 bytes) a load where the row is aligned for it.
+    const bool vec = aligned16(xr);
+    const int v8 = vec ? vocab / 8 : 0;
+    uint4* x8 = reinterpret_cast<uint4*>(xr);
+    float m = __int_as_float(0xff800000);
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < v8; j += blockDim.x) {
+        const uint4 q = x8[j];
+        online_add_bf16x2(m, s, q.x);
+        online_add_bf16x2(m, s, q.y);
+        online_add_bf16x2(m, s, q.z);
+        online_add_bf16x2(m, s, q.w);
+    }
+    for (int j = 8 * v8 + threadIdx.x; j < vocab; j += blockDim.x)
+        online_add(m, s, bf16_bits_to_f32(xr[j]));
+    const float mb = block_max(m);
+    float part = s == 0.0f ? 0.0f : s * expf(m - mb);
+    const float2 ml = make_float2(mb, logf(block_sum(part)));
+    if (threadIdx.x == 0)
+        losses[row] = valid ? (ml.x - xt) + ml.y : __int_as_float(0x7fc00000);
+    const float bad = valid ? 0.0f : __int_as_float(0x7fc00000);
+    for (int j = threadIdx.x; j < v8; j += blockDim.x) {
+        const uint4 q = x8[j];
+        const int e = 8 * j;
+        x8[j] = make_uint4(grad_pair(q.x, e, ml, t, grad_scale, bad),
+                           grad_pair(q.y, e + 2, ml, t, grad_scale, bad),
+                           grad_pair(q.z, e + 4, ml, t, grad_scale, bad),
+                           grad_pair(q.w, e + 6, ml, t, grad_scale, bad));
+    }
+    for (int j = 8 * v8 + threadIdx.x; j < vocab; j += blockDim.x) {
+        const float g = (expf((bf16_bits_to_f32(xr[j]) - ml.x) - ml.y) -
+                         ((unsigned int)j == t ? 1.0f : 0.0f)) * grad_scale + bad;
+        xr[j] = f32_to_bf16_bits(g);
+    }
+}

@@ -24,6 +24,10 @@ pub const SIGNATURES: Signatures = &[
     ("cross_entropy_bwd_f32", BWD_ARGS),
     ("cross_entropy_bwd_f16", BWD_ARGS),
     ("cross_entropy_bwd_bf16", BWD_ARGS),
+    (
+        "cross_entropy_fused_bf16",
+        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::F32],
+    ),
 ];
 
 /// The backward kernels' arguments: logits, targets, stats, dlogits, rows,
@@ -116,7 +120,7 @@ pub fn forward(
     loss: &mut CudaViewMut<'_, f32>,
     stats: &mut RowStats,
 ) -> Result<()> {
-    let (rows_i, vocab_i) = dims(rows, vocab)?;
+    let vocab_i = dims(rows, vocab)?.1;
     expect_len("cross_entropy", "logits", logits.len(), &[rows, vocab])?;
     expect_len("cross_entropy", "targets", targets.len(), &[rows])?;
     expect_len("cross_entropy", "losses", losses.len(), &[rows])?;
@@ -143,17 +147,78 @@ pub fn forward(
         // above); the kernel indexes logits by a target only when it is < vocab.
         unsafe { l.launch(cfg) }?;
     }
+    mean(gpu, &losses.as_view(), loss)
+}
+
+/// `loss[0] = (1 / rows) sum_r losses[r]` over every row of `losses`,
+/// summed in a fixed order (one block), so the mean is bit-for-bit
+/// reproducible.
+pub fn mean(
+    gpu: &mut GpuContext,
+    losses: &CudaView<'_, f32>,
+    loss: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    let rows_i = dims(losses.len(), 1)?.0;
+    expect_len("cross_entropy", "loss", loss.len(), &[1])?;
     let f = gpu.function(MODULE, "cross_entropy_mean_f32")?;
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
         block_dim: (MEAN_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let losses_view = losses.as_view();
     let mut l = gpu.stream().launch_builder(&f);
-    l.arg(&losses_view).arg(loss).arg(&rows_i);
+    l.arg(losses).arg(loss).arg(&rows_i);
     // SAFETY: cross_entropy_mean_f32(const float* losses, float* out, int rows):
     // losses hold rows elements, out one (checked above); one block.
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+/// The bf16 LM head's cross-entropy, forward and backward in one pass, in
+/// place: on entry `x` holds `[rows, vocab]` logits in bf16; on return
+/// `x_r = bf16((softmax(x_r) - onehot(t_r)) / total_rows)` and `losses[r] =
+/// lse(x_r) - x_r[t_r]` (f32 arithmetic on the bf16 logits' exact values).
+/// `rows` may be a chunk of a step's `total_rows`: the gradient is the one
+/// of the step's mean loss all the same, and the mean itself is [`mean`]'s,
+/// once every chunk is done. No row stats are kept: nothing reads the
+/// logits again.
+pub fn fused_bf16(
+    gpu: &mut GpuContext,
+    x: &mut CudaViewMut<'_, Bf16>,
+    (rows, vocab): (usize, usize),
+    total_rows: usize,
+    targets: &CudaView<'_, u32>,
+    losses: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
+    dims(rows, vocab)?;
+    dims(total_rows, vocab)?;
+    expect_len("cross_entropy", "logits", x.len(), &[rows, vocab])?;
+    expect_len("cross_entropy", "targets", targets.len(), &[rows])?;
+    expect_len("cross_entropy", "losses", losses.len(), &[rows])?;
+    // Under the fault the last row keeps its logits and its loss is left
+    // unwritten.
+    let rows_w = gpu.faults().written(rows);
+    if rows_w == 0 {
+        return Ok(());
+    }
+    let rows_w_i = to_i32("cross_entropy", "rows", rows_w)?;
+    let vocab_i = to_i32("cross_entropy", "vocab", vocab)?;
+    let grad_scale = <Bf16 as GradElement>::grad_scale(total_rows);
+    let f = gpu.function(MODULE, "cross_entropy_fused_bf16")?;
+    let cfg = gpu.launch_rows(rows_w, row_threads(vocab, ROW_THREADS))?;
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(&mut *x)
+        .arg(targets)
+        .arg(&mut *losses)
+        .arg(&rows_w_i)
+        .arg(&vocab_i)
+        .arg(&grad_scale);
+    // SAFETY: cross_entropy_fused_bf16(unsigned short* x, const unsigned int*
+    // targets, float* losses, int rows, int vocab, float grad_scale): x holds
+    // rows * vocab 2-byte elements (Bf16 is the kernel's raw bf16 bits),
+    // targets and losses rows >= rows_w_i (checked above); x is read and
+    // written only by the block of its row, and aliases neither other
+    // buffer; a target is used as an index only when it is < vocab.
     unsafe { l.launch(cfg) }?;
     Ok(())
 }

@@ -414,12 +414,27 @@ pub(crate) fn with_math_mode(
 /// compute, without tensor cores, under
 /// [`crate::Faults::gemm_without_tensor_ops`]). The callers check that
 /// `first`, `second` and `c` hold what `cfg` addresses.
-pub(crate) fn gemm_ex_half<H: HalfFloat>(
+/// The element type of a 16-bit-operand GEMM's output `C`: f32, or bf16
+/// (the f32 accumulator rounded to nearest once, at the store).
+pub trait GemmOut: cudarc::driver::DeviceRepr {
+    /// Its cuBLAS data type.
+    const CUDA_TYPE: cudaDataType_t;
+}
+
+impl GemmOut for f32 {
+    const CUDA_TYPE: cudaDataType_t = cudaDataType_t::CUDA_R_32F;
+}
+
+impl GemmOut for Bf16 {
+    const CUDA_TYPE: cudaDataType_t = cudaDataType_t::CUDA_R_16BF;
+}
+
+pub(crate) fn gemm_ex_half<H: HalfFloat, C: GemmOut>(
     gpu: &GpuContext,
     cfg: GemmConfig<f32>,
     first: &impl DevicePtr<H>,
     second: &impl DevicePtr<H>,
-    c: &mut CudaSlice<f32>,
+    c: &mut impl DevicePtrMut<C>,
 ) -> Result<()> {
     let (blas, stream) = (gpu.cublas(), gpu.stream());
     let compute = if gpu.faults().gemm_without_tensor_ops {
@@ -437,7 +452,9 @@ pub(crate) fn gemm_ex_half<H: HalfFloat>(
     // `cfg` (`cublas_gemm`: the same element counts as its checked f32
     // operands, cast element for element; `train::blas::gemm_half`: the
     // spec's), so with these transposes and leading dimensions cuBLAS reads
-    // only valid elements of H (2 bytes each, as H::CUDA_TYPE says) and writes exactly the m*n f32 elements of `c`. alpha and beta
+    // only valid elements of H (2 bytes each, as H::CUDA_TYPE says) and
+    // writes exactly the m*n elements of `c`, of the type C::CUDA_TYPE
+    // names (accumulated in f32, rounded once at the store). alpha and beta
     // are host f32 values (the default host pointer mode, an f32 compute type).
     unsafe {
         blas_result::gemm_ex(
@@ -456,7 +473,7 @@ pub(crate) fn gemm_ex_half<H: HalfFloat>(
             cfg.ldb,
             (&beta as *const f32).cast(),
             c_ptr as *mut _,
-            cudaDataType_t::CUDA_R_32F,
+            C::CUDA_TYPE,
             cfg.ldc,
             compute,
             blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,

@@ -10,12 +10,12 @@
 //! switch are those of [`crate::ops::gemm`] ([`GemmSpec::cublas_config`]).
 
 use cudarc::cublas::Gemm;
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 use crate::error::{Error, Result};
 use crate::gpu::{GemmMath, GpuContext};
 use crate::ops::cast::HalfFloat;
-use crate::ops::gemm::{gemm_ex_half, with_math_mode, GemmSpec};
+use crate::ops::gemm::{gemm_ex_half, with_math_mode, GemmOut, GemmSpec};
 
 /// A row-major matrix inside a buffer: element `(i, j)` is at
 /// `offset + i * ld + j`, so a column block of a wider row-major matrix is
@@ -172,20 +172,20 @@ pub fn linear_dx(
     gemm(gpu, math, spec, alpha, dy, w, beta, dx)
 }
 
-/// [`gemm`] with 16-bit operands (raw bits of f16 or bf16) and an f32 `C`,
-/// f32 accumulation. The products of f16 values are those of TF32's 11-bit
+/// [`gemm`] with 16-bit operands (raw bits of f16 or bf16) and a `C` of f32
+/// or bf16 ([`GemmOut`]), f32 accumulation. The products of f16 values are those of TF32's 11-bit
 /// significands; bf16 keeps 8 significant bits and f32's exponent range.
 /// Hopper's 16-bit tensor-core instructions run at twice TF32's rate and
 /// take either operand layout.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_half<H: HalfFloat>(
+pub fn gemm_half<H: HalfFloat, C: GemmOut>(
     gpu: &GpuContext,
     spec: GemmSpec,
     alpha: f32,
     a: &impl DevicePtr<H>,
     b: &impl DevicePtr<H>,
     beta: f32,
-    c: &mut CudaSlice<f32>,
+    c: &mut impl DevicePtrMut<C>,
 ) -> Result<()> {
     spec.check(a.len(), b.len(), c.len())?;
     let cfg = spec.cublas_config(alpha, beta)?;

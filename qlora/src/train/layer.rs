@@ -603,7 +603,7 @@ pub(super) fn half_of<'h, H: HalfFloat>(
 
 /// The first `len` elements of a workspace's 16-bit input buffer, to write
 /// a GEMM's operand into.
-fn front_mut<H: HalfFloat>(
+pub(super) fn front_mut<H: HalfFloat>(
     half: &mut Option<CudaSlice<H>>,
     len: usize,
 ) -> Result<cudarc::driver::CudaViewMut<'_, H>> {
@@ -614,7 +614,10 @@ fn front_mut<H: HalfFloat>(
 
 /// The first `len` elements of a workspace's 16-bit input buffer, as the
 /// GEMM reads them.
-fn front<H: HalfFloat>(half: &Option<CudaSlice<H>>, len: usize) -> Result<CudaView<'_, H>> {
+pub(super) fn front<H: HalfFloat>(
+    half: &Option<CudaSlice<H>>,
+    len: usize,
+) -> Result<CudaView<'_, H>> {
     half.as_ref()
         .and_then(|b| b.try_slice(0..len))
         .ok_or_else(|| no_input_buffer::<H>(len))

@@ -39,13 +39,12 @@ use cudarc::driver::{CudaGraph, CudaSlice, CudaView, DeviceRepr};
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::blas;
 use super::data_parallel::Rank;
 use super::kernels;
-use super::layer::{half_of, residual_grad_to_bf16, DecoderLayer, LayerCtx, StackRef, Stacks};
+use super::layer::{DecoderLayer, LayerCtx, StackRef, Stacks};
 use super::options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions};
 use super::weights::{BaseDevice, Params, Table, Values};
-use super::workspace::{CublasWorkspace, Dlogits, Workspace, CUBLAS_WORKSPACE_BYTES};
+use super::workspace::{CublasWorkspace, Workspace, CUBLAS_WORKSPACE_BYTES};
 use crate::error::{Error, Result};
 use crate::gpu::table::{address, TensorTable};
 use crate::gpu::{GemmMath, GpuContext, PrewarmReport};
@@ -53,8 +52,9 @@ use crate::model::corpus::{self, Corpus, BATCH_SALT, CORPUS_SALT};
 use crate::model::{BaseModel, ModelConfig, Slot, Trainable};
 use crate::ops::attention::AttnShape;
 use crate::ops::clip::{self as clip_ops, TableSumWorkspace};
-use crate::ops::cross_entropy::F16_GRAD_SCALE;
-use crate::ops::gemm::GemmSpec;
+use head::Pass;
+
+mod head;
 use crate::ops::{cross_entropy, embedding, rmsnorm};
 
 /// Host synchronisations the step made: every device-to-host read goes
@@ -157,6 +157,9 @@ pub struct GpuTrainer {
     dist: Option<Rank>,
     /// Bytes the last queued step all-reduced (0 alone).
     reduced_bytes: usize,
+    /// Whether the last forward left a bf16 head's `dnf` for the backward
+    /// (a training pass: the head's backward is fused into its forward).
+    head_grad_ready: bool,
 }
 
 /// Counts host reads as they happen.
@@ -393,6 +396,7 @@ impl GpuTrainer {
             setup,
             dist: None,
             reduced_bytes: 0,
+            head_grad_ready: false,
         })
     }
 
@@ -524,7 +528,7 @@ impl GpuTrainer {
     pub fn loss(&mut self, gpu: &mut GpuContext, tokens: &[u32]) -> Result<f64> {
         self.fit(gpu, tokens)?;
         self.upload_batch(gpu, tokens)?;
-        self.forward(gpu)?;
+        self.forward(gpu, Pass::Loss)?;
         self.sync.this_step = 0;
         self.read_loss(gpu)
     }
@@ -533,7 +537,7 @@ impl GpuTrainer {
     /// seq_len + 1]`; the last column is only a target), forward only.
     pub fn logits(&mut self, gpu: &mut GpuContext, tokens: &[u32]) -> Result<Vec<f32>> {
         self.loss(gpu, tokens)?;
-        gpu.download(&self.ws.logits)
+        self.last_logits(gpu)
     }
 
     /// The trainable tensors as they are now on the device (f32 values).
@@ -567,7 +571,7 @@ impl GpuTrainer {
     pub fn loss_and_grads(&mut self, gpu: &mut GpuContext, tokens: &[u32]) -> Result<LossAndGrads> {
         self.fit(gpu, tokens)?;
         self.upload_batch(gpu, tokens)?;
-        self.forward(gpu)?;
+        self.forward(gpu, Pass::Train)?;
         self.backward(gpu)?;
         self.reduce_then_clip(gpu)?;
         self.sync.this_step = 0;
@@ -656,7 +660,7 @@ impl GpuTrainer {
             _ => 1,
         };
         for _ in 0..passes {
-            self.forward(gpu)?;
+            self.forward(gpu, Pass::Train)?;
             self.backward(gpu)?;
         }
         self.reduce_then_clip(gpu)?;
@@ -752,7 +756,7 @@ impl GpuTrainer {
 
     /// `x0 = emb[inputs]`, every layer in order, then the loss
     /// ([`GpuTrainer::head_forward`]).
-    fn forward(&mut self, gpu: &mut GpuContext) -> Result<()> {
+    fn forward(&mut self, gpu: &mut GpuContext, pass: Pass) -> Result<()> {
         let c = self.cfg;
         let ctx = self.layer_ctx(gpu);
         let ws = &mut self.ws;
@@ -773,50 +777,7 @@ impl GpuTrainer {
             };
             layer.forward(gpu, &ctx, ws, stacks)?;
         }
-        self.head_forward(gpu, ctx.fwd)
-    }
-
-    /// `loss = CE(rmsnorm(x_L) Wlm^T, targets)`: the final norm, the LM head
-    /// and the mean cross-entropy.
-    fn head_forward(&mut self, gpu: &mut GpuContext, fwd: GemmMath) -> Result<()> {
-        let c = self.cfg;
-        let (rows, h) = (c.tokens(), c.hidden);
-        let eps = c.rms_eps;
-        let ws = &mut self.ws;
-        rmsnorm::forward(
-            gpu,
-            &ws.xs[c.layers].as_view(),
-            &self.base.final_norm.as_view(),
-            rows,
-            h,
-            eps,
-            &mut ws.nf.as_view_mut(),
-        )?;
-        let (vocab, logits) = (c.vocab, &mut ws.logits);
-        let spec = GemmSpec::linear(rows, h, vocab);
-        match (&self.base.lm_head_f16, self.base.head()) {
-            (Some(w16), _) => {
-                let nf16 = half_of(gpu, &ws.nf, &mut ws.half_input)?;
-                blas::gemm_half(gpu, spec, 1.0, &nf16, w16, 0.0, logits)?;
-            }
-            (None, Table::Bf16(w)) => {
-                let nf = half_of(gpu, &ws.nf, &mut ws.bf16_input)?;
-                blas::gemm_half(gpu, spec, 1.0, &nf, w, 0.0, logits)?;
-            }
-            (None, Table::F32(w)) => {
-                blas::linear(gpu, fwd, 1.0, &ws.nf, w, 0.0, logits, (rows, h, vocab))?;
-            }
-        }
-        cross_entropy::forward(
-            gpu,
-            &ws.logits.as_view(),
-            rows,
-            c.vocab,
-            &ws.targets.as_view(),
-            &mut ws.losses.as_view_mut(),
-            &mut ws.loss.as_view_mut(),
-            &mut ws.ce_stats,
-        )
+        self.head_forward(gpu, ctx.fwd, pass)
     }
 
     /// `dx` of `x_L` ([`GpuTrainer::head_backward`]), then every layer in
@@ -837,52 +798,6 @@ impl GpuTrainer {
             layer.backward(gpu, &ctx, ws, stack, g)?;
         }
         Ok(())
-    }
-
-    /// The backward of [`GpuTrainer::head_forward`] into `dx`, the gradient
-    /// of `x_L` (the frozen final norm's weight gradient is discarded).
-    fn head_backward(&mut self, gpu: &mut GpuContext, bwd: GemmMath) -> Result<()> {
-        let c = self.cfg;
-        let (rows, h) = (c.tokens(), c.hidden);
-        let eps = c.rms_eps;
-        let ws = &mut self.ws;
-        let d = &mut ws.grads;
-        let (logits, targets) = (ws.logits.as_view(), ws.targets.as_view());
-        let (vocab, stats) = (c.vocab, &ws.ce_stats);
-        let spec = GemmSpec::linear_dx(rows, h, vocab);
-        match (&mut d.dlogits, &self.base.lm_head_f16, self.base.head()) {
-            (Dlogits::F16(g), Some(w16), _) => {
-                let mut view = g.as_view_mut();
-                cross_entropy::backward(gpu, &logits, rows, vocab, &targets, stats, &mut view)?;
-                // g = rows * F16_GRAD_SCALE * dL/dlogits.
-                let alpha = (1.0 / (rows as f64 * f64::from(F16_GRAD_SCALE))) as f32;
-                blas::gemm_half(gpu, spec, alpha, g, w16, 0.0, &mut d.dnf)?;
-            }
-            (Dlogits::Bf16(g), None, Table::Bf16(w)) => {
-                let mut view = g.as_view_mut();
-                cross_entropy::backward(gpu, &logits, rows, vocab, &targets, stats, &mut view)?;
-                blas::gemm_half(gpu, spec, 1.0, g, w, 0.0, &mut d.dnf)?;
-            }
-            (Dlogits::F32(g), None, Table::F32(w)) => {
-                let mut view = g.as_view_mut();
-                cross_entropy::backward(gpu, &logits, rows, vocab, &targets, stats, &mut view)?;
-                blas::linear_dx(gpu, bwd, 1.0, g, w, 0.0, &mut d.dnf, (rows, h, vocab))?;
-            }
-            _ => return Err(head_mismatch()),
-        }
-        rmsnorm::backward(
-            gpu,
-            &ws.xs[c.layers].as_view(),
-            &self.base.final_norm.as_view(),
-            &d.dnf.as_view(),
-            rows,
-            h,
-            eps,
-            &mut d.dx.as_view_mut(),
-            &mut d.dfinal_gamma.as_view_mut(),
-            &mut d.norm,
-        )?;
-        residual_grad_to_bf16(gpu, &d.dx, &mut ws.bf16_second_input)
     }
 
     /// Global (or per-layer) norm clipping, entirely on the device: each
@@ -1295,8 +1210,10 @@ mod tests {
     }
 
     /// A bf16 base plans two bytes per frozen weight (projections, LoRA A
-    /// rows of each stack, the tied embedding) where fp32 plans four, a
-    /// bf16 logits gradient where fp32 plans f32, and the bf16 input buffers
+    /// rows of each stack, the tied embedding) where fp32 plans four, one
+    /// chunk of bf16 logits (`HEAD_CHUNK_ROWS` rows, turned into their
+    /// gradient in place) where fp32 plans the whole batch's logits and their
+    /// gradient in f32, and the bf16 input buffers
     /// (the widest frozen GEMM input, `T x intermediate` for qwen2.5-0.5b,
     /// and SwiGLU's second gradient, `T x intermediate`).
     #[test]
@@ -1315,7 +1232,9 @@ mod tests {
         let frozen = c.layers * (weights + 2 * c.lora_rank * c.hidden) + c.vocab * c.hidden;
         let t = c.tokens();
         let widest = c.intermediate.max(super::super::workspace::qkv_width(&c));
-        let saved = 2 * frozen + 2 * t * c.vocab;
+        let chunk = super::super::workspace::HEAD_CHUNK_ROWS;
+        assert!(chunk < t, "qwen2.5-0.5b's head runs in several chunks");
+        let saved = 2 * frozen + 8 * t * c.vocab - 2 * chunk * c.vocab;
         let added = 2 * t * widest + 2 * t * c.intermediate;
         assert_eq!(
             planned_device_bytes(&c, &fp32) + added - saved,

@@ -95,13 +95,28 @@ pub struct Scratch {
     pub act: CudaSlice<f32>,
 }
 
-/// The cross-entropy gradient `[T, vocab]`, in the operand type of the LM
-/// head's backward GEMM.
+/// Rows of the logits a bf16 base's LM head holds at a time (its forward
+/// and backward run chunk by chunk: `train::step`'s head): a quarter of
+/// qwen2.5-0.5b's 1,024 training tokens, 78 MB of bf16 logits at its
+/// vocabulary of 151,936 instead of the whole batch's 311 MB, and still
+/// GEMMs of thousands of tiles.
+pub const HEAD_CHUNK_ROWS: usize = 256;
+
+/// The rows of one chunk of a bf16 head over `tokens` rows.
+pub fn head_chunk_rows(tokens: usize) -> usize {
+    tokens.clamp(1, HEAD_CHUNK_ROWS)
+}
+
+/// The cross-entropy gradient, in the operand type of the LM head's
+/// backward GEMM.
 pub enum Dlogits {
+    /// `[T, vocab]` f32.
     F32(CudaSlice<f32>),
-    /// With `f16_lm_head`: scaled f16 bits (`cross_entropy::backward` into `u16`).
+    /// With `f16_lm_head`: `[T, vocab]` scaled f16 bits
+    /// (`cross_entropy::backward` into `u16`).
     F16(CudaSlice<u16>),
-    /// With a bf16 base: the gradient of the mean loss in bf16.
+    /// With a bf16 base: `[head_chunk_rows(T), vocab]`, one chunk's logits
+    /// in bf16, turned in place into the gradient of the mean loss.
     Bf16(CudaSlice<Bf16>),
 }
 
@@ -168,7 +183,10 @@ pub struct Workspace {
     /// recomputation in `bf16_input`); inside the MLP's backward, SwiGLU's
     /// `dup` while `dgate` goes to `bf16_input`.
     pub bf16_second_input: Option<CudaSlice<Bf16>>,
-    pub logits: CudaSlice<f32>,
+    /// The whole batch's logits `[T, vocab]` in f32; `None` with a bf16
+    /// base, whose head holds one chunk of them at a time, in bf16
+    /// ([`Dlogits::Bf16`]).
+    pub logits: Option<CudaSlice<f32>>,
     pub losses: CudaSlice<f32>,
     pub loss: CudaSlice<f32>,
     /// The cross-entropy forward's per-row stats, read by its backward.
@@ -245,13 +263,16 @@ impl Workspace {
                 0 => None,
                 n => Some(gpu.zeros(n)?),
             },
-            logits: z(t * c.vocab)?,
+            logits: match options.base {
+                BaseWeights::Bf16 => None,
+                _ => Some(z(t * c.vocab)?),
+            },
             losses: z(t)?,
             loss: z(1)?,
             ce_stats: RowStats::new(gpu, t)?,
             grads: Grads {
                 dlogits: if options.base == BaseWeights::Bf16 {
-                    Dlogits::Bf16(gpu.zeros(t * c.vocab)?)
+                    Dlogits::Bf16(gpu.zeros(head_chunk_rows(t) * c.vocab)?)
                 } else if f16_head {
                     Dlogits::F16(gpu.zeros(t * c.vocab)?)
                 } else {
@@ -293,40 +314,47 @@ impl Workspace {
     /// NF4 dequantisation targets, the leak fault's copy and buffers of `hidden` or
     /// `T` floats), computed before allocating so that a configuration that
     /// cannot fit is refused up front:
-    /// `4 * (layers * saved + (layers + 7) * T * hidden + 2 * T * vocab`
+    /// `4 * (layers * saved + (layers + 7) * T * hidden`
     /// `+ 6 * T * intermediate + 2 * T * (q_dim + kv_dim) + T * width`
-    /// `+ attention scratch)` plus the cuBLAS workspace and the 16-bit GEMM
+    /// `+ attention scratch)` plus the cuBLAS workspace, the 16-bit GEMM
     /// inputs ([`Workspace::half_input_len`], [`Workspace::bf16_input_len`],
-    /// [`Workspace::bf16_second_input_len`], 2 bytes each); with
-    /// `f16_lm_head` or a bf16 base the logits' gradient is 16-bit (`2 * T *
-    /// vocab` bytes fewer).
+    /// [`Workspace::bf16_second_input_len`], 2 bytes each) and the head's
+    /// logits and their gradient ([`Workspace::head_bytes`]).
     /// Term by term: the residual stream (`layers + 1`), the final norm's
-    /// output and five hidden-wide gradients; logits and their gradient; gate,
-    /// up and their product (scratch) and their three gradients; attention's
-    /// output gradient and dq (after RoPE), dk and dv; the fused projection's
-    /// gradient.
+    /// output and five hidden-wide gradients; gate, up and their product
+    /// (scratch) and their three gradients; attention's output gradient and
+    /// dq (after RoPE), dk and dv; the fused projection's gradient.
     pub fn planned_bytes(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
         let t = c.tokens();
         let keep_mlp = options.keep_mlp;
         let floats = c.layers * (LayerActs::floats(c) + LayerActs::mlp_floats(c, keep_mlp))
             + (c.layers + 7) * t * c.hidden
-            + 2 * t * c.vocab
             + 3 * t
             + 6 * t * c.intermediate
             + 2 * t * c.q_dim()
             + 2 * t * c.kv_dim()
             + t * qkv_width(c)
             + attention_scratch(c);
-        let bytes = 4 * floats
+        4 * floats
             + CUBLAS_WORKSPACE_BYTES
             + 2 * Self::half_input_len(c, options)
             + 2 * Self::bf16_input_len(c, options)
-            + 2 * Self::bf16_second_input_len(c, options);
-        if options.f16_lm_head || options.base == BaseWeights::Bf16 {
-            // Never below zero: `bytes` counts 8 T vocab for the logits and their gradient.
-            bytes - 2 * t * c.vocab
+            + 2 * Self::bf16_second_input_len(c, options)
+            + Self::head_bytes(c, options)
+    }
+
+    /// Bytes of the head's logits and their gradient: `4 T vocab` each in
+    /// f32; with `f16_lm_head` the gradient in f16 (`2 T vocab`); with a
+    /// bf16 base one chunk of bf16 logits, turned into their gradient in
+    /// place (`2 head_chunk_rows(T) vocab`), and no f32 logits.
+    pub fn head_bytes(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
+        let t = c.tokens();
+        if options.base == BaseWeights::Bf16 {
+            2 * head_chunk_rows(t) * c.vocab
+        } else if options.f16_lm_head {
+            6 * t * c.vocab
         } else {
-            bytes
+            8 * t * c.vocab
         }
     }
 
@@ -391,7 +419,8 @@ impl Workspace {
         per_layer
             + self.xs.iter().map(|x| 4 * x.len()).sum::<usize>()
             + f32s(&[&sc.gate, &sc.up, &sc.act])
-            + f32s(&[&self.nf, &self.logits, &self.losses, &self.loss])
+            + f32s(&[&self.nf, &self.losses, &self.loss])
+            + self.logits.as_ref().map_or(0, |b| 4 * b.len())
             + self.ce_stats.bytes()
             + 2 * self.half_input.as_ref().map_or(0, |b| b.len())
             + 2 * self.bf16_input.as_ref().map_or(0, |b| b.len())
