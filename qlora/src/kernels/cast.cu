@@ -15,37 +15,33 @@ __device__ __forceinline__ float f16_bits_to_f32(unsigned short h) {
     return x;
 }
 
-// The two 16-bit formats: each rounds an f32 to its bits (nearest, ties to
-// even) and widens its bits back to f32 (exact).
+// The two 16-bit formats widened back to f32 (exact); the rounding the other
+// way is the store policies' of common.cuh (StoreF16, StoreBf16).
 struct F16Format {
-    static __device__ __forceinline__ unsigned short round(float x) { return f32_to_f16_bits(x); }
     static __device__ __forceinline__ float widen(unsigned short h) { return f16_bits_to_f32(h); }
 };
 struct Bf16Format {
-    static __device__ __forceinline__ unsigned short round(float x) { return f32_to_bf16_bits(x); }
     static __device__ __forceinline__ float widen(unsigned short h) { return bf16_bits_to_f32(h); }
 };
 
-// y[i] = Fmt(x[i]) for i < n. Four elements per step where x is 16-byte and
-// y 8-byte aligned (one float4 load, one 8-byte store, the lower index in
-// the lower 16 bits: the casts of the GEMM inputs are bandwidth-bound); the
-// rest, or everything when a view starts unaligned, one at a time.
-template <typename Fmt>
+// y[i] = S's rounding of x[i] for i < n. Four elements per step where x is
+// 16-byte and y 8-byte aligned (one float4 load, one 8-byte store: the casts
+// of the GEMM inputs are bandwidth-bound); the rest, or everything when a
+// view starts unaligned, one at a time.
+template <typename S>
 __device__ __forceinline__ void narrow(const float* __restrict__ x, unsigned short* __restrict__ y,
                                        long long n) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const bool vec = aligned16(x) && ((unsigned long long)y & 7ull) == 0;
+    // `&`, not `&&`: both tests are a mask of a pointer, and one combined
+    // branch is cheaper than two (NVRTC branches on each with `&&`).
+    const bool vec = aligned16(x) & S::vec(y);
     const long long quads = vec ? n / 4 : 0;
     for (long long q = first; q < quads; q += stride) {
         const float4 v = reinterpret_cast<const float4*>(x)[q];
-        const unsigned lo = (unsigned)Fmt::round(v.x) | ((unsigned)Fmt::round(v.y) << 16);
-        const unsigned hi = (unsigned)Fmt::round(v.z) | ((unsigned)Fmt::round(v.w) << 16);
-        reinterpret_cast<uint2*>(y)[q] = make_uint2(lo, hi);
+        S::put4(y, q, v.x, v.y, v.z, v.w);
     }
-    for (long long i = 4 * quads + first; i < n; i += stride) {
-        y[i] = Fmt::round(x[i]);
-    }
+    for (long long i = 4 * quads + first; i < n; i += stride) S::put(y, i, x[i]);
 }
 
 // y[i] = f32(x[i]) for i < n (exact).
@@ -60,7 +56,7 @@ __device__ __forceinline__ void widen(const unsigned short* __restrict__ x, floa
 
 extern "C" __global__ void cast_fwd_f32_f16(const float* __restrict__ x,
                                             unsigned short* __restrict__ y, long long n) {
-    narrow<F16Format>(x, y, n);
+    narrow<StoreF16>(x, y, n);
 }
 
 extern "C" __global__ void cast_fwd_f16_f32(const unsigned short* __restrict__ x,
@@ -70,7 +66,7 @@ extern "C" __global__ void cast_fwd_f16_f32(const unsigned short* __restrict__ x
 
 extern "C" __global__ void cast_fwd_f32_bf16(const float* __restrict__ x,
                                              unsigned short* __restrict__ y, long long n) {
-    narrow<Bf16Format>(x, y, n);
+    narrow<StoreBf16>(x, y, n);
 }
 
 extern "C" __global__ void cast_fwd_bf16_f32(const unsigned short* __restrict__ x,

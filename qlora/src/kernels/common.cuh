@@ -162,10 +162,11 @@ static __device__ __forceinline__ void map1(const float* __restrict__ x, float* 
     }
 }
 
-// Where an elementwise result goes: an f32 as computed, or its bf16
-// rounding (nearest, ties to even) for a bf16 GEMM that reads it next, which
-// would otherwise need a cast kernel of its own. `vec` says whether the
-// four-at-a-time store is legal at y (16-byte aligned for f32, 8 for bf16).
+// Where an elementwise result goes: an f32 as computed, or its f16 or bf16
+// rounding (nearest, ties to even) for a 16-bit GEMM that reads it next,
+// which would otherwise need a cast kernel of its own. `vec` says whether
+// the four-at-a-time store is legal at y (16-byte aligned for f32, 8 for
+// the 16-bit formats).
 struct StoreF32 {
     typedef float T;
     static __device__ __forceinline__ bool vec(const T* y) { return aligned16(y); }
@@ -174,6 +175,19 @@ struct StoreF32 {
         reinterpret_cast<float4*>(y)[k4] = make_float4(a, b, c, e);
     }
     static __device__ __forceinline__ void put(T* y, long long k, float v) { y[k] = v; }
+};
+struct StoreF16 {
+    typedef unsigned short T;
+    static __device__ __forceinline__ bool vec(const T* y) {
+        return ((unsigned long long)y & 7ull) == 0;
+    }
+    static __device__ __forceinline__ void put4(T* y, long long k4, float a, float b, float c,
+                                                float e) {
+        store_f16x4(y, k4, a, b, c, e);
+    }
+    static __device__ __forceinline__ void put(T* y, long long k, float v) {
+        y[k] = f32_to_f16_bits(v);
+    }
 };
 struct StoreBf16 {
     typedef unsigned short T;

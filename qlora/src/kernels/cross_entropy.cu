@@ -96,35 +96,14 @@ extern "C" __global__ void cross_entropy_mean_f32(const float* __restrict__ loss
     if (threadIdx.x == 0) out[0] = total / (float)rows;
 }
 
-// Stores of the backward's gradients: four at element 4 * j4 (the row is
-// aligned for it), or one at element j. f32 as is; f16 as raw bits, rounded
-// to nearest even.
-__device__ __forceinline__ void store4(float* d, int j4, float a, float b, float c, float e) {
-    reinterpret_cast<float4*>(d)[j4] = make_float4(a, b, c, e);
-}
-__device__ __forceinline__ void store4(unsigned short* d, int j4, float a, float b, float c,
-                                       float e) {
-    store_f16x4(d, j4, a, b, c, e);
-}
-__device__ __forceinline__ void store1(float* d, int j, float v) { d[j] = v; }
-__device__ __forceinline__ void store1(unsigned short* d, int j, float v) { d[j] = f32_to_f16_bits(v); }
-// bf16 gradients travel as raw bits too; this one-member type tells their
-// stores from the f16 ones.
-struct Bf16Bits {
-    unsigned short bits;
-};
-__device__ __forceinline__ void store4(Bf16Bits* d, int j4, float a, float b, float c, float e) {
-    store_bf16x4(reinterpret_cast<unsigned short*>(d), j4, a, b, c, e);
-}
-__device__ __forceinline__ void store1(Bf16Bits* d, int j, float v) { d[j].bits = f32_to_bf16_bits(v); }
-
 // dlogits for rows [0, rows): (softmax(x_r) - onehot(t_r)) * grad_scale,
-// with the forward's stats of each row, stored as Out (float, f16 or bf16 bits).
-template <typename Out>
+// with the forward's stats of each row, stored as S stores it (f32, or f16 or
+// bf16 bits rounded to nearest even: common.cuh's store policies).
+template <typename S>
 __device__ __forceinline__ void cross_entropy_bwd(const float* __restrict__ logits,
                                                   const unsigned int* __restrict__ targets,
                                                   const float2* __restrict__ stats,
-                                                  Out* __restrict__ dlogits,
+                                                  typename S::T* __restrict__ dlogits,
                                                   int rows, int vocab, float grad_scale) {
     const int row = blockIdx.x;
     if (row >= rows) return;
@@ -133,7 +112,7 @@ __device__ __forceinline__ void cross_entropy_bwd(const float* __restrict__ logi
     const float2 ml = stats[row];
     const unsigned int t = targets[row];
     const float bad = t < (unsigned int)vocab ? 0.0f : __int_as_float(0x7fc00000);
-    Out* dr = dlogits + base;
+    typename S::T* dr = dlogits + base;
     // (softmax - onehot) * grad_scale of element j with logit x.
     auto grad = [&](int j, float x) {
         const float p = expf((x - ml.x) - ml.y);
@@ -141,18 +120,17 @@ __device__ __forceinline__ void cross_entropy_bwd(const float* __restrict__ logi
         return (p - onehot) * grad_scale + bad;
     };
     int done = 0;
-    // Four elements of Out at a time need 4 * sizeof(Out) alignment.
-    if (aligned16(xr) && ((unsigned long long)dr % (4 * sizeof(Out))) == 0) {
+    if (aligned16(xr) && S::vec(dr)) {
         const int v4 = vocab / 4;
         const float4* x4 = reinterpret_cast<const float4*>(xr);
         for (int j = threadIdx.x; j < v4; j += blockDim.x) {
             const float4 x = x4[j];
             const int e = 4 * j;
-            store4(dr, j, grad(e, x.x), grad(e + 1, x.y), grad(e + 2, x.z), grad(e + 3, x.w));
+            S::put4(dr, j, grad(e, x.x), grad(e + 1, x.y), grad(e + 2, x.z), grad(e + 3, x.w));
         }
         done = 4 * v4;
     }
-    for (int j = done + threadIdx.x; j < vocab; j += blockDim.x) store1(dr, j, grad(j, xr[j]));
+    for (int j = done + threadIdx.x; j < vocab; j += blockDim.x) S::put(dr, j, grad(j, xr[j]));
 }
 
 extern "C" __global__ void cross_entropy_bwd_f32(const float* __restrict__ logits,
@@ -160,7 +138,7 @@ extern "C" __global__ void cross_entropy_bwd_f32(const float* __restrict__ logit
                                                  const float2* __restrict__ stats,
                                                  float* __restrict__ dlogits,
                                                  int rows, int vocab, float grad_scale) {
-    cross_entropy_bwd(logits, targets, stats, dlogits, rows, vocab, grad_scale);
+    cross_entropy_bwd<StoreF32>(logits, targets, stats, dlogits, rows, vocab, grad_scale);
 }
 
 // As cross_entropy_bwd_f32, the gradients stored in f16 (raw bits): for the
@@ -170,7 +148,7 @@ extern "C" __global__ void cross_entropy_bwd_f16(const float* __restrict__ logit
                                                  const float2* __restrict__ stats,
                                                  unsigned short* __restrict__ dlogits,
                                                  int rows, int vocab, float grad_scale) {
-    cross_entropy_bwd(logits, targets, stats, dlogits, rows, vocab, grad_scale);
+    cross_entropy_bwd<StoreF16>(logits, targets, stats, dlogits, rows, vocab, grad_scale);
 }
 
 // As cross_entropy_bwd_f32, the gradients stored in bf16 (raw bits): for the
@@ -181,8 +159,7 @@ extern "C" __global__ void cross_entropy_bwd_bf16(const float* __restrict__ logi
                                                   const float2* __restrict__ stats,
                                                   unsigned short* __restrict__ dlogits,
                                                   int rows, int vocab, float grad_scale) {
-    cross_entropy_bwd(logits, targets, stats, reinterpret_cast<Bf16Bits*>(dlogits), rows, vocab,
-                      grad_scale);
+    cross_entropy_bwd<StoreBf16>(logits, targets, stats, dlogits, rows, vocab, grad_scale);
 }
 
 // The bf16 LM head's cross-entropy, forward and backward in one kernel, in

@@ -44,16 +44,20 @@ __device__ __forceinline__ float4 load_pack(const float* p, int j, int hidden, b
                        c + 2 < hidden ? p[c + 2] : 0.0f, c + 3 < hidden ? p[c + 3] : 0.0f);
 }
 
-__device__ __forceinline__ void store_pack(float* p, int j, int hidden, bool vec, float4 v) {
+// Stores pack j into row p as S stores it: f32, or its bf16 rounding (the
+// bf16 step's GEMM operand). `vec` as for load_pack; a bf16 row is then
+// 8-byte aligned.
+template <typename S = StoreF32>
+__device__ __forceinline__ void store_pack(typename S::T* p, int j, int hidden, bool vec, float4 v) {
     if (vec) {
-        reinterpret_cast<float4*>(p)[j] = v;
+        S::put4(p, j, v.x, v.y, v.z, v.w);
         return;
     }
     const int c = 4 * j;
-    if (c < hidden) p[c] = v.x;
-    if (c + 1 < hidden) p[c + 1] = v.y;
-    if (c + 2 < hidden) p[c + 2] = v.z;
-    if (c + 3 < hidden) p[c + 3] = v.w;
+    if (c < hidden) S::put(p, c, v.x);
+    if (c + 1 < hidden) S::put(p, c + 1, v.y);
+    if (c + 2 < hidden) S::put(p, c + 2, v.z);
+    if (c + 3 < hidden) S::put(p, c + 3, v.w);
 }
 
 __device__ __forceinline__ float dot4(float4 a, float4 b) {
@@ -68,26 +72,10 @@ __device__ __forceinline__ int pack_index(int k, int packs) {
 
 #if RMS_PART == 0
 
-// y = rmsnorm(x) * gamma for rows [0, rows); block b takes rows b, b +
-// gridDim.x, ... (one row per block, except under the test-only serialised
-// launch, which runs one block).
-// A pack's bf16 rounding into row p (the bf16 step's GEMM operand); `vec`
-// as for store_pack, with p 8-byte aligned.
-__device__ __forceinline__ void store_pack_bf16(unsigned short* p, int j, int hidden, bool vec,
-                                                float4 v) {
-    if (vec) {
-        store_bf16x4(p, j, v.x, v.y, v.z, v.w);
-        return;
-    }
-    const int c = 4 * j;
-    if (c < hidden) p[c] = f32_to_bf16_bits(v.x);
-    if (c + 1 < hidden) p[c + 1] = f32_to_bf16_bits(v.y);
-    if (c + 2 < hidden) p[c + 2] = f32_to_bf16_bits(v.z);
-    if (c + 3 < hidden) p[c + 3] = f32_to_bf16_bits(v.w);
-}
-
-// y = rmsnorm(x) * gamma, and with BF16 also its bf16 rounding y16 (the
-// same f32 values, rounded at the store).
+// y = rmsnorm(x) * gamma for rows [0, rows), and with BF16 also its bf16
+// rounding y16 (the same f32 values, rounded at the store); block b takes
+// rows b, b + gridDim.x, ... (one row per block, except under the test-only
+// serialised launch, which runs one block).
 template <bool BF16>
 __device__ __forceinline__ void rmsnorm_fwd(const float* __restrict__ x,
                                             const float* __restrict__ gamma,
@@ -120,7 +108,7 @@ __device__ __forceinline__ void rmsnorm_fwd(const float* __restrict__ x,
             const float4 out =
                 make_float4(v.x * r * g.x, v.y * r * g.y, v.z * r * g.z, v.w * r * g.w);
             store_pack(yr, j, hidden, vec, out);
-            if (BF16) store_pack_bf16(yr16, j, hidden, vec, out);
+            if (BF16) store_pack<StoreBf16>(yr16, j, hidden, vec, out);
         }
     }
 }
