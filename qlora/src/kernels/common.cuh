@@ -16,16 +16,6 @@ static __device__ __forceinline__ unsigned short f32_to_f16_bits(float x) {
     return h;
 }
 
-// d[4 i4 .. 4 i4 + 3] = f16(a, b, c, e) as one 8-byte store (d 8-byte
-// aligned). Little-endian: the element of the lower index in the lower 16
-// bits.
-static __device__ __forceinline__ void store_f16x4(unsigned short* d, long long i4, float a,
-                                                   float b, float c, float e) {
-    const unsigned lo = (unsigned)f32_to_f16_bits(a) | ((unsigned)f32_to_f16_bits(b) << 16);
-    const unsigned hi = (unsigned)f32_to_f16_bits(c) | ((unsigned)f32_to_f16_bits(e) << 16);
-    reinterpret_cast<uint2*>(d)[i4] = make_uint2(lo, hi);
-}
-
 // The bf16 nearest to x (ties to even, as the host's `half::bf16::from_f32`),
 // as its raw 16-bit pattern: the upper half of x's bits after adding half an
 // ulp of bf16 (less one, plus the kept lowest bit, for ties to even). A NaN
@@ -40,15 +30,6 @@ static __device__ __forceinline__ unsigned short f32_to_bf16_bits(float x) {
 // The f32 value of bf16 bits h: exact (bf16 is f32's upper half).
 static __device__ __forceinline__ float bf16_bits_to_f32(unsigned short h) {
     return __uint_as_float((unsigned)h << 16);
-}
-
-// d[4 i4 .. 4 i4 + 3] = bf16(a, b, c, e) as one 8-byte store (d 8-byte
-// aligned), lower index in the lower 16 bits.
-static __device__ __forceinline__ void store_bf16x4(unsigned short* d, long long i4, float a,
-                                                    float b, float c, float e) {
-    const unsigned lo = (unsigned)f32_to_bf16_bits(a) | ((unsigned)f32_to_bf16_bits(b) << 16);
-    const unsigned hi = (unsigned)f32_to_bf16_bits(c) | ((unsigned)f32_to_bf16_bits(e) << 16);
-    reinterpret_cast<uint2*>(d)[i4] = make_uint2(lo, hi);
 }
 
 // The tensor of element k of a tensor table's concatenation: the largest i
@@ -176,32 +157,25 @@ struct StoreF32 {
     }
     static __device__ __forceinline__ void put(T* y, long long k, float v) { y[k] = v; }
 };
-struct StoreF16 {
+// A 16-bit format, whose Round gives an f32's bits (nearest, ties to even).
+// Four values go as one 8-byte store (y 8-byte aligned), little-endian: the
+// element of the lower index in the lower 16 bits.
+template <unsigned short (*Round)(float)>
+struct Store16 {
     typedef unsigned short T;
     static __device__ __forceinline__ bool vec(const T* y) {
         return ((unsigned long long)y & 7ull) == 0;
     }
     static __device__ __forceinline__ void put4(T* y, long long k4, float a, float b, float c,
                                                 float e) {
-        store_f16x4(y, k4, a, b, c, e);
+        const unsigned lo = (unsigned)Round(a) | ((unsigned)Round(b) << 16);
+        const unsigned hi = (unsigned)Round(c) | ((unsigned)Round(e) << 16);
+        reinterpret_cast<uint2*>(y)[k4] = make_uint2(lo, hi);
     }
-    static __device__ __forceinline__ void put(T* y, long long k, float v) {
-        y[k] = f32_to_f16_bits(v);
-    }
+    static __device__ __forceinline__ void put(T* y, long long k, float v) { y[k] = Round(v); }
 };
-struct StoreBf16 {
-    typedef unsigned short T;
-    static __device__ __forceinline__ bool vec(const T* y) {
-        return ((unsigned long long)y & 7ull) == 0;
-    }
-    static __device__ __forceinline__ void put4(T* y, long long k4, float a, float b, float c,
-                                                float e) {
-        store_bf16x4(y, k4, a, b, c, e);
-    }
-    static __device__ __forceinline__ void put(T* y, long long k, float v) {
-        y[k] = f32_to_bf16_bits(v);
-    }
-};
+typedef Store16<f32_to_f16_bits> StoreF16;
+typedef Store16<f32_to_bf16_bits> StoreBf16;
 
 template <typename S = StoreF32, typename F>
 static __device__ __forceinline__ void map2(const float* __restrict__ a, const float* __restrict__ b,

@@ -296,11 +296,12 @@ pub fn backward<T: GradElement>(
         .arg(&rows_w_i)
         .arg(&vocab_i)
         .arg(&grad_scale);
-    // SAFETY: both kernels are (const float* logits, const unsigned int*
-    // targets, const float2* stats, Out* dlogits, int rows, int vocab, float
-    // grad_scale), and T::KERNEL is the one whose Out is T (f32: float; u16:
-    // unsigned short; Bf16: the 2-byte Bf16Bits of cross_entropy.cu), so the lengths checked in elements of T are the
-    // kernel's: logits and dlogits hold rows * vocab elements, targets rows
+    // SAFETY: the three kernels are (const float* logits, const unsigned
+    // int* targets, const float2* stats, Out* dlogits, int rows, int vocab,
+    // float grad_scale), and T::KERNEL is the one whose Out is T (f32:
+    // float; u16 and Bf16: unsigned short, f16 and bf16 bits), so the
+    // lengths checked in elements of T are the kernel's: logits and dlogits
+    // hold rows * vocab elements, targets rows
     // >= rows_w_i and stats 2 rows floats in a whole allocation (checked
     // above); dlogits aliases no input.
     unsafe { l.launch(cfg) }?;

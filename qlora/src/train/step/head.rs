@@ -14,15 +14,16 @@
 //! takes the chunk's rows of `dnf = dlogits Wlm` at once, before the next
 //! chunk reuses the buffer. The backward starts from that `dnf`.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
 use super::super::blas;
 use super::super::layer::{front, front_mut, half_of, residual_grad_to_bf16};
-use super::super::weights::Table;
+use super::super::weights::{BaseDevice, Table};
 use super::super::workspace::{head_chunk_rows, Dlogits};
 use super::{head_mismatch, GpuTrainer};
 use crate::error::{Error, Result};
 use crate::gpu::{GemmMath, GpuContext};
+use crate::model::ModelConfig;
 use crate::ops::cast::Bf16;
 use crate::ops::cross_entropy::{self, F16_GRAD_SCALE};
 use crate::ops::gemm::GemmSpec;
@@ -109,24 +110,11 @@ impl GpuTrainer {
     /// The bf16 head, chunk by chunk (the module's doc): the loss rows,
     /// their mean, and with [`Pass::Train`] `dnf`.
     fn head_bf16_chunks(&mut self, gpu: &mut GpuContext, pass: Pass) -> Result<()> {
-        let c = self.cfg;
-        let (rows, h, vocab) = (c.tokens(), c.hidden, c.vocab);
-        let Table::Bf16(w) = self.base.head() else {
-            return Err(head_mismatch());
-        };
         let ws = &mut self.ws;
-        let nf16 = front(&ws.bf16_input, rows * h)?;
-        let Dlogits::Bf16(chunk_buf) = &mut ws.grads.dlogits else {
-            return Err(head_mismatch());
-        };
-        let chunk = head_chunk_rows(rows);
-        for r0 in (0..rows).step_by(chunk) {
-            let n = chunk.min(rows - r0);
-            let mut x = view_mut(chunk_buf, 0, n * vocab)?;
-            let a = nf16
-                .try_slice(r0 * h..(r0 + n) * h)
-                .ok_or_else(out_of_range)?;
-            blas::gemm_half(gpu, GemmSpec::linear(n, h, vocab), 1.0, &a, w, 0.0, &mut x)?;
+        let mut head = Bf16Head::new(&self.cfg, &self.base, &ws.bf16_input, &mut ws.grads.dlogits)?;
+        let (rows, h, vocab, w) = (head.rows, head.hidden, head.vocab, head.w);
+        for (r0, n) in head.chunks() {
+            let mut x = head.logits(gpu, r0, n)?;
             cross_entropy::fused_bf16(
                 gpu,
                 &mut x,
@@ -152,25 +140,11 @@ impl GpuTrainer {
         if let Some(l) = &self.ws.logits {
             return gpu.download(l);
         }
-        let c = self.cfg;
-        let (rows, h, vocab) = (c.tokens(), c.hidden, c.vocab);
-        let Table::Bf16(w) = self.base.head() else {
-            return Err(head_mismatch());
-        };
         let ws = &mut self.ws;
-        let nf16 = front(&ws.bf16_input, rows * h)?;
-        let Dlogits::Bf16(chunk_buf) = &mut ws.grads.dlogits else {
-            return Err(head_mismatch());
-        };
-        let mut out = Vec::with_capacity(rows * vocab);
-        let chunk = head_chunk_rows(rows);
-        for r0 in (0..rows).step_by(chunk) {
-            let n = chunk.min(rows - r0);
-            let mut x = view_mut(chunk_buf, 0, n * vocab)?;
-            let a = nf16
-                .try_slice(r0 * h..(r0 + n) * h)
-                .ok_or_else(out_of_range)?;
-            blas::gemm_half(gpu, GemmSpec::linear(n, h, vocab), 1.0, &a, w, 0.0, &mut x)?;
+        let mut head = Bf16Head::new(&self.cfg, &self.base, &ws.bf16_input, &mut ws.grads.dlogits)?;
+        let mut out = Vec::with_capacity(head.rows * head.vocab);
+        for (r0, n) in head.chunks() {
+            let x = head.logits(gpu, r0, n)?;
             out.extend(gpu.download(&x)?.into_iter().map(Bf16::to_f32));
         }
         Ok(out)
@@ -231,6 +205,69 @@ impl GpuTrainer {
     }
 }
 
+/// What a bf16 base's LM head works with: its weight, the final norm's
+/// output in bf16 (`[rows, hidden]`, the front of the bf16 input buffer) and
+/// the buffer of one chunk's logits.
+struct Bf16Head<'a> {
+    w: &'a CudaSlice<Bf16>,
+    nf16: CudaView<'a, Bf16>,
+    chunk_buf: &'a mut CudaSlice<Bf16>,
+    rows: usize,
+    hidden: usize,
+    vocab: usize,
+}
+
+impl<'a> Bf16Head<'a> {
+    fn new(
+        c: &ModelConfig,
+        base: &'a BaseDevice,
+        bf16_input: &'a Option<CudaSlice<Bf16>>,
+        dlogits: &'a mut Dlogits,
+    ) -> Result<Self> {
+        let (Table::Bf16(w), Dlogits::Bf16(chunk_buf)) = (base.head(), dlogits) else {
+            return Err(head_mismatch());
+        };
+        let (rows, hidden) = (c.tokens(), c.hidden);
+        Ok(Bf16Head {
+            w,
+            nf16: front(bf16_input, rows * hidden)?,
+            chunk_buf,
+            rows,
+            hidden,
+            vocab: c.vocab,
+        })
+    }
+
+    /// `(first row, rows)` of each chunk, in order.
+    fn chunks(&self) -> Vec<(usize, usize)> {
+        let chunk = head_chunk_rows(self.rows);
+        (0..self.rows)
+            .step_by(chunk)
+            .map(|r0| (r0, chunk.min(self.rows - r0)))
+            .collect()
+    }
+
+    /// The logits of rows `[r0, r0 + n)`, `nf Wlm^T` in bf16, in the chunk buffer.
+    fn logits(&mut self, gpu: &GpuContext, r0: usize, n: usize) -> Result<CudaViewMut<'_, Bf16>> {
+        let (h, vocab) = (self.hidden, self.vocab);
+        let mut x = view_mut(self.chunk_buf, 0, n * vocab)?;
+        let a = self
+            .nf16
+            .try_slice(r0 * h..(r0 + n) * h)
+            .ok_or_else(out_of_range)?;
+        blas::gemm_half(
+            gpu,
+            GemmSpec::linear(n, h, vocab),
+            1.0,
+            &a,
+            self.w,
+            0.0,
+            &mut x,
+        )?;
+        Ok(x)
+    }
+}
+
 /// The whole-batch f32 logits of a base that keeps them.
 fn f32_logits(logits: &mut Option<CudaSlice<f32>>) -> Result<&mut CudaSlice<f32>> {
     logits.as_mut().ok_or_else(|| Error::InvalidArgument {
@@ -240,11 +277,7 @@ fn f32_logits(logits: &mut Option<CudaSlice<f32>>) -> Result<&mut CudaSlice<f32>
 }
 
 /// Elements `[start, start + len)` of `buf`, to write.
-fn view_mut<T>(
-    buf: &mut CudaSlice<T>,
-    start: usize,
-    len: usize,
-) -> Result<cudarc::driver::CudaViewMut<'_, T>> {
+fn view_mut<T>(buf: &mut CudaSlice<T>, start: usize, len: usize) -> Result<CudaViewMut<'_, T>> {
     buf.try_slice_mut(start..start + len)
         .ok_or_else(out_of_range)
 }
