@@ -141,6 +141,33 @@ fn program_log(prog: &Program) -> Result<String> {
 /// Compiles `source` with NVRTC for the real architecture `arch` (e.g.
 /// `sm_90`) and returns the cubin: SASS the driver loads without a JIT.
 pub fn compile_cubin(source: &ModuleSource, arch: &str) -> Result<Vec<u8>> {
+    compiled(source, &compile_options(source, arch), |prog, _| {
+        let mut size = 0usize;
+        // SAFETY: `prog` compiled successfully; NVRTC writes one usize.
+        unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog.0, &mut size) }.result()?;
+        let mut cubin = vec![0u8; size];
+        // SAFETY: `cubin` holds exactly the `size` bytes NVRTC said it writes.
+        unsafe { nvrtc_sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr().cast()) }.result()?;
+        Ok(cubin)
+    })
+}
+
+/// What ptxas says of each kernel of `source` compiled for the real
+/// architecture `arch` with [`compile_options`] (`--ptxas-options=-v`):
+/// per entry function its registers, stack frame and spill bytes, as text.
+pub fn ptxas_report(source: &ModuleSource, arch: &str) -> Result<String> {
+    let mut options = compile_options(source, arch);
+    options.push("--ptxas-options=-v".into());
+    compiled(source, &options, |_, log| Ok(log))
+}
+
+/// `read` of `source` compiled with `options` and of NVRTC's log, while the
+/// program lives; a compile error keeps the log.
+fn compiled<T>(
+    source: &ModuleSource,
+    options: &[String],
+    read: impl FnOnce(&Program, String) -> Result<T>,
+) -> Result<T> {
     if !nvrtc_present() {
         return Err(Error::CudaUnavailable("NVRTC library not found".into()));
     }
@@ -155,19 +182,15 @@ pub fn compile_cubin(source: &ModuleSource, arch: &str) -> Result<Vec<u8>> {
     let prog = Program(nvrtc::create_program(&src, Some(&name))?);
     // SAFETY: `prog` is live until dropped at the end of this function, and
     // `src` and `name`, which it may point into, outlive it (declared first).
-    if unsafe { nvrtc::compile_program(prog.0, &compile_options(source, arch)) }.is_err() {
+    let failed = unsafe { nvrtc::compile_program(prog.0, options) }.is_err();
+    let log = program_log(&prog)?;
+    if failed {
         return Err(Error::Compile {
             module: source.name.to_string(),
-            log: program_log(&prog)?,
+            log,
         });
     }
-    let mut size = 0usize;
-    // SAFETY: `prog` compiled successfully; NVRTC writes one usize.
-    unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog.0, &mut size) }.result()?;
-    let mut cubin = vec![0u8; size];
-    // SAFETY: `cubin` holds exactly the `size` bytes NVRTC said it writes.
-    unsafe { nvrtc_sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr().cast()) }.result()?;
-    Ok(cubin)
+    read(&prog, log)
 }
 
 /// Starts NVRTC on a thread of its own: one compilation of an empty kernel
