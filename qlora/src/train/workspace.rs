@@ -107,6 +107,16 @@ pub fn head_chunk_rows(tokens: usize) -> usize {
     tokens.clamp(1, HEAD_CHUNK_ROWS)
 }
 
+/// `(first row, rows)` of each chunk of a bf16 head over `tokens` rows, in
+/// order: whole chunks of [`head_chunk_rows`], the last one shorter.
+pub fn head_chunks(tokens: usize) -> Vec<(usize, usize)> {
+    let chunk = head_chunk_rows(tokens);
+    (0..tokens)
+        .step_by(chunk)
+        .map(|r0| (r0, chunk.min(tokens - r0)))
+        .collect()
+}
+
 /// The cross-entropy gradient, in the operand type of the LM head's
 /// backward GEMM.
 pub enum Dlogits {
@@ -533,4 +543,29 @@ fn attention_scratch(c: &ModelConfig) -> usize {
         kv_heads: c.kv_heads,
         head_dim: c.head_dim,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_chunks_cover_every_row_once_in_order() {
+        assert_eq!(
+            head_chunks(1024),
+            [(0, 256), (256, 256), (512, 256), (768, 256)]
+        );
+        assert_eq!(head_chunks(1000).last(), Some(&(768, 232)));
+        assert_eq!(head_chunks(5), [(0, 5)]);
+        assert!(head_chunks(0).is_empty());
+        for t in [1, 255, 256, 257, 513, 4096] {
+            let c = head_chunks(t);
+            assert_eq!(c.iter().map(|&(_, n)| n).sum::<usize>(), t);
+            assert!(
+                c.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0),
+                "{t}: {c:?}"
+            );
+            assert!(c.iter().all(|&(_, n)| n > 0 && n <= HEAD_CHUNK_ROWS));
+        }
+    }
 }

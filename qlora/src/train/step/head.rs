@@ -19,7 +19,7 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use super::super::blas;
 use super::super::layer::{front, front_mut, half_of, residual_grad_to_bf16};
 use super::super::weights::{BaseDevice, Table};
-use super::super::workspace::{head_chunk_rows, Dlogits};
+use super::super::workspace::{head_chunks, Dlogits};
 use super::{head_mismatch, GpuTrainer};
 use crate::error::{Error, Result};
 use crate::gpu::{GemmMath, GpuContext};
@@ -240,11 +240,7 @@ impl<'a> Bf16Head<'a> {
 
     /// `(first row, rows)` of each chunk, in order.
     fn chunks(&self) -> Vec<(usize, usize)> {
-        let chunk = head_chunk_rows(self.rows);
-        (0..self.rows)
-            .step_by(chunk)
-            .map(|r0| (r0, chunk.min(self.rows - r0)))
-            .collect()
+        head_chunks(self.rows)
     }
 
     /// The logits of rows `[r0, r0 + n)`, `nf Wlm^T` in bf16, in the chunk buffer.
