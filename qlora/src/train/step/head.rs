@@ -49,6 +49,8 @@ impl GpuTrainer {
         pass: Pass,
     ) -> Result<()> {
         if matches!(self.base.head(), Table::Bf16(_)) {
+            // Not ready until this pass has written all of `dnf`.
+            self.head_grad_ready = false;
             self.norm_to_bf16(gpu)?;
             self.head_bf16_chunks(gpu, pass)?;
             self.head_grad_ready = pass == Pass::Train;
