@@ -2,7 +2,7 @@
 # The whole GPU run, executed on the GPU machine from a checkout of this
 # commit with the cargo-nextest archive in .gpu/ (docs/src/guide/gpu-runners.md):
 #
-#   scripts/gpu-suite.sh OUTDIR [all|suite|sanitizers|benches] [hash:K/N]
+#   scripts/gpu-suite.sh OUTDIR [all|suite|peers|sanitizers|benches] [hash:K/N]
 #
 # Build first, here: `scripts/gpu-archive.sh` (the archive and the
 # cargo-nextest binary), and for part `benches` also
@@ -19,6 +19,11 @@
 #    scripts/compare-verdicts.py says whether the two runs gave the same verdicts;
 # 2. the GPU-only integration tests (fault isolation, out of memory, training
 #    step, NVRTC), one GPU at a time.
+#    The six trials of peer-pytorch-v1 are left out of this part: each
+#    starts the PyTorch peer, whose torch.compile takes 20 to 130 s.
+# Part `peers` (one invocation took 372 s on one H200 and 449 s on one H100):
+# 2b. the peer-pytorch-v1 trials, one at a time (each needs the GPU alone),
+#    with PyTorch on the machine; skipped with the reason where it is not.
 # Part `sanitizers`:
 # 3. compute-sanitizer memcheck, initcheck and racecheck over the cuda
 #    op-parity trials.
@@ -35,8 +40,8 @@ out=${1:?usage: scripts/gpu-suite.sh OUTDIR [all|suite|sanitizers|benches] [hash
 part=${2:-all}
 shard=${3:-}
 case "$part" in
-  all|suite|sanitizers|benches) ;;
-  *) echo "unknown part '$part': all, suite, sanitizers or benches" >&2; exit 2 ;;
+  all|suite|peers|sanitizers|benches) ;;
+  *) echo "unknown part '$part': all, suite, peers, sanitizers or benches" >&2; exit 2 ;;
 esac
 runs() { [ "$part" = all ] || [ "$part" = "$1" ]; }
 bin=.gpu/bin
@@ -74,7 +79,7 @@ if runs suite; then
   for run in 1 2; do
     rm -rf reports/latest
     nextest run --profile ci --config-file .gpu/nextest.toml "${partition[@]}" \
-      -E 'binary(contracts)' > "$work/run$run.log" 2>&1
+      -E 'binary(contracts) & !test(/peer-pytorch-v1/)' > "$work/run$run.log" 2>&1
     note "run$run exit $?"
     junit "run$run"
     if [ "$run" = 1 ]; then
@@ -91,6 +96,16 @@ if runs suite; then
     > "$work/gpu-tests.log" 2>&1
   note "GPU-only tests exit $?"
   junit gpu-tests
+fi
+
+if runs peers; then
+  rm -rf reports/latest
+  nextest run --profile ci -E 'binary(contracts) & test(/peer-pytorch-v1::/)' > "$work/peers.log" 2>&1
+  note "peers exit $? (a falsified peer claim fails its test)"
+  junit peers
+  for f in falsification speedups; do
+    cp "reports/latest/$f.csv" "$work/peers-$f.csv" 2>/dev/null
+  done
 fi
 
 if runs sanitizers; then
