@@ -23,6 +23,17 @@ pub fn median(xs: &[f64]) -> f64 {
     }
 }
 
+/// Whether the median of `planned` samples, of which `done` are taken, is
+/// already certain to exceed `limit` whatever the rest turn out to be: more
+/// than half of the planned count already lies above it. Sorted, the upper
+/// `planned / 2 + 1` values then all exceed `limit`, and the median (the
+/// middle value, or the mean of the two middle ones) is one of them or the
+/// mean of two of them. So a timed run judged on `median <= limit` may stop
+/// there with its verdict settled.
+pub fn median_settled_above(done: &[f64], planned: usize, limit: f64) -> bool {
+    done.iter().filter(|&&x| x > limit).count() > planned / 2
+}
+
 /// The 95% percentile-bootstrap interval of `median(baseline) / median(candidate)`:
 /// `resamples` times, draw each sample set with replacement (same sizes),
 /// take the ratio of the resampled medians; the 2.5th and 97.5th percentiles
@@ -92,6 +103,38 @@ impl Worst {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_median_is_settled_above_only_past_half_the_planned_count() {
+        // 20 planned: 10 above the limit can still give a median at it, 11 cannot.
+        let ten = [5.0; 10];
+        assert!(!median_settled_above(&ten, 20, 1.0));
+        assert!(median_settled_above(&[5.0; 11], 20, 1.0));
+        // 21 planned: 11 above settle it.
+        assert!(median_settled_above(&[5.0; 11], 21, 1.0));
+        assert!(
+            !median_settled_above(&[1.0; 21], 21, 1.0),
+            "equal to the limit is not above"
+        );
+        assert!(!median_settled_above(&[], 5, 1.0));
+    }
+
+    proptest::proptest! {
+        /// Whatever the samples still to come, a settled median of the whole
+        /// planned set is above the limit.
+        #[test]
+        fn a_settled_median_stays_above_whatever_follows(
+            done in proptest::collection::vec(0.0f64..10.0, 0..40),
+            rest in proptest::collection::vec(-1e6f64..1e6, 0..40),
+            limit in 0.0f64..10.0,
+        ) {
+            let planned = done.len() + rest.len();
+            if median_settled_above(&done, planned, limit) {
+                let all: Vec<f64> = done.iter().chain(&rest).copied().collect();
+                proptest::prop_assert!(median(&all) > limit);
+            }
+        }
+    }
 
     #[test]
     fn median_of_odd_even_and_empty() {

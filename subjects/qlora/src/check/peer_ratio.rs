@@ -339,7 +339,7 @@ fn peer_ratio(p: &Params, claim: Claim, cx: &mut TrialContext<'_>) -> Result<Mea
         let options = p.mode.speed_options();
         let steps = (p.warmup.0, p.repeats.0);
         let read = || our_driver_mib(&bus_id);
-        time_steps_then(gpu, &cfg, (options, seed), steps, read)?
+        time_steps_then(gpu, &cfg, (options, seed), steps, None, read)?
     };
     if let (Claim::Memory(_), Err(why)) = (claim, &our_mib) {
         // Not worth the peer's minutes: the claim cannot be judged here.

@@ -211,7 +211,7 @@ pub const PARAMS: &[ParamDoc] = &[
         name: "repeats",
         default: Yaml("20"),
         bound: &[Text("5 to "), Int(MAX_REPEATS)],
-        meaning: "timed steps",
+        meaning: "timed steps (a mutant stops once more than half of them are slower than the target: their median cannot meet it)",
     },
     ParamDoc {
         name: "min_tokens_per_s",
@@ -294,8 +294,10 @@ impl Kind<crate::Qlora> for Params {
 /// after `warmup` (at least 2, so a graphed mode has captured and replayed),
 /// as tokens per second against `min_tokens_per_s`. The trial's mutant goes
 /// to the trainer; a slowed launch (`SerialisedLaunch`) is set on the context
-/// while the trainer is built and stepped, and removed whatever the outcome.
-/// The configuration's peak device memory ([`DeviceMemory`], sampled after
+/// while the trainer is built and stepped, and removed whatever the outcome;
+/// its timing stops as soon as the median of `repeats` steps is certain to
+/// miss the target, the verdict of the whole run. The configuration's peak
+/// device memory ([`DeviceMemory`], sampled after
 /// building and after each warm-up step, never inside a timed one) goes to
 /// the detail and to the `speedups.csv` row, beside its tokens/s.
 fn step_throughput(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
@@ -304,6 +306,7 @@ fn step_throughput(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
     let seed = cx.seed;
     let options = p.mode.speed_options();
     let faults = cx.faults();
+    let mutant = cx.mutant.is_some();
     let gpu = require_gpu(cx)?;
     let device = gpu.facts().name.clone();
     // Planning skips a GPU with no target; a direct call is refused before
@@ -315,31 +318,43 @@ fn step_throughput(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
                 op: "step_throughput",
                 message: p.not_applicable_on(&device).unwrap_or_default(),
             })?;
+    let tokens = cfg.tokens() as f64;
+    let target_ms = tokens / target * 1e3;
+    // A mutant needs only to show the check fails: its timing stops once the
+    // median of `repeats` steps is certain to miss the target.
+    let settle_above = mutant.then_some(target_ms);
     let TimedSteps {
         ms,
         replayed,
         memory,
     } = {
         let gpu: &mut GpuContext = &mut gpu.with_faults(faults);
-        time_steps(gpu, &cfg, (options, seed), (p.warmup.0, p.repeats.0))?
+        let steps = (p.warmup.0, p.repeats.0);
+        time_steps(gpu, &cfg, (options, seed), steps, settle_above)?
     };
     let peak = memory.peak_gib();
-    let tokens = cfg.tokens() as f64;
     let med = median(&ms);
     let rate = tokens / med * 1e3;
-    let target_ms = tokens / target * 1e3;
+    let stopped = if ms.len() < p.repeats.0 {
+        format!(
+            " (of {} planned: more than half already slower than the target, so their median could not meet it)",
+            p.repeats.0
+        )
+    } else {
+        String::new()
+    };
     // The target as a constant "baseline" series: the interval of
     // target_ms / median(step times) is the interval of rate / target.
     let (lo, hi) = ratio_ci(&vec![target_ms; ms.len()], &ms, seed, BOOTSTRAP_RESAMPLES);
     let on = kind.map_or(String::new(), |g| format!(" on {g}"));
     let mut m = Measurement::new("tokens_per_s", rate, Comparator::Ge, target, "tokens/s")
         .with_detail(format!(
-            "model {} batch {} seq {} {} on {device}: median step {med:.3} ms over {} steps ({rate:.0} tokens/s, {:.3}x the target{on}, 95% CI [{lo:.3}, {hi:.3}]; graph {}; peak device memory {peak:.2} GiB)",
+            "model {} batch {} seq {} {} on {device}: median step {med:.3} ms over {} steps{stopped} ({rate:.0} tokens/s, {:.3}x the target{on}, 95% CI [{lo:.3}, {hi:.3}]; graph {}; peak device memory {peak:.2} GiB)",
             cfg.name,
             cfg.batch,
             cfg.seq_len,
             p.mode,
-            p.repeats.0,
+            ms.len(),
             rate / target,
             if replayed { "replayed" } else { "not used" },
         ));
@@ -355,7 +370,7 @@ fn step_throughput(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
         ratio: target_ms / med,
         ratio_ci_low: lo,
         ratio_ci_high: hi,
-        repeats: p.repeats.0,
+        repeats: ms.len(),
         peak_device_gib: Some(peak),
         baseline_peak_device_gib: None,
     });

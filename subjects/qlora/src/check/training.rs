@@ -8,6 +8,7 @@
 use crate::check::params::{fits_host, gpu_shortfall};
 use crate::check::params::{BackwardMath, GemmOperands};
 use crate::check::params::{Hyper, StepMode};
+use crate::check::stats::median_settled_above;
 use crate::check::{Backend, Here};
 use crate::error::{Error, Result};
 use crate::mutant::Mutant;
@@ -268,16 +269,22 @@ pub(super) struct TimedSteps {
 
 /// Builds a trainer for `cfg`, takes `warmup` untimed steps (at least 2, so
 /// a graphed mode has captured and replayed), then times `repeats` steps on
-/// fresh batches ([`timed_step`]). Device memory is sampled after building
-/// and after each untimed step, never inside a timed one. The trainer is
-/// dropped before this returns, so its memory is free again.
+/// fresh batches ([`timed_step`]). With `settle_above`, a step time in ms
+/// (a mutant's run of a check that fails when the median exceeds it), timing
+/// stops as soon as the median of `repeats` steps is certain to exceed it
+/// ([`median_settled_above`]): the verdict is that of all `repeats`. Device
+/// memory is sampled after building and after each untimed step, never
+/// inside a timed one. The trainer is dropped before this returns, so its
+/// memory is free again.
 pub(super) fn time_steps(
     gpu: &mut GpuContext,
     cfg: &ModelConfig,
     (options, seed): (GpuTrainOptions, u64),
     (warmup, repeats): (usize, usize),
+    settle_above: Option<f64>,
 ) -> Result<TimedSteps> {
-    time_steps_then(gpu, cfg, (options, seed), (warmup, repeats), || ()).map(|(t, ())| t)
+    let steps = (warmup, repeats);
+    time_steps_then(gpu, cfg, (options, seed), steps, settle_above, || ()).map(|(t, ())| t)
 }
 
 /// [`time_steps`], and what `after` returns, called once the timed steps
@@ -289,6 +296,7 @@ pub(super) fn time_steps_then<T>(
     cfg: &ModelConfig,
     (options, seed): (GpuTrainOptions, u64),
     (warmup, repeats): (usize, usize),
+    settle_above: Option<f64>,
     after: impl FnOnce() -> T,
 ) -> Result<(TimedSteps, T)> {
     let mut memory = DeviceMemory::start(gpu)?;
@@ -302,6 +310,9 @@ pub(super) fn time_steps_then<T>(
     for _ in 0..repeats {
         let tokens = t.next_batch()?;
         ms.push(timed_step(gpu, &mut t, &tokens)?);
+        if settle_above.is_some_and(|limit| median_settled_above(&ms, repeats, limit)) {
+            break;
+        }
     }
     memory.sample(gpu)?;
     let timed = TimedSteps {
