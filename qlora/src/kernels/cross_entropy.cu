@@ -97,8 +97,8 @@ extern "C" __global__ void cross_entropy_mean_f32(const float* __restrict__ loss
 }
 
 // dlogits for rows [0, rows): (softmax(x_r) - onehot(t_r)) * grad_scale,
-// with the forward's stats of each row, stored as S stores it (f32, or f16 or
-// bf16 bits rounded to nearest even: common.cuh's store policies).
+// with the forward's stats of each row, stored as S stores it (f32, or f16
+// bits rounded to nearest even: common.cuh's store policies).
 template <typename S>
 __device__ __forceinline__ void cross_entropy_bwd(const float* __restrict__ logits,
                                                   const unsigned int* __restrict__ targets,
@@ -149,17 +149,6 @@ extern "C" __global__ void cross_entropy_bwd_f16(const float* __restrict__ logit
                                                  unsigned short* __restrict__ dlogits,
                                                  int rows, int vocab, float grad_scale) {
     cross_entropy_bwd<StoreF16>(logits, targets, stats, dlogits, rows, vocab, grad_scale);
-}
-
-// As cross_entropy_bwd_f32, the gradients stored in bf16 (raw bits): for the
-// LM head's bf16 GEMM. bf16 has f32's range, so no scale is needed to keep
-// the small probabilities of a wide vocabulary from flushing to zero.
-extern "C" __global__ void cross_entropy_bwd_bf16(const float* __restrict__ logits,
-                                                  const unsigned int* __restrict__ targets,
-                                                  const float2* __restrict__ stats,
-                                                  unsigned short* __restrict__ dlogits,
-                                                  int rows, int vocab, float grad_scale) {
-    cross_entropy_bwd<StoreBf16>(logits, targets, stats, dlogits, rows, vocab, grad_scale);
 }
 
 // The bf16 LM head's cross-entropy, forward and backward in one kernel, in

@@ -182,7 +182,6 @@ pub const MODULES: &[ModuleSource] = &[
             "cross_entropy_mean_f32",
             "cross_entropy_bwd_f32",
             "cross_entropy_bwd_f16",
-            "cross_entropy_bwd_bf16",
             "cross_entropy_fused_bf16"
         ]
     ),

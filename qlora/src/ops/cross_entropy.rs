@@ -1,7 +1,8 @@
 //! Launchers for `kernels/cross_entropy.cu`: per-row loss
 //! `loss_r = lse(x_r) - x_r[t_r]` (max-shifted), their mean summed in a fixed
 //! order, and the logit gradient `(softmax(x_r) - onehot(t_r)) / rows` (in
-//! f32, or scaled in f16 for the LM head's f16 GEMM: [`GradElement`]).
+//! f32, or scaled in f16 for the LM head's f16 GEMM: [`GradElement`]); for
+//! the bf16 head, all of it from bf16 logits in one pass ([`fused_bf16`]).
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg};
 
@@ -23,7 +24,6 @@ pub const SIGNATURES: Signatures = &[
     ("cross_entropy_mean_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
     ("cross_entropy_bwd_f32", BWD_ARGS),
     ("cross_entropy_bwd_f16", BWD_ARGS),
-    ("cross_entropy_bwd_bf16", BWD_ARGS),
     (
         "cross_entropy_fused_bf16",
         &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::F32],
@@ -203,7 +203,10 @@ pub fn fused_bf16(
     }
     let rows_w_i = to_i32("cross_entropy", "rows", rows_w)?;
     let vocab_i = to_i32("cross_entropy", "vocab", vocab)?;
-    let grad_scale = <Bf16 as GradElement>::grad_scale(total_rows);
+    // The gradient of the mean loss itself, as in f32: bf16 has f32's
+    // exponent range, so a wide vocabulary's smallest probabilities over the
+    // rows stay representable with no scale (f16 would flush them to zero).
+    let grad_scale = <f32 as GradElement>::grad_scale(total_rows);
     let f = gpu.function(MODULE, "cross_entropy_fused_bf16")?;
     let cfg = gpu.launch_rows(rows_w, row_threads(vocab, ROW_THREADS))?;
     let mut l = gpu.stream().launch_builder(&f);
@@ -250,17 +253,6 @@ impl GradElement for u16 {
     }
 }
 
-/// bf16 as raw bits (rounded to nearest even): the gradient of the mean
-/// loss itself, `1 / rows`, as in f32. bf16 has f32's exponent range, so
-/// even a wide vocabulary's smallest probabilities over `rows` stay
-/// representable, where f16 would flush them to zero.
-impl GradElement for Bf16 {
-    const KERNEL: &'static str = "cross_entropy_bwd_bf16";
-    fn grad_scale(rows: usize) -> f32 {
-        (1.0 / rows as f64) as f32
-    }
-}
-
 /// `dlogits_r = (softmax(x_r) - onehot(t_r)) * T::grad_scale(rows)`,
 /// `[rows, vocab]`, with the row stats [`forward`] wrote for these logits:
 /// the gradient of the mean loss in f32 (`/ rows`), or scaled in f16 bits.
@@ -296,10 +288,10 @@ pub fn backward<T: GradElement>(
         .arg(&rows_w_i)
         .arg(&vocab_i)
         .arg(&grad_scale);
-    // SAFETY: the three kernels are (const float* logits, const unsigned
-    // int* targets, const float2* stats, Out* dlogits, int rows, int vocab,
-    // float grad_scale), and T::KERNEL is the one whose Out is T (f32:
-    // float; u16 and Bf16: unsigned short, f16 and bf16 bits), so the
+    // SAFETY: both kernels are (const float* logits, const unsigned int*
+    // targets, const float2* stats, Out* dlogits, int rows, int vocab, float
+    // grad_scale), and T::KERNEL is the one whose Out is T (f32: float; u16:
+    // unsigned short, f16 bits), so the
     // lengths checked in elements of T are the kernel's: logits and dlogits
     // hold rows * vocab elements, targets rows
     // >= rows_w_i and stats 2 rows floats in a whole allocation (checked

@@ -98,8 +98,10 @@ pub struct Scratch {
 /// Rows of the logits a bf16 base's LM head holds at a time (its forward
 /// and backward run chunk by chunk: `train::step`'s head): a quarter of
 /// qwen2.5-0.5b's 1,024 training tokens, 78 MB of bf16 logits at its
-/// vocabulary of 151,936 instead of the whole batch's 311 MB, and still
-/// GEMMs of thousands of tiles.
+/// vocabulary of 151,936 instead of the whole batch's 311 MB. The chunk's
+/// `dnf` GEMM (256 x hidden over the vocabulary) has a quarter of the whole
+/// batch's tiles, which costs the step a little (see the book's step-time
+/// page); the memory is what the chunk is for.
 pub const HEAD_CHUNK_ROWS: usize = 256;
 
 /// The rows of one chunk of a bf16 head over `tokens` rows.
