@@ -18,7 +18,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Thro
 use cudarc::driver::CudaSlice;
 use qlora::gpu::{driver_present, GemmMath, GpuContext, GpuOptions};
 use qlora::model::ModelConfig;
-use qlora::ops::attention::AttnShape;
+use qlora::ops::attention::{AttnKernels, AttnShape};
 use qlora::ops::gemm::{GemmEngine, GemmSpec};
 use qlora::ops::nf4::Nf4Device;
 use qlora::ops::{
@@ -314,16 +314,22 @@ fn kernels(c: &mut Criterion) {
     let mut dq = zeros(gpu, q_len);
     let mut dk = zeros(gpu, kv_len);
     let mut dv = zeros(gpu, kv_len);
-    let mut ds = zeros(gpu, attention::backward_scratch_len(&sh));
-    // The f32 kernels, then the tensor-core ones (TF32 math).
-    for (math, tag) in [(GemmMath::Fp32, ""), (GemmMath::Tf32, "_tf32")] {
+    // The f32 kernels, the tensor-core ones (TF32 math), then the bf16 flash ones.
+    let kinds = [
+        (AttnKernels::F32, ""),
+        (AttnKernels::TensorCores, "_tf32"),
+        (AttnKernels::Bf16, "_bf16"),
+    ];
+    for (kernels, tag) in kinds {
+        let mut saved = zeros(gpu, attention::saved_len(&sh, kernels));
+        let mut ds = zeros(gpu, attention::backward_scratch_len(&sh, kernels));
         bench(
             &mut g,
             gpu,
             &format!("attention_fwd{tag}"),
             flops(attn_flops),
             |gpu| {
-                attention::forward(gpu, math, (&q, &k, &v), &mut q_out, &mut probs, &sh)
+                attention::forward(gpu, kernels, (&q, &k, &v), &mut q_out, &mut saved, &sh)
                     .expect("attention forward")
             },
         );
@@ -335,10 +341,10 @@ fn kernels(c: &mut Criterion) {
             |gpu| {
                 attention::backward(
                     gpu,
-                    math,
+                    kernels,
                     (&q, &k, &v),
                     &q_out,
-                    &probs,
+                    &saved,
                     &dout,
                     &mut ds,
                     (&mut dq, &mut dk, &mut dv),
@@ -348,7 +354,7 @@ fn kernels(c: &mut Criterion) {
             },
         );
     }
-    drop((q, q_out, k, v, probs, dout, dq, dk, dv, ds));
+    drop((q, q_out, k, v, probs, dout, dq, dk, dv));
 
     // SwiGLU MLP activations over [T, intermediate].
     let gate = random(gpu, ti, 13);

@@ -25,10 +25,12 @@ pub const F16_CAST_MODULE: &str = crate::ops::cast::MODULE;
 /// cast of their inputs too). The one place this list is defined.
 ///
 /// Every preset runs the same Qwen2-style decoder, so only the base format
-/// (NF4 adds the quantise / NF4 GEMM kernels), the head dimension (the
-/// attention build: `attention_{fwd,dq,dkv}_d64` or `_d128`), the GEMM math
-/// of each direction (TF32 runs attention on the tensor-core modules
-/// `attention_tc_*`, see [`AttnKernels::for_math`]) and the hidden size (the
+/// (NF4 adds the quantise / NF4 GEMM kernels; a bf16 base runs attention on
+/// the flash modules `attention_flash_*`, [`BaseWeights::attention_kernels`]),
+/// the head dimension (the attention build: `attention_{fwd,dq,dkv}_d64` or
+/// `_d128`), the GEMM math of each direction (`attn`, the kernels it picks:
+/// TF32 runs attention on the tensor-core modules `attention_tc_*`, see
+/// [`AttnKernels::for_math`]) and the hidden size (the
 /// RMSNorm backward build) change the set. Not
 /// in it: `softmax` (attention computes its own), `gemm` (the step's GEMMs are
 /// cuBLAS), `adamw` and `elementwise` (the step's optimizer and gradient
@@ -53,6 +55,7 @@ pub fn modules_for(
         crate::ops::clip::MODULE,
         crate::train::kernels::MODULE,
     ];
+    let (fwd, bwd) = base.attention_kernels((fwd, bwd));
     modules.extend(attention::modules_for(config.head_dim, fwd, bwd));
     if base == BaseWeights::Nf4 {
         modules.push("nf4");

@@ -1440,9 +1440,544 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
 #define ATT_TC_DQ(D) ATT_DQ_ENTRY(attention_tc, attention_tc_dq, ATT_TC_BOUNDS, D)
 #define ATT_TC_DKV(D) ATT_DKV_ENTRY(attention_tc, attention_tc_dkv, ATT_TC_BOUNDS, D)
 
+// ---- bf16 flash kernels ------------------------------------------------------
+//
+// The same attention with bf16 products on the tensor cores (mma.sync
+// m16n8k16, f32 accumulation, f32 softmax) and, as FlashAttention-2 does, no
+// probabilities saved: the forward keeps each row's log-sum-exp and the
+// backward recomputes P from it.
+//
+// Rounding points (the oracle's `bf16 at the same points` rounds the same
+// values): q, k, v and dout are rounded to bf16 as they are staged in shared
+// memory; the scores, the softmax, its sums and the row dots D are f32; the
+// unnormalised p = 2^(s c - m) is rounded to bf16 as the A operand of P V and
+// of P^T dout, and dS as the A operand of dS k and dS^T q. out, dq and the
+// dk/dv shares are f32.
+//
+// In log2 units: with c = scale log2(e) and a row's running maximum m of the
+// raw scores s = <q_i, k_j>, p = 2^(s c - m c) (one FFMA and MUFU.EX2), and
+// lse2_i = m c + log2(l_i) is what the forward saves (`lse`,
+// [batch, heads, seq]), so the backward's P_ij = 2^(s c - lse2_i).
+//
+// Backward (deterministic, no atomics), from lse and out:
+//   D_i = <dout_i, out_i> (f32, from f32 out and dout), dP_ij = <dout_i, v_j>,
+//   dS_ij = P_ij (dP_ij - D_i); the dq kernel walks the keys of 64 query
+//   rows, writes D to `dd` and dq = scale dS k; the dkv kernel walks the
+//   queries of 64 key rows for one query head and writes that head's share
+//   of dk (before the scale) and of dv to pk, pv, which kv_sum adds as for
+//   the other kernels.
+//
+// Tiling: 4 warps, 16 rows each (query rows in the forward and dq, key rows
+// in dk/dv); the other dimension is walked in chunks staged in shared memory
+// as bf16, rows padded by 8 elements (16 bytes), so the 8 row addresses of
+// an ldmatrix phase fall in distinct 16-byte bank groups. Operands are read
+// with ldmatrix: plain for the operand whose rows are the mma's n (k in q k^T),
+// transposed for the one whose rows are the mma's k (v in P v). With the
+// m16n8k16 layouts (g = lane / 4, t = lane % 4), an accumulator pair of two
+// 8-wide n tiles is the A operand of the next product as it is, packed to
+// bf16x2: P v and dS k take P and dS straight from registers.
+//
+// The forward and dq kernels hold the warp's q (and dout) rows as A
+// fragments in registers, loaded once; the dkv kernel reads its k and v rows
+// from shared memory each chunk (at head_dim 128 they would not fit in
+// registers beside the dk and dv accumulators).
+
+#define FL_WARPS 4
+#define FL_THREADS (32 * FL_WARPS)
+#define FL_ROWS (16 * FL_WARPS)
+
+template <int D>
+struct FlShape {
+    static constexpr int LD = D + 8;                 // bf16 per shared-memory row
+    static constexpr int KT = D / 16;                // 16-wide k steps of head_dim
+    static constexpr int DT = D / 8;                 // 8-wide n tiles of head_dim
+    static constexpr int CHUNK = D <= 64 ? 64 : 32;  // keys per chunk (fwd, dq)
+    static constexpr int NT = CHUNK / 8;
+    static constexpr int QCHUNK = D <= 64 ? 32 : 16; // queries per chunk (dkv)
+    static constexpr int QNT = QCHUNK / 8;
+    // Shared memory, in bytes. Forward and dq: the q (then dout) tile, then
+    // two key chunks (k, v), in one area; dq adds D of its 64 rows.
+    static constexpr int ROW_AREA = 2 * (FL_ROWS * LD > 2 * CHUNK * LD ? FL_ROWS * LD : 2 * CHUNK * LD);
+    static constexpr int FWD_SMEM = ROW_AREA;
+    static constexpr int DQ_SMEM = ROW_AREA + 4 * FL_ROWS;
+    // dkv: the k and v tiles, a q and a dout chunk, and lse2 and D of the chunk.
+    static constexpr int DKV_SMEM = 2 * (2 * FL_ROWS * LD + 2 * QCHUNK * LD) + 8 * QCHUNK;
+};
+// The launchers pass these (ops/attention.rs, flash_smem).
+static_assert(FlShape<64>::FWD_SMEM == 18432 && FlShape<128>::FWD_SMEM == 17408, "fwd smem");
+static_assert(FlShape<64>::DQ_SMEM == 18688 && FlShape<128>::DQ_SMEM == 17664, "dq smem");
+static_assert(FlShape<64>::DKV_SMEM == 27904 && FlShape<128>::DKV_SMEM == 43648, "dkv smem");
+
+// {lo, hi} rounded to bf16 (nearest, ties to even) and packed, lo in the
+// lower half, as an mma operand register holds two consecutive k.
+__device__ __forceinline__ unsigned fl_pack(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// d += a b on one 16 x 8 x 16 tile of bf16 operands.
+__device__ __forceinline__ void fl_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                       unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8 x 8 bf16 matrices from shared memory; lane l gives the address of
+// row l % 8 of matrix l / 8. Plain: lane (g, t) gets row g, columns 2t and
+// 2t + 1 of each; transposed: rows 2t and 2t + 1 of column g.
+__device__ __forceinline__ void fl_ldm(unsigned (&r)[4], const unsigned short* p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+__device__ __forceinline__ void fl_ldm_t(unsigned (&r)[4], const unsigned short* p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+
+// The A fragment of rows r0..r0 + 15, columns k0..k0 + 15 of a tile (rows
+// of LD): matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
+template <int LD>
+__device__ __forceinline__ void fl_a(unsigned (&a)[4], const unsigned short* tile, int r0, int k0) {
+    const int l = threadIdx.x & 31;
+    fl_ldm(a, tile + (r0 + (l & 7) + 8 * ((l >> 3) & 1)) * LD + k0 + 8 * (l >> 4));
+}
+
+// B fragments of two 8-wide n tiles n0 and n0 + 8 over k0..k0 + 15, from a
+// tile whose rows are the n (plain): {b0, b1} of n0 in r[0], r[1], of n0 + 8
+// in r[2], r[3].
+template <int LD>
+__device__ __forceinline__ void fl_b_rows_n(unsigned (&r)[4], const unsigned short* tile, int n0,
+                                            int k0) {
+    const int l = threadIdx.x & 31;
+    fl_ldm(r, tile + (n0 + (l & 7) + 8 * (l >> 4)) * LD + k0 + 8 * ((l >> 3) & 1));
+}
+
+// The same from a tile whose rows are the k (transposed).
+template <int LD>
+__device__ __forceinline__ void fl_b_rows_k(unsigned (&r)[4], const unsigned short* tile, int n0,
+                                            int k0) {
+    const int l = threadIdx.x & 31;
+    fl_ldm_t(r, tile + (k0 + (l & 7) + 8 * ((l >> 3) & 1)) * LD + n0 + 8 * (l >> 4));
+}
+
+// Rows n < valid of a head_dim-wide f32 tensor (row n at src + n * stride)
+// into ROWS rows of a bf16 tile (rows of D + 8), rounded; rows past valid and
+// columns past head_dim become zeros. `vec`: rows move as float4 (head_dim a
+// multiple of 4 and src 16-byte aligned).
+template <int D, int ROWS>
+__device__ __forceinline__ void fl_stage(unsigned short* tile, const float* __restrict__ src,
+                                         size_t stride, int valid, int head_dim, bool vec) {
+    constexpr int LD = D + 8;
+#pragma unroll 4
+    for (int e = threadIdx.x; e < ROWS * D / 4; e += FL_THREADS) {
+        const int n = e / (D / 4);
+        const int c = 4 * (e % (D / 4));
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (n < valid) {
+            const float* p = src + (size_t)n * stride + c;
+            if (vec) {
+                if (c < head_dim) x = *reinterpret_cast<const float4*>(p);
+            } else {
+                if (c < head_dim) x.x = p[0];
+                if (c + 1 < head_dim) x.y = p[1];
+                if (c + 2 < head_dim) x.z = p[2];
+                if (c + 3 < head_dim) x.w = p[3];
+            }
+        }
+        *reinterpret_cast<uint2*>(tile + n * LD + c) = make_uint2(fl_pack(x.x, x.y), fl_pack(x.z, x.w));
+    }
+}
+
+// The A fragments of the warp's 16 rows of a staged tile, all of head_dim.
+template <int D>
+__device__ __forceinline__ void fl_row_frags(unsigned (&a)[FlShape<D>::KT][4],
+                                             const unsigned short* tile) {
+    const int r0 = 16 * (threadIdx.x >> 5);
+#pragma unroll
+    for (int ks = 0; ks < FlShape<D>::KT; ++ks) fl_a<FlShape<D>::LD>(a[ks], tile, r0, 16 * ks);
+}
+
+// s[n][.] = the warp's 16 rows (A fragments a) times the CHUNK rows of a
+// tile read plain (k in q k^T, v in dout v^T): 16 x CHUNK scores.
+template <int D, int N>
+__device__ __forceinline__ void fl_scores(float (&s)[N][4], const unsigned (&a)[FlShape<D>::KT][4],
+                                          const unsigned short* tile) {
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < FlShape<D>::KT; ++ks)
+#pragma unroll
+        for (int n = 0; n < N; n += 2) {
+            unsigned b[4];
+            fl_b_rows_n<FlShape<D>::LD>(b, tile, 8 * n, 16 * ks);
+            fl_mma(s[n], a[ks], b[0], b[1]);
+            fl_mma(s[n + 1], a[ks], b[2], b[3]);
+        }
+}
+
+// acc[dt][.] += w (16 x 8N, in accumulator layout) times N * 8 rows of a
+// tile read transposed (v in P v, k in dS k): 16 x head_dim.
+template <int D, int N>
+__device__ __forceinline__ void fl_accumulate(float (&acc)[FlShape<D>::DT][4],
+                                              const float (&w)[N][4], const unsigned short* tile) {
+#pragma unroll
+    for (int kk = 0; kk < N / 2; ++kk) {
+        const unsigned a[4] = {fl_pack(w[2 * kk][0], w[2 * kk][1]),
+                               fl_pack(w[2 * kk][2], w[2 * kk][3]),
+                               fl_pack(w[2 * kk + 1][0], w[2 * kk + 1][1]),
+                               fl_pack(w[2 * kk + 1][2], w[2 * kk + 1][3])};
+#pragma unroll
+        for (int dt = 0; dt < FlShape<D>::DT; dt += 2) {
+            unsigned b[4];
+            fl_b_rows_k<FlShape<D>::LD>(b, tile, 8 * dt, 16 * kk);
+            fl_mma(acc[dt], a, b[0], b[1]);
+            fl_mma(acc[dt + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// Forward: out and lse for 64 query rows. Grid (ceil(seq / 64), heads,
+// batch), the last tiles (the most keys) first; FL_THREADS threads;
+// FlShape<D>::FWD_SMEM bytes of dynamic shared memory.
+template <int D>
+__device__ void attention_flash_fwd(const float* __restrict__ q, const float* __restrict__ k,
+                                    const float* __restrict__ v, float* __restrict__ out,
+                                    float* __restrict__ lse, int batch, int seq, int heads,
+                                    int kv_heads, int head_dim, float scale,
+                                    long long write_limit) {
+    typedef FlShape<D> S;
+    extern __shared__ __align__(16) unsigned short fl_smem[];
+    const int i0 = FL_ROWS * (gridDim.x - 1 - blockIdx.x);
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (heads / kv_heads);
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    const size_t q_stride = (size_t)heads * head_dim, kv_stride = (size_t)kv_heads * head_dim;
+    const float* kb = k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
+    const float* vb = v + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
+    const bool vec = head_dim % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
+    const float c = scale * 1.4426950408889634f;
+
+    unsigned qa[S::KT][4];
+    fl_stage<D, FL_ROWS>(fl_smem, q + att_q_at(b, i0, h, seq, heads, head_dim), q_stride, seq - i0,
+                         head_dim, vec);
+    __syncthreads();
+    fl_row_frags<D>(qa, fl_smem);
+
+    const int r0 = i0 + 16 * warp;            // the warp's first row
+    const int row[2] = {r0 + g, r0 + g + 8};  // the thread's two rows
+    float m[2] = {ATT_NEG_INF, ATT_NEG_INF}, l[2] = {0.0f, 0.0f};
+    float o[S::DT][4];
+#pragma unroll
+    for (int dt = 0; dt < S::DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
+
+    unsigned short* ks = fl_smem;
+    unsigned short* vs = fl_smem + S::CHUNK * S::LD;
+    const int keys = min(seq, i0 + FL_ROWS);
+    for (int j0 = 0; j0 < keys; j0 += S::CHUNK) {
+        __syncthreads();  // every warp is done with the buffers' last contents
+        fl_stage<D, S::CHUNK>(ks, kb + (size_t)j0 * kv_stride, kv_stride, seq - j0, head_dim, vec);
+        fl_stage<D, S::CHUNK>(vs, vb + (size_t)j0 * kv_stride, kv_stride, seq - j0, head_dim, vec);
+        __syncthreads();
+        if (j0 > r0 + 15) continue;  // every key of the chunk is after every row of the warp
+        float s[S::NT][4];
+        fl_scores<D>(s, qa, ks);
+        if (j0 + S::CHUNK - 1 > r0 || j0 + S::CHUNK > seq) {
+#pragma unroll
+            for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int j = j0 + 8 * n + 2 * t + (e & 1);
+                    if (j > row[e >> 1] || j >= seq) s[n][e] = ATT_NEG_INF;
+                }
+        }
+        float alpha[2], mc[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = m[r];
+#pragma unroll
+            for (int n = 0; n < S::NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            alpha[r] = tc_exp2((m[r] - mx) * c);
+            m[r] = mx;
+            mc[r] = mx * c;
+            l[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[n][e] = tc_exp2(fmaf(s[n][e], c, -mc[e >> 1]));
+                l[e >> 1] += s[n][e];
+            }
+#pragma unroll
+        for (int dt = 0; dt < S::DT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[dt][e] *= alpha[e >> 1];
+        fl_accumulate<D>(o, s, vs);
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        if (row[r] >= seq) continue;
+        const float inv = 1.0f / l[r];
+        const size_t at = att_q_at(b, row[r], h, seq, heads, head_dim);
+#pragma unroll
+        for (int dt = 0; dt < S::DT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = 8 * dt + 2 * t + e;
+                if (col < head_dim && (long long)(at + col) < write_limit)
+                    out[at + col] = o[dt][2 * r + e] * inv;
+            }
+        if (t == 0) lse[((size_t)b * heads + h) * seq + row[r]] = m[r] * c + __log2f(l[r]);
+    }
+}
+
+// D_i = <dout_i, out_i> of the block's 64 rows into ds[0..63] and dd: two
+// threads per row, each over half of head_dim, in f32.
+__device__ __forceinline__ void fl_row_dots(float* ds, float* __restrict__ dd,
+                                            const float* __restrict__ out,
+                                            const float* __restrict__ dout, int b, int i0, int h,
+                                            int seq, int heads, int head_dim) {
+    const int r = threadIdx.x >> 1, half = threadIdx.x & 1;
+    const int i = i0 + r;
+    float acc = 0.0f;
+    if (i < seq) {
+        const size_t at = att_q_at(b, i, h, seq, heads, head_dim);
+        for (int x = half; x < head_dim; x += 2) acc = fmaf(dout[at + x], out[at + x], acc);
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    if (half == 0) {
+        ds[r] = acc;
+        if (i < seq) dd[((size_t)b * heads + h) * seq + i] = acc;
+    }
+}
+
+// Backward, part 1: D (into dd) and dq for 64 query rows, the keys walked
+// as in the forward. Grid and block as the forward's; DQ_SMEM bytes.
+template <int D>
+__device__ void attention_flash_dq(const float* __restrict__ q, const float* __restrict__ k,
+                                   const float* __restrict__ v, const float* __restrict__ out,
+                                   const float* __restrict__ dout, const float* __restrict__ lse,
+                                   float* __restrict__ dq, float* __restrict__ dd, int batch,
+                                   int seq, int heads, int kv_heads, int head_dim, float scale) {
+    typedef FlShape<D> S;
+    extern __shared__ __align__(16) unsigned short fl_smem[];
+    float* dsum = reinterpret_cast<float*>(fl_smem + S::ROW_AREA / 2);
+    const int i0 = FL_ROWS * (gridDim.x - 1 - blockIdx.x);
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (heads / kv_heads);
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    const size_t q_stride = (size_t)heads * head_dim, kv_stride = (size_t)kv_heads * head_dim;
+    const float* kb = k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
+    const float* vb = v + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
+    const bool vec = head_dim % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v) &&
+                     aligned16(dout);
+    const float c = scale * 1.4426950408889634f;
+
+    fl_row_dots(dsum, dd, out, dout, b, i0, h, seq, heads, head_dim);
+    unsigned qa[S::KT][4], da[S::KT][4];
+    const size_t first = att_q_at(b, i0, h, seq, heads, head_dim);
+    fl_stage<D, FL_ROWS>(fl_smem, q + first, q_stride, seq - i0, head_dim, vec);
+    __syncthreads();
+    fl_row_frags<D>(qa, fl_smem);
+    __syncthreads();
+    fl_stage<D, FL_ROWS>(fl_smem, dout + first, q_stride, seq - i0, head_dim, vec);
+    __syncthreads();
+    fl_row_frags<D>(da, fl_smem);
+
+    const int r0 = i0 + 16 * warp;
+    const int row[2] = {r0 + g, r0 + g + 8};
+    float lrow[2], drow[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        lrow[r] = row[r] < seq ? lse[((size_t)b * heads + h) * seq + row[r]] : 0.0f;
+        drow[r] = dsum[16 * warp + g + 8 * r];
+    }
+    float acc[S::DT][4];
+#pragma unroll
+    for (int dt = 0; dt < S::DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
+
+    unsigned short* ks = fl_smem;
+    unsigned short* vs = fl_smem + S::CHUNK * S::LD;
+    const int keys = min(seq, i0 + FL_ROWS);
+    for (int j0 = 0; j0 < keys; j0 += S::CHUNK) {
+        __syncthreads();
+        fl_stage<D, S::CHUNK>(ks, kb + (size_t)j0 * kv_stride, kv_stride, seq - j0, head_dim, vec);
+        fl_stage<D, S::CHUNK>(vs, vb + (size_t)j0 * kv_stride, kv_stride, seq - j0, head_dim, vec);
+        __syncthreads();
+        if (j0 > r0 + 15) continue;
+        float s[S::NT][4], dp[S::NT][4];
+        fl_scores<D>(s, qa, ks);
+        fl_scores<D>(dp, da, vs);
+        const bool edge = j0 + S::CHUNK - 1 > r0 || j0 + S::CHUNK > seq;
+#pragma unroll
+        for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e >> 1;
+                const int j = j0 + 8 * n + 2 * t + (e & 1);
+                float p = tc_exp2(fmaf(s[n][e], c, -lrow[r]));
+                if (edge && (j > row[r] || j >= seq)) p = 0.0f;
+                s[n][e] = p * (dp[n][e] - drow[r]);  // dS
+            }
+        fl_accumulate<D>(acc, s, ks);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (row[r] >= seq) continue;
+        const size_t at = att_q_at(b, row[r], h, seq, heads, head_dim);
+#pragma unroll
+        for (int dt = 0; dt < S::DT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = 8 * dt + 2 * t + e;
+                if (col < head_dim) dq[at + col] = scale * acc[dt][2 * r + e];
+            }
+    }
+}
+
+// Backward, part 2: query head h's share of dk (before the scale) and of dv
+// for 64 key rows, walking the queries i >= the tile's first key in chunks
+// of QCHUNK. Grid (ceil(seq / 64), heads, batch); DKV_SMEM bytes.
+template <int D>
+__device__ void attention_flash_dkv(const float* __restrict__ q, const float* __restrict__ k,
+                                    const float* __restrict__ v, const float* __restrict__ dout,
+                                    const float* __restrict__ lse, const float* __restrict__ dd,
+                                    float* __restrict__ pk, float* __restrict__ pv, int batch,
+                                    int seq, int heads, int kv_heads, int head_dim, float scale) {
+    typedef FlShape<D> S;
+    extern __shared__ __align__(16) unsigned short fl_smem[];
+    unsigned short* kt = fl_smem;
+    unsigned short* vt = kt + FL_ROWS * S::LD;
+    unsigned short* qs = vt + FL_ROWS * S::LD;       // the chunk's q rows
+    unsigned short* dos = qs + S::QCHUNK * S::LD;    // ... and dout rows
+    float* lse_s = reinterpret_cast<float*>(dos + S::QCHUNK * S::LD);  // ... their lse2
+    float* d_s = lse_s + S::QCHUNK;                  // ... and D
+    const int j0 = FL_ROWS * blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (heads / kv_heads);
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    const size_t q_stride = (size_t)heads * head_dim, kv_stride = (size_t)kv_heads * head_dim;
+    const bool vec = head_dim % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v) &&
+                     aligned16(dout);
+    const float c = scale * 1.4426950408889634f;
+    const size_t kv_first = att_kv_at(b, j0, kvh, seq, kv_heads, head_dim);
+    fl_stage<D, FL_ROWS>(kt, k + kv_first, kv_stride, seq - j0, head_dim, vec);
+    fl_stage<D, FL_ROWS>(vt, v + kv_first, kv_stride, seq - j0, head_dim, vec);
+
+    const int k0 = j0 + 16 * warp;
+    const int key[2] = {k0 + g, k0 + g + 8};
+    float dk[S::DT][4], dv[S::DT][4];
+#pragma unroll
+    for (int dt = 0; dt < S::DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            dk[dt][e] = 0.0f;
+            dv[dt][e] = 0.0f;
+        }
+    const size_t stats = ((size_t)b * heads + h) * seq;
+    for (int c0 = j0; c0 < seq; c0 += S::QCHUNK) {
+        __syncthreads();
+        const size_t q_first = att_q_at(b, c0, h, seq, heads, head_dim);
+        fl_stage<D, S::QCHUNK>(qs, q + q_first, q_stride, seq - c0, head_dim, vec);
+        fl_stage<D, S::QCHUNK>(dos, dout + q_first, q_stride, seq - c0, head_dim, vec);
+        if (threadIdx.x < S::QCHUNK) {
+            const int i = c0 + threadIdx.x;
+            // A query past seq gets lse2 = +inf, so its P is 0.
+            lse_s[threadIdx.x] = i < seq ? lse[stats + i] : __int_as_float(0x7f800000);
+            d_s[threadIdx.x] = i < seq ? dd[stats + i] : 0.0f;
+        }
+        __syncthreads();
+        if (c0 + S::QCHUNK - 1 < k0) continue;  // every query of the chunk is before the warp's keys
+        unsigned a[S::KT][4];
+        float st[S::QNT][4], dpt[S::QNT][4];
+#pragma unroll
+        for (int kk = 0; kk < S::KT; ++kk) fl_a<S::LD>(a[kk], kt, 16 * warp, 16 * kk);
+        fl_scores<D>(st, a, qs);  // S^T = k q^T
+#pragma unroll
+        for (int kk = 0; kk < S::KT; ++kk) fl_a<S::LD>(a[kk], vt, 16 * warp, 16 * kk);
+        fl_scores<D>(dpt, a, dos);  // dP^T = v dout^T
+        const bool edge = c0 < k0 + 15;
+#pragma unroll
+        for (int n = 0; n < S::QNT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int x = 8 * n + 2 * t + (e & 1);
+                float p = tc_exp2(fmaf(st[n][e], c, -lse_s[x]));
+                if (edge && c0 + x < key[e >> 1]) p = 0.0f;
+                st[n][e] = p;
+                dpt[n][e] = p * (dpt[n][e] - d_s[x]);  // dS^T
+            }
+        fl_accumulate<D>(dv, st, dos);   // dv += P^T dout
+        fl_accumulate<D>(dk, dpt, qs);  // dk += dS^T q
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (key[r] >= seq) continue;
+        const size_t at = att_q_at(b, key[r], h, seq, heads, head_dim);
+#pragma unroll
+        for (int dt = 0; dt < S::DT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = 8 * dt + 2 * t + e;
+                if (col < head_dim) {
+                    pk[at + col] = dk[dt][2 * r + e];
+                    pv[at + col] = dv[dt][2 * r + e];
+                }
+            }
+    }
+}
+
+#define ATT_FL_FWD(D)                                                                            \
+    extern "C" __global__ void __launch_bounds__(FL_THREADS) attention_flash_fwd_d##D##_bf16(     \
+        const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,   \
+        float* __restrict__ out, float* __restrict__ lse, int batch, int seq, int heads,        \
+        int kv_heads, int head_dim, float scale, long long write_limit) {                       \
+        attention_flash_fwd<D>(q, k, v, out, lse, batch, seq, heads, kv_heads, head_dim, scale, \
+                               write_limit);                                                    \
+    }
+#define ATT_FL_DQ(D)                                                                             \
+    extern "C" __global__ void __launch_bounds__(FL_THREADS) attention_flash_bwd_dq_d##D##_bf16(  \
+        const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,   \
+        const float* __restrict__ out, const float* __restrict__ dout,                          \
+        const float* __restrict__ lse, float* __restrict__ dq, float* __restrict__ dd,          \
+        int batch, int seq, int heads, int kv_heads, int head_dim, float scale) {               \
+        attention_flash_dq<D>(q, k, v, out, dout, lse, dq, dd, batch, seq, heads, kv_heads,     \
+                              head_dim, scale);                                                 \
+    }
+#define ATT_FL_DKV(D)                                                                            \
+    extern "C" __global__ void __launch_bounds__(FL_THREADS) attention_flash_bwd_dkv_d##D##_bf16( \
+        const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,   \
+        const float* __restrict__ dout, const float* __restrict__ lse,                          \
+        const float* __restrict__ dd, float* __restrict__ pk, float* __restrict__ pv,           \
+        int batch, int seq, int heads, int kv_heads, int head_dim, float scale) {               \
+        attention_flash_dkv<D>(q, k, v, dout, lse, dd, pk, pv, batch, seq, heads, kv_heads,     \
+                               head_dim, scale);                                                \
+    }
+
 // The module defines ATT_BUILD (64 or 128) and ATT_PART (kernels/mod.rs):
-// one kernel of one build per module, parts 0-2 the f32 kernels and 3-5 the
-// tensor-core ones; each dkv module (parts 2 and 5) also holds kv_sum.
+// one kernel of one build per module, parts 0-2 the f32 kernels, 3-5 the
+// tensor-core ones and 6-8 the bf16 flash ones; each dkv module (parts 2, 5
+// and 8) also holds kv_sum.
 #if ATT_BUILD != 64 && ATT_BUILD != 128
 #error "ATT_BUILD must be 64 or 128"
 #endif
@@ -1457,11 +1992,17 @@ ATT_INSTANTIATE(ATT_DQ, ATT_BUILD)
 ATT_INSTANTIATE(ATT_TC_FWD, ATT_BUILD)
 #elif ATT_PART == 4
 ATT_INSTANTIATE(ATT_TC_DQ, ATT_BUILD)
-#elif ATT_PART == 2 || ATT_PART == 5
+#elif ATT_PART == 6
+ATT_INSTANTIATE(ATT_FL_FWD, ATT_BUILD)
+#elif ATT_PART == 7
+ATT_INSTANTIATE(ATT_FL_DQ, ATT_BUILD)
+#elif ATT_PART == 2 || ATT_PART == 5 || ATT_PART == 8
 #if ATT_PART == 2
 ATT_INSTANTIATE(ATT_DKV, ATT_BUILD)
-#else
+#elif ATT_PART == 5
 ATT_INSTANTIATE(ATT_TC_DKV, ATT_BUILD)
+#else
+ATT_INSTANTIATE(ATT_FL_DKV, ATT_BUILD)
 #endif
 
 // Backward, part 3: dk = scale * (sum over the group's heads of pk) and dv =
@@ -1493,5 +2034,5 @@ extern "C" __global__ void attention_bwd_kv_sum_f32(const float* __restrict__ pk
     }
 }
 #else
-#error "ATT_PART must be 0 to 5"
+#error "ATT_PART must be 0 to 8"
 #endif  // ATT_PART

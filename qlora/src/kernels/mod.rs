@@ -234,8 +234,8 @@ pub const MODULES: &[ModuleSource] = &[
             "adamw_multi_devt_f32"
         ]
     ),
-    // One source, twelve modules: each attention kernel, f32 (parts 0-2) and
-    // tensor-core (parts 3-5), in the build for head_dim <= 64 and for
+    // One source, eighteen modules: each attention kernel, f32 (parts 0-2),
+    // tensor-core (parts 3-5) and bf16 flash (6-8), in the build for head_dim <= 64 and for
     // <= 128. A configuration compiles the three its head_dim and GEMM math
     // need, in parallel (one module with all three would be the slowest
     // compilation of the cold pre-warm).
@@ -312,6 +312,48 @@ pub const MODULES: &[ModuleSource] = &[
         "attention",
         "#define ATT_BUILD 128\n#define ATT_PART 5",
         ["attention_tc_bwd_dkv_d128_f32", "attention_bwd_kv_sum_f32"]
+    ),
+    module_with!(
+        "attention_flash_fwd_d64",
+        "attention",
+        "#define ATT_BUILD 64\n#define ATT_PART 6",
+        ["attention_flash_fwd_d64_bf16"]
+    ),
+    module_with!(
+        "attention_flash_dq_d64",
+        "attention",
+        "#define ATT_BUILD 64\n#define ATT_PART 7",
+        ["attention_flash_bwd_dq_d64_bf16"]
+    ),
+    module_with!(
+        "attention_flash_dkv_d64",
+        "attention",
+        "#define ATT_BUILD 64\n#define ATT_PART 8",
+        [
+            "attention_flash_bwd_dkv_d64_bf16",
+            "attention_bwd_kv_sum_f32"
+        ]
+    ),
+    module_with!(
+        "attention_flash_fwd_d128",
+        "attention",
+        "#define ATT_BUILD 128\n#define ATT_PART 6",
+        ["attention_flash_fwd_d128_bf16"]
+    ),
+    module_with!(
+        "attention_flash_dq_d128",
+        "attention",
+        "#define ATT_BUILD 128\n#define ATT_PART 7",
+        ["attention_flash_bwd_dq_d128_bf16"]
+    ),
+    module_with!(
+        "attention_flash_dkv_d128",
+        "attention",
+        "#define ATT_BUILD 128\n#define ATT_PART 8",
+        [
+            "attention_flash_bwd_dkv_d128_bf16",
+            "attention_bwd_kv_sum_f32"
+        ]
     ),
     module!("faults", ["fault_oob_write_f32", "fault_round_bf16_f32"]),
 ];

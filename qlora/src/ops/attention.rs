@@ -24,7 +24,7 @@
 //! scratch, and `attention_bwd_kv_sum_f32` adds the shares of a group in a
 //! fixed order.
 
-use cudarc::driver::{CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaViewMut, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::gemm::{grid_dim, to_i64};
 use super::launch::expect_len;
@@ -48,6 +48,12 @@ pub enum AttnKernels {
     /// The tensor-core kernels: products of TF32-rounded inputs, f32
     /// accumulation and f32 softmax.
     TensorCores,
+    /// The bf16 flash kernels: products of bf16-rounded inputs on the
+    /// tensor cores, f32 accumulation and softmax, and no probabilities
+    /// saved: the forward keeps each row's log-sum-exp and the backward
+    /// recomputes `P` from it (FlashAttention-2). A step on a bf16 base runs
+    /// these in both directions (`train::options::BaseWeights`).
+    Bf16,
 }
 
 impl AttnKernels {
@@ -160,25 +166,83 @@ const TC_D128: Build = Build {
     kv_sum: kernel("attention_tc_dkv_d128", KV_SUM),
 };
 
-/// The build of `kernels` for `head_dim` (validated <= [`MAX_HEAD_DIM`]).
-fn build(head_dim: usize, kernels: AttnKernels) -> &'static Build {
+/// The bf16 flash kernels of one build and the bytes of dynamic shared
+/// memory of each (`FlShape::{FWD,DQ,DKV}_SMEM`, asserted in the `.cu`
+/// file): 128 threads, 64 rows per block.
+struct FlashBuild {
+    fwd: Kernel,
+    dq: Kernel,
+    dkv: Kernel,
+    kv_sum: Kernel,
+    fwd_smem: u32,
+    dq_smem: u32,
+    dkv_smem: u32,
+}
+
+/// Threads and rows (query or key rows) of a flash block: four warps of 16 rows.
+const FLASH_THREADS: u32 = 128;
+const FLASH_ROWS: usize = 64;
+
+const FLASH_D64: FlashBuild = FlashBuild {
+    fwd: kernel("attention_flash_fwd_d64", "attention_flash_fwd_d64_bf16"),
+    dq: kernel("attention_flash_dq_d64", "attention_flash_bwd_dq_d64_bf16"),
+    dkv: kernel(
+        "attention_flash_dkv_d64",
+        "attention_flash_bwd_dkv_d64_bf16",
+    ),
+    kv_sum: kernel("attention_flash_dkv_d64", KV_SUM),
+    fwd_smem: 18_432,
+    dq_smem: 18_688,
+    dkv_smem: 27_904,
+};
+
+const FLASH_D128: FlashBuild = FlashBuild {
+    fwd: kernel("attention_flash_fwd_d128", "attention_flash_fwd_d128_bf16"),
+    dq: kernel(
+        "attention_flash_dq_d128",
+        "attention_flash_bwd_dq_d128_bf16",
+    ),
+    dkv: kernel(
+        "attention_flash_dkv_d128",
+        "attention_flash_bwd_dkv_d128_bf16",
+    ),
+    kv_sum: kernel("attention_flash_dkv_d128", KV_SUM),
+    fwd_smem: 17_408,
+    dq_smem: 17_664,
+    dkv_smem: 43_648,
+};
+
+/// The kernels of one set for one head_dim: a build that saves the
+/// probabilities (f32, tensor cores) or a flash build.
+enum Family {
+    Probs(&'static Build),
+    Flash(&'static FlashBuild),
+}
+
+/// The kernels of `kernels` for `head_dim` (validated <= [`MAX_HEAD_DIM`]).
+fn family(head_dim: usize, kernels: AttnKernels) -> Family {
     match (head_dim <= 64, kernels) {
-        (true, AttnKernels::F32) => &F32_D64,
-        (false, AttnKernels::F32) => &F32_D128,
-        (true, AttnKernels::TensorCores) => &TC_D64,
-        (false, AttnKernels::TensorCores) => &TC_D128,
+        (true, AttnKernels::F32) => Family::Probs(&F32_D64),
+        (false, AttnKernels::F32) => Family::Probs(&F32_D128),
+        (true, AttnKernels::TensorCores) => Family::Probs(&TC_D64),
+        (false, AttnKernels::TensorCores) => Family::Probs(&TC_D128),
+        (true, AttnKernels::Bf16) => Family::Flash(&FLASH_D64),
+        (false, AttnKernels::Bf16) => Family::Flash(&FLASH_D128),
     }
 }
 
-/// The build whose forward runs `kernels` for `head_dim`: the tensor-core
+/// The kernels whose forward runs `kernels` for `head_dim`: the tensor-core
 /// forward moves q, k and v in 16-byte pieces only (its module compiles
 /// faster without a scalar path, and it is on the cold pre-warm's critical
 /// path), so a head_dim that is not a multiple of four takes the f32
-/// forward. q, k and v are whole allocations, so with head_dim % 4 == 0
-/// every row starts 16-byte aligned.
-fn fwd_build(head_dim: usize, kernels: AttnKernels) -> &'static Build {
+/// forward (which saves the same probabilities). q, k and v are whole
+/// allocations, so with head_dim % 4 == 0 every row starts 16-byte aligned.
+fn fwd_family(head_dim: usize, kernels: AttnKernels) -> Family {
     let packed = head_dim.is_multiple_of(4);
-    build(head_dim, if packed { kernels } else { AttnKernels::F32 })
+    match kernels {
+        AttnKernels::TensorCores if !packed => family(head_dim, AttnKernels::F32),
+        k => family(head_dim, k),
+    }
 }
 
 /// The dimensions of one attention call: `q` is `[batch, seq, heads,
@@ -197,8 +261,15 @@ pub struct AttnShape {
 /// in the forward and `bwd` kernels in the backward: the forward's module,
 /// then the backward's two (the dk/dv one holds kv_sum).
 pub fn modules_for(head_dim: usize, fwd: AttnKernels, bwd: AttnKernels) -> [&'static str; 3] {
-    let (f, b) = (fwd_build(head_dim, fwd), build(head_dim, bwd));
-    [f.fwd.module, b.dq.module, b.dkv.module]
+    let fwd = match fwd_family(head_dim, fwd) {
+        Family::Probs(b) => b.fwd.module,
+        Family::Flash(f) => f.fwd.module,
+    };
+    let [dq, dkv] = match family(head_dim, bwd) {
+        Family::Probs(b) => [b.dq.module, b.dkv.module],
+        Family::Flash(f) => [f.dq.module, f.dkv.module],
+    };
+    [fwd, dq, dkv]
 }
 
 /// Argument lists of the kernels, in the order the launchers push them.
@@ -257,20 +328,48 @@ const KV_SUM_ARGS: &[Arg] = &[
     Arg::I64,
 ];
 
-/// The modules of each build and the kernels each holds.
+/// The flash dq and dkv kernels: `q, k, v`, then five pointers (dq: `out,
+/// dout, lse, dq, dd`; dkv: `dout, lse, dd, pk, pv`), then `batch, seq,
+/// heads, kv_heads, head_dim, scale`.
+const FLASH_BWD_ARGS: &[Arg] = &[
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::F32,
+];
+
+/// The modules of each build and the kernels each holds, with the argument
+/// lists of its forward, dq and dkv kernels.
 macro_rules! signatures {
-    ($($b:ident),*) => {
+    ($($b:ident: $fa:ident, $qa:ident, $ka:ident);*) => {
         &[$(
-            ($b.fwd.module, &[($b.fwd.symbol, FWD_ARGS)]),
-            ($b.dq.module, &[($b.dq.symbol, DQ_ARGS)]),
-            ($b.dkv.module, &[($b.dkv.symbol, DKV_ARGS), (KV_SUM, KV_SUM_ARGS)]),
+            ($b.fwd.module, &[($b.fwd.symbol, $fa)]),
+            ($b.dq.module, &[($b.dq.symbol, $qa)]),
+            ($b.dkv.module, &[($b.dkv.symbol, $ka), (KV_SUM, KV_SUM_ARGS)]),
         )*]
     };
 }
 
 /// The kernels of each module, by module, checked against their PTX by a
 /// unit test.
-pub const SIGNATURES: &[(&str, Signatures)] = signatures!(F32_D64, F32_D128, TC_D64, TC_D128);
+pub const SIGNATURES: &[(&str, Signatures)] = signatures!(
+    F32_D64: FWD_ARGS, DQ_ARGS, DKV_ARGS;
+    F32_D128: FWD_ARGS, DQ_ARGS, DKV_ARGS;
+    TC_D64: FWD_ARGS, DQ_ARGS, DKV_ARGS;
+    TC_D128: FWD_ARGS, DQ_ARGS, DKV_ARGS;
+    FLASH_D64: FWD_ARGS, FLASH_BWD_ARGS, FLASH_BWD_ARGS;
+    FLASH_D128: FWD_ARGS, FLASH_BWD_ARGS, FLASH_BWD_ARGS
+);
 
 /// The largest head_dim the kernels' builds take.
 pub const MAX_HEAD_DIM: usize = 128;
@@ -285,6 +384,18 @@ pub fn lens(sh: &AttnShape) -> (usize, usize, usize) {
         sh.batch * sh.seq * sh.kv_heads * sh.head_dim,
         sh.batch * sh.heads * sh.seq * sh.seq,
     )
+}
+
+/// Floats the forward of `kernels` saves for the backward: `P`
+/// (`[batch, heads, seq, seq]`) for the probability-saving kernels; for
+/// [`AttnKernels::Bf16`] each row's log-sum-exp of the scores times
+/// `log2(e)`, `lse2_i = log2 sum_j 2^(scale log2(e) <q_i, k_j>)`
+/// (`[batch, heads, seq]`).
+pub fn saved_len(sh: &AttnShape, kernels: AttnKernels) -> usize {
+    match kernels {
+        AttnKernels::Bf16 => sh.batch * sh.heads * sh.seq,
+        _ => lens(sh).2,
+    }
 }
 
 /// The kernels' scalar arguments, validated.
@@ -378,80 +489,71 @@ fn kv_config(sh: &AttnShape, b: &Build) -> LaunchConfig {
     tile_config(sh, b, b.kv_smem)
 }
 
-/// Forward with GEMM math `math` (TF32: the tensor-core kernels, see
-/// [`AttnKernels::for_math`]): writes `out` and `probs`.
+/// Forward on `kernels` (see [`AttnKernels::for_math`]): writes `out` and
+/// what the backward of the same kernels needs, `saved` ([`saved_len`]
+/// floats: the probabilities, or the flash kernels' row log-sum-exps).
 pub fn forward(
     gpu: &mut GpuContext,
-    math: GemmMath,
+    kernels: AttnKernels,
     (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     out: &mut CudaSlice<f32>,
-    probs: &mut CudaSlice<f32>,
+    saved: &mut CudaSlice<f32>,
     sh: &AttnShape,
-) -> Result<()> {
-    let len = gpu.faults().written(out.len());
-    let b = fwd_build(sh.head_dim, AttnKernels::for_math(math, gpu.faults()));
-    forward_limited(gpu, b, (q, k, v), out, probs, sh, len)
-}
-
-fn forward_limited(
-    gpu: &mut GpuContext,
-    b: &Build,
-    (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
-    out: &mut CudaSlice<f32>,
-    probs: &mut CudaSlice<f32>,
-    sh: &AttnShape,
-    write_limit: usize,
 ) -> Result<()> {
     let d = validate(sh)?;
-    let (q_len, kv_len, p_len) = lens(sh);
+    let (q_len, kv_len, _) = lens(sh);
     expect_len("attention", "q", q.len(), &[q_len])?;
     expect_len("attention", "k", k.len(), &[kv_len])?;
     expect_len("attention", "v", v.len(), &[kv_len])?;
     expect_len("attention", "out", out.len(), &[q_len])?;
-    expect_len("attention", "probs", probs.len(), &[p_len])?;
-    let limit = to_i64("attention", write_limit.min(q_len))?;
-    let cfg = row_config(sh, b);
-    let func = gpu.function(b.fwd.module, b.fwd.symbol)?;
+    expect_len("attention", "saved", saved.len(), &[saved_len(sh, kernels)])?;
+    let limit = to_i64("attention", gpu.faults().written(q_len))?;
+    let (kernel, cfg) = match fwd_family(sh.head_dim, kernels) {
+        Family::Probs(b) => (b.fwd, row_config(sh, b)),
+        Family::Flash(f) => (f.fwd, flash_config(sh, f.fwd_smem)),
+    };
+    let func = gpu.function(kernel.module, kernel.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
-    launch.arg(q).arg(k).arg(v).arg(out).arg(probs);
+    launch.arg(q).arg(k).arg(v).arg(out).arg(saved);
     d.push(&mut launch);
     launch.arg(&limit);
-    // SAFETY: arguments match `attention_fwd_dXX_f32` and
-    // `attention_tc_fwd_dXX_f32(const float* q, const float* k, const float*
-    // v, float* out, float* probs, int batch, int seq, int heads, int
-    // kv_heads, int head_dim, float scale, long long write_limit)` in order
-    // and type. The lengths were checked against the shape above; heads is a
-    // multiple of kv_heads, so every kv head index is < kv_heads. The grid is
-    // (ceil(seq / rows), heads, batch) for the build's tile rows; each block
-    // touches only its rows of q/out/probs (guarded by i < seq) and rows
-    // j < seq of k and v (columns t < head_dim), and uses the dynamic shared
-    // memory row_config provides for the build (head_dim <= 64 or <= 128;
-    // validate() refused more). The block has the build's thread count, the
-    // one its kernels' tiling assumes (256 for f32, 32 per 16-row warp tile
-    // for the tensor-core kernels). The tensor-core kernels' zero-filling
-    // cp.async copies of rows past seq read nothing (their source address is
-    // the tensor's first row, which exists).
+    // SAFETY: arguments match `attention_fwd_dXX_f32`,
+    // `attention_tc_fwd_dXX_f32` and `attention_flash_fwd_dXX_bf16(const
+    // float* q, const float* k, const float* v, float* out, float* saved, int
+    // batch, int seq, int heads, int kv_heads, int head_dim, float scale,
+    // long long write_limit)` in order and type. The lengths were checked
+    // against the shape above (saved: probs or lse, as the kernel writes);
+    // heads is a multiple of kv_heads, so every kv head index is < kv_heads.
+    // The grid is (ceil(seq / rows), heads, batch) for the kernel's tile
+    // rows; each block touches only its rows of q/out/saved (guarded by
+    // i < seq) and rows j < seq of k and v (columns t < head_dim), and uses
+    // the dynamic shared memory its config provides for the build (head_dim
+    // <= 64 or <= 128; validate() refused more), with the thread count its
+    // tiling assumes. The tensor-core kernels' zero-filling cp.async copies
+    // of rows past seq read nothing (their source address is the tensor's
+    // first row, which exists).
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }
 
-/// Floats of the scratch [`backward`] needs: `dS` (the length of `probs`)
-/// and each query head's share of `dk` and `dv` (twice the length of `q`).
-pub fn backward_scratch_len(sh: &AttnShape) -> usize {
-    let (q_len, _, p_len) = lens(sh);
-    p_len + 2 * q_len
+/// Floats of the scratch [`backward`] on `kernels` needs: each query
+/// head's share of `dk` and `dv` (twice the length of `q`), and `dS` (the
+/// length of `probs`) for the probability-saving kernels, or the row dots
+/// `D` (`[batch, heads, seq]`) for the flash ones.
+pub fn backward_scratch_len(sh: &AttnShape, kernels: AttnKernels) -> usize {
+    let (q_len, _, _) = lens(sh);
+    saved_len(sh, kernels) + 2 * q_len
 }
 
-/// Backward from the saved `probs` with GEMM math `math` (TF32: the
-/// tensor-core kernels): writes `dq`, `dk`, `dv`, using `scratch`
-/// ([`backward_scratch_len`] floats) for `dS` and the per-head shares.
+/// Backward on `kernels`, from what their forward saved (`saved`): writes
+/// `dq`, `dk`, `dv`, using `scratch` ([`backward_scratch_len`] floats).
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     gpu: &mut GpuContext,
-    math: GemmMath,
+    kernels: AttnKernels,
     (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     out: &CudaSlice<f32>,
-    probs: &CudaSlice<f32>,
+    saved: &CudaSlice<f32>,
     dout: &CudaSlice<f32>,
     scratch: &mut CudaSlice<f32>,
     (dq, dk, dv): (
@@ -461,60 +563,80 @@ pub fn backward(
     ),
     sh: &AttnShape,
 ) -> Result<()> {
-    let len = gpu.faults().written(dv.len());
-    let b = build(sh.head_dim, AttnKernels::for_math(math, gpu.faults()));
-    backward_limited(
-        gpu,
-        b,
-        (q, k, v),
-        out,
-        probs,
-        dout,
-        scratch,
-        (dq, dk, dv),
-        sh,
-        len,
-    )
+    let d = validate(sh)?;
+    let (q_len, kv_len, _) = lens(sh);
+    let s_len = saved_len(sh, kernels);
+    for (name, len, want) in [
+        ("q", q.len(), q_len),
+        ("k", k.len(), kv_len),
+        ("v", v.len(), kv_len),
+        ("out", out.len(), q_len),
+        ("saved", saved.len(), s_len),
+        ("dout", dout.len(), q_len),
+        ("dq", dq.len(), q_len),
+        ("dk", dk.len(), kv_len),
+        ("dv", dv.len(), kv_len),
+        ("scratch", scratch.len(), backward_scratch_len(sh, kernels)),
+    ] {
+        expect_len("attention", name, len, &[want])?;
+    }
+    let limit = to_i64("attention", gpu.faults().written(kv_len))?;
+    // The first part of the scratch is dS or D (saved's length), then the shares.
+    let (mut first, mut shares) = scratch.split_at_mut(s_len);
+    let (mut pk, mut pv) = shares.split_at_mut(q_len);
+    let kv_sum = match family(sh.head_dim, kernels) {
+        Family::Probs(b) => {
+            let grads = (&mut *dq, &mut first, &mut pk, &mut pv);
+            probs_backward(gpu, b, (q, k, v), out, saved, dout, grads, &d, sh)?;
+            b.kv_sum
+        }
+        Family::Flash(f) => {
+            let grads = (&mut *dq, &mut first, &mut pk, &mut pv);
+            flash_backward(gpu, f, (q, k, v), out, saved, dout, grads, &d, sh)?;
+            f.kv_sum
+        }
+    };
+
+    let cfg = launch_config_1d(kv_len, 65_535);
+    let func = gpu.function(kv_sum.module, kv_sum.symbol)?;
+    let mut launch = gpu.stream().launch_builder(&func);
+    launch.arg(&mut pk).arg(&mut pv).arg(dk).arg(dv);
+    d.push(&mut launch);
+    launch.arg(&limit);
+    // SAFETY: arguments match `attention_bwd_kv_sum_f32(const float* pk,
+    // const float* pv, float* dk, float* dv, int batch, int seq, int heads,
+    // int kv_heads, int head_dim, float scale, long long write_limit)` in
+    // order and type. The grid-stride loop covers the kv_len elements of dk
+    // and dv (checked lengths) and reads the group's heads of pk and pv, each
+    // q_len long (heads is a multiple of kv_heads, validated), written by the
+    // previous kernel on this stream.
+    unsafe { launch.launch(cfg) }?;
+    Ok(())
 }
 
+/// The gradients the dq and dk/dv kernels write: dq, then the scratch's
+/// dS (or D), pk and pv.
+type Grads<'a, 'b> = (
+    &'a mut CudaSlice<f32>,
+    &'a mut CudaViewMut<'b, f32>,
+    &'a mut CudaViewMut<'b, f32>,
+    &'a mut CudaViewMut<'b, f32>,
+);
+
+/// dq, dS and the shares pk, pv from the saved probabilities (lengths
+/// checked by [`backward`]).
 #[allow(clippy::too_many_arguments)]
-fn backward_limited(
+fn probs_backward(
     gpu: &mut GpuContext,
     b: &Build,
     (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     out: &CudaSlice<f32>,
     probs: &CudaSlice<f32>,
     dout: &CudaSlice<f32>,
-    scratch: &mut CudaSlice<f32>,
-    (dq, dk, dv): (
-        &mut CudaSlice<f32>,
-        &mut CudaSlice<f32>,
-        &mut CudaSlice<f32>,
-    ),
+    (dq, ds, pk, pv): Grads<'_, '_>,
+    d: &Dims,
     sh: &AttnShape,
-    dv_write_limit: usize,
 ) -> Result<()> {
-    let d = validate(sh)?;
-    let (q_len, kv_len, p_len) = lens(sh);
-    expect_len("attention", "q", q.len(), &[q_len])?;
-    expect_len("attention", "k", k.len(), &[kv_len])?;
-    expect_len("attention", "v", v.len(), &[kv_len])?;
-    expect_len("attention", "out", out.len(), &[q_len])?;
-    expect_len("attention", "probs", probs.len(), &[p_len])?;
-    expect_len("attention", "dout", dout.len(), &[q_len])?;
-    expect_len("attention", "dq", dq.len(), &[q_len])?;
-    expect_len("attention", "dk", dk.len(), &[kv_len])?;
-    expect_len("attention", "dv", dv.len(), &[kv_len])?;
-    expect_len(
-        "attention",
-        "scratch",
-        scratch.len(),
-        &[backward_scratch_len(sh)],
-    )?;
-    let limit = to_i64("attention", dv_write_limit.min(kv_len))?;
-    let (mut ds, mut shares) = scratch.split_at_mut(p_len);
-    let (mut pk, mut pv) = shares.split_at_mut(q_len);
-
     let cfg = row_config(sh, b);
     let func = gpu.function(b.dq.module, b.dq.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
@@ -525,7 +647,7 @@ fn backward_limited(
         .arg(out)
         .arg(dout)
         .arg(&mut *dq)
-        .arg(&mut ds);
+        .arg(&mut *ds);
     d.push(&mut launch);
     // SAFETY: arguments match `attention_bwd_dq_dXX_f32` and
     // `attention_tc_bwd_dq_dXX_f32(const float* k,
@@ -548,9 +670,9 @@ fn backward_limited(
         .arg(q)
         .arg(dout)
         .arg(probs)
-        .arg(&mut ds)
-        .arg(&mut pk)
-        .arg(&mut pv)
+        .arg(&mut *ds)
+        .arg(pk)
+        .arg(pv)
         .arg(&d.batch)
         .arg(&d.seq)
         .arg(&d.heads)
@@ -568,21 +690,68 @@ fn backward_limited(
     // of pk and pv, and uses the dynamic shared memory kv_config provides
     // with the build's thread count.
     unsafe { launch.launch(cfg) }?;
+    Ok(())
+}
 
-    let cfg = launch_config_1d(kv_len, 65_535);
-    let func = gpu.function(b.kv_sum.module, b.kv_sum.symbol)?;
+/// One flash block of 128 threads per (64 rows, head, batch), with `bytes`
+/// of dynamic shared memory.
+fn flash_config(sh: &AttnShape, bytes: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            sh.seq.div_ceil(FLASH_ROWS) as u32,
+            sh.heads as u32,
+            sh.batch as u32,
+        ),
+        block_dim: (FLASH_THREADS, 1, 1),
+        shared_mem_bytes: bytes,
+    }
+}
+
+/// dq, the row dots D and the shares pk, pv from the forward's row
+/// log-sum-exps (lengths checked by [`backward`]).
+#[allow(clippy::too_many_arguments)]
+fn flash_backward(
+    gpu: &mut GpuContext,
+    f: &FlashBuild,
+    (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    out: &CudaSlice<f32>,
+    lse: &CudaSlice<f32>,
+    dout: &CudaSlice<f32>,
+    (dq, dd, pk, pv): Grads<'_, '_>,
+    d: &Dims,
+    sh: &AttnShape,
+) -> Result<()> {
+    let func = gpu.function(f.dq.module, f.dq.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
-    launch.arg(&mut pk).arg(&mut pv).arg(dk).arg(dv);
+    launch.arg(q).arg(k).arg(v).arg(out).arg(dout).arg(lse);
+    launch.arg(&mut *dq).arg(&mut *dd);
     d.push(&mut launch);
-    launch.arg(&limit);
-    // SAFETY: arguments match `attention_bwd_kv_sum_f32(const float* pk,
-    // const float* pv, float* dk, float* dv, int batch, int seq, int heads,
-    // int kv_heads, int head_dim, float scale, long long write_limit)` in
-    // order and type. The grid-stride loop covers the kv_len elements of dk
-    // and dv (checked lengths) and reads the group's heads of pk and pv, each
-    // q_len long (heads is a multiple of kv_heads, validated), written by the
-    // previous kernel on this stream.
-    unsafe { launch.launch(cfg) }?;
+    // SAFETY: arguments match `attention_flash_bwd_dq_dXX_bf16(const float*
+    // q, const float* k, const float* v, const float* out, const float* dout,
+    // const float* lse, float* dq, float* dd, int batch, int seq, int heads,
+    // int kv_heads, int head_dim, float scale)` in order and type. Lengths
+    // were checked against the shape (lse and dd batch * heads * seq, dd the
+    // scratch's first part); the grid is (ceil(seq / 64), heads, batch), each
+    // block reads rows < seq of q, out, dout, lse of its head and of k, v of
+    // its kv head, writes its rows < seq of dq and dd, and uses the
+    // DQ_SMEM bytes of shared memory the config gives, with 128 threads.
+    unsafe { launch.launch(flash_config(sh, f.dq_smem)) }?;
+
+    let func = gpu.function(f.dkv.module, f.dkv.symbol)?;
+    let mut launch = gpu.stream().launch_builder(&func);
+    launch.arg(q).arg(k).arg(v).arg(dout).arg(lse).arg(&mut *dd);
+    launch.arg(pk).arg(pv);
+    d.push(&mut launch);
+    // SAFETY: arguments match `attention_flash_bwd_dkv_dXX_bf16(const float*
+    // q, const float* k, const float* v, const float* dout, const float* lse,
+    // const float* dd, float* pk, float* pv, int batch, int seq, int heads,
+    // int kv_heads, int head_dim, float scale)` in order and type. pk and pv
+    // are the two q_len-float parts of the scratch after dd (split, so
+    // disjoint); each block reads rows < seq of q, dout, lse and dd (dd as
+    // the dq kernel, earlier on this stream, wrote it) and its 64 rows of k
+    // and v, writes its key rows < seq of pk and pv, and uses the DKV_SMEM
+    // bytes of shared memory the config gives, with 128 threads.
+    unsafe { launch.launch(flash_config(sh, f.dkv_smem)) }?;
     Ok(())
 }
 
@@ -605,7 +774,9 @@ mod tests {
         let bytes = |c: LaunchConfig| c.shared_mem_bytes;
         let (f32k, tc) = (AttnKernels::F32, AttnKernels::TensorCores);
         let cfg = |hd, k, kv: bool| {
-            let b = build(hd, k);
+            let Family::Probs(b) = family(hd, k) else {
+                panic!("{k:?} saves probabilities")
+            };
             if kv {
                 kv_config(&sh(hd), b)
             } else {
@@ -635,6 +806,30 @@ mod tests {
                 "attention_dq_d128",
                 "attention_dkv_d128"
             ]
+        );
+        // The flash kernels: one build per head_dim, whatever its multiple.
+        let bf16 = AttnKernels::Bf16;
+        assert_eq!(
+            modules_for(66, bf16, bf16),
+            [
+                "attention_flash_fwd_d128",
+                "attention_flash_dq_d128",
+                "attention_flash_dkv_d128"
+            ]
+        );
+        assert_eq!(
+            flash_config(&sh(64), FLASH_D64.dkv_smem).grid_dim,
+            (4, 14, 4)
+        );
+        for f in [&FLASH_D64, &FLASH_D128] {
+            assert!([f.fwd_smem, f.dq_smem, f.dkv_smem]
+                .iter()
+                .all(|&b| b <= 48 * 1024));
+        }
+        assert_eq!(saved_len(&sh(64), bf16), 4 * 14 * 256);
+        assert_eq!(
+            backward_scratch_len(&sh(64), bf16),
+            4 * 14 * 256 + 2 * 4 * 256 * 14 * 64
         );
         // The tensor-core forward moves 16-byte pieces only.
         assert_eq!(

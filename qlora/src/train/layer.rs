@@ -28,7 +28,7 @@ use super::workspace::{Grads, LayerActs, Scratch, Workspace};
 use crate::error::{Error, Result};
 use crate::gpu::{GemmMath, GpuContext};
 use crate::model::{ModelConfig, Slot, Trainable};
-use crate::ops::attention::{self, AttnShape};
+use crate::ops::attention::{self, AttnKernels, AttnShape};
 use crate::ops::cast::{Bf16, HalfFloat};
 use crate::ops::gemm::GemmSpec;
 use crate::ops::rope::{self, QkvShape};
@@ -42,6 +42,8 @@ pub(super) struct LayerCtx {
     pub fwd: GemmMath,
     pub bwd: GemmMath,
     pub attn: AttnShape,
+    /// The attention kernels of the forward and of the backward.
+    pub attn_kernels: (AttnKernels, AttnKernels),
     /// The LoRA scale `s` of the forward.
     pub lora_s: f32,
     /// The scale the LoRA backward applies: `s` (`s^2` under the
@@ -243,10 +245,10 @@ impl Attention<'_> {
         )?;
         attention::forward(
             gpu,
-            ctx.fwd,
+            ctx.attn_kernels.0,
             (&a.qr, &a.kr, &a.v),
             &mut a.att,
-            &mut a.probs,
+            &mut a.attn_saved,
             &ctx.attn,
         )?;
         gpu.stream().memcpy_dtod(&ws.xs[l], &mut a.x2)?;
@@ -344,10 +346,10 @@ impl Attention<'_> {
         let (a, d) = (&ws.layers[l], &mut ws.grads);
         attention::backward(
             gpu,
-            bwd,
+            ctx.attn_kernels.1,
             (&a.qr, &a.kr, &a.v),
             &a.att,
-            &a.probs,
+            &a.attn_saved,
             &d.datt,
             &mut d.attn,
             (&mut d.dqr, &mut d.dkr, &mut d.dv),

@@ -1,7 +1,9 @@
 //! How a training step runs: the base format, the clipping, the optimizer's
 //! hyper-parameters, graph capture and the GEMM math of each direction.
 
+use crate::faults::Faults;
 use crate::gpu::GemmMath;
+use crate::ops::attention::AttnKernels;
 
 /// How the frozen base weights are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -15,10 +17,28 @@ pub enum BaseWeights {
     /// frozen weight (the q/k/v stack, o, gate, up, down and the head,
     /// forward and the backward's input gradients) runs on bf16 operands,
     /// its input rounded to bf16 first, with f32 accumulation and an f32
-    /// output. What stays f32: the LoRA and norm weights, their gradients
-    /// and AdamW moments, the activations kept between kernels, attention,
-    /// the reductions and the loss.
+    /// output. Attention runs on bf16 operands too, as PyTorch's bf16
+    /// autocast runs it ([`BaseWeights::attention_kernels`]). What stays
+    /// f32: the LoRA and norm weights, their gradients and AdamW moments,
+    /// the activations kept between kernels, the softmax, the reductions and
+    /// the loss.
     Bf16,
+}
+
+impl BaseWeights {
+    /// The attention kernels of each direction of a step on this base,
+    /// given those its GEMM math picks (`by_math`, [`AttnKernels::for_math`]):
+    /// a bf16 base runs the bf16 flash kernels in both directions (the
+    /// backward needs what their forward saved); the others keep `by_math`.
+    pub fn attention_kernels(
+        self,
+        by_math: (AttnKernels, AttnKernels),
+    ) -> (AttnKernels, AttnKernels) {
+        match self {
+            BaseWeights::Bf16 => (AttnKernels::Bf16, AttnKernels::Bf16),
+            BaseWeights::Fp32 | BaseWeights::Nf4 => by_math,
+        }
+    }
 }
 
 /// How gradients are clipped before the optimizer step.
@@ -128,6 +148,20 @@ pub struct GpuTrainOptions {
 }
 
 impl GpuTrainOptions {
+    /// The attention kernels of each direction of this step under the GEMM
+    /// math `(forward, backward)` in force and `faults`.
+    pub fn attention_kernels(
+        &self,
+        (fwd, bwd): (GemmMath, GemmMath),
+        faults: Faults,
+    ) -> (AttnKernels, AttnKernels) {
+        let by_math = (
+            AttnKernels::for_math(fwd, faults),
+            AttnKernels::for_math(bwd, faults),
+        );
+        self.base.attention_kernels(by_math)
+    }
+
     /// A short name of the mode for reports, e.g. `graphed/global-clip/nf4/tf32-backward`.
     pub fn mode_name(&self) -> String {
         let graph = if self.graph { "graphed" } else { "eager" };

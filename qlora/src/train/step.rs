@@ -749,6 +749,7 @@ impl GpuTrainer {
             fwd,
             bwd,
             attn: self.attn_shape(),
+            attn_kernels: self.options.attention_kernels((fwd, bwd), gpu.faults()),
             lora_s: lora_s as f32,
             lora_s_bwd: s_bwd,
         }
@@ -1234,7 +1235,11 @@ mod tests {
         let widest = c.intermediate.max(super::super::workspace::qkv_width(&c));
         let chunk = super::super::workspace::HEAD_CHUNK_ROWS;
         assert!(chunk < t, "qwen2.5-0.5b's head runs in several chunks");
-        let saved = 2 * frozen + 8 * t * c.vocab - 2 * chunk * c.vocab;
+        // Attention keeps each row's log-sum-exp instead of its
+        // probabilities, in every layer and in the backward's scratch (D for dS).
+        let probs = c.batch * c.heads * c.seq_len * c.seq_len;
+        let attention = 4 * (c.layers + 1) * (probs - c.batch * c.heads * c.seq_len);
+        let saved = 2 * frozen + 8 * t * c.vocab - 2 * chunk * c.vocab + attention;
         let added = 2 * t * widest + 2 * t * c.intermediate;
         assert_eq!(
             planned_device_bytes(&c, &fp32) + added - saved,

@@ -4,7 +4,7 @@
 //! [`Workspace::new`], which is what lets a whole step be captured as one CUDA
 //! graph (an allocation inside stream capture is an error).
 
-use crate::ops::attention::AttnShape;
+use crate::ops::attention::{AttnKernels, AttnShape};
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{sys, CudaSlice, DevicePtrMut};
 
@@ -37,8 +37,11 @@ pub struct LayerActs {
     pub qr: CudaSlice<f32>,
     pub kr: CudaSlice<f32>,
     pub v: CudaSlice<f32>,
-    /// Attention probabilities `[batch, heads, seq, seq]`.
-    pub probs: CudaSlice<f32>,
+    /// What attention's forward saves for its backward
+    /// ([`crate::ops::attention::saved_len`]): the probabilities `[batch,
+    /// heads, seq, seq]`, or with a bf16 base each row's log-sum-exp
+    /// `[batch, heads, seq]`.
+    pub attn_saved: CudaSlice<f32>,
     /// Attention output `[T, q_dim]` (the backward's `D_i = <dout_i, out_i>`).
     pub att: CudaSlice<f32>,
     /// `x + att Wo^T` `[T, hidden]` and its norm.
@@ -49,7 +52,7 @@ pub struct LayerActs {
 }
 
 impl LayerActs {
-    fn new(gpu: &GpuContext, c: &ModelConfig, keep_mlp: bool) -> Result<Self> {
+    fn new(gpu: &GpuContext, c: &ModelConfig, keep_mlp: bool, base: BaseWeights) -> Result<Self> {
         let t = c.tokens();
         let z = |n: usize| gpu.zeros::<f32>(n);
         Ok(LayerActs {
@@ -58,7 +61,7 @@ impl LayerActs {
             qr: z(t * c.q_dim())?,
             kr: z(t * c.kv_dim())?,
             v: z(t * c.kv_dim())?,
-            probs: z(c.batch * c.heads * c.seq_len * c.seq_len)?,
+            attn_saved: z(attention_saved(c, base))?,
             att: z(t * c.q_dim())?,
             x2: z(t * c.hidden)?,
             n2: z(t * c.hidden)?,
@@ -79,11 +82,11 @@ impl LayerActs {
         }
     }
 
-    /// f32 values per layer (with the layer's residual input `x`).
-    fn floats(c: &ModelConfig) -> usize {
+    /// f32 values per layer (with the layer's residual input `x`) on `base`.
+    fn floats(c: &ModelConfig, base: BaseWeights) -> usize {
         let t = c.tokens();
         t * (4 * c.hidden + 2 * c.q_dim() + 2 * c.kv_dim() + qkv_width(c))
-            + c.batch * c.heads * c.seq_len * c.seq_len
+            + attention_saved(c, base)
     }
 }
 
@@ -241,11 +244,11 @@ impl Workspace {
         deq_lens.sort_unstable();
         deq_lens.dedup();
         let layers = (0..c.layers)
-            .map(|_| LayerActs::new(gpu, c, keep_mlp))
+            .map(|_| LayerActs::new(gpu, c, keep_mlp, options.base))
             .collect::<Result<Vec<_>>>()?;
         let leaked = if doubled {
             (0..c.layers)
-                .map(|_| z(LayerActs::floats(c) + 3 * t * c.intermediate))
+                .map(|_| z(LayerActs::floats(c, options.base) + 3 * t * c.intermediate))
                 .collect::<Result<Vec<_>>>()?
         } else {
             Vec::new()
@@ -303,7 +306,7 @@ impl Workspace {
                 dkr: z(t * c.kv_dim())?,
                 dv: z(t * c.kv_dim())?,
                 dqkv: z(t * qkv_width(c))?,
-                attn: z(attention_scratch(c))?,
+                attn: z(attention_scratch(c, options.base))?,
                 dfinal_gamma: z(c.hidden)?,
                 norm: BackwardWorkspace::new(gpu, t, c.hidden)?,
             },
@@ -339,14 +342,15 @@ impl Workspace {
     pub fn planned_bytes(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
         let t = c.tokens();
         let keep_mlp = options.keep_mlp;
-        let floats = c.layers * (LayerActs::floats(c) + LayerActs::mlp_floats(c, keep_mlp))
+        let floats = c.layers
+            * (LayerActs::floats(c, options.base) + LayerActs::mlp_floats(c, keep_mlp))
             + (c.layers + 7) * t * c.hidden
             + 3 * t
             + 6 * t * c.intermediate
             + 2 * t * c.q_dim()
             + 2 * t * c.kv_dim()
             + t * qkv_width(c)
-            + attention_scratch(c);
+            + attention_scratch(c, options.base);
         4 * floats
             + CUBLAS_WORKSPACE_BYTES
             + 2 * Self::half_input_len(c, options)
@@ -409,9 +413,9 @@ impl Workspace {
         c.tokens() * c.intermediate
     }
 
-    /// Bytes of activations the forward keeps per step (all layers).
-    pub fn activation_bytes(c: &ModelConfig) -> usize {
-        4 * c.layers * LayerActs::floats(c)
+    /// Bytes of activations the forward keeps per step (all layers) on `base`.
+    pub fn activation_bytes(c: &ModelConfig, base: BaseWeights) -> usize {
+        4 * c.layers * LayerActs::floats(c, base)
     }
 
     /// Device bytes of the whole workspace.
@@ -424,7 +428,15 @@ impl Workspace {
             .iter()
             .map(|a| {
                 f32s(&[
-                    &a.n1, &a.qkv, &a.qr, &a.kr, &a.v, &a.probs, &a.att, &a.x2, &a.n2,
+                    &a.n1,
+                    &a.qkv,
+                    &a.qr,
+                    &a.kr,
+                    &a.v,
+                    &a.attn_saved,
+                    &a.att,
+                    &a.x2,
+                    &a.n2,
                 ]) + a.mlp.as_ref().map_or(0, |(g, u)| f32s(&[g, u]))
             })
             .sum();
@@ -536,15 +548,34 @@ pub fn qkv_width(c: &ModelConfig) -> usize {
     c.q_dim() + 2 * c.kv_dim() + 2 * c.lora_rank
 }
 
-/// Floats of attention's backward scratch for `c`.
-fn attention_scratch(c: &ModelConfig) -> usize {
-    crate::ops::attention::backward_scratch_len(&AttnShape {
+/// One layer's attention shape of `c`.
+fn attention_shape(c: &ModelConfig) -> AttnShape {
+    AttnShape {
         batch: c.batch,
         seq: c.seq_len,
         heads: c.heads,
         kv_heads: c.kv_heads,
         head_dim: c.head_dim,
-    })
+    }
+}
+
+/// The attention kernels whose buffers a step on `base` needs: the flash
+/// kernels' (a bf16 base) or the probability-saving kernels', which save
+/// and need the same whichever of them the GEMM math picks.
+fn attention_sizing(base: BaseWeights) -> AttnKernels {
+    base.attention_kernels((AttnKernels::F32, AttnKernels::F32))
+        .1
+}
+
+/// Floats attention's forward saves per layer for `c` on `base`: the
+/// probabilities, or the flash kernels' row log-sum-exps.
+fn attention_saved(c: &ModelConfig, base: BaseWeights) -> usize {
+    crate::ops::attention::saved_len(&attention_shape(c), attention_sizing(base))
+}
+
+/// Floats of attention's backward scratch for `c` on `base`.
+fn attention_scratch(c: &ModelConfig, base: BaseWeights) -> usize {
+    crate::ops::attention::backward_scratch_len(&attention_shape(c), attention_sizing(base))
 }
 
 #[cfg(test)]

@@ -119,7 +119,7 @@ fn memory_budget(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
             gib(base),
             gib(params),
             gib(ws),
-            gib(qlora::train::workspace::Workspace::activation_bytes(&cfg)),
+            gib(qlora::train::workspace::Workspace::activation_bytes(&cfg, p.base)),
         ));
     if !loss.is_finite() {
         m.violate(format!("the loss is {loss}"));

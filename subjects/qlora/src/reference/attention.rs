@@ -173,9 +173,158 @@ pub fn backward(
     Ok((dq, dk, dv))
 }
 
+/// `x` rounded to bf16 (through f32, nearest, ties to even), as a bf16
+/// kernel rounds an f32 it computed.
+pub fn round_bf16(x: f64) -> f64 {
+    f64::from(half::bf16::from_f32(x as f32).to_f32())
+}
+
+/// The forward of the bf16 flash kernels, with bf16 rounding at the points
+/// where they round, for inputs the caller has rounded to bf16: with
+/// `m_i = max_j S_ij` and the unnormalised `p_ij = exp(S_ij - m_i)`,
+/// `out_i = sum_j bf16(p_ij) v_j / l_i`, `l_i = sum_j p_ij` (unrounded).
+/// Returns `(out, lse2)`, `lse2_i = log2(e) (m_i + ln l_i)` (`[batch, heads, seq]`).
+pub fn flash_bf16_forward(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    sh: &AttnShape,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    sh.check(q, k, v)?;
+    let (d, seq) = (sh.head_dim, sh.seq);
+    let scale = sh.scale();
+    let mut out = vec![0.0; q.len()];
+    let mut lse2 = vec![0.0; sh.batch * sh.heads * seq];
+    let mut s = vec![0.0; seq];
+    for b in 0..sh.batch {
+        for h in 0..sh.heads {
+            for i in 0..seq {
+                let qi = &q[sh.q_at(b, i, h)..][..d];
+                for (j, sj) in s.iter_mut().enumerate().take(i + 1) {
+                    *sj = scale * dot(qi, &k[sh.kv_at(b, j, h)..][..d]);
+                }
+                let m = s[..=i].iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let l: f64 = s[..=i].iter().map(|&x| (x - m).exp()).sum();
+                let o = sh.q_at(b, i, h);
+                for (j, &sj) in s.iter().enumerate().take(i + 1) {
+                    let p = round_bf16((sj - m).exp()) / l;
+                    let vj = sh.kv_at(b, j, h);
+                    for t in 0..d {
+                        out[o + t] += p * v[vj + t];
+                    }
+                }
+                lse2[(b * sh.heads + h) * seq + i] = std::f64::consts::LOG2_E * (m + l.ln());
+            }
+        }
+    }
+    Ok((out, lse2))
+}
+
+/// The backward of the bf16 flash kernels with bf16 rounding where they
+/// round, for bf16-rounded `q, k, v` and `dout_r` (the rounded `dout`);
+/// `dots` are `D_i = <dout_i, out_i>` of the unrounded `dout` and the
+/// forward's `out`. `P` exact, `dP_ij = <dout_r_i, v_j>`, `dS = P (dP - D)`,
+/// `dv_j = sum_i bf16(P_ij) dout_r_i`, `dq_i = s sum_j bf16(dS_ij) k_j`,
+/// `dk_j = s sum_i bf16(dS_ij) q_i`; kv gradients summed over each group.
+pub fn flash_bf16_backward(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dout_r: &[f64],
+    dots: &[f64],
+    sh: &AttnShape,
+) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+    sh.check(q, k, v)?;
+    expect_len("attention", "dout", dout_r.len(), &[q.len()])?;
+    expect_len(
+        "attention",
+        "dots",
+        dots.len(),
+        &[sh.batch, sh.seq, sh.heads],
+    )?;
+    let (d, seq) = (sh.head_dim, sh.seq);
+    let scale = sh.scale();
+    let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+    let mut p = vec![0.0; seq];
+    for b in 0..sh.batch {
+        for h in 0..sh.heads {
+            for i in 0..seq {
+                let qo = sh.q_at(b, i, h);
+                let qi = &q[qo..][..d];
+                for (j, pj) in p.iter_mut().enumerate().take(i + 1) {
+                    *pj = scale * dot(qi, &k[sh.kv_at(b, j, h)..][..d]);
+                }
+                let m = p[..=i].iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                p[..=i].iter_mut().for_each(|x| *x = (*x - m).exp());
+                let l: f64 = p[..=i].iter().sum();
+                let doi = &dout_r[qo..][..d];
+                let di = dots[(b * seq + i) * sh.heads + h];
+                for (j, &pj) in p.iter().enumerate().take(i + 1) {
+                    let pij = pj / l;
+                    let kv = sh.kv_at(b, j, h);
+                    let ds = round_bf16(pij * (dot(doi, &v[kv..][..d]) - di));
+                    let pr = round_bf16(pij);
+                    for t in 0..d {
+                        dv[kv + t] += pr * doi[t];
+                        dq[qo + t] += scale * ds * k[kv + t];
+                        dk[kv + t] += scale * ds * qi[t];
+                    }
+                }
+            }
+        }
+    }
+    Ok((dq, dk, dv))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The flash oracle is attention with bf16 rounding at a few points:
+    /// close to the exact one, its log-sum-exps the exact ones, and its
+    /// backward close to the exact backward.
+    #[test]
+    fn the_flash_oracle_is_attention_rounded() {
+        let sh = AttnShape {
+            batch: 1,
+            seq: 9,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+        };
+        let n = |len: usize, k: f64| -> Vec<f64> {
+            (0..len)
+                .map(|i| round_bf16(((i as f64) * k).sin()))
+                .collect()
+        };
+        let (q, k, v, dout) = (
+            n(9 * 32, 0.37),
+            n(9 * 16, 0.91),
+            n(9 * 16, 1.3),
+            n(9 * 32, 0.53),
+        );
+        let (out, probs) = forward(&q, &k, &v, &sh).unwrap();
+        let (fout, lse2) = flash_bf16_forward(&q, &k, &v, &sh).unwrap();
+        let rel = |a: &[f64], b: &[f64]| {
+            let d: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+            (d / b.iter().map(|y| y * y).sum::<f64>()).sqrt()
+        };
+        assert!(rel(&fout, &out) < 1e-2, "{}", rel(&fout, &out));
+        assert!(rel(&fout, &out) > 0.0, "the probabilities were rounded");
+        // Row 0 of every head sees key 0 alone: lse2 = log2(e) s_00.
+        let s00 = sh.scale() * dot(&q[..8], &k[..8]);
+        assert!((lse2[0] - std::f64::consts::LOG2_E * s00).abs() < 1e-12);
+        let dots: Vec<f64> = dout
+            .chunks(8)
+            .zip(out.chunks(8))
+            .map(|(a, b)| dot(a, b))
+            .collect();
+        let (dq, dk, dv) = backward(&q, &k, &v, &probs, &dout, &sh).unwrap();
+        let (fdq, fdk, fdv) = flash_bf16_backward(&q, &k, &v, &dout, &dots, &sh).unwrap();
+        for (f, e) in [(&fdq, &dq), (&fdk, &dk), (&fdv, &dv)] {
+            assert!(rel(f, e) < 2e-2, "{}", rel(f, e));
+        }
+    }
 
     #[test]
     fn first_position_copies_v_and_equal_scores_average() {

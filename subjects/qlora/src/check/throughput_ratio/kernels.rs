@@ -45,7 +45,7 @@ use qlora::gpu::timing::{capture, time_events};
 use qlora::gpu::{Direction, GemmMath, GpuContext};
 use qlora::model::ModelConfig;
 use qlora::ops;
-use qlora::ops::attention::AttnShape;
+use qlora::ops::attention::{AttnKernels, AttnShape};
 use qlora::ops::gemm::GemmEngine;
 use qlora::ops::nf4::Nf4Device;
 use qlora::Faults;
@@ -158,7 +158,8 @@ fn attn_shape(c: &ModelConfig) -> AttnShape {
 /// dv (kv-sized); probs; the backward scratch (dS and the per-head shares).
 fn attention_set_bytes(sh: &AttnShape) -> usize {
     let (q_len, kv_len, p_len) = ops::attention::lens(sh);
-    4 * (4 * q_len + 4 * kv_len + p_len + ops::attention::backward_scratch_len(sh))
+    let scratch = ops::attention::backward_scratch_len(sh, AttnKernels::F32);
+    4 * (4 * q_len + 4 * kv_len + p_len + scratch)
 }
 
 /// Direct cuBLAS SGEMM of `y = x W^T` (row-major; cuBLAS computes the
@@ -649,7 +650,8 @@ impl AttnSet {
             dout: random(gpu, rng, q_len)?,
             out: gpu.zeros::<f32>(q_len)?,
             probs: gpu.zeros::<f32>(p_len)?,
-            scratch: gpu.zeros::<f32>(ops::attention::backward_scratch_len(sh))?,
+            scratch: gpu
+                .zeros::<f32>(ops::attention::backward_scratch_len(sh, AttnKernels::F32))?,
             dq: gpu.zeros::<f32>(q_len)?,
             dk: gpu.zeros::<f32>(kv_len)?,
             dv: gpu.zeros::<f32>(kv_len)?,
@@ -662,8 +664,15 @@ impl AttnSet {
         math: GemmMath,
         sh: &AttnShape,
     ) -> qlora::Result<()> {
-        let s = self;
-        ops::attention::forward(gpu, math, (&s.q, &s.k, &s.v), &mut s.out, &mut s.probs, sh)
+        let (s, kernels) = (self, AttnKernels::for_math(math, gpu.faults()));
+        ops::attention::forward(
+            gpu,
+            kernels,
+            (&s.q, &s.k, &s.v),
+            &mut s.out,
+            &mut s.probs,
+            sh,
+        )
     }
 
     fn backward(
@@ -672,10 +681,10 @@ impl AttnSet {
         math: GemmMath,
         sh: &AttnShape,
     ) -> qlora::Result<()> {
-        let s = self;
+        let (s, kernels) = (self, AttnKernels::for_math(math, gpu.faults()));
         ops::attention::backward(
             gpu,
-            math,
+            kernels,
             (&s.q, &s.k, &s.v),
             &s.out,
             &s.probs,
