@@ -10,8 +10,9 @@
 //
 // Grid-stride loops over [0, n); `n` smaller than the buffers only under the
 // test-only "last element unwritten" fault. The float4 fast path with its
-// scalar tail is map1 / map2 in common.cuh; the two-output backward spells
-// it out. SwiGLU also writes bf16 (StoreBf16) for the bf16 step.
+// scalar tail is map1 / map2 in common.cuh for SiLU; SwiGLU spells it out,
+// with its inputs and outputs in f32 or bf16 (LoadBf16, StoreBf16) for the
+// bf16 step.
 //
 // Two modules (ACT_PART): 0 `swiglu`, the pair the training step runs, and
 // 1 `silu`; a pre-warm compiles only the first.
@@ -45,37 +46,47 @@ extern "C" __global__ void silu_bwd_f32(const float* __restrict__ x, const float
 #endif
 
 #if ACT_PART == 0
-// The forward and the backward write f32 (`_f32`) or, for a bf16 GEMM that
-// reads them next, their bf16 rounding (`_f32_bf16`): the same f32
-// arithmetic, rounded once at the store.
-extern "C" __global__ void swiglu_fwd_f32(const float* __restrict__ gate, const float* __restrict__ up,
-                                          float* __restrict__ y, int n) {
-    map2<StoreF32>(gate, up, y, n, [](float g, float u) { return swiglu_fwd_1(g, u); });
+// Kernels `_f32` (f32 gate, up and results) and `_bf16`, for the bf16 step:
+// gate and up as its bf16 GEMM stored them (`L`), and results rounded to
+// bf16 for the bf16 GEMMs that read them next (`S`), each rounded once at
+// the store. The arithmetic is f32 in both.
+template <typename L, typename S>
+__device__ __forceinline__ void swiglu_fwd(const typename L::T* __restrict__ gate,
+                                           const typename L::T* __restrict__ up,
+                                           typename S::T* __restrict__ y, int n) {
+    const int tid = blockIdx.x * blockDim.x + threadIdx.x;
+    const int stride = gridDim.x * blockDim.x;
+    int done = 0;
+    if (L::vec(gate) && L::vec(up) && S::vec(y)) {
+        const int n4 = n / 4;
+        for (int k = tid; k < n4; k += stride) {
+            const float4 g = L::get4(gate, k);
+            const float4 u = L::get4(up, k);
+            S::put4(y, k, swiglu_fwd_1(g.x, u.x), swiglu_fwd_1(g.y, u.y), swiglu_fwd_1(g.z, u.z),
+                    swiglu_fwd_1(g.w, u.w));
+        }
+        done = 4 * n4;
+    }
+    for (int k = done + tid; k < n; k += stride) {
+        S::put(y, k, swiglu_fwd_1(L::get(gate, k), L::get(up, k)));
+    }
 }
 
-extern "C" __global__ void swiglu_fwd_f32_bf16(const float* __restrict__ gate,
-                                               const float* __restrict__ up,
-                                               unsigned short* __restrict__ y, int n) {
-    map2<StoreBf16>(gate, up, y, n, [](float g, float u) { return swiglu_fwd_1(g, u); });
-}
-
-template <typename S>
-__device__ __forceinline__ void swiglu_bwd(const float* __restrict__ gate,
-                                           const float* __restrict__ up,
+template <typename L, typename S>
+__device__ __forceinline__ void swiglu_bwd(const typename L::T* __restrict__ gate,
+                                           const typename L::T* __restrict__ up,
                                            const float* __restrict__ dy,
                                            typename S::T* __restrict__ dgate,
                                            typename S::T* __restrict__ dup, int n) {
     const int tid = blockIdx.x * blockDim.x + threadIdx.x;
     const int stride = gridDim.x * blockDim.x;
     int done = 0;
-    if (aligned16(gate) && aligned16(up) && aligned16(dy) && S::vec(dgate) && S::vec(dup)) {
+    if (L::vec(gate) && L::vec(up) && aligned16(dy) && S::vec(dgate) && S::vec(dup)) {
         const int n4 = n / 4;
-        const float4* g4 = reinterpret_cast<const float4*>(gate);
-        const float4* u4 = reinterpret_cast<const float4*>(up);
         const float4* d4 = reinterpret_cast<const float4*>(dy);
         for (int k = tid; k < n4; k += stride) {
-            const float4 g = g4[k];
-            const float4 u = u4[k];
+            const float4 g = L::get4(gate, k);
+            const float4 u = L::get4(up, k);
             const float4 d = d4[k];
             const float2 r0 = swiglu_bwd_1(g.x, u.x, d.x);
             const float2 r1 = swiglu_bwd_1(g.y, u.y, d.y);
@@ -87,23 +98,23 @@ __device__ __forceinline__ void swiglu_bwd(const float* __restrict__ gate,
         done = 4 * n4;
     }
     for (int k = done + tid; k < n; k += stride) {
-        const float2 r = swiglu_bwd_1(gate[k], up[k], dy[k]);
+        const float2 r = swiglu_bwd_1(L::get(gate, k), L::get(up, k), dy[k]);
         S::put(dgate, k, r.x);
         S::put(dup, k, r.y);
     }
 }
 
-extern "C" __global__ void swiglu_bwd_f32(const float* __restrict__ gate, const float* __restrict__ up,
-                                          const float* __restrict__ dy, float* __restrict__ dgate,
-                                          float* __restrict__ dup, int n) {
-    swiglu_bwd<StoreF32>(gate, up, dy, dgate, dup, n);
-}
-
-extern "C" __global__ void swiglu_bwd_f32_bf16(const float* __restrict__ gate,
-                                               const float* __restrict__ up,
-                                               const float* __restrict__ dy,
-                                               unsigned short* __restrict__ dgate,
-                                               unsigned short* __restrict__ dup, int n) {
-    swiglu_bwd<StoreBf16>(gate, up, dy, dgate, dup, n);
-}
+#define SWIGLU_KERNELS(NAME, L, S)                                                              \
+    extern "C" __global__ void swiglu_fwd_##NAME(const L::T* __restrict__ gate,                 \
+                                                 const L::T* __restrict__ up,                   \
+                                                 S::T* __restrict__ y, int n) {                 \
+        swiglu_fwd<L, S>(gate, up, y, n);                                                       \
+    }                                                                                           \
+    extern "C" __global__ void swiglu_bwd_##NAME(                                               \
+        const L::T* __restrict__ gate, const L::T* __restrict__ up, const float* __restrict__ dy, \
+        S::T* __restrict__ dgate, S::T* __restrict__ dup, int n) {                              \
+        swiglu_bwd<L, S>(gate, up, dy, dgate, dup, n);                                          \
+    }
+SWIGLU_KERNELS(f32, LoadF32, StoreF32)
+SWIGLU_KERNELS(bf16, LoadBf16, StoreBf16)
 #endif

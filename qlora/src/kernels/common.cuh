@@ -177,6 +177,32 @@ struct Store16 {
 typedef Store16<f32_to_f16_bits> StoreF16;
 typedef Store16<f32_to_bf16_bits> StoreBf16;
 
+// Where an elementwise input comes from: f32, or bf16 bits (the values a
+// GEMM stored rounded), read as the f32 values they are. `vec` says whether
+// the four-at-a-time load is legal at x (16-byte aligned for f32, 8 for bf16).
+struct LoadF32 {
+    typedef float T;
+    static __device__ __forceinline__ bool vec(const T* x) { return aligned16(x); }
+    static __device__ __forceinline__ float4 get4(const T* x, long long k4) {
+        return reinterpret_cast<const float4*>(x)[k4];
+    }
+    static __device__ __forceinline__ float get(const T* x, long long k) { return x[k]; }
+};
+struct LoadBf16 {
+    typedef unsigned short T;
+    static __device__ __forceinline__ bool vec(const T* x) {
+        return ((unsigned long long)x & 7ull) == 0;
+    }
+    static __device__ __forceinline__ float4 get4(const T* x, long long k4) {
+        const uint2 w = reinterpret_cast<const uint2*>(x)[k4];
+        return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
+                           __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+    }
+    static __device__ __forceinline__ float get(const T* x, long long k) {
+        return bf16_bits_to_f32(x[k]);
+    }
+};
+
 template <typename S = StoreF32, typename F>
 static __device__ __forceinline__ void map2(const float* __restrict__ a, const float* __restrict__ b,
                                             typename S::T* __restrict__ y, int n, F f) {

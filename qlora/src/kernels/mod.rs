@@ -156,8 +156,8 @@ pub const MODULES: &[ModuleSource] = &[
         [
             "swiglu_fwd_f32",
             "swiglu_bwd_f32",
-            "swiglu_fwd_f32_bf16",
-            "swiglu_bwd_f32_bf16"
+            "swiglu_fwd_bf16",
+            "swiglu_bwd_bf16"
         ]
     ),
     module_with!(

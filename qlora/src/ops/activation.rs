@@ -1,7 +1,7 @@
 //! Launchers for `kernels/activation.cu`: SiLU `y = x sigmoid(x)` and SwiGLU
-//! `y = silu(gate) * up`, forward and backward. SwiGLU writes f32, or for a
-//! bf16 GEMM that reads its output next, the bf16 rounding of the same f32
-//! result (nearest, ties to even; [`SwigluOut`]).
+//! `y = silu(gate) * up`, forward and backward. SwiGLU runs on f32, or for
+//! the bf16 step on bf16 gate and up, writing the bf16 rounding of the f32
+//! results (nearest, ties to even; [`SwigluKernels`]).
 
 use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, PushKernelArg};
 
@@ -35,35 +35,35 @@ pub const SIGNATURES: &[(&str, Signatures)] = &[
                 "swiglu_bwd_f32",
                 &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32],
             ),
+            ("swiglu_fwd_bf16", &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32]),
             (
-                "swiglu_fwd_f32_bf16",
-                &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32],
-            ),
-            (
-                "swiglu_bwd_f32_bf16",
+                "swiglu_bwd_bf16",
                 &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32],
             ),
         ],
     ),
 ];
 
-/// The element SwiGLU writes: `f32`, or [`Bf16`] (the f32 result rounded
-/// once at the store, as a cast kernel after it would round it).
-pub trait SwigluOut: DeviceRepr {
-    /// The forward kernel writing this element.
+/// The elements SwiGLU reads (`gate`, `up`: `X`) and writes (`Y`): f32 to
+/// f32, and [`Bf16`] to bf16 for the bf16 step, which keeps gate and up as
+/// its bf16 GEMM stored them and writes the results rounded once at the
+/// store for the bf16 GEMMs that read them next. The arithmetic is f32 in
+/// both.
+pub trait SwigluKernels {
+    /// The forward kernel.
     const FORWARD: &'static str;
-    /// The backward kernel writing this element.
+    /// The backward kernel.
     const BACKWARD: &'static str;
 }
 
-impl SwigluOut for f32 {
+impl SwigluKernels for (f32, f32) {
     const FORWARD: &'static str = "swiglu_fwd_f32";
     const BACKWARD: &'static str = "swiglu_bwd_f32";
 }
 
-impl SwigluOut for Bf16 {
-    const FORWARD: &'static str = "swiglu_fwd_f32_bf16";
-    const BACKWARD: &'static str = "swiglu_bwd_f32_bf16";
+impl SwigluKernels for (Bf16, Bf16) {
+    const FORWARD: &'static str = "swiglu_fwd_bf16";
+    const BACKWARD: &'static str = "swiglu_bwd_bf16";
 }
 
 /// `y = silu(x)`.
@@ -108,39 +108,45 @@ pub fn silu_backward(
     Ok(())
 }
 
-/// `y = silu(gate) * up`, in f32 or rounded to bf16 (`Y`).
-pub fn swiglu_forward<Y: SwigluOut>(
+/// `y = silu(gate) * up`, from `X` into `Y` ([`SwigluKernels`]).
+pub fn swiglu_forward<X: DeviceRepr, Y: DeviceRepr>(
     gpu: &mut GpuContext,
-    gate: &CudaView<'_, f32>,
-    up: &CudaView<'_, f32>,
+    gate: &CudaView<'_, X>,
+    up: &CudaView<'_, X>,
     y: &mut CudaViewMut<'_, Y>,
-) -> Result<()> {
+) -> Result<()>
+where
+    (X, Y): SwigluKernels,
+{
     let n = gate.len();
     expect_len("swiglu", "up", up.len(), &[n])?;
     expect_len("swiglu", "y", y.len(), &[n])?;
     let Some((n_i, cfg)) = vec4_launch(gpu, "swiglu", n)? else {
         return Ok(());
     };
-    let f = gpu.function(SWIGLU_MODULE, Y::FORWARD)?;
+    let f = gpu.function(SWIGLU_MODULE, <(X, Y)>::FORWARD)?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(gate).arg(up).arg(y).arg(&n_i);
-    // SAFETY: swiglu_fwd_f32{,_bf16}(const float* gate, const float* up, Y* y,
-    // int n), Y float or unsigned short as `Y`: all hold n >= n_i elements;
-    // y aliases neither input.
+    // SAFETY: swiglu_fwd_{f32,bf16}(const X* gate, const X* up, Y*
+    // y, int n), X and Y float or unsigned short as `X` and `Y` (the kernel
+    // `(X, Y)` names): all hold n >= n_i elements; y aliases neither input.
     unsafe { l.launch(cfg) }?;
     Ok(())
 }
 
 /// `dgate = dy * up * silu'(gate)`, `dup = dy * silu(gate)`, in f32 or
 /// rounded to bf16 (`Y`).
-pub fn swiglu_backward<Y: SwigluOut>(
+pub fn swiglu_backward<X: DeviceRepr, Y: DeviceRepr>(
     gpu: &mut GpuContext,
-    gate: &CudaView<'_, f32>,
-    up: &CudaView<'_, f32>,
+    gate: &CudaView<'_, X>,
+    up: &CudaView<'_, X>,
     dy: &CudaView<'_, f32>,
     dgate: &mut CudaViewMut<'_, Y>,
     dup: &mut CudaViewMut<'_, Y>,
-) -> Result<()> {
+) -> Result<()>
+where
+    (X, Y): SwigluKernels,
+{
     let n = gate.len();
     expect_len("swiglu", "up", up.len(), &[n])?;
     expect_len("swiglu", "dy", dy.len(), &[n])?;
@@ -149,13 +155,14 @@ pub fn swiglu_backward<Y: SwigluOut>(
     let Some((n_i, cfg)) = vec4_launch(gpu, "swiglu", n)? else {
         return Ok(());
     };
-    let f = gpu.function(SWIGLU_MODULE, Y::BACKWARD)?;
+    let f = gpu.function(SWIGLU_MODULE, <(X, Y)>::BACKWARD)?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(gate).arg(up).arg(dy).arg(dgate).arg(dup).arg(&n_i);
-    // SAFETY: swiglu_bwd_f32{,_bf16}(const float* gate, const float* up,
-    // const float* dy, Y* dgate, Y* dup, int n), Y float or unsigned short as
-    // `Y`: all hold n >= n_i elements; the two outputs are distinct mutable
-    // borrows and alias no input.
+    // SAFETY: swiglu_bwd_{f32,bf16}(const X* gate, const X* up,
+    // const float* dy, Y* dgate, Y* dup, int n), X and Y float or unsigned
+    // short as `X` and `Y` (the kernel `(X, Y)` names): all hold n >= n_i
+    // elements; the two outputs are distinct mutable borrows and alias no
+    // input.
     unsafe { l.launch(cfg) }?;
     Ok(())
 }

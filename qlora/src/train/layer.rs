@@ -24,13 +24,13 @@ use cudarc::driver::{CudaSlice, CudaView};
 use super::blas::{self, Mat, MatMut};
 use super::kernels;
 use super::weights::{Frozen, LayerWeights, Linear};
-use super::workspace::{Grads, LayerActs, Scratch, Workspace};
+use super::workspace::{GateUp, Grads, LayerActs, Scratch, Workspace};
 use crate::error::{Error, Result};
 use crate::gpu::{GemmMath, GpuContext};
 use crate::model::{ModelConfig, Slot, Trainable};
 use crate::ops::attention::{self, AttnKernels, AttnShape};
 use crate::ops::cast::{Bf16, HalfFloat};
-use crate::ops::gemm::GemmSpec;
+use crate::ops::gemm::{GemmOut, GemmSpec};
 use crate::ops::rope::{self, QkvShape};
 use crate::ops::{activation, cast, nf4, rmsnorm};
 
@@ -687,6 +687,8 @@ struct Mlp<'a> {
 impl Mlp<'_> {
     /// `n2 = rmsnorm(x2, g2)`; `x' = x2 + (silu(n2 Wg^T) * n2 Wu^T) Wd^T`
     /// into `xs[l + 1]`; gate and up kept only when the workspace keeps them.
+    /// A bf16 base runs it on bf16 from end to end: `n2`'s rounding, gate and
+    /// up as the GEMM stores them, the product as the down GEMM reads it.
     fn forward(&self, gpu: &mut GpuContext, ctx: &LayerCtx, ws: &mut Workspace) -> Result<()> {
         let c = &ctx.c;
         let (rows, h) = (c.tokens(), c.hidden);
@@ -694,70 +696,79 @@ impl Mlp<'_> {
         let l = self.params.layer;
         let a = &mut ws.layers[l];
         let x_next = &mut ws.xs[l + 1];
-        let sc = &mut ws.scratch;
+        let Scratch { gate_up, act } = &mut ws.scratch;
         let gamma = self.params.get(Slot::MlpNorm);
-        let (gate, up) = match &mut a.mlp {
-            Some((g, u)) => (g, u),
-            None => (&mut sc.gate, &mut sc.up),
-        };
+        let gate_up = a.mlp.as_mut().unwrap_or(gate_up);
         let mut stores = stores!(ws);
-        match (&self.gate.w, &self.up.w) {
-            (Frozen::Bf16(wg), Frozen::Bf16(wu)) => {
+        match (&self.gate.w, &self.up.w, &self.down.w, gate_up) {
+            (Frozen::Bf16(wg), Frozen::Bf16(wu), Frozen::Bf16(wd), GateUp::Bf16(gate, up)) => {
                 let n2 = norm_to_bf16(gpu, ctx, (&a.x2, gamma), &mut a.n2, stores.bf16)?;
                 self.gate_up_half(gpu, &n2, (wg, wu), (gate, up))?;
+                gpu.stream().memcpy_dtod(&a.x2, x_next)?;
+                let n = gate.len();
+                let (gate, up) = (gate.as_view(), up.as_view());
+                activation::swiglu_forward(gpu, &gate, &up, &mut front_mut(stores.bf16, n)?)?;
+                let spec = linear_spec(self.down, n);
+                let act = front(stores.bf16, n)?;
+                blas::gemm_half(gpu, spec, 1.0, &act, wd, 1.0, x_next)
             }
-            _ => {
+            (_, _, _, gate_up @ GateUp::F32(..)) => {
                 let (x2, g2) = (a.x2.as_view(), gamma.as_view());
                 rmsnorm::forward(gpu, &x2, &g2, rows, h, eps, &mut a.n2.as_view_mut())?;
-                self.gate_up(gpu, fwd, &mut stores, &a.n2, (gate, up))?;
+                self.gate_up(gpu, fwd, &mut stores, &a.n2, gate_up)?;
+                let GateUp::F32(gate, up) = gate_up else {
+                    return Err(gate_up_mismatch());
+                };
+                gpu.stream().memcpy_dtod(&a.x2, x_next)?;
+                activation::swiglu_forward(
+                    gpu,
+                    &gate.as_view(),
+                    &up.as_view(),
+                    &mut act.as_view_mut(),
+                )?;
+                forward_linear(gpu, fwd, &mut stores, self.down, act, 1.0, x_next)
             }
+            _ => Err(gate_up_mismatch()),
         }
-        let (gate, up) = (gate.as_view(), up.as_view());
-        gpu.stream().memcpy_dtod(&a.x2, x_next)?;
-        if let Frozen::Bf16(wd) = &self.down.w {
-            // The product goes straight to bf16, the down GEMM's operand.
-            let n = gate.len();
-            activation::swiglu_forward(gpu, &gate, &up, &mut front_mut(stores.bf16, n)?)?;
-            let spec = linear_spec(self.down, n);
-            let act = front(stores.bf16, n)?;
-            return blas::gemm_half(gpu, spec, 1.0, &act, wd, 1.0, x_next);
-        }
-        activation::swiglu_forward(gpu, &gate, &up, &mut sc.act.as_view_mut())?;
-        forward_linear(gpu, fwd, &mut stores, self.down, &sc.act, 1.0, x_next)
     }
 
-    /// The MLP's input projections `gate = n2 Wg^T`, `up = n2 Wu^T`: what the
-    /// forward computes and the backward recomputes when they are not kept
-    /// (on 16-bit operands when both keep f16 copies or are bf16, `n2`
-    /// rounded once).
+    /// The MLP's input projections `gate = n2 Wg^T`, `up = n2 Wu^T` into
+    /// `gate_up`: what the forward computes and the backward recomputes
+    /// when they are not kept (on 16-bit operands when both keep f16 copies
+    /// or are bf16, `n2` rounded once; stored in bf16 for a bf16 base).
     fn gate_up(
         &self,
         gpu: &mut GpuContext,
         math: GemmMath,
         stores: &mut Stores,
         n2: &CudaSlice<f32>,
-        (gate, up): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        gate_up: &mut GateUp,
     ) -> Result<()> {
-        if let (Some(wg), Some(wu)) = (&self.gate.half, &self.up.half) {
-            let n2 = half_of(gpu, n2, stores.half)?;
-            return self.gate_up_half(gpu, &n2, (wg, wu), (gate, up));
+        match (gate_up, &self.gate.w, &self.up.w) {
+            (GateUp::Bf16(gate, up), Frozen::Bf16(wg), Frozen::Bf16(wu)) => {
+                let n2 = half_of(gpu, n2, stores.bf16)?;
+                self.gate_up_half(gpu, &n2, (wg, wu), (gate, up))
+            }
+            (GateUp::F32(gate, up), _, _) => {
+                if let (Some(wg), Some(wu)) = (&self.gate.half, &self.up.half) {
+                    let n2 = half_of(gpu, n2, stores.half)?;
+                    return self.gate_up_half(gpu, &n2, (wg, wu), (gate, up));
+                }
+                forward_linear(gpu, math, stores, self.gate, n2, 0.0, gate)?;
+                forward_linear(gpu, math, stores, self.up, n2, 0.0, up)
+            }
+            _ => Err(gate_up_mismatch()),
         }
-        if let (Frozen::Bf16(wg), Frozen::Bf16(wu)) = (&self.gate.w, &self.up.w) {
-            let n2 = half_of(gpu, n2, stores.bf16)?;
-            return self.gate_up_half(gpu, &n2, (wg, wu), (gate, up));
-        }
-        forward_linear(gpu, math, stores, self.gate, n2, 0.0, gate)?;
-        forward_linear(gpu, math, stores, self.up, n2, 0.0, up)
     }
 
     /// The input projections on 16-bit operands (`Wg`, `Wu` in the format
-    /// `H`), from `n2` already rounded to it.
-    fn gate_up_half<H: HalfFloat>(
+    /// `H`), from `n2` already rounded to it, stored as `O`.
+    fn gate_up_half<H: HalfFloat, O: GemmOut>(
         &self,
         gpu: &mut GpuContext,
         n2: &CudaView<'_, H>,
         (wg, wu): (&CudaSlice<H>, &CudaSlice<H>),
-        (gate, up): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        (gate, up): (&mut CudaSlice<O>, &mut CudaSlice<O>),
     ) -> Result<()> {
         let (gs, us) = (
             linear_spec(self.gate, n2.len()),
@@ -783,7 +794,7 @@ impl Mlp<'_> {
         let a = &ws.layers[self.params.layer];
         let d = &mut ws.grads;
         let mut stores = stores!(ws);
-        let (gate, up) = self.saved_gate_up(gpu, ctx, a, &mut ws.scratch, &mut stores)?;
+        let gate_up = self.saved_gate_up(gpu, ctx, a, &mut ws.scratch.gate_up, &mut stores)?;
         let (dx, dact) = (&d.dx, &mut d.dact);
         input_grad(
             gpu,
@@ -794,30 +805,34 @@ impl Mlp<'_> {
             0.0,
             Bf16Dy::InSecond,
         )?;
-        let (gate, up) = (gate.as_view(), up.as_view());
-        if let (Frozen::Bf16(wg), Frozen::Bf16(wu)) = (&self.gate.w, &self.up.w) {
-            // Both gradients go straight to bf16, the GEMMs' operands.
-            let n = gate.len();
-            let mut dgate = front_mut(stores.bf16, n)?;
-            let mut dup = front_mut(stores.bf16_second, n)?;
-            activation::swiglu_backward(gpu, &gate, &up, &d.dact.as_view(), &mut dgate, &mut dup)?;
-            let (dgate, dup) = (front(stores.bf16, n)?, front(stores.bf16_second, n)?);
-            bf16_input_grad(gpu, self.gate, wg, &dgate, 0.0, &mut d.dn2)?;
-            bf16_input_grad(gpu, self.up, wu, &dup, 1.0, &mut d.dn2)?;
-        } else {
-            activation::swiglu_backward(
-                gpu,
-                &gate,
-                &up,
-                &d.dact.as_view(),
-                &mut d.dgate.as_view_mut(),
-                &mut d.dup.as_view_mut(),
-            )?;
-            let round = Bf16Dy::RoundHere;
-            let (dgate, dn2) = (&d.dgate, &mut d.dn2);
-            input_grad(gpu, bwd, &mut stores, self.gate, (dgate, dn2), 0.0, round)?;
-            let (dup, dn2) = (&d.dup, &mut d.dn2);
-            input_grad(gpu, bwd, &mut stores, self.up, (dup, dn2), 1.0, round)?;
+        match (gate_up, &self.gate.w, &self.up.w) {
+            (GateUp::Bf16(gate, up), Frozen::Bf16(wg), Frozen::Bf16(wu)) => {
+                // Both gradients go straight to bf16, the GEMMs' operands.
+                let n = gate.len();
+                let (gate, up, dact) = (gate.as_view(), up.as_view(), d.dact.as_view());
+                let mut dgate = front_mut(stores.bf16, n)?;
+                let mut dup = front_mut(stores.bf16_second, n)?;
+                activation::swiglu_backward(gpu, &gate, &up, &dact, &mut dgate, &mut dup)?;
+                let (dgate, dup) = (front(stores.bf16, n)?, front(stores.bf16_second, n)?);
+                bf16_input_grad(gpu, self.gate, wg, &dgate, 0.0, &mut d.dn2)?;
+                bf16_input_grad(gpu, self.up, wu, &dup, 1.0, &mut d.dn2)?;
+            }
+            (GateUp::F32(gate, up), _, _) => {
+                activation::swiglu_backward(
+                    gpu,
+                    &gate.as_view(),
+                    &up.as_view(),
+                    &d.dact.as_view(),
+                    &mut d.dgate.as_view_mut(),
+                    &mut d.dup.as_view_mut(),
+                )?;
+                let round = Bf16Dy::RoundHere;
+                let (dgate, dn2) = (&d.dgate, &mut d.dn2);
+                input_grad(gpu, bwd, &mut stores, self.gate, (dgate, dn2), 0.0, round)?;
+                let (dup, dn2) = (&d.dup, &mut d.dn2);
+                input_grad(gpu, bwd, &mut stores, self.up, (dup, dn2), 1.0, round)?;
+            }
+            _ => return Err(gate_up_mismatch()),
         }
         let norm = self.params.index(Slot::MlpNorm);
         rmsnorm::backward(
@@ -843,16 +858,24 @@ impl Mlp<'_> {
         gpu: &mut GpuContext,
         ctx: &LayerCtx,
         a: &'b LayerActs,
-        sc: &'b mut Scratch,
+        scratch: &'b mut GateUp,
         stores: &mut Stores,
-    ) -> Result<(&'b CudaSlice<f32>, &'b CudaSlice<f32>)> {
+    ) -> Result<&'b GateUp> {
         match &a.mlp {
-            Some((g, u)) => Ok((g, u)),
+            Some(kept) => Ok(kept),
             None => {
-                let fwd = ctx.fwd;
-                self.gate_up(gpu, fwd, stores, &a.n2, (&mut sc.gate, &mut sc.up))?;
-                Ok((&sc.gate, &sc.up))
+                self.gate_up(gpu, ctx.fwd, stores, &a.n2, scratch)?;
+                Ok(scratch)
             }
         }
+    }
+}
+
+/// Gate and up are stored in bf16 exactly when the MLP's weights are bf16
+/// (a bf16 base); anything else is a workspace built for another base.
+fn gate_up_mismatch() -> Error {
+    Error::InvalidArgument {
+        op: "train",
+        message: "the MLP's gate and up buffers are not of its weights' format".into(),
     }
 }

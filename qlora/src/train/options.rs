@@ -18,10 +18,11 @@ pub enum BaseWeights {
     /// forward and the backward's input gradients) runs on bf16 operands,
     /// its input rounded to bf16 first, with f32 accumulation and an f32
     /// output. Attention runs on bf16 operands too, as PyTorch's bf16
-    /// autocast runs it ([`BaseWeights::attention_kernels`]). What stays
+    /// autocast runs it ([`BaseWeights::attention_kernels`]), and the MLP's
+    /// gate and up are stored in bf16 as their GEMM writes them. What stays
     /// f32: the LoRA and norm weights, their gradients and AdamW moments,
-    /// the activations kept between kernels, the softmax, the reductions and
-    /// the loss.
+    /// the other activations kept between kernels, the softmax, the
+    /// reductions and the loss.
     Bf16,
 }
 

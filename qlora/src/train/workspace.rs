@@ -48,7 +48,39 @@ pub struct LayerActs {
     pub x2: CudaSlice<f32>,
     pub n2: CudaSlice<f32>,
     /// `n2 Wg^T` and `n2 Wu^T` `[T, intermediate]`, when kept.
-    pub mlp: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+    pub mlp: Option<GateUp>,
+}
+
+/// The MLP's `gate = n2 Wg^T` and `up = n2 Wu^T` `[T, intermediate]` as the
+/// step's GEMMs store them: f32, or with a bf16 base bf16 (the f32
+/// accumulation rounded once at the store, the elements PyTorch's bf16
+/// autocast keeps).
+pub enum GateUp {
+    F32(CudaSlice<f32>, CudaSlice<f32>),
+    Bf16(CudaSlice<Bf16>, CudaSlice<Bf16>),
+}
+
+impl GateUp {
+    fn new(gpu: &GpuContext, c: &ModelConfig, base: BaseWeights) -> Result<Self> {
+        let n = c.tokens() * c.intermediate;
+        Ok(match base {
+            BaseWeights::Bf16 => GateUp::Bf16(gpu.zeros(n)?, gpu.zeros(n)?),
+            BaseWeights::Fp32 | BaseWeights::Nf4 => GateUp::F32(gpu.zeros(n)?, gpu.zeros(n)?),
+        })
+    }
+
+    /// Device bytes of gate and up for `c` on `base`.
+    fn bytes_for(c: &ModelConfig, base: BaseWeights) -> usize {
+        let element = if base == BaseWeights::Bf16 { 2 } else { 4 };
+        2 * element * c.tokens() * c.intermediate
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            GateUp::F32(g, u) => 4 * (g.len() + u.len()),
+            GateUp::Bf16(g, u) => 2 * (g.len() + u.len()),
+        }
+    }
 }
 
 impl LayerActs {
@@ -66,17 +98,17 @@ impl LayerActs {
             x2: z(t * c.hidden)?,
             n2: z(t * c.hidden)?,
             mlp: if keep_mlp {
-                Some((z(t * c.intermediate)?, z(t * c.intermediate)?))
+                Some(GateUp::new(gpu, c, base)?)
             } else {
                 None
             },
         })
     }
 
-    /// Floats of the kept MLP activations per layer (zero when recomputed).
-    fn mlp_floats(c: &ModelConfig, keep_mlp: bool) -> usize {
+    /// Bytes of the kept MLP activations per layer (zero when recomputed).
+    fn mlp_bytes(c: &ModelConfig, keep_mlp: bool, base: BaseWeights) -> usize {
         if keep_mlp {
-            2 * c.tokens() * c.intermediate
+            GateUp::bytes_for(c, base)
         } else {
             0
         }
@@ -92,9 +124,10 @@ impl LayerActs {
 
 /// Forward values used once and not kept: one set for all layers.
 pub struct Scratch {
-    /// MLP `[T, intermediate]`: gate, up (recomputed in backward), `silu(gate) * up`.
-    pub gate: CudaSlice<f32>,
-    pub up: CudaSlice<f32>,
+    /// MLP gate and up when not kept (recomputed in the backward).
+    pub gate_up: GateUp,
+    /// `silu(gate) * up` `[T, intermediate]` (a bf16 step writes it to its
+    /// bf16 GEMM input instead).
     pub act: CudaSlice<f32>,
 }
 
@@ -261,8 +294,7 @@ impl Workspace {
                 .collect::<Result<_>>()?,
             layers,
             scratch: Scratch {
-                gate: z(t * c.intermediate)?,
-                up: z(t * c.intermediate)?,
+                gate_up: GateUp::new(gpu, c, options.base)?,
                 act: z(t * c.intermediate)?,
             },
             nf: z(t * c.hidden)?,
@@ -330,28 +362,31 @@ impl Workspace {
     /// `T` floats), computed before allocating so that a configuration that
     /// cannot fit is refused up front:
     /// `4 * (layers * saved + (layers + 7) * T * hidden`
-    /// `+ 6 * T * intermediate + 2 * T * (q_dim + kv_dim) + T * width`
-    /// `+ attention scratch)` plus the cuBLAS workspace, the 16-bit GEMM
-    /// inputs ([`Workspace::half_input_len`], [`Workspace::bf16_input_len`],
+    /// `+ 4 * T * intermediate + 2 * T * (q_dim + kv_dim) + T * width`
+    /// `+ attention scratch)` plus gate and up (the scratch's, and each
+    /// layer's when kept: [`GateUp`], 2 bytes an element with a bf16 base),
+    /// the cuBLAS workspace, the 16-bit GEMM inputs
+    /// ([`Workspace::half_input_len`], [`Workspace::bf16_input_len`],
     /// [`Workspace::bf16_second_input_len`], 2 bytes each) and the head's
     /// logits and their gradient ([`Workspace::head_bytes`]).
     /// Term by term: the residual stream (`layers + 1`), the final norm's
-    /// output and five hidden-wide gradients; gate, up and their product
-    /// (scratch) and their three gradients; attention's output gradient and
-    /// dq (after RoPE), dk and dv; the fused projection's gradient.
+    /// output and five hidden-wide gradients; SwiGLU's product (scratch) and
+    /// its three gradients; attention's output gradient and dq (after
+    /// RoPE), dk and dv; the fused projection's gradient.
     pub fn planned_bytes(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
         let t = c.tokens();
         let keep_mlp = options.keep_mlp;
-        let floats = c.layers
-            * (LayerActs::floats(c, options.base) + LayerActs::mlp_floats(c, keep_mlp))
+        let floats = c.layers * LayerActs::floats(c, options.base)
             + (c.layers + 7) * t * c.hidden
             + 3 * t
-            + 6 * t * c.intermediate
+            + 4 * t * c.intermediate
             + 2 * t * c.q_dim()
             + 2 * t * c.kv_dim()
             + t * qkv_width(c)
             + attention_scratch(c, options.base);
         4 * floats
+            + c.layers * LayerActs::mlp_bytes(c, keep_mlp, options.base)
+            + GateUp::bytes_for(c, options.base)
             + CUBLAS_WORKSPACE_BYTES
             + 2 * Self::half_input_len(c, options)
             + 2 * Self::bf16_input_len(c, options)
@@ -437,12 +472,13 @@ impl Workspace {
                     &a.att,
                     &a.x2,
                     &a.n2,
-                ]) + a.mlp.as_ref().map_or(0, |(g, u)| f32s(&[g, u]))
+                ]) + a.mlp.as_ref().map_or(0, GateUp::bytes)
             })
             .sum();
         per_layer
             + self.xs.iter().map(|x| 4 * x.len()).sum::<usize>()
-            + f32s(&[&sc.gate, &sc.up, &sc.act])
+            + sc.gate_up.bytes()
+            + f32s(&[&sc.act])
             + f32s(&[&self.nf, &self.losses, &self.loss])
             + self.logits.as_ref().map_or(0, |b| 4 * b.len())
             + self.ce_stats.bytes()

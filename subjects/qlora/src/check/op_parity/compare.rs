@@ -83,6 +83,8 @@ pub trait Written: DeviceRepr + Copy + Unpin {
     fn values(out: &[Self]) -> Vec<f32>;
     /// The f64 reference as this element holds it.
     fn reference(reference: &[f64]) -> Vec<f64>;
+    /// f32 values as this element holds them, for an input of this element.
+    fn rounded(values: &[f32]) -> Vec<Self>;
 }
 
 impl Written for f32 {
@@ -94,6 +96,9 @@ impl Written for f32 {
     }
     fn reference(reference: &[f64]) -> Vec<f64> {
         reference.to_vec()
+    }
+    fn rounded(values: &[f32]) -> Vec<f32> {
+        values.to_vec()
     }
 }
 
@@ -109,6 +114,9 @@ impl Written for Bf16 {
             .iter()
             .map(|&v| f64::from(Bf16::from_f32(v as f32).to_f32()))
             .collect()
+    }
+    fn rounded(values: &[f32]) -> Vec<Bf16> {
+        values.iter().map(|&v| Bf16::from_f32(v)).collect()
     }
 }
 
