@@ -1491,21 +1491,29 @@ struct FlShape {
     static constexpr int LD = D + 8;                 // bf16 per shared-memory row
     static constexpr int KT = D / 16;                // 16-wide k steps of head_dim
     static constexpr int DT = D / 8;                 // 8-wide n tiles of head_dim
-    static constexpr int CHUNK = D <= 64 ? 64 : 32;  // keys per chunk (fwd, dq)
+    static constexpr int CHUNK = D <= 64 ? 64 : 32;  // keys per chunk (fwd)
     static constexpr int NT = CHUNK / 8;
+    // Keys per chunk of dq, half the forward's: dq holds dout's fragments and
+    // dP beside what the forward holds, and the next chunk's k and v in
+    // flight; with the forward's chunks it spills.
+    static constexpr int DQ_CHUNK = CHUNK / 2;
+    static constexpr int DQ_NT = DQ_CHUNK / 8;
     static constexpr int QCHUNK = D <= 64 ? 32 : 16; // queries per chunk (dkv)
     static constexpr int QNT = QCHUNK / 8;
     // Shared memory, in bytes. Forward and dq: the q (then dout) tile, then
     // two key chunks (k, v), in one area; dq adds D of its 64 rows.
-    static constexpr int ROW_AREA = 2 * (FL_ROWS * LD > 2 * CHUNK * LD ? FL_ROWS * LD : 2 * CHUNK * LD);
-    static constexpr int FWD_SMEM = ROW_AREA;
-    static constexpr int DQ_SMEM = ROW_AREA + 4 * FL_ROWS;
+    __host__ __device__ static constexpr int area(int chunk) {
+        return 2 * (FL_ROWS * LD > 2 * chunk * LD ? FL_ROWS * LD : 2 * chunk * LD);
+    }
+    static constexpr int FWD_SMEM = area(CHUNK);
+    static constexpr int DQ_AREA = area(DQ_CHUNK);
+    static constexpr int DQ_SMEM = DQ_AREA + 4 * FL_ROWS;
     // dkv: the k and v tiles, a q and a dout chunk, and lse2 and D of the chunk.
     static constexpr int DKV_SMEM = 2 * (2 * FL_ROWS * LD + 2 * QCHUNK * LD) + 8 * QCHUNK;
 };
 // The launchers pass these (ops/attention.rs, flash_smem).
 static_assert(FlShape<64>::FWD_SMEM == 18432 && FlShape<128>::FWD_SMEM == 17408, "fwd smem");
-static_assert(FlShape<64>::DQ_SMEM == 18688 && FlShape<128>::DQ_SMEM == 17664, "dq smem");
+static_assert(FlShape<64>::DQ_SMEM == 9472 && FlShape<128>::DQ_SMEM == 17664, "dq smem");
 static_assert(FlShape<64>::DKV_SMEM == 27904 && FlShape<128>::DKV_SMEM == 43648, "dkv smem");
 
 // {lo, hi} rounded to bf16 (nearest, ties to even) and packed, lo in the
@@ -1569,32 +1577,60 @@ __device__ __forceinline__ void fl_b_rows_k(unsigned (&r)[4], const unsigned sho
     fl_ldm_t(r, tile + (k0 + (l & 7) + 8 * ((l >> 3) & 1)) * LD + n0 + 8 * (l >> 4));
 }
 
-// Rows n < valid of a head_dim-wide f32 tensor (row n at src + n * stride)
-// into ROWS rows of a bf16 tile (rows of D + 8), rounded; rows past valid and
-// columns past head_dim become zeros. `vec`: rows move as float4 (head_dim a
-// multiple of 4 and src 16-byte aligned).
+// A thread's share of ROWS rows of a head_dim-wide f32 tensor, held in
+// registers between the load from global memory and the store to a bf16 tile
+// in shared memory, so a chunk's loads can be in flight while the chunk
+// before it is multiplied. load(): rows n < valid (row n at src + n *
+// stride); rows past valid and columns past head_dim are zeros. `vec`: rows
+// move as float4 (head_dim a multiple of 4 and src 16-byte aligned).
+// store(): the values rounded to bf16 into the tile (rows of D + 8).
+template <int D, int ROWS>
+struct FlRows {
+    static constexpr int N = ROWS * D / 4 / FL_THREADS;  // float4s per thread
+    static_assert(ROWS * D / 4 % FL_THREADS == 0, "whole float4s per thread");
+    float4 x[N];
+
+    __device__ __forceinline__ void load(const float* __restrict__ src, size_t stride, int valid,
+                                         int head_dim, bool vec) {
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+            const int e = threadIdx.x + u * FL_THREADS;
+            const int n = e / (D / 4);
+            const int c = 4 * (e % (D / 4));
+            x[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (n < valid) {
+                const float* p = src + (size_t)n * stride + c;
+                if (vec) {
+                    if (c < head_dim) x[u] = *reinterpret_cast<const float4*>(p);
+                } else {
+                    if (c < head_dim) x[u].x = p[0];
+                    if (c + 1 < head_dim) x[u].y = p[1];
+                    if (c + 2 < head_dim) x[u].z = p[2];
+                    if (c + 3 < head_dim) x[u].w = p[3];
+                }
+            }
+        }
+    }
+
+    __device__ __forceinline__ void store(unsigned short* tile) const {
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+            const int e = threadIdx.x + u * FL_THREADS;
+            const int n = e / (D / 4);
+            const int c = 4 * (e % (D / 4));
+            *reinterpret_cast<uint2*>(tile + n * (D + 8) + c) =
+                make_uint2(fl_pack(x[u].x, x[u].y), fl_pack(x[u].z, x[u].w));
+        }
+    }
+};
+
+// Loads and stores at once (a tile staged once per block).
 template <int D, int ROWS>
 __device__ __forceinline__ void fl_stage(unsigned short* tile, const float* __restrict__ src,
                                          size_t stride, int valid, int head_dim, bool vec) {
-    constexpr int LD = D + 8;
-#pragma unroll 4
-    for (int e = threadIdx.x; e < ROWS * D / 4; e += FL_THREADS) {
-        const int n = e / (D / 4);
-        const int c = 4 * (e % (D / 4));
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (n < valid) {
-            const float* p = src + (size_t)n * stride + c;
-            if (vec) {
-                if (c < head_dim) x = *reinterpret_cast<const float4*>(p);
-            } else {
-                if (c < head_dim) x.x = p[0];
-                if (c + 1 < head_dim) x.y = p[1];
-                if (c + 2 < head_dim) x.z = p[2];
-                if (c + 3 < head_dim) x.w = p[3];
-            }
-        }
-        *reinterpret_cast<uint2*>(tile + n * LD + c) = make_uint2(fl_pack(x.x, x.y), fl_pack(x.z, x.w));
-    }
+    FlRows<D, ROWS> r;
+    r.load(src, stride, valid, head_dim, vec);
+    r.store(tile);
 }
 
 // The A fragments of the warp's 16 rows of a staged tile, all of head_dim.
@@ -1779,7 +1815,7 @@ __device__ void attention_flash_dq(const float* __restrict__ q, const float* __r
                                    int seq, int heads, int kv_heads, int head_dim, float scale) {
     typedef FlShape<D> S;
     extern __shared__ __align__(16) unsigned short fl_smem[];
-    float* dsum = reinterpret_cast<float*>(fl_smem + S::ROW_AREA / 2);
+    float* dsum = reinterpret_cast<float*>(fl_smem + S::DQ_AREA / 2);
     const int i0 = FL_ROWS * (gridDim.x - 1 - blockIdx.x);
     const int h = blockIdx.y, b = blockIdx.z;
     const int kvh = h / (heads / kv_heads);
@@ -1817,20 +1853,29 @@ __device__ void attention_flash_dq(const float* __restrict__ q, const float* __r
         for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
 
     unsigned short* ks = fl_smem;
-    unsigned short* vs = fl_smem + S::CHUNK * S::LD;
+    unsigned short* vs = fl_smem + S::DQ_CHUNK * S::LD;
     const int keys = min(seq, i0 + FL_ROWS);
-    for (int j0 = 0; j0 < keys; j0 += S::CHUNK) {
+    // The next chunk's k and v rows, loaded while this one is multiplied.
+    FlRows<D, S::DQ_CHUNK> kn, vn;
+    kn.load(kb, kv_stride, seq, head_dim, vec);
+    vn.load(vb, kv_stride, seq, head_dim, vec);
+    for (int j0 = 0; j0 < keys; j0 += S::DQ_CHUNK) {
         __syncthreads();
-        fl_stage<D, S::CHUNK>(ks, kb + (size_t)j0 * kv_stride, kv_stride, seq - j0, head_dim, vec);
-        fl_stage<D, S::CHUNK>(vs, vb + (size_t)j0 * kv_stride, kv_stride, seq - j0, head_dim, vec);
+        kn.store(ks);
+        vn.store(vs);
         __syncthreads();
+        if (j0 + S::DQ_CHUNK < keys) {
+            const size_t next = (size_t)(j0 + S::DQ_CHUNK) * kv_stride;
+            kn.load(kb + next, kv_stride, seq - j0 - S::DQ_CHUNK, head_dim, vec);
+            vn.load(vb + next, kv_stride, seq - j0 - S::DQ_CHUNK, head_dim, vec);
+        }
         if (j0 > r0 + 15) continue;
-        float s[S::NT][4], dp[S::NT][4];
+        float s[S::DQ_NT][4], dp[S::DQ_NT][4];
         fl_scores<D>(s, qa, ks);
         fl_scores<D>(dp, da, vs);
-        const bool edge = j0 + S::CHUNK - 1 > r0 || j0 + S::CHUNK > seq;
+        const bool edge = j0 + S::DQ_CHUNK - 1 > r0 || j0 + S::DQ_CHUNK > seq;
 #pragma unroll
-        for (int n = 0; n < S::NT; ++n)
+        for (int n = 0; n < S::DQ_NT; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int r = e >> 1;
@@ -1895,18 +1940,31 @@ __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __
             dv[dt][e] = 0.0f;
         }
     const size_t stats = ((size_t)b * heads + h) * seq;
+    // The next chunk's q and dout rows, lse2 and D, loaded while this one is
+    // multiplied. A query past seq gets lse2 = +inf, so its P is 0.
+    FlRows<D, S::QCHUNK> qn, dn;
+    float lse_n = 0.0f, d_n = 0.0f;
+    const auto fetch = [&](int c0) {
+        const size_t q_first = att_q_at(b, c0, h, seq, heads, head_dim);
+        qn.load(q + q_first, q_stride, seq - c0, head_dim, vec);
+        dn.load(dout + q_first, q_stride, seq - c0, head_dim, vec);
+        const int i = c0 + threadIdx.x;
+        if (threadIdx.x < S::QCHUNK) {
+            lse_n = i < seq ? lse[stats + i] : __int_as_float(0x7f800000);
+            d_n = i < seq ? dd[stats + i] : 0.0f;
+        }
+    };
+    if (j0 < seq) fetch(j0);
     for (int c0 = j0; c0 < seq; c0 += S::QCHUNK) {
         __syncthreads();
-        const size_t q_first = att_q_at(b, c0, h, seq, heads, head_dim);
-        fl_stage<D, S::QCHUNK>(qs, q + q_first, q_stride, seq - c0, head_dim, vec);
-        fl_stage<D, S::QCHUNK>(dos, dout + q_first, q_stride, seq - c0, head_dim, vec);
+        qn.store(qs);
+        dn.store(dos);
         if (threadIdx.x < S::QCHUNK) {
-            const int i = c0 + threadIdx.x;
-            // A query past seq gets lse2 = +inf, so its P is 0.
-            lse_s[threadIdx.x] = i < seq ? lse[stats + i] : __int_as_float(0x7f800000);
-            d_s[threadIdx.x] = i < seq ? dd[stats + i] : 0.0f;
+            lse_s[threadIdx.x] = lse_n;
+            d_s[threadIdx.x] = d_n;
         }
         __syncthreads();
+        if (c0 + S::QCHUNK < seq) fetch(c0 + S::QCHUNK);
         if (c0 + S::QCHUNK - 1 < k0) continue;  // every query of the chunk is before the warp's keys
         unsigned a[S::KT][4];
         float st[S::QNT][4], dpt[S::QNT][4];

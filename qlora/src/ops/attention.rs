@@ -192,7 +192,7 @@ const FLASH_D64: FlashBuild = FlashBuild {
     ),
     kv_sum: kernel("attention_flash_dkv_d64", KV_SUM),
     fwd_smem: 18_432,
-    dq_smem: 18_688,
+    dq_smem: 9_472,
     dkv_smem: 27_904,
 };
 

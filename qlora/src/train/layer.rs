@@ -719,6 +719,7 @@ impl Mlp<'_> {
                 let GateUp::F32(gate, up) = gate_up else {
                     return Err(gate_up_mismatch());
                 };
+                let act = act.as_mut().ok_or_else(gate_up_mismatch)?;
                 gpu.stream().memcpy_dtod(&a.x2, x_next)?;
                 activation::swiglu_forward(
                     gpu,
@@ -818,18 +819,17 @@ impl Mlp<'_> {
                 bf16_input_grad(gpu, self.up, wu, &dup, 1.0, &mut d.dn2)?;
             }
             (GateUp::F32(gate, up), _, _) => {
+                let (dgate, dup) = d.dgate_up.as_mut().ok_or_else(gate_up_mismatch)?;
                 activation::swiglu_backward(
                     gpu,
                     &gate.as_view(),
                     &up.as_view(),
                     &d.dact.as_view(),
-                    &mut d.dgate.as_view_mut(),
-                    &mut d.dup.as_view_mut(),
+                    &mut dgate.as_view_mut(),
+                    &mut dup.as_view_mut(),
                 )?;
-                let round = Bf16Dy::RoundHere;
-                let (dgate, dn2) = (&d.dgate, &mut d.dn2);
+                let (round, dn2) = (Bf16Dy::RoundHere, &mut d.dn2);
                 input_grad(gpu, bwd, &mut stores, self.gate, (dgate, dn2), 0.0, round)?;
-                let (dup, dn2) = (&d.dup, &mut d.dn2);
                 input_grad(gpu, bwd, &mut stores, self.up, (dup, dn2), 1.0, round)?;
             }
             _ => return Err(gate_up_mismatch()),
@@ -871,8 +871,9 @@ impl Mlp<'_> {
     }
 }
 
-/// Gate and up are stored in bf16 exactly when the MLP's weights are bf16
-/// (a bf16 base); anything else is a workspace built for another base.
+/// Gate and up are stored in bf16, and the f32 SwiGLU buffers absent,
+/// exactly when the MLP's weights are bf16 (a bf16 base); anything else is a
+/// workspace built for another base.
 fn gate_up_mismatch() -> Error {
     Error::InvalidArgument {
         op: "train",

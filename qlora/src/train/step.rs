@@ -1239,8 +1239,9 @@ mod tests {
         // probabilities, in every layer and in the backward's scratch (D for dS).
         let probs = c.batch * c.heads * c.seq_len * c.seq_len;
         let attention = 4 * (c.layers + 1) * (probs - c.batch * c.heads * c.seq_len);
-        // The scratch's gate and up are bf16 (the layers keep none here).
-        let gate_up = 2 * 2 * t * c.intermediate;
+        // The scratch's gate and up are bf16 (the layers keep none here),
+        // and SwiGLU's f32 product and input gradients are not needed.
+        let gate_up = 2 * 2 * t * c.intermediate + 3 * 4 * t * c.intermediate;
         let saved = 2 * frozen + 8 * t * c.vocab - 2 * chunk * c.vocab + attention + gate_up;
         let added = 2 * t * widest + 2 * t * c.intermediate;
         assert_eq!(

@@ -126,9 +126,9 @@ impl LayerActs {
 pub struct Scratch {
     /// MLP gate and up when not kept (recomputed in the backward).
     pub gate_up: GateUp,
-    /// `silu(gate) * up` `[T, intermediate]` (a bf16 step writes it to its
-    /// bf16 GEMM input instead).
-    pub act: CudaSlice<f32>,
+    /// `silu(gate) * up` `[T, intermediate]`; `None` with a bf16 base, whose
+    /// SwiGLU writes it to its bf16 GEMM input.
+    pub act: Option<CudaSlice<f32>>,
 }
 
 /// Rows of the logits a bf16 base's LM head holds at a time (its forward
@@ -189,8 +189,9 @@ pub struct Grads {
     pub dn1: CudaSlice<f32>,
     pub dn2: CudaSlice<f32>,
     pub dact: CudaSlice<f32>,
-    pub dgate: CudaSlice<f32>,
-    pub dup: CudaSlice<f32>,
+    /// SwiGLU's `dgate`, `dup` in f32 `[T, intermediate]`; `None` with a
+    /// bf16 base, whose SwiGLU writes them to its bf16 GEMM inputs.
+    pub dgate_up: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
     pub datt: CudaSlice<f32>,
     pub dqr: CudaSlice<f32>,
     pub dkr: CudaSlice<f32>,
@@ -295,7 +296,7 @@ impl Workspace {
             layers,
             scratch: Scratch {
                 gate_up: GateUp::new(gpu, c, options.base)?,
-                act: z(t * c.intermediate)?,
+                act: f32_swiglu(c, options.base).map(z).transpose()?,
             },
             nf: z(t * c.hidden)?,
             half_input: match Self::half_input_len(c, options) {
@@ -331,8 +332,10 @@ impl Workspace {
                 dn1: z(t * c.hidden)?,
                 dn2: z(t * c.hidden)?,
                 dact: z(t * c.intermediate)?,
-                dgate: z(t * c.intermediate)?,
-                dup: z(t * c.intermediate)?,
+                dgate_up: match f32_swiglu(c, options.base) {
+                    Some(n) => Some((z(n)?, z(n)?)),
+                    None => None,
+                },
                 datt: z(t * c.q_dim())?,
                 dqr: z(t * c.q_dim())?,
                 dkr: z(t * c.kv_dim())?,
@@ -362,7 +365,7 @@ impl Workspace {
     /// `T` floats), computed before allocating so that a configuration that
     /// cannot fit is refused up front:
     /// `4 * (layers * saved + (layers + 7) * T * hidden`
-    /// `+ 4 * T * intermediate + 2 * T * (q_dim + kv_dim) + T * width`
+    /// `+ (1 + 3 f) * T * intermediate + 2 * T * (q_dim + kv_dim) + T * width`
     /// `+ attention scratch)` plus gate and up (the scratch's, and each
     /// layer's when kept: [`GateUp`], 2 bytes an element with a bf16 base),
     /// the cuBLAS workspace, the 16-bit GEMM inputs
@@ -370,8 +373,9 @@ impl Workspace {
     /// [`Workspace::bf16_second_input_len`], 2 bytes each) and the head's
     /// logits and their gradient ([`Workspace::head_bytes`]).
     /// Term by term: the residual stream (`layers + 1`), the final norm's
-    /// output and five hidden-wide gradients; SwiGLU's product (scratch) and
-    /// its three gradients; attention's output gradient and dq (after
+    /// output and five hidden-wide gradients; SwiGLU's output gradient and,
+    /// unless the base is bf16 (`f` = 1, else 0), its f32 product and input
+    /// gradients; attention's output gradient and dq (after
     /// RoPE), dk and dv; the fused projection's gradient.
     pub fn planned_bytes(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
         let t = c.tokens();
@@ -379,7 +383,8 @@ impl Workspace {
         let floats = c.layers * LayerActs::floats(c, options.base)
             + (c.layers + 7) * t * c.hidden
             + 3 * t
-            + 4 * t * c.intermediate
+            + t * c.intermediate
+            + 3 * f32_swiglu(c, options.base).unwrap_or(0)
             + 2 * t * c.q_dim()
             + 2 * t * c.kv_dim()
             + t * qkv_width(c)
@@ -478,7 +483,10 @@ impl Workspace {
         per_layer
             + self.xs.iter().map(|x| 4 * x.len()).sum::<usize>()
             + sc.gate_up.bytes()
-            + f32s(&[&sc.act])
+            + sc.act.as_ref().map_or(0, |b| 4 * b.len())
+            + d.dgate_up
+                .as_ref()
+                .map_or(0, |(g, u)| 4 * (g.len() + u.len()))
             + f32s(&[&self.nf, &self.losses, &self.loss])
             + self.logits.as_ref().map_or(0, |b| 4 * b.len())
             + self.ce_stats.bytes()
@@ -487,8 +495,8 @@ impl Workspace {
             + 2 * self.bf16_second_input.as_ref().map_or(0, |b| b.len())
             + d.dlogits.bytes()
             + f32s(&[
-                &d.dnf, &d.dx, &d.dtmp, &d.dn1, &d.dn2, &d.dact, &d.dgate, &d.dup, &d.datt, &d.dqr,
-                &d.dkr, &d.dv, &d.dqkv, &d.attn,
+                &d.dnf, &d.dx, &d.dtmp, &d.dn1, &d.dn2, &d.dact, &d.datt, &d.dqr, &d.dkr, &d.dv,
+                &d.dqkv, &d.attn,
             ])
             + self.deq.iter().map(|b| 4 * b.len()).sum::<usize>()
             + self.stack.as_ref().map_or(0, |b| 4 * b.len())
@@ -582,6 +590,15 @@ impl Drop for CublasWorkspace {
 /// Columns of one layer's fused q/k/v projection (rows of its stack).
 pub fn qkv_width(c: &ModelConfig) -> usize {
     c.q_dim() + 2 * c.kv_dim() + 2 * c.lora_rank
+}
+
+/// Elements of each f32 SwiGLU buffer (the product, dgate, dup) a step on
+/// `base` needs: `T x intermediate`, or none with a bf16 base.
+fn f32_swiglu(c: &ModelConfig, base: BaseWeights) -> Option<usize> {
+    match base {
+        BaseWeights::Bf16 => None,
+        BaseWeights::Fp32 | BaseWeights::Nf4 => Some(c.tokens() * c.intermediate),
+    }
 }
 
 /// One layer's attention shape of `c`.
