@@ -36,6 +36,9 @@
 //                          tensor cores (TF32 products, f32 accumulation),
 //                          same arguments and outputs; see "Tensor-core
 //                          kernels" below. The tc dkv module holds kv_sum too.
+//   attention_flash_{fwd,dq,dkv}_dXX (ATT_PART 6, 7, 8): bf16 products, no
+//                          probabilities saved; see "bf16 flash kernels"
+//                          below. The flash dkv module holds kv_sum too.
 //
 // Tiling. The tiled kernels run 256 threads on a tile of ATT_ROWS = 32 rows
 // (query rows for the forward and dq, key rows for dk/dv): thread (g, c), with

@@ -10,11 +10,13 @@
 //!   `dk = s dS^T q`, `dv = P^T dout`, kv gradients summed over the heads of
 //!   their group.
 //!
-//! Two sets of kernels compute this ([`AttnKernels`]): the f32 kernels
+//! Three sets of kernels compute this ([`AttnKernels`]): the f32 kernels
 //! (tiles of 32 rows, two per thread, every product an f32 FMA) under FP32
 //! math, and the tensor-core kernels (16 rows per warp, products by TF32
 //! `mma.sync`, f32 accumulation and softmax) under TF32 math, with the same
-//! arguments and outputs. Each has a build for head_dim <= 64 and one for
+//! arguments and outputs; and for a bf16 step the bf16 flash kernels, which
+//! save each row's log-sum-exp instead of `probs` and recompute `P` in the
+//! backward ([`saved_len`]). Each has a build for head_dim <= 64 and one for
 //! head_dim <= 128 (see the comment at the top of the `.cu` file). The f32
 //! forward is one pass over the keys (online softmax), the tensor-core one
 //! two (the row statistics, then P and P v). The backward is deterministic (no atomics): `attention_bwd_dq_*` writes
