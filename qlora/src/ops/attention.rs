@@ -70,16 +70,27 @@ impl AttnKernels {
     }
 }
 
+/// What a set's forward saves for its backward ([`saved_len`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Saves {
+    /// The probabilities; the backward writes dS to its scratch.
+    Probs,
+    /// Each row's log-sum-exp (the flash kernels); the backward recomputes
+    /// P and writes the row dots D to its scratch.
+    RowLse,
+}
+
 /// One build of the tiled kernels (see the `.cu` file, whose builds pad
 /// head_dim to 64 or 128): its block (threads, and rows of a tile), the
-/// floats of dynamic shared memory of its forward and dq kernels
-/// (`row_smem`) and of its dk/dv kernel (`kv_smem`), and its kernels, each
-/// in a module of its own.
+/// bytes of dynamic shared memory of its forward, dq and dk/dv kernels,
+/// what its forward saves, and its kernels, each in a module of its own.
 struct Build {
     threads: u32,
     rows: usize,
-    row_smem: usize,
-    kv_smem: usize,
+    fwd_smem: usize,
+    dq_smem: usize,
+    dkv_smem: usize,
+    saves: Saves,
     fwd: Kernel,
     dq: Kernel,
     dkv: Kernel,
@@ -96,24 +107,24 @@ const TILE_ROWS: usize = 32;
 /// Query rows per staged chunk of the f32 dk/dv kernel (`AttShape::QCHUNK`).
 const QUERY_CHUNK: usize = 32;
 
-/// Shared memory of the f32 forward and dq kernels with keys per chunk
-/// `chunk` (`AttShape::CHUNK`): a row tile and a key chunk (rows padded to
-/// d + 1) and a 32 x (chunk + 1) tile of probabilities.
+/// Bytes of shared memory of the f32 forward and dq kernels with keys per
+/// chunk `chunk` (`AttShape::CHUNK`): a row tile and a key chunk (rows
+/// padded to d + 1) and a 32 x (chunk + 1) tile of probabilities, in f32.
 const fn f32_row_smem(d: usize, chunk: usize) -> usize {
-    (TILE_ROWS + chunk) * (d + 1) + TILE_ROWS * (chunk + 1)
+    4 * ((TILE_ROWS + chunk) * (d + 1) + TILE_ROWS * (chunk + 1))
 }
 
-/// Shared memory of the f32 dk/dv kernel: a chunk of q and of dout rows and
-/// the matching 32 x 33 tiles of dS and P.
+/// Bytes of shared memory of the f32 dk/dv kernel: a chunk of q and of dout
+/// rows and the matching 32 x 33 tiles of dS and P, in f32.
 const fn f32_kv_smem(d: usize) -> usize {
-    2 * QUERY_CHUNK * (d + 1) + 2 * TILE_ROWS * (QUERY_CHUNK + 1)
+    4 * (2 * QUERY_CHUNK * (d + 1) + 2 * TILE_ROWS * (QUERY_CHUNK + 1))
 }
 
-/// Floats of shared memory of every tensor-core kernel, in both builds
-/// (`TcShape::SMEM_FLOATS`, asserted there): the 64 query rows padded to
-/// d + 8 for d = 128, or the dk/dv kernel's two stages of a q and a dout
-/// chunk of 32 rows padded to d + 4 for d = 64, both 8,704.
-const TC_SMEM: usize = 8_704;
+/// Bytes of shared memory of every tensor-core kernel, in both builds
+/// (`TcShape::SMEM_FLOATS` floats, asserted there): the 64 query rows padded
+/// to d + 8 for d = 128, or the dk/dv kernel's two stages of a q and a dout
+/// chunk of 32 rows padded to d + 4 for d = 64, both 8,704 floats.
+const TC_SMEM: usize = 4 * 8_704;
 
 /// Rows of a tensor-core tile (`TC_ROWS`): four row groups of 16.
 const TC_ROWS: usize = 64;
@@ -125,8 +136,10 @@ const fn kernel(module: &'static str, symbol: &'static str) -> Kernel {
 const F32_D64: Build = Build {
     threads: 256,
     rows: TILE_ROWS,
-    row_smem: f32_row_smem(64, 64),
-    kv_smem: f32_kv_smem(64),
+    fwd_smem: f32_row_smem(64, 64),
+    dq_smem: f32_row_smem(64, 64),
+    dkv_smem: f32_kv_smem(64),
+    saves: Saves::Probs,
     fwd: kernel("attention_fwd_d64", "attention_fwd_d64_f32"),
     dq: kernel("attention_dq_d64", "attention_bwd_dq_d64_f32"),
     dkv: kernel("attention_dkv_d64", "attention_bwd_dkv_d64_f32"),
@@ -136,8 +149,10 @@ const F32_D64: Build = Build {
 const F32_D128: Build = Build {
     threads: 256,
     rows: TILE_ROWS,
-    row_smem: f32_row_smem(128, 32),
-    kv_smem: f32_kv_smem(128),
+    fwd_smem: f32_row_smem(128, 32),
+    dq_smem: f32_row_smem(128, 32),
+    dkv_smem: f32_kv_smem(128),
+    saves: Saves::Probs,
     fwd: kernel("attention_fwd_d128", "attention_fwd_d128_f32"),
     dq: kernel("attention_dq_d128", "attention_bwd_dq_d128_f32"),
     dkv: kernel("attention_dkv_d128", "attention_bwd_dkv_d128_f32"),
@@ -149,8 +164,10 @@ const F32_D128: Build = Build {
 const TC_D64: Build = Build {
     threads: 128,
     rows: TC_ROWS,
-    row_smem: TC_SMEM,
-    kv_smem: TC_SMEM,
+    fwd_smem: TC_SMEM,
+    dq_smem: TC_SMEM,
+    dkv_smem: TC_SMEM,
+    saves: Saves::Probs,
     fwd: kernel("attention_tc_fwd_d64", "attention_tc_fwd_d64_f32"),
     dq: kernel("attention_tc_dq_d64", "attention_tc_bwd_dq_d64_f32"),
     dkv: kernel("attention_tc_dkv_d64", "attention_tc_bwd_dkv_d64_f32"),
@@ -160,32 +177,25 @@ const TC_D64: Build = Build {
 const TC_D128: Build = Build {
     threads: 128,
     rows: TC_ROWS,
-    row_smem: TC_SMEM,
-    kv_smem: TC_SMEM,
+    fwd_smem: TC_SMEM,
+    dq_smem: TC_SMEM,
+    dkv_smem: TC_SMEM,
+    saves: Saves::Probs,
     fwd: kernel("attention_tc_fwd_d128", "attention_tc_fwd_d128_f32"),
     dq: kernel("attention_tc_dq_d128", "attention_tc_bwd_dq_d128_f32"),
     dkv: kernel("attention_tc_dkv_d128", "attention_tc_bwd_dkv_d128_f32"),
     kv_sum: kernel("attention_tc_dkv_d128", KV_SUM),
 };
 
-/// The bf16 flash kernels of one build and the bytes of dynamic shared
-/// memory of each (`FlShape::{FWD,DQ,DKV}_SMEM`, asserted in the `.cu`
-/// file): 128 threads, 64 rows per block.
-struct FlashBuild {
-    fwd: Kernel,
-    dq: Kernel,
-    dkv: Kernel,
-    kv_sum: Kernel,
-    fwd_smem: u32,
-    dq_smem: u32,
-    dkv_smem: u32,
-}
-
-/// Threads and rows (query or key rows) of a flash block: four warps of 16 rows.
-const FLASH_THREADS: u32 = 128;
-const FLASH_ROWS: usize = 64;
-
-const FLASH_D64: FlashBuild = FlashBuild {
+// The bf16 flash kernels: four warps of 16 rows (`FL_THREADS`, `FL_ROWS`),
+// shared memory `FlShape::{FWD,DQ,DKV}_SMEM` (asserted in the `.cu` file).
+const FLASH_D64: Build = Build {
+    threads: 128,
+    rows: 64,
+    fwd_smem: 18_432,
+    dq_smem: 9_472,
+    dkv_smem: 27_904,
+    saves: Saves::RowLse,
     fwd: kernel("attention_flash_fwd_d64", "attention_flash_fwd_d64_bf16"),
     dq: kernel("attention_flash_dq_d64", "attention_flash_bwd_dq_d64_bf16"),
     dkv: kernel(
@@ -193,12 +203,15 @@ const FLASH_D64: FlashBuild = FlashBuild {
         "attention_flash_bwd_dkv_d64_bf16",
     ),
     kv_sum: kernel("attention_flash_dkv_d64", KV_SUM),
-    fwd_smem: 18_432,
-    dq_smem: 9_472,
-    dkv_smem: 27_904,
 };
 
-const FLASH_D128: FlashBuild = FlashBuild {
+const FLASH_D128: Build = Build {
+    threads: 128,
+    rows: 64,
+    fwd_smem: 17_408,
+    dq_smem: 17_664,
+    dkv_smem: 43_648,
+    saves: Saves::RowLse,
     fwd: kernel("attention_flash_fwd_d128", "attention_flash_fwd_d128_bf16"),
     dq: kernel(
         "attention_flash_dq_d128",
@@ -209,41 +222,31 @@ const FLASH_D128: FlashBuild = FlashBuild {
         "attention_flash_bwd_dkv_d128_bf16",
     ),
     kv_sum: kernel("attention_flash_dkv_d128", KV_SUM),
-    fwd_smem: 17_408,
-    dq_smem: 17_664,
-    dkv_smem: 43_648,
 };
 
-/// The kernels of one set for one head_dim: a build that saves the
-/// probabilities (f32, tensor cores) or a flash build.
-enum Family {
-    Probs(&'static Build),
-    Flash(&'static FlashBuild),
-}
-
-/// The kernels of `kernels` for `head_dim` (validated <= [`MAX_HEAD_DIM`]).
-fn family(head_dim: usize, kernels: AttnKernels) -> Family {
+/// The build of `kernels` for `head_dim` (validated <= [`MAX_HEAD_DIM`]).
+fn build(head_dim: usize, kernels: AttnKernels) -> &'static Build {
     match (head_dim <= 64, kernels) {
-        (true, AttnKernels::F32) => Family::Probs(&F32_D64),
-        (false, AttnKernels::F32) => Family::Probs(&F32_D128),
-        (true, AttnKernels::TensorCores) => Family::Probs(&TC_D64),
-        (false, AttnKernels::TensorCores) => Family::Probs(&TC_D128),
-        (true, AttnKernels::Bf16) => Family::Flash(&FLASH_D64),
-        (false, AttnKernels::Bf16) => Family::Flash(&FLASH_D128),
+        (true, AttnKernels::F32) => &F32_D64,
+        (false, AttnKernels::F32) => &F32_D128,
+        (true, AttnKernels::TensorCores) => &TC_D64,
+        (false, AttnKernels::TensorCores) => &TC_D128,
+        (true, AttnKernels::Bf16) => &FLASH_D64,
+        (false, AttnKernels::Bf16) => &FLASH_D128,
     }
 }
 
-/// The kernels whose forward runs `kernels` for `head_dim`: the tensor-core
+/// The build whose forward runs `kernels` for `head_dim`: the tensor-core
 /// forward moves q, k and v in 16-byte pieces only (its module compiles
 /// faster without a scalar path, and it is on the cold pre-warm's critical
 /// path), so a head_dim that is not a multiple of four takes the f32
 /// forward (which saves the same probabilities). q, k and v are whole
 /// allocations, so with head_dim % 4 == 0 every row starts 16-byte aligned.
-fn fwd_family(head_dim: usize, kernels: AttnKernels) -> Family {
+fn fwd_build(head_dim: usize, kernels: AttnKernels) -> &'static Build {
     let packed = head_dim.is_multiple_of(4);
     match kernels {
-        AttnKernels::TensorCores if !packed => family(head_dim, AttnKernels::F32),
-        k => family(head_dim, k),
+        AttnKernels::TensorCores if !packed => build(head_dim, AttnKernels::F32),
+        k => build(head_dim, k),
     }
 }
 
@@ -263,15 +266,8 @@ pub struct AttnShape {
 /// in the forward and `bwd` kernels in the backward: the forward's module,
 /// then the backward's two (the dk/dv one holds kv_sum).
 pub fn modules_for(head_dim: usize, fwd: AttnKernels, bwd: AttnKernels) -> [&'static str; 3] {
-    let fwd = match fwd_family(head_dim, fwd) {
-        Family::Probs(b) => b.fwd.module,
-        Family::Flash(f) => f.fwd.module,
-    };
-    let [dq, dkv] = match family(head_dim, bwd) {
-        Family::Probs(b) => [b.dq.module, b.dkv.module],
-        Family::Flash(f) => [f.dq.module, f.dkv.module],
-    };
-    [fwd, dq, dkv]
+    let (f, b) = (fwd_build(head_dim, fwd), build(head_dim, bwd));
+    [f.fwd.module, b.dq.module, b.dkv.module]
 }
 
 /// Argument lists of the kernels, in the order the launchers push them.
@@ -465,9 +461,10 @@ fn validate(sh: &AttnShape) -> Result<Dims> {
     })
 }
 
-/// One block of `b.threads` per (`b.rows` rows, head, batch), with
-/// `floats` of dynamic shared memory.
-fn tile_config(sh: &AttnShape, b: &Build, floats: usize) -> LaunchConfig {
+/// One block of `b.threads` per (`b.rows` rows, head, batch), with `bytes`
+/// of dynamic shared memory. Every build stays within the 48 KiB a launch
+/// gets without opting in (see the unit test).
+fn tile_config(sh: &AttnShape, b: &Build, bytes: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
             sh.seq.div_ceil(b.rows) as u32,
@@ -475,20 +472,8 @@ fn tile_config(sh: &AttnShape, b: &Build, floats: usize) -> LaunchConfig {
             sh.batch as u32,
         ),
         block_dim: (b.threads, 1, 1),
-        shared_mem_bytes: (floats * 4) as u32,
+        shared_mem_bytes: bytes as u32,
     }
-}
-
-/// The forward and dq kernels: one block per tile of query rows. Every
-/// build stays within the 48 KiB a launch gets without opting in (see the
-/// unit test).
-fn row_config(sh: &AttnShape, b: &Build) -> LaunchConfig {
-    tile_config(sh, b, b.row_smem)
-}
-
-/// The dk/dv kernel: one block per tile of key rows.
-fn kv_config(sh: &AttnShape, b: &Build) -> LaunchConfig {
-    tile_config(sh, b, b.kv_smem)
 }
 
 /// Forward on `kernels` (see [`AttnKernels::for_math`]): writes `out` and
@@ -510,11 +495,9 @@ pub fn forward(
     expect_len("attention", "out", out.len(), &[q_len])?;
     expect_len("attention", "saved", saved.len(), &[saved_len(sh, kernels)])?;
     let limit = to_i64("attention", gpu.faults().written(q_len))?;
-    let (kernel, cfg) = match fwd_family(sh.head_dim, kernels) {
-        Family::Probs(b) => (b.fwd, row_config(sh, b)),
-        Family::Flash(f) => (f.fwd, flash_config(sh, f.fwd_smem)),
-    };
-    let func = gpu.function(kernel.module, kernel.symbol)?;
+    let b = fwd_build(sh.head_dim, kernels);
+    let cfg = tile_config(sh, b, b.fwd_smem);
+    let func = gpu.function(b.fwd.module, b.fwd.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch.arg(q).arg(k).arg(v).arg(out).arg(saved);
     d.push(&mut launch);
@@ -586,21 +569,15 @@ pub fn backward(
     // The first part of the scratch is dS or D (saved's length), then the shares.
     let (mut first, mut shares) = scratch.split_at_mut(s_len);
     let (mut pk, mut pv) = shares.split_at_mut(q_len);
-    let kv_sum = match family(sh.head_dim, kernels) {
-        Family::Probs(b) => {
-            let grads = (&mut *dq, &mut first, &mut pk, &mut pv);
-            probs_backward(gpu, b, (q, k, v), out, saved, dout, grads, &d, sh)?;
-            b.kv_sum
-        }
-        Family::Flash(f) => {
-            let grads = (&mut *dq, &mut first, &mut pk, &mut pv);
-            flash_backward(gpu, f, (q, k, v), out, saved, dout, grads, &d, sh)?;
-            f.kv_sum
-        }
-    };
+    let b = build(sh.head_dim, kernels);
+    let grads = (&mut *dq, &mut first, &mut pk, &mut pv);
+    match b.saves {
+        Saves::Probs => probs_backward(gpu, b, (q, k, v), out, saved, dout, grads, &d, sh)?,
+        Saves::RowLse => flash_backward(gpu, b, (q, k, v), out, saved, dout, grads, &d, sh)?,
+    }
 
     let cfg = launch_config_1d(kv_len, 65_535);
-    let func = gpu.function(kv_sum.module, kv_sum.symbol)?;
+    let func = gpu.function(b.kv_sum.module, b.kv_sum.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch.arg(&mut pk).arg(&mut pv).arg(dk).arg(dv);
     d.push(&mut launch);
@@ -639,7 +616,7 @@ fn probs_backward(
     d: &Dims,
     sh: &AttnShape,
 ) -> Result<()> {
-    let cfg = row_config(sh, b);
+    let cfg = tile_config(sh, b, b.dq_smem);
     let func = gpu.function(b.dq.module, b.dq.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
@@ -662,10 +639,10 @@ fn probs_backward(
     // j <= i of those rows of ds (the tensor-core kernel may also write
     // entry i + 1 of a row, inside the row since seq is even then, which
     // nothing reads) and the rows of dq, and uses the dynamic shared memory
-    // row_config provides for its build, with the build's thread count.
+    // the build gives its dq kernel, with the build's thread count.
     unsafe { launch.launch(cfg) }?;
 
-    let cfg = kv_config(sh, b);
+    let cfg = tile_config(sh, b, b.dkv_smem);
     let func = gpu.function(b.dkv.module, b.dkv.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
@@ -689,24 +666,10 @@ fn probs_backward(
     // i >= j, i < seq of its columns of probs/ds (exactly the entries the
     // dq kernel wrote, which ran before it on this stream) and rows i < seq
     // of q/dout of its head, writes elements t < head_dim of its rows j < seq
-    // of pk and pv, and uses the dynamic shared memory kv_config provides
+    // of pk and pv, and uses the dynamic shared memory the build gives it
     // with the build's thread count.
     unsafe { launch.launch(cfg) }?;
     Ok(())
-}
-
-/// One flash block of 128 threads per (64 rows, head, batch), with `bytes`
-/// of dynamic shared memory.
-fn flash_config(sh: &AttnShape, bytes: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (
-            sh.seq.div_ceil(FLASH_ROWS) as u32,
-            sh.heads as u32,
-            sh.batch as u32,
-        ),
-        block_dim: (FLASH_THREADS, 1, 1),
-        shared_mem_bytes: bytes,
-    }
 }
 
 /// dq, the row dots D and the shares pk, pv from the forward's row
@@ -714,7 +677,7 @@ fn flash_config(sh: &AttnShape, bytes: u32) -> LaunchConfig {
 #[allow(clippy::too_many_arguments)]
 fn flash_backward(
     gpu: &mut GpuContext,
-    f: &FlashBuild,
+    f: &Build,
     (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     out: &CudaSlice<f32>,
     lse: &CudaSlice<f32>,
@@ -737,7 +700,7 @@ fn flash_backward(
     // block reads rows < seq of q, out, dout, lse of its head and of k, v of
     // its kv head, writes its rows < seq of dq and dd, and uses the
     // DQ_SMEM bytes of shared memory the config gives, with 128 threads.
-    unsafe { launch.launch(flash_config(sh, f.dq_smem)) }?;
+    unsafe { launch.launch(tile_config(sh, f, f.dq_smem)) }?;
 
     let func = gpu.function(f.dkv.module, f.dkv.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
@@ -753,7 +716,7 @@ fn flash_backward(
     // the dq kernel, earlier on this stream, wrote it) and its 64 rows of k
     // and v, writes its key rows < seq of pk and pv, and uses the DKV_SMEM
     // bytes of shared memory the config gives, with 128 threads.
-    unsafe { launch.launch(flash_config(sh, f.dkv_smem)) }?;
+    unsafe { launch.launch(tile_config(sh, f, f.dkv_smem)) }?;
     Ok(())
 }
 
@@ -775,15 +738,12 @@ mod tests {
         };
         let bytes = |c: LaunchConfig| c.shared_mem_bytes;
         let (f32k, tc) = (AttnKernels::F32, AttnKernels::TensorCores);
+        // The forward's config (the dq kernel's is checked equal to it for
+        // the probability-saving builds), or with `kv` the dk/dv kernel's.
         let cfg = |hd, k, kv: bool| {
-            let Family::Probs(b) = family(hd, k) else {
-                panic!("{k:?} saves probabilities")
-            };
-            if kv {
-                kv_config(&sh(hd), b)
-            } else {
-                row_config(&sh(hd), b)
-            }
+            let b = build(hd, k);
+            assert_eq!(b.saves == Saves::Probs, b.fwd_smem == b.dq_smem);
+            tile_config(&sh(hd), b, if kv { b.dkv_smem } else { b.fwd_smem })
         };
         assert_eq!(bytes(cfg(64, f32k, false)), 33_280);
         assert_eq!(bytes(cfg(128, f32k, false)), 37_248);
@@ -819,15 +779,13 @@ mod tests {
                 "attention_flash_dkv_d128"
             ]
         );
-        assert_eq!(
-            flash_config(&sh(64), FLASH_D64.dkv_smem).grid_dim,
-            (4, 14, 4)
-        );
-        for f in [&FLASH_D64, &FLASH_D128] {
-            assert!([f.fwd_smem, f.dq_smem, f.dkv_smem]
-                .iter()
-                .all(|&b| b <= 48 * 1024));
-        }
+        // FlShape::{FWD,DQ,DKV}_SMEM, asserted in the `.cu` file.
+        let smem = |b: &Build| [b.fwd_smem, b.dq_smem, b.dkv_smem];
+        assert_eq!(smem(build(64, bf16)), [18_432, 9_472, 27_904]);
+        assert_eq!(smem(build(128, bf16)), [17_408, 17_664, 43_648]);
+        assert!(smem(build(128, bf16)).iter().all(|&b| b <= 48 * 1024));
+        assert_eq!(cfg(64, bf16, true).grid_dim, (4, 14, 4));
+        assert_eq!(cfg(64, bf16, true).block_dim, (128, 1, 1));
         assert_eq!(saved_len(&sh(64), bf16), 4 * 14 * 256);
         assert_eq!(
             backward_scratch_len(&sh(64), bf16),

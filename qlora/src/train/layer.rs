@@ -712,13 +712,10 @@ impl Mlp<'_> {
                 let act = front(stores.bf16, n)?;
                 blas::gemm_half(gpu, spec, 1.0, &act, wd, 1.0, x_next)
             }
-            (_, _, _, gate_up @ GateUp::F32(..)) => {
+            (_, _, _, GateUp::F32(gate, up)) => {
                 let (x2, g2) = (a.x2.as_view(), gamma.as_view());
                 rmsnorm::forward(gpu, &x2, &g2, rows, h, eps, &mut a.n2.as_view_mut())?;
-                self.gate_up(gpu, fwd, &mut stores, &a.n2, gate_up)?;
-                let GateUp::F32(gate, up) = gate_up else {
-                    return Err(gate_up_mismatch());
-                };
+                self.gate_up_f32(gpu, fwd, &mut stores, &a.n2, (gate, up))?;
                 let act = act.as_mut().ok_or_else(gate_up_mismatch)?;
                 gpu.stream().memcpy_dtod(&a.x2, x_next)?;
                 activation::swiglu_forward(
@@ -750,16 +747,27 @@ impl Mlp<'_> {
                 let n2 = half_of(gpu, n2, stores.bf16)?;
                 self.gate_up_half(gpu, &n2, (wg, wu), (gate, up))
             }
-            (GateUp::F32(gate, up), _, _) => {
-                if let (Some(wg), Some(wu)) = (&self.gate.half, &self.up.half) {
-                    let n2 = half_of(gpu, n2, stores.half)?;
-                    return self.gate_up_half(gpu, &n2, (wg, wu), (gate, up));
-                }
-                forward_linear(gpu, math, stores, self.gate, n2, 0.0, gate)?;
-                forward_linear(gpu, math, stores, self.up, n2, 0.0, up)
-            }
+            (GateUp::F32(gate, up), _, _) => self.gate_up_f32(gpu, math, stores, n2, (gate, up)),
             _ => Err(gate_up_mismatch()),
         }
+    }
+
+    /// [`Mlp::gate_up`] into f32 gate and up: on the f16 copies of `Wg` and
+    /// `Wu` when both keep one, else with GEMM math `math`.
+    fn gate_up_f32(
+        &self,
+        gpu: &mut GpuContext,
+        math: GemmMath,
+        stores: &mut Stores,
+        n2: &CudaSlice<f32>,
+        (gate, up): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    ) -> Result<()> {
+        if let (Some(wg), Some(wu)) = (&self.gate.half, &self.up.half) {
+            let n2 = half_of(gpu, n2, stores.half)?;
+            return self.gate_up_half(gpu, &n2, (wg, wu), (gate, up));
+        }
+        forward_linear(gpu, math, stores, self.gate, n2, 0.0, gate)?;
+        forward_linear(gpu, math, stores, self.up, n2, 0.0, up)
     }
 
     /// The input projections on 16-bit operands (`Wg`, `Wu` in the format
