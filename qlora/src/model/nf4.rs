@@ -19,6 +19,7 @@
 //! here is the same model on every backend.
 
 use crate::error::{Error, Result};
+use rayon::prelude::*;
 
 /// The 16 NF4 values of QLoRA (the quantiles of N(0, 1) normalised to
 /// `[-1, 1]`, with an exact zero), exactly as published in bitsandbytes.
@@ -122,21 +123,23 @@ pub fn quantize(w: &[f64], block: usize) -> Result<Nf4Tensor> {
 /// a code), so a different choice reuses the same block logic.
 pub fn quantize_with(w: &[f64], block: usize, pick: fn(f64) -> u8) -> Result<Nf4Tensor> {
     check_input(w, block)?;
-    let mut codes = Vec::with_capacity(w.len());
-    let mut absmax = Vec::with_capacity(w.len() / block);
-    for chunk in w.chunks(block) {
-        let amax = chunk.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        absmax.push(amax);
-        for &v in chunk {
+    let mut codes = vec![ZERO_CODE; w.len()];
+    let mut absmax = vec![0.0; w.len() / block];
+    // Blocks are independent: quantised on all cores.
+    codes
+        .par_chunks_mut(block)
+        .zip(absmax.par_iter_mut())
+        .zip(w.par_chunks(block))
+        .for_each(|((codes, amax_out), chunk)| {
+            let amax = chunk.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            *amax_out = amax;
             // A zero block has nothing to scale: every value is the exact zero.
-            let code = if amax > 0.0 {
-                pick(v / amax)
-            } else {
-                ZERO_CODE
-            };
-            codes.push(code);
-        }
-    }
+            if amax > 0.0 {
+                for (code, &v) in codes.iter_mut().zip(chunk) {
+                    *code = pick(v / amax);
+                }
+            }
+        });
     Ok(Nf4Tensor {
         codes,
         absmax,

@@ -22,6 +22,7 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
 
 use super::ModelConfig;
 use crate::error::Result;
@@ -71,11 +72,33 @@ pub fn tensor_seed(seed: u64, id: TensorId) -> u64 {
     z ^ (z >> 31)
 }
 
-/// `len` values from `U(-sqrt(3) std, sqrt(3) std)` (mean 0, standard deviation `std`).
+/// Values one thread draws at a time (see [`uniform`]).
+const DRAW_CHUNK: usize = 1 << 16;
+
+/// `len` values from `U(-sqrt(3) std, sqrt(3) std)` (mean 0, standard
+/// deviation `std`): value `i` is the `i`-th draw of the tensor's stream.
+///
+/// Drawn in chunks on all cores: the larger presets draw hundreds of
+/// millions of values, seconds on one thread. Each chunk seeks a copy of the
+/// stream to its first value, so the values are exactly those of one
+/// sequential draw: ChaCha is a counter-mode generator (any position can be
+/// reached without drawing what comes before it), and a uniform f64 takes
+/// exactly one `u64` of it, i.e. two 32-bit words.
 pub fn uniform(seed: u64, id: TensorId, len: usize, std: f64) -> Vec<f64> {
-    let mut rng = ChaCha8Rng::seed_from_u64(tensor_seed(seed, id));
+    let stream = ChaCha8Rng::seed_from_u64(tensor_seed(seed, id));
     let a = 3f64.sqrt() * std;
-    (0..len).map(|_| rng.random_range(-a..a)).collect()
+    let mut values = vec![0.0; len];
+    values
+        .par_chunks_mut(DRAW_CHUNK)
+        .enumerate()
+        .for_each(|(chunk, out)| {
+            let mut rng = stream.clone();
+            rng.set_word_pos(2 * (chunk * DRAW_CHUNK) as u128);
+            for v in out {
+                *v = rng.random_range(-a..a);
+            }
+        });
+    values
 }
 
 /// `[out_dim, in_dim]` of a layer's projections q, k, v, o, gate, up, down,
@@ -329,6 +352,18 @@ mod tests {
     /// A bf16 base holds every projection, the embedding and the head as
     /// bf16 values: each is its own bf16 rounding, within half a bf16 step
     /// (at most 2^-8 of its magnitude) of the fp32 model's.
+    /// The chunked draw is the sequential draw of the same stream, value
+    /// for value, across chunk boundaries and in a last, short chunk.
+    #[test]
+    fn uniform_draws_the_sequential_stream() {
+        let id = TensorId::Proj { layer: 3, which: 5 };
+        let len = 3 * DRAW_CHUNK + 17;
+        let mut rng = ChaCha8Rng::seed_from_u64(tensor_seed(11, id));
+        let a = 3f64.sqrt() * 0.5;
+        let sequential: Vec<f64> = (0..len).map(|_| rng.random_range(-a..a)).collect();
+        assert_eq!(uniform(11, id, len, 0.5), sequential);
+    }
+
     #[test]
     fn a_bf16_base_holds_bf16_values() {
         let c = ModelConfig::preset("tiny").unwrap();

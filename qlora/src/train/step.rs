@@ -103,6 +103,9 @@ pub struct TrainerSetup {
     pub rehearsal_ms: f64,
     /// The drop in free device bytes across the weight upload.
     pub upload_bytes: usize,
+    /// Wall time of the weight upload: drawing or reading the values,
+    /// converting them to what the device stores, and copying them up.
+    pub upload_ms: f64,
     /// The phases in the order they ran.
     pub order: Vec<SetupPhase>,
 }
@@ -200,12 +203,14 @@ fn prewarm_then_upload(
     let mut order = Vec::with_capacity(2);
     let upload = |gpu: &mut GpuContext, order: &mut Vec<SetupPhase>| {
         let free_before = gpu.memory_bytes()?.0;
+        let start = Instant::now();
         let base = BaseDevice::with_values(gpu, cfg, options, values)?;
         let params = Params::upload(gpu, trainable)?;
         gpu.synchronize()?;
+        let ms = start.elapsed().as_secs_f64() * 1e3;
         order.push(SetupPhase::Upload);
         let used = free_before.saturating_sub(gpu.memory_bytes()?.0);
-        Ok::<_, Error>((base, params, used))
+        Ok::<_, Error>((base, params, (used, ms)))
     };
     let early = if gpu.faults().upload_before_prewarm {
         Some(upload(gpu, &mut order)?)
@@ -223,7 +228,7 @@ fn prewarm_then_upload(
     rehearse(gpu, cfg, options, trainable)?;
     let rehearsal_ms = rehearsal.elapsed().as_secs_f64() * 1e3;
     order.push(SetupPhase::Prewarm);
-    let (base, params, upload_bytes) = match early {
+    let (base, params, (upload_bytes, upload_ms)) = match early {
         Some(uploaded) => uploaded,
         None => upload(gpu, &mut order)?,
     };
@@ -232,6 +237,7 @@ fn prewarm_then_upload(
         free_bytes_at_prewarm,
         rehearsal_ms,
         upload_bytes,
+        upload_ms,
         order,
     };
     Ok((base, params, setup))
@@ -255,6 +261,7 @@ fn rehearse(
         free_bytes_at_prewarm: 0,
         rehearsal_ms: 0.0,
         upload_bytes: 0,
+        upload_ms: 0.0,
         order: Vec::new(),
     };
     let mut rehearsal = GpuTrainer::assemble(gpu, cfg, *options, 0, (base, params), setup)?;

@@ -5,6 +5,7 @@
 //! moments.
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::gpu::GpuContext;
@@ -32,7 +33,7 @@ impl Values<'_> {
     /// The values of each of `draws` (zeros: none, only their lengths count).
     fn draw(self, draws: &[Draw]) -> Result<Vec<Vec<f64>>> {
         match self {
-            Values::Seeded(seed) => draw_all(seed, draws),
+            Values::Seeded(seed) => Ok(draw_all(seed, draws)),
             Values::Model(model) => draws.iter().map(|d| model_tensor(model, *d)).collect(),
             Values::Zeros => Ok(vec![Vec::new(); draws.len()]),
         }
@@ -233,54 +234,49 @@ pub struct BaseDevice {
     pub lm_head_f16: Option<CudaSlice<u16>>,
 }
 
+// The conversions below run on all cores (rayon): the larger presets hold
+// hundreds of millions of values, and building a trainer converts each of
+// them once or more before the upload.
+
 fn to_f32(v: &[f64]) -> Vec<f32> {
-    v.iter().map(|&x| x as f32).collect()
+    v.par_iter().map(|&x| x as f32).collect()
 }
 
 /// `v` as f32, then rounded to the nearest value of the 16-bit format `H`
 /// (ties to even), as raw bits.
-fn to_half<H: HalfFloat, T: Copy + Into<f64>>(v: &[T]) -> Vec<H> {
-    v.iter().map(|&x| H::round(x.into() as f32)).collect()
+fn to_half<H: HalfFloat, T: Copy + Into<f64> + Sync>(v: &[T]) -> Vec<H> {
+    v.par_iter().map(|&x| H::round(x.into() as f32)).collect()
 }
 
-/// `w^T` of a row-major `[rows, cols]` matrix, as f32: `[cols, rows]`. In
-/// square tiles, so that both the reads and the writes of a tile stay in
-/// cache.
+/// `w^T` of a row-major `[rows, cols]` matrix, as f32: `[cols, rows]`. Each
+/// task writes `TILE` rows of the transpose, in square tiles, so that both
+/// the reads and the writes of a tile stay in cache.
 fn transposed_f32(w: &[f64], rows: usize, cols: usize) -> Vec<f32> {
     const TILE: usize = 32;
     let mut t = vec![0.0f32; rows * cols];
-    for r0 in (0..rows).step_by(TILE) {
-        for c0 in (0..cols).step_by(TILE) {
-            for r in r0..(r0 + TILE).min(rows) {
-                for c in c0..(c0 + TILE).min(cols) {
-                    t[c * rows + r] = w[r * cols + c] as f32;
+    if rows == 0 {
+        return t;
+    }
+    t.par_chunks_mut(TILE * rows)
+        .enumerate()
+        .for_each(|(tile, out)| {
+            let c0 = tile * TILE;
+            let c_end = (c0 + TILE).min(cols);
+            for r0 in (0..rows).step_by(TILE) {
+                for r in r0..(r0 + TILE).min(rows) {
+                    for c in c0..c_end {
+                        out[(c - c0) * rows + r] = w[r * cols + c] as f32;
+                    }
                 }
             }
-        }
-    }
+        });
     t
 }
 
-/// The values of each of `draws`, each tensor on a thread
-/// of its own. Every tensor has its own seeded stream, so the values are
-/// those of drawing one after another, only sooner: the larger presets draw
-/// hundreds of millions of values, which on one thread takes seconds.
-fn draw_all(seed: u64, draws: &[Draw]) -> Result<Vec<Vec<f64>>> {
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = draws
-            .iter()
-            .map(|&d| scope.spawn(move || d.values(seed)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().map_err(|_| Error::InvalidArgument {
-                    op: "weights",
-                    message: "a weight-drawing thread panicked".into(),
-                })
-            })
-            .collect()
-    })
+/// The values of each of `draws` (each tensor drawn on all cores, see
+/// [`crate::model::weights::uniform`]).
+fn draw_all(seed: u64, draws: &[Draw]) -> Vec<Vec<f64>> {
+    draws.par_iter().map(|d| d.values(seed)).collect()
 }
 
 /// One `[out_dim, in_dim]` projection from its drawn values `w` (the draws

@@ -429,7 +429,7 @@ fn summary(tag: &str, seen: &Observed) -> String {
     let mut out = format!(
         "{tag}: cold pre-warm {} modules ({} compiled, {:.0} ms NVRTC, {:.0} ms wall{slowest}, \
          rehearsal step {:.0} ms), cached {:.0} ms ({} from disk, {} compiled), {} loaded after; \
-         {:.1} MiB resident at pre-warm, upload {:.1} MiB, {:.0} MiB free during steps",
+         {:.1} MiB resident at pre-warm, upload {:.1} MiB in {:.0} ms, {:.0} MiB free during steps",
         r.modules.len(),
         r.compilations,
         r.compile_ms,
@@ -441,6 +441,7 @@ fn summary(tag: &str, seen: &Observed) -> String {
         seen.loads_after,
         mib(resident_at_prewarm(seen)),
         mib(seen.setup.upload_bytes),
+        seen.setup.upload_ms,
         mib(seen.free_during_steps),
     );
     if !r.skipped.is_empty() {

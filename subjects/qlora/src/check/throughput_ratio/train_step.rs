@@ -59,7 +59,7 @@ pub(super) fn throughput_ratio(p: &Params, cx: &mut TrialContext<'_>) -> Result<
     let tokens = cfg.tokens() as f64;
     let mut m = Measurement::new("median_step_time_ratio", ratio, Comparator::Ge, p.min_ratio.0, "x")
         .with_detail(format!(
-            "model {} batch {} seq {} on {}; baseline {} median {mb:.3} ms ({:.0} tokens/s); candidate {} median {mc:.3} ms ({:.0} tokens/s, graph {}); ratio 95% CI [{lo:.3}, {hi:.3}] over {}",
+            "model {} batch {} seq {} on {}; baseline {} median {mb:.3} ms ({:.0} tokens/s); candidate {} median {mc:.3} ms ({:.0} tokens/s, graph {}); ratio 95% CI [{lo:.3}, {hi:.3}] over {}; weights uploaded in {:.0} and {:.0} ms",
             cfg.name,
             cfg.batch,
             cfg.seq_len,
@@ -69,7 +69,9 @@ pub(super) fn throughput_ratio(p: &Params, cx: &mut TrialContext<'_>) -> Result<
             p.candidate,
             tokens / mc * 1e3,
             if tc.graph_ready() { "replayed" } else { "not used" },
-            timed.describe()
+            timed.describe(),
+            tb.setup().upload_ms,
+            tc.setup().upload_ms,
         ));
     m.speedups.push(crate::check::Speedup {
         subject: "train_step".into(),
