@@ -16,6 +16,12 @@ pub const TARGET_HALF_WIDTH: f64 = 0.01;
 /// measurement still wider than that is noisy, not short of samples.
 pub const DEFAULT_CAP_FACTOR: usize = 4;
 
+/// A mutant trial looks at its interval first after this many pairs (or
+/// its `min`, if fewer), then at `min`: a mutant that slows a step tenfold
+/// has failed its bound long before the contract's minimum, and each of
+/// its pairs can take a second.
+pub const MUTANT_FIRST_LOOK: usize = 5;
+
 /// How many pairs to time and when to stop early.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Plan {
@@ -71,10 +77,17 @@ impl Plan {
     }
 
     /// The pair count of the next look at the interval after `n`: `min`
-    /// first, then about 10% more each time (at least one, at most `max`),
+    /// first (a mutant's [`MUTANT_FIRST_LOOK`] before it), then about 10%
+    /// more each time (at least one, at most `max`),
     /// so a run of `n` pairs bootstraps only `O(log(max / min))` times.
     fn next_look(&self, n: usize) -> usize {
-        if n < self.min {
+        let first = match self.fail_fast {
+            Some(_) => MUTANT_FIRST_LOOK.min(self.min),
+            None => self.min,
+        };
+        if n < first {
+            first
+        } else if n < self.min {
             self.min
         } else {
             (n + (n / 10).max(1)).min(self.max)
@@ -228,24 +241,28 @@ mod tests {
     }
 
     #[test]
-    fn a_mutant_stops_once_the_interval_fails_and_not_before_the_minimum() {
-        // Ratio ~2 against a bound of 3: failed at the first look.
+    fn a_mutant_stops_once_the_interval_fails_at_its_first_look_or_later() {
+        // Ratio ~2 against a bound of 3: failed at the first look, before
+        // the minimum.
         let plan = Plan::new(10, Some(1000), 1000).fail_fast_if(true, Comparator::Ge, 3.0);
         let t = time_pairs(&plan, 7, noisy(0.3)).unwrap();
-        assert_eq!((t.repeats(), t.stop), (10, Stop::Failed));
+        assert_eq!((t.repeats(), t.stop), (MUTANT_FIRST_LOOK, Stop::Failed));
         assert!(t.high < 3.0);
+        // A minimum below the first look is the first look.
+        let short = Plan::new(3, Some(1000), 1000).fail_fast_if(true, Comparator::Ge, 3.0);
+        assert_eq!(time_pairs(&short, 7, noisy(0.3)).unwrap().repeats(), 3);
         // The same noise without a mutant times on to the cap or precision.
         let real = Plan::new(10, Some(1000), 1000).fail_fast_if(false, Comparator::Ge, 3.0);
         assert!(time_pairs(&real, 7, noisy(0.3)).unwrap().repeats() > 10);
         // An upper bound fails when the whole interval lies above it.
         let le = Plan::new(10, Some(1000), 1000).fail_fast_if(true, Comparator::Le, 1.5);
         assert_eq!(time_pairs(&le, 7, noisy(0.3)).unwrap().stop, Stop::Failed);
-        // A mutant whose interval straddles the bound is not cut short.
+        // A mutant whose interval straddles the bound is not cut short: it
+        // times its minimum and on.
         let close = Plan::new(10, Some(40), 1000).fail_fast_if(true, Comparator::Ge, 2.0);
-        assert_ne!(
-            time_pairs(&close, 7, noisy(0.9)).unwrap().stop,
-            Stop::Failed
-        );
+        let t = time_pairs(&close, 7, noisy(0.9)).unwrap();
+        assert_ne!(t.stop, Stop::Failed);
+        assert!(t.repeats() >= 10);
     }
 
     #[test]

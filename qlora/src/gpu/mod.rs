@@ -4,6 +4,7 @@ pub mod cache;
 mod context;
 pub mod disk;
 pub mod prewarm;
+pub mod staging;
 pub mod table;
 pub mod timing;
 
@@ -13,4 +14,5 @@ pub use context::{
     DeviceFacts, Direction, FaultScope, GemmMath, GpuContext, GpuOptions, THREADS_1D,
 };
 pub use prewarm::{modules_for, PrewarmReport};
+pub use staging::Stager;
 pub use table::TensorTable;

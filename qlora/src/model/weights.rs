@@ -85,20 +85,31 @@ const DRAW_CHUNK: usize = 1 << 16;
 /// reached without drawing what comes before it), and a uniform f64 takes
 /// exactly one `u64` of it, i.e. two 32-bit words.
 pub fn uniform(seed: u64, id: TensorId, len: usize, std: f64) -> Vec<f64> {
-    let stream = ChaCha8Rng::seed_from_u64(tensor_seed(seed, id));
-    let a = 3f64.sqrt() * std;
     let mut values = vec![0.0; len];
     values
         .par_chunks_mut(DRAW_CHUNK)
         .enumerate()
-        .for_each(|(chunk, out)| {
-            let mut rng = stream.clone();
-            rng.set_word_pos(2 * (chunk * DRAW_CHUNK) as u128);
-            for v in out {
-                *v = rng.random_range(-a..a);
-            }
-        });
+        .for_each(|(chunk, out)| uniform_into(seed, id, std, chunk * DRAW_CHUNK, out, |v| v));
     values
+}
+
+/// `convert(v_i)` into `out[i - start]` for the values `v_i`, `i` in
+/// `start..start + out.len()`, of [`uniform`]`(seed, id, _, std)`, drawn
+/// from there: the stream is sought to value `start` (see [`uniform`]).
+pub fn uniform_into<T>(
+    seed: u64,
+    id: TensorId,
+    std: f64,
+    start: usize,
+    out: &mut [T],
+    convert: impl Fn(f64) -> T,
+) {
+    let mut rng = ChaCha8Rng::seed_from_u64(tensor_seed(seed, id));
+    rng.set_word_pos(2 * start as u128);
+    let a = 3f64.sqrt() * std;
+    for v in out {
+        *v = convert(rng.random_range(-a..a));
+    }
 }
 
 /// `[out_dim, in_dim]` of a layer's projections q, k, v, o, gate, up, down,
@@ -135,6 +146,18 @@ impl Draw {
     /// The drawn values.
     pub fn values(self, seed: u64) -> Vec<f64> {
         uniform(seed, self.id, self.len, self.std)
+    }
+
+    /// `convert` of values `start..start + out.len()` of [`Draw::values`],
+    /// into `out`, drawing only those.
+    pub fn values_into<T>(
+        self,
+        seed: u64,
+        start: usize,
+        out: &mut [T],
+        convert: impl Fn(f64) -> T,
+    ) {
+        uniform_into(seed, self.id, self.std, start, out, convert)
     }
 }
 
@@ -362,6 +385,13 @@ mod tests {
         let a = 3f64.sqrt() * 0.5;
         let sequential: Vec<f64> = (0..len).map(|_| rng.random_range(-a..a)).collect();
         assert_eq!(uniform(11, id, len, 0.5), sequential);
+        let mut tail = vec![0.0f32; 40];
+        uniform_into(11, id, 0.5, DRAW_CHUNK - 7, &mut tail, |v| v as f32);
+        let want: Vec<f32> = sequential[DRAW_CHUNK - 7..][..40]
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
+        assert_eq!(tail, want);
     }
 
     #[test]

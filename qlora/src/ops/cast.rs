@@ -32,7 +32,7 @@ pub const SIGNATURES: Signatures = &[
 /// A bf16 value as its raw bit pattern (`half::bf16::to_bits`): the upper
 /// 16 bits of the f32 of the same sign, exponent and leading 7 fraction
 /// bits. Its own type, so a bf16 buffer is never read as f16.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(transparent)]
 pub struct Bf16(pub u16);
 

@@ -4,11 +4,12 @@
 //! checkpoint), and the trainable tensors with their gradients and AdamW
 //! moments.
 
+use bytemuck::Pod;
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::gpu::GpuContext;
+use crate::gpu::{GpuContext, Stager};
 use crate::model::nf4;
 use crate::model::weights::{end_draws, projection_draws, Draw, Projections, TensorId};
 use crate::model::{BaseModel, ModelConfig, Trainable};
@@ -29,27 +30,44 @@ pub enum Values<'a> {
     Zeros,
 }
 
-impl Values<'_> {
-    /// The values of each of `draws` (zeros: none, only their lengths count).
-    fn draw(self, draws: &[Draw]) -> Result<Vec<Vec<f64>>> {
+impl<'a> Values<'a> {
+    /// The seeded values of each of `draws`, drawn whole (each on all
+    /// cores), where `whole` says something reads them whole; none
+    /// otherwise (they are read from [`Values::source`]).
+    fn draw_whole(self, draws: &[Draw], whole: bool) -> Vec<Vec<f64>> {
         match self {
-            Values::Seeded(seed) => Ok(draw_all(seed, draws)),
-            Values::Model(model) => draws.iter().map(|d| model_tensor(model, *d)).collect(),
-            Values::Zeros => Ok(vec![Vec::new(); draws.len()]),
+            Values::Seeded(seed) if whole => draws.par_iter().map(|d| d.values(seed)).collect(),
+            _ => Vec::new(),
         }
     }
 
-    /// A device buffer of `len` elements: `host()` copied up, or zeros.
-    fn put<T: DeviceRepr + ValidAsZeroBits>(
+    /// A device buffer of `len` elements: those `fill` writes (see
+    /// [`Stager::upload`]), or zeros.
+    fn put<T, F>(
         self,
         gpu: &GpuContext,
+        stager: &mut Stager,
         len: usize,
-        host: impl FnOnce() -> Vec<T>,
-    ) -> Result<CudaSlice<T>> {
+        fill: F,
+    ) -> Result<CudaSlice<T>>
+    where
+        T: Pod + DeviceRepr + ValidAsZeroBits + Send,
+        F: Fn(usize, &mut [T]) + Sync,
+    {
         match self {
-            Values::Seeded(_) | Values::Model(_) => gpu.upload(&host()),
+            Values::Seeded(_) | Values::Model(_) => stager.upload(gpu, len, fill),
             Values::Zeros => gpu.zeros(len),
         }
+    }
+
+    /// Where the values of the tensor `d` are read from: its stream, the
+    /// host model's tensor, or nowhere (zeros).
+    fn source(self, d: Draw) -> Result<Source<'a>> {
+        Ok(match self {
+            Values::Seeded(seed) => Source::Stream { seed, draw: d },
+            Values::Model(model) => Source::Held(model_slice(model, d)?),
+            Values::Zeros => Source::Held(&[]),
+        })
     }
 
     /// Layer `layer`'s `[b_q | b_k | b_v]` (`len` values): the host
@@ -80,14 +98,15 @@ impl Values<'_> {
                 expect_len(model.final_norm.len(), len, "final norm")?;
                 gpu.upload(&to_f32(&model.final_norm))
             }
-            _ => self.put(gpu, len, || vec![1.0f32; len]),
+            Values::Seeded(_) => gpu.upload(&vec![1.0f32; len]),
+            Values::Zeros => gpu.zeros(len),
         }
     }
 }
 
 /// The host model's values of the tensor `d` stands for (a tied head is
 /// the embedding).
-fn model_tensor(model: &BaseModel, d: Draw) -> Result<Vec<f64>> {
+fn model_slice(model: &BaseModel, d: Draw) -> Result<&[f64]> {
     let values = match d.id {
         TensorId::Embedding => &model.embedding,
         TensorId::LmHead => model.head(),
@@ -107,7 +126,7 @@ fn model_tensor(model: &BaseModel, d: Draw) -> Result<Vec<f64>> {
         }
     };
     expect_len(values.len(), d.len, &format!("{:?}", d.id))?;
-    Ok(values.to_vec())
+    Ok(values)
 }
 
 fn missing(at: usize, what: &str) -> Error {
@@ -148,18 +167,20 @@ pub enum Table {
 }
 
 impl Table {
-    /// `values` (`len` of them) stored as `base` says: bf16 for a bf16
+    /// The `len` values of `src` stored as `base` says: bf16 for a bf16
     /// base, f32 otherwise (an NF4 base keeps its tables in f32).
     fn put(
-        gpu: &GpuContext,
+        (gpu, stager): (&GpuContext, &mut Stager),
         values: Values,
         base: BaseWeights,
-        v: &[f64],
+        src: Source,
         len: usize,
     ) -> Result<Self> {
         Ok(match base {
-            BaseWeights::Bf16 => Table::Bf16(values.put(gpu, len, || to_half(v))?),
-            BaseWeights::Fp32 | BaseWeights::Nf4 => Table::F32(values.put(gpu, len, || to_f32(v))?),
+            BaseWeights::Bf16 => Table::Bf16(values.put(gpu, stager, len, src.reader(half))?),
+            BaseWeights::Fp32 | BaseWeights::Nf4 => {
+                Table::F32(values.put(gpu, stager, len, src.reader(single))?)
+            }
         })
     }
 
@@ -234,49 +255,114 @@ pub struct BaseDevice {
     pub lm_head_f16: Option<CudaSlice<u16>>,
 }
 
-// The conversions below run on all cores (rayon): the larger presets hold
-// hundreds of millions of values, and building a trainer converts each of
-// them once or more before the upload.
-
 fn to_f32(v: &[f64]) -> Vec<f32> {
-    v.par_iter().map(|&x| x as f32).collect()
+    v.iter().map(|&x| x as f32).collect()
 }
 
-/// `v` as f32, then rounded to the nearest value of the 16-bit format `H`
-/// (ties to even), as raw bits.
-fn to_half<H: HalfFloat, T: Copy + Into<f64> + Sync>(v: &[T]) -> Vec<H> {
-    v.par_iter().map(|&x| H::round(x.into() as f32)).collect()
+/// A value as the f32 the device stores.
+fn single(x: f64) -> f32 {
+    x as f32
 }
 
-/// `w^T` of a row-major `[rows, cols]` matrix, as f32: `[cols, rows]`. Each
-/// task writes `TILE` rows of the transpose, in square tiles, so that both
-/// the reads and the writes of a tile stay in cache.
-fn transposed_f32(w: &[f64], rows: usize, cols: usize) -> Vec<f32> {
-    const TILE: usize = 32;
-    let mut t = vec![0.0f32; rows * cols];
-    if rows == 0 {
-        return t;
+/// A value as f32, then rounded to the nearest value of the 16-bit format
+/// `H` (ties to even), as raw bits.
+fn half<H: HalfFloat>(x: f64) -> H {
+    H::round(x as f32)
+}
+
+/// The f64 values of one frozen tensor, read a range at a time as the
+/// staging buffers are filled (on all cores, see [`Stager::upload`]).
+#[derive(Debug, Clone, Copy)]
+enum Source<'a> {
+    /// Held on the host: drawn whole where the transpose or the host NF4
+    /// quantiser reads it whole, or a loaded model's tensor.
+    Held(&'a [f64]),
+    /// Drawn from the tensor's seeded stream where it is read, never held
+    /// whole.
+    Stream { seed: u64, draw: Draw },
+}
+
+impl<'a> Source<'a> {
+    /// Number of values.
+    fn len(self) -> usize {
+        match self {
+            Source::Held(v) => v.len(),
+            Source::Stream { draw, .. } => draw.len,
+        }
     }
-    t.par_chunks_mut(TILE * rows)
-        .enumerate()
-        .for_each(|(tile, out)| {
-            let c0 = tile * TILE;
-            let c_end = (c0 + TILE).min(cols);
-            for r0 in (0..rows).step_by(TILE) {
-                for r in r0..(r0 + TILE).min(rows) {
-                    for c in c0..c_end {
-                        out[(c - c0) * rows + r] = w[r * cols + c] as f32;
-                    }
+
+    /// `convert` of values `start..start + out.len()` into `out`.
+    fn read<T>(self, start: usize, out: &mut [T], convert: fn(f64) -> T) {
+        match self {
+            Source::Held(v) => {
+                for (o, &x) in out.iter_mut().zip(v.iter().skip(start)) {
+                    *o = convert(x);
                 }
             }
-        });
-    t
+            Source::Stream { seed, draw } => draw.values_into(seed, start, out, convert),
+        }
+    }
+
+    /// The values whole: held ones only (the layer's draws are held
+    /// wherever something reads them whole, see [`BaseDevice::push_layer`]).
+    fn held(self) -> Result<&'a [f64]> {
+        match self {
+            Source::Held(v) => Ok(v),
+            Source::Stream { draw, .. } => Err(Error::InvalidArgument {
+                op: "weights",
+                message: format!("{:?} was not drawn whole", draw.id),
+            }),
+        }
+    }
+
+    /// A fill for [`Values::put`]: `convert` of values `start..` into `out`.
+    fn reader<T: 'a>(self, convert: fn(f64) -> T) -> impl Fn(usize, &mut [T]) + Sync + 'a {
+        move |start, out| self.read(start, out, convert)
+    }
 }
 
-/// The values of each of `draws` (each tensor drawn on all cores, see
-/// [`crate::model::weights::uniform`]).
-fn draw_all(seed: u64, draws: &[Draw]) -> Vec<Vec<f64>> {
-    draws.par_iter().map(|d| d.values(seed)).collect()
+/// A fill for [`Values::put`]: `convert` of the concatenation of `parts`,
+/// followed by zeros.
+fn concat_reader<'a, T: 'a>(
+    parts: [Source<'a>; 3],
+    convert: fn(f64) -> T,
+) -> impl Fn(usize, &mut [T]) + Sync + 'a {
+    move |start, out| read_concat(&parts, start, out, convert)
+}
+
+/// `convert` of values `start..start + out.len()` of the concatenation of
+/// `parts`, followed by zeros, into `out`.
+fn read_concat<T>(parts: &[Source], start: usize, out: &mut [T], convert: fn(f64) -> T) {
+    let end = start + out.len();
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    for o in out.iter_mut().skip(total.saturating_sub(start)) {
+        *o = convert(0.0);
+    }
+    let mut offset = 0;
+    for part in parts {
+        let (lo, hi) = (start.max(offset), end.min(offset + part.len()));
+        if let Some(dst) = out.get_mut(lo.saturating_sub(start)..hi.saturating_sub(start)) {
+            part.read(lo - offset, dst, convert);
+        }
+        offset += part.len();
+    }
+}
+
+/// Values `start..start + out.len()` of `w^T` (`[cols, rows]`), as f32, of
+/// a row-major `[rows, cols]` matrix `w`. Each range reads a band of
+/// columns, which stays in cache while its rows are written in order.
+fn read_transposed(w: &[f64], (rows, cols): (usize, usize), start: usize, out: &mut [f32]) {
+    if rows == 0 {
+        return;
+    }
+    let (mut c, mut r) = (start / rows, start % rows);
+    for o in out {
+        *o = w.get(r * cols + c).map_or(f32::NAN, |&x| x as f32);
+        r += 1;
+        if r == rows {
+            (r, c) = (0, c + 1);
+        }
+    }
 }
 
 /// One `[out_dim, in_dim]` projection from its drawn values `w` (the draws
@@ -291,23 +377,25 @@ fn draw_all(seed: u64, draws: &[Draw]) -> Vec<Vec<f64>> {
 /// With [`Values::Zeros`], `w` and `half_source` are empty and every buffer
 /// is zeros.
 fn linear(
-    gpu: &mut GpuContext,
+    (gpu, stager): (&mut GpuContext, &mut Stager),
     values: Values,
-    (w, half_source): (&[f64], &[f64]),
+    (w, half_source): (Source, Source),
     (out_dim, in_dim): (usize, usize),
     options: &GpuTrainOptions,
 ) -> Result<Linear> {
     let n = out_dim * in_dim;
+    let read = w.reader(single);
     let frozen = match (options.base, options.device_quantize) {
-        (BaseWeights::Fp32, _) => Frozen::Fp32(values.put(gpu, n, || to_f32(w))?),
-        (BaseWeights::Bf16, _) => Frozen::Bf16(values.put(gpu, n, || to_half(w))?),
+        (BaseWeights::Fp32, _) => Frozen::Fp32(values.put(gpu, stager, n, read)?),
+        (BaseWeights::Bf16, _) => Frozen::Bf16(values.put(gpu, stager, n, w.reader(half))?),
         (BaseWeights::Nf4, _) if values == Values::Zeros => Frozen::Nf4(Nf4Device::zeros(gpu, n)?),
-        (BaseWeights::Nf4, false) => {
-            Frozen::Nf4(nf4_ops::upload(gpu, &nf4::quantize(w, nf4::BLOCK)?)?)
-        }
+        (BaseWeights::Nf4, false) => Frozen::Nf4(nf4_ops::upload(
+            gpu,
+            &nf4::quantize(w.held()?, nf4::BLOCK)?,
+        )?),
         (BaseWeights::Nf4, true) => {
             let mut t = Nf4Device::zeros(gpu, n)?;
-            let src = gpu.upload(&to_f32(w))?;
+            let src = values.put(gpu, stager, n, read)?;
             nf4_ops::quantize(gpu, &src, &mut t)?;
             gpu.synchronize()?;
             Frozen::Nf4(t)
@@ -315,20 +403,20 @@ fn linear(
     };
     let transposed = match frozen {
         Frozen::Fp32(_) if options.transposed_weights => {
-            let untransposed = gpu.faults().backward_weights_untransposed;
-            Some(values.put(gpu, n, || {
-                if untransposed {
-                    to_f32(w)
-                } else {
-                    transposed_f32(w, out_dim, in_dim)
-                }
-            })?)
+            Some(if gpu.faults().backward_weights_untransposed {
+                values.put(gpu, stager, n, w.reader(single))?
+            } else {
+                let (w, shape) = (w.held()?, (out_dim, in_dim));
+                values.put(gpu, stager, n, |start, out: &mut [f32]| {
+                    read_transposed(w, shape, start, out)
+                })?
+            })
         }
         _ => None,
     };
     let half = match frozen {
         Frozen::Fp32(_) if options.f16_projections => {
-            Some(values.put(gpu, n, || to_half::<u16, _>(half_source))?)
+            Some(values.put(gpu, stager, n, half_source.reader(half::<u16>))?)
         }
         _ => None,
     };
@@ -372,11 +460,67 @@ impl BaseDevice {
                 });
             }
         }
+        let stager = &mut Stager::new();
+        let mut base = BaseDevice {
+            embedding: Table::F32(gpu.zeros(0)?),
+            layers: Vec::with_capacity(cfg.layers),
+            stacks: Vec::new(),
+            stacks_f16: Vec::new(),
+            stacks_bf16: Vec::new(),
+            qkv_bias: Vec::with_capacity(cfg.layers),
+            final_norm: values.final_norm(gpu, cfg.hidden)?,
+            lm_head: None,
+            lm_head_f16: None,
+        };
+        for layer in 0..cfg.layers {
+            base.push_layer((gpu, stager), cfg, options, values, layer)?;
+        }
+        base.put_ends((gpu, stager), cfg, options, values)?;
+        Ok(base)
+    }
+
+    /// Layer `layer`'s projections (its seven drawn at once), its q/k/v
+    /// stack and bias.
+    fn push_layer(
+        &mut self,
+        (gpu, stager): (&mut GpuContext, &mut Stager),
+        cfg: &ModelConfig,
+        options: &GpuTrainOptions,
+        values: Values,
+        layer: usize,
+    ) -> Result<()> {
         let base = options.base;
-        let mut layers = Vec::with_capacity(cfg.layers);
-        let mut stacks = Vec::new();
-        let mut stacks_f16 = Vec::new();
-        let mut stacks_bf16 = Vec::new();
+        let draws = projection_draws(cfg, layer);
+        // The transpose and the host NF4 quantiser read a projection whole.
+        let whole = (base == BaseWeights::Fp32 && options.transposed_weights)
+            || (base == BaseWeights::Nf4 && !options.device_quantize);
+        let drawn = values.draw_whole(&draws.map(|(d, _)| d), whole);
+        let sources = draws
+            .iter()
+            .enumerate()
+            .map(|(which, (d, _))| match drawn.get(which) {
+                Some(v) => Ok(Source::Held(v)),
+                None => values.source(*d),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let stacked = |which: usize| base != BaseWeights::Nf4 && which < 3;
+        if base != BaseWeights::Nf4 {
+            // q, k, v (draws 0..3) in order, then zeros for the A rows.
+            let len = draws[..3].iter().map(|(d, _)| d.len).sum::<usize>()
+                + 2 * cfg.lora_rank * cfg.hidden;
+            let qkv = [sources[0], sources[1], sources[2]];
+            if base == BaseWeights::Bf16 {
+                let rows = concat_reader(qkv, half::<Bf16>);
+                self.stacks_bf16.push(values.put(gpu, stager, len, rows)?);
+            } else {
+                if options.f16_projections {
+                    let rows = concat_reader(qkv, half::<u16>);
+                    self.stacks_f16.push(values.put(gpu, stager, len, rows)?);
+                }
+                self.stacks
+                    .push(values.put(gpu, stager, len, concat_reader(qkv, single))?);
+            }
+        }
         // Projection order q, k, v, o, gate, up, down: the fault's source.
         let (gate, up) = (4, 5);
         let gate_source = if gpu.faults().f16_gate_from_up {
@@ -384,84 +528,56 @@ impl BaseDevice {
         } else {
             gate
         };
-        for layer in 0..cfg.layers {
-            let draws = projection_draws(cfg, layer);
-            let drawn = values.draw(&draws.map(|(d, _)| d))?;
-            let stacked = |which: usize| base != BaseWeights::Nf4 && which < 3;
-            if base != BaseWeights::Nf4 {
-                // q, k, v (draws 0..3) in order, then zeros for the A rows.
-                let len = draws[..3].iter().map(|(d, _)| d.len).sum::<usize>()
-                    + 2 * cfg.lora_rank * cfg.hidden;
-                let rows = || {
-                    let mut rows: Vec<f32> = drawn[..3].iter().flat_map(|w| to_f32(w)).collect();
-                    rows.resize(len, 0.0);
-                    rows
-                };
-                if base == BaseWeights::Bf16 {
-                    stacks_bf16.push(values.put(gpu, len, || to_half(&rows()))?);
-                } else {
-                    if options.f16_projections {
-                        stacks_f16.push(values.put(gpu, len, || to_half::<u16, _>(&rows()))?);
-                    }
-                    stacks.push(values.put(gpu, len, rows)?);
-                }
+        self.layers.push(LayerWeights::try_from_fn(|which| {
+            let (out_dim, in_dim) = draws[which].1;
+            if stacked(which) {
+                return Ok(Linear {
+                    out_dim,
+                    in_dim,
+                    w: Frozen::Stacked,
+                    transposed: None,
+                    half: None,
+                });
             }
-            layers.push(LayerWeights::try_from_fn(|which| {
-                if stacked(which) {
-                    let (out_dim, in_dim) = draws[which].1;
-                    return Ok(Linear {
-                        out_dim,
-                        in_dim,
-                        w: Frozen::Stacked,
-                        transposed: None,
-                        half: None,
-                    });
-                }
-                let half_source = if which == gate { gate_source } else { which };
-                let (w, half) = (&drawn[which], &drawn[half_source]);
-                linear(gpu, values, (w, half), draws[which].1, options)
-            })?);
-        }
+            let half_source = if which == gate { gate_source } else { which };
+            let w = (sources[which], sources[half_source]);
+            linear((gpu, stager), values, w, (out_dim, in_dim), options)
+        })?);
         let bias_len = cfg.q_dim() + 2 * cfg.kv_dim();
-        let qkv_bias = (0..cfg.layers)
-            .map(|layer| values.qkv_bias(gpu, layer, bias_len))
-            .collect::<Result<Vec<_>>>()?;
-        // The embedding, then the head unless it is the embedding itself.
-        let ends = end_draws(cfg);
-        let drawn = if cfg.tied_embeddings {
-            &ends[..1]
-        } else {
-            &ends[..]
+        self.qkv_bias.push(values.qkv_bias(gpu, layer, bias_len)?);
+        Ok(())
+    }
+
+    /// The embedding, then the head unless it is the embedding itself, and
+    /// the head's f16 copy; read from their streams, never held whole.
+    fn put_ends(
+        &mut self,
+        (gpu, stager): (&mut GpuContext, &mut Stager),
+        cfg: &ModelConfig,
+        options: &GpuTrainOptions,
+        values: Values,
+    ) -> Result<()> {
+        let [embedding, head] = end_draws(cfg);
+        let embedding = values.source(embedding)?;
+        let head = match cfg.tied_embeddings {
+            true => None,
+            false => Some(values.source(head)?),
         };
-        let mut drawn = values.draw(drawn)?.into_iter();
-        let embedding = drawn.next().ok_or_else(|| missing(0, "embedding"))?;
-        let head = drawn.next();
-        let end_len = cfg.vocab * cfg.hidden;
+        let len = cfg.vocab * cfg.hidden;
         // The fault rounds the embedding instead of the head.
-        let f16_source = match &head {
+        let f16_source = match head {
             Some(h) if !gpu.faults().f16_lm_head_from_embedding => h,
-            _ => &embedding,
+            _ => embedding,
         };
-        let lm_head_f16 = if options.f16_lm_head {
-            Some(values.put(gpu, end_len, || to_half::<u16, _>(f16_source))?)
-        } else {
-            None
-        };
-        let lm_head = match &head {
-            Some(h) => Some(Table::put(gpu, values, base, h, end_len)?),
-            None => None,
-        };
-        Ok(BaseDevice {
-            embedding: Table::put(gpu, values, base, &embedding, end_len)?,
-            layers,
-            stacks,
-            stacks_f16,
-            stacks_bf16,
-            qkv_bias,
-            final_norm: values.final_norm(gpu, cfg.hidden)?,
-            lm_head,
-            lm_head_f16,
-        })
+        if options.f16_lm_head {
+            self.lm_head_f16 =
+                Some(values.put(gpu, stager, len, f16_source.reader(half::<u16>))?);
+        }
+        if let Some(h) = head {
+            self.lm_head = Some(Table::put((gpu, stager), values, options.base, h, len)?);
+        }
+        self.embedding = Table::put((gpu, stager), values, options.base, embedding, len)?;
+        Ok(())
     }
 
     /// The LM head `[vocab, hidden]`: the embedding table where the
@@ -562,33 +678,102 @@ mod tests {
         };
         let model = BaseModel::init(&cfg, BaseWeights::Fp32, 3).unwrap();
         let [embedding, head] = end_draws(&cfg);
-        assert_eq!(model_tensor(&model, head).unwrap(), model.embedding);
-        assert_eq!(model_tensor(&model, embedding).unwrap(), model.embedding);
+        assert_eq!(model_slice(&model, head).unwrap(), &model.embedding[..]);
+        assert_eq!(
+            model_slice(&model, embedding).unwrap(),
+            &model.embedding[..]
+        );
         let (up, _) = projection_draws(&cfg, 1)[5];
-        assert_eq!(model_tensor(&model, up).unwrap(), model.layers[1].up.weight);
+        assert_eq!(
+            model_slice(&model, up).unwrap(),
+            &model.layers[1].up.weight[..]
+        );
         let short = Draw {
             len: up.len - 1,
             ..up
         };
-        assert!(model_tensor(&model, short).is_err());
+        assert!(model_slice(&model, short).is_err());
         let lora = Draw {
             id: TensorId::Lora { layer: 0, which: 0 },
             ..up
         };
-        assert!(model_tensor(&model, lora).is_err());
+        assert!(model_slice(&model, lora).is_err());
     }
 
-    /// The tiled transpose moves element (r, c) to (c, r), across tile
-    /// edges and for shapes that are not multiples of the tile.
+    /// Reads `fill` in ranges of `step` values, as the stager does.
+    fn read_in_steps<T: Default + Clone>(
+        len: usize,
+        step: usize,
+        fill: impl Fn(usize, &mut [T]),
+    ) -> Vec<T> {
+        let mut out = vec![T::default(); len];
+        for (k, chunk) in out.chunks_mut(step).enumerate() {
+            fill(k * step, chunk);
+        }
+        out
+    }
+
+    /// The transpose moves element (r, c) to (c, r), whatever ranges it is
+    /// read in, for shapes that are not multiples of anything.
     #[test]
-    fn transposed_f32_swaps_rows_and_columns() {
+    fn read_transposed_swaps_rows_and_columns() {
         let (rows, cols) = (37, 70);
         let w: Vec<f64> = (0..rows * cols).map(|i| i as f64).collect();
-        let t = transposed_f32(&w, rows, cols);
-        for r in 0..rows {
-            for c in 0..cols {
-                assert_eq!(t[c * rows + r], w[r * cols + c] as f32);
+        for step in [1, 64, 999, rows * cols] {
+            let t = read_in_steps(rows * cols, step, |s, o| {
+                read_transposed(&w, (rows, cols), s, o)
+            });
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(t[c * rows + r], w[r * cols + c] as f32, "step {step}");
+                }
             }
         }
+    }
+
+    /// A q/k/v stack reads its three parts in order (held or drawn where
+    /// read), then zeros, across
+    /// range boundaries (the staging buffer holds the last chunk's values
+    /// until they are overwritten).
+    #[test]
+    fn read_concat_reads_the_parts_then_zeros() {
+        let draw = Draw {
+            id: TensorId::Proj { layer: 0, which: 1 },
+            len: 5,
+            std: 1.0,
+        };
+        let parts: [Vec<f64>; 3] = [vec![1.0, 2.0], draw.values(3), vec![4.0, 5.0, 6.0]];
+        let stream = Source::Stream { seed: 3, draw };
+        let refs = [Source::Held(&parts[0]), stream, Source::Held(&parts[2])];
+        let want: Vec<f32> = parts
+            .concat()
+            .iter()
+            .map(|&v| v as f32)
+            .chain([0.0; 6])
+            .collect();
+        for step in [1, 3, 4, 16] {
+            let fill = |s, o: &mut [f32]| {
+                o.fill(f32::NAN);
+                concat_reader(refs, single)(s, o)
+            };
+            assert_eq!(read_in_steps(want.len(), step, fill), want, "step {step}");
+        }
+    }
+
+    /// A tensor read from its stream is the drawn tensor, converted.
+    #[test]
+    fn a_stream_reads_the_drawn_values() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let [embedding, _] = end_draws(&cfg);
+        let held = embedding.values(9);
+        let want: Vec<Bf16> = held.iter().map(|&v| half::<Bf16>(v)).collect();
+        let stream = Source::Stream {
+            seed: 9,
+            draw: embedding,
+        }
+        .reader(half::<Bf16>);
+        assert_eq!(read_in_steps(held.len(), 1000, &stream), want);
+        let from_held = Source::Held(&held).reader(half::<Bf16>);
+        assert_eq!(read_in_steps(held.len(), 777, &from_held), want);
     }
 }
