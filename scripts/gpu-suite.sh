@@ -64,13 +64,13 @@ nextest() {
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 [ "${gpus:-0}" -ge 1 ] || gpus=1
 sed -e "s/^gpu = { max-threads = 1 }/gpu = { max-threads = $gpus }/" \
-  -e "s/^gpu-shared = { max-threads = 4 }/gpu-shared = { max-threads = $((4 * gpus)) }/" \
+  -e "s/^gpu-shared = { max-threads = 8 }/gpu-shared = { max-threads = $((8 * gpus)) }/" \
   .config/nextest.toml > .gpu/nextest.toml
-grep -q "^gpu-shared = { max-threads = $((4 * gpus)) }" .gpu/nextest.toml || {
+grep -q "^gpu-shared = { max-threads = $((8 * gpus)) }" .gpu/nextest.toml || {
   echo "scripts/gpu-suite.sh: .config/nextest.toml's test groups are not the ones this script scales" >&2
   exit 2
 }
-note "GPUs: $gpus (gpu test group max-threads; gpu-shared $((4 * gpus)))"
+note "GPUs: $gpus (gpu test group max-threads; gpu-shared $((8 * gpus)))"
 partition=()
 [ -n "$shard" ] && partition=(--partition "$shard")
 junit() { cp target/nextest/ci/junit.xml "$work/junit-$1.xml" 2>/dev/null; }
