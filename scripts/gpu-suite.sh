@@ -13,7 +13,7 @@
 # the two runs of this part need two 10-minute device calls, or one shard each):
 # 1. the contract suite through cargo-nextest, twice, one process per trial,
 #    cuda trials that need a GPU alone one at a time on the host (the `gpu`
-#    test group), the others four per GPU (`gpu-shared`; slot modulo GPUs is
+#    test group), the others eight per GPU (`gpu-shared`; slot modulo GPUs is
 #    the device); with hash:K/N, only that
 #    shard (merge the shards' reports with `falsify report --merge`);
 #    scripts/compare-verdicts.py says whether the two runs gave the same verdicts;
