@@ -462,6 +462,7 @@ impl BaseDevice {
         }
         let stager = &mut Stager::new();
         let mut base = BaseDevice {
+            // Empty until `put_ends` uploads it, after the layers.
             embedding: Table::F32(gpu.zeros(0)?),
             layers: Vec::with_capacity(cfg.layers),
             stacks: Vec::new(),
@@ -505,21 +506,10 @@ impl BaseDevice {
             .collect::<Result<Vec<_>>>()?;
         let stacked = |which: usize| base != BaseWeights::Nf4 && which < 3;
         if base != BaseWeights::Nf4 {
-            // q, k, v (draws 0..3) in order, then zeros for the A rows.
-            let len = draws[..3].iter().map(|(d, _)| d.len).sum::<usize>()
-                + 2 * cfg.lora_rank * cfg.hidden;
+            // The draws' lengths: with zeros, the sources hold none.
+            let qkv_len = draws[..3].iter().map(|(d, _)| d.len).sum::<usize>();
             let qkv = [sources[0], sources[1], sources[2]];
-            if base == BaseWeights::Bf16 {
-                let rows = concat_reader(qkv, half::<Bf16>);
-                self.stacks_bf16.push(values.put(gpu, stager, len, rows)?);
-            } else {
-                if options.f16_projections {
-                    let rows = concat_reader(qkv, half::<u16>);
-                    self.stacks_f16.push(values.put(gpu, stager, len, rows)?);
-                }
-                self.stacks
-                    .push(values.put(gpu, stager, len, concat_reader(qkv, single))?);
-            }
+            self.push_stack((gpu, stager), cfg, options, values, (qkv, qkv_len))?;
         }
         // Projection order q, k, v, o, gate, up, down: the fault's source.
         let (gate, up) = (4, 5);
@@ -545,6 +535,32 @@ impl BaseDevice {
         })?);
         let bias_len = cfg.q_dim() + 2 * cfg.kv_dim();
         self.qkv_bias.push(values.qkv_bias(gpu, layer, bias_len)?);
+        Ok(())
+    }
+
+    /// A layer's q/k/v stack: `qkv` (q, k, v in order, `qkv_len` values),
+    /// then zeros for the LoRA A rows; bf16 for a bf16 base, else f32 and,
+    /// with `f16_projections`, an f16 copy.
+    fn push_stack(
+        &mut self,
+        (gpu, stager): (&mut GpuContext, &mut Stager),
+        cfg: &ModelConfig,
+        options: &GpuTrainOptions,
+        values: Values,
+        (qkv, qkv_len): ([Source; 3], usize),
+    ) -> Result<()> {
+        let len = qkv_len + 2 * cfg.lora_rank * cfg.hidden;
+        if options.base == BaseWeights::Bf16 {
+            let rows = concat_reader(qkv, half::<Bf16>);
+            self.stacks_bf16.push(values.put(gpu, stager, len, rows)?);
+            return Ok(());
+        }
+        if options.f16_projections {
+            let rows = concat_reader(qkv, half::<u16>);
+            self.stacks_f16.push(values.put(gpu, stager, len, rows)?);
+        }
+        let rows = concat_reader(qkv, single);
+        self.stacks.push(values.put(gpu, stager, len, rows)?);
         Ok(())
     }
 
