@@ -40,6 +40,26 @@ pub const STEP_MODE_BOUND: &[Piece] = &[
     OneOf(&["f32", "f16"]),
 ];
 
+/// Most tokens per step or GEMM (`batch x seq_len`) a timing kind takes,
+/// 2^20: 256x the presets' largest; the device memory decides below that.
+pub const MAX_TIMED_TOKENS: usize = 1 << 20;
+
+/// `batch` of a timing kind: the preset's, or this many samples.
+pub const TIMED_BATCH_DOC: ParamDoc = ParamDoc {
+    name: "batch",
+    default: ParamDefault::Otherwise("the preset's"),
+    bound: &[Text("`batch x seq_len` at most "), Int(MAX_TIMED_TOKENS)],
+    meaning: "overrides the preset's batch",
+};
+
+/// `seq_len` of a timing kind: the preset's, or this many tokens a sample.
+pub const TIMED_SEQ_LEN_DOC: ParamDoc = ParamDoc {
+    name: "seq_len",
+    default: ParamDefault::Otherwise("the preset's"),
+    bound: &[Text("`batch x seq_len` at most "), Int(MAX_TIMED_TOKENS)],
+    meaning: "overrides the preset's sequence length",
+};
+
 /// The bound of a `model`: any preset.
 pub const MODEL_BOUND: &[Piece] = &[Text("a preset: "), ANY_PRESET];
 

@@ -24,7 +24,8 @@ use serde::de;
 use serde::Deserialize;
 
 use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
-use super::doc::{DEFAULT_STEP_MODE, MODEL_BOUND, STEP_MODE_BOUND};
+use super::doc::{DEFAULT_STEP_MODE, MAX_TIMED_TOKENS, MODEL_BOUND, STEP_MODE_BOUND};
+use super::doc::{TIMED_BATCH_DOC, TIMED_SEQ_LEN_DOC};
 
 use super::params::{at_most, Count, ModelName, Positive, StepMode};
 use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
@@ -163,9 +164,6 @@ pub const MAX_WARMUP: usize = 100;
 /// Most timed steps (the shipped checks time 20 or 30): 1,000 steps of the
 /// largest shipped model stay well inside the trial's timeout.
 pub const MAX_REPEATS: usize = 1_000;
-/// Most tokens per step (`batch x seq_len`), 2^20: 256 x the presets'
-/// largest batch; the device memory decides below that.
-pub const MAX_TOKENS: usize = 1 << 20;
 
 fn default_warmup() -> Count {
     Count(3)
@@ -183,18 +181,8 @@ pub const PARAMS: &[ParamDoc] = &[
         bound: MODEL_BOUND,
         meaning: "the preset trained",
     },
-    ParamDoc {
-        name: "batch",
-        default: Otherwise("the preset's"),
-        bound: &[Text("`batch x seq_len` at most "), Int(MAX_TOKENS)],
-        meaning: "overrides the preset's batch",
-    },
-    ParamDoc {
-        name: "seq_len",
-        default: Otherwise("the preset's"),
-        bound: &[Text("`batch x seq_len` at most "), Int(MAX_TOKENS)],
-        meaning: "overrides the preset's sequence length",
-    },
+    TIMED_BATCH_DOC,
+    TIMED_SEQ_LEN_DOC,
     ParamDoc {
         name: "mode",
         default: Yaml(DEFAULT_STEP_MODE),
@@ -240,7 +228,7 @@ impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {
         check_timed_steps(self.warmup, self.repeats)?;
         let tokens = self.model.tokens(self.batch, self.seq_len);
-        at_most("batch x seq_len", tokens, MAX_TOKENS)?;
+        at_most("batch x seq_len", tokens, MAX_TIMED_TOKENS)?;
         self.model.check_sized(self.batch, self.seq_len)
     }
 }

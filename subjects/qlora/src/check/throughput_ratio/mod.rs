@@ -8,7 +8,8 @@ mod train_step;
 use serde::Deserialize;
 
 use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
-use super::doc::{DEFAULT_STEP_MODE, MODEL_BOUND, STEP_MODE_BOUND};
+use super::doc::{DEFAULT_STEP_MODE, MAX_TIMED_TOKENS, MODEL_BOUND, STEP_MODE_BOUND};
+use super::doc::{TIMED_BATCH_DOC, TIMED_SEQ_LEN_DOC};
 
 use super::op::{throughput_kernels, ThroughputKernel};
 use super::params::{at_most, Count, ModelName, Positive, StepMode};
@@ -62,7 +63,7 @@ pub struct Params {
     pub subject: Subject,
     pub model: ModelName,
     /// Overrides the preset's batch; `batch x seq_len` is at most
-    /// [`MAX_TOKENS`].
+    /// [`MAX_TIMED_TOKENS`].
     #[serde(default)]
     pub batch: Option<Count>,
     /// Overrides the preset's sequence length.
@@ -93,9 +94,6 @@ pub const MAX_WARMUP: usize = 100;
 /// for any interval, few enough that alternated steps of the largest
 /// shipped model finish in about a minute.
 pub const MAX_REPEATS: usize = 1_000;
-/// Most tokens per step or GEMM (`batch x seq_len`), 2^20: 256x the
-/// presets' largest; the device memory decides below that.
-pub const MAX_TOKENS: usize = 1 << 20;
 
 fn default_subject() -> Subject {
     Subject::TrainStep
@@ -129,18 +127,8 @@ pub const PARAMS: &[ParamDoc] = &[
         bound: MODEL_BOUND,
         meaning: "the preset whose step or shapes are timed",
     },
-    ParamDoc {
-        name: "batch",
-        default: Otherwise("the preset's"),
-        bound: &[Text("`batch x seq_len` at most "), Int(MAX_TOKENS)],
-        meaning: "overrides the preset's batch",
-    },
-    ParamDoc {
-        name: "seq_len",
-        default: Otherwise("the preset's"),
-        bound: &[Text("`batch x seq_len` at most "), Int(MAX_TOKENS)],
-        meaning: "overrides the preset's sequence length",
-    },
+    TIMED_BATCH_DOC,
+    TIMED_SEQ_LEN_DOC,
     ParamDoc {
         name: "baseline",
         default: Yaml(DEFAULT_STEP_MODE),
@@ -195,7 +183,7 @@ impl Validate for Params {
         check_cap(self.repeats.0, self.max_repeats.map(|c| c.0), MAX_REPEATS)?;
         at_most("warmup", self.warmup.0, MAX_WARMUP)?;
         let tokens = self.model.tokens(self.batch, self.seq_len);
-        at_most("batch x seq_len", tokens, MAX_TOKENS)?;
+        at_most("batch x seq_len", tokens, MAX_TIMED_TOKENS)?;
         self.model.check_sized(self.batch, self.seq_len)
     }
 }
