@@ -8,8 +8,6 @@
 //! that aborts or sleeps for one chosen trial and runs the real `falsify`
 //! trial process for the others.
 
-// The harness core's test rows, shared rather than copied.
-#[path = "../core/tests/common/mod.rs"]
 mod common;
 mod procs;
 

@@ -5,8 +5,6 @@
 //! either; a falsified trial not marked known regresses, with or without a
 //! baseline row. Old reports (no such column) still read.
 
-// The harness core's test rows, shared rather than copied.
-#[path = "../core/tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};

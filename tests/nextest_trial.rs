@@ -10,8 +10,6 @@
 //! `falsify report --merge`, give the verdicts of one unsplit `cargo test`
 //! run of the same contracts.
 
-// The harness core's test rows, shared rather than copied.
-#[path = "../core/tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -1,5 +1,4 @@
-//! Shared by the integration tests that write or read reports (the core's
-//! and, by path, the front end's): rows with
+//! Shared by the integration tests that write or read reports: rows with
 //! every column filled (and a detail with the characters CSV must quote),
 //! and the lookup of a trial's row.
 
