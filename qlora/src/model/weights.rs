@@ -372,9 +372,6 @@ impl BaseModel {
 mod tests {
     use super::*;
 
-    /// A bf16 base holds every projection, the embedding and the head as
-    /// bf16 values: each is its own bf16 rounding, within half a bf16 step
-    /// (at most 2^-8 of its magnitude) of the fp32 model's.
     /// The chunked draw is the sequential draw of the same stream, value
     /// for value, across chunk boundaries and in a last, short chunk.
     #[test]
@@ -394,6 +391,9 @@ mod tests {
         assert_eq!(tail, want);
     }
 
+    /// A bf16 base holds every projection, the embedding and the head as
+    /// bf16 values: each is its own bf16 rounding, within half a bf16 step
+    /// (at most 2^-8 of its magnitude) of the fp32 model's.
     #[test]
     fn a_bf16_base_holds_bf16_values() {
         let c = ModelConfig::preset("tiny").unwrap();
