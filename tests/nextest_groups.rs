@@ -17,26 +17,69 @@ use toml_edit::DocumentMut;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// The `test(/regex/)` patterns of the override that puts contract trials
-/// in the `gpu` group.
-fn alone_patterns() -> Vec<Regex> {
+/// The overrides of the default profile in `.config/nextest.toml`.
+fn overrides() -> Vec<toml_edit::Table> {
     let text = std::fs::read_to_string(Path::new(ROOT).join(".config/nextest.toml"))
         .expect("reads .config/nextest.toml");
     let doc: DocumentMut = text.parse().expect(".config/nextest.toml is TOML");
-    let overrides = doc["profile"]["default"]["overrides"]
+    doc["profile"]["default"]["overrides"]
         .as_array_of_tables()
-        .expect("the default profile has overrides");
+        .expect("the default profile has overrides")
+        .iter()
+        .cloned()
+        .collect()
+}
+
+/// Whether an override puts contract trials in the `gpu` group.
+fn puts_contract_trials_alone(o: &toml_edit::Table) -> bool {
+    o.get("test-group").and_then(|g| g.as_str()) == Some("gpu")
+        && o.get("filter")
+            .and_then(|f| f.as_str())
+            .is_some_and(|f| f.contains("binary_id(falsify::contracts)"))
+}
+
+/// The `test(/regex/)` patterns of the override that puts contract trials
+/// in the `gpu` group.
+fn alone_patterns() -> Vec<Regex> {
+    let overrides = overrides();
     let filter = overrides
         .iter()
-        .filter(|o| o.get("test-group").and_then(|g| g.as_str()) == Some("gpu"))
-        .filter_map(|o| o.get("filter").and_then(|f| f.as_str()))
-        .find(|f| f.contains("binary_id(falsify::contracts)"))
+        .find(|o| puts_contract_trials_alone(o))
+        .and_then(|o| o.get("filter").and_then(|f| f.as_str()))
         .expect("an override puts contract trials in the `gpu` group");
     let between = Regex::new(r"test\(/(.*?)/\)").expect("a valid pattern");
     between
         .captures_iter(filter)
         .map(|c| Regex::new(&c[1]).expect("the filter's patterns are valid regexes"))
         .collect()
+}
+
+/// The trials that need the GPU alone start before every other test: nextest
+/// starts one only when every running test has finished, so one met among the
+/// shared trials idles the host while they drain.
+#[test]
+fn the_trials_run_alone_come_first() {
+    let priority = |o: &toml_edit::Table| {
+        o.get("priority")
+            .and_then(|p| p.as_integer())
+            .unwrap_or_default()
+    };
+    let overrides = overrides();
+    let alone = overrides
+        .iter()
+        .find(|o| puts_contract_trials_alone(o))
+        .map(priority)
+        .expect("an override puts contract trials in the `gpu` group");
+    let others: Vec<i64> = overrides
+        .iter()
+        .filter(|o| !puts_contract_trials_alone(o))
+        .map(priority)
+        .collect();
+    assert!(
+        others.iter().all(|&p| p < alone),
+        "the `gpu` override's priority {alone} does not outrank the others' {others:?} \
+         (the default is 0)"
+    );
 }
 
 #[test]

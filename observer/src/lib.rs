@@ -50,7 +50,7 @@ pub use error::ObserverError;
 pub use event::{CaptureState, CuResult, Direction, Event, EventKind, Memory, Origin, SyncOn};
 pub use image::{ImageFormat, ModuleImage};
 pub use inject::{Action, InjectedCall, Injection, InjectionReport, SyncScope};
-pub use library::CuptiLibrary;
+pub use library::{driver_present, CuptiLibrary};
 pub use observer::DriverObserver;
 pub use recording::{Capture, Recording, RecordingBuilder, StepSpan, StepSyncs, TargetMismatch};
 pub use sm::Sm;

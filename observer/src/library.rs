@@ -42,6 +42,22 @@ fn open(name: &str) -> Option<libloading::Library> {
     unsafe { libloading::Library::new(name) }.ok()
 }
 
+/// Whether the CUDA driver library loads here, by cudarc's names for it.
+/// What loads stays loaded for the life of the process: cudarc's own loader
+/// then finds the library mapped already. cudarc's `is_culib_present` drops
+/// its handle, which unmaps the library, so the first driver call maps and
+/// relocates it all over again.
+pub fn driver_present() -> bool {
+    ["cuda", "nvcuda"]
+        .iter()
+        .flat_map(|name| cudarc::get_lib_name_candidates(name))
+        .find_map(|name| open(&name))
+        // Forgetting the handle keeps the library mapped; cudarc holds its
+        // own handle to it for the life of the process anyway.
+        .map(std::mem::forget)
+        .is_some()
+}
+
 fn open_first(names: &[String]) -> Option<(libloading::Library, String)> {
     names
         .iter()

@@ -27,9 +27,7 @@ impl DriverObserver {
     /// reason to skip the trial (`CUPTI not found (tried ...)`).
     pub fn attach() -> Result<Self, ObserverError> {
         let library = library::load()?;
-        // SAFETY: tries to open the driver library by its names; no
-        // preconditions.
-        let driver = unsafe { cudarc::driver::sys::is_culib_present() };
+        let driver = crate::library::driver_present();
         let subscription = Subscription::new(driver)?;
         log::debug!("CUPTI attached from {}", library.path.display());
         Ok(Self {

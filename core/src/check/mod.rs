@@ -120,9 +120,6 @@ pub fn unknown_kind<E: de::Error>(name: &str, kinds: &[KindInfo]) -> E {
     ))
 }
 
-/// Whether a CUDA driver library can be loaded here. Never panics.
-pub fn driver_present() -> bool {
-    // SAFETY: `is_culib_present` only tries to dlopen the driver library and
-    // reports whether that worked; it touches no CUDA state.
-    unsafe { cudarc::driver::sys::is_culib_present() }
-}
+/// Whether a CUDA driver library can be loaded here (and, if so, loaded and
+/// kept). Never panics.
+pub use falsify_observer::driver_present;

@@ -2,7 +2,7 @@
 //! the kernel cache and the device facts every report row records.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
@@ -17,21 +17,38 @@ use crate::faults::Faults;
 
 /// Whether a CUDA driver library can be loaded on this machine. Never panics.
 pub fn driver_present() -> bool {
-    // SAFETY: `is_culib_present` only tries to dlopen the driver library and
-    // reports whether that worked; it touches no CUDA state.
-    unsafe { sys::is_culib_present() }
+    library_loads(&["cuda", "nvcuda"])
 }
 
 /// Whether the NVRTC library can be loaded on this machine. Never panics.
 pub fn nvrtc_present() -> bool {
-    // SAFETY: only tries to dlopen libnvrtc and reports whether that worked.
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+    library_loads(&["nvrtc"])
 }
 
 /// Whether the cuBLAS library can be loaded on this machine. Never panics.
 pub fn cublas_present() -> bool {
-    // SAFETY: only tries to dlopen libcublas and reports whether that worked.
-    unsafe { cudarc::cublas::sys::is_culib_present() }
+    library_loads(&["cublas"])
+}
+
+/// Whether one of cudarc's file names for a library of `names` loads here.
+/// What loads stays loaded for the life of the process, so cudarc's own
+/// loader finds it mapped already. cudarc's `is_culib_present` drops its
+/// handle, which unmaps the library, and the first real call then maps and
+/// relocates it all over again.
+fn library_loads(names: &[&str]) -> bool {
+    names
+        .iter()
+        .flat_map(|name| cudarc::get_lib_name_candidates(name))
+        .find_map(|file| {
+            // SAFETY: loading runs the library's initialisers, which have no
+            // preconditions on the caller; these are the files cudarc itself
+            // loads, by the same names.
+            unsafe { libloading::Library::new(file) }.ok()
+        })
+        // Forgetting the handle keeps the library mapped; cudarc holds its
+        // own handle to it for the life of the process anyway.
+        .map(std::mem::forget)
+        .is_some()
 }
 
 /// Math mode of the cuBLAS GEMMs of one direction.
@@ -161,7 +178,9 @@ pub fn to_i32(op: &'static str, what: &str, v: usize) -> Result<i32> {
 pub struct GpuContext {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    blas: CudaBlas,
+    /// Created on first use: loading cuBLAS and creating its handle is a
+    /// large part of a short process's start, and many never run a GEMM.
+    blas: OnceLock<CudaBlas>,
     cache: KernelCache,
     facts: DeviceFacts,
     options: GpuOptions,
@@ -201,9 +220,6 @@ impl GpuContext {
         if !driver_present() {
             return Err(Error::CudaUnavailable("no CUDA driver".into()));
         }
-        if !cublas_present() {
-            return Err(Error::CudaUnavailable("no cuBLAS library".into()));
-        }
         let nvrtc_start = super::cache::start_nvrtc();
         let ctx = CudaContext::new(options.ordinal)?;
         // SAFETY: called before any stream exists. Event tracking makes stream
@@ -211,7 +227,6 @@ impl GpuContext {
         // on a single stream ourselves.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
-        let blas = CudaBlas::new(stream.clone())?;
         let (major, minor) = ctx.compute_capability()?;
         let sm_count =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
@@ -228,7 +243,7 @@ impl GpuContext {
         Ok(GpuContext {
             ctx,
             stream,
-            blas,
+            blas: OnceLock::new(),
             cache: KernelCache::new(options.kernel_cache_dir.clone()).with_nvrtc_start(nvrtc_start),
             facts,
             options,
@@ -258,9 +273,18 @@ impl GpuContext {
         &self.stream
     }
 
-    /// The cuBLAS handle, bound to the work stream.
-    pub fn cublas(&self) -> &CudaBlas {
-        &self.blas
+    /// The cuBLAS handle, bound to the work stream; created on the first
+    /// call. Creating it allocates device memory, which a stream capture
+    /// forbids: code that captures calls this before it begins.
+    pub fn cublas(&self) -> Result<&CudaBlas> {
+        if let Some(blas) = self.blas.get() {
+            return Ok(blas);
+        }
+        if !cublas_present() {
+            return Err(Error::CudaUnavailable("no cuBLAS library".into()));
+        }
+        let blas = CudaBlas::new(self.stream.clone())?;
+        Ok(self.blas.get_or_init(|| blas))
     }
 
     /// The kernel `symbol` of module `module`, loading the module on first

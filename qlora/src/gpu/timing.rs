@@ -55,6 +55,8 @@ pub fn capture(
     mut body: impl FnMut(&mut GpuContext, usize) -> Result<()>,
 ) -> Result<CudaGraph> {
     gpu.synchronize()?;
+    // cuBLAS's handle is created outside the capture (it allocates).
+    gpu.cublas()?;
     gpu.stream()
         .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
     let mut outcome = Ok(());

@@ -352,7 +352,7 @@ fn cublas_gemm(
             } else {
                 math
             };
-            let blas = gpu.cublas();
+            let blas = gpu.cublas()?;
             with_math_mode(blas, math, || {
                 // SAFETY: `spec.check` proved a, b, c hold m*k, k*n, m*n f32
                 // values; with the leading dimensions above cuBLAS reads
@@ -436,7 +436,7 @@ pub(crate) fn gemm_ex_half<H: HalfFloat, C: GemmOut>(
     second: &impl DevicePtr<H>,
     c: &mut impl DevicePtrMut<C>,
 ) -> Result<()> {
-    let (blas, stream) = (gpu.cublas(), gpu.stream());
+    let (blas, stream) = (gpu.cublas()?, gpu.stream());
     let compute = if gpu.faults().gemm_without_tensor_ops {
         cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC
     } else {

@@ -107,7 +107,7 @@ pub fn gemm_blocks(
     cfg.lda = crate::gpu::to_i32("gemm", "ld of b", b.ld)?;
     cfg.ldb = crate::gpu::to_i32("gemm", "ld of a", a.ld)?;
     cfg.ldc = crate::gpu::to_i32("gemm", "ld of c", c.ld)?;
-    let blas = gpu.cublas();
+    let blas = gpu.cublas()?;
     let (av, bv) = (a.buf.slice(a.offset..), b.buf.slice(b.offset..));
     let mut cv = c.buf.slice_mut(c.offset..);
     with_math_mode(blas, math, || {

@@ -634,6 +634,8 @@ impl GpuTrainer {
     /// Captures one whole step into a graph. A failed capture still leaves
     /// the stream out of capture mode.
     fn capture(&mut self, gpu: &mut GpuContext) -> Result<CudaGraph> {
+        // cuBLAS's handle is created outside the capture (it allocates).
+        gpu.cublas()?;
         gpu.stream()
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
         self.sync.capturing = true;

@@ -550,7 +550,7 @@ impl CublasWorkspace {
     /// Allocates the buffer and hands it to the context's cuBLAS handle.
     pub fn new(gpu: &GpuContext) -> Result<Self> {
         let mut buf = gpu.zeros::<u8>(CUBLAS_WORKSPACE_BYTES)?;
-        let handle = *gpu.cublas().handle();
+        let handle = *gpu.cublas()?.handle();
         let stream = gpu.stream().cu_stream();
         let ptr = {
             let (ptr, _sync) = buf.device_ptr_mut(gpu.stream());

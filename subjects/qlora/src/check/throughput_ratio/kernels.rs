@@ -200,7 +200,7 @@ fn raw_linear(
     // Column-major, W (ld in) transposed is out x in, x (ld in) is in x rows,
     // y (ld out) is out x rows: cuBLAS reads and writes exactly those
     // elements; beta = 0, so y's prior contents are unread.
-    unsafe { gpu.cublas().gemm(cfg, w, x, y) }?;
+    unsafe { gpu.cublas()?.gemm(cfg, w, x, y) }?;
     Ok(())
 }
 
@@ -208,7 +208,7 @@ fn raw_linear(
 fn set_math(gpu: &GpuContext, mode: cublasMath_t) -> qlora::Result<()> {
     // SAFETY: the handle is the context's live cuBLAS handle; setting the math
     // mode only changes a field of it.
-    unsafe { blas_sys::cublasSetMathMode(*gpu.cublas().handle(), mode) }.result()?;
+    unsafe { blas_sys::cublasSetMathMode(*gpu.cublas()?.handle(), mode) }.result()?;
     Ok(())
 }
 
