@@ -200,9 +200,9 @@ fn compiled<T>(
 /// pays it on every thread at once. [`super::GpuContext::new`] starts it
 /// while the driver creates the context, so the two overlap. The result is
 /// not needed: the real compilations report any error themselves.
-pub fn start_nvrtc() -> Option<JoinHandle<()>> {
+pub fn start_nvrtc() -> NvrtcStart {
     if !nvrtc_present() {
-        return None;
+        return NvrtcStart::default();
     }
     let warm_up = || {
         let empty = ModuleSource {
@@ -213,10 +213,34 @@ pub fn start_nvrtc() -> Option<JoinHandle<()>> {
         };
         let _ = compile_cubin(&empty, "sm_75");
     };
-    std::thread::Builder::new()
-        .name("nvrtc-start".into())
-        .spawn(warm_up)
-        .ok()
+    NvrtcStart(
+        std::thread::Builder::new()
+            .name("nvrtc-start".into())
+            .spawn(warm_up)
+            .ok(),
+    )
+}
+
+/// The thread [`start_nvrtc`] started. Waited for before the first
+/// compilation, and at the latest when dropped: the process must not exit
+/// while NVRTC is still starting on it.
+#[derive(Default)]
+pub struct NvrtcStart(Option<JoinHandle<()>>);
+
+impl NvrtcStart {
+    /// Waits for the start-up to end, once; a panicked start-up only means
+    /// the compilations start NVRTC themselves.
+    fn wait(&mut self) {
+        if let Some(thread) = self.0.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for NvrtcStart {
+    fn drop(&mut self) {
+        self.wait();
+    }
 }
 
 /// NVRTC's (major, minor) version.
@@ -394,8 +418,9 @@ pub struct KernelCache {
     disk: Option<DiskCache>,
     /// NVRTC's version, read on first need: part of every entry's key.
     nvrtc: Option<(i32, i32)>,
-    /// The thread [`start_nvrtc`] started, joined before the first compilation.
-    nvrtc_start: Option<JoinHandle<()>>,
+    /// The thread [`start_nvrtc`] started, waited for before the first
+    /// compilation.
+    nvrtc_start: NvrtcStart,
 }
 
 impl KernelCache {
@@ -408,7 +433,7 @@ impl KernelCache {
     }
 
     /// This cache, with NVRTC being started by `started` (see [`start_nvrtc`]).
-    pub fn with_nvrtc_start(mut self, started: Option<JoinHandle<()>>) -> Self {
+    pub fn with_nvrtc_start(mut self, started: NvrtcStart) -> Self {
         self.nvrtc_start = started;
         self
     }
@@ -420,7 +445,7 @@ impl KernelCache {
         *self = KernelCache {
             disk: dir,
             nvrtc: self.nvrtc,
-            nvrtc_start: self.nvrtc_start.take(),
+            nvrtc_start: std::mem::take(&mut self.nvrtc_start),
             ..KernelCache::default()
         };
     }
@@ -513,15 +538,21 @@ impl KernelCache {
         if missing.is_empty() {
             return Ok(());
         }
-        if let Some(start) = self.nvrtc_start.take() {
-            // Waiting here keeps the start-up inside whatever times this
-            // call when it has not finished yet; a panicked start-up only
-            // means the compilations below start NVRTC themselves.
-            let _ = start.join();
-        }
         let mut wanted = Vec::with_capacity(missing.len());
         for source in &missing {
             wanted.push(self.entry_header(source.name, target.arch)?);
+        }
+        let disk_holds_all = self.disk.as_ref().is_some_and(|disk| {
+            missing
+                .iter()
+                .zip(&wanted)
+                .all(|(source, header)| disk.holds(source.name, header))
+        });
+        if !disk_holds_all {
+            // Waiting here keeps the start-up inside whatever times this
+            // call when it has not finished yet. Where the disk holds every
+            // module, nothing here needs NVRTC: no reason to wait.
+            self.nvrtc_start.wait();
         }
         let device = target.facts.sm_arch();
         let fetched = fetch_all(

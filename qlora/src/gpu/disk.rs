@@ -334,6 +334,12 @@ impl DiskCache {
         self.dir.join(header.file_name(module))
     }
 
+    /// Whether there is an entry file for `module` under `header` (valid or
+    /// not: [`DiskCache::read`] and its caller decide that).
+    pub fn holds(&self, module: &str, header: &EntryHeader) -> bool {
+        self.path(module, header).is_file()
+    }
+
     /// The entry file's bytes, or `None` when there is none.
     pub fn read(&self, module: &str, header: &EntryHeader) -> Result<Option<Vec<u8>>> {
         let path = self.path(module, header);
@@ -567,7 +573,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = DiskCache::new(dir.path().join("nested").join("cache"));
         assert_eq!(cache.read("rope", &header()).unwrap(), None);
+        assert!(!cache.holds("rope", &header()));
         cache.write("rope", &header(), b"payload").unwrap();
+        assert!(cache.holds("rope", &header()));
         let bytes = cache.read("rope", &header()).unwrap().unwrap();
         assert_eq!(decode(&bytes, &header()), Ok(&b"payload"[..]));
         // Another key has another file: nothing to read.
@@ -576,6 +584,7 @@ mod tests {
             ..header()
         };
         assert_eq!(cache.read("rope", &other).unwrap(), None);
+        assert!(!cache.holds("rope", &other));
         // Rewriting replaces the entry whole and leaves no temporary file.
         cache.write("rope", &header(), b"second").unwrap();
         let bytes = cache.read("rope", &header()).unwrap().unwrap();
