@@ -12,9 +12,10 @@
 # 370 s on one H100 and 243 s on two H200s at commit c0d8c57; with one GPU
 # the two runs of this part need two 10-minute device calls, or one shard each):
 # 1. the contract suite through cargo-nextest, twice, one process per trial,
-#    cuda trials that need a GPU alone one at a time on the host (the `gpu`
-#    test group), the others eight per GPU (`gpu-shared`; slot modulo GPUs is
-#    the device); with hash:K/N, only that
+#    cuda trials that need a GPU alone one at a time on one GPU (the `gpu`
+#    test group; on a host of several, one per GPU but the last, those that
+#    need the whole host alone on it), the others eight at a time on the
+#    last GPU (`gpu-shared`); with hash:K/N, only that
 #    shard (merge the shards' reports with `falsify report --merge`);
 #    scripts/compare-verdicts.py says whether the two runs gave the same verdicts;
 # 2. the GPU-only integration tests (fault isolation, out of memory, training
@@ -60,17 +61,25 @@ nextest() {
   .gpu/cargo-nextest nextest "$1" --archive-file .gpu/falsify.tar.zst --workspace-remap . \
     --extract-to "$extracted" --extract-overwrite "${@:2}"
 }
-# One slot of the `gpu` test group per GPU of this host.
+# On a host of several GPUs: a slot of the `gpu` test group for every GPU
+# but the last, which the shared trials keep, and the trials that need one
+# GPU alone on one thread each (the override line marked `# one GPU alone`),
+# so each times its own GPU while the others work. One GPU: as committed.
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 [ "${gpus:-0}" -ge 1 ] || gpus=1
-sed -e "s/^gpu = { max-threads = 1 }/gpu = { max-threads = $gpus }/" \
-  -e "s/^gpu-shared = { max-threads = 8 }/gpu-shared = { max-threads = $((8 * gpus)) }/" \
-  .config/nextest.toml > .gpu/nextest.toml
-grep -q "^gpu-shared = { max-threads = $((8 * gpus)) }" .gpu/nextest.toml || {
-  echo "scripts/gpu-suite.sh: .config/nextest.toml's test groups are not the ones this script scales" >&2
-  exit 2
-}
-note "GPUs: $gpus (gpu test group max-threads; gpu-shared $((8 * gpus)))"
+if [ "$gpus" -gt 1 ]; then
+  sed -e "s/^gpu = { max-threads = 1 }/gpu = { max-threads = $((gpus - 1)) }/" \
+    -e "s/^threads-required = 'num-test-threads' # one GPU alone$/threads-required = 1/" \
+    .config/nextest.toml > .gpu/nextest.toml
+  grep -q "^gpu = { max-threads = $((gpus - 1)) }" .gpu/nextest.toml \
+    && grep -q "^threads-required = 1$" .gpu/nextest.toml || {
+    echo "scripts/gpu-suite.sh: .config/nextest.toml's test groups are not the ones this script scales" >&2
+    exit 2
+  }
+else
+  cp .config/nextest.toml .gpu/nextest.toml
+fi
+note "GPUs: $gpus (the gpu test group on all but the last when several; gpu-shared on the last)"
 partition=()
 [ -n "$shard" ] && partition=(--partition "$shard")
 junit() { cp target/nextest/ci/junit.xml "$work/junit-$1.xml" 2>/dev/null; }

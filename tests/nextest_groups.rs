@@ -1,10 +1,12 @@
 //! `.config/nextest.toml` states which cuda trials have the GPU to
 //! themselves (the `gpu` group, run alone) and lets every other one share a
-//! GPU (`gpu-shared`). The rule lives in that file, as a list of test-name
-//! patterns; this test holds the list to the checks themselves: a cuda trial
-//! of the shipped contracts matches the list exactly when its check
-//! `needs_the_gpu_alone`. A timed trial added to a contract without a line
-//! in the file fails here, not as a noisy timing on the GPU.
+//! GPU (`gpu-shared`). The rule lives in that file, as lists of test-name
+//! patterns in two overrides: the trials that need the whole host alone and
+//! those that need one GPU alone (the one `scripts/gpu-suite.sh` lets run
+//! beside others on a host of several GPUs). This test holds the lists to
+//! the checks themselves (`needs_the_gpu_alone`, `needs_the_whole_host`). A
+//! timed trial added to a contract without a line in the file fails here,
+//! not as a noisy timing on the GPU.
 
 use std::path::Path;
 
@@ -38,19 +40,41 @@ fn puts_contract_trials_alone(o: &toml_edit::Table) -> bool {
             .is_some_and(|f| f.contains("binary_id(falsify::contracts)"))
 }
 
-/// The `test(/regex/)` patterns of the override that puts contract trials
-/// in the `gpu` group.
-fn alone_patterns() -> Vec<Regex> {
-    let overrides = overrides();
-    let filter = overrides
-        .iter()
-        .find(|o| puts_contract_trials_alone(o))
-        .and_then(|o| o.get("filter").and_then(|f| f.as_str()))
-        .expect("an override puts contract trials in the `gpu` group");
+/// Whether an override is the one whose `threads-required` line
+/// `scripts/gpu-suite.sh` rewrites on a host of several GPUs: the trials
+/// that need one GPU, not the host, alone.
+fn is_one_gpu_alone(o: &toml_edit::Table) -> bool {
+    o.get("threads-required")
+        .and_then(|t| t.as_value())
+        .and_then(|v| v.decor().suffix())
+        .and_then(|s| s.as_str())
+        .is_some_and(|comment| comment.contains("# one GPU alone"))
+}
+
+/// The `test(/regex/)` patterns of the overrides that put contract trials
+/// in the `gpu` group and are (`one_gpu`) or are not the one-GPU override.
+fn alone_patterns(one_gpu: bool) -> Vec<Regex> {
     let between = Regex::new(r"test\(/(.*?)/\)").expect("a valid pattern");
-    between
-        .captures_iter(filter)
-        .map(|c| Regex::new(&c[1]).expect("the filter's patterns are valid regexes"))
+    let filters: Vec<String> = overrides()
+        .iter()
+        .filter(|o| puts_contract_trials_alone(o) && is_one_gpu_alone(o) == one_gpu)
+        .filter_map(|o| o.get("filter").and_then(|f| f.as_str()).map(String::from))
+        .collect();
+    assert!(
+        filters.len() == 1,
+        "one override puts the contract trials that need {} alone in the `gpu` group, not {}",
+        if one_gpu { "one GPU" } else { "the host" },
+        filters.len()
+    );
+    filters
+        .iter()
+        .flat_map(|f| {
+            between
+                .captures_iter(f)
+                .map(|c| c[1].to_string())
+                .collect::<Vec<_>>()
+        })
+        .map(|p| Regex::new(&p).expect("the filter's patterns are valid regexes"))
         .collect()
 }
 
@@ -65,49 +89,55 @@ fn the_trials_run_alone_come_first() {
             .unwrap_or_default()
     };
     let overrides = overrides();
-    let alone = overrides
+    let alone: Vec<i64> = overrides
         .iter()
-        .find(|o| puts_contract_trials_alone(o))
+        .filter(|o| puts_contract_trials_alone(o))
         .map(priority)
-        .expect("an override puts contract trials in the `gpu` group");
+        .collect();
     let others: Vec<i64> = overrides
         .iter()
         .filter(|o| !puts_contract_trials_alone(o))
         .map(priority)
         .collect();
+    let lowest_alone = alone.iter().copied().min().unwrap_or_default();
     assert!(
-        others.iter().all(|&p| p < alone),
-        "the `gpu` override's priority {alone} does not outrank the others' {others:?} \
+        others.iter().all(|&p| p < lowest_alone),
+        "the `gpu` overrides' priorities {alone:?} do not outrank the others' {others:?} \
          (the default is 0)"
     );
 }
 
 #[test]
 fn the_trials_run_alone_are_exactly_those_whose_check_needs_the_gpu_alone() {
-    let patterns = alone_patterns();
-    assert!(!patterns.is_empty(), "the `gpu` override names no trials");
+    let (host, one_gpu) = (alone_patterns(false), alone_patterns(true));
     let contracts =
         load_dir::<Qlora>(&Path::new(ROOT).join("contracts")).expect("the shipped contracts load");
     let mut wrong = Vec::new();
-    let mut alone = 0;
+    let (mut alone, mut whole_host) = (0, 0);
     for trial in plan::<Qlora>(contracts)
         .iter()
         .filter(|t| t.backend == Backend::Cuda)
     {
         let name = format!("[cuda] {}", trial.name);
-        let listed = patterns.iter().any(|p| p.is_match(&name));
-        let needs = trial.test().check.needs_the_gpu_alone();
-        alone += usize::from(needs);
-        if listed != needs {
+        let check = &trial.test().check;
+        let in_host = host.iter().any(|p| p.is_match(&name));
+        let in_one_gpu = one_gpu.iter().any(|p| p.is_match(&name));
+        let needs_host = check.needs_the_gpu_alone() && check.needs_the_whole_host();
+        let needs_gpu = check.needs_the_gpu_alone() && !needs_host;
+        alone += usize::from(check.needs_the_gpu_alone());
+        whole_host += usize::from(needs_host);
+        if (in_host, in_one_gpu) != (needs_host, needs_gpu) {
             wrong.push(format!(
-                "{name}: listed {listed}, needs the GPU alone {needs}"
+                "{name}: listed for the host {in_host}, for one GPU {in_one_gpu}; \
+                 needs the host alone {needs_host}, one GPU alone {needs_gpu}"
             ));
         }
     }
     assert!(alone > 0, "no shipped trial needs the GPU alone");
+    assert!(whole_host > 0, "no shipped trial needs the host alone");
     assert!(
         wrong.is_empty(),
-        ".config/nextest.toml's `gpu` override disagrees with the checks:\n{}",
+        ".config/nextest.toml's `gpu` overrides disagree with the checks:\n{}",
         wrong.join("\n")
     );
 }

@@ -246,9 +246,9 @@ fn two_nextest_shards_merge_into_the_verdicts_of_one_run() {
     );
 }
 
-/// The `gpu` test group's slot picks the CUDA device; in `gpu-shared` the
-/// slot modulo the number of GPUs (one here, where no driver answers);
-/// outside both it is device 0. The run record names the device ordinal the
+/// The `gpu` test group's slot picks the CUDA device; `gpu-shared` trials
+/// run on the last GPU (device 0 here, where no driver answers); outside
+/// both it is device 0. The run record names the device ordinal the
 /// engine was given.
 #[test]
 fn the_gpu_group_slot_is_the_device_ordinal() {

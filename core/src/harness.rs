@@ -116,9 +116,13 @@ struct Nextest {
     run_id: String,
     /// The CUDA device ordinal this test's test-group slot names (slots run
     /// 0 to the group's max-threads - 1, unique among the group's running
-    /// tests): in the `gpu` group (one slot per GPU) the slot itself; in
-    /// the `gpu-shared` group (several slots per GPU) the slot modulo the
-    /// number of GPUs. `None` outside both groups.
+    /// tests): in the `gpu` group (one slot per GPU it uses) the slot
+    /// itself; in the `gpu-shared` group the last GPU, whatever the slot.
+    /// On one GPU both are device 0. On a host of several, the trials that
+    /// need a GPU alone take the first ones (the `gpu` group has a slot
+    /// fewer than there are GPUs, `scripts/gpu-suite.sh`), and no shared
+    /// trial ever runs on a GPU a timed one holds. `None` outside both
+    /// groups.
     device_ordinal: Option<usize>,
 }
 
@@ -136,7 +140,7 @@ fn nextest() -> Option<Nextest> {
         .and_then(|s| s.parse().ok());
     let device_ordinal = match group.as_str() {
         GPU_GROUP => slot,
-        SHARED_GPU_GROUP => slot.map(|s| s % crate::run::device_count().max(1)),
+        SHARED_GPU_GROUP => slot.map(|_| crate::run::device_count().max(1) - 1),
         _ => None,
     };
     Some(Nextest {

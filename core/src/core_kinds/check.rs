@@ -83,6 +83,14 @@ impl<K: KindSet> Check<K> {
         }
     }
 
+    /// See [`crate::subject::Kind::needs_the_whole_host`].
+    pub fn needs_the_whole_host(&self) -> bool {
+        match self {
+            Check::Core(k) => k.needs_the_whole_host(),
+            Check::Subject(k) => k.needs_the_whole_host(),
+        }
+    }
+
     /// Whether the subject can run this check (a core kind's `model:` is
     /// one its workload trains, ...): `Err((key, why))`, located at the
     /// check's `key` (`""`: the check itself). Called when a contract loads.

@@ -106,6 +106,11 @@ pub trait CoreCheck: Validate {
     fn needs_the_gpu_alone(&self) -> bool {
         false
     }
+
+    /// See [`Kind::needs_the_whole_host`](crate::subject::Kind::needs_the_whole_host).
+    fn needs_the_whole_host(&self) -> bool {
+        false
+    }
 }
 
 /// Declares the core's kinds from one line each, as
@@ -196,6 +201,13 @@ macro_rules! core_kinds {
             pub fn needs_the_gpu_alone(&self) -> bool {
                 match self {
                     $(Self::$variant(p) => p.needs_the_gpu_alone(),)*
+                }
+            }
+
+            /// See [`CoreCheck::needs_the_whole_host`].
+            pub fn needs_the_whole_host(&self) -> bool {
+                match self {
+                    $(Self::$variant(p) => p.needs_the_whole_host(),)*
                 }
             }
 

@@ -68,6 +68,16 @@ pub trait Kind<S: Subject>: Validate {
     fn needs_the_gpu_alone(&self) -> bool {
         false
     }
+
+    /// Whether, beyond its GPU, this check's verdict rests on the whole
+    /// host: every GPU (data-parallel ranks) or every core (it times work on
+    /// a pool of CPU threads, or starts a peer that compiles on all of
+    /// them). Such a trial runs alone on the host, however many GPUs it has;
+    /// one that needs only its GPU alone may run beside trials on other
+    /// GPUs. Only meaningful where [`Kind::needs_the_gpu_alone`] is true.
+    fn needs_the_whole_host(&self) -> bool {
+        false
+    }
 }
 
 /// The `check:` block of a falsification test: one of a subject's kinds
@@ -95,6 +105,9 @@ pub trait KindSet: DeserializeOwned + Clone + Debug + Send + Sync + 'static {
 
     /// See [`Kind::needs_the_gpu_alone`].
     fn needs_the_gpu_alone(&self) -> bool;
+
+    /// See [`Kind::needs_the_whole_host`].
+    fn needs_the_whole_host(&self) -> bool;
 
     /// Runs the measurement (see [`Kind::execute`]).
     fn execute(
@@ -260,6 +273,13 @@ macro_rules! kinds {
                 match self {
                     $(Self::$variant(p) =>
                         <$module::Params as $crate::subject::Kind<$subject>>::needs_the_gpu_alone(p),)*
+                }
+            }
+
+            fn needs_the_whole_host(&self) -> bool {
+                match self {
+                    $(Self::$variant(p) =>
+                        <$module::Params as $crate::subject::Kind<$subject>>::needs_the_whole_host(p),)*
                 }
             }
 

@@ -81,6 +81,9 @@ impl KindSet for NoKinds {
     fn needs_the_gpu_alone(&self) -> bool {
         match *self {}
     }
+    fn needs_the_whole_host(&self) -> bool {
+        match *self {}
+    }
     fn execute(
         &self,
         _backend: Backend,

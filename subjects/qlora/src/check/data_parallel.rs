@@ -623,6 +623,11 @@ impl Kind<crate::Qlora> for Params {
     fn needs_the_gpu_alone(&self) -> bool {
         true
     }
+
+    /// A rank runs on every GPU of the host.
+    fn needs_the_whole_host(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -474,6 +474,11 @@ impl Kind<crate::Qlora> for Params {
     fn needs_the_gpu_alone(&self) -> bool {
         true
     }
+
+    /// The PyTorch peer compiles its step on every core.
+    fn needs_the_whole_host(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

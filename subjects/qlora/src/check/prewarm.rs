@@ -183,6 +183,11 @@ impl Kind<crate::Qlora> for Params {
     fn needs_the_gpu_alone(&self) -> bool {
         true
     }
+
+    /// A cold pre-warm compiles on a pool of the host's CPU threads, and its time is judged.
+    fn needs_the_whole_host(&self) -> bool {
+        true
+    }
 }
 
 /// The step mode pre-warm is checked under: graphed, as in production.
