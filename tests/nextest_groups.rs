@@ -141,3 +141,25 @@ fn the_trials_run_alone_are_exactly_those_whose_check_needs_the_gpu_alone() {
         wrong.join("\n")
     );
 }
+
+/// Every override names its test group: `.ci/run` checks that each filter
+/// still matches a test through nextest's listing of the test groups, which
+/// leaves out an override that sets none (a priority alone, say), so such an
+/// override would fail CI there for a reason no test here names.
+#[test]
+fn every_override_names_a_test_group() {
+    let without: Vec<String> = overrides()
+        .iter()
+        .filter(|o| o.get("test-group").is_none())
+        .map(|o| {
+            o.get("filter")
+                .and_then(|f| f.as_str())
+                .unwrap_or("(no filter)")
+                .to_string()
+        })
+        .collect();
+    assert!(
+        without.is_empty(),
+        "overrides without a test-group (.ci/run cannot check their filters): {without:?}"
+    );
+}
