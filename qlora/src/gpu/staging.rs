@@ -56,7 +56,11 @@ impl Stager {
                 .for_each(|(task, out)| fill(task * per_task, out));
             return gpu.upload(&host);
         }
-        let mut dst = gpu.zeros::<T>(len)?;
+        // SAFETY: the chunks below copy into every element of `0..len`
+        // before the buffer is returned; on an error it is dropped unread.
+        // So no uninitialised element is ever read (zeroing it first would
+        // write the whole buffer twice).
+        let mut dst = unsafe { gpu.stream().alloc::<T>(len) }?;
         self.allocate(gpu)?;
         let per_stage = STAGE_BYTES / size;
         for (k, start) in (0..len).step_by(per_stage).enumerate() {
