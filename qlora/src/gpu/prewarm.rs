@@ -57,7 +57,7 @@ pub fn modules_for(
     ];
     let (fwd, bwd) = base.attention_kernels((fwd, bwd));
     modules.extend(attention::modules_for(config.head_dim, fwd, bwd));
-    if base == BaseWeights::Nf4 {
+    if base.is_nf4() {
         modules.push("nf4");
     }
     if f16_casts {

@@ -150,11 +150,14 @@ extern "C" __global__ void nf4_quantize_f32(const float* __restrict__ w,
 // blocks of a multiple of 32 threads. Requires len % 64 == 0 (the launcher
 // checks), 16-byte aligned `out` and 4-byte aligned `codes` (whole
 // allocations are).
-extern "C" __global__ void nf4_dequantize_f32(const unsigned char* __restrict__ codes,
-                                              const float* __restrict__ absmax,
-                                              float* __restrict__ out,
-                                              long long len,
-                                              long long write_limit) {
+// The body of both dequantisations: S is where a value goes, f32 as computed
+// (StoreF32) or rounded to bf16 (StoreBf16, nearest, ties to even).
+template <typename S>
+static __device__ __forceinline__ void nf4_dequantize_body(const unsigned char* __restrict__ codes,
+                                                           const float* __restrict__ absmax,
+                                                           typename S::T* __restrict__ out,
+                                                           long long len,
+                                                           long long write_limit) {
     __shared__ float book[16];
     if (threadIdx.x < 16) {
         book[threadIdx.x] = NF4_CODE_BOOK_F32[threadIdx.x];
@@ -172,8 +175,8 @@ extern "C" __global__ void nf4_dequantize_f32(const unsigned char* __restrict__ 
         const float amax = w < words ? absmax[w / (NF4_BLOCK / 8)] : 0.0f;
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            // float4 32h + l holds elements 4(32h + l) .. + 3 of the span: the
-            // low or high half of word 16h + l / 2.
+            // Group of four 32h + l holds elements 4(32h + l) .. + 3 of the
+            // span: the low or high half of word 16h + l / 2.
             const int src = 16 * h + lane / 2;
             const unsigned int bits = __shfl_sync(0xffffffffu, word, src) >> (16 * (lane & 1));
             const float a = __shfl_sync(0xffffffffu, amax, src);
@@ -182,14 +185,32 @@ extern "C" __global__ void nf4_dequantize_f32(const unsigned char* __restrict__ 
             const float v[4] = {book[bits & 15u] * a, book[(bits >> 4) & 15u] * a,
                                 book[(bits >> 8) & 15u] * a, book[(bits >> 12) & 15u] * a};
             if (e0 + 4 <= write_limit) {
-                *reinterpret_cast<float4*>(out + e0) = make_float4(v[0], v[1], v[2], v[3]);
+                S::put4(out, e0 / 4, v[0], v[1], v[2], v[3]);
             } else {
                 for (int j = 0; j < 4; ++j) {
-                    if (e0 + j < write_limit) out[e0 + j] = v[j];
+                    if (e0 + j < write_limit) S::put(out, e0 + j, v[j]);
                 }
             }
         }
     }
+}
+
+extern "C" __global__ void nf4_dequantize_f32(const unsigned char* __restrict__ codes,
+                                              const float* __restrict__ absmax,
+                                              float* __restrict__ out,
+                                              long long len,
+                                              long long write_limit) {
+    nf4_dequantize_body<StoreF32>(codes, absmax, out, len, write_limit);
+}
+
+// As nf4_dequantize_f32, each value rounded to bf16 (raw bits): the operand
+// of a bf16 GEMM. Requires 8-byte aligned `out`.
+extern "C" __global__ void nf4_dequantize_bf16(const unsigned char* __restrict__ codes,
+                                               const float* __restrict__ absmax,
+                                               unsigned short* __restrict__ out,
+                                               long long len,
+                                               long long write_limit) {
+    nf4_dequantize_body<StoreBf16>(codes, absmax, out, len, write_limit);
 }
 
 // y[m, n] = x[m, k] . deq(W)^T with W [n, k] stored as NF4 (element j * k + p).

@@ -210,11 +210,13 @@ pub(super) fn to_bf16_precision(v: Vec<f64>) -> Vec<f64> {
 }
 
 /// The embedding or LM head of a `base` model, as the GPU stores it: bf16
-/// for a bf16 base, f32 otherwise (NF4 quantises only the projections).
+/// for a base that computes in bf16, f32 otherwise (NF4 quantises only the
+/// projections).
 fn table_precision(base: BaseWeights, v: Vec<f64>) -> Vec<f64> {
-    match base {
-        BaseWeights::Bf16 => to_bf16_precision(v),
-        BaseWeights::Fp32 | BaseWeights::Nf4 => to_f32_precision(v),
+    if base.computes_in_bf16() {
+        to_bf16_precision(v)
+    } else {
+        to_f32_precision(v)
     }
 }
 
@@ -223,7 +225,8 @@ fn table_precision(base: BaseWeights, v: Vec<f64>) -> Vec<f64> {
 pub struct FrozenLinear {
     pub out_dim: usize,
     pub in_dim: usize,
-    /// The values the forward pass multiplies by: f32-rounded, or dequantised NF4.
+    /// The values the forward pass multiplies by: f32- or bf16-rounded, or
+    /// dequantised NF4 (rounded to bf16 for an NF4 base computing in bf16).
     pub weight: Vec<f64>,
     /// `[out_dim]`, added after the product (q, k and v of a configuration
     /// with `qkv_bias`); kept in f32 precision whatever the base format.
@@ -241,6 +244,9 @@ impl FrozenLinear {
             BaseWeights::Fp32 => to_f32_precision(w),
             BaseWeights::Bf16 => to_bf16_precision(w),
             BaseWeights::Nf4 => nf4::dequantize(&nf4::quantize(&w, nf4::BLOCK)?),
+            BaseWeights::Nf4Bf16 => {
+                to_bf16_precision(nf4::dequantize(&nf4::quantize(&w, nf4::BLOCK)?))
+            }
         };
         Ok(FrozenLinear {
             out_dim,

@@ -8,11 +8,14 @@
 //! values, so exactly the host's).
 //!
 //! - quantise: `absmax_b = max |w_i|`, `code_i = argmin_c |w_i / absmax_b - CODE_BOOK[c]|`
-//! - dequantise: `w'_i = CODE_BOOK[code_i] * absmax_{i / 64}`
+//! - dequantise: `w'_i = CODE_BOOK[code_i] * absmax_{i / 64}` (f32), or that
+//!   product rounded to bf16 (nearest, ties to even) for a bf16 GEMM
 //! - forward GEMM: `y[m, n] = x[m, k] deq(W)^T`, `W` stored `[n, k]`
 //! - backward GEMM: `dx[m, k] = dy[m, n] deq(W)`
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
+
+use super::cast::Bf16;
 
 use super::gemm::{grid_dim, to_i64, TILE};
 use crate::error::{Error, Result};
@@ -32,6 +35,10 @@ pub const SIGNATURES: Signatures = &[
     ),
     (
         "nf4_dequantize_f32",
+        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I64, Arg::I64],
+    ),
+    (
+        "nf4_dequantize_bf16",
         &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I64, Arg::I64],
     ),
     (
@@ -239,6 +246,28 @@ pub fn dequantize_into(
     dequantize_limited(gpu, t, out, first, t.len)
 }
 
+/// Dequantises `t` to bf16 into `out[first .. first + t.len]`:
+/// `bf16(CODE_BOOK[code_i] * absmax_b)`, the product rounded once, as the
+/// host's `half::bf16::from_f32` rounds it. `first` is a multiple of 4, so
+/// the kernel's four-value stores stay 8-byte aligned.
+pub fn dequantize_bf16_into(
+    gpu: &mut GpuContext,
+    t: &Nf4Device,
+    out: &mut CudaSlice<Bf16>,
+    first: usize,
+) -> Result<()> {
+    if !first.is_multiple_of(4) || first + t.len > out.len() {
+        return Err(Error::ShapeMismatch {
+            op: "nf4_dequantize_bf16",
+            expected: format!("{} output elements from a multiple of 4", t.len),
+            got: format!("{} elements from {first}", out.len()),
+        });
+    }
+    let limit = gpu.faults().written(t.len);
+    let mut out = out.slice_mut(first..first + t.len);
+    launch_dequantize(gpu, t, &mut out, "nf4_dequantize_bf16", limit)
+}
+
 fn dequantize_limited(
     gpu: &mut GpuContext,
     t: &Nf4Device,
@@ -246,31 +275,46 @@ fn dequantize_limited(
     first: usize,
     write_limit: usize,
 ) -> Result<()> {
-    check_device("nf4_dequantize", t)?;
     let mut out = out.slice_mut(first..first + t.len);
+    launch_dequantize(gpu, t, &mut out, "nf4_dequantize_f32", write_limit)
+}
+
+/// Launches the dequantisation `kernel` of `t` into `out` (`t.len`
+/// elements of f32 or bf16, 4-element aligned), writing the first
+/// `write_limit` elements.
+fn launch_dequantize<T: cudarc::driver::DeviceRepr>(
+    gpu: &mut GpuContext,
+    t: &Nf4Device,
+    out: &mut CudaViewMut<'_, T>,
+    kernel: &str,
+    write_limit: usize,
+) -> Result<()> {
+    check_device("nf4_dequantize", t)?;
     let len = to_i64("nf4_dequantize", t.len)?;
     let limit = to_i64("nf4_dequantize", write_limit.min(t.len))?;
     // One warp per span of 256 elements, at most one wave of full SMs (the
     // grid-stride loop takes the rest).
     let cfg = gpu.launch_1d_per_sm(t.len.div_ceil(256) * 32, 8);
-    let func = gpu.function(MODULE, "nf4_dequantize_f32")?;
+    let func = gpu.function(MODULE, kernel)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
         .arg(&t.codes)
         .arg(&t.absmax)
-        .arg(&mut out)
+        .arg(out)
         .arg(&len)
         .arg(&limit);
-    // SAFETY: arguments match `nf4_dequantize_f32(const unsigned char* codes,
-    // const float* absmax, float* out, long long len, long long write_limit)`
-    // in order and type. check_device proved codes holds len/2 bytes and
-    // absmax len/64 floats, out holds len floats (len a multiple of 64); the
-    // kernel reads code word w and absmax[w / 8] only for w < len/8, and
-    // writes out[e .. e + 4) only for e < len (len % 4 == 0). The inputs
-    // are whole allocations and `out` starts 4-float aligned (first % 4 == 0,
-    // checked by the callers), so the word loads and float4 stores are
-    // aligned; blocks are THREADS_1D threads, whole warps, as the shuffles
-    // need.
+    // SAFETY: arguments match `nf4_dequantize_{f32,bf16}(const unsigned
+    // char* codes, const float* absmax, T* out, long long len, long long
+    // write_limit)` in order and type (T = float, or unsigned short for the
+    // bf16 bits of `Bf16`, both `repr(transparent)` of their bits). check_device
+    // proved codes holds len/2 bytes and absmax len/64 floats; `out` is a
+    // view of exactly len elements (len a multiple of 64); the kernel reads
+    // code word w and absmax[w / 8] only for w < len/8, and writes out[e ..
+    // e + 4) only for e < len (len % 4 == 0). The inputs are whole
+    // allocations and `out` starts at a multiple of 4 elements of an
+    // allocation (checked by the callers), so the word loads and the 16-byte
+    // (f32) or 8-byte (bf16) stores are aligned; blocks are THREADS_1D
+    // threads, whole warps, as the shuffles need.
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }

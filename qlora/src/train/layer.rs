@@ -73,25 +73,35 @@ impl<'a> LayerParams<'a> {
 
 /// One layer's q/k/v stacks for its forward, as the base keeps them: an
 /// fp32 base's own f32 stack (with its f16 copy under f16 projections), a
-/// bf16 base's bf16 stack, or none (NF4: the workspace's).
+/// bf16 stack, or none (NF4 computing in f32: the workspace's).
 pub(super) struct Stacks<'s> {
     pub f32: Option<&'s mut CudaSlice<f32>>,
     pub f16: Option<&'s mut CudaSlice<u16>>,
-    pub bf16: Option<&'s mut CudaSlice<Bf16>>,
+    pub bf16: Option<BfStack<'s>>,
+}
+
+/// A layer's bf16 q/k/v stack: a bf16 base's own, or (NF4 computing in
+/// bf16) the workspace's, which the layer dequantises into.
+pub(super) enum BfStack<'s> {
+    Own(&'s mut CudaSlice<Bf16>),
+    Dequantised,
 }
 
 /// The stack the backward multiplies the q/k/v gradient by: f32 (an fp32
-/// base's own; `None` for NF4, which dequantises again) or a bf16 base's.
+/// base's own; `None` for NF4, which dequantises again) or bf16 (a bf16
+/// base's own; `None` for NF4 computing in bf16, which dequantises again).
 pub(super) enum StackRef<'s> {
     F32(Option<&'s CudaSlice<f32>>),
-    Bf16(&'s CudaSlice<Bf16>),
+    Bf16(Option<&'s CudaSlice<Bf16>>),
 }
 
 /// The workspace's buffers a frozen GEMM may need besides its operands:
-/// the NF4 dequantisation targets and the 16-bit copies of its input (two
-/// for bf16: SwiGLU's backward writes both of its gradients at once).
+/// the NF4 dequantisation targets (f32, or bf16) and the 16-bit copies of
+/// its input (two for bf16: SwiGLU's backward writes both of its gradients
+/// at once).
 pub(super) struct Stores<'w> {
     pub deq: &'w mut [CudaSlice<f32>],
+    pub deq_bf16: &'w mut [CudaSlice<Bf16>],
     pub half: &'w mut Option<CudaSlice<u16>>,
     pub bf16: &'w mut Option<CudaSlice<Bf16>>,
     pub bf16_second: &'w mut Option<CudaSlice<Bf16>>,
@@ -102,6 +112,7 @@ macro_rules! stores {
     ($ws:expr) => {
         Stores {
             deq: &mut $ws.deq,
+            deq_bf16: &mut $ws.deq_bf16,
             half: &mut $ws.half_input,
             bf16: &mut $ws.bf16_input,
             bf16_second: &mut $ws.bf16_second_input,
@@ -212,8 +223,14 @@ impl Attention<'_> {
         let a = &mut ws.layers[l];
         let sh = qkv_shape(c);
         let spec = GemmSpec::linear(rows, h, sh.width());
-        if let Some(s) = stacks.bf16 {
-            self.fill_bf16_stack(gpu, c, s)?;
+        if let Some(bf) = stacks.bf16 {
+            let s = match bf {
+                BfStack::Own(s) => {
+                    self.fill_bf16_stack(gpu, c, s)?;
+                    s
+                }
+                BfStack::Dequantised => self.dequantised_bf16_stack(gpu, c, &mut ws.stack_bf16)?,
+            };
             let n1 = norm_to_bf16(gpu, ctx, norm_in, &mut a.n1, &mut ws.bf16_input)?;
             blas::gemm_half(gpu, spec, 1.0, &n1, &*s, 0.0, &mut a.qkv)?;
         } else {
@@ -272,6 +289,35 @@ impl Attention<'_> {
             cast::f32_to_bf16(gpu, &self.params.get(slot).as_view(), &mut dst)?;
         }
         Ok(())
+    }
+
+    /// An NF4 base's q, k, v dequantised to bf16 into the rows of the
+    /// workspace's shared stack `shared`, then the current LoRA A rows
+    /// rounded in ([`Attention::fill_bf16_stack`]): the stack of a base that
+    /// computes in bf16 but keeps no bf16 copy of its weights.
+    fn dequantised_bf16_stack<'s>(
+        &self,
+        gpu: &mut GpuContext,
+        c: &ModelConfig,
+        shared: &'s mut Option<CudaSlice<Bf16>>,
+    ) -> Result<&'s mut CudaSlice<Bf16>> {
+        let s = shared.as_mut().ok_or_else(|| Error::InvalidArgument {
+            op: "train",
+            message: "an NF4 base computing in bf16 needs the workspace's bf16 q/k/v stack".into(),
+        })?;
+        let mut row = 0;
+        for lin in [self.q, self.k, self.v] {
+            let Frozen::Nf4(t) = &lin.w else {
+                return Err(Error::InvalidArgument {
+                    op: "train",
+                    message: "a dequantised q/k/v stack needs NF4 projections".into(),
+                });
+            };
+            nf4::dequantize_bf16_into(gpu, t, s, row * c.hidden)?;
+            row += lin.out_dim;
+        }
+        self.fill_bf16_stack(gpu, c, s)?;
+        Ok(s)
     }
 
     /// The layer's stack `S = [Wq; Wk; Wv; Aq; Av]` as this step needs it:
@@ -394,7 +440,11 @@ impl Attention<'_> {
         let lora = (pi(Slot::QB), pi(Slot::VB), ctx.lora_s_bwd);
         let dims = (rows, h, sh.width());
         match stack {
-            StackRef::Bf16(s) => {
+            StackRef::Bf16(own) => {
+                let s = match own {
+                    Some(s) => s,
+                    None => &*self.dequantised_bf16_stack(gpu, c, &mut ws.stack_bf16)?,
+                };
                 // dy and its bf16 rounding, the stack GEMM's operand, in one pass.
                 let n = rows * sh.width();
                 let mut dy16 = front_mut(&mut ws.bf16_input, n)?;
@@ -491,23 +541,51 @@ fn input_grad(
     let (out_dim, in_dim) = (lin.out_dim, lin.in_dim);
     let rows = dy.len() / out_dim;
     let kept = lin.transposed.as_ref();
-    match (
-        kept.filter(|_| !gpu.faults().transposed_weights_ignored),
-        &lin.w,
-    ) {
-        (Some(wt), _) => blas::linear(gpu, math, 1.0, dy, wt, beta, dx, (rows, out_dim, in_dim)),
-        (None, Frozen::Bf16(w)) => {
-            let dy16 = match bf16_dy {
-                Bf16Dy::RoundHere => half_of(gpu, dy, stores.bf16)?,
-                Bf16Dy::InSecond => front(stores.bf16_second, dy.len())?,
-            };
-            bf16_input_grad(gpu, lin, w, &dy16, beta, dx)
-        }
-        (None, _) => {
-            let w = Workspace::weight(stores.deq, gpu, lin)?;
-            blas::linear_dx(gpu, math, 1.0, dy, w, beta, dx, (rows, in_dim, out_dim))
-        }
+    if let Some(wt) = kept.filter(|_| !gpu.faults().transposed_weights_ignored) {
+        return blas::linear(gpu, math, 1.0, dy, wt, beta, dx, (rows, out_dim, in_dim));
     }
+    if let Some(w) = bf16_weight(gpu, stores.deq_bf16, lin)? {
+        let dy16 = match bf16_dy {
+            Bf16Dy::RoundHere => half_of(gpu, dy, stores.bf16)?,
+            Bf16Dy::InSecond => front(stores.bf16_second, dy.len())?,
+        };
+        return bf16_input_grad(gpu, lin, w, &dy16, beta, dx);
+    }
+    let w = Workspace::weight(stores.deq, gpu, lin)?;
+    blas::linear_dx(gpu, math, 1.0, dy, w, beta, dx, (rows, in_dim, out_dim))
+}
+
+/// `lin`'s weight as a bf16 GEMM reads it: a bf16 base's own, or NF4 codes
+/// dequantised to bf16 (on the stream) into the target of its length in
+/// `deq_bf16` (a base computing in bf16 has them; no other has); `None` for
+/// a weight read in another format.
+fn bf16_weight<'a>(
+    gpu: &mut GpuContext,
+    deq_bf16: &'a mut [CudaSlice<Bf16>],
+    lin: &'a Linear,
+) -> Result<Option<&'a CudaSlice<Bf16>>> {
+    match &lin.w {
+        Frozen::Bf16(w) => Ok(Some(w)),
+        Frozen::Nf4(t) if !deq_bf16.is_empty() => {
+            let target = deq_bf16.iter_mut().find(|b| b.len() == t.len);
+            let target = target.ok_or_else(|| Error::InvalidArgument {
+                op: "train",
+                message: format!("no bf16 dequantisation target of {} values", t.len),
+            })?;
+            nf4::dequantize_bf16_into(gpu, t, target, 0)?;
+            Ok(Some(target))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// [`bf16_weight`] of a projection that a bf16 step must read in bf16.
+fn bf16_weight_of<'a>(
+    gpu: &mut GpuContext,
+    deq_bf16: &'a mut [CudaSlice<Bf16>],
+    lin: &'a Linear,
+) -> Result<&'a CudaSlice<Bf16>> {
+    bf16_weight(gpu, deq_bf16, lin)?.ok_or_else(gate_up_mismatch)
 }
 
 /// `dx = dy16 W + beta dx` for the bf16 `W` (`w`) of `lin`, `dy16` already
@@ -567,21 +645,17 @@ fn forward_linear(
     y: &mut CudaSlice<f32>,
 ) -> Result<()> {
     let spec = linear_spec(lin, x.len());
-    match (&lin.half, &lin.w) {
-        (Some(w16), _) => {
-            let x16 = half_of(gpu, x, stores.half)?;
-            blas::gemm_half(gpu, spec, 1.0, &x16, w16, beta, y)
-        }
-        (None, Frozen::Bf16(w)) => {
-            let x16 = half_of(gpu, x, stores.bf16)?;
-            blas::gemm_half(gpu, spec, 1.0, &x16, w, beta, y)
-        }
-        (None, _) => {
-            let w = Workspace::weight(stores.deq, gpu, lin)?;
-            let dims = (x.len() / lin.in_dim, lin.in_dim, lin.out_dim);
-            blas::linear(gpu, math, 1.0, x, w, beta, y, dims)
-        }
+    if let Some(w16) = &lin.half {
+        let x16 = half_of(gpu, x, stores.half)?;
+        return blas::gemm_half(gpu, spec, 1.0, &x16, w16, beta, y);
     }
+    if let Some(w) = bf16_weight(gpu, stores.deq_bf16, lin)? {
+        let x16 = half_of(gpu, x, stores.bf16)?;
+        return blas::gemm_half(gpu, spec, 1.0, &x16, w, beta, y);
+    }
+    let w = Workspace::weight(stores.deq, gpu, lin)?;
+    let dims = (x.len() / lin.in_dim, lin.in_dim, lin.out_dim);
+    blas::linear(gpu, math, 1.0, x, w, beta, y, dims)
 }
 
 /// The forward product `x W^T` of `lin` for an input of `x_len` elements
@@ -700,19 +774,20 @@ impl Mlp<'_> {
         let gamma = self.params.get(Slot::MlpNorm);
         let gate_up = a.mlp.as_mut().unwrap_or(gate_up);
         let mut stores = stores!(ws);
-        match (&self.gate.w, &self.up.w, &self.down.w, gate_up) {
-            (Frozen::Bf16(wg), Frozen::Bf16(wu), Frozen::Bf16(wd), GateUp::Bf16(gate, up)) => {
+        match gate_up {
+            GateUp::Bf16(gate, up) => {
                 let n2 = norm_to_bf16(gpu, ctx, (&a.x2, gamma), &mut a.n2, stores.bf16)?;
-                self.gate_up_half(gpu, &n2, (wg, wu), (gate, up))?;
+                self.gate_up_bf16(gpu, stores.deq_bf16, &n2, (gate, up))?;
                 gpu.stream().memcpy_dtod(&a.x2, x_next)?;
                 let n = gate.len();
                 let (gate, up) = (gate.as_view(), up.as_view());
                 activation::swiglu_forward(gpu, &gate, &up, &mut front_mut(stores.bf16, n)?)?;
                 let spec = linear_spec(self.down, n);
+                let wd = bf16_weight_of(gpu, stores.deq_bf16, self.down)?;
                 let act = front(stores.bf16, n)?;
                 blas::gemm_half(gpu, spec, 1.0, &act, wd, 1.0, x_next)
             }
-            (_, _, _, GateUp::F32(gate, up)) => {
+            GateUp::F32(gate, up) => {
                 let (x2, g2) = (a.x2.as_view(), gamma.as_view());
                 rmsnorm::forward(gpu, &x2, &g2, rows, h, eps, &mut a.n2.as_view_mut())?;
                 self.gate_up_f32(gpu, fwd, &mut stores, &a.n2, (gate, up))?;
@@ -726,14 +801,14 @@ impl Mlp<'_> {
                 )?;
                 forward_linear(gpu, fwd, &mut stores, self.down, act, 1.0, x_next)
             }
-            _ => Err(gate_up_mismatch()),
         }
     }
 
     /// The MLP's input projections `gate = n2 Wg^T`, `up = n2 Wu^T` into
     /// `gate_up`: what the forward computes and the backward recomputes
     /// when they are not kept (on 16-bit operands when both keep f16 copies
-    /// or are bf16, `n2` rounded once; stored in bf16 for a bf16 base).
+    /// or are read in bf16, `n2` rounded once; stored in bf16 for a base
+    /// that computes in bf16).
     fn gate_up(
         &self,
         gpu: &mut GpuContext,
@@ -742,14 +817,30 @@ impl Mlp<'_> {
         n2: &CudaSlice<f32>,
         gate_up: &mut GateUp,
     ) -> Result<()> {
-        match (gate_up, &self.gate.w, &self.up.w) {
-            (GateUp::Bf16(gate, up), Frozen::Bf16(wg), Frozen::Bf16(wu)) => {
+        match gate_up {
+            GateUp::Bf16(gate, up) => {
                 let n2 = half_of(gpu, n2, stores.bf16)?;
-                self.gate_up_half(gpu, &n2, (wg, wu), (gate, up))
+                self.gate_up_bf16(gpu, stores.deq_bf16, &n2, (gate, up))
             }
-            (GateUp::F32(gate, up), _, _) => self.gate_up_f32(gpu, math, stores, n2, (gate, up)),
-            _ => Err(gate_up_mismatch()),
+            GateUp::F32(gate, up) => self.gate_up_f32(gpu, math, stores, n2, (gate, up)),
         }
+    }
+
+    /// The input projections on bf16 operands, from `n2` already rounded to
+    /// bf16, stored in bf16: one after the other, since NF4 weights of one
+    /// length share their bf16 dequantisation target.
+    fn gate_up_bf16(
+        &self,
+        gpu: &mut GpuContext,
+        deq_bf16: &mut [CudaSlice<Bf16>],
+        n2: &CudaView<'_, Bf16>,
+        (gate, up): (&mut CudaSlice<Bf16>, &mut CudaSlice<Bf16>),
+    ) -> Result<()> {
+        for (lin, out) in [(self.gate, gate), (self.up, up)] {
+            let w = bf16_weight_of(gpu, deq_bf16, lin)?;
+            blas::gemm_half(gpu, linear_spec(lin, n2.len()), 1.0, n2, w, 0.0, out)?;
+        }
+        Ok(())
     }
 
     /// [`Mlp::gate_up`] into f32 gate and up: on the f16 copies of `Wg` and
@@ -814,8 +905,8 @@ impl Mlp<'_> {
             0.0,
             Bf16Dy::InSecond,
         )?;
-        match (gate_up, &self.gate.w, &self.up.w) {
-            (GateUp::Bf16(gate, up), Frozen::Bf16(wg), Frozen::Bf16(wu)) => {
+        match gate_up {
+            GateUp::Bf16(gate, up) => {
                 // Both gradients go straight to bf16, the GEMMs' operands.
                 let n = gate.len();
                 let (gate, up, dact) = (gate.as_view(), up.as_view(), d.dact.as_view());
@@ -823,10 +914,12 @@ impl Mlp<'_> {
                 let mut dup = front_mut(stores.bf16_second, n)?;
                 activation::swiglu_backward(gpu, &gate, &up, &dact, &mut dgate, &mut dup)?;
                 let (dgate, dup) = (front(stores.bf16, n)?, front(stores.bf16_second, n)?);
+                let wg = bf16_weight_of(gpu, stores.deq_bf16, self.gate)?;
                 bf16_input_grad(gpu, self.gate, wg, &dgate, 0.0, &mut d.dn2)?;
+                let wu = bf16_weight_of(gpu, stores.deq_bf16, self.up)?;
                 bf16_input_grad(gpu, self.up, wu, &dup, 1.0, &mut d.dn2)?;
             }
-            (GateUp::F32(gate, up), _, _) => {
+            GateUp::F32(gate, up) => {
                 let (dgate, dup) = d.dgate_up.as_mut().ok_or_else(gate_up_mismatch)?;
                 activation::swiglu_backward(
                     gpu,
@@ -840,7 +933,6 @@ impl Mlp<'_> {
                 input_grad(gpu, bwd, &mut stores, self.gate, (dgate, dn2), 0.0, round)?;
                 input_grad(gpu, bwd, &mut stores, self.up, (dup, dn2), 1.0, round)?;
             }
-            _ => return Err(gate_up_mismatch()),
         }
         let norm = self.params.index(Slot::MlpNorm);
         rmsnorm::backward(

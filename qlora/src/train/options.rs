@@ -24,20 +24,51 @@ pub enum BaseWeights {
     /// the other activations kept between kernels, the softmax, the
     /// reductions and the loss.
     Bf16,
+    /// The frozen projections as [`BaseWeights::Nf4`] (4-bit codes, one f32
+    /// absmax per block of 64), dequantised to bf16 before each use, `w'_i =
+    /// bf16(CODE_BOOK[code_i] * absmax_b)`; everything else as
+    /// [`BaseWeights::Bf16`]: the embedding and the LM head stored in bf16
+    /// (QLoRA quantises the projections only), every frozen GEMM on bf16
+    /// operands with f32 accumulation, attention in bf16.
+    Nf4Bf16,
 }
 
 impl BaseWeights {
+    /// Whether the frozen GEMMs run on bf16 operands (a bf16 base, or an NF4
+    /// one dequantised to bf16): the bf16 tables, inputs, gate and up, and
+    /// attention kernels.
+    pub fn computes_in_bf16(self) -> bool {
+        matches!(self, BaseWeights::Bf16 | BaseWeights::Nf4Bf16)
+    }
+
+    /// Whether the frozen projections are stored as NF4 codes.
+    pub fn is_nf4(self) -> bool {
+        matches!(self, BaseWeights::Nf4 | BaseWeights::Nf4Bf16)
+    }
+
+    /// Its name in mode names and reports, e.g. `nf4-bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BaseWeights::Fp32 => "fp32",
+            BaseWeights::Nf4 => "nf4",
+            BaseWeights::Bf16 => "bf16",
+            BaseWeights::Nf4Bf16 => "nf4-bf16",
+        }
+    }
+
     /// The attention kernels of each direction of a step on this base,
     /// given those its GEMM math picks (`by_math`, [`AttnKernels::for_math`]):
-    /// a bf16 base runs the bf16 flash kernels in both directions (the
-    /// backward needs what their forward saved); the others keep `by_math`.
+    /// a base that computes in bf16 runs the bf16 flash kernels in both
+    /// directions (the backward needs what their forward saved); the others
+    /// keep `by_math`.
     pub fn attention_kernels(
         self,
         by_math: (AttnKernels, AttnKernels),
     ) -> (AttnKernels, AttnKernels) {
-        match self {
-            BaseWeights::Bf16 => (AttnKernels::Bf16, AttnKernels::Bf16),
-            BaseWeights::Fp32 | BaseWeights::Nf4 => by_math,
+        if self.computes_in_bf16() {
+            (AttnKernels::Bf16, AttnKernels::Bf16)
+        } else {
+            by_math
         }
     }
 }
@@ -170,11 +201,7 @@ impl GpuTrainOptions {
             ClipMode::Global => "global-clip",
             ClipMode::PerLayer => "per-layer-clip",
         };
-        let base = match self.base {
-            BaseWeights::Fp32 => "fp32",
-            BaseWeights::Nf4 => "nf4",
-            BaseWeights::Bf16 => "bf16",
-        };
+        let base = self.base.name();
         let mut name = format!("{graph}/{clip}/{base}");
         if self.backward_math == Some(GemmMath::Tf32) {
             name.push_str("/tf32-backward");

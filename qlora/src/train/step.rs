@@ -41,7 +41,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::data_parallel::Rank;
 use super::kernels;
-use super::layer::{DecoderLayer, LayerCtx, StackRef, Stacks};
+use super::layer::{BfStack, DecoderLayer, LayerCtx, StackRef, Stacks};
 use super::options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions};
 use super::weights::{BaseDevice, Params, Table, Values};
 use super::workspace::{CublasWorkspace, Workspace, CUBLAS_WORKSPACE_BYTES};
@@ -222,7 +222,7 @@ fn prewarm_then_upload(
         options.forward_math.unwrap_or(gpu.options().forward_math),
         options.backward_math.unwrap_or(gpu.options().backward_math),
     );
-    let casts = options.f16_lm_head || options.f16_projections || options.base == BaseWeights::Bf16;
+    let casts = options.f16_lm_head || options.f16_projections || options.base.computes_in_bf16();
     let prewarm = gpu.prewarm_with_math(cfg, &[options.base], math, casts)?;
     let rehearsal = Instant::now();
     rehearse(gpu, cfg, options, trainable)?;
@@ -783,7 +783,10 @@ impl GpuTrainer {
             let stacks = Stacks {
                 f32: base.stacks.get_mut(l),
                 f16: base.stacks_f16.get_mut(l),
-                bf16: base.stacks_bf16.get_mut(l),
+                bf16: match base.stacks_bf16.get_mut(l) {
+                    Some(s) => Some(BfStack::Own(s)),
+                    None => ws.stack_bf16.is_some().then_some(BfStack::Dequantised),
+                },
             };
             layer.forward(gpu, &ctx, ws, stacks)?;
         }
@@ -801,7 +804,8 @@ impl GpuTrainer {
         let base = &self.base;
         for (l, w) in base.layers.iter().zip(&base.qkv_bias).enumerate().rev() {
             let stack = match base.stacks_bf16.get(l) {
-                Some(s) => StackRef::Bf16(s),
+                Some(s) => StackRef::Bf16(Some(s)),
+                None if ws.stack_bf16.is_some() => StackRef::Bf16(None),
                 None => StackRef::F32(base.stacks.get(l)),
             };
             let layer = DecoderLayer::new(l, w, &self.params.p);
@@ -876,7 +880,7 @@ fn optimizer_table(gpu: &GpuContext, params: &Params, clip: &[ClipGroup]) -> Res
 /// The device memory a trainer of `cfg` plans to allocate, in bytes: the
 /// frozen base (f32, bf16, or NF4 codes + block absmax + one dequantisation
 /// target per distinct projection size), the q/k/v biases, the embedding and
-/// LM head (bf16 for a bf16 base, else f32; one table where they are tied), the
+/// LM head (bf16 for a base that computes in bf16, else f32; one table where they are tied), the
 /// trainable state (parameters, gradients and two moments: 16 bytes each),
 /// the kept `W^T` copies (fp32 base with `transposed_weights`: o, gate, up,
 /// down), the LM head's f16 copy (`f16_lm_head`), the projections' f16
@@ -898,11 +902,12 @@ pub fn planned_device_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> usi
         // The q/k/v stacks hold q, k, v and a copy of the LoRA A rows.
         BaseWeights::Fp32 => 4 * n_base + 4 * cfg.layers * 2 * cfg.lora_rank * cfg.hidden,
         BaseWeights::Bf16 => 2 * n_base + 2 * cfg.layers * 2 * cfg.lora_rank * cfg.hidden,
-        // 4-bit codes plus one f32 absmax per 64 values, and one f32
+        // 4-bit codes plus one f32 absmax per 64 values, and one
         // dequantisation target per distinct projection size (as
         // Workspace::new allocates them: q and o, k and v, the MLP's three),
-        // and the q/k/v stack each layer dequantises into.
-        BaseWeights::Nf4 => {
+        // and the q/k/v stack each layer dequantises into; the targets and
+        // the stack in bf16 when the base computes in bf16, else in f32.
+        BaseWeights::Nf4 | BaseWeights::Nf4Bf16 => {
             let h = cfg.hidden;
             let mut sizes = [h * cfg.q_dim(), h * cfg.kv_dim(), h * cfg.intermediate];
             sizes.sort_unstable();
@@ -912,12 +917,13 @@ pub fn planned_device_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> usi
                 .filter(|&(i, s)| i == 0 || sizes[i - 1] != *s)
                 .map(|(_, s)| s)
                 .sum();
-            n_base / 2 + 4 * (n_base / 64) + 4 * distinct + 4 * width * h
+            let element = if base.computes_in_bf16() { 2 } else { 4 };
+            n_base / 2 + 4 * (n_base / 64) + element * (distinct + width * h)
         }
     };
     // A tied head is the embedding itself.
     let tables = if cfg.tied_embeddings { 1 } else { 2 };
-    let table_bytes = if base == BaseWeights::Bf16 { 2 } else { 4 };
+    let table_bytes = if base.computes_in_bf16() { 2 } else { 4 };
     let embed_head = table_bytes * tables * cfg.vocab * cfg.hidden + 4 * cfg.layers * bias_len;
     let f16_head = if options.f16_lm_head {
         2 * cfg.vocab * cfg.hidden
@@ -969,10 +975,11 @@ fn honoured_with(
             "f16_lm_head needs TF32 GEMMs in both directions, got {fwd:?} forward and {bwd:?} backward"
         )));
     }
-    if options.f16_lm_head && options.base == BaseWeights::Bf16 {
-        return Err(refuse(
-            "f16_lm_head needs an fp32 base: a bf16 base runs its LM head in bf16".into(),
-        ));
+    if options.f16_lm_head && options.base.computes_in_bf16() {
+        return Err(refuse(format!(
+            "f16_lm_head needs an fp32 base: a {} base runs its LM head in bf16",
+            options.base.name()
+        )));
     }
     if options.f16_projections && (fwd, options.base) != (GemmMath::Tf32, BaseWeights::Fp32) {
         return Err(refuse(format!(
@@ -1257,5 +1264,36 @@ mod tests {
             planned_device_bytes(&c, &fp32) + added - saved,
             planned_device_bytes(&c, &bf16)
         );
+    }
+
+    /// An NF4 base computing in bf16 plans a bf16 base's workspace and
+    /// tables, with the projections as NF4 codes and block absmax in place
+    /// of their bf16 copies, plus one bf16 dequantisation target per
+    /// distinct projection size and the bf16 q/k/v stack.
+    #[test]
+    fn an_nf4_base_in_bf16_replaces_the_projections_by_codes() {
+        let c = ModelConfig::preset("qwen2.5-0.5b").unwrap();
+        let bf16 = GpuTrainOptions {
+            base: BaseWeights::Bf16,
+            keep_mlp: true,
+            ..GpuTrainOptions::default()
+        };
+        let nf4_bf16 = GpuTrainOptions {
+            base: BaseWeights::Nf4Bf16,
+            ..bf16
+        };
+        let n = c.layers * (c.base_params_per_layer() - (c.q_dim() + 2 * c.kv_dim()));
+        let width = super::super::workspace::qkv_width(&c);
+        let h = c.hidden;
+        // q and o, k and v, and the MLP's three share a size each.
+        let targets = h * c.q_dim() + h * c.kv_dim() + h * c.intermediate;
+        let lora_rows = c.layers * 2 * c.lora_rank * h;
+        let bf16_projections = 2 * n + 2 * lora_rows;
+        let nf4_projections = n / 2 + 4 * (n / 64) + 2 * (targets + width * h);
+        assert_eq!(
+            planned_device_bytes(&c, &bf16) - bf16_projections + nf4_projections,
+            planned_device_bytes(&c, &nf4_bf16)
+        );
+        assert_eq!(nf4_bf16.mode_name(), "eager/global-clip/nf4-bf16/keep-mlp");
     }
 }

@@ -167,8 +167,9 @@ pub enum Table {
 }
 
 impl Table {
-    /// The `len` values of `src` stored as `base` says: bf16 for a bf16
-    /// base, f32 otherwise (an NF4 base keeps its tables in f32).
+    /// The `len` values of `src` stored as `base` says: bf16 for a base
+    /// that computes in bf16, f32 otherwise (an NF4 base keeps its tables
+    /// in its compute format).
     fn put(
         (gpu, stager): (&GpuContext, &mut Stager),
         values: Values,
@@ -176,11 +177,9 @@ impl Table {
         src: Source,
         len: usize,
     ) -> Result<Self> {
-        Ok(match base {
-            BaseWeights::Bf16 => Table::Bf16(values.put(gpu, stager, len, src.reader(half))?),
-            BaseWeights::Fp32 | BaseWeights::Nf4 => {
-                Table::F32(values.put(gpu, stager, len, src.reader(single))?)
-            }
+        Ok(match base.computes_in_bf16() {
+            true => Table::Bf16(values.put(gpu, stager, len, src.reader(half))?),
+            false => Table::F32(values.put(gpu, stager, len, src.reader(single))?),
         })
     }
 
@@ -385,15 +384,16 @@ fn linear(
 ) -> Result<Linear> {
     let n = out_dim * in_dim;
     let read = w.reader(single);
+    let nf4_base = options.base.is_nf4();
     let frozen = match (options.base, options.device_quantize) {
         (BaseWeights::Fp32, _) => Frozen::Fp32(values.put(gpu, stager, n, read)?),
         (BaseWeights::Bf16, _) => Frozen::Bf16(values.put(gpu, stager, n, w.reader(half))?),
-        (BaseWeights::Nf4, _) if values == Values::Zeros => Frozen::Nf4(Nf4Device::zeros(gpu, n)?),
-        (BaseWeights::Nf4, false) => Frozen::Nf4(nf4_ops::upload(
+        _ if nf4_base && values == Values::Zeros => Frozen::Nf4(Nf4Device::zeros(gpu, n)?),
+        (BaseWeights::Nf4 | BaseWeights::Nf4Bf16, false) => Frozen::Nf4(nf4_ops::upload(
             gpu,
             &nf4::quantize(w.held()?, nf4::BLOCK)?,
         )?),
-        (BaseWeights::Nf4, true) => {
+        (BaseWeights::Nf4 | BaseWeights::Nf4Bf16, true) => {
             let mut t = Nf4Device::zeros(gpu, n)?;
             let src = values.put(gpu, stager, n, read)?;
             nf4_ops::quantize(gpu, &src, &mut t)?;
@@ -494,7 +494,7 @@ impl BaseDevice {
         let draws = projection_draws(cfg, layer);
         // The transpose and the host NF4 quantiser read a projection whole.
         let whole = (base == BaseWeights::Fp32 && options.transposed_weights)
-            || (base == BaseWeights::Nf4 && !options.device_quantize);
+            || (base.is_nf4() && !options.device_quantize);
         let drawn = values.draw_whole(&draws.map(|(d, _)| d), whole);
         let sources = draws
             .iter()
@@ -504,8 +504,8 @@ impl BaseDevice {
                 None => values.source(*d),
             })
             .collect::<Result<Vec<_>>>()?;
-        let stacked = |which: usize| base != BaseWeights::Nf4 && which < 3;
-        if base != BaseWeights::Nf4 {
+        let stacked = |which: usize| !base.is_nf4() && which < 3;
+        if !base.is_nf4() {
             // The draws' lengths: with zeros, the sources hold none.
             let qkv_len = draws[..3].iter().map(|(d, _)| d.len).sum::<usize>();
             let qkv = [sources[0], sources[1], sources[2]];

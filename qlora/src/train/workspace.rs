@@ -63,15 +63,16 @@ pub enum GateUp {
 impl GateUp {
     fn new(gpu: &GpuContext, c: &ModelConfig, base: BaseWeights) -> Result<Self> {
         let n = c.tokens() * c.intermediate;
-        Ok(match base {
-            BaseWeights::Bf16 => GateUp::Bf16(gpu.zeros(n)?, gpu.zeros(n)?),
-            BaseWeights::Fp32 | BaseWeights::Nf4 => GateUp::F32(gpu.zeros(n)?, gpu.zeros(n)?),
+        Ok(if base.computes_in_bf16() {
+            GateUp::Bf16(gpu.zeros(n)?, gpu.zeros(n)?)
+        } else {
+            GateUp::F32(gpu.zeros(n)?, gpu.zeros(n)?)
         })
     }
 
     /// Device bytes of gate and up for `c` on `base`.
     fn bytes_for(c: &ModelConfig, base: BaseWeights) -> usize {
-        let element = if base == BaseWeights::Bf16 { 2 } else { 4 };
+        let element = if base.computes_in_bf16() { 2 } else { 4 };
         2 * element * c.tokens() * c.intermediate
     }
 
@@ -243,6 +244,9 @@ pub struct Workspace {
     pub grads: Grads,
     /// NF4 base only: one dequantisation target per distinct weight length.
     pub deq: Vec<CudaSlice<f32>>,
+    /// NF4 base computing in bf16 only: one bf16 dequantisation target per
+    /// distinct weight length.
+    pub deq_bf16: Vec<CudaSlice<Bf16>>,
     /// The sines and cosines of RoPE's angles for the fused q/k/v kernels
     /// ([`crate::ops::rope::qkv_angle_table`]), `[2][seq][head_dim / 2]`.
     pub rope_table: CudaSlice<f32>,
@@ -250,6 +254,9 @@ pub struct Workspace {
     /// hidden]` each layer dequantises into (an fp32 base keeps one per
     /// layer in [`super::weights::BaseDevice::stacks`]).
     pub stack: Option<CudaSlice<f32>>,
+    /// NF4 base computing in bf16 only: the q/k/v stack in bf16, which each
+    /// layer dequantises into, forward and backward.
+    pub stack_bf16: Option<CudaSlice<Bf16>>,
     /// Under [`crate::Faults::activations_doubled`]: a second copy of
     /// every layer's activations, MLP ones included, held for the trainer's
     /// life (the leak the memory budget must catch).
@@ -277,6 +284,12 @@ impl Workspace {
         let nf4 = !deq_lens.is_empty();
         deq_lens.sort_unstable();
         deq_lens.dedup();
+        // An NF4 base computing in bf16 dequantises to bf16, the other to f32.
+        let (deq_lens, deq_bf16_lens) = match options.base.computes_in_bf16() {
+            true => (Vec::new(), deq_lens),
+            false => (deq_lens, Vec::new()),
+        };
+        let stack_len = qkv_width(c) * c.hidden;
         let layers = (0..c.layers)
             .map(|_| LayerActs::new(gpu, c, keep_mlp, options.base))
             .collect::<Result<Vec<_>>>()?;
@@ -311,15 +324,15 @@ impl Workspace {
                 0 => None,
                 n => Some(gpu.zeros(n)?),
             },
-            logits: match options.base {
-                BaseWeights::Bf16 => None,
-                _ => Some(z(t * c.vocab)?),
+            logits: match options.base.computes_in_bf16() {
+                true => None,
+                false => Some(z(t * c.vocab)?),
             },
             losses: z(t)?,
             loss: z(1)?,
             ce_stats: RowStats::new(gpu, t)?,
             grads: Grads {
-                dlogits: if options.base == BaseWeights::Bf16 {
+                dlogits: if options.base.computes_in_bf16() {
                     Dlogits::Bf16(gpu.zeros(head_chunk_rows(t) * c.vocab)?)
                 } else if f16_head {
                     Dlogits::F16(gpu.zeros(t * c.vocab)?)
@@ -350,12 +363,19 @@ impl Workspace {
                 c.head_dim,
                 c.rope_theta,
             ))?,
-            stack: if nf4 {
-                Some(z(qkv_width(c) * c.hidden)?)
-            } else {
-                None
+            stack: match nf4 && !options.base.computes_in_bf16() {
+                true => Some(z(stack_len)?),
+                false => None,
+            },
+            stack_bf16: match nf4 && options.base.computes_in_bf16() {
+                true => Some(gpu.zeros(stack_len)?),
+                false => None,
             },
             deq: deq_lens.into_iter().map(z).collect::<Result<_>>()?,
+            deq_bf16: deq_bf16_lens
+                .into_iter()
+                .map(|n| gpu.zeros(n))
+                .collect::<Result<_>>()?,
             leaked,
         })
     }
@@ -405,7 +425,7 @@ impl Workspace {
     /// place (`2 head_chunk_rows(T) vocab`), and no f32 logits.
     pub fn head_bytes(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
         let t = c.tokens();
-        if options.base == BaseWeights::Bf16 {
+        if options.base.computes_in_bf16() {
             2 * head_chunk_rows(t) * c.vocab
         } else if options.f16_lm_head {
             6 * t * c.vocab
@@ -433,7 +453,7 @@ impl Workspace {
     /// hidden, q_dim, intermediate and the q/k/v stack's width, whose
     /// gradient the backward multiplies by the stack); 0 otherwise.
     pub fn bf16_input_len(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
-        if options.base != BaseWeights::Bf16 {
+        if !options.base.computes_in_bf16() {
             return 0;
         }
         let widest = c
@@ -447,7 +467,7 @@ impl Workspace {
     /// Elements of [`Workspace::bf16_second_input`]: `T x intermediate`
     /// with a bf16 base (SwiGLU's `dup`, the widest it holds), 0 otherwise.
     pub fn bf16_second_input_len(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
-        if options.base != BaseWeights::Bf16 {
+        if !options.base.computes_in_bf16() {
             return 0;
         }
         c.tokens() * c.intermediate
@@ -500,6 +520,8 @@ impl Workspace {
             ])
             + self.deq.iter().map(|b| 4 * b.len()).sum::<usize>()
             + self.stack.as_ref().map_or(0, |b| 4 * b.len())
+            + self.deq_bf16.iter().map(|b| 2 * b.len()).sum::<usize>()
+            + self.stack_bf16.as_ref().map_or(0, |b| 2 * b.len())
             + 4 * self.rope_table.len()
             + self.leaked.iter().map(|b| 4 * b.len()).sum::<usize>()
     }
@@ -595,10 +617,7 @@ pub fn qkv_width(c: &ModelConfig) -> usize {
 /// Elements of each f32 SwiGLU buffer (the product, dgate, dup) a step on
 /// `base` needs: `T x intermediate`, or none with a bf16 base.
 fn f32_swiglu(c: &ModelConfig, base: BaseWeights) -> Option<usize> {
-    match base {
-        BaseWeights::Bf16 => None,
-        BaseWeights::Fp32 | BaseWeights::Nf4 => Some(c.tokens() * c.intermediate),
-    }
+    (!base.computes_in_bf16()).then(|| c.tokens() * c.intermediate)
 }
 
 /// One layer's attention shape of `c`.

@@ -22,12 +22,15 @@ pub const ANY_PRESET: Piece = Names(PRESET_NAMES);
 pub const DEFAULT_STEP_MODE: &str =
     "{graph: false, clip: global, base: fp32, backward_math: fp32, mlp_activations: recompute, backward_weights: shared, lm_head_operands: f32, projection_operands: f32}";
 
+/// The contract spellings of the base-weight formats.
+pub const BASES: &[&str] = &["fp32", "nf4", "bf16", "nf4_bf16"];
+
 /// The bound of a step mode, written out once for every kind that takes one.
 pub const STEP_MODE_BOUND: &[Piece] = &[
     Text("`{graph, clip, base, backward_math, mlp_activations, backward_weights, lm_head_operands, projection_operands}`; `clip`: "),
     OneOf(&["global", "per_layer"]),
     Text("; `base`: "),
-    OneOf(&["fp32", "nf4", "bf16"]),
+    OneOf(BASES),
     Text("; `backward_math`: "),
     OneOf(&["fp32", "tf32"]),
     Text("; `mlp_activations`: "),

@@ -64,7 +64,7 @@ pub const PARAMS: &[ParamDoc] = &[
     ParamDoc {
         name: "base",
         default: Yaml("fp32"),
-        bound: &[OneOf(&["fp32", "nf4", "bf16"])],
+        bound: &[OneOf(super::doc::BASES)],
         meaning: "the base-weight format",
     },
     ParamDoc {

@@ -80,6 +80,7 @@ pub(crate) enum BaseWeightsDef {
     Fp32,
     Nf4,
     Bf16,
+    Nf4Bf16,
 }
 
 /// The contract spelling of [`qlora::train::ClipMode`].
@@ -90,7 +91,7 @@ enum ClipModeDef {
     PerLayer,
 }
 
-/// A base format as a contract names it (`fp32`, `nf4` or `bf16`), for lists of them.
+/// A base format as a contract names it (`fp32`, `nf4`, `bf16` or `nf4_bf16`), for lists of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
 pub struct BaseName(#[serde(with = "BaseWeightsDef")] pub BaseWeights);

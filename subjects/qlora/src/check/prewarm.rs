@@ -95,7 +95,7 @@ pub const PARAMS: &[ParamDoc] = &[
             Text("1 to "),
             Int(MAX_BASES),
             Text(" of "),
-            OneOf(&["fp32", "nf4", "bf16"]),
+            OneOf(super::doc::BASES),
         ],
         meaning: "base-weight formats exercised after pre-warm",
     },
@@ -258,7 +258,7 @@ fn prewarm(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         .flat_map(|m| p.bases.iter().map(move |b| (m.0, b.0)));
     for (config, base) in configs {
         let seen = on_cold_cache(gpu, faults, |gpu| observe(p, gpu, &config, base, seed))?;
-        let tag = format!("{}/{}", config.name, base_name(base));
+        let tag = format!("{}/{}", config.name, base.name());
         total_after += seen.loads_after;
         violations.extend(judge(p, &tag, &seen));
         detail.push(summary(&tag, &seen));
@@ -413,14 +413,6 @@ fn resident_at_prewarm(seen: &Observed) -> usize {
 
 fn mib(bytes: usize) -> f64 {
     bytes as f64 / (1u64 << 20) as f64
-}
-
-fn base_name(base: BaseWeights) -> &'static str {
-    match base {
-        BaseWeights::Fp32 => "fp32",
-        BaseWeights::Nf4 => "nf4",
-        BaseWeights::Bf16 => "bf16",
-    }
 }
 
 fn summary(tag: &str, seen: &Observed) -> String {
