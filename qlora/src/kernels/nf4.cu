@@ -150,14 +150,11 @@ extern "C" __global__ void nf4_quantize_f32(const float* __restrict__ w,
 // blocks of a multiple of 32 threads. Requires len % 64 == 0 (the launcher
 // checks), 16-byte aligned `out` and 4-byte aligned `codes` (whole
 // allocations are).
-// The body of both dequantisations: S is where a value goes, f32 as computed
-// (StoreF32) or rounded to bf16 (StoreBf16, nearest, ties to even).
-template <typename S>
-static __device__ __forceinline__ void nf4_dequantize_body(const unsigned char* __restrict__ codes,
-                                                           const float* __restrict__ absmax,
-                                                           typename S::T* __restrict__ out,
-                                                           long long len,
-                                                           long long write_limit) {
+extern "C" __global__ void nf4_dequantize_f32(const unsigned char* __restrict__ codes,
+                                              const float* __restrict__ absmax,
+                                              float* __restrict__ out,
+                                              long long len,
+                                              long long write_limit) {
     __shared__ float book[16];
     if (threadIdx.x < 16) {
         book[threadIdx.x] = NF4_CODE_BOOK_F32[threadIdx.x];
@@ -175,8 +172,8 @@ static __device__ __forceinline__ void nf4_dequantize_body(const unsigned char* 
         const float amax = w < words ? absmax[w / (NF4_BLOCK / 8)] : 0.0f;
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            // Group of four 32h + l holds elements 4(32h + l) .. + 3 of the
-            // span: the low or high half of word 16h + l / 2.
+            // float4 32h + l holds elements 4(32h + l) .. + 3 of the span: the
+            // low or high half of word 16h + l / 2.
             const int src = 16 * h + lane / 2;
             const unsigned int bits = __shfl_sync(0xffffffffu, word, src) >> (16 * (lane & 1));
             const float a = __shfl_sync(0xffffffffu, amax, src);
@@ -185,32 +182,58 @@ static __device__ __forceinline__ void nf4_dequantize_body(const unsigned char* 
             const float v[4] = {book[bits & 15u] * a, book[(bits >> 4) & 15u] * a,
                                 book[(bits >> 8) & 15u] * a, book[(bits >> 12) & 15u] * a};
             if (e0 + 4 <= write_limit) {
-                S::put4(out, e0 / 4, v[0], v[1], v[2], v[3]);
+                *reinterpret_cast<float4*>(out + e0) = make_float4(v[0], v[1], v[2], v[3]);
             } else {
                 for (int j = 0; j < 4; ++j) {
-                    if (e0 + j < write_limit) S::put(out, e0 + j, v[j]);
+                    if (e0 + j < write_limit) out[e0 + j] = v[j];
                 }
             }
         }
     }
 }
 
-extern "C" __global__ void nf4_dequantize_f32(const unsigned char* __restrict__ codes,
-                                              const float* __restrict__ absmax,
-                                              float* __restrict__ out,
-                                              long long len,
-                                              long long write_limit) {
-    nf4_dequantize_body<StoreF32>(codes, absmax, out, len, write_limit);
-}
-
-// As nf4_dequantize_f32, each value rounded to bf16 (raw bits): the operand
-// of a bf16 GEMM. Requires 8-byte aligned `out`.
+// As nf4_dequantize_f32, each value rounded to bf16 (raw bits, nearest, ties
+// to even): the operand of a bf16 GEMM. Thread t dequantises code word t
+// (elements 8t .. 8t + 7, element 8t + j in bits 4j .. 4j + 3) and stores its
+// eight values as one 16-byte store: consecutive lanes write consecutive 16
+// bytes, so each store instruction of a warp writes 512 contiguous bytes with
+// no shuffles. A word that reaches past `write_limit` stores element by
+// element.
+//
+// Launch: 1-D, grid-stride loop over the len / 8 words. Requires len % 64 ==
+// 0 (the launcher checks), 16-byte aligned `out` and 4-byte aligned `codes`.
 extern "C" __global__ void nf4_dequantize_bf16(const unsigned char* __restrict__ codes,
                                                const float* __restrict__ absmax,
                                                unsigned short* __restrict__ out,
                                                long long len,
                                                long long write_limit) {
-    nf4_dequantize_body<StoreBf16>(codes, absmax, out, len, write_limit);
+    __shared__ float book[16];
+    if (threadIdx.x < 16) {
+        book[threadIdx.x] = NF4_CODE_BOOK_F32[threadIdx.x];
+    }
+    __syncthreads();
+    const long long words = len / 8;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const unsigned int* codes4 = reinterpret_cast<const unsigned int*>(codes);
+    for (long long w = (long long)blockIdx.x * blockDim.x + threadIdx.x; w < words; w += stride) {
+        const unsigned int word = codes4[w];
+        const float a = absmax[w / (NF4_BLOCK / 8)];
+        unsigned int pair[4];
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const unsigned int lo = f32_to_bf16_bits(book[(word >> (8 * j)) & 15u] * a);
+            const unsigned int hi = f32_to_bf16_bits(book[(word >> (8 * j + 4)) & 15u] * a);
+            pair[j] = lo | (hi << 16);
+        }
+        const long long e0 = 8 * w;
+        if (e0 + 8 <= write_limit) {
+            reinterpret_cast<uint4*>(out)[w] = make_uint4(pair[0], pair[1], pair[2], pair[3]);
+        } else {
+            for (int j = 0; j < 8; ++j) {
+                if (e0 + j < write_limit) out[e0 + j] = (unsigned short)(pair[j / 2] >> (16 * (j & 1)));
+            }
+        }
+    }
 }
 
 // y[m, n] = x[m, k] . deq(W)^T with W [n, k] stored as NF4 (element j * k + p).

@@ -13,10 +13,9 @@
 //! - forward GEMM: `y[m, n] = x[m, k] deq(W)^T`, `W` stored `[n, k]`
 //! - backward GEMM: `dx[m, k] = dy[m, n] deq(W)`
 
-use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::cast::Bf16;
-
 use super::gemm::{grid_dim, to_i64, TILE};
 use crate::error::{Error, Result};
 use crate::gpu::{to_i32, GpuContext};
@@ -248,24 +247,48 @@ pub fn dequantize_into(
 
 /// Dequantises `t` to bf16 into `out[first .. first + t.len]`:
 /// `bf16(CODE_BOOK[code_i] * absmax_b)`, the product rounded once, as the
-/// host's `half::bf16::from_f32` rounds it. `first` is a multiple of 4, so
-/// the kernel's four-value stores stay 8-byte aligned.
+/// host's `half::bf16::from_f32` rounds it. `first` is a multiple of 8, so
+/// the kernel's 16-byte stores stay aligned.
 pub fn dequantize_bf16_into(
     gpu: &mut GpuContext,
     t: &Nf4Device,
     out: &mut CudaSlice<Bf16>,
     first: usize,
 ) -> Result<()> {
-    if !first.is_multiple_of(4) || first + t.len > out.len() {
+    if !first.is_multiple_of(8) || first + t.len > out.len() {
         return Err(Error::ShapeMismatch {
             op: "nf4_dequantize_bf16",
-            expected: format!("{} output elements from a multiple of 4", t.len),
+            expected: format!("{} output elements from a multiple of 8", t.len),
             got: format!("{} elements from {first}", out.len()),
         });
     }
-    let limit = gpu.faults().written(t.len);
+    check_device("nf4_dequantize_bf16", t)?;
+    let len = to_i64("nf4_dequantize_bf16", t.len)?;
+    let limit = to_i64("nf4_dequantize_bf16", gpu.faults().written(t.len))?;
     let mut out = out.slice_mut(first..first + t.len);
-    launch_dequantize(gpu, t, &mut out, "nf4_dequantize_bf16", limit)
+    // One thread per code word, at most one wave of full SMs (the
+    // grid-stride loop takes the rest).
+    let cfg = gpu.launch_1d_per_sm(t.len / 8, 8);
+    let func = gpu.function(MODULE, "nf4_dequantize_bf16")?;
+    let mut launch = gpu.stream().launch_builder(&func);
+    launch
+        .arg(&t.codes)
+        .arg(&t.absmax)
+        .arg(&mut out)
+        .arg(&len)
+        .arg(&limit);
+    // SAFETY: arguments match `nf4_dequantize_bf16(const unsigned char*
+    // codes, const float* absmax, unsigned short* out, long long len, long
+    // long write_limit)` in order and type (`Bf16` is `repr(transparent)`
+    // over its u16 bits). check_device proved codes holds len/2 bytes and
+    // absmax len/64 floats; `out` is a view of exactly len elements (len a
+    // multiple of 64). The kernel reads code word w and absmax[w / 8] only
+    // for w < len/8 and writes out[8w .. 8w + 8) only for those w. The inputs
+    // are whole allocations (aligned for the word loads), and `out` starts a
+    // multiple of 8 elements (16 bytes) into its allocation (checked above),
+    // so its 16-byte stores are aligned.
+    unsafe { launch.launch(cfg) }?;
+    Ok(())
 }
 
 fn dequantize_limited(
@@ -275,46 +298,31 @@ fn dequantize_limited(
     first: usize,
     write_limit: usize,
 ) -> Result<()> {
-    let mut out = out.slice_mut(first..first + t.len);
-    launch_dequantize(gpu, t, &mut out, "nf4_dequantize_f32", write_limit)
-}
-
-/// Launches the dequantisation `kernel` of `t` into `out` (`t.len`
-/// elements of f32 or bf16, 4-element aligned), writing the first
-/// `write_limit` elements.
-fn launch_dequantize<T: cudarc::driver::DeviceRepr>(
-    gpu: &mut GpuContext,
-    t: &Nf4Device,
-    out: &mut CudaViewMut<'_, T>,
-    kernel: &str,
-    write_limit: usize,
-) -> Result<()> {
     check_device("nf4_dequantize", t)?;
+    let mut out = out.slice_mut(first..first + t.len);
     let len = to_i64("nf4_dequantize", t.len)?;
     let limit = to_i64("nf4_dequantize", write_limit.min(t.len))?;
     // One warp per span of 256 elements, at most one wave of full SMs (the
     // grid-stride loop takes the rest).
     let cfg = gpu.launch_1d_per_sm(t.len.div_ceil(256) * 32, 8);
-    let func = gpu.function(MODULE, kernel)?;
+    let func = gpu.function(MODULE, "nf4_dequantize_f32")?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
         .arg(&t.codes)
         .arg(&t.absmax)
-        .arg(out)
+        .arg(&mut out)
         .arg(&len)
         .arg(&limit);
-    // SAFETY: arguments match `nf4_dequantize_{f32,bf16}(const unsigned
-    // char* codes, const float* absmax, T* out, long long len, long long
-    // write_limit)` in order and type (T = float, or unsigned short for the
-    // bf16 bits of `Bf16`, both `repr(transparent)` of their bits). check_device
-    // proved codes holds len/2 bytes and absmax len/64 floats; `out` is a
-    // view of exactly len elements (len a multiple of 64); the kernel reads
-    // code word w and absmax[w / 8] only for w < len/8, and writes out[e ..
-    // e + 4) only for e < len (len % 4 == 0). The inputs are whole
-    // allocations and `out` starts at a multiple of 4 elements of an
-    // allocation (checked by the callers), so the word loads and the 16-byte
-    // (f32) or 8-byte (bf16) stores are aligned; blocks are THREADS_1D
-    // threads, whole warps, as the shuffles need.
+    // SAFETY: arguments match `nf4_dequantize_f32(const unsigned char* codes,
+    // const float* absmax, float* out, long long len, long long write_limit)`
+    // in order and type. check_device proved codes holds len/2 bytes and
+    // absmax len/64 floats, out holds len floats (len a multiple of 64); the
+    // kernel reads code word w and absmax[w / 8] only for w < len/8, and
+    // writes out[e .. e + 4) only for e < len (len % 4 == 0). The inputs
+    // are whole allocations and `out` starts 4-float aligned (first % 4 == 0,
+    // checked by the callers), so the word loads and float4 stores are
+    // aligned; blocks are THREADS_1D threads, whole warps, as the shuffles
+    // need.
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }
