@@ -3,7 +3,7 @@
 //! "profile from start off" sees one whole step and nothing else:
 //!
 //! ```text
-//! cargo run --release --example step_profile -- qwen2.5-0.5b [--graph] [--nf4 | --bf16] [--tf32-backward] [--keep-mlp] [--transposed-weights] [--f16-lm-head] [--f16-projections] [--steps N]
+//! cargo run --release --example step_profile -- qwen2.5-0.5b [--graph] [--nf4 | --bf16 | --nf4-bf16] [--tf32-backward] [--keep-mlp] [--transposed-weights] [--f16-lm-head] [--f16-projections] [--steps N]
 //! ncu --profile-from-start off --metrics gpu__time_duration.sum --csv target/release/examples/step_profile qwen2.5-0.5b
 //! ```
 //!
@@ -38,6 +38,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         graph: flag("--graph"),
         base: if flag("--nf4") {
             BaseWeights::Nf4
+        } else if flag("--nf4-bf16") {
+            BaseWeights::Nf4Bf16
         } else if flag("--bf16") {
             BaseWeights::Bf16
         } else {

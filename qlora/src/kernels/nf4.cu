@@ -192,16 +192,22 @@ extern "C" __global__ void nf4_dequantize_f32(const unsigned char* __restrict__ 
     }
 }
 
+// Words of codes one warp dequantises per pass of nf4_dequantize_bf16: four
+// per lane, loaded before any is stored, so that each thread keeps four loads
+// in flight (one was too few to cover the memory's latency).
+#define NF4_BF16_WARP_WORDS 128
+
 // As nf4_dequantize_f32, each value rounded to bf16 (raw bits, nearest, ties
-// to even): the operand of a bf16 GEMM. Thread t dequantises code word t
-// (elements 8t .. 8t + 7, element 8t + j in bits 4j .. 4j + 3) and stores its
-// eight values as one 16-byte store: consecutive lanes write consecutive 16
-// bytes, so each store instruction of a warp writes 512 contiguous bytes with
-// no shuffles. A word that reaches past `write_limit` stores element by
-// element.
+// to even): the operand of a bf16 GEMM. A warp takes 128 consecutive code
+// words (1,024 elements) per pass; lane l handles words 32j + l, j = 0..3,
+// and stores each word's eight values as one 16-byte store (element 8w + j
+// sits in bits 4j .. 4j + 3 of word w), so each store instruction of the warp
+// writes 512 contiguous bytes with no shuffles. A word that reaches past
+// `write_limit` stores element by element.
 //
-// Launch: 1-D, grid-stride loop over the len / 8 words. Requires len % 64 ==
-// 0 (the launcher checks), 16-byte aligned `out` and 4-byte aligned `codes`.
+// Launch: 1-D, grid-stride loop over the warps' passes, blocks of a multiple
+// of 32 threads. Requires len % 64 == 0 (the launcher checks), 16-byte
+// aligned `out` and 4-byte aligned `codes`.
 extern "C" __global__ void nf4_dequantize_bf16(const unsigned char* __restrict__ codes,
                                                const float* __restrict__ absmax,
                                                unsigned short* __restrict__ out,
@@ -212,25 +218,42 @@ extern "C" __global__ void nf4_dequantize_bf16(const unsigned char* __restrict__
         book[threadIdx.x] = NF4_CODE_BOOK_F32[threadIdx.x];
     }
     __syncthreads();
+    const int lane = threadIdx.x & 31;
     const long long words = len / 8;
-    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long passes = (words + NF4_BF16_WARP_WORDS - 1) / NF4_BF16_WARP_WORDS;
+    const long long warps = (long long)gridDim.x * (blockDim.x / 32);
     const unsigned int* codes4 = reinterpret_cast<const unsigned int*>(codes);
-    for (long long w = (long long)blockIdx.x * blockDim.x + threadIdx.x; w < words; w += stride) {
-        const unsigned int word = codes4[w];
-        const float a = absmax[w / (NF4_BLOCK / 8)];
-        unsigned int pair[4];
+    for (long long p = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; p < passes;
+         p += warps) {
+        unsigned int word[4];
+        float a[4];
         #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const unsigned int lo = f32_to_bf16_bits(book[(word >> (8 * j)) & 15u] * a);
-            const unsigned int hi = f32_to_bf16_bits(book[(word >> (8 * j + 4)) & 15u] * a);
-            pair[j] = lo | (hi << 16);
+            const long long w = p * NF4_BF16_WARP_WORDS + 32 * j + lane;
+            word[j] = w < words ? codes4[w] : 0u;
+            a[j] = w < words ? absmax[w / (NF4_BLOCK / 8)] : 0.0f;
         }
-        const long long e0 = 8 * w;
-        if (e0 + 8 <= write_limit) {
-            reinterpret_cast<uint4*>(out)[w] = make_uint4(pair[0], pair[1], pair[2], pair[3]);
-        } else {
-            for (int j = 0; j < 8; ++j) {
-                if (e0 + j < write_limit) out[e0 + j] = (unsigned short)(pair[j / 2] >> (16 * (j & 1)));
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const long long w = p * NF4_BF16_WARP_WORDS + 32 * j + lane;
+            if (w >= words) continue;
+            unsigned int pair[4];
+            #pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const unsigned int lo = f32_to_bf16_bits(book[(word[j] >> (8 * q)) & 15u] * a[j]);
+                const unsigned int hi =
+                    f32_to_bf16_bits(book[(word[j] >> (8 * q + 4)) & 15u] * a[j]);
+                pair[q] = lo | (hi << 16);
+            }
+            const long long e0 = 8 * w;
+            if (e0 + 8 <= write_limit) {
+                reinterpret_cast<uint4*>(out)[w] = make_uint4(pair[0], pair[1], pair[2], pair[3]);
+            } else {
+                for (int q = 0; q < 8; ++q) {
+                    if (e0 + q < write_limit) {
+                        out[e0 + q] = (unsigned short)(pair[q / 2] >> (16 * (q & 1)));
+                    }
+                }
             }
         }
     }

@@ -266,9 +266,9 @@ pub fn dequantize_bf16_into(
     let len = to_i64("nf4_dequantize_bf16", t.len)?;
     let limit = to_i64("nf4_dequantize_bf16", gpu.faults().written(t.len))?;
     let mut out = out.slice_mut(first..first + t.len);
-    // One thread per code word, at most one wave of full SMs (the
-    // grid-stride loop takes the rest).
-    let cfg = gpu.launch_1d_per_sm(t.len / 8, 8);
+    // One warp per 128 code words (four a lane), at most one wave of full
+    // SMs (the grid-stride loop takes the rest).
+    let cfg = gpu.launch_1d_per_sm((t.len / 8).div_ceil(128) * 32, 8);
     let func = gpu.function(MODULE, "nf4_dequantize_bf16")?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
@@ -283,7 +283,8 @@ pub fn dequantize_bf16_into(
     // over its u16 bits). check_device proved codes holds len/2 bytes and
     // absmax len/64 floats; `out` is a view of exactly len elements (len a
     // multiple of 64). The kernel reads code word w and absmax[w / 8] only
-    // for w < len/8 and writes out[8w .. 8w + 8) only for those w. The inputs
+    // for w < len/8 and writes out[8w .. 8w + 8) only for those w; blocks
+    // are whole warps, as its per-warp passes need. The inputs
     // are whole allocations (aligned for the word loads), and `out` starts a
     // multiple of 8 elements (16 bytes) into its allocation (checked above),
     // so its 16-byte stores are aligned.
