@@ -31,6 +31,7 @@ use crate::model::{ModelConfig, Slot, Trainable};
 use crate::ops::attention::{self, AttnKernels, AttnShape};
 use crate::ops::cast::{Bf16, HalfFloat};
 use crate::ops::gemm::{GemmOut, GemmSpec};
+use crate::ops::nf4::Nf4Device;
 use crate::ops::rope::{self, QkvShape};
 use crate::ops::{activation, cast, nf4, rmsnorm};
 
@@ -128,21 +129,20 @@ pub(super) struct DecoderLayer<'a> {
 }
 
 impl<'a> DecoderLayer<'a> {
-    /// Layer `layer` of the model: its frozen projections `w` and q/k/v
-    /// bias `bias` (`[q_dim + 2 kv_dim]`), and its trainable tensors in `p`
-    /// (the layout of [`Trainable::tensors`]).
+    /// Layer `layer` of the model: its frozen projections `w`, q/k/v bias
+    /// `bias` (`[q_dim + 2 kv_dim]`) and, for an NF4 base, its q/k/v rows as
+    /// one NF4 tensor `qkv_nf4`, and its trainable tensors in `p` (the
+    /// layout of [`Trainable::tensors`]).
     pub(super) fn new(
         layer: usize,
-        (w, bias): (&'a LayerWeights, &'a CudaSlice<f32>),
+        (w, bias, qkv_nf4): (&'a LayerWeights, &'a CudaSlice<f32>, Option<&'a Nf4Device>),
         p: &'a [CudaSlice<f32>],
     ) -> Self {
         let params = LayerParams { layer, p };
         DecoderLayer {
             attn: Attention {
-                q: &w.q,
-                k: &w.k,
-                v: &w.v,
                 o: &w.o,
+                qkv_nf4,
                 bias,
                 params,
             },
@@ -194,10 +194,10 @@ impl<'a> DecoderLayer<'a> {
 /// mirror writes `dy = dq | dk | dv | duq | duv`, so `dn1 = dy S` is again one
 /// GEMM.
 struct Attention<'a> {
-    q: &'a Linear,
-    k: &'a Linear,
-    v: &'a Linear,
     o: &'a Linear,
+    /// An NF4 base's `[Wq; Wk; Wv]` as one NF4 tensor (the other bases keep
+    /// their stacks whole, [`Stacks`]).
+    qkv_nf4: Option<&'a Nf4Device>,
     /// The frozen `[b_q | b_k | b_v]` (zeros for a model without one).
     bias: &'a CudaSlice<f32>,
     params: LayerParams<'a>,
@@ -305,19 +305,17 @@ impl Attention<'_> {
             op: "train",
             message: "an NF4 base computing in bf16 needs the workspace's bf16 q/k/v stack".into(),
         })?;
-        let mut row = 0;
-        for lin in [self.q, self.k, self.v] {
-            let Frozen::Nf4(t) = &lin.w else {
-                return Err(Error::InvalidArgument {
-                    op: "train",
-                    message: "a dequantised q/k/v stack needs NF4 projections".into(),
-                });
-            };
-            nf4::dequantize_bf16_into(gpu, t, s, row * c.hidden)?;
-            row += lin.out_dim;
-        }
+        nf4::dequantize_bf16_into(gpu, self.nf4_stack()?, s, 0)?;
         self.fill_bf16_stack(gpu, c, s)?;
         Ok(s)
+    }
+
+    /// The layer's q/k/v rows as one NF4 tensor: an NF4 base's.
+    fn nf4_stack(&self) -> Result<&Nf4Device> {
+        self.qkv_nf4.ok_or_else(|| Error::InvalidArgument {
+            op: "train",
+            message: "a dequantised q/k/v stack needs the layer's NF4 q/k/v rows".into(),
+        })
     }
 
     /// The layer's stack `S = [Wq; Wk; Wv; Aq; Av]` as this step needs it:
@@ -341,13 +339,7 @@ impl Attention<'_> {
                     op: "train",
                     message: "an NF4 base needs the workspace's q/k/v stack".into(),
                 })?;
-                let mut row = 0;
-                for lin in [self.q, self.k, self.v] {
-                    if let Frozen::Nf4(t) = &lin.w {
-                        nf4::dequantize_into(gpu, t, s, row * h)?;
-                    }
-                    row += lin.out_dim;
-                }
+                nf4::dequantize_into(gpu, self.nf4_stack()?, s, 0)?;
                 s
             }
         };

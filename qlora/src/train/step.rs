@@ -778,8 +778,8 @@ impl GpuTrainer {
             }
         }
         let base = &mut self.base;
-        for (l, w) in base.layers.iter().zip(&base.qkv_bias).enumerate() {
-            let layer = DecoderLayer::new(l, w, &self.params.p);
+        for (l, (w, bias)) in base.layers.iter().zip(&base.qkv_bias).enumerate() {
+            let layer = DecoderLayer::new(l, (w, bias, base.stacks_nf4.get(l)), &self.params.p);
             let stacks = Stacks {
                 f32: base.stacks.get_mut(l),
                 f16: base.stacks_f16.get_mut(l),
@@ -802,13 +802,13 @@ impl GpuTrainer {
         let ws = &mut self.ws;
         let g = &mut self.params.g;
         let base = &self.base;
-        for (l, w) in base.layers.iter().zip(&base.qkv_bias).enumerate().rev() {
+        for (l, (w, bias)) in base.layers.iter().zip(&base.qkv_bias).enumerate().rev() {
             let stack = match base.stacks_bf16.get(l) {
                 Some(s) => StackRef::Bf16(Some(s)),
                 None if ws.stack_bf16.is_some() => StackRef::Bf16(None),
                 None => StackRef::F32(base.stacks.get(l)),
             };
-            let layer = DecoderLayer::new(l, w, &self.params.p);
+            let layer = DecoderLayer::new(l, (w, bias, base.stacks_nf4.get(l)), &self.params.p);
             layer.backward(gpu, &ctx, ws, stack, g)?;
         }
         Ok(())
@@ -903,13 +903,14 @@ pub fn planned_device_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> usi
         BaseWeights::Fp32 => 4 * n_base + 4 * cfg.layers * 2 * cfg.lora_rank * cfg.hidden,
         BaseWeights::Bf16 => 2 * n_base + 2 * cfg.layers * 2 * cfg.lora_rank * cfg.hidden,
         // 4-bit codes plus one f32 absmax per 64 values, and one
-        // dequantisation target per distinct projection size (as
-        // Workspace::new allocates them: q and o, k and v, the MLP's three),
-        // and the q/k/v stack each layer dequantises into; the targets and
-        // the stack in bf16 when the base computes in bf16, else in f32.
+        // dequantisation target per distinct size of the projections
+        // outside the q/k/v stack (as Workspace::new allocates them: o, the
+        // MLP's three), and the q/k/v stack each layer dequantises into;
+        // the targets and the stack in bf16 when the base computes in bf16,
+        // else in f32.
         BaseWeights::Nf4 | BaseWeights::Nf4Bf16 => {
             let h = cfg.hidden;
-            let mut sizes = [h * cfg.q_dim(), h * cfg.kv_dim(), h * cfg.intermediate];
+            let mut sizes = [h * cfg.q_dim(), h * cfg.intermediate];
             sizes.sort_unstable();
             let distinct: usize = sizes
                 .iter()
@@ -1285,8 +1286,9 @@ mod tests {
         let n = c.layers * (c.base_params_per_layer() - (c.q_dim() + 2 * c.kv_dim()));
         let width = super::super::workspace::qkv_width(&c);
         let h = c.hidden;
-        // q and o, k and v, and the MLP's three share a size each.
-        let targets = h * c.q_dim() + h * c.kv_dim() + h * c.intermediate;
+        // o, and the MLP's three, which share a size (q, k and v are
+        // dequantised into the stack).
+        let targets = h * c.q_dim() + h * c.intermediate;
         let lora_rows = c.layers * 2 * c.lora_rank * h;
         let bf16_projections = 2 * n + 2 * lora_rows;
         let nf4_projections = n / 2 + 4 * (n / 64) + 2 * (targets + width * h);

@@ -154,7 +154,8 @@ pub enum Frozen {
     /// bf16 only (a bf16 base).
     Bf16(CudaSlice<Bf16>),
     /// Rows of its layer's q/k/v stack ([`BaseDevice::stacks`], or
-    /// [`BaseDevice::stacks_bf16`] for a bf16 base): q, k and v, which the
+    /// [`BaseDevice::stacks_bf16`] for a bf16 base, or the NF4 tensor of
+    /// [`BaseDevice::stacks_nf4`] for an NF4 base): q, k and v, which the
     /// step multiplies as one matrix.
     Stacked,
 }
@@ -241,6 +242,12 @@ pub struct BaseDevice {
     /// Av]` in bf16, the step rounding the LoRA A rows in before each
     /// forward.
     pub stacks_bf16: Vec<CudaSlice<Bf16>>,
+    /// NF4 bases only, one per layer: the q, k and v rows `[Wq; Wk; Wv]`
+    /// as one NF4 tensor, which each layer dequantises into the
+    /// workspace's stack in one launch. Each part is a whole number of
+    /// blocks, so its codes and block absmax are those of the parts
+    /// quantised apart.
+    pub stacks_nf4: Vec<Nf4Device>,
     /// Per layer, the frozen q/k/v bias `[b_q | b_k | b_v]`
     /// (`[q_dim + 2 kv_dim]`), zeros for a model without one: the fused
     /// q/k/v epilogue adds it.
@@ -429,6 +436,39 @@ fn linear(
     })
 }
 
+/// An NF4 base's q/k/v rows `[Wq; Wk; Wv]` (`qkv`, of `lens` values) as
+/// one NF4 tensor, quantised as [`linear`] quantises a projection: each part
+/// must be a whole number of blocks, so that no block straddles two of them
+/// and the codes are those of the parts quantised apart (as the host model
+/// quantises them).
+fn nf4_stack(
+    (gpu, stager): (&mut GpuContext, &mut Stager),
+    options: &GpuTrainOptions,
+    values: Values,
+    (qkv, lens): ([Source; 3], [usize; 3]),
+) -> Result<Nf4Device> {
+    for len in lens {
+        nf4_ops::check_len("nf4_quantize", len)?;
+    }
+    let len = lens.iter().sum();
+    if values == Values::Zeros {
+        return Nf4Device::zeros(gpu, len);
+    }
+    if options.device_quantize {
+        let mut t = Nf4Device::zeros(gpu, len)?;
+        let src = values.put(gpu, stager, len, concat_reader(qkv, single))?;
+        nf4_ops::quantize(gpu, &src, &mut t)?;
+        gpu.synchronize()?;
+        return Ok(t);
+    }
+    let parts = qkv.map(Source::held);
+    let mut whole = Vec::with_capacity(len);
+    for part in parts {
+        whole.extend_from_slice(part?);
+    }
+    nf4_ops::upload(gpu, &nf4::quantize(&whole, nf4::BLOCK)?)
+}
+
 impl BaseDevice {
     /// The base model of `cfg` for `seed`, stored as `options.base` says.
     /// Each layer's seven projections are drawn at once, then uploaded in
@@ -468,6 +508,7 @@ impl BaseDevice {
             stacks: Vec::new(),
             stacks_f16: Vec::new(),
             stacks_bf16: Vec::new(),
+            stacks_nf4: Vec::new(),
             qkv_bias: Vec::with_capacity(cfg.layers),
             final_norm: values.final_norm(gpu, cfg.hidden)?,
             lm_head: None,
@@ -504,11 +545,15 @@ impl BaseDevice {
                 None => values.source(*d),
             })
             .collect::<Result<Vec<_>>>()?;
-        let stacked = |which: usize| !base.is_nf4() && which < 3;
-        if !base.is_nf4() {
-            // The draws' lengths: with zeros, the sources hold none.
-            let qkv_len = draws[..3].iter().map(|(d, _)| d.len).sum::<usize>();
-            let qkv = [sources[0], sources[1], sources[2]];
+        let stacked = |which: usize| which < 3;
+        // The draws' lengths: with zeros, the sources hold none.
+        let qkv_lens = [0, 1, 2].map(|which| draws[which].0.len);
+        let qkv = [sources[0], sources[1], sources[2]];
+        if base.is_nf4() {
+            let t = nf4_stack((gpu, stager), options, values, (qkv, qkv_lens))?;
+            self.stacks_nf4.push(t);
+        } else {
+            let qkv_len = qkv_lens.iter().sum();
             self.push_stack((gpu, stager), cfg, options, values, (qkv, qkv_len))?;
         }
         // Projection order q, k, v, o, gate, up, down: the fault's source.
@@ -618,6 +663,11 @@ impl BaseDevice {
             + 4 * self.stacks.iter().map(|s| s.len()).sum::<usize>()
             + 2 * self.stacks_f16.iter().map(|s| s.len()).sum::<usize>()
             + 2 * self.stacks_bf16.iter().map(|s| s.len()).sum::<usize>()
+            + self
+                .stacks_nf4
+                .iter()
+                .map(|t| t.codes.len() + 4 * t.absmax.len())
+                .sum::<usize>()
             + self.linears().iter().map(|l| l.bytes()).sum::<usize>()
     }
 }
