@@ -132,6 +132,16 @@ extern "C" __global__ void nf4_quantize_f32(const float* __restrict__ w,
     }
 }
 
+// The code book into the block's shared memory, for all its threads: a warp's
+// lookups hit up to 16 different entries, which the constant cache would
+// serve one address at a time, while shared memory serves them in one access.
+static __device__ __forceinline__ void nf4_book_to_shared(float* book) {
+    if (threadIdx.x < 16) {
+        book[threadIdx.x] = NF4_CODE_BOOK_F32[threadIdx.x];
+    }
+    __syncthreads();
+}
+
 // out[i] = NF4_CODE_BOOK[code_i] * absmax[i / 64] for i < len.
 //
 // A warp dequantises spans of 256 consecutive elements: lane l loads the
@@ -156,10 +166,7 @@ extern "C" __global__ void nf4_dequantize_f32(const unsigned char* __restrict__ 
                                               long long len,
                                               long long write_limit) {
     __shared__ float book[16];
-    if (threadIdx.x < 16) {
-        book[threadIdx.x] = NF4_CODE_BOOK_F32[threadIdx.x];
-    }
-    __syncthreads();
+    nf4_book_to_shared(book);
     const int lane = threadIdx.x & 31;
     const long long words = len / 8;
     const long long spans = (len + 255) / 256;
@@ -214,10 +221,7 @@ extern "C" __global__ void nf4_dequantize_bf16(const unsigned char* __restrict__
                                                long long len,
                                                long long write_limit) {
     __shared__ float book[16];
-    if (threadIdx.x < 16) {
-        book[threadIdx.x] = NF4_CODE_BOOK_F32[threadIdx.x];
-    }
-    __syncthreads();
+    nf4_book_to_shared(book);
     const int lane = threadIdx.x & 31;
     const long long words = len / 8;
     const long long passes = (words + NF4_BF16_WARP_WORDS - 1) / NF4_BF16_WARP_WORDS;

@@ -13,7 +13,7 @@
 //! - forward GEMM: `y[m, n] = x[m, k] deq(W)^T`, `W` stored `[n, k]`
 //! - backward GEMM: `dx[m, k] = dy[m, n] deq(W)`
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
 
 use super::cast::Bf16;
 use super::gemm::{grid_dim, to_i64, TILE};
@@ -262,34 +262,9 @@ pub fn dequantize_bf16_into(
             got: format!("{} elements from {first}", out.len()),
         });
     }
-    check_device("nf4_dequantize_bf16", t)?;
-    let len = to_i64("nf4_dequantize_bf16", t.len)?;
-    let limit = to_i64("nf4_dequantize_bf16", gpu.faults().written(t.len))?;
+    let limit = gpu.faults().written(t.len);
     let mut out = out.slice_mut(first..first + t.len);
-    // One warp per 128 code words (four a lane), at most one wave of full
-    // SMs (the grid-stride loop takes the rest).
-    let cfg = gpu.launch_1d_per_sm((t.len / 8).div_ceil(128) * 32, 8);
-    let func = gpu.function(MODULE, "nf4_dequantize_bf16")?;
-    let mut launch = gpu.stream().launch_builder(&func);
-    launch
-        .arg(&t.codes)
-        .arg(&t.absmax)
-        .arg(&mut out)
-        .arg(&len)
-        .arg(&limit);
-    // SAFETY: arguments match `nf4_dequantize_bf16(const unsigned char*
-    // codes, const float* absmax, unsigned short* out, long long len, long
-    // long write_limit)` in order and type (`Bf16` is `repr(transparent)`
-    // over its u16 bits). check_device proved codes holds len/2 bytes and
-    // absmax len/64 floats; `out` is a view of exactly len elements (len a
-    // multiple of 64). The kernel reads code word w and absmax[w / 8] only
-    // for w < len/8 and writes out[8w .. 8w + 8) only for those w; blocks
-    // are whole warps, as its per-warp passes need. The inputs
-    // are whole allocations (aligned for the word loads), and `out` starts a
-    // multiple of 8 elements (16 bytes) into its allocation (checked above),
-    // so its 16-byte stores are aligned.
-    unsafe { launch.launch(cfg) }?;
-    Ok(())
+    launch_dequantize(gpu, t, &mut out, Dequantized::Bf16, limit)
 }
 
 fn dequantize_limited(
@@ -299,31 +274,59 @@ fn dequantize_limited(
     first: usize,
     write_limit: usize,
 ) -> Result<()> {
-    check_device("nf4_dequantize", t)?;
     let mut out = out.slice_mut(first..first + t.len);
+    launch_dequantize(gpu, t, &mut out, Dequantized::F32, write_limit)
+}
+
+/// The element type a dequantisation kernel writes.
+#[derive(Debug, Clone, Copy)]
+enum Dequantized {
+    /// `nf4_dequantize_f32`: a warp per span of 256 elements, float4 stores.
+    F32,
+    /// `nf4_dequantize_bf16`: a warp per 128 code words (four a lane), one
+    /// 16-byte store a word.
+    Bf16,
+}
+
+/// Launches the dequantisation of `t` into `out` (a view of exactly
+/// `t.len` elements of the type `kind` names, starting 16 bytes aligned),
+/// writing its first `write_limit` elements, at most one wave of full SMs
+/// (the kernels' grid-stride loops take the rest).
+fn launch_dequantize<T: cudarc::driver::DeviceRepr>(
+    gpu: &mut GpuContext,
+    t: &Nf4Device,
+    out: &mut CudaViewMut<'_, T>,
+    kind: Dequantized,
+    write_limit: usize,
+) -> Result<()> {
+    check_device("nf4_dequantize", t)?;
     let len = to_i64("nf4_dequantize", t.len)?;
     let limit = to_i64("nf4_dequantize", write_limit.min(t.len))?;
-    // One warp per span of 256 elements, at most one wave of full SMs (the
-    // grid-stride loop takes the rest).
-    let cfg = gpu.launch_1d_per_sm(t.len.div_ceil(256) * 32, 8);
-    let func = gpu.function(MODULE, "nf4_dequantize_f32")?;
+    let (kernel, warps) = match kind {
+        Dequantized::F32 => ("nf4_dequantize_f32", t.len.div_ceil(256)),
+        Dequantized::Bf16 => ("nf4_dequantize_bf16", (t.len / 8).div_ceil(128)),
+    };
+    let cfg = gpu.launch_1d_per_sm(warps * 32, 8);
+    let func = gpu.function(MODULE, kernel)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
         .arg(&t.codes)
         .arg(&t.absmax)
-        .arg(&mut out)
+        .arg(out)
         .arg(&len)
         .arg(&limit);
-    // SAFETY: arguments match `nf4_dequantize_f32(const unsigned char* codes,
-    // const float* absmax, float* out, long long len, long long write_limit)`
-    // in order and type. check_device proved codes holds len/2 bytes and
-    // absmax len/64 floats, out holds len floats (len a multiple of 64); the
-    // kernel reads code word w and absmax[w / 8] only for w < len/8, and
-    // writes out[e .. e + 4) only for e < len (len % 4 == 0). The inputs
-    // are whole allocations and `out` starts 4-float aligned (first % 4 == 0,
-    // checked by the callers), so the word loads and float4 stores are
-    // aligned; blocks are THREADS_1D threads, whole warps, as the shuffles
-    // need.
+    // SAFETY: arguments match `nf4_dequantize_{f32,bf16}(const unsigned
+    // char* codes, const float* absmax, T* out, long long len, long long
+    // write_limit)` in order and type (T = float for `F32` callers' f32
+    // views, unsigned short for `Bf16`, `repr(transparent)` over its bits).
+    // check_device proved codes holds len/2 bytes and absmax len/64 floats;
+    // `out` is a view of exactly len elements (len a multiple of 64). Both
+    // kernels read code word w and absmax[w / 8] only for w < len/8 and write
+    // elements below len only. The inputs are whole allocations, so the word
+    // loads are aligned; `out` starts at a multiple of 4 floats (f32) or 8
+    // bf16 (checked by the callers), so the float4 and 16-byte stores are
+    // aligned. Blocks are THREADS_1D threads, whole warps, as the shuffles
+    // and per-warp passes need.
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }

@@ -103,14 +103,8 @@ fn quantize_parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> 
 /// Reference quantisation uploaded in the device layout, dequantised on the
 /// device, against the reference dequantisation.
 fn dequantize_parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
-    let len = case.shape.dim("rows") * case.shape.dim("cols");
-    check_len("nf4_dequantize", len)?;
-    let mut rng = case_rng(case.seed);
-    let (_, w64) = random_weights(&mut rng, len);
-    let t = ref_nf4::quantize(&w64, BLOCK)?;
-    let reference = ref_nf4::dequantize(&t);
-    let dev = upload(gpu, &t)?;
-    let mut out = gpu.poisoned(len)?;
+    let (dev, reference) = quantized_case(gpu, case)?;
+    let mut out = gpu.poisoned(dev.len)?;
     dequantize(gpu, &dev, &mut out)?;
     Ok(compare(&gpu.download(&out)?, &reference))
 }
@@ -121,16 +115,21 @@ fn dequantize_parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison
 /// only where the f64 and f32 code books' products straddle a rounding
 /// boundary, while a truncating cast errs on nearly every value.
 fn dequantize_bf16_parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
+    let (dev, reference) = quantized_case(gpu, case)?;
+    let mut out = <Bf16 as Written>::poisoned(gpu, dev.len)?;
+    dequantize_bf16_into(gpu, &dev, &mut out, 0)?;
+    Ok(compare_written(&gpu.download(&out)?, &reference))
+}
+
+/// The case's weights quantised by the reference, uploaded in the device
+/// layout, with the reference's dequantisation of them.
+fn quantized_case(gpu: &GpuContext, case: &Case<'_>) -> Result<(Nf4Device, Vec<f64>)> {
     let len = case.shape.dim("rows") * case.shape.dim("cols");
     check_len("nf4_dequantize", len)?;
     let mut rng = case_rng(case.seed);
     let (_, w64) = random_weights(&mut rng, len);
     let t = ref_nf4::quantize(&w64, BLOCK)?;
-    let reference = ref_nf4::dequantize(&t);
-    let dev = upload(gpu, &t)?;
-    let mut out = <Bf16 as Written>::poisoned(gpu, len)?;
-    dequantize_bf16_into(gpu, &dev, &mut out, 0)?;
-    Ok(compare_written(&gpu.download(&out)?, &reference))
+    Ok((upload(gpu, &t)?, ref_nf4::dequantize(&t)))
 }
 
 /// Forward: `y = x deq(W)^T` against `reference::nf4::linear_nf4`. Backward:
