@@ -135,6 +135,11 @@ pub fn upload(gpu: &GpuContext, t: &Nf4Tensor) -> Result<Nf4Device> {
 }
 
 impl Nf4Device {
+    /// Bytes on the device: the packed codes and the f32 block absmax.
+    pub fn bytes(&self) -> usize {
+        self.codes.len() + 4 * self.absmax.len()
+    }
+
     /// A zeroed tensor of `len` values (codes and absmax), ready for
     /// [`quantize`] to fill; `len` must be a multiple of the block.
     pub fn zeros(gpu: &GpuContext, len: usize) -> Result<Self> {

@@ -23,14 +23,14 @@ use cudarc::driver::{CudaSlice, CudaView};
 
 use super::blas::{self, Mat, MatMut};
 use super::kernels;
-use super::weights::{Frozen, LayerWeights, Linear};
+use super::weights::{LayerWeights, Linear};
 use super::workspace::{GateUp, Grads, LayerActs, Scratch, Workspace};
 use crate::error::{Error, Result};
 use crate::gpu::{GemmMath, GpuContext};
 use crate::model::{ModelConfig, Slot, Trainable};
 use crate::ops::attention::{self, AttnKernels, AttnShape};
 use crate::ops::cast::{Bf16, HalfFloat};
-use crate::ops::gemm::{GemmOut, GemmSpec};
+use crate::ops::gemm::GemmSpec;
 use crate::ops::nf4::Nf4Device;
 use crate::ops::rope::{self, QkvShape};
 use crate::ops::{activation, cast, nf4, rmsnorm};
@@ -536,7 +536,7 @@ fn input_grad(
     if let Some(wt) = kept.filter(|_| !gpu.faults().transposed_weights_ignored) {
         return blas::linear(gpu, math, 1.0, dy, wt, beta, dx, (rows, out_dim, in_dim));
     }
-    if let Some(w) = bf16_weight(gpu, stores.deq_bf16, lin)? {
+    if let Some(w) = Workspace::bf16_weight(stores.deq_bf16, gpu, lin)? {
         let dy16 = match bf16_dy {
             Bf16Dy::RoundHere => half_of(gpu, dy, stores.bf16)?,
             Bf16Dy::InSecond => front(stores.bf16_second, dy.len())?,
@@ -547,37 +547,14 @@ fn input_grad(
     blas::linear_dx(gpu, math, 1.0, dy, w, beta, dx, (rows, in_dim, out_dim))
 }
 
-/// `lin`'s weight as a bf16 GEMM reads it: a bf16 base's own, or NF4 codes
-/// dequantised to bf16 (on the stream) into the target of its length in
-/// `deq_bf16` (a base computing in bf16 has them; no other has); `None` for
-/// a weight read in another format.
-fn bf16_weight<'a>(
-    gpu: &mut GpuContext,
-    deq_bf16: &'a mut [CudaSlice<Bf16>],
-    lin: &'a Linear,
-) -> Result<Option<&'a CudaSlice<Bf16>>> {
-    match &lin.w {
-        Frozen::Bf16(w) => Ok(Some(w)),
-        Frozen::Nf4(t) if !deq_bf16.is_empty() => {
-            let target = deq_bf16.iter_mut().find(|b| b.len() == t.len);
-            let target = target.ok_or_else(|| Error::InvalidArgument {
-                op: "train",
-                message: format!("no bf16 dequantisation target of {} values", t.len),
-            })?;
-            nf4::dequantize_bf16_into(gpu, t, target, 0)?;
-            Ok(Some(target))
-        }
-        _ => Ok(None),
-    }
-}
-
-/// [`bf16_weight`] of a projection that a bf16 step must read in bf16.
+/// [`Workspace::bf16_weight`] of a projection that a bf16 step must read in
+/// bf16.
 fn bf16_weight_of<'a>(
     gpu: &mut GpuContext,
     deq_bf16: &'a mut [CudaSlice<Bf16>],
     lin: &'a Linear,
 ) -> Result<&'a CudaSlice<Bf16>> {
-    bf16_weight(gpu, deq_bf16, lin)?.ok_or_else(gate_up_mismatch)
+    Workspace::bf16_weight(deq_bf16, gpu, lin)?.ok_or_else(gate_up_mismatch)
 }
 
 /// `dx = dy16 W + beta dx` for the bf16 `W` (`w`) of `lin`, `dy16` already
@@ -641,7 +618,7 @@ fn forward_linear(
         let x16 = half_of(gpu, x, stores.half)?;
         return blas::gemm_half(gpu, spec, 1.0, &x16, w16, beta, y);
     }
-    if let Some(w) = bf16_weight(gpu, stores.deq_bf16, lin)? {
+    if let Some(w) = Workspace::bf16_weight(stores.deq_bf16, gpu, lin)? {
         let x16 = half_of(gpu, x, stores.bf16)?;
         return blas::gemm_half(gpu, spec, 1.0, &x16, w, beta, y);
     }
@@ -847,27 +824,13 @@ impl Mlp<'_> {
     ) -> Result<()> {
         if let (Some(wg), Some(wu)) = (&self.gate.half, &self.up.half) {
             let n2 = half_of(gpu, n2, stores.half)?;
-            return self.gate_up_half(gpu, &n2, (wg, wu), (gate, up));
+            for (lin, w, out) in [(self.gate, wg, gate), (self.up, wu, up)] {
+                blas::gemm_half(gpu, linear_spec(lin, n2.len()), 1.0, &n2, w, 0.0, out)?;
+            }
+            return Ok(());
         }
         forward_linear(gpu, math, stores, self.gate, n2, 0.0, gate)?;
         forward_linear(gpu, math, stores, self.up, n2, 0.0, up)
-    }
-
-    /// The input projections on 16-bit operands (`Wg`, `Wu` in the format
-    /// `H`), from `n2` already rounded to it, stored as `O`.
-    fn gate_up_half<H: HalfFloat, O: GemmOut>(
-        &self,
-        gpu: &mut GpuContext,
-        n2: &CudaView<'_, H>,
-        (wg, wu): (&CudaSlice<H>, &CudaSlice<H>),
-        (gate, up): (&mut CudaSlice<O>, &mut CudaSlice<O>),
-    ) -> Result<()> {
-        let (gs, us) = (
-            linear_spec(self.gate, n2.len()),
-            linear_spec(self.up, n2.len()),
-        );
-        blas::gemm_half(gpu, gs, 1.0, n2, wg, 0.0, gate)?;
-        blas::gemm_half(gpu, us, 1.0, n2, wu, 0.0, up)
     }
 
     /// The backward of [`Mlp::forward`]: `dx` (the gradient of `x'`) through

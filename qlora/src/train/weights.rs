@@ -214,7 +214,7 @@ impl Linear {
             + self.half.as_ref().map_or(0, |w| 2 * w.len());
         kept + match &self.w {
             Frozen::Fp32(w) => 4 * w.len(),
-            Frozen::Nf4(t) => t.codes.len() + 4 * t.absmax.len(),
+            Frozen::Nf4(t) => t.bytes(),
             Frozen::Bf16(w) => 2 * w.len(),
             Frozen::Stacked => 0,
         }
@@ -329,8 +329,8 @@ impl<'a> Source<'a> {
 
 /// A fill for [`Values::put`]: `convert` of the concatenation of `parts`,
 /// followed by zeros.
-fn concat_reader<'a, T: 'a>(
-    parts: [Source<'a>; 3],
+fn concat_reader<'a, T: 'a, const N: usize>(
+    parts: [Source<'a>; N],
     convert: fn(f64) -> T,
 ) -> impl Fn(usize, &mut [T]) + Sync + 'a {
     move |start, out| read_concat(&parts, start, out, convert)
@@ -372,10 +372,8 @@ fn read_transposed(w: &[f64], (rows, cols): (usize, usize), start: usize, out: &
 }
 
 /// One `[out_dim, in_dim]` projection from its drawn values `w` (the draws
-/// of [`projection_draws`], as the host model's). With
-/// `options.device_quantize`, an NF4 base is quantised by the device kernel
-/// from the f32 values (block absmax rounded to f32 first, so a code may
-/// differ from the host quantiser's f64 choice at a rounding boundary). An
+/// of [`projection_draws`], as the host model's). An NF4 base quantises it
+/// as [`nf4_of`] says. An
 /// fp32 base keeps `W^T` too when `options.transposed_weights` (under the
 /// `backward_weights_untransposed` fault that copy holds `W` itself), and an
 /// f16 copy made from `half_source` when `options.f16_projections` (`w`
@@ -390,22 +388,11 @@ fn linear(
     options: &GpuTrainOptions,
 ) -> Result<Linear> {
     let n = out_dim * in_dim;
-    let read = w.reader(single);
-    let nf4_base = options.base.is_nf4();
-    let frozen = match (options.base, options.device_quantize) {
-        (BaseWeights::Fp32, _) => Frozen::Fp32(values.put(gpu, stager, n, read)?),
-        (BaseWeights::Bf16, _) => Frozen::Bf16(values.put(gpu, stager, n, w.reader(half))?),
-        _ if nf4_base && values == Values::Zeros => Frozen::Nf4(Nf4Device::zeros(gpu, n)?),
-        (BaseWeights::Nf4 | BaseWeights::Nf4Bf16, false) => Frozen::Nf4(nf4_ops::upload(
-            gpu,
-            &nf4::quantize(w.held()?, nf4::BLOCK)?,
-        )?),
-        (BaseWeights::Nf4 | BaseWeights::Nf4Bf16, true) => {
-            let mut t = Nf4Device::zeros(gpu, n)?;
-            let src = values.put(gpu, stager, n, read)?;
-            nf4_ops::quantize(gpu, &src, &mut t)?;
-            gpu.synchronize()?;
-            Frozen::Nf4(t)
+    let frozen = match options.base {
+        BaseWeights::Fp32 => Frozen::Fp32(values.put(gpu, stager, n, w.reader(single))?),
+        BaseWeights::Bf16 => Frozen::Bf16(values.put(gpu, stager, n, w.reader(half))?),
+        BaseWeights::Nf4 | BaseWeights::Nf4Bf16 => {
+            Frozen::Nf4(nf4_of((gpu, stager), options, values, ([w], [n]))?)
         }
     };
     let transposed = match frozen {
@@ -436,16 +423,20 @@ fn linear(
     })
 }
 
-/// An NF4 base's q/k/v rows `[Wq; Wk; Wv]` (`qkv`, of `lens` values) as
-/// one NF4 tensor, quantised as [`linear`] quantises a projection: each part
-/// must be a whole number of blocks, so that no block straddles two of them
-/// and the codes are those of the parts quantised apart (as the host model
-/// quantises them).
-fn nf4_stack(
+/// `parts` (of `lens` values, each a whole number of blocks) quantised to
+/// one NF4 tensor: zeros for [`Values::Zeros`]; with
+/// `options.device_quantize` by the device kernel from the f32 values
+/// (block absmax rounded to f32 first, so a code may differ from the host
+/// quantiser's f64 choice at a rounding boundary); else by the host's
+/// quantiser from the held f64 values. No block
+/// straddles two parts, so the codes are those of the parts quantised apart
+/// (as the host model quantises them): an NF4 base's q/k/v rows are one
+/// tensor, each other projection one of its own.
+fn nf4_of<const N: usize>(
     (gpu, stager): (&mut GpuContext, &mut Stager),
     options: &GpuTrainOptions,
     values: Values,
-    (qkv, lens): ([Source; 3], [usize; 3]),
+    (parts, lens): ([Source; N], [usize; N]),
 ) -> Result<Nf4Device> {
     for len in lens {
         nf4_ops::check_len("nf4_quantize", len)?;
@@ -456,17 +447,23 @@ fn nf4_stack(
     }
     if options.device_quantize {
         let mut t = Nf4Device::zeros(gpu, len)?;
-        let src = values.put(gpu, stager, len, concat_reader(qkv, single))?;
+        let src = values.put(gpu, stager, len, concat_reader(parts, single))?;
         nf4_ops::quantize(gpu, &src, &mut t)?;
         gpu.synchronize()?;
         return Ok(t);
     }
-    let parts = qkv.map(Source::held);
-    let mut whole = Vec::with_capacity(len);
-    for part in parts {
-        whole.extend_from_slice(part?);
-    }
-    nf4_ops::upload(gpu, &nf4::quantize(&whole, nf4::BLOCK)?)
+    // One part is quantised where it is held; several are joined first.
+    let quantized = match parts.as_slice() {
+        [one] => nf4::quantize(one.held()?, nf4::BLOCK)?,
+        _ => {
+            let mut whole = Vec::with_capacity(len);
+            for part in parts {
+                whole.extend_from_slice(part.held()?);
+            }
+            nf4::quantize(&whole, nf4::BLOCK)?
+        }
+    };
+    nf4_ops::upload(gpu, &quantized)
 }
 
 impl BaseDevice {
@@ -545,12 +542,11 @@ impl BaseDevice {
                 None => values.source(*d),
             })
             .collect::<Result<Vec<_>>>()?;
-        let stacked = |which: usize| which < 3;
         // The draws' lengths: with zeros, the sources hold none.
         let qkv_lens = [0, 1, 2].map(|which| draws[which].0.len);
         let qkv = [sources[0], sources[1], sources[2]];
         if base.is_nf4() {
-            let t = nf4_stack((gpu, stager), options, values, (qkv, qkv_lens))?;
+            let t = nf4_of((gpu, stager), options, values, (qkv, qkv_lens))?;
             self.stacks_nf4.push(t);
         } else {
             let qkv_len = qkv_lens.iter().sum();
@@ -565,7 +561,7 @@ impl BaseDevice {
         };
         self.layers.push(LayerWeights::try_from_fn(|which| {
             let (out_dim, in_dim) = draws[which].1;
-            if stacked(which) {
+            if which < 3 {
                 return Ok(Linear {
                     out_dim,
                     in_dim,
@@ -663,11 +659,7 @@ impl BaseDevice {
             + 4 * self.stacks.iter().map(|s| s.len()).sum::<usize>()
             + 2 * self.stacks_f16.iter().map(|s| s.len()).sum::<usize>()
             + 2 * self.stacks_bf16.iter().map(|s| s.len()).sum::<usize>()
-            + self
-                .stacks_nf4
-                .iter()
-                .map(|t| t.codes.len() + 4 * t.absmax.len())
-                .sum::<usize>()
+            + self.stacks_nf4.iter().map(Nf4Device::bytes).sum::<usize>()
             + self.linears().iter().map(|l| l.bytes()).sum::<usize>()
     }
 }

@@ -242,15 +242,16 @@ pub struct Workspace {
     /// The cross-entropy forward's per-row stats, read by its backward.
     pub ce_stats: RowStats,
     pub grads: Grads,
-    /// NF4 base only: one dequantisation target per distinct weight length.
+    /// NF4 base computing in f32 only: one dequantisation target per
+    /// distinct length of the projections outside the q/k/v stack.
     pub deq: Vec<CudaSlice<f32>>,
     /// NF4 base computing in bf16 only: one bf16 dequantisation target per
-    /// distinct weight length.
+    /// distinct length of the projections outside the q/k/v stack.
     pub deq_bf16: Vec<CudaSlice<Bf16>>,
     /// The sines and cosines of RoPE's angles for the fused q/k/v kernels
     /// ([`crate::ops::rope::qkv_angle_table`]), `[2][seq][head_dim / 2]`.
     pub rope_table: CudaSlice<f32>,
-    /// NF4 base only: the q/k/v stack `[Wq; Wk; Wv; Aq; Av]` `[width,
+    /// NF4 base computing in f32 only: the q/k/v stack `[Wq; Wk; Wv; Aq; Av]` `[width,
     /// hidden]` each layer dequantises into (an fp32 base keeps one per
     /// layer in [`super::weights::BaseDevice::stacks`]).
     pub stack: Option<CudaSlice<f32>>,
@@ -281,7 +282,6 @@ impl Workspace {
             .filter(|l| matches!(l.w, Frozen::Nf4(_)))
             .map(|l| l.out_dim * l.in_dim)
             .collect();
-        let nf4 = !deq_lens.is_empty();
         deq_lens.sort_unstable();
         deq_lens.dedup();
         // An NF4 base computing in bf16 dequantises to bf16, the other to f32.
@@ -363,11 +363,11 @@ impl Workspace {
                 c.head_dim,
                 c.rope_theta,
             ))?,
-            stack: match nf4 && !options.base.computes_in_bf16() {
+            stack: match options.base == BaseWeights::Nf4 {
                 true => Some(z(stack_len)?),
                 false => None,
             },
-            stack_bf16: match nf4 && options.base.computes_in_bf16() {
+            stack_bf16: match options.base == BaseWeights::Nf4Bf16 {
                 true => Some(gpu.zeros(stack_len)?),
                 false => None,
             },
@@ -544,18 +544,43 @@ impl Workspace {
                 message: "a bf16 projection has no f32 copy; its GEMMs read it in bf16".into(),
             }),
             Frozen::Nf4(t) => {
-                let len = t.len;
-                let slot = deq.iter_mut().find(|b| b.len() == len).ok_or_else(|| {
-                    crate::error::Error::InvalidArgument {
-                        op: "train",
-                        message: format!("no dequantisation scratch of {len} values"),
-                    }
-                })?;
+                let slot = target_of(deq, t.len)?;
                 nf4::dequantize(gpu, t, slot)?;
                 Ok(slot)
             }
         }
     }
+
+    /// `lin`'s weight as a bf16 GEMM reads it: a bf16 base's own, or its NF4
+    /// codes dequantised to bf16 (on the stream) into the target of its
+    /// length in `deq_bf16` (a base computing in bf16 has them; no other
+    /// has); `None` for a weight read in another format.
+    pub fn bf16_weight<'a>(
+        deq_bf16: &'a mut [CudaSlice<Bf16>],
+        gpu: &mut GpuContext,
+        lin: &'a Linear,
+    ) -> Result<Option<&'a CudaSlice<Bf16>>> {
+        match &lin.w {
+            Frozen::Bf16(w) => Ok(Some(w)),
+            Frozen::Nf4(t) if !deq_bf16.is_empty() => {
+                let slot = target_of(deq_bf16, t.len)?;
+                nf4::dequantize_bf16_into(gpu, t, slot, 0)?;
+                Ok(Some(slot))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+/// The dequantisation target of `len` values among `targets` (one per
+/// distinct projection length).
+fn target_of<T>(targets: &mut [CudaSlice<T>], len: usize) -> Result<&mut CudaSlice<T>> {
+    targets.iter_mut().find(|b| b.len() == len).ok_or_else(|| {
+        crate::error::Error::InvalidArgument {
+            op: "train",
+            message: format!("no dequantisation target of {len} values"),
+        }
+    })
 }
 
 /// A device buffer handed to cuBLAS as its workspace. cuBLAS would otherwise

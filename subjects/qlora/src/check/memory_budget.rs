@@ -132,6 +132,12 @@ struct Peak {
 }
 
 impl Peak {
+    /// Bytes the trainer accounted for, all together.
+    fn accounted_total(&self) -> usize {
+        let (base, params, ws) = self.accounted;
+        base + params + ws
+    }
+
     /// The trainer's accounting as the detail states it.
     fn accounted_text(&self) -> String {
         let (base, params, ws) = self.accounted;
@@ -167,47 +173,17 @@ fn peak_of(gpu: &mut GpuContext, cfg: &ModelConfig, base: BaseWeights, seed: u64
 
 /// Passes when the peak device memory a training run of the configuration
 /// adds is at most `max_gib`, or at most `max_ratio` of the peak of the same
-/// run on the `versus` base ([`peak_of`]); the trainer's own accounting of
-/// its buffers is in the detail. A mutant's faults are on for `base` only.
+/// run on the `versus` base ([`peak_of`]), and every run's last loss is
+/// finite; the trainer's own accounting of its buffers is in the detail. A
+/// mutant's faults are on for `base` only.
 fn memory_budget(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     let cfg = p.model.sized(p.batch, None);
-    let (seed, faults) = (cx.seed, cx.faults());
+    let run = (cx.seed, cx.faults());
     let gpu = require_gpu(cx)?;
-    let (m, losses) = match (p.max_gib, p.versus, p.max_ratio) {
-        (Some(max), _, _) => {
-            let ours = peak_of(&mut gpu.with_faults(faults), &cfg, p.base, seed)?;
-            let m = Measurement::new("peak_device_gib", ours.gib, Comparator::Le, max.0, "GiB")
-                .with_detail(format!(
-                    "model {} ({:?} base, batch {}, seq {}) on {}, {STEPS} graphed steps (last loss {:.3}); accounted: {} (saved activations {:.3} GiB)",
-                    cfg.name,
-                    p.base,
-                    cfg.batch,
-                    cfg.seq_len,
-                    gpu.facts().name,
-                    ours.loss,
-                    ours.accounted_text(),
-                    gib(qlora::train::workspace::Workspace::activation_bytes(&cfg, p.base)),
-                ));
-            (m, vec![ours.loss])
-        }
+    let (mut m, losses) = match (p.max_gib, p.versus, p.max_ratio) {
+        (Some(max), _, _) => peak_bound(gpu, &cfg, p.base, max.0, run)?,
         (None, Some(BaseName(versus)), Some(max)) => {
-            let (ours, theirs) = both_peaks(gpu, &cfg, (p.base, versus), seed, faults)?;
-            let ratio = ours.gib / theirs.gib;
-            let m = Measurement::new("peak_ratio", ratio, Comparator::Le, max.0, "x")
-                .with_detail(format!(
-                    "model {} (batch {}, seq {}) on {}, {STEPS} graphed steps each: {} base peak {:.3} GiB (accounted: {}), {} base peak {:.3} GiB (accounted: {}); ratio {ratio:.3}",
-                    cfg.name,
-                    cfg.batch,
-                    cfg.seq_len,
-                    gpu.facts().name,
-                    p.base.name(),
-                    ours.gib,
-                    ours.accounted_text(),
-                    versus.name(),
-                    theirs.gib,
-                    theirs.accounted_text(),
-                ));
-            (m, vec![ours.loss, theirs.loss])
+            ratio_bound(gpu, &cfg, (p.base, versus), max.0, run)?
         }
         _ => {
             return Err(Error::InvalidArgument {
@@ -216,11 +192,64 @@ fn memory_budget(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
             })
         }
     };
-    let mut m = m;
     if let Some(bad) = losses.iter().find(|l| !l.is_finite()) {
         m.violate(format!("the loss is {bad}"));
     }
     Ok(m)
+}
+
+/// The peak of `base`'s run (under `faults`) against `max_gib`, with the
+/// runs' last losses.
+fn peak_bound(
+    gpu: &mut GpuContext,
+    cfg: &ModelConfig,
+    base: BaseWeights,
+    max_gib: f64,
+    (seed, faults): (u64, qlora::Faults),
+) -> Result<(Measurement, Vec<f64>)> {
+    let ours = peak_of(&mut gpu.with_faults(faults), cfg, base, seed)?;
+    let m = Measurement::new("peak_device_gib", ours.gib, Comparator::Le, max_gib, "GiB")
+        .with_detail(format!(
+            "model {} ({:?} base, batch {}, seq {}) on {}, {STEPS} graphed steps (last loss {:.3}); accounted: {} (saved activations {:.3} GiB)",
+            cfg.name,
+            base,
+            cfg.batch,
+            cfg.seq_len,
+            gpu.facts().name,
+            ours.loss,
+            ours.accounted_text(),
+            gib(qlora::train::workspace::Workspace::activation_bytes(cfg, base)),
+        ));
+    Ok((m, vec![ours.loss]))
+}
+
+/// `peak(base) / peak(versus)` ([`both_peaks`]) against `max_ratio`, with
+/// the runs' last losses.
+fn ratio_bound(
+    gpu: &mut GpuContext,
+    cfg: &ModelConfig,
+    (base, versus): (BaseWeights, BaseWeights),
+    max_ratio: f64,
+    (seed, faults): (u64, qlora::Faults),
+) -> Result<(Measurement, Vec<f64>)> {
+    let (ours, theirs) = both_peaks(gpu, cfg, (base, versus), seed, faults)?;
+    let ratio = ours.gib / theirs.gib;
+    let m = Measurement::new("peak_ratio", ratio, Comparator::Le, max_ratio, "x").with_detail(
+        format!(
+            "model {} (batch {}, seq {}) on {}, {STEPS} graphed steps each: {} base peak {:.3} GiB (accounted: {}), {} base peak {:.3} GiB (accounted: {}); ratio {ratio:.3}",
+            cfg.name,
+            cfg.batch,
+            cfg.seq_len,
+            gpu.facts().name,
+            base.name(),
+            ours.gib,
+            ours.accounted_text(),
+            versus.name(),
+            theirs.gib,
+            theirs.accounted_text(),
+        ),
+    );
+    Ok((m, vec![ours.loss, theirs.loss]))
 }
 
 /// The peaks of `ours` (with `faults`) and of `versus` (without), each
@@ -241,13 +270,13 @@ fn both_peaks(
     let theirs = peak_of(gpu, cfg, versus, seed)?;
     let ours = peak_of(&mut gpu.with_faults(faults), cfg, base, seed)?;
     for (peak, base) in [(&ours, base), (&theirs, versus)] {
-        let (b, t, w) = peak.accounted;
-        if peak.gib < 0.9 * gib(b + t + w) {
+        let accounted = gib(peak.accounted_total());
+        if peak.gib < 0.9 * accounted {
             return Err(Error::NotReported(format!(
                 "the {} run's peak ({:.3} GiB) is below what its trainer allocated ({:.3} GiB): the driver's free memory did not show the allocations",
                 base.name(),
                 peak.gib,
-                gib(b + t + w)
+                accounted
             )));
         }
     }
