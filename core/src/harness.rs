@@ -140,13 +140,37 @@ fn nextest() -> Option<Nextest> {
         .and_then(|s| s.parse().ok());
     let device_ordinal = match group.as_str() {
         GPU_GROUP => slot,
-        SHARED_GPU_GROUP => slot.map(|_| crate::run::device_count().max(1) - 1),
+        SHARED_GPU_GROUP => {
+            use_one_hardware_queue();
+            slot.map(|_| crate::run::device_count().max(1) - 1)
+        }
         _ => None,
     };
     Some(Nextest {
         run_id,
         device_ordinal,
     })
+}
+
+/// CUDA's own setting of how many hardware work queues a context opens
+/// (its default is 8).
+const HARDWARE_QUEUES: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+
+/// Makes this process's CUDA context open one hardware work queue, unless
+/// the caller chose a number. Called for a trial of the `gpu-shared` group
+/// only, before anything touches CUDA. The driver creates and destroys a
+/// context's queues one process at a time, and with eight shared trial
+/// processes starting and ending together that wait is most of their setup;
+/// one queue makes a context about half as costly. A shared trial times
+/// nothing, so the overlap of streams it gives up changes none of its
+/// verdicts. The trials that time keep CUDA's default, what a user's
+/// process runs with (docs/src/performance/suite-time.md).
+fn use_one_hardware_queue() {
+    if std::env::var_os(HARDWARE_QUEUES).is_none() {
+        // `main` calls this before the process starts a thread or loads
+        // CUDA, so no other thread reads the environment while it changes.
+        std::env::set_var(HARDWARE_QUEUES, "1");
+    }
 }
 
 /// The same selection rule libtest-mimic applies (a filter matches the name

@@ -17,10 +17,11 @@ pub const TARGET_HALF_WIDTH: f64 = 0.01;
 pub const DEFAULT_CAP_FACTOR: usize = 4;
 
 /// A mutant trial looks at its interval first after this many pairs (or
-/// its `min`, if fewer), then at `min`: a mutant that slows a step tenfold
-/// has failed its bound long before the contract's minimum, and each of
-/// its pairs can take a second.
-pub const MUTANT_FIRST_LOOK: usize = 5;
+/// its `min`, if fewer), then after every pair up to `min`: a mutant that
+/// slows a step tenfold has failed its bound long before the contract's
+/// minimum, and each of its pairs can take a second. Three, not fewer: the
+/// bootstrap interval of two pairs is little more than their two ratios.
+pub const MUTANT_FIRST_LOOK: usize = 3;
 
 /// How many pairs to time and when to stop early.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -77,9 +78,10 @@ impl Plan {
     }
 
     /// The pair count of the next look at the interval after `n`: `min`
-    /// first (a mutant's [`MUTANT_FIRST_LOOK`] before it), then about 10%
-    /// more each time (at least one, at most `max`),
-    /// so a run of `n` pairs bootstraps only `O(log(max / min))` times.
+    /// first (a mutant's [`MUTANT_FIRST_LOOK`] and every pair after it up to
+    /// `min` before it: a mutant stops at the pair that settles it), then
+    /// about 10% more each time (at least one, at most `max`), so a run of
+    /// `n` pairs bootstraps only `O(log(max / min))` times past its minimum.
     fn next_look(&self, n: usize) -> usize {
         let first = match self.fail_fast {
             Some(_) => MUTANT_FIRST_LOOK.min(self.min),
@@ -88,7 +90,10 @@ impl Plan {
         if n < first {
             first
         } else if n < self.min {
-            self.min
+            match self.fail_fast {
+                Some(_) => n + 1,
+                None => self.min,
+            }
         } else {
             (n + (n / 10).max(1)).min(self.max)
         }
@@ -263,6 +268,26 @@ mod tests {
         let t = time_pairs(&close, 7, noisy(0.9)).unwrap();
         assert_ne!(t.stop, Stop::Failed);
         assert!(t.repeats() >= 10);
+    }
+
+    #[test]
+    fn a_mutant_stops_at_the_pair_that_settles_it_between_its_first_look_and_the_minimum() {
+        // Ratio 1 against a bound of 1.05, but the first pair is 10% off:
+        // the interval of the first few pairs reaches past the bound. Every
+        // later pair is exact, so the interval falls below the bound at some
+        // pair after the first look and before the minimum of 10.
+        let times = [(1.1, 1.0), (1.0, 1.0), (1.0, 1.0)];
+        let mut k = 0;
+        let sampler = || {
+            let t = times.get(k).copied().unwrap_or((1.0, 1.0));
+            k += 1;
+            Ok::<_, String>(t)
+        };
+        let plan = Plan::new(10, Some(40), 1000).fail_fast_if(true, Comparator::Ge, 1.05);
+        let t = time_pairs(&plan, 7, sampler).unwrap();
+        assert_eq!(t.stop, Stop::Failed);
+        assert!(t.repeats() > MUTANT_FIRST_LOOK && t.repeats() < 10, "{t:?}");
+        assert_eq!(k, t.repeats(), "no pair timed past the one that settled it");
     }
 
     #[test]
