@@ -1,6 +1,7 @@
 //! The GPU training step across a sequence-length change: a graphed trainer
 //! re-captures its graph for the new length and keeps computing what an
-//! eager trainer computes on the same batches.
+//! eager trainer computes on the same batches; the device transpose the fast
+//! configuration keeps `W^T` with.
 //!
 //! Needs a GPU: run on the GPU machine with `train_gpu --ignored`.
 
@@ -45,4 +46,21 @@ fn graph_is_recaptured_when_seq_len_changes() {
     assert_eq!(replays, 7);
     assert_eq!(graphed.syncs().inside_capture, 0);
     assert!(graphed.syncs().per_step.iter().all(|&n| n == 1));
+}
+
+#[test]
+#[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
+fn device_transpose_moves_every_element_exactly() {
+    assert!(driver_present(), "no CUDA driver");
+    let gpu = GpuContext::new(GpuOptions::default()).unwrap();
+    for (rows, cols) in [(37, 70), (1, 5), (64, 64)] {
+        let w: Vec<f32> = (0..rows * cols).map(|i| i as f32 - 0.5).collect();
+        let t = qlora::ops::gemm::transpose_f32(&gpu, &gpu.upload(&w).unwrap(), (rows, cols));
+        let t = gpu.download(&t.unwrap()).unwrap();
+        for r in 0..rows {
+            for c in 0..cols {
+                assert_eq!(t[c * rows + r], w[r * cols + c], "{rows} x {cols}");
+            }
+        }
+    }
 }

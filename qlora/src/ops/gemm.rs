@@ -508,6 +508,71 @@ pub(crate) fn to_i64(op: &'static str, v: usize) -> Result<i64> {
     })
 }
 
+/// `W^T` (`[cols, rows]`, row-major) of the row-major `[rows, cols]` matrix
+/// `w`, on the device: cuBLAS `geam` with `C = 1 * op(A) + 0 * B`, exact
+/// for every value (`1 * x + 0 = x`; `B` is the zeroed output itself). What
+/// the fast configuration keeps for its backward instead of a second upload
+/// of the same values transposed on the host.
+pub fn transpose_f32(
+    gpu: &GpuContext,
+    w: &CudaSlice<f32>,
+    (rows, cols): (usize, usize),
+) -> Result<CudaSlice<f32>> {
+    const OP: &str = "transpose_f32";
+    if w.len() != rows * cols {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            expected: format!("{rows} x {cols} = {} values", rows * cols),
+            got: format!("{} values", w.len()),
+        });
+    }
+    let dim = |d: usize| {
+        i32::try_from(d).map_err(|_| Error::InvalidArgument {
+            op: OP,
+            message: format!("dimension {d} is above cuBLAS's i32"),
+        })
+    };
+    let (m, n) = (dim(rows)?, dim(cols)?);
+    let mut t = gpu.zeros::<f32>(rows * cols)?;
+    if rows * cols == 0 {
+        return Ok(t);
+    }
+    {
+        let (blas, stream) = (gpu.cublas()?, gpu.stream());
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (w_ptr, _w_sync) = w.device_ptr(stream);
+        let (t_ptr, _t_sync) = t.device_ptr_mut(stream);
+        // Read column-major, `w` is `[cols, rows]` with leading dimension
+        // `cols`, and the row-major `[cols, rows]` output is `[rows, cols]`
+        // with leading dimension `rows`: C (m = rows, n = cols) = op(A), op = T.
+        // SAFETY: the handle is bound to `stream`, on which both pointers
+        // are recorded; `w` holds exactly rows * cols f32 (checked above) and
+        // `t` the same, so cuBLAS reads A's and B's (= C's, in place with
+        // ldb = ldc and no transpose, as geam allows) rows * cols elements
+        // and writes C's. alpha and beta are host f32 values (the default
+        // host pointer mode).
+        unsafe {
+            blas_sys::cublasSgeam(
+                *blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                m,
+                n,
+                &alpha,
+                w_ptr as *const f32,
+                n,
+                &beta,
+                t_ptr as *const f32,
+                m,
+                t_ptr as *mut f32,
+                m,
+            )
+        }
+        .result()?;
+    }
+    Ok(t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,6 +14,7 @@ use crate::model::nf4;
 use crate::model::weights::{end_draws, projection_draws, Draw, Projections, TensorId};
 use crate::model::{BaseModel, ModelConfig, Trainable};
 use crate::ops::cast::{Bf16, HalfFloat};
+use crate::ops::gemm::transpose_f32;
 use crate::ops::nf4::{self as nf4_ops, Nf4Device};
 use crate::train::{BaseWeights, GpuTrainOptions};
 
@@ -354,23 +355,6 @@ fn read_concat<T>(parts: &[Source], start: usize, out: &mut [T], convert: fn(f64
     }
 }
 
-/// Values `start..start + out.len()` of `w^T` (`[cols, rows]`), as f32, of
-/// a row-major `[rows, cols]` matrix `w`. Each range reads a band of
-/// columns, which stays in cache while its rows are written in order.
-fn read_transposed(w: &[f64], (rows, cols): (usize, usize), start: usize, out: &mut [f32]) {
-    if rows == 0 {
-        return;
-    }
-    let (mut c, mut r) = (start / rows, start % rows);
-    for o in out {
-        *o = w.get(r * cols + c).map_or(f32::NAN, |&x| x as f32);
-        r += 1;
-        if r == rows {
-            (r, c) = (0, c + 1);
-        }
-    }
-}
-
 /// One `[out_dim, in_dim]` projection from its drawn values `w` (the draws
 /// of [`projection_draws`], as the host model's). An NF4 base quantises it
 /// as [`nf4_of`] says. An
@@ -395,16 +379,14 @@ fn linear(
             Frozen::Nf4(nf4_of((gpu, stager), options, values, ([w], [n]))?)
         }
     };
-    let transposed = match frozen {
-        Frozen::Fp32(_) if options.transposed_weights => {
-            Some(if gpu.faults().backward_weights_untransposed {
-                values.put(gpu, stager, n, w.reader(single))?
-            } else {
-                let (w, shape) = (w.held()?, (out_dim, in_dim));
-                values.put(gpu, stager, n, |start, out: &mut [f32]| {
-                    read_transposed(w, shape, start, out)
-                })?
-            })
+    let transposed = match &frozen {
+        Frozen::Fp32(_)
+            if options.transposed_weights && gpu.faults().backward_weights_untransposed =>
+        {
+            Some(values.put(gpu, stager, n, w.reader(single))?)
+        }
+        Frozen::Fp32(device_w) if options.transposed_weights => {
+            Some(transpose_f32(gpu, device_w, (out_dim, in_dim))?)
         }
         _ => None,
     };
@@ -530,9 +512,8 @@ impl BaseDevice {
     ) -> Result<()> {
         let base = options.base;
         let draws = projection_draws(cfg, layer);
-        // The transpose and the host NF4 quantiser read a projection whole.
-        let whole = (base == BaseWeights::Fp32 && options.transposed_weights)
-            || (base.is_nf4() && !options.device_quantize);
+        // The host NF4 quantiser reads a projection whole.
+        let whole = base.is_nf4() && !options.device_quantize;
         let drawn = values.draw_whole(&draws.map(|(d, _)| d), whole);
         let sources = draws
             .iter()
@@ -769,24 +750,6 @@ mod tests {
             fill(k * step, chunk);
         }
         out
-    }
-
-    /// The transpose moves element (r, c) to (c, r), whatever ranges it is
-    /// read in, for shapes that are not multiples of anything.
-    #[test]
-    fn read_transposed_swaps_rows_and_columns() {
-        let (rows, cols) = (37, 70);
-        let w: Vec<f64> = (0..rows * cols).map(|i| i as f64).collect();
-        for step in [1, 64, 999, rows * cols] {
-            let t = read_in_steps(rows * cols, step, |s, o| {
-                read_transposed(&w, (rows, cols), s, o)
-            });
-            for r in 0..rows {
-                for c in 0..cols {
-                    assert_eq!(t[c * rows + r], w[r * cols + c] as f32, "step {step}");
-                }
-            }
-        }
     }
 
     /// A q/k/v stack reads its three parts in order (held or drawn where
