@@ -13,6 +13,7 @@ use crate::gpu::{GpuContext, Stager};
 use crate::model::nf4;
 use crate::model::weights::{end_draws, projection_draws, Draw, Projections, TensorId};
 use crate::model::{BaseModel, ModelConfig, Trainable};
+use crate::ops::cast::f32_to_f16;
 use crate::ops::cast::{Bf16, HalfFloat};
 use crate::ops::gemm::transpose_f32;
 use crate::ops::nf4::{self as nf4_ops, Nf4Device};
@@ -357,11 +358,13 @@ fn read_concat<T>(parts: &[Source], start: usize, out: &mut [T], convert: fn(f64
 
 /// One `[out_dim, in_dim]` projection from its drawn values `w` (the draws
 /// of [`projection_draws`], as the host model's). An NF4 base quantises it
-/// as [`nf4_of`] says. An
-/// fp32 base keeps `W^T` too when `options.transposed_weights` (under the
-/// `backward_weights_untransposed` fault that copy holds `W` itself), and an
-/// f16 copy made from `half_source` when `options.f16_projections` (`w`
-/// itself but under the `f16_gate_from_up` fault).
+/// as [`nf4_of`] says. An fp32 base keeps `W^T` too when
+/// `options.transposed_weights`, transposed on the device from the uploaded
+/// `W` (under the `backward_weights_untransposed` fault that copy holds `W`
+/// itself, uploaded again), and an
+/// f16 copy when `options.f16_projections`: cast on the device from the
+/// uploaded `W` (round to nearest even, as the host's `f16::from_f32`),
+/// or, under the `f16_gate_from_up` fault, uploaded from `half_source`.
 /// With [`Values::Zeros`], `w` and `half_source` are empty and every buffer
 /// is zeros.
 fn linear(
@@ -390,9 +393,14 @@ fn linear(
         }
         _ => None,
     };
-    let half = match frozen {
-        Frozen::Fp32(_) if options.f16_projections => {
+    let half = match &frozen {
+        Frozen::Fp32(_) if options.f16_projections && gpu.faults().f16_gate_from_up => {
             Some(values.put(gpu, stager, n, half_source.reader(half::<u16>))?)
+        }
+        Frozen::Fp32(device_w) if options.f16_projections => {
+            let mut copy = gpu.zeros::<u16>(n)?;
+            f32_to_f16(gpu, &device_w.as_view(), &mut copy.as_view_mut())?;
+            Some(copy)
         }
         _ => None,
     };
