@@ -153,7 +153,7 @@ impl Peak {
 /// This process's device memory as the driver lists it per process
 /// ([`process_memory`]: NVML's figure, every allocation of the process on
 /// the GPU), read after the work queued so far. Unlike the GPU's free
-/// memory, no other process on the GPU moves it, so these trials share it.
+/// memory, no other process on the GPU moves it.
 struct ProcessMemory {
     /// The GPU's PCI bus id, which `nvidia-smi -i` takes.
     bus_id: String,
@@ -350,6 +350,16 @@ impl Kind<crate::Qlora> for Params {
     /// a stuck trial is stopped, a slow machine is not.
     fn default_timeout_s(&self) -> f64 {
         TRAINING_TIMEOUT_S
+    }
+
+    /// Its figure is this process's own, so another process on the GPU
+    /// would not change it; it runs alone still because, shared, these
+    /// trials (5-7 s each there, a driver query per sample) started among
+    /// the last and ended the run: on one H200 the suite took 164 s with
+    /// them shared, 161 s alone on another machine. Sharing them is worth
+    /// measuring again with them started first among the shared trials.
+    fn needs_the_gpu_alone(&self) -> bool {
+        true
     }
 }
 
