@@ -354,9 +354,9 @@ impl Kind<crate::Qlora> for Params {
 
     /// Its figure is this process's own, so another process on the GPU
     /// would not change it; it runs alone still because, shared, these
-    /// trials (5-7 s each there, a driver query per sample) started among
-    /// the last and ended the run: on one H200 the suite took 164 s with
-    /// them shared, 161 s alone on another machine. Sharing them is worth
+    /// trials (slower there: a driver query per sample) started among the
+    /// last and ended the run, and the suite was no faster
+    /// (docs/src/performance/suite-time.md). Sharing them is worth
     /// measuring again with them started first among the shared trials.
     fn needs_the_gpu_alone(&self) -> bool {
         true
