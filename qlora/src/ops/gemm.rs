@@ -22,8 +22,9 @@ use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas, Gemm, Gem
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::cast::{Bf16, HalfFloat};
+use super::launch::expect_len;
 use crate::error::{Error, Result};
-use crate::gpu::{Direction, GemmMath, GpuContext, GpuOptions};
+use crate::gpu::{to_i32, Direction, GemmMath, GpuContext, GpuOptions};
 use crate::kernels::abi::{Arg, Signatures};
 
 /// The kernel module these launchers use.
@@ -519,20 +520,8 @@ pub fn transpose_f32(
     (rows, cols): (usize, usize),
 ) -> Result<CudaSlice<f32>> {
     const OP: &str = "transpose_f32";
-    if w.len() != rows * cols {
-        return Err(Error::ShapeMismatch {
-            op: OP,
-            expected: format!("{rows} x {cols} = {} values", rows * cols),
-            got: format!("{} values", w.len()),
-        });
-    }
-    let dim = |d: usize| {
-        i32::try_from(d).map_err(|_| Error::InvalidArgument {
-            op: OP,
-            message: format!("dimension {d} is above cuBLAS's i32"),
-        })
-    };
-    let (m, n) = (dim(rows)?, dim(cols)?);
+    expect_len(OP, "w", w.len(), &[rows, cols])?;
+    let (m, n) = (to_i32(OP, "rows", rows)?, to_i32(OP, "cols", cols)?);
     let mut t = gpu.zeros::<f32>(rows * cols)?;
     if rows * cols == 0 {
         return Ok(t);

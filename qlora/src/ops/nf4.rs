@@ -231,6 +231,24 @@ pub fn dequantize(gpu: &mut GpuContext, t: &Nf4Device, out: &mut CudaSlice<f32>)
     dequantize_limited(gpu, t, out, 0, len)
 }
 
+/// That `len` values fit an output of `out_len` elements from `first`, and
+/// that `first` is a multiple of `align` (the kernel's stores stay aligned).
+fn check_target(
+    op: &'static str,
+    len: usize,
+    (out_len, first): (usize, usize),
+    align: usize,
+) -> Result<()> {
+    if first.is_multiple_of(align) && first + len <= out_len {
+        return Ok(());
+    }
+    Err(Error::ShapeMismatch {
+        op,
+        expected: format!("{len} output elements from a multiple of {align}"),
+        got: format!("{out_len} elements from {first}"),
+    })
+}
+
 /// Dequantises `t` into `out[first .. first + t.len]`: a block of rows of a
 /// larger matrix (`first` a multiple of 4, so the kernel's float4 stores stay
 /// aligned).
@@ -240,13 +258,7 @@ pub fn dequantize_into(
     out: &mut CudaSlice<f32>,
     first: usize,
 ) -> Result<()> {
-    if !first.is_multiple_of(4) || first + t.len > out.len() {
-        return Err(Error::ShapeMismatch {
-            op: "nf4_dequantize",
-            expected: format!("{} output elements from a multiple of 4", t.len),
-            got: format!("{} elements from {first}", out.len()),
-        });
-    }
+    check_target("nf4_dequantize", t.len, (out.len(), first), 4)?;
     dequantize_limited(gpu, t, out, first, t.len)
 }
 
@@ -260,13 +272,7 @@ pub fn dequantize_bf16_into(
     out: &mut CudaSlice<Bf16>,
     first: usize,
 ) -> Result<()> {
-    if !first.is_multiple_of(8) || first + t.len > out.len() {
-        return Err(Error::ShapeMismatch {
-            op: "nf4_dequantize_bf16",
-            expected: format!("{} output elements from a multiple of 8", t.len),
-            got: format!("{} elements from {first}", out.len()),
-        });
-    }
+    check_target("nf4_dequantize_bf16", t.len, (out.len(), first), 8)?;
     let limit = gpu.faults().written(t.len);
     let mut out = out.slice_mut(first..first + t.len);
     launch_dequantize(gpu, t, &mut out, Dequantized::Bf16, limit)
