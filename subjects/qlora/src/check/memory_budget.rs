@@ -6,8 +6,8 @@
 
 use crate::check::params::{at_most, StepMode};
 use crate::check::training::TRAINING_TIMEOUT_S;
-use crate::check::training::{gib, trainer_bytes, trainer_shortfall};
-use crate::check::{clocks, process_memory, MutantFaults};
+use crate::check::training::{gib, trainer_bytes, trainer_shortfall, DeviceMemory};
+use crate::check::MutantFaults;
 use crate::check::{require_gpu, Comparator};
 use crate::error::{Error, Result};
 use qlora::gpu::GpuContext;
@@ -150,58 +150,14 @@ impl Peak {
     }
 }
 
-/// This process's device memory as the driver lists it per process
-/// ([`process_memory`]: NVML's figure, every allocation of the process on
-/// the GPU), read after the work queued so far. Unlike the GPU's free
-/// memory, no other process on the GPU moves it.
-struct ProcessMemory {
-    /// The GPU's PCI bus id, which `nvidia-smi -i` takes.
-    bus_id: String,
-    /// MiB in use when tracking started: not counted.
-    before_mib: u64,
-    /// The largest sample over `before_mib`, MiB.
-    peak_mib: u64,
-}
-
-impl ProcessMemory {
-    /// Starts tracking; the trial is not judged where the driver does not
-    /// list this process's memory (no `nvidia-smi`, process ids it does not
-    /// know, `[N/A]`).
-    fn start(gpu: &GpuContext) -> Result<Self> {
-        let bus_id = clocks::pci_bus_id(gpu.options().ordinal).map_err(Error::NotReported)?;
-        let before_mib = Self::now_mib(gpu, &bus_id)?;
-        Ok(ProcessMemory {
-            bus_id,
-            before_mib,
-            peak_mib: 0,
-        })
-    }
-
-    fn now_mib(gpu: &GpuContext, bus_id: &str) -> Result<u64> {
-        gpu.synchronize()?;
-        process_memory::process_mib(bus_id, std::process::id()).map_err(Error::NotReported)
-    }
-
-    /// Takes a sample.
-    fn sample(&mut self, gpu: &GpuContext) -> Result<()> {
-        let now = Self::now_mib(gpu, &self.bus_id)?;
-        self.peak_mib = self.peak_mib.max(now.saturating_sub(self.before_mib));
-        Ok(())
-    }
-
-    /// The largest sample, GiB.
-    fn peak_gib(&self) -> f64 {
-        self.peak_mib as f64 / 1024.0
-    }
-}
-
 /// Trains [`STEPS`] graphed steps of `cfg` on `base` and returns the peak
 /// device memory the run added to this process's over what it held before
-/// the run started ([`ProcessMemory`]), sampled after building the trainer,
+/// the run started ([`DeviceMemory::start_own`]: no other process on the
+/// GPU moves it), sampled after building the trainer,
 /// after each step (the second captures the graph) and after the last.
 fn peak_of(gpu: &mut GpuContext, cfg: &ModelConfig, base: BaseWeights, seed: u64) -> Result<Peak> {
     let options = Params::mode_of(base).speed_options();
-    let mut memory = ProcessMemory::start(gpu)?;
+    let mut memory = DeviceMemory::start_own(gpu)?;
     let mut t = GpuTrainer::new(gpu, cfg, options, seed)?;
     memory.sample(gpu)?;
     let mut loss = f64::NAN;

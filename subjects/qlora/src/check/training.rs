@@ -9,7 +9,7 @@ use crate::check::params::{fits_host, gpu_shortfall};
 use crate::check::params::{BackwardMath, GemmOperands};
 use crate::check::params::{Hyper, StepMode};
 use crate::check::stats::median_settled_above;
-use crate::check::{Backend, Here};
+use crate::check::{clocks, process_memory, Backend, Here};
 use crate::error::{Error, Result};
 use crate::mutant::Mutant;
 use crate::reference::train::{StepFaults, StepReport, TrainOptions, Trainer};
@@ -323,23 +323,49 @@ pub(super) fn time_steps_then<T>(
     Ok((timed, after()))
 }
 
-/// The device memory a training configuration adds: `total - free` as the
-/// driver reports it (`cuMemGetInfo`), sampled at points the caller chooses,
-/// minus what was in use when tracking started; `peak` is the largest
-/// sample. A sample synchronizes the device, so none is taken inside a timed
-/// step. The trainer allocates its buffers when it is built and a graphed
-/// step allocates nothing, so samples after building and after the first
-/// steps (the second captures the graph) see the peak.
+/// The device memory a training configuration adds, as the driver reports
+/// it ([`Figure`]), sampled at points the caller chooses, minus what was in
+/// use when tracking started; `peak` is the largest sample. A sample
+/// synchronizes the device, so none is taken inside a timed step. The
+/// trainer allocates its buffers when it is built and a graphed step
+/// allocates nothing, so samples after building and after the first steps
+/// (the second captures the graph) see the peak.
 pub(super) struct DeviceMemory {
+    figure: Figure,
     before: usize,
     peak: usize,
 }
 
+/// Which of the driver's figures a [`DeviceMemory`] reads.
+enum Figure {
+    /// The whole GPU's memory in use, `total - free` (`cuMemGetInfo`): any
+    /// process on the GPU moves it.
+    Gpu,
+    /// This process's own, as the driver lists it per process
+    /// ([`process_memory`]: NVML's figure, every allocation of the process
+    /// on the GPU named by this PCI bus id): no other process moves it.
+    Process { bus_id: String },
+}
+
 impl DeviceMemory {
-    /// Starts tracking: what is in use now is not counted.
+    /// Starts tracking the whole GPU's memory in use: what is in use now is
+    /// not counted.
     pub(super) fn start(gpu: &GpuContext) -> Result<Self> {
+        Self::start_with(gpu, Figure::Gpu)
+    }
+
+    /// Starts tracking this process's own memory; the trial is not judged
+    /// where the driver does not list it (no `nvidia-smi`, process ids it
+    /// does not know, `[N/A]`).
+    pub(super) fn start_own(gpu: &GpuContext) -> Result<Self> {
+        let bus_id = clocks::pci_bus_id(gpu.options().ordinal).map_err(Error::NotReported)?;
+        Self::start_with(gpu, Figure::Process { bus_id })
+    }
+
+    fn start_with(gpu: &GpuContext, figure: Figure) -> Result<Self> {
         Ok(DeviceMemory {
-            before: used_bytes(gpu)?,
+            before: figure.used_bytes(gpu)?,
+            figure,
             peak: 0,
         })
     }
@@ -347,12 +373,17 @@ impl DeviceMemory {
     /// Nothing added, for tests of what reads a measurement.
     #[cfg(test)]
     pub(super) fn zero() -> Self {
-        DeviceMemory { before: 0, peak: 0 }
+        DeviceMemory {
+            figure: Figure::Gpu,
+            before: 0,
+            peak: 0,
+        }
     }
 
     /// Takes a sample.
     pub(super) fn sample(&mut self, gpu: &GpuContext) -> Result<()> {
-        self.peak = self.peak.max(used_bytes(gpu)?.saturating_sub(self.before));
+        let now = self.figure.used_bytes(gpu)?;
+        self.peak = self.peak.max(now.saturating_sub(self.before));
         Ok(())
     }
 
@@ -362,16 +393,29 @@ impl DeviceMemory {
     }
 }
 
+impl Figure {
+    /// Bytes in use now, after the work queued so far.
+    fn used_bytes(&self, gpu: &GpuContext) -> Result<usize> {
+        gpu.synchronize()?;
+        match self {
+            Figure::Gpu => {
+                let (free, total) = gpu.memory_bytes()?;
+                Ok(total.saturating_sub(free))
+            }
+            Figure::Process { bus_id } => {
+                let mib = process_memory::process_mib(bus_id, std::process::id())
+                    .map_err(Error::NotReported)?;
+                Ok(usize::try_from(mib)
+                    .unwrap_or(usize::MAX)
+                    .saturating_mul(1 << 20))
+            }
+        }
+    }
+}
+
 /// `bytes` in GiB.
 pub(super) fn gib(bytes: usize) -> f64 {
     bytes as f64 / f64::from(1u32 << 30)
-}
-
-/// Device memory in use now, `total - free`, after the work queued so far.
-fn used_bytes(gpu: &GpuContext) -> Result<usize> {
-    gpu.synchronize()?;
-    let (free, total) = gpu.memory_bytes()?;
-    Ok(total.saturating_sub(free))
 }
 
 #[cfg(test)]
