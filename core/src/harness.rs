@@ -159,7 +159,7 @@ const HARDWARE_QUEUES: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 /// Makes this process's CUDA context open one hardware work queue, unless
 /// the caller chose a number. Called for a trial of the `gpu-shared` group
 /// only, before anything touches CUDA. The driver creates and destroys a
-/// context's queues one process at a time, and with eight shared trial
+/// context's queues one process at a time, and with a dozen shared trial
 /// processes starting and ending together that wait is most of their setup;
 /// one queue makes a context about half as costly. A shared trial times
 /// nothing, so the overlap of streams it gives up changes none of its
