@@ -174,19 +174,24 @@ const SAME_VALUE: f64 = 1e-9;
 ///
 /// - the ratio is the trial's metric: the trial's threshold;
 /// - the ratio is the metric relative to its threshold (a measured rate over
-///   a target rate): 1.0.
+///   a target rate): 1.0;
+/// - under a `<=` claim, the threshold relative to the metric (a bound on a
+///   time over the measured time, so that a larger ratio is faster, as in
+///   every row): 1.0.
 ///
-/// Only `>=` claims bound a ratio from below; others bound nothing here.
+/// A `>=` claim bounds its ratio from below in the first two forms; a `<=`
+/// claim only in the third; anything else bounds nothing here.
 pub fn ratio_threshold(ratio: f64, observed: f64, comparator: &str, threshold: f64) -> Option<f64> {
-    if comparator != ">=" || !ratio.is_finite() {
+    if !ratio.is_finite() {
         return None;
     }
-    if ratio == observed {
-        return Some(threshold);
+    let same = |relative: f64| (ratio - relative).abs() <= SAME_VALUE * relative.abs();
+    match comparator {
+        ">=" if ratio == observed => Some(threshold),
+        ">=" => (threshold != 0.0 && same(observed / threshold)).then_some(1.0),
+        "<=" => (observed != 0.0 && same(threshold / observed)).then_some(1.0),
+        _ => None,
     }
-    let relative = observed / threshold;
-    let same = (ratio - relative).abs() <= SAME_VALUE * relative.abs();
-    (threshold != 0.0 && same).then_some(1.0)
 }
 
 #[cfg(test)]
@@ -302,5 +307,11 @@ mod tests {
         // One part of a judged total.
         assert_eq!(ratio_threshold(1.0004, 0.9999, ">=", 0.9), None);
         assert_eq!(ratio_threshold(1.0, 1.0, "<=", 2.0), None);
+        // A bound on a time over the measured time: pass at 1.0.
+        let (us, bound) = (56.4, 30.0);
+        assert_eq!(ratio_threshold(bound / us, us, "<=", bound), Some(1.0));
+        assert_eq!(ratio_threshold(us / bound, us, "<=", bound), None);
+        assert_eq!(ratio_threshold(f64::INFINITY, 0.0, "<=", bound), None);
+        assert_eq!(ratio_threshold(1.0, 1.0, "==", 1.0), None);
     }
 }

@@ -847,7 +847,7 @@ fn speedups_section(md: &mut String, report: &Report) {
     }
     let _ = writeln!(
         md,
-        "`ratio` is baseline time / candidate time (for a `d2d copy` baseline: the kernel's fraction of copy bandwidth; for a target: the measured rate over the target). *pass at* is the ratio the trial needs; rows without one are context (parts of a judged total). Mutant rows time an injected fault and never count as regressions; nor does a ratio that fell because its baseline side got faster while the candidate did not slow (*baseline side faster*).\n"
+        "`ratio` is baseline time / candidate time (for a `d2d copy` baseline: the kernel's fraction of copy bandwidth; for a target: the measured rate over the target; for a bound on a time: the bound over the measured time). *pass at* is the ratio the trial needs; rows without one are context (parts of a judged total). Mutant rows time an injected fault and never count as regressions; nor does a ratio that fell because its baseline side got faster while the candidate did not slow (*baseline side faster*).\n"
     );
     for c in &report.compared {
         if c.cmp.speedups.is_empty() {
