@@ -17,6 +17,7 @@ pub mod op;
 pub mod params;
 mod training;
 
+pub mod attention_time;
 pub mod bandwidth;
 pub mod data_parallel;
 pub mod gradient_check;
@@ -64,6 +65,7 @@ falsify_core::kinds! {
         SyncCount(sync_count) "sync_count", CUDA, "host syncs inside the captured region and per step";
         ThroughputRatio(throughput_ratio) "throughput_ratio", CUDA, "median-time ratio of baseline over candidate";
         StepThroughput(step_throughput) "step_throughput", CUDA, "training tokens per second of one step mode (median step time)";
+        AttentionTime(attention_time) "attention_time", CUDA, "median time of one decoder layer's causal GQA attention, forward + backward, on one choice of kernels (graph replays over buffer sets the L2 cannot hold)";
         LossDescent(loss_descent) "loss_descent", BOTH, "final loss as a fraction of the initial loss";
         GradientParity(gradient_parity) "gradient_parity", CUDA, "rel-L2 error of the GPU training step's gradients vs the CPU reference's";
         MemoryBudget(memory_budget) "memory_budget", CUDA, "peak device memory of a configuration";

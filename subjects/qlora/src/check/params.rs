@@ -73,6 +73,129 @@ impl<'de> Deserialize<'de> for ModelName {
     }
 }
 
+/// A bound per GPU kind, or one number for any GPU: the targets of the
+/// timing kinds (`min_tokens_per_s: { H200: 41000, H100: 38000 }`,
+/// `max_us: { H200: 30, H100: 30 }`). A GPU kind is a word of the device
+/// name as the driver reports it, case aside: `H200` matches "NVIDIA H200"
+/// but not "NVIDIA H20". A bound says nothing about hardware it does not
+/// name, so on a GPU with none the trial is not judged
+/// ([`GpuTargets::missing_on`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum GpuTargets {
+    Any(Positive),
+    /// `(kind, target)` in the contract's order; the first kind that matches
+    /// the device holds.
+    PerGpu(Vec<(String, Positive)>),
+}
+
+impl GpuTargets {
+    /// The target for `device`, with the kind it was stated for.
+    pub fn for_device(&self, device: &str) -> Option<(Option<&str>, f64)> {
+        match self {
+            GpuTargets::Any(t) => Some((None, t.0)),
+            GpuTargets::PerGpu(list) => list
+                .iter()
+                .find(|(kind, _)| names_kind(device, kind))
+                .map(|(kind, t)| (Some(kind.as_str()), t.0)),
+        }
+    }
+
+    /// Why no target holds on `device` (a GPU name as the driver reports
+    /// it), or `None` when one does.
+    pub fn missing_on(&self, device: &str) -> Option<String> {
+        self.for_device(device).is_none().then(|| {
+            format!(
+                "no target for {device} (targets are stated for {})",
+                self.kinds()
+            )
+        })
+    }
+
+    /// The kinds with a target, for messages.
+    fn kinds(&self) -> String {
+        match self {
+            GpuTargets::Any(_) => "any GPU".into(),
+            GpuTargets::PerGpu(list) => {
+                let kinds: Vec<&str> = list.iter().map(|(k, _)| k.as_str()).collect();
+                kinds.join(", ")
+            }
+        }
+    }
+}
+
+/// Whether `kind` is one of the words of `device`, case aside.
+fn names_kind(device: &str, kind: &str) -> bool {
+    device
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|word| word.eq_ignore_ascii_case(kind))
+}
+
+/// Parses a number (any GPU) or a mapping of GPU kind to number; each value
+/// is checked where it stands, so an error points at it.
+impl<'de> Deserialize<'de> for GpuTargets {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_any(TargetsVisitor)
+    }
+}
+
+struct TargetsVisitor;
+
+impl TargetsVisitor {
+    fn number<E: de::Error>(v: f64) -> std::result::Result<GpuTargets, E> {
+        Positive::deserialize(de::value::F64Deserializer::<E>::new(v)).map(GpuTargets::Any)
+    }
+}
+
+impl<'de> de::Visitor<'de> for TargetsVisitor {
+    type Value = GpuTargets;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a number > 0, or a mapping of GPU kind to number, e.g. { H200: 41000 }")
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<GpuTargets, E> {
+        Self::number(v)
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<GpuTargets, E> {
+        Self::number(v as f64)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<GpuTargets, E> {
+        Self::number(v as f64)
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<GpuTargets, A::Error> {
+        let mut list: Vec<(String, Positive)> = Vec::new();
+        while let Some(kind) = map.next_key::<String>()? {
+            check_kind(&kind, &list).map_err(de::Error::custom)?;
+            list.push((kind, map.next_value()?));
+        }
+        if list.is_empty() {
+            return Err(de::Error::custom(
+                "name at least one GPU kind, e.g. { H200: 41000 }",
+            ));
+        }
+        Ok(GpuTargets::PerGpu(list))
+    }
+}
+
+/// A GPU kind is one word of letters and digits, named once.
+fn check_kind(kind: &str, seen: &[(String, Positive)]) -> std::result::Result<(), String> {
+    if kind.is_empty() || !kind.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return Err(format!(
+            "GPU kind `{kind}` must be one word of letters and digits, e.g. H200"
+        ));
+    }
+    if seen.iter().any(|(k, _)| k.eq_ignore_ascii_case(kind)) {
+        return Err(format!("GPU kind `{kind}` is named twice"));
+    }
+    Ok(())
+}
+
 /// The contract spelling of [`qlora::train::BaseWeights`].
 #[derive(Deserialize)]
 #[serde(remote = "BaseWeights", rename_all = "snake_case")]

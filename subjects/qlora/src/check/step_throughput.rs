@@ -3,7 +3,8 @@
 //! `tokens / median >= min_tokens_per_s`.
 //!
 //! Targets name the GPU kinds they hold for (`min_tokens_per_s: { H200:
-//! 41000, H100: 38000 }`; a plain number holds for any GPU). On a GPU it
+//! 41000, H100: 38000 }`, a [`GpuTargets`]; a plain number holds for any
+//! GPU). On a GPU it
 //! names no target for, the trial is not run: it is ignored with the reason
 //! "no target for <GPU>" when the run is planned, since a target says
 //! nothing about other hardware.
@@ -20,14 +21,13 @@ use crate::error::{Error, Result};
 use qlora::gpu::GpuContext;
 use qlora::model::ModelConfig;
 
-use serde::de;
 use serde::Deserialize;
 
 use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
 use super::doc::{DEFAULT_STEP_MODE, MAX_TIMED_TOKENS, MODEL_BOUND, STEP_MODE_BOUND};
 use super::doc::{TIMED_BATCH_DOC, TIMED_SEQ_LEN_DOC};
 
-use super::params::{at_most, Count, ModelName, Positive, StepMode};
+use super::params::{at_most, Count, GpuTargets, ModelName, StepMode};
 use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -48,115 +48,7 @@ pub struct Params {
     #[serde(default = "default_repeats")]
     pub repeats: Count,
     /// The target per GPU kind, or one number for any GPU.
-    pub min_tokens_per_s: Targets,
-}
-
-/// Tokens/s targets: one number for any GPU, or one per GPU kind (a word of
-/// the device name as the driver reports it, case aside: `H200` matches
-/// "NVIDIA H200" but not "NVIDIA H20").
-#[derive(Debug, Clone, PartialEq)]
-pub enum Targets {
-    Any(Positive),
-    /// `(kind, target)` in the contract's order; the first kind that matches
-    /// the device holds.
-    PerGpu(Vec<(String, Positive)>),
-}
-
-impl Targets {
-    /// The target for `device`, with the kind it was stated for.
-    pub fn for_device(&self, device: &str) -> Option<(Option<&str>, f64)> {
-        match self {
-            Targets::Any(t) => Some((None, t.0)),
-            Targets::PerGpu(list) => list
-                .iter()
-                .find(|(kind, _)| names_kind(device, kind))
-                .map(|(kind, t)| (Some(kind.as_str()), t.0)),
-        }
-    }
-
-    /// The kinds with a target, for messages.
-    fn kinds(&self) -> String {
-        match self {
-            Targets::Any(_) => "any GPU".into(),
-            Targets::PerGpu(list) => {
-                let kinds: Vec<&str> = list.iter().map(|(k, _)| k.as_str()).collect();
-                kinds.join(", ")
-            }
-        }
-    }
-}
-
-/// Whether `kind` is one of the words of `device`, case aside.
-fn names_kind(device: &str, kind: &str) -> bool {
-    device
-        .split(|c: char| !c.is_ascii_alphanumeric())
-        .any(|word| word.eq_ignore_ascii_case(kind))
-}
-
-/// Parses a number (any GPU) or a mapping of GPU kind to number; each value
-/// is checked where it stands, so an error points at it.
-impl<'de> Deserialize<'de> for Targets {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        d.deserialize_any(TargetsVisitor)
-    }
-}
-
-struct TargetsVisitor;
-
-impl TargetsVisitor {
-    fn number<E: de::Error>(v: f64) -> std::result::Result<Targets, E> {
-        Positive::deserialize(de::value::F64Deserializer::<E>::new(v)).map(Targets::Any)
-    }
-}
-
-impl<'de> de::Visitor<'de> for TargetsVisitor {
-    type Value = Targets;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a number > 0, or a mapping of GPU kind to number, e.g. { H200: 41000 }")
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<Targets, E> {
-        Self::number(v)
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<Targets, E> {
-        Self::number(v as f64)
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<Targets, E> {
-        Self::number(v as f64)
-    }
-
-    fn visit_map<A: de::MapAccess<'de>>(
-        self,
-        mut map: A,
-    ) -> std::result::Result<Targets, A::Error> {
-        let mut list: Vec<(String, Positive)> = Vec::new();
-        while let Some(kind) = map.next_key::<String>()? {
-            check_kind(&kind, &list).map_err(de::Error::custom)?;
-            list.push((kind, map.next_value()?));
-        }
-        if list.is_empty() {
-            return Err(de::Error::custom(
-                "name at least one GPU kind, e.g. { H200: 41000 }",
-            ));
-        }
-        Ok(Targets::PerGpu(list))
-    }
-}
-
-/// A GPU kind is one word of letters and digits, named once.
-fn check_kind(kind: &str, seen: &[(String, Positive)]) -> std::result::Result<(), String> {
-    if kind.is_empty() || !kind.chars().all(|c| c.is_ascii_alphanumeric()) {
-        return Err(format!(
-            "GPU kind `{kind}` must be one word of letters and digits, e.g. H200"
-        ));
-    }
-    if seen.iter().any(|(k, _)| k.eq_ignore_ascii_case(kind)) {
-        return Err(format!("GPU kind `{kind}` is named twice"));
-    }
-    Ok(())
+    pub min_tokens_per_s: GpuTargets,
 }
 
 /// Most untimed steps before the timed ones (the shipped checks take 3 or 5).
@@ -242,12 +134,7 @@ impl Params {
     /// Why no target holds on `device` (a GPU name as the driver reports
     /// it), or `None` when one does.
     pub fn not_applicable_on(&self, device: &str) -> Option<String> {
-        self.min_tokens_per_s.for_device(device).is_none().then(|| {
-            format!(
-                "no target for {device} (targets are stated for {})",
-                self.min_tokens_per_s.kinds()
-            )
-        })
+        self.min_tokens_per_s.missing_on(device)
     }
 }
 

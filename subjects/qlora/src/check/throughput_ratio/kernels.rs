@@ -13,7 +13,9 @@
 //! - `attention`: causal GQA attention of one decoder layer (the model's
 //!   batch, sequence, heads and head_dim), forward and backward, on the f32
 //!   kernels (FP32 math) vs the tensor-core kernels (TF32 math);
-//!   `ratio = t_f32 / t_tensor_cores`, the sum of both passes.
+//!   `ratio = t_f32 / t_tensor_cores`, the sum of both passes. The same
+//!   buffer sets and graphs, on one choice of kernels and timed on their
+//!   own ([`attention_times`]), are what `attention_time` judges.
 //!
 //! Times are medians of CUDA-event-timed runs after warm-up (the nf4_gemm,
 //! fusion and attention runs are captured graph replays, as in the step);
@@ -41,7 +43,7 @@ use crate::check::throughput_ratio::Params;
 use crate::check::MutantFaults;
 use crate::check::{require_gpu, Comparator, Measurement, Speedup, TrialContext};
 use crate::error::Result;
-use qlora::gpu::timing::{capture, time_events};
+use qlora::gpu::timing::{capture, time_events, time_graph};
 use qlora::gpu::{Direction, GemmMath, GpuContext};
 use qlora::model::ModelConfig;
 use qlora::ops;
@@ -137,9 +139,16 @@ pub(crate) fn fusion_device_bytes(c: &ModelConfig) -> f64 {
     16.0 * (fusion_sets(n) * n) as f64 + 4.0 * c.hidden as f64
 }
 
-/// Device bytes of the `attention` subject (see [`projections_peak`]).
+/// Device bytes of the `attention` subject (see [`projections_peak`]): its
+/// sets are the f32 kernels' (the tensor-core kernels save the same).
 pub(crate) fn attention_device_bytes(c: &ModelConfig) -> f64 {
-    let bytes = attention_set_bytes(&attn_shape(c));
+    attention_sets_bytes(c, AttnKernels::F32)
+}
+
+/// Device bytes of the buffer sets of one layer's attention of `c` on
+/// `kernels` ([`attention_sets`]): `sets x` [`attention_set_bytes`].
+pub(crate) fn attention_sets_bytes(c: &ModelConfig, kernels: AttnKernels) -> f64 {
+    let bytes = attention_set_bytes(&attn_shape(c), kernels);
     (sets_for(bytes) * bytes) as f64
 }
 
@@ -154,12 +163,15 @@ fn attn_shape(c: &ModelConfig) -> AttnShape {
     }
 }
 
-/// Bytes of one attention buffer set: q, out, dout, dq (q-sized); k, v, dk,
-/// dv (kv-sized); probs; the backward scratch (dS and the per-head shares).
-fn attention_set_bytes(sh: &AttnShape) -> usize {
-    let (q_len, kv_len, p_len) = ops::attention::lens(sh);
-    let scratch = ops::attention::backward_scratch_len(sh, AttnKernels::F32);
-    4 * (4 * q_len + 4 * kv_len + p_len + scratch)
+/// Bytes of one attention buffer set on `kernels`: q, out, dout, dq
+/// (q-sized); k, v, dk, dv (kv-sized); what the forward saves (probs, or the
+/// flash kernels' row log-sum-exps); the backward scratch (dS or the row
+/// dots, and the per-head shares).
+fn attention_set_bytes(sh: &AttnShape, kernels: AttnKernels) -> usize {
+    let (q_len, kv_len, _) = ops::attention::lens(sh);
+    let saved = ops::attention::saved_len(sh, kernels);
+    let scratch = ops::attention::backward_scratch_len(sh, kernels);
+    4 * (4 * q_len + 4 * kv_len + saved + scratch)
 }
 
 /// Direct cuBLAS SGEMM of `y = x W^T` (row-major; cuBLAS computes the
@@ -626,14 +638,17 @@ pub(crate) fn fusion_pairs(
     Ok((vec![pair], Vec::new()))
 }
 
-/// One set of attention buffers: inputs random, outputs zero.
+/// One set of attention buffers for one choice of kernels (what the
+/// forward saves and the backward's scratch differ between the
+/// probability-saving kernels and the flash ones): inputs random, outputs
+/// zero.
 struct AttnSet {
     q: CudaSlice<f32>,
     k: CudaSlice<f32>,
     v: CudaSlice<f32>,
     dout: CudaSlice<f32>,
     out: CudaSlice<f32>,
-    probs: CudaSlice<f32>,
+    saved: CudaSlice<f32>,
     scratch: CudaSlice<f32>,
     dq: CudaSlice<f32>,
     dk: CudaSlice<f32>,
@@ -641,59 +656,94 @@ struct AttnSet {
 }
 
 impl AttnSet {
-    fn new(gpu: &GpuContext, rng: &mut ChaCha8Rng, sh: &AttnShape) -> Result<Self> {
-        let (q_len, kv_len, p_len) = ops::attention::lens(sh);
+    fn new(
+        gpu: &GpuContext,
+        rng: &mut ChaCha8Rng,
+        sh: &AttnShape,
+        kernels: AttnKernels,
+    ) -> Result<Self> {
+        let (q_len, kv_len, _) = ops::attention::lens(sh);
         Ok(AttnSet {
             q: random(gpu, rng, q_len)?,
             k: random(gpu, rng, kv_len)?,
             v: random(gpu, rng, kv_len)?,
             dout: random(gpu, rng, q_len)?,
             out: gpu.zeros::<f32>(q_len)?,
-            probs: gpu.zeros::<f32>(p_len)?,
-            scratch: gpu
-                .zeros::<f32>(ops::attention::backward_scratch_len(sh, AttnKernels::F32))?,
+            saved: gpu.zeros::<f32>(ops::attention::saved_len(sh, kernels))?,
+            scratch: gpu.zeros::<f32>(ops::attention::backward_scratch_len(sh, kernels))?,
             dq: gpu.zeros::<f32>(q_len)?,
             dk: gpu.zeros::<f32>(kv_len)?,
             dv: gpu.zeros::<f32>(kv_len)?,
         })
     }
 
-    fn forward(
+    /// One pass on `kernels`: the forward, or the backward (dq, dk/dv and
+    /// the group sum) from what the forward of the same kernels last saved
+    /// in this set.
+    fn pass(
         &mut self,
         gpu: &mut GpuContext,
-        math: GemmMath,
+        kernels: AttnKernels,
         sh: &AttnShape,
+        backward: bool,
     ) -> qlora::Result<()> {
-        let (s, kernels) = (self, AttnKernels::for_math(math, gpu.faults()));
-        ops::attention::forward(
-            gpu,
-            kernels,
-            (&s.q, &s.k, &s.v),
-            &mut s.out,
-            &mut s.probs,
-            sh,
-        )
-    }
-
-    fn backward(
-        &mut self,
-        gpu: &mut GpuContext,
-        math: GemmMath,
-        sh: &AttnShape,
-    ) -> qlora::Result<()> {
-        let (s, kernels) = (self, AttnKernels::for_math(math, gpu.faults()));
+        let s = self;
+        if !backward {
+            return ops::attention::forward(
+                gpu,
+                kernels,
+                (&s.q, &s.k, &s.v),
+                &mut s.out,
+                &mut s.saved,
+                sh,
+            );
+        }
         ops::attention::backward(
             gpu,
             kernels,
             (&s.q, &s.k, &s.v),
             &s.out,
-            &s.probs,
+            &s.saved,
             &s.dout,
             &mut s.scratch,
             (&mut s.dq, &mut s.dk, &mut s.dv),
             sh,
         )
     }
+}
+
+/// The buffer sets of one layer's attention of `c` on `kernels`, with its
+/// shape: as many sets as [`sets_for`] gives, so the L2 cache cannot hold
+/// them all, their inputs drawn from `seed`.
+fn attention_sets(
+    gpu: &GpuContext,
+    c: &ModelConfig,
+    kernels: AttnKernels,
+    seed: u64,
+) -> Result<(AttnShape, Vec<AttnSet>)> {
+    let sh = attn_shape(c);
+    ops::attention::check_shape(&sh)?;
+    let sets = sets_for(attention_set_bytes(&sh, kernels));
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut bufs = Vec::with_capacity(sets);
+    for _ in 0..sets {
+        bufs.push(AttnSet::new(gpu, &mut rng, &sh, kernels)?);
+    }
+    Ok((sh, bufs))
+}
+
+/// `b4 s256 h14/2 d64`: batch, sequence, heads / kv heads and head_dim.
+pub(crate) fn attention_shape_label(sh: &AttnShape) -> String {
+    format!(
+        "b{} s{} h{}/{} d{}",
+        sh.batch, sh.seq, sh.heads, sh.kv_heads, sh.head_dim
+    )
+}
+
+/// `forward b4 s256 h14/2 d64`: a pass and its shape, the label of a pair.
+fn attention_label(backward: bool, sh: &AttnShape) -> String {
+    let name = if backward { "backward" } else { "forward" };
+    format!("{name} {}", attention_shape_label(sh))
 }
 
 /// Forward and backward of one layer's attention, each pass a pair: the f32
@@ -707,29 +757,22 @@ pub(crate) fn attention_pairs(
     seed: u64,
     faults: Faults,
 ) -> Result<Pairs> {
-    let sh = attn_shape(c);
-    ops::attention::check_shape(&sh)?;
-    let sets = sets_for(attention_set_bytes(&sh));
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut bufs = Vec::new();
-    for _ in 0..sets {
-        bufs.push(AttnSet::new(gpu, &mut rng, &sh)?);
-    }
+    // Both sides save the probabilities: the f32 kernels' sets serve both.
+    let (sh, mut bufs) = attention_sets(gpu, c, AttnKernels::F32, seed)?;
+    let sets = bufs.len();
     let (f32m, tf32) = (GemmMath::Fp32, GemmMath::Tf32);
     let mut pairs = Vec::new();
     for backward in [false, true] {
         // Each backward replays from its own set's forward, run just before.
         for set in &mut bufs {
-            set.forward(gpu, f32m, &sh)?;
+            set.pass(gpu, AttnKernels::F32, &sh, false)?;
         }
         let cells = RefCell::new(&mut bufs);
+        // The kernels follow the math and the faults in force in the pass,
+        // as in the training step.
         let pass = |gpu: &mut GpuContext, math: GemmMath, i: usize| {
-            let set = &mut cells.borrow_mut()[i];
-            if backward {
-                set.backward(gpu, math, &sh)
-            } else {
-                set.forward(gpu, math, &sh)
-            }
+            let kernels = AttnKernels::for_math(math, gpu.faults());
+            cells.borrow_mut()[i].pass(gpu, kernels, &sh, backward)
         };
         let (base, cand) = alternated_graphs(
             gpu,
@@ -738,17 +781,54 @@ pub(crate) fn attention_pairs(
             |gpu, i| pass(gpu, f32m, i),
             |gpu, i| pass(gpu, tf32, i),
         )?;
-        let name = if backward { "backward" } else { "forward" };
         pairs.push(Pair {
-            label: format!(
-                "{name} b{} s{} h{}/{} d{}",
-                sh.batch, sh.seq, sh.heads, sh.kv_heads, sh.head_dim
-            ),
+            label: attention_label(backward, &sh),
             baseline: base,
             candidate: cand,
         });
     }
     Ok((pairs, Vec::new()))
+}
+
+/// Per-call times (ms) of one layer's attention of `c` on one choice of
+/// kernels, and what was timed.
+pub(crate) struct AttentionTimes {
+    pub shape: AttnShape,
+    /// Buffer sets, one call each per replay.
+    pub sets: usize,
+    pub forward: Vec<f64>,
+    pub backward: Vec<f64>,
+}
+
+/// The forward, then the backward, of one layer's attention of `c` on
+/// `kernels`, each a captured graph of one call per buffer set
+/// ([`attention_sets`]) run once eagerly, replayed `warmup` times untimed and
+/// `repeats` times CUDA-event timed ([`time_graph`]): per-call time of
+/// replay `k` = its time / sets. The backward reads what the forward's
+/// replays last saved in each set, as in the step. The faults in force on
+/// `gpu` apply; the caller picks `kernels` under them.
+pub(crate) fn attention_times(
+    gpu: &mut GpuContext,
+    c: &ModelConfig,
+    kernels: AttnKernels,
+    seed: u64,
+    (warmup, repeats): (usize, usize),
+) -> Result<AttentionTimes> {
+    let (sh, mut bufs) = attention_sets(gpu, c, kernels, seed)?;
+    let sets = bufs.len();
+    let mut time = |gpu: &mut GpuContext, backward: bool| {
+        time_graph(gpu, sets, warmup, repeats, |gpu, i| {
+            bufs[i].pass(gpu, kernels, &sh, backward)
+        })
+    };
+    let forward = time(gpu, false)?;
+    let backward = time(gpu, true)?;
+    Ok(AttentionTimes {
+        shape: sh,
+        sets,
+        forward,
+        backward,
+    })
 }
 
 #[cfg(test)]
