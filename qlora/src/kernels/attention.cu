@@ -1464,11 +1464,18 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
 //
 // Backward (deterministic, no atomics), from lse and out:
 //   D_i = <dout_i, out_i> (f32, from f32 out and dout), dP_ij = <dout_i, v_j>,
-//   dS_ij = P_ij (dP_ij - D_i); the dq kernel walks the keys of 64 query
-//   rows, writes D to `dd` and dq = scale dS k; the dkv kernel walks the
-//   queries of 64 key rows for one query head and writes that head's share
-//   of dk (before the scale) and of dv to pk, pv, which kv_sum adds as for
-//   the other kernels.
+//   dS_ij = P_ij (dP_ij - D_i); the dkv kernel walks the queries of 64 key
+//   rows for one query head, computes D of each chunk of queries as it
+//   stages it, writes that head's share of dk (before the scale) and of dv
+//   to pk, pv, which kv_sum adds as for the other kernels, and stores dS,
+//   rounded to bf16, transposed (`dst`, [batch, heads, key j, query i], rows
+//   of `ds_stride` = seq rounded up to 8, so every row starts 16-byte
+//   aligned); the dq kernel then multiplies it: dq = scale dS k, walking the
+//   keys of 64 query rows. dS is computed once, not again for dq, and the
+//   dq kernel reads it with cp.async, as stored. The rounding is the one dS
+//   gets as an mma operand either way; entries of dst the dkv kernel does
+//   not write (j > i past a warp's keys, keys or queries past seq) are
+//   never used: the dq kernel zeroes them in its registers.
 //
 // Tiling: 4 warps, 16 rows each (query rows in the forward and dq, key rows
 // in dk/dv); the other dimension is walked in chunks staged in shared memory
@@ -1480,10 +1487,10 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
 // 8-wide n tiles is the A operand of the next product as it is, packed to
 // bf16x2: P v and dS k take P and dS straight from registers.
 //
-// The forward and dq kernels hold the warp's q (and dout) rows as A
-// fragments in registers, loaded once; the dkv kernel reads its k and v rows
-// from shared memory each chunk (at head_dim 128 they would not fit in
-// registers beside the dk and dv accumulators).
+// The forward holds the warp's q rows as A fragments in registers, loaded
+// once; the dkv kernel reads its k and v rows from shared memory each chunk
+// (at head_dim 128 they would not fit in registers beside the dk and dv
+// accumulators), and the dq kernel its dS rows, transposed as stored.
 
 #define FL_WARPS 4
 #define FL_THREADS (32 * FL_WARPS)
@@ -1496,27 +1503,27 @@ struct FlShape {
     static constexpr int DT = D / 8;                 // 8-wide n tiles of head_dim
     static constexpr int CHUNK = D <= 64 ? 64 : 32;  // keys per chunk (fwd)
     static constexpr int NT = CHUNK / 8;
-    // Keys per chunk of dq, half the forward's: dq holds dout's fragments and
-    // dP beside what the forward holds, and the next chunk's k and v in
-    // flight; with the forward's chunks it spills.
-    static constexpr int DQ_CHUNK = CHUNK / 2;
-    static constexpr int DQ_NT = DQ_CHUNK / 8;
     static constexpr int QCHUNK = D <= 64 ? 32 : 16; // queries per chunk (dkv)
     static constexpr int QNT = QCHUNK / 8;
-    // Shared memory, in bytes. Forward and dq: the q (then dout) tile, then
-    // two key chunks (k, v), in one area; dq adds D of its 64 rows.
+    // Keys per chunk of the dq kernel, which multiplies the stored dS; its
+    // dS tiles are FL_ROWS queries wide, rows padded by 8 as the others.
+    static constexpr int DS_CHUNK = D <= 64 ? 64 : 32;
+    static constexpr int DS_LD = FL_ROWS + 8;
+    // Shared memory, in bytes. Forward: the q tile, then two key chunks
+    // (k, v), in one area.
     __host__ __device__ static constexpr int area(int chunk) {
         return 2 * (FL_ROWS * LD > 2 * chunk * LD ? FL_ROWS * LD : 2 * chunk * LD);
     }
     static constexpr int FWD_SMEM = area(CHUNK);
-    static constexpr int DQ_AREA = area(DQ_CHUNK);
-    static constexpr int DQ_SMEM = DQ_AREA + 4 * FL_ROWS;
+    // dq: a k chunk and two dS tiles (the next one copied while this one
+    // is multiplied).
+    static constexpr int DQ_SMEM = 2 * (DS_CHUNK * LD + 2 * DS_CHUNK * DS_LD);
     // dkv: the k and v tiles, a q and a dout chunk, and lse2 and D of the chunk.
     static constexpr int DKV_SMEM = 2 * (2 * FL_ROWS * LD + 2 * QCHUNK * LD) + 8 * QCHUNK;
 };
 // The launchers pass these (ops/attention.rs, flash_smem).
 static_assert(FlShape<64>::FWD_SMEM == 18432 && FlShape<128>::FWD_SMEM == 17408, "fwd smem");
-static_assert(FlShape<64>::DQ_SMEM == 9472 && FlShape<128>::DQ_SMEM == 17664, "dq smem");
+static_assert(FlShape<64>::DQ_SMEM == 27648 && FlShape<128>::DQ_SMEM == 17920, "dq smem");
 static_assert(FlShape<64>::DKV_SMEM == 27904 && FlShape<128>::DKV_SMEM == 43648, "dkv smem");
 
 // {lo, hi} rounded to bf16 (nearest, ties to even) and packed, lo in the
@@ -1686,8 +1693,30 @@ __device__ __forceinline__ void fl_accumulate(float (&acc)[FlShape<D>::DT][4],
     }
 }
 
+// The block's work: its tile's rank by weight (0 = the most rows to walk)
+// and its head and batch. A tile of causal attention walks more of the
+// other side the further it is from the start of the diagonal, so tiles
+// differ several-fold in work. The hardware hands blocks out in order of
+// their linear index, on an idle GPU one to every SM before a second to any:
+// the first %nsmid blocks take the heaviest tiles in order, the rest the
+// lightest first, so an SM running two blocks holds a heavy and a light one
+// instead of two of the same rank (grid order: up to two of the heaviest).
+// Any order gives the same results; this one evens out the SMs' work.
+__device__ __forceinline__ void fl_block_work(int& rank, int& h, int& b) {
+    const int heads = gridDim.y, per_rank = gridDim.y * gridDim.z;
+    const int blocks = gridDim.x * per_rank;
+    const int linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    unsigned sms;
+    asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+    // A bijection of [0, blocks): the tail past the first sms reversed.
+    const int at = linear < (int)sms ? linear : blocks + (int)sms - 1 - linear;
+    rank = at / per_rank;
+    h = at % per_rank % heads;
+    b = at % per_rank / heads;
+}
+
 // Forward: out and lse for 64 query rows. Grid (ceil(seq / 64), heads,
-// batch), the last tiles (the most keys) first; FL_THREADS threads;
+// batch), blocks to tiles as fl_block_work says; FL_THREADS threads;
 // FlShape<D>::FWD_SMEM bytes of dynamic shared memory.
 template <int D>
 __device__ void attention_flash_fwd(const float* __restrict__ q, const float* __restrict__ k,
@@ -1697,8 +1726,9 @@ __device__ void attention_flash_fwd(const float* __restrict__ q, const float* __
                                     long long write_limit) {
     typedef FlShape<D> S;
     extern __shared__ __align__(16) unsigned short fl_smem[];
-    const int i0 = FL_ROWS * (gridDim.x - 1 - blockIdx.x);
-    const int h = blockIdx.y, b = blockIdx.z;
+    int rank, h, b;
+    fl_block_work(rank, h, b);
+    const int i0 = FL_ROWS * (gridDim.x - 1 - rank);
     const int kvh = h / (heads / kv_heads);
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     const size_t q_stride = (size_t)heads * head_dim, kv_stride = (size_t)kv_heads * head_dim;
@@ -1788,107 +1818,114 @@ __device__ void attention_flash_fwd(const float* __restrict__ q, const float* __
     }
 }
 
-// D_i = <dout_i, out_i> of the block's 64 rows into ds[0..63] and dd: two
-// threads per row, each over half of head_dim, in f32.
-__device__ __forceinline__ void fl_row_dots(float* ds, float* __restrict__ dd,
-                                            const float* __restrict__ out,
-                                            const float* __restrict__ dout, int b, int i0, int h,
-                                            int seq, int heads, int head_dim) {
-    const int r = threadIdx.x >> 1, half = threadIdx.x & 1;
-    const int i = i0 + r;
-    float acc = 0.0f;
-    if (i < seq) {
-        const size_t at = att_q_at(b, i, h, seq, heads, head_dim);
-        for (int x = half; x < head_dim; x += 2) acc = fmaf(dout[at + x], out[at + x], acc);
+// dst's 16-byte pieces of FL_ROWS queries (from i0) for `rows` keys (from
+// j0), copied with cp.async into a tile of DS_LD-wide rows. A piece past
+// seq (keys, or queries: a piece starts at a multiple of 8, so one that
+// starts before seq lies inside the padded row) is zero-filled and reads
+// nothing (its source is the head's first row).
+template <int D, int ROWS>
+__device__ __forceinline__ void fl_copy_ds(unsigned short* tile, const unsigned short* dst_h,
+                                           int ds_stride, int j0, int i0, int seq) {
+    constexpr int PIECES = FL_ROWS / 8;  // per key row
+    static_assert(ROWS * PIECES % FL_THREADS == 0, "whole pieces per thread");
+#pragma unroll
+    for (int u = 0; u < ROWS * PIECES / FL_THREADS; ++u) {
+        const int e = threadIdx.x + u * FL_THREADS;
+        const int n = e / PIECES, c = 8 * (e % PIECES);
+        const bool ok = j0 + n < seq && i0 + c < seq;
+        const unsigned short* src = ok ? dst_h + (size_t)(j0 + n) * ds_stride + i0 + c : dst_h;
+        const unsigned s = (unsigned)__cvta_generic_to_shared(tile + n * FlShape<D>::DS_LD + c);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src),
+                     "r"(ok ? 16 : 0));
     }
-    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-    if (half == 0) {
-        ds[r] = acc;
-        if (i < seq) dd[((size_t)b * heads + h) * seq + i] = acc;
+    asm volatile("cp.async.commit_group;");
+}
+
+// The A fragment (rows: the warp's 16 queries from column m0 of a dS tile;
+// columns: keys k0..k0 + 15, the tile's rows) of a tile stored key-major:
+// ldmatrix transposed, lane l addressing key row k0 + l % 8 (+ 8 for
+// matrices 2 and 3) at query column m0 (+ 8 for matrices 1 and 3).
+template <int LDS>
+__device__ __forceinline__ void fl_a_t(unsigned (&a)[4], const unsigned short* tile, int m0, int k0) {
+    const int l = threadIdx.x & 31;
+    fl_ldm_t(a, tile + (k0 + (l & 7) + 8 * (l >> 4)) * LDS + m0 + 8 * ((l >> 3) & 1));
+}
+
+// Zeroes the halves of an A fragment (rows i = row0 + g, + 8; columns j =
+// col0 + 2t, + 1, + 8, + 9) whose key j is after the query i or past seq.
+__device__ __forceinline__ void fl_mask_a(unsigned (&a)[4], int row0, int col0, int seq) {
+    const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int i = row0 + g + 8 * (r & 1), j = col0 + 2 * t + 8 * (r >> 1);
+        const unsigned lo = (j <= i && j < seq) ? 0x0000ffffu : 0u;
+        const unsigned hi = (j + 1 <= i && j + 1 < seq) ? 0xffff0000u : 0u;
+        a[r] &= lo | hi;
     }
 }
 
-// Backward, part 1: D (into dd) and dq for 64 query rows, the keys walked
-// as in the forward. Grid and block as the forward's; DQ_SMEM bytes.
+// Backward, part 2: dq = scale dS k for 64 query rows, from the dS the dkv
+// kernel stored (dst) and the kv head's k rows, the keys walked in chunks
+// of DS_CHUNK: the next chunk's dS tile copied (cp.async) and its k rows
+// loaded into registers while this one is multiplied. Grid (ceil(seq / 64),
+// heads, batch), blocks to tiles as fl_block_work says; DQ_SMEM bytes.
 template <int D>
-__device__ void attention_flash_dq(const float* __restrict__ q, const float* __restrict__ k,
-                                   const float* __restrict__ v, const float* __restrict__ out,
-                                   const float* __restrict__ dout, const float* __restrict__ lse,
-                                   float* __restrict__ dq, float* __restrict__ dd, int batch,
-                                   int seq, int heads, int kv_heads, int head_dim, float scale) {
+__device__ void attention_flash_dq(const unsigned short* __restrict__ dst,
+                                   const float* __restrict__ k, float* __restrict__ dq,
+                                   int batch, int seq, int ds_stride, int heads, int kv_heads,
+                                   int head_dim, float scale) {
     typedef FlShape<D> S;
     extern __shared__ __align__(16) unsigned short fl_smem[];
-    float* dsum = reinterpret_cast<float*>(fl_smem + S::DQ_AREA / 2);
-    const int i0 = FL_ROWS * (gridDim.x - 1 - blockIdx.x);
-    const int h = blockIdx.y, b = blockIdx.z;
+    unsigned short* ks = fl_smem;
+    unsigned short* dsb[2] = {ks + S::DS_CHUNK * S::LD,
+                              ks + S::DS_CHUNK * S::LD + S::DS_CHUNK * S::DS_LD};
+    int rank, h, b;
+    fl_block_work(rank, h, b);
+    const int i0 = FL_ROWS * (gridDim.x - 1 - rank);
     const int kvh = h / (heads / kv_heads);
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    const size_t q_stride = (size_t)heads * head_dim, kv_stride = (size_t)kv_heads * head_dim;
+    const size_t kv_stride = (size_t)kv_heads * head_dim;
     const float* kb = k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
-    const float* vb = v + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
-    const bool vec = head_dim % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v) &&
-                     aligned16(dout);
-    const float c = scale * 1.4426950408889634f;
-
-    fl_row_dots(dsum, dd, out, dout, b, i0, h, seq, heads, head_dim);
-    unsigned qa[S::KT][4], da[S::KT][4];
-    const size_t first = att_q_at(b, i0, h, seq, heads, head_dim);
-    fl_stage<D, FL_ROWS>(fl_smem, q + first, q_stride, seq - i0, head_dim, vec);
-    __syncthreads();
-    fl_row_frags<D>(qa, fl_smem);
-    __syncthreads();
-    fl_stage<D, FL_ROWS>(fl_smem, dout + first, q_stride, seq - i0, head_dim, vec);
-    __syncthreads();
-    fl_row_frags<D>(da, fl_smem);
-
+    const unsigned short* dst_h = dst + ((size_t)b * heads + h) * seq * ds_stride;
+    const bool vec = head_dim % 4 == 0 && aligned16(k);
     const int r0 = i0 + 16 * warp;
-    const int row[2] = {r0 + g, r0 + g + 8};
-    float lrow[2], drow[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        lrow[r] = row[r] < seq ? lse[((size_t)b * heads + h) * seq + row[r]] : 0.0f;
-        drow[r] = dsum[16 * warp + g + 8 * r];
-    }
     float acc[S::DT][4];
 #pragma unroll
     for (int dt = 0; dt < S::DT; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
 
-    unsigned short* ks = fl_smem;
-    unsigned short* vs = fl_smem + S::DQ_CHUNK * S::LD;
     const int keys = min(seq, i0 + FL_ROWS);
-    // The next chunk's k and v rows, loaded while this one is multiplied.
-    FlRows<D, S::DQ_CHUNK> kn, vn;
+    FlRows<D, S::DS_CHUNK> kn;
     kn.load(kb, kv_stride, seq, head_dim, vec);
-    vn.load(vb, kv_stride, seq, head_dim, vec);
-    for (int j0 = 0; j0 < keys; j0 += S::DQ_CHUNK) {
-        __syncthreads();
+    fl_copy_ds<D, S::DS_CHUNK>(dsb[0], dst_h, ds_stride, 0, i0, seq);
+    for (int j0 = 0, cur = 0; j0 < keys; j0 += S::DS_CHUNK, cur ^= 1) {
+        __syncthreads();  // every warp is done with the last chunk's tiles
         kn.store(ks);
-        vn.store(vs);
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();
-        if (j0 + S::DQ_CHUNK < keys) {
-            const size_t next = (size_t)(j0 + S::DQ_CHUNK) * kv_stride;
-            kn.load(kb + next, kv_stride, seq - j0 - S::DQ_CHUNK, head_dim, vec);
-            vn.load(vb + next, kv_stride, seq - j0 - S::DQ_CHUNK, head_dim, vec);
+        const int next = j0 + S::DS_CHUNK;
+        if (next < keys) {
+            kn.load(kb + (size_t)next * kv_stride, kv_stride, seq - next, head_dim, vec);
+            fl_copy_ds<D, S::DS_CHUNK>(dsb[cur ^ 1], dst_h, ds_stride, next, i0, seq);
         }
-        if (j0 > r0 + 15) continue;
-        float s[S::DQ_NT][4], dp[S::DQ_NT][4];
-        fl_scores<D>(s, qa, ks);
-        fl_scores<D>(dp, da, vs);
-        const bool edge = j0 + S::DQ_CHUNK - 1 > r0 || j0 + S::DQ_CHUNK > seq;
+        if (j0 > r0 + 15) continue;  // every key of the chunk is after every row of the warp
+        const bool edge = j0 + S::DS_CHUNK - 1 > r0 || j0 + S::DS_CHUNK > seq;
 #pragma unroll
-        for (int n = 0; n < S::DQ_NT; ++n)
+        for (int kk = 0; kk < S::DS_CHUNK / 16; ++kk) {
+            unsigned a[4];
+            fl_a_t<S::DS_LD>(a, dsb[cur], 16 * warp, 16 * kk);
+            if (edge) fl_mask_a(a, r0, j0 + 16 * kk, seq);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e >> 1;
-                const int j = j0 + 8 * n + 2 * t + (e & 1);
-                float p = tc_exp2(fmaf(s[n][e], c, -lrow[r]));
-                if (edge && (j > row[r] || j >= seq)) p = 0.0f;
-                s[n][e] = p * (dp[n][e] - drow[r]);  // dS
+            for (int dt = 0; dt < S::DT; dt += 2) {
+                unsigned bb[4];
+                fl_b_rows_k<S::LD>(bb, ks, 8 * dt, 16 * kk);
+                fl_mma(acc[dt], a, bb[0], bb[1]);
+                fl_mma(acc[dt + 1], a, bb[2], bb[3]);
             }
-        fl_accumulate<D>(acc, s, ks);
+        }
     }
+    const int row[2] = {r0 + g, r0 + g + 8};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (row[r] >= seq) continue;
@@ -1903,15 +1940,66 @@ __device__ void attention_flash_dq(const float* __restrict__ q, const float* __r
     }
 }
 
-// Backward, part 2: query head h's share of dk (before the scale) and of dv
+// A warp's dS^T entries (accumulator layout: keys key[0], key[1]; queries
+// c0 + 8n + 2t and + 1) rounded to bf16 into dst, row j (a key) at
+// dst_h + j * ds_stride, both queries of a pair as one 4-byte store (ds_stride
+// and c0 are even). Keys or queries past seq are not stored.
+template <int NT>
+__device__ __forceinline__ void fl_store_ds(unsigned short* dst_h, int ds_stride,
+                                            const float (&dpt)[NT][4], const int (&key)[2],
+                                            int c0, int seq) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = c0 + 8 * n + 2 * t;
+            if (key[r] >= seq || i >= seq) continue;
+            unsigned short* p = dst_h + (size_t)key[r] * ds_stride + i;
+            const unsigned pair = fl_pack(dpt[n][2 * r], dpt[n][2 * r + 1]);
+            if (i + 1 < seq) {
+                *reinterpret_cast<unsigned*>(p) = pair;
+            } else {
+                *p = (unsigned short)(pair & 0xffffu);
+            }
+        }
+}
+
+// D_i = <dout_i, out_i> of a chunk's rows from the f32 values a thread
+// holds of them (row e / (D / 4) of its element e, D / 4 lanes of a warp per
+// row), summed over the row's lanes with xor shuffles; `d_s[row]` gets it.
+template <int D, int ROWS>
+__device__ __forceinline__ void fl_chunk_dots(float* d_s, const FlRows<D, ROWS>& dn,
+                                              const FlRows<D, ROWS>& on) {
+    constexpr int LANES = D / 4;
+    static_assert(LANES <= 32 && 32 % LANES == 0, "a row's lanes within one warp");
+#pragma unroll
+    for (int u = 0; u < FlRows<D, ROWS>::N; ++u) {
+        const float4 x = dn.x[u], y = on.x[u];
+        float acc = x.x * y.x;
+        acc = fmaf(x.y, y.y, acc);
+        acc = fmaf(x.z, y.z, acc);
+        acc = fmaf(x.w, y.w, acc);
+#pragma unroll
+        for (int m = LANES / 2; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+        const int e = threadIdx.x + u * FL_THREADS;
+        if (e % LANES == 0) d_s[e / LANES] = acc;
+    }
+}
+
+// Backward, part 1: query head h's share of dk (before the scale) and of dv
 // for 64 key rows, walking the queries i >= the tile's first key in chunks
-// of QCHUNK. Grid (ceil(seq / 64), heads, batch); DKV_SMEM bytes.
+// of QCHUNK; and dS of those keys and queries, rounded to bf16, into dst
+// (transposed, rows of ds_stride). Grid (ceil(seq / 64), heads, batch),
+// blocks to tiles as fl_block_work says; DKV_SMEM bytes.
 template <int D>
 __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __restrict__ k,
-                                    const float* __restrict__ v, const float* __restrict__ dout,
-                                    const float* __restrict__ lse, const float* __restrict__ dd,
-                                    float* __restrict__ pk, float* __restrict__ pv, int batch,
-                                    int seq, int heads, int kv_heads, int head_dim, float scale) {
+                                    const float* __restrict__ v, const float* __restrict__ out,
+                                    const float* __restrict__ dout, const float* __restrict__ lse,
+                                    float* __restrict__ pk, float* __restrict__ pv,
+                                    unsigned short* __restrict__ dst, int batch, int seq,
+                                    int ds_stride, int heads, int kv_heads, int head_dim,
+                                    float scale) {
     typedef FlShape<D> S;
     extern __shared__ __align__(16) unsigned short fl_smem[];
     unsigned short* kt = fl_smem;
@@ -1920,13 +2008,14 @@ __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __
     unsigned short* dos = qs + S::QCHUNK * S::LD;    // ... and dout rows
     float* lse_s = reinterpret_cast<float*>(dos + S::QCHUNK * S::LD);  // ... their lse2
     float* d_s = lse_s + S::QCHUNK;                  // ... and D
-    const int j0 = FL_ROWS * blockIdx.x;
-    const int h = blockIdx.y, b = blockIdx.z;
+    int rank, h, b;
+    fl_block_work(rank, h, b);
+    const int j0 = FL_ROWS * rank;
     const int kvh = h / (heads / kv_heads);
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     const size_t q_stride = (size_t)heads * head_dim, kv_stride = (size_t)kv_heads * head_dim;
     const bool vec = head_dim % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v) &&
-                     aligned16(dout);
+                     aligned16(out) && aligned16(dout);
     const float c = scale * 1.4426950408889634f;
     const size_t kv_first = att_kv_at(b, j0, kvh, seq, kv_heads, head_dim);
     fl_stage<D, FL_ROWS>(kt, k + kv_first, kv_stride, seq - j0, head_dim, vec);
@@ -1943,29 +2032,27 @@ __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __
             dv[dt][e] = 0.0f;
         }
     const size_t stats = ((size_t)b * heads + h) * seq;
-    // The next chunk's q and dout rows, lse2 and D, loaded while this one is
-    // multiplied. A query past seq gets lse2 = +inf, so its P is 0.
-    FlRows<D, S::QCHUNK> qn, dn;
-    float lse_n = 0.0f, d_n = 0.0f;
+    unsigned short* dst_h = dst + ((size_t)b * heads + h) * seq * ds_stride;
+    // The next chunk's q, dout and out rows and lse2, loaded while this one
+    // is multiplied; D of its rows is summed as it is stored. A query past
+    // seq gets lse2 = +inf, so its P is 0, and out = dout = 0.
+    FlRows<D, S::QCHUNK> qn, dn, on;
+    float lse_n = 0.0f;
     const auto fetch = [&](int c0) {
         const size_t q_first = att_q_at(b, c0, h, seq, heads, head_dim);
         qn.load(q + q_first, q_stride, seq - c0, head_dim, vec);
         dn.load(dout + q_first, q_stride, seq - c0, head_dim, vec);
+        on.load(out + q_first, q_stride, seq - c0, head_dim, vec);
         const int i = c0 + threadIdx.x;
-        if (threadIdx.x < S::QCHUNK) {
-            lse_n = i < seq ? lse[stats + i] : __int_as_float(0x7f800000);
-            d_n = i < seq ? dd[stats + i] : 0.0f;
-        }
+        if (threadIdx.x < S::QCHUNK) lse_n = i < seq ? lse[stats + i] : __int_as_float(0x7f800000);
     };
     if (j0 < seq) fetch(j0);
     for (int c0 = j0; c0 < seq; c0 += S::QCHUNK) {
         __syncthreads();
         qn.store(qs);
         dn.store(dos);
-        if (threadIdx.x < S::QCHUNK) {
-            lse_s[threadIdx.x] = lse_n;
-            d_s[threadIdx.x] = d_n;
-        }
+        fl_chunk_dots<D, S::QCHUNK>(d_s, dn, on);
+        if (threadIdx.x < S::QCHUNK) lse_s[threadIdx.x] = lse_n;
         __syncthreads();
         if (c0 + S::QCHUNK < seq) fetch(c0 + S::QCHUNK);
         if (c0 + S::QCHUNK - 1 < k0) continue;  // every query of the chunk is before the warp's keys
@@ -1988,6 +2075,7 @@ __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __
                 st[n][e] = p;
                 dpt[n][e] = p * (dpt[n][e] - d_s[x]);  // dS^T
             }
+        fl_store_ds<S::QNT>(dst_h, ds_stride, dpt, key, c0, seq);
         fl_accumulate<D>(dv, st, dos);   // dv += P^T dout
         fl_accumulate<D>(dk, dpt, qs);  // dk += dS^T q
     }
@@ -2018,21 +2106,21 @@ __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __
     }
 #define ATT_FL_DQ(D)                                                                             \
     extern "C" __global__ void __launch_bounds__(FL_THREADS) attention_flash_bwd_dq_d##D##_bf16(  \
-        const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,   \
-        const float* __restrict__ out, const float* __restrict__ dout,                          \
-        const float* __restrict__ lse, float* __restrict__ dq, float* __restrict__ dd,          \
-        int batch, int seq, int heads, int kv_heads, int head_dim, float scale) {               \
-        attention_flash_dq<D>(q, k, v, out, dout, lse, dq, dd, batch, seq, heads, kv_heads,     \
-                              head_dim, scale);                                                 \
+        const unsigned short* __restrict__ dst, const float* __restrict__ k,                    \
+        float* __restrict__ dq, int batch, int seq, int ds_stride, int heads, int kv_heads,     \
+        int head_dim, float scale) {                                                            \
+        attention_flash_dq<D>(dst, k, dq, batch, seq, ds_stride, heads, kv_heads, head_dim,     \
+                              scale);                                                           \
     }
 #define ATT_FL_DKV(D)                                                                            \
     extern "C" __global__ void __launch_bounds__(FL_THREADS) attention_flash_bwd_dkv_d##D##_bf16( \
         const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,   \
-        const float* __restrict__ dout, const float* __restrict__ lse,                          \
-        const float* __restrict__ dd, float* __restrict__ pk, float* __restrict__ pv,           \
-        int batch, int seq, int heads, int kv_heads, int head_dim, float scale) {               \
-        attention_flash_dkv<D>(q, k, v, dout, lse, dd, pk, pv, batch, seq, heads, kv_heads,     \
-                               head_dim, scale);                                                \
+        const float* __restrict__ out, const float* __restrict__ dout,                          \
+        const float* __restrict__ lse, float* __restrict__ pk, float* __restrict__ pv,          \
+        unsigned short* __restrict__ dst, int batch, int seq, int ds_stride, int heads,         \
+        int kv_heads, int head_dim, float scale) {                                              \
+        attention_flash_dkv<D>(q, k, v, out, dout, lse, pk, pv, dst, batch, seq, ds_stride,     \
+                               heads, kv_heads, head_dim, scale);                               \
     }
 
 // The module defines ATT_BUILD (64 or 128) and ATT_PART (kernels/mod.rs):

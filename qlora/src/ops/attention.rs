@@ -193,7 +193,7 @@ const FLASH_D64: Build = Build {
     threads: 128,
     rows: 64,
     fwd_smem: 18_432,
-    dq_smem: 9_472,
+    dq_smem: 27_648,
     dkv_smem: 27_904,
     saves: Saves::RowLse,
     fwd: kernel("attention_flash_fwd_d64", "attention_flash_fwd_d64_bf16"),
@@ -209,7 +209,7 @@ const FLASH_D128: Build = Build {
     threads: 128,
     rows: 64,
     fwd_smem: 17_408,
-    dq_smem: 17_664,
+    dq_smem: 17_920,
     dkv_smem: 43_648,
     saves: Saves::RowLse,
     fwd: kernel("attention_flash_fwd_d128", "attention_flash_fwd_d128_bf16"),
@@ -326,10 +326,9 @@ const KV_SUM_ARGS: &[Arg] = &[
     Arg::I64,
 ];
 
-/// The flash dq and dkv kernels: `q, k, v`, then five pointers (dq: `out,
-/// dout, lse, dq, dd`; dkv: `dout, lse, dd, pk, pv`), then `batch, seq,
-/// heads, kv_heads, head_dim, scale`.
-const FLASH_BWD_ARGS: &[Arg] = &[
+/// The flash dk/dv kernel: `q, k, v, out, dout, lse, pk, pv, dst`, then
+/// `batch, seq, ds_stride, heads, kv_heads, head_dim, scale`.
+const FLASH_DKV_ARGS: &[Arg] = &[
     Arg::Ptr,
     Arg::Ptr,
     Arg::Ptr,
@@ -338,6 +337,23 @@ const FLASH_BWD_ARGS: &[Arg] = &[
     Arg::Ptr,
     Arg::Ptr,
     Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::F32,
+];
+
+/// The flash dq kernel: `dst, k, dq`, then `batch, seq, ds_stride, heads,
+/// kv_heads, head_dim, scale`.
+const FLASH_DQ_ARGS: &[Arg] = &[
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
     Arg::I32,
     Arg::I32,
     Arg::I32,
@@ -365,8 +381,8 @@ pub const SIGNATURES: &[(&str, Signatures)] = signatures!(
     F32_D128: FWD_ARGS, DQ_ARGS, DKV_ARGS;
     TC_D64: FWD_ARGS, DQ_ARGS, DKV_ARGS;
     TC_D128: FWD_ARGS, DQ_ARGS, DKV_ARGS;
-    FLASH_D64: FWD_ARGS, FLASH_BWD_ARGS, FLASH_BWD_ARGS;
-    FLASH_D128: FWD_ARGS, FLASH_BWD_ARGS, FLASH_BWD_ARGS
+    FLASH_D64: FWD_ARGS, FLASH_DQ_ARGS, FLASH_DKV_ARGS;
+    FLASH_D128: FWD_ARGS, FLASH_DQ_ARGS, FLASH_DKV_ARGS
 );
 
 /// The largest head_dim the kernels' builds take.
@@ -521,13 +537,28 @@ pub fn forward(
     Ok(())
 }
 
-/// Floats of the scratch [`backward`] on `kernels` needs: each query
-/// head's share of `dk` and `dv` (twice the length of `q`), and `dS` (the
-/// length of `probs`) for the probability-saving kernels, or the row dots
-/// `D` (`[batch, heads, seq]`) for the flash ones.
+/// Floats of the scratch [`backward`] on `kernels` needs: `dS` (the
+/// length of `probs`) for the probability-saving kernels, or for the flash
+/// ones `dS` in bf16, transposed, rows padded to [`ds_stride`] (two to a
+/// float, rounded up); then each query head's share of `dk` and `dv` (twice
+/// the length of `q`).
 pub fn backward_scratch_len(sh: &AttnShape, kernels: AttnKernels) -> usize {
-    let (q_len, _, _) = lens(sh);
-    saved_len(sh, kernels) + 2 * q_len
+    let (q_len, _, p_len) = lens(sh);
+    ds_floats(sh, kernels, p_len) + 2 * q_len
+}
+
+/// Floats of the scratch's first part, `dS` ([`backward_scratch_len`]).
+fn ds_floats(sh: &AttnShape, kernels: AttnKernels, p_len: usize) -> usize {
+    match kernels {
+        AttnKernels::Bf16 => (sh.batch * sh.heads * sh.seq * ds_stride(sh.seq)).div_ceil(2),
+        _ => p_len,
+    }
+}
+
+/// Row length, in bf16, of the flash kernels' stored `dS`: `seq` rounded up
+/// to 8, so every row starts 16-byte aligned for the dq kernel's copies.
+fn ds_stride(seq: usize) -> usize {
+    seq.div_ceil(8) * 8
 }
 
 /// Backward on `kernels`, from what their forward saved (`saved`): writes
@@ -566,8 +597,8 @@ pub fn backward(
         expect_len("attention", name, len, &[want])?;
     }
     let limit = to_i64("attention", gpu.faults().written(kv_len))?;
-    // The first part of the scratch is dS or D (saved's length), then the shares.
-    let (mut first, mut shares) = scratch.split_at_mut(s_len);
+    // The first part of the scratch is dS, then the shares.
+    let (mut first, mut shares) = scratch.split_at_mut(ds_floats(sh, kernels, lens(sh).2));
     let (mut pk, mut pv) = shares.split_at_mut(q_len);
     let b = build(sh.head_dim, kernels);
     let grads = (&mut *dq, &mut first, &mut pk, &mut pv);
@@ -672,8 +703,9 @@ fn probs_backward(
     Ok(())
 }
 
-/// dq, the row dots D and the shares pk, pv from the forward's row
-/// log-sum-exps (lengths checked by [`backward`]).
+/// The shares pk, pv and dS (bf16, into the scratch's first part), then dq
+/// from dS, from the forward's row log-sum-exps (lengths checked by
+/// [`backward`]).
 #[allow(clippy::too_many_arguments)]
 fn flash_backward(
     gpu: &mut GpuContext,
@@ -682,41 +714,47 @@ fn flash_backward(
     out: &CudaSlice<f32>,
     lse: &CudaSlice<f32>,
     dout: &CudaSlice<f32>,
-    (dq, dd, pk, pv): Grads<'_, '_>,
+    (dq, dst, pk, pv): Grads<'_, '_>,
     d: &Dims,
     sh: &AttnShape,
 ) -> Result<()> {
-    let func = gpu.function(f.dq.module, f.dq.symbol)?;
-    let mut launch = gpu.stream().launch_builder(&func);
-    launch.arg(q).arg(k).arg(v).arg(out).arg(dout).arg(lse);
-    launch.arg(&mut *dq).arg(&mut *dd);
-    d.push(&mut launch);
-    // SAFETY: arguments match `attention_flash_bwd_dq_dXX_bf16(const float*
-    // q, const float* k, const float* v, const float* out, const float* dout,
-    // const float* lse, float* dq, float* dd, int batch, int seq, int heads,
-    // int kv_heads, int head_dim, float scale)` in order and type. Lengths
-    // were checked against the shape (lse and dd batch * heads * seq, dd the
-    // scratch's first part); the grid is (ceil(seq / 64), heads, batch), each
-    // block reads rows < seq of q, out, dout, lse of its head and of k, v of
-    // its kv head, writes its rows < seq of dq and dd, and uses the
-    // DQ_SMEM bytes of shared memory the config gives, with 128 threads.
-    unsafe { launch.launch(tile_config(sh, f, f.dq_smem)) }?;
-
+    let stride = to_i32("attention", "ds_stride", ds_stride(sh.seq))?;
     let func = gpu.function(f.dkv.module, f.dkv.symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
-    launch.arg(q).arg(k).arg(v).arg(dout).arg(lse).arg(&mut *dd);
-    launch.arg(pk).arg(pv);
-    d.push(&mut launch);
+    launch.arg(q).arg(k).arg(v).arg(out).arg(dout).arg(lse);
+    launch.arg(pk).arg(pv).arg(&mut *dst);
+    launch.arg(&d.batch).arg(&d.seq).arg(&stride).arg(&d.heads);
+    launch.arg(&d.kv_heads).arg(&d.head_dim).arg(&d.scale);
     // SAFETY: arguments match `attention_flash_bwd_dkv_dXX_bf16(const float*
-    // q, const float* k, const float* v, const float* dout, const float* lse,
-    // const float* dd, float* pk, float* pv, int batch, int seq, int heads,
-    // int kv_heads, int head_dim, float scale)` in order and type. pk and pv
-    // are the two q_len-float parts of the scratch after dd (split, so
-    // disjoint); each block reads rows < seq of q, dout, lse and dd (dd as
-    // the dq kernel, earlier on this stream, wrote it) and its 64 rows of k
-    // and v, writes its key rows < seq of pk and pv, and uses the DKV_SMEM
-    // bytes of shared memory the config gives, with 128 threads.
+    // q, const float* k, const float* v, const float* out, const float* dout,
+    // const float* lse, float* pk, float* pv, unsigned short* dst, int batch,
+    // int seq, int ds_stride, int heads, int kv_heads, int head_dim, float
+    // scale)` in order and type. dst, pk and pv are the three parts of the
+    // scratch (split, so disjoint); dst holds batch * heads * seq rows of
+    // ds_stride bf16 (ds_floats). Each block reads rows < seq of q, out,
+    // dout and lse and its 64 rows of k and v, writes its key rows < seq of
+    // pk and pv and, in dst, only entries (key < seq, query < seq) of its
+    // head, and uses the DKV_SMEM bytes of shared memory the config gives,
+    // with 128 threads.
     unsafe { launch.launch(tile_config(sh, f, f.dkv_smem)) }?;
+
+    let func = gpu.function(f.dq.module, f.dq.symbol)?;
+    let dst = dst.as_view();
+    let mut launch = gpu.stream().launch_builder(&func);
+    launch.arg(&dst).arg(k).arg(&mut *dq);
+    launch.arg(&d.batch).arg(&d.seq).arg(&stride).arg(&d.heads);
+    launch.arg(&d.kv_heads).arg(&d.head_dim).arg(&d.scale);
+    // SAFETY: arguments match `attention_flash_bwd_dq_dXX_bf16(const
+    // unsigned short* dst, const float* k, float* dq, int batch, int seq, int
+    // ds_stride, int heads, int kv_heads, int head_dim, float scale)` in
+    // order and type. dst is as the dkv kernel, earlier on this stream,
+    // wrote it; each block copies 16-byte pieces of its head's rows < seq
+    // starting at a query < seq (inside the padded row; the others are
+    // zero-filled from the head's first row), masks what it must not use,
+    // reads rows < seq of k of its kv head, writes its rows < seq of dq, and
+    // uses the DQ_SMEM bytes of shared memory the config gives, with 128
+    // threads.
+    unsafe { launch.launch(tile_config(sh, f, f.dq_smem)) }?;
     Ok(())
 }
 
@@ -727,6 +765,25 @@ mod tests {
     /// The shared memory the launch configs ask for: the sizes the doc
     /// comments of the kernels state, all within the 48 KiB a launch gets
     /// without opting in.
+    /// The flash kernels' stored dS: rows padded to 8 bf16 (16 bytes), two
+    /// bf16 to a float of the scratch, rounded up.
+    #[test]
+    fn flash_ds_rows_start_16_byte_aligned() {
+        assert_eq!([ds_stride(1), ds_stride(13), ds_stride(256)], [8, 16, 256]);
+        let sh = AttnShape {
+            batch: 1,
+            seq: 13,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 64,
+        };
+        let q_len = 13 * 2 * 64;
+        assert_eq!(
+            backward_scratch_len(&sh, AttnKernels::Bf16),
+            2 * 13 * 16 / 2 + 2 * q_len
+        );
+    }
+
     #[test]
     fn launch_configs_fit_the_default_shared_memory() {
         let sh = |head_dim| AttnShape {
@@ -781,15 +838,15 @@ mod tests {
         );
         // FlShape::{FWD,DQ,DKV}_SMEM, asserted in the `.cu` file.
         let smem = |b: &Build| [b.fwd_smem, b.dq_smem, b.dkv_smem];
-        assert_eq!(smem(build(64, bf16)), [18_432, 9_472, 27_904]);
-        assert_eq!(smem(build(128, bf16)), [17_408, 17_664, 43_648]);
+        assert_eq!(smem(build(64, bf16)), [18_432, 27_648, 27_904]);
+        assert_eq!(smem(build(128, bf16)), [17_408, 17_920, 43_648]);
         assert!(smem(build(128, bf16)).iter().all(|&b| b <= 48 * 1024));
         assert_eq!(cfg(64, bf16, true).grid_dim, (4, 14, 4));
         assert_eq!(cfg(64, bf16, true).block_dim, (128, 1, 1));
         assert_eq!(saved_len(&sh(64), bf16), 4 * 14 * 256);
         assert_eq!(
             backward_scratch_len(&sh(64), bf16),
-            4 * 14 * 256 + 2 * 4 * 256 * 14 * 64
+            4 * 14 * 256 * 256 / 2 + 2 * 4 * 256 * 14 * 64
         );
         // The tensor-core forward moves 16-byte pieces only.
         assert_eq!(
