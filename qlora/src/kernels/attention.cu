@@ -38,7 +38,8 @@
 //                          kernels" below. The tc dkv module holds kv_sum too.
 //   attention_flash_{fwd,dq,dkv}_dXX (ATT_PART 6, 7, 8): bf16 products, no
 //                          probabilities saved; see "bf16 flash kernels"
-//                          below. The flash dkv module holds kv_sum too.
+//                          below. The flash dkv module holds kv_sum and the
+//                          row dots D too.
 //
 // Tiling. The tiled kernels run 256 threads on a tile of ATT_ROWS = 32 rows
 // (query rows for the forward and dq, key rows for dk/dv): thread (g, c), with
@@ -1464,10 +1465,10 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
 //
 // Backward (deterministic, no atomics), from lse and out:
 //   D_i = <dout_i, out_i> (f32, from f32 out and dout), dP_ij = <dout_i, v_j>,
-//   dS_ij = P_ij (dP_ij - D_i); the dkv kernel walks the queries of 64 key
-//   rows for one query head, computes D of each chunk of queries as it
-//   stages it, writes that head's share of dk (before the scale) and of dv
-//   to pk, pv, which kv_sum adds as for the other kernels, and stores dS,
+//   dS_ij = P_ij (dP_ij - D_i); a first kernel writes D to `dd`; the dkv
+//   kernel walks the queries of 64 key rows for one query head, writes that
+//   head's share of dk (before the scale) and of dv to pk, pv, which kv_sum
+//   adds as for the other kernels, and stores dS,
 //   rounded to bf16, transposed (`dst`, [batch, heads, key j, query i], rows
 //   of `ds_stride` = seq rounded up to 8, so every row starts 16-byte
 //   aligned); the dq kernel then multiplies it: dq = scale dS k, walking the
@@ -1864,7 +1865,7 @@ __device__ __forceinline__ void fl_mask_a(unsigned (&a)[4], int row0, int col0, 
     }
 }
 
-// Backward, part 2: dq = scale dS k for 64 query rows, from the dS the dkv
+// Backward, part 3: dq = scale dS k for 64 query rows, from the dS the dkv
 // kernel stored (dst) and the kv head's k rows, the keys walked in chunks
 // of DS_CHUNK: the next chunk's dS tile copied (cp.async) and its k rows
 // loaded into registers while this one is multiplied. Grid (ceil(seq / 64),
@@ -1965,37 +1966,15 @@ __device__ __forceinline__ void fl_store_ds(unsigned short* dst_h, int ds_stride
         }
 }
 
-// D_i = <dout_i, out_i> of a chunk's rows from the f32 values a thread
-// holds of them (row e / (D / 4) of its element e, D / 4 lanes of a warp per
-// row), summed over the row's lanes with xor shuffles; `d_s[row]` gets it.
-template <int D, int ROWS>
-__device__ __forceinline__ void fl_chunk_dots(float* d_s, const FlRows<D, ROWS>& dn,
-                                              const FlRows<D, ROWS>& on) {
-    constexpr int LANES = D / 4;
-    static_assert(LANES <= 32 && 32 % LANES == 0, "a row's lanes within one warp");
-#pragma unroll
-    for (int u = 0; u < FlRows<D, ROWS>::N; ++u) {
-        const float4 x = dn.x[u], y = on.x[u];
-        float acc = x.x * y.x;
-        acc = fmaf(x.y, y.y, acc);
-        acc = fmaf(x.z, y.z, acc);
-        acc = fmaf(x.w, y.w, acc);
-#pragma unroll
-        for (int m = LANES / 2; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-        const int e = threadIdx.x + u * FL_THREADS;
-        if (e % LANES == 0) d_s[e / LANES] = acc;
-    }
-}
-
-// Backward, part 1: query head h's share of dk (before the scale) and of dv
+// Backward, part 2: query head h's share of dk (before the scale) and of dv
 // for 64 key rows, walking the queries i >= the tile's first key in chunks
 // of QCHUNK; and dS of those keys and queries, rounded to bf16, into dst
 // (transposed, rows of ds_stride). Grid (ceil(seq / 64), heads, batch),
 // blocks to tiles as fl_block_work says; DKV_SMEM bytes.
 template <int D>
 __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __restrict__ k,
-                                    const float* __restrict__ v, const float* __restrict__ out,
-                                    const float* __restrict__ dout, const float* __restrict__ lse,
+                                    const float* __restrict__ v, const float* __restrict__ dout,
+                                    const float* __restrict__ lse, const float* __restrict__ dd,
                                     float* __restrict__ pk, float* __restrict__ pv,
                                     unsigned short* __restrict__ dst, int batch, int seq,
                                     int ds_stride, int heads, int kv_heads, int head_dim,
@@ -2015,7 +1994,7 @@ __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     const size_t q_stride = (size_t)heads * head_dim, kv_stride = (size_t)kv_heads * head_dim;
     const bool vec = head_dim % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v) &&
-                     aligned16(out) && aligned16(dout);
+                     aligned16(dout);
     const float c = scale * 1.4426950408889634f;
     const size_t kv_first = att_kv_at(b, j0, kvh, seq, kv_heads, head_dim);
     fl_stage<D, FL_ROWS>(kt, k + kv_first, kv_stride, seq - j0, head_dim, vec);
@@ -2033,26 +2012,29 @@ __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __
         }
     const size_t stats = ((size_t)b * heads + h) * seq;
     unsigned short* dst_h = dst + ((size_t)b * heads + h) * seq * ds_stride;
-    // The next chunk's q, dout and out rows and lse2, loaded while this one
-    // is multiplied; D of its rows is summed as it is stored. A query past
-    // seq gets lse2 = +inf, so its P is 0, and out = dout = 0.
-    FlRows<D, S::QCHUNK> qn, dn, on;
-    float lse_n = 0.0f;
+    // The next chunk's q and dout rows, lse2 and D, loaded while this one is
+    // multiplied. A query past seq gets lse2 = +inf, so its P is 0.
+    FlRows<D, S::QCHUNK> qn, dn;
+    float lse_n = 0.0f, d_n = 0.0f;
     const auto fetch = [&](int c0) {
         const size_t q_first = att_q_at(b, c0, h, seq, heads, head_dim);
         qn.load(q + q_first, q_stride, seq - c0, head_dim, vec);
         dn.load(dout + q_first, q_stride, seq - c0, head_dim, vec);
-        on.load(out + q_first, q_stride, seq - c0, head_dim, vec);
         const int i = c0 + threadIdx.x;
-        if (threadIdx.x < S::QCHUNK) lse_n = i < seq ? lse[stats + i] : __int_as_float(0x7f800000);
+        if (threadIdx.x < S::QCHUNK) {
+            lse_n = i < seq ? lse[stats + i] : __int_as_float(0x7f800000);
+            d_n = i < seq ? dd[stats + i] : 0.0f;
+        }
     };
     if (j0 < seq) fetch(j0);
     for (int c0 = j0; c0 < seq; c0 += S::QCHUNK) {
         __syncthreads();
         qn.store(qs);
         dn.store(dos);
-        fl_chunk_dots<D, S::QCHUNK>(d_s, dn, on);
-        if (threadIdx.x < S::QCHUNK) lse_s[threadIdx.x] = lse_n;
+        if (threadIdx.x < S::QCHUNK) {
+            lse_s[threadIdx.x] = lse_n;
+            d_s[threadIdx.x] = d_n;
+        }
         __syncthreads();
         if (c0 + S::QCHUNK < seq) fetch(c0 + S::QCHUNK);
         if (c0 + S::QCHUNK - 1 < k0) continue;  // every query of the chunk is before the warp's keys
@@ -2115,11 +2097,11 @@ __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __
 #define ATT_FL_DKV(D)                                                                            \
     extern "C" __global__ void __launch_bounds__(FL_THREADS) attention_flash_bwd_dkv_d##D##_bf16( \
         const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,   \
-        const float* __restrict__ out, const float* __restrict__ dout,                          \
-        const float* __restrict__ lse, float* __restrict__ pk, float* __restrict__ pv,          \
+        const float* __restrict__ dout, const float* __restrict__ lse,                          \
+        const float* __restrict__ dd, float* __restrict__ pk, float* __restrict__ pv,           \
         unsigned short* __restrict__ dst, int batch, int seq, int ds_stride, int heads,         \
         int kv_heads, int head_dim, float scale) {                                              \
-        attention_flash_dkv<D>(q, k, v, out, dout, lse, pk, pv, dst, batch, seq, ds_stride,     \
+        attention_flash_dkv<D>(q, k, v, dout, lse, dd, pk, pv, dst, batch, seq, ds_stride,      \
                                heads, kv_heads, head_dim, scale);                               \
     }
 
@@ -2152,6 +2134,25 @@ ATT_INSTANTIATE(ATT_DKV, ATT_BUILD)
 ATT_INSTANTIATE(ATT_TC_DKV, ATT_BUILD)
 #else
 ATT_INSTANTIATE(ATT_FL_DKV, ATT_BUILD)
+
+// Backward, part 1 of the flash kernels: D_i = <dout_i, out_i> into dd
+// ([batch, heads, seq]), two threads per row, each over half of head_dim,
+// in f32. Grid (ceil(seq / 64), heads, batch), 128 threads.
+extern "C" __global__ void attention_flash_bwd_dots_f32(const float* __restrict__ out,
+                                                        const float* __restrict__ dout,
+                                                        float* __restrict__ dd, int batch,
+                                                        int seq, int heads, int kv_heads,
+                                                        int head_dim, float scale) {
+    const int r = threadIdx.x >> 1, half = threadIdx.x & 1;
+    const int i = 64 * blockIdx.x + r, h = blockIdx.y, b = blockIdx.z;
+    float acc = 0.0f;
+    if (i < seq) {
+        const size_t at = att_q_at(b, i, h, seq, heads, head_dim);
+        for (int x = half; x < head_dim; x += 2) acc = fmaf(dout[at + x], out[at + x], acc);
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    if (half == 0 && i < seq) dd[((size_t)b * heads + h) * seq + i] = acc;
+}
 #endif
 
 // Backward, part 3: dk = scale * (sum over the group's heads of pk) and dv =

@@ -332,7 +332,8 @@ pub const MODULES: &[ModuleSource] = &[
         "#define ATT_BUILD 64\n#define ATT_PART 8",
         [
             "attention_flash_bwd_dkv_d64_bf16",
-            "attention_bwd_kv_sum_f32"
+            "attention_bwd_kv_sum_f32",
+            "attention_flash_bwd_dots_f32"
         ]
     ),
     module_with!(
@@ -353,7 +354,8 @@ pub const MODULES: &[ModuleSource] = &[
         "#define ATT_BUILD 128\n#define ATT_PART 8",
         [
             "attention_flash_bwd_dkv_d128_bf16",
-            "attention_bwd_kv_sum_f32"
+            "attention_bwd_kv_sum_f32",
+            "attention_flash_bwd_dots_f32"
         ]
     ),
     module!("faults", ["fault_oob_write_f32", "fault_round_bf16_f32"]),

@@ -100,6 +100,9 @@ struct Build {
 }
 
 const KV_SUM: &str = "attention_bwd_kv_sum_f32";
+/// The flash kernels' row dots `D`, in their dk/dv module (not tiled: one
+/// kernel for both builds' modules).
+const DOTS: &str = "attention_flash_bwd_dots_f32";
 
 /// Rows of a tile of the f32 kernels (`ATT_ROWS`).
 const TILE_ROWS: usize = 32;
@@ -326,7 +329,21 @@ const KV_SUM_ARGS: &[Arg] = &[
     Arg::I64,
 ];
 
-/// The flash dk/dv kernel: `q, k, v, out, dout, lse, pk, pv, dst`, then
+/// The flash row dots: `out, dout, dd`, then `batch, seq, heads, kv_heads,
+/// head_dim, scale`.
+const DOTS_ARGS: &[Arg] = &[
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::F32,
+];
+
+/// The flash dk/dv kernel: `q, k, v, dout, lse, dd, pk, pv, dst`, then
 /// `batch, seq, ds_stride, heads, kv_heads, head_dim, scale`.
 const FLASH_DKV_ARGS: &[Arg] = &[
     Arg::Ptr,
@@ -365,11 +382,11 @@ const FLASH_DQ_ARGS: &[Arg] = &[
 /// The modules of each build and the kernels each holds, with the argument
 /// lists of its forward, dq and dkv kernels.
 macro_rules! signatures {
-    ($($b:ident: $fa:ident, $qa:ident, $ka:ident);*) => {
+    ($($b:ident: $fa:ident, $qa:ident, $ka:ident $(, $extra:expr)?);*) => {
         &[$(
             ($b.fwd.module, &[($b.fwd.symbol, $fa)]),
             ($b.dq.module, &[($b.dq.symbol, $qa)]),
-            ($b.dkv.module, &[($b.dkv.symbol, $ka), (KV_SUM, KV_SUM_ARGS)]),
+            ($b.dkv.module, &[($b.dkv.symbol, $ka), (KV_SUM, KV_SUM_ARGS) $(, $extra)?]),
         )*]
     };
 }
@@ -381,8 +398,8 @@ pub const SIGNATURES: &[(&str, Signatures)] = signatures!(
     F32_D128: FWD_ARGS, DQ_ARGS, DKV_ARGS;
     TC_D64: FWD_ARGS, DQ_ARGS, DKV_ARGS;
     TC_D128: FWD_ARGS, DQ_ARGS, DKV_ARGS;
-    FLASH_D64: FWD_ARGS, FLASH_DQ_ARGS, FLASH_DKV_ARGS;
-    FLASH_D128: FWD_ARGS, FLASH_DQ_ARGS, FLASH_DKV_ARGS
+    FLASH_D64: FWD_ARGS, FLASH_DQ_ARGS, FLASH_DKV_ARGS, (DOTS, DOTS_ARGS);
+    FLASH_D128: FWD_ARGS, FLASH_DQ_ARGS, FLASH_DKV_ARGS, (DOTS, DOTS_ARGS)
 );
 
 /// The largest head_dim the kernels' builds take.
@@ -540,19 +557,24 @@ pub fn forward(
 /// Floats of the scratch [`backward`] on `kernels` needs: `dS` (the
 /// length of `probs`) for the probability-saving kernels, or for the flash
 /// ones `dS` in bf16, transposed, rows padded to [`ds_stride`] (two to a
-/// float, rounded up); then each query head's share of `dk` and `dv` (twice
-/// the length of `q`).
+/// float, rounded up), then the row dots `D` (`[batch, heads, seq]`); then
+/// each query head's share of `dk` and `dv` (twice the length of `q`).
 pub fn backward_scratch_len(sh: &AttnShape, kernels: AttnKernels) -> usize {
     let (q_len, _, p_len) = lens(sh);
     ds_floats(sh, kernels, p_len) + 2 * q_len
 }
 
-/// Floats of the scratch's first part, `dS` ([`backward_scratch_len`]).
+/// Floats of the scratch's first part, `dS` (and `D`) ([`backward_scratch_len`]).
 fn ds_floats(sh: &AttnShape, kernels: AttnKernels, p_len: usize) -> usize {
     match kernels {
-        AttnKernels::Bf16 => (sh.batch * sh.heads * sh.seq * ds_stride(sh.seq)).div_ceil(2),
+        AttnKernels::Bf16 => flash_ds_floats(sh) + saved_len(sh, kernels),
         _ => p_len,
     }
+}
+
+/// Floats of the flash kernels' stored `dS` ([`backward_scratch_len`]).
+fn flash_ds_floats(sh: &AttnShape) -> usize {
+    (sh.batch * sh.heads * sh.seq * ds_stride(sh.seq)).div_ceil(2)
 }
 
 /// Row length, in bf16, of the flash kernels' stored `dS`: `seq` rounded up
@@ -703,9 +725,9 @@ fn probs_backward(
     Ok(())
 }
 
-/// The shares pk, pv and dS (bf16, into the scratch's first part), then dq
-/// from dS, from the forward's row log-sum-exps (lengths checked by
-/// [`backward`]).
+/// The row dots D, the shares pk, pv and dS (bf16), then dq from dS, from
+/// the forward's row log-sum-exps (lengths checked by [`backward`];
+/// `first` is the scratch's dS and D).
 #[allow(clippy::too_many_arguments)]
 fn flash_backward(
     gpu: &mut GpuContext,
@@ -714,28 +736,43 @@ fn flash_backward(
     out: &CudaSlice<f32>,
     lse: &CudaSlice<f32>,
     dout: &CudaSlice<f32>,
-    (dq, dst, pk, pv): Grads<'_, '_>,
+    (dq, first, pk, pv): Grads<'_, '_>,
     d: &Dims,
     sh: &AttnShape,
 ) -> Result<()> {
+    let (mut dst, mut dd) = first.split_at_mut(flash_ds_floats(sh));
+    let func = gpu.function(f.dkv.module, DOTS)?;
+    let mut launch = gpu.stream().launch_builder(&func);
+    launch.arg(out).arg(dout).arg(&mut dd);
+    d.push(&mut launch);
+    // SAFETY: arguments match `attention_flash_bwd_dots_f32(const float*
+    // out, const float* dout, float* dd, int batch, int seq, int heads, int
+    // kv_heads, int head_dim, float scale)` in order and type. out and dout
+    // hold q_len floats, dd (the scratch's part after dS) batch * heads *
+    // seq; the grid is (ceil(seq / 64), heads, batch) of 128 threads, two a
+    // row, each block reading and writing only its rows < seq.
+    unsafe { launch.launch(tile_config(sh, f, 0)) }?;
+
     let stride = to_i32("attention", "ds_stride", ds_stride(sh.seq))?;
     let func = gpu.function(f.dkv.module, f.dkv.symbol)?;
+    let dd = dd.as_view();
     let mut launch = gpu.stream().launch_builder(&func);
-    launch.arg(q).arg(k).arg(v).arg(out).arg(dout).arg(lse);
-    launch.arg(pk).arg(pv).arg(&mut *dst);
+    launch.arg(q).arg(k).arg(v).arg(dout).arg(lse).arg(&dd);
+    launch.arg(pk).arg(pv).arg(&mut dst);
     launch.arg(&d.batch).arg(&d.seq).arg(&stride).arg(&d.heads);
     launch.arg(&d.kv_heads).arg(&d.head_dim).arg(&d.scale);
     // SAFETY: arguments match `attention_flash_bwd_dkv_dXX_bf16(const float*
-    // q, const float* k, const float* v, const float* out, const float* dout,
-    // const float* lse, float* pk, float* pv, unsigned short* dst, int batch,
+    // q, const float* k, const float* v, const float* dout, const float* lse,
+    // const float* dd, float* pk, float* pv, unsigned short* dst, int batch,
     // int seq, int ds_stride, int heads, int kv_heads, int head_dim, float
-    // scale)` in order and type. dst, pk and pv are the three parts of the
-    // scratch (split, so disjoint); dst holds batch * heads * seq rows of
-    // ds_stride bf16 (ds_floats). Each block reads rows < seq of q, out,
-    // dout and lse and its 64 rows of k and v, writes its key rows < seq of
-    // pk and pv and, in dst, only entries (key < seq, query < seq) of its
-    // head, and uses the DKV_SMEM bytes of shared memory the config gives,
-    // with 128 threads.
+    // scale)` in order and type. dst, dd, pk and pv are disjoint parts of
+    // the scratch (split); dst holds batch * heads * seq rows of ds_stride
+    // bf16 (flash_ds_floats) and starts at the scratch's start, 16-byte
+    // aligned as an allocation is. Each block reads rows < seq of q, dout,
+    // lse and dd (as the dots kernel, earlier on this stream, wrote it) and
+    // its 64 rows of k and v, writes its key rows < seq of pk and pv and, in
+    // dst, only entries (key < seq, query < seq) of its head, and uses the
+    // DKV_SMEM bytes of shared memory the config gives, with 128 threads.
     unsafe { launch.launch(tile_config(sh, f, f.dkv_smem)) }?;
 
     let func = gpu.function(f.dq.module, f.dq.symbol)?;
@@ -780,7 +817,7 @@ mod tests {
         let q_len = 13 * 2 * 64;
         assert_eq!(
             backward_scratch_len(&sh, AttnKernels::Bf16),
-            2 * 13 * 16 / 2 + 2 * q_len
+            2 * 13 * 16 / 2 + 2 * 13 + 2 * q_len
         );
     }
 
@@ -846,7 +883,7 @@ mod tests {
         assert_eq!(saved_len(&sh(64), bf16), 4 * 14 * 256);
         assert_eq!(
             backward_scratch_len(&sh(64), bf16),
-            4 * 14 * 256 * 256 / 2 + 2 * 4 * 256 * 14 * 64
+            4 * 14 * 256 * 256 / 2 + 4 * 14 * 256 + 2 * 4 * 256 * 14 * 64
         );
         // The tensor-core forward moves 16-byte pieces only.
         assert_eq!(

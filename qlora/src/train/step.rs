@@ -1254,9 +1254,10 @@ mod tests {
         assert!(chunk < t, "qwen2.5-0.5b's head runs in several chunks");
         // Attention keeps each row's log-sum-exp instead of its
         // probabilities in every layer, and its backward's scratch holds dS
-        // in bf16 (seq is a multiple of 8: rows unpadded).
+        // in bf16 (seq is a multiple of 8: rows unpadded) and D.
         let probs = c.batch * c.heads * c.seq_len * c.seq_len;
-        let attention = 4 * c.layers * (probs - c.batch * c.heads * c.seq_len) + 2 * probs;
+        let rows = c.batch * c.heads * c.seq_len;
+        let attention = 4 * c.layers * (probs - rows) + 2 * probs - 4 * rows;
         // The scratch's gate and up are bf16 (the layers keep none here),
         // and SwiGLU's f32 product and input gradients are not needed.
         let gate_up = 2 * 2 * t * c.intermediate + 3 * 4 * t * c.intermediate;
