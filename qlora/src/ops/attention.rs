@@ -19,12 +19,15 @@
 //! backward ([`saved_len`]). Each has a build for head_dim <= 64 and one for
 //! head_dim <= 128 (see the comment at the top of the `.cu` file). The f32
 //! forward is one pass over the keys (online softmax), the tensor-core one
-//! two (the row statistics, then P and P v). The backward is deterministic (no atomics): `attention_bwd_dq_*` writes
-//! `dS` to a caller's scratch buffer (the training step's workspace owns one,
-//! so nothing is allocated per step), `attention_bwd_dkv_*` gathers each
-//! query head's share of `dk` and `dv` per tile of key rows into the same
-//! scratch, and `attention_bwd_kv_sum_f32` adds the shares of a group in a
-//! fixed order.
+//! two (the row statistics, then P and P v). The backward is deterministic
+//! (no atomics): `attention_bwd_dq_*` writes `dS` to a caller's scratch
+//! buffer (the training step's workspace owns one, so nothing is allocated
+//! per step), `attention_bwd_dkv_*` gathers each query head's share of `dk`
+//! and `dv` per tile of key rows into the same scratch, and
+//! `attention_bwd_kv_sum_f32` adds the shares of a group in a fixed order.
+//! The flash backward turns the first two round: its dk/dv kernel stores
+//! `dS` (bf16) and its dq kernel multiplies it, after a kernel of the row
+//! dots `D`.
 
 use cudarc::driver::{CudaSlice, CudaViewMut, LaunchArgs, LaunchConfig, PushKernelArg};
 
@@ -76,7 +79,7 @@ enum Saves {
     /// The probabilities; the backward writes dS to its scratch.
     Probs,
     /// Each row's log-sum-exp (the flash kernels); the backward recomputes
-    /// P and writes the row dots D to its scratch.
+    /// P, and writes the row dots D and dS (bf16) to its scratch.
     RowLse,
 }
 
@@ -556,7 +559,7 @@ pub fn forward(
 
 /// Floats of the scratch [`backward`] on `kernels` needs: `dS` (the
 /// length of `probs`) for the probability-saving kernels, or for the flash
-/// ones `dS` in bf16, transposed, rows padded to [`ds_stride`] (two to a
+/// ones `dS` in bf16, transposed, rows of `seq` rounded up to 8 (two to a
 /// float, rounded up), then the row dots `D` (`[batch, heads, seq]`); then
 /// each query head's share of `dk` and `dv` (twice the length of `q`).
 pub fn backward_scratch_len(sh: &AttnShape, kernels: AttnKernels) -> usize {
