@@ -1698,10 +1698,11 @@ __device__ __forceinline__ void fl_accumulate(float (&acc)[FlShape<D>::DT][4],
 // and its head and batch. A tile of causal attention walks more of the
 // other side the further it is from the start of the diagonal, so tiles
 // differ several-fold in work. The hardware hands blocks out in order of
-// their linear index, on an idle GPU one to every SM before a second to any:
-// the first %nsmid blocks take the heaviest tiles in order, the rest the
-// lightest first, so an SM running two blocks holds a heavy and a light one
-// instead of two of the same rank (grid order: up to two of the heaviest).
+// their linear index and, on an idle GPU, spreads them over the SMs before
+// it gives any a second (ncu timings bear this out, docs/src/performance/
+// attention.md): so the first %nsmid blocks take the heaviest tiles in order
+// and the rest the lightest first, and an SM running two blocks holds a
+// heavy and a light one, where the grid order gave it two of one rank.
 // Any order gives the same results; this one evens out the SMs' work.
 __device__ __forceinline__ void fl_block_work(int& rank, int& h, int& b) {
     const int heads = gridDim.y, per_rank = gridDim.y * gridDim.z;

@@ -563,15 +563,15 @@ pub fn forward(
 /// float, rounded up), then the row dots `D` (`[batch, heads, seq]`); then
 /// each query head's share of `dk` and `dv` (twice the length of `q`).
 pub fn backward_scratch_len(sh: &AttnShape, kernels: AttnKernels) -> usize {
-    let (q_len, _, p_len) = lens(sh);
-    ds_floats(sh, kernels, p_len) + 2 * q_len
+    ds_floats(sh, kernels) + 2 * lens(sh).0
 }
 
-/// Floats of the scratch's first part, `dS` (and `D`) ([`backward_scratch_len`]).
-fn ds_floats(sh: &AttnShape, kernels: AttnKernels, p_len: usize) -> usize {
+/// Floats of the scratch's first part: `dS`, and for the flash kernels `D`
+/// after it ([`backward_scratch_len`]).
+fn ds_floats(sh: &AttnShape, kernels: AttnKernels) -> usize {
     match kernels {
         AttnKernels::Bf16 => flash_ds_floats(sh) + saved_len(sh, kernels),
-        _ => p_len,
+        _ => lens(sh).2,
     }
 }
 
@@ -622,8 +622,8 @@ pub fn backward(
         expect_len("attention", name, len, &[want])?;
     }
     let limit = to_i64("attention", gpu.faults().written(kv_len))?;
-    // The first part of the scratch is dS, then the shares.
-    let (mut first, mut shares) = scratch.split_at_mut(ds_floats(sh, kernels, lens(sh).2));
+    // The first part of the scratch is dS (and the flash kernels' D), then the shares.
+    let (mut first, mut shares) = scratch.split_at_mut(ds_floats(sh, kernels));
     let (mut pk, mut pv) = shares.split_at_mut(q_len);
     let b = build(sh.head_dim, kernels);
     let grads = (&mut *dq, &mut first, &mut pk, &mut pv);
