@@ -307,16 +307,6 @@ impl Kind<crate::Qlora> for Params {
     fn default_timeout_s(&self) -> f64 {
         TRAINING_TIMEOUT_S
     }
-
-    /// Its figure is this process's own, so another process on the GPU
-    /// would not change it; it runs alone still because, shared, these
-    /// trials (slower there: a driver query per sample) started among the
-    /// last and ended the run, and the suite was no faster
-    /// (docs/src/performance/suite-time.md). Sharing them is worth
-    /// measuring again with them started first among the shared trials.
-    fn needs_the_gpu_alone(&self) -> bool {
-        true
-    }
 }
 
 #[cfg(test)]
