@@ -163,3 +163,27 @@ fn every_override_names_a_test_group() {
         "overrides without a test-group (.ci/run cannot check their filters): {without:?}"
     );
 }
+
+/// A trial that needs the whole host alone (data-parallel ranks beside
+/// their collectives, the PyTorch peer, the pre-warm's pool of compiler
+/// threads) keeps CUDA's default hardware queues; the harness asks for one
+/// queue only for the trials alone on one GPU whose check runs one stream.
+#[test]
+fn the_trials_that_need_the_whole_host_keep_cudas_default_queues() {
+    let contracts =
+        load_dir::<Qlora>(&Path::new(ROOT).join("contracts")).expect("the shipped contracts load");
+    let planned = plan::<Qlora>(contracts);
+    let cuda = || planned.iter().filter(|t| t.backend == Backend::Cuda);
+    let wrong: Vec<&str> = cuda()
+        .filter(|t| t.test().check.needs_the_whole_host() && t.test().check.runs_on_one_stream())
+        .map(|t| t.name.as_str())
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "whole-host trials asking for one queue: {wrong:?}"
+    );
+    let one_stream = cuda()
+        .filter(|t| t.test().check.needs_the_gpu_alone() && t.test().check.runs_on_one_stream())
+        .count();
+    assert!(one_stream > 0, "no trial alone on its GPU runs one stream");
+}

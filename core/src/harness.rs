@@ -124,6 +124,8 @@ struct Nextest {
     /// trial ever runs on a GPU a timed one holds. `None` outside both
     /// groups.
     device_ordinal: Option<usize>,
+    /// Whether this test is in the `gpu` group: it has its GPU to itself.
+    alone: bool,
 }
 
 /// The group whose tests have a GPU to themselves, one slot per GPU.
@@ -149,7 +151,15 @@ fn nextest() -> Option<Nextest> {
     Some(Nextest {
         run_id,
         device_ordinal,
+        alone: group == GPU_GROUP,
     })
+}
+
+/// Whether every trial `args` selects (under cargo-nextest: the one this
+/// process runs) does its GPU work on one stream ([`Kind::runs_on_one_stream`](crate::subject::Kind::runs_on_one_stream)).
+fn all_on_one_stream<S: Subject>(args: &Arguments, specs: &[TrialSpec<S>]) -> bool {
+    let mut chosen = specs.iter().filter(|s| selected(args, s)).peekable();
+    chosen.peek().is_some() && chosen.all(|s| s.test().check.runs_on_one_stream())
 }
 
 /// CUDA's own setting of how many hardware work queues a context opens
@@ -157,17 +167,19 @@ fn nextest() -> Option<Nextest> {
 const HARDWARE_QUEUES: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 
 /// Makes this process's CUDA context open one hardware work queue, unless
-/// the caller chose a number. Called for a trial of the `gpu-shared` group
-/// only, before anything touches CUDA. The driver creates and destroys a
-/// context's queues one process at a time, and with a dozen shared trial
-/// processes starting and ending together that wait is most of their setup;
-/// one queue makes a context about half as costly. A shared trial times
-/// nothing, so the overlap of streams it gives up changes none of its
-/// verdicts. The trials that time keep CUDA's default, what a user's
-/// process runs with (docs/src/performance/suite-time.md).
+/// the caller chose a number. Called before anything touches CUDA, for a
+/// trial of the `gpu-shared` group and for one of the `gpu` group whose work
+/// runs on one stream. The driver creates and destroys a context's queues
+/// one process at a time, and with a dozen shared trial processes starting
+/// and ending together that wait is most of their setup; one queue makes a
+/// context about half as costly. A shared trial times nothing, so the
+/// overlap of streams it gives up changes none of its verdicts; a timed one
+/// that runs one stream has no overlap to give up. The timed trials that run
+/// streams side by side keep CUDA's default, what a user's process runs
+/// with (docs/src/performance/suite-time.md).
 fn use_one_hardware_queue() {
     if std::env::var_os(HARDWARE_QUEUES).is_none() {
-        // `main` calls this before the process starts a thread or loads
+        // The harness calls this before the process starts a thread or loads
         // CUDA, so no other thread reads the environment while it changes.
         std::env::set_var(HARDWARE_QUEUES, "1");
     }
@@ -294,6 +306,9 @@ fn start<S: Subject>(
         }
     };
     let specs = plan::<S>(contracts);
+    if nextest.is_some_and(|n| n.alone) && all_on_one_stream(args, &specs) {
+        use_one_hardware_queue();
+    }
     let options = run_options::<S>(dir, nextest, process_start)
         .map_err(|e| print_error(&e))
         .ok()?;

@@ -34,6 +34,22 @@ pub fn median_settled_above(done: &[f64], planned: usize, limit: f64) -> bool {
     done.iter().filter(|&&x| x > limit).count() > planned / 2
 }
 
+/// Whether the 95% bootstrap interval of the median of `done` lies wholly
+/// above `limit`: [`ratio_ci`] of the constant series `limit` over `done`
+/// (the interval of `limit / median`) ends below 1. A mutant's run judged on
+/// `median <= limit` may stop there: the interval says the check fails, as
+/// a mutant's paired timing does once its ratio's interval has failed
+/// (`repeats::Plan::fail_fast_if`). Never for fewer than
+/// [`MUTANT_FIRST_LOOK`](super::repeats::MUTANT_FIRST_LOOK) samples, whose
+/// bootstrap is little more than the samples themselves.
+pub fn median_interval_above(done: &[f64], limit: f64, seed: u64) -> bool {
+    if done.len() < super::repeats::MUTANT_FIRST_LOOK {
+        return false;
+    }
+    let limits = vec![limit; done.len()];
+    ratio_ci(&limits, done, seed, BOOTSTRAP_RESAMPLES).1 < 1.0
+}
+
 /// The 95% percentile-bootstrap interval of `median(baseline) / median(candidate)`:
 /// `resamples` times, draw each sample set with replacement (same sizes),
 /// take the ratio of the resampled medians; the 2.5th and 97.5th percentiles
@@ -117,6 +133,19 @@ mod tests {
             "equal to the limit is not above"
         );
         assert!(!median_settled_above(&[], 5, 1.0));
+    }
+
+    #[test]
+    fn a_median_interval_is_above_only_when_every_sample_is_well_above() {
+        // A mutant ten times slower than the limit: three samples settle it.
+        assert!(median_interval_above(&[10.0, 10.2, 9.9], 1.0, 7));
+        // Two samples are never enough, however far above.
+        assert!(!median_interval_above(&[10.0, 10.0], 1.0, 7));
+        // One sample below the limit among three: the interval reaches it.
+        assert!(!median_interval_above(&[10.0, 0.5, 10.0], 1.0, 7));
+        // At the limit is not above it.
+        assert!(!median_interval_above(&[1.0; 5], 1.0, 7));
+        assert!(!median_interval_above(&[], 1.0, 7));
     }
 
     proptest::proptest! {

@@ -91,6 +91,14 @@ impl<K: KindSet> Check<K> {
         }
     }
 
+    /// See [`crate::subject::Kind::runs_on_one_stream`].
+    pub fn runs_on_one_stream(&self) -> bool {
+        match self {
+            Check::Core(k) => k.runs_on_one_stream(),
+            Check::Subject(k) => k.runs_on_one_stream(),
+        }
+    }
+
     /// Whether the subject can run this check (a core kind's `model:` is
     /// one its workload trains, ...): `Err((key, why))`, located at the
     /// check's `key` (`""`: the check itself). Called when a contract loads.

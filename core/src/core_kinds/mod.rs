@@ -111,6 +111,11 @@ pub trait CoreCheck: Validate {
     fn needs_the_whole_host(&self) -> bool {
         false
     }
+
+    /// See [`Kind::runs_on_one_stream`](crate::subject::Kind::runs_on_one_stream).
+    fn runs_on_one_stream(&self) -> bool {
+        false
+    }
 }
 
 /// Declares the core's kinds from one line each, as
@@ -208,6 +213,13 @@ macro_rules! core_kinds {
             pub fn needs_the_whole_host(&self) -> bool {
                 match self {
                     $(Self::$variant(p) => p.needs_the_whole_host(),)*
+                }
+            }
+
+            /// See [`CoreCheck::runs_on_one_stream`].
+            pub fn runs_on_one_stream(&self) -> bool {
+                match self {
+                    $(Self::$variant(p) => p.runs_on_one_stream(),)*
                 }
             }
 

@@ -78,6 +78,18 @@ pub trait Kind<S: Subject>: Validate {
     fn needs_the_whole_host(&self) -> bool {
         false
     }
+
+    /// Whether this check's GPU work runs on one CUDA stream, never two at
+    /// once, so a context of one hardware work queue runs it as CUDA's
+    /// default of eight does: where it needs the GPU alone, its process asks
+    /// CUDA for one queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`), which makes
+    /// creating and destroying its context about half as costly. A check
+    /// that runs streams side by side (collectives beside compute, a peer
+    /// framework) keeps CUDA's default, what a user's process has. Shared
+    /// trials always run with one queue: they time nothing.
+    fn runs_on_one_stream(&self) -> bool {
+        false
+    }
 }
 
 /// The `check:` block of a falsification test: one of a subject's kinds
@@ -108,6 +120,9 @@ pub trait KindSet: DeserializeOwned + Clone + Debug + Send + Sync + 'static {
 
     /// See [`Kind::needs_the_whole_host`].
     fn needs_the_whole_host(&self) -> bool;
+
+    /// See [`Kind::runs_on_one_stream`].
+    fn runs_on_one_stream(&self) -> bool;
 
     /// Runs the measurement (see [`Kind::execute`]).
     fn execute(
@@ -280,6 +295,13 @@ macro_rules! kinds {
                 match self {
                     $(Self::$variant(p) =>
                         <$module::Params as $crate::subject::Kind<$subject>>::needs_the_whole_host(p),)*
+                }
+            }
+
+            fn runs_on_one_stream(&self) -> bool {
+                match self {
+                    $(Self::$variant(p) =>
+                        <$module::Params as $crate::subject::Kind<$subject>>::runs_on_one_stream(p),)*
                 }
             }
 

@@ -202,6 +202,12 @@ impl Kind<crate::Qlora> for Params {
     fn needs_the_gpu_alone(&self) -> bool {
         true
     }
+
+    /// Every launch, copy and graph of the stack goes to its context's one
+    /// stream (`GpuContext::stream`).
+    fn runs_on_one_stream(&self) -> bool {
+        true
+    }
 }
 
 /// What one trial timed, and against which bound.

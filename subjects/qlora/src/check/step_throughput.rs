@@ -91,7 +91,7 @@ pub const PARAMS: &[ParamDoc] = &[
         name: "repeats",
         default: Yaml("20"),
         bound: &[Text("5 to "), Int(MAX_REPEATS)],
-        meaning: "timed steps (a mutant stops once more than half of them are slower than the target: their median cannot meet it)",
+        meaning: "timed steps (a mutant stops once more than half of them are slower than the target, or, from the third, once the 95% interval of their median is)",
     },
     ParamDoc {
         name: "min_tokens_per_s",
@@ -163,6 +163,12 @@ impl Kind<crate::Qlora> for Params {
     fn needs_the_gpu_alone(&self) -> bool {
         true
     }
+
+    /// Every launch, copy and graph of the stack goes to its context's one
+    /// stream (`GpuContext::stream`).
+    fn runs_on_one_stream(&self) -> bool {
+        true
+    }
 }
 
 /// `step_throughput`: the median step time of one mode over `repeats` steps
@@ -171,7 +177,8 @@ impl Kind<crate::Qlora> for Params {
 /// to the trainer; a slowed launch (`SerialisedLaunch`) is set on the context
 /// while the trainer is built and stepped, and removed whatever the outcome;
 /// its timing stops as soon as the median of `repeats` steps is certain to
-/// miss the target, the verdict of the whole run. The configuration's peak
+/// miss the target, the verdict of the whole run, or the 95% interval of
+/// the median so far misses it. The configuration's peak
 /// device memory ([`DeviceMemory`], sampled after
 /// building and after each warm-up step, never inside a timed one) goes to
 /// the detail and to the `speedups.csv` row, beside its tokens/s.
@@ -196,7 +203,8 @@ fn step_throughput(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
     let tokens = cfg.tokens() as f64;
     let target_ms = tokens / target * 1e3;
     // A mutant needs only to show the check fails: its timing stops once the
-    // median of `repeats` steps is certain to miss the target.
+    // median of `repeats` steps is certain to miss the target, or its
+    // interval does.
     let settle_above = mutant.then_some(target_ms);
     let TimedSteps {
         ms,
@@ -210,14 +218,7 @@ fn step_throughput(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
     let peak = memory.peak_gib();
     let med = median(&ms);
     let rate = tokens / med * 1e3;
-    let stopped = if ms.len() < p.repeats.0 {
-        format!(
-            " (of {} planned: more than half already slower than the target, so their median could not meet it)",
-            p.repeats.0
-        )
-    } else {
-        String::new()
-    };
+    let stopped = stop_reason(&ms, p.repeats.0, target_ms);
     // The target as a constant "baseline" series: the interval of
     // target_ms / median(step times) is the interval of rate / target.
     let (lo, hi) = ratio_ci(&vec![target_ms; ms.len()], &ms, seed, BOOTSTRAP_RESAMPLES);
@@ -250,6 +251,20 @@ fn step_throughput(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
         baseline_peak_device_gib: None,
     });
     Ok(m)
+}
+
+/// Why a mutant's timing stopped before its `planned` steps (see
+/// [`settled_above`](super::training::settled_above)), for the detail; empty
+/// when it ran them all.
+fn stop_reason(ms: &[f64], planned: usize, target_ms: f64) -> String {
+    use crate::check::stats::median_settled_above;
+    if ms.len() >= planned {
+        String::new()
+    } else if median_settled_above(ms, planned, target_ms) {
+        format!(" (of {planned} planned: more than half already slower than the target, so their median could not meet it)")
+    } else {
+        format!(" (of {planned} planned: stopped once the 95% interval of their median lay wholly above the target's step time)")
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 use crate::check::params::{fits_host, gpu_shortfall};
 use crate::check::params::{BackwardMath, GemmOperands};
 use crate::check::params::{Hyper, StepMode};
-use crate::check::stats::median_settled_above;
+use crate::check::stats::{median_interval_above, median_settled_above};
 use crate::check::{clocks, process_memory, Backend, Here};
 use crate::error::{Error, Result};
 use crate::mutant::Mutant;
@@ -272,7 +272,9 @@ pub(super) struct TimedSteps {
 /// fresh batches ([`timed_step`]). With `settle_above`, a step time in ms
 /// (a mutant's run of a check that fails when the median exceeds it), timing
 /// stops as soon as the median of `repeats` steps is certain to exceed it
-/// ([`median_settled_above`]): the verdict is that of all `repeats`. Device
+/// ([`median_settled_above`]: the verdict is that of all `repeats`), or the
+/// 95% interval of the median so far lies wholly above it
+/// ([`median_interval_above`]: the check has failed). Device
 /// memory is sampled after building and after each untimed step, never
 /// inside a timed one. The trainer is dropped before this returns, so its
 /// memory is free again.
@@ -310,7 +312,7 @@ pub(super) fn time_steps_then<T>(
     for _ in 0..repeats {
         let tokens = t.next_batch()?;
         ms.push(timed_step(gpu, &mut t, &tokens)?);
-        if settle_above.is_some_and(|limit| median_settled_above(&ms, repeats, limit)) {
+        if settle_above.is_some_and(|limit| settled_above(&ms, repeats, limit, seed)) {
             break;
         }
     }
@@ -321,6 +323,12 @@ pub(super) fn time_steps_then<T>(
         memory,
     };
     Ok((timed, after()))
+}
+
+/// Whether a mutant's timed steps `ms` (of `planned`) have shown a median
+/// above `limit`: certainly, or by the 95% interval (see [`time_steps`]).
+pub(super) fn settled_above(ms: &[f64], planned: usize, limit: f64, seed: u64) -> bool {
+    median_settled_above(ms, planned, limit) || median_interval_above(ms, limit, seed)
 }
 
 /// The device memory a training configuration adds, as the driver reports

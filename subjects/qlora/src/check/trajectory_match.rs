@@ -152,81 +152,156 @@ impl Validate for Params {
 /// Passes when `max_c |loss_baseline(c) - loss_candidate(c)| <= max_abs_diff`.
 /// Both runs start from the same seeded weights and see the same batches; the
 /// trial's mutant is injected into the candidate only.
+///
+/// A mutant run exists only to show that the check fails, so it first trains
+/// both arms up to the earliest checkpoint ([`mutant_prefix`]) and stops there
+/// when that checkpoint already fails. The prefix's losses are the full run's
+/// first losses: both trainers step with a constant learning rate and draw one
+/// seeded batch per step, and neither is told the run's length. Otherwise the
+/// full run follows, as in a real trial.
 fn trajectory_match(p: &Params, b: Backend, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-    let seed = cx.seed;
-    let steps = p.steps.0;
-    let (base, base_text) = if b == Backend::Cpu || p.baseline_on == BaselineOn::Cpu {
+    if let Some(n) = cx.mutant.and(mutant_prefix(&p.checkpoints, p.steps.0)) {
+        let arms = run_arms(p, b, cx, n)?;
+        let worst = compare(&[n], &arms.base, &arms.cand)?;
+        if !Comparator::Le.holds(worst.0, p.max_abs_diff.0) {
+            return Ok(measurement(p, &arms, worst, Some(n)));
+        }
+    }
+    let arms = run_arms(p, b, cx, p.steps.0)?;
+    let checkpoints: Vec<usize> = p.checkpoints.iter().map(|c| c.0).collect();
+    let worst = compare(&checkpoints, &arms.base, &arms.cand)?;
+    Ok(measurement(p, &arms, worst, None))
+}
+
+/// The steps a mutant run trains first: its earliest checkpoint, when that
+/// comes before `steps` (otherwise the prefix would be the whole run).
+fn mutant_prefix(checkpoints: &[Count], steps: usize) -> Option<usize> {
+    let first = checkpoints.iter().map(|c| c.0).min()?;
+    (first < steps).then_some(first)
+}
+
+/// Both arms' losses over one run, and how each ran (for the detail).
+struct Arms {
+    base: Vec<f64>,
+    base_text: String,
+    cand: Vec<f64>,
+    cand_text: String,
+}
+
+/// The baseline, then the candidate, each a fresh run of `steps` steps.
+fn run_arms(p: &Params, b: Backend, cx: &mut TrialContext<'_>, steps: usize) -> Result<Arms> {
+    let (base, base_text) = baseline_arm(p, b, cx, steps)?;
+    let (cand, cand_text) = candidate_arm(p, b, cx, steps)?;
+    Ok(Arms {
+        base,
+        base_text,
+        cand,
+        cand_text,
+    })
+}
+
+/// The baseline's losses: on the CPU reference on a cpu trial or with
+/// `baseline_on: cpu`, else on the GPU; never with the mutant's faults.
+fn baseline_arm(
+    p: &Params,
+    b: Backend,
+    cx: &mut TrialContext<'_>,
+    steps: usize,
+) -> Result<(Vec<f64>, String)> {
+    let mode = mode_text(&p.baseline, &p.hyper);
+    if b == Backend::Cpu || p.baseline_on == BaselineOn::Cpu {
         let cfg = cpu_model(&p.model.0)?;
         let opts = reference_options(&p.baseline, p.hyper, None)?;
-        let (l, clip) = cpu_losses(&cfg, opts, steps, seed)?;
-        (
-            l,
-            format!("cpu reference {}: {clip}", mode_text(&p.baseline, &p.hyper)),
-        )
-    } else {
-        let opts = p.baseline.gpu_options(p.hyper);
-        let gpu = require_gpu(cx)?;
-        let (l, replayed) = gpu_losses(gpu, &p.model.0, opts, steps, seed)?;
-        (
-            l,
-            format!(
-                "gpu {} ({replayed} graph replays)",
-                mode_text(&p.baseline, &p.hyper)
-            ),
-        )
-    };
-    let (cand, cand_text) = if b == Backend::Cpu {
+        let (l, clip) = cpu_losses(&cfg, opts, steps, cx.seed)?;
+        return Ok((l, format!("cpu reference {mode}: {clip}")));
+    }
+    let opts = p.baseline.gpu_options(p.hyper);
+    let seed = cx.seed;
+    let gpu = require_gpu(cx)?;
+    let (l, replayed) = gpu_losses(gpu, &p.model.0, opts, steps, seed)?;
+    Ok((l, format!("gpu {mode} ({replayed} graph replays)")))
+}
+
+/// The candidate's losses on the trial's backend, with the mutant's faults.
+fn candidate_arm(
+    p: &Params,
+    b: Backend,
+    cx: &mut TrialContext<'_>,
+    steps: usize,
+) -> Result<(Vec<f64>, String)> {
+    let mode = mode_text(&p.candidate, &p.hyper);
+    if b == Backend::Cpu {
         let cfg = cpu_model(&p.model.0)?;
         let opts = reference_options(&p.candidate, p.hyper, cx.mutant)?;
-        let (l, clip) = cpu_losses(&cfg, opts, steps, seed)?;
-        (l, format!("{}: {clip}", mode_text(&p.candidate, &p.hyper)))
-    } else {
-        let opts = p.candidate.gpu_options(p.hyper);
-        let faults = cx.faults();
-        let mut scope = require_gpu(cx)?.with_faults(faults);
-        let gpu: &mut GpuContext = &mut scope;
-        let (l, replayed) = gpu_losses(gpu, &p.model.0, opts, steps, seed)?;
-        (
-            l,
-            format!(
-                "gpu {} on {} ({replayed} graph replays)",
-                mode_text(&p.candidate, &p.hyper),
-                gpu.facts().name
-            ),
-        )
+        let (l, clip) = cpu_losses(&cfg, opts, steps, cx.seed)?;
+        return Ok((l, format!("{mode}: {clip}")));
+    }
+    let opts = p.candidate.gpu_options(p.hyper);
+    let seed = cx.seed;
+    let faults = cx.faults();
+    let mut scope = require_gpu(cx)?.with_faults(faults);
+    let gpu: &mut GpuContext = &mut scope;
+    let (l, replayed) = gpu_losses(gpu, &p.model.0, opts, steps, seed)?;
+    let name = &gpu.facts().name;
+    Ok((
+        l,
+        format!("gpu {mode} on {name} ({replayed} graph replays)"),
+    ))
+}
+
+/// `max_c |base(c) - cand(c)|` over the 1-based `checkpoints` (NaN when any
+/// difference is NaN), and one "step c: base vs cand" entry each.
+fn compare(checkpoints: &[usize], base: &[f64], cand: &[f64]) -> Result<(f64, Vec<String>)> {
+    let at = |r: &[f64], c: usize| {
+        r.get(c.wrapping_sub(1))
+            .copied()
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "trajectory_match",
+                message: format!("checkpoint {c} is outside steps 1..={}", r.len()),
+            })
     };
-    let cfg = p.model.0;
     let mut worst = 0.0f64;
-    let mut points = Vec::with_capacity(p.checkpoints.len());
-    for c in &p.checkpoints {
-        let at = |r: &[f64]| {
-            r.get(c.0.wrapping_sub(1))
-                .copied()
-                .ok_or_else(|| Error::InvalidArgument {
-                    op: "trajectory_match",
-                    message: format!("checkpoint {} is outside steps 1..={}", c.0, p.steps.0),
-                })
-        };
-        let (lb, lc) = (at(&base)?, at(&cand)?);
+    let mut points = Vec::with_capacity(checkpoints.len());
+    for &c in checkpoints {
+        let (lb, lc) = (at(base, c)?, at(cand, c)?);
         let d = (lb - lc).abs();
         if d > worst || d.is_nan() {
             worst = d;
         }
-        points.push(format!("step {}: {lb:.4} vs {lc:.4}", c.0));
+        points.push(format!("step {c}: {lb:.4} vs {lc:.4}"));
     }
-    Ok(Measurement::new(
+    Ok((worst, points))
+}
+
+/// The trial's measurement; `stopped_at` names the step a mutant run stopped
+/// at because that checkpoint already failed.
+fn measurement(
+    p: &Params,
+    arms: &Arms,
+    (worst, points): (f64, Vec<String>),
+    stopped_at: Option<usize>,
+) -> Measurement {
+    let mut detail = format!(
+        "model {}, {} steps; baseline {}; candidate {}; {}",
+        p.model.0.name,
+        p.steps.0,
+        arms.base_text,
+        arms.cand_text,
+        points.join(", ")
+    );
+    if let Some(n) = stopped_at {
+        detail.push_str(&format!(
+            "; the mutant run stopped at step {n}: that checkpoint already failed"
+        ));
+    }
+    Measurement::new(
         "max_abs_loss_diff",
         worst,
         Comparator::Le,
         p.max_abs_diff.0,
         "nats",
     )
-    .with_detail(format!(
-        "model {}, {} steps; baseline {base_text}; candidate {cand_text}; {}",
-        cfg.name,
-        p.steps.0,
-        points.join(", ")
-    )))
+    .with_detail(detail)
 }
 
 impl Params {
@@ -322,6 +397,56 @@ mod tests {
             .unwrap();
         let e = p.check_budget(Backend::Cuda, &ci()).unwrap_err();
         assert!(e.starts_with("model: small-4l has "), "{e}");
+    }
+
+    fn counts(steps: &[usize]) -> Vec<Count> {
+        steps.iter().map(|&s| Count(s)).collect()
+    }
+
+    /// F-BF16-004's mutant on the GPU: checkpoints [10, 50, 100] of 100
+    /// steps, bound 0.03, and the step-10 losses already 0.0707 apart.
+    #[test]
+    fn a_mutant_failing_at_its_first_checkpoint_stops_there() {
+        let n = mutant_prefix(&counts(&[10, 50, 100]), 100).unwrap();
+        assert_eq!(n, 10);
+        let base = vec![2.5; n];
+        let mut cand = base.clone();
+        cand[n - 1] += 0.0707;
+        let (worst, points) = compare(&[n], &base, &cand).unwrap();
+        assert!(!Comparator::Le.holds(worst, 0.03), "{worst}");
+        assert_eq!(points, ["step 10: 2.5000 vs 2.5707"]);
+        // Within the bound at step 10: the full run must decide.
+        cand[n - 1] = 2.51;
+        let (worst, _) = compare(&[n], &base, &cand).unwrap();
+        assert!(Comparator::Le.holds(worst, 0.03), "{worst}");
+    }
+
+    #[test]
+    fn a_nan_at_the_first_checkpoint_fails_it() {
+        let (worst, _) = compare(&[2], &[1.0, 1.0], &[1.0, f64::NAN]).unwrap();
+        assert!(!Comparator::Le.holds(worst, 0.03));
+        // An early NaN is not hidden by a finite difference after it.
+        let (worst, _) = compare(&[1, 2], &[1.0, 1.0], &[f64::NAN, 1.5]).unwrap();
+        assert!(worst.is_nan());
+    }
+
+    #[test]
+    fn the_prefix_is_the_earliest_checkpoint_before_the_last_step() {
+        assert_eq!(mutant_prefix(&counts(&[50, 10, 100]), 100), Some(10));
+        assert_eq!(mutant_prefix(&counts(&[10, 20, 1000]), 1000), Some(10));
+        // A first checkpoint at the last step leaves nothing to skip.
+        assert_eq!(mutant_prefix(&counts(&[20, 20]), 20), None);
+        assert_eq!(mutant_prefix(&counts(&[]), 20), None);
+    }
+
+    #[test]
+    fn a_checkpoint_past_the_run_is_an_error() {
+        let e = compare(&[3], &[1.0, 1.0], &[1.0, 1.0]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("checkpoint 3 is outside steps 1..=2"),
+            "{e}"
+        );
     }
 
     #[test]

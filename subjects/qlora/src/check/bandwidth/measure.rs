@@ -4,18 +4,22 @@
 //! achieved fraction of the copy's bandwidth (the formula is on
 //! [`crate::check::bandwidth`]).
 
-use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use std::collections::VecDeque;
+
+use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, DeviceRepr, ValidAsZeroBits};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::check::bandwidth::Params;
 use crate::check::op::Pass;
 use crate::check::params::Shape;
+use crate::check::repeats::MUTANT_FIRST_LOOK;
 use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
 use crate::check::MutantFaults;
 use crate::check::{require_gpu, Comparator, Measurement, Speedup, TrialContext};
 use crate::error::{Error, Result};
-use qlora::gpu::timing::time_graph;
+use qlora::gpu::timing::{capture, time_events, time_graph};
 use qlora::gpu::GpuContext;
 use qlora::model::ModelConfig;
 use qlora::ops;
@@ -410,38 +414,215 @@ fn copy_bytes(bytes: usize) -> usize {
 /// The `bandwidth` check, with the trial's faults on (launch shapes and
 /// launchers alike) until it returns.
 pub fn measure(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
-    let (seed, faults) = (cx.seed, cx.faults());
+    let (seed, faults, mutant) = (cx.seed, cx.faults(), cx.mutant.is_some());
     let gpu = require_gpu(cx)?;
-    measure_body(p, &mut gpu.with_faults(faults), seed)
+    measure_body(p, &mut gpu.with_faults(faults), seed, mutant)
+}
+
+/// Both graphs' times, then the fraction and its interval. A real run
+/// times as the contracts' bounds were set ([`time_real`]); a mutant run
+/// stops once its fraction has certainly failed ([`time_mutant`]).
+fn measure_body(p: &Params, gpu: &mut GpuContext, seed: u64, mutant: bool) -> Result<Measurement> {
+    let at = Layout::of(p);
+    let times = if mutant {
+        time_mutant(p, gpu, &at, seed)?
+    } else {
+        time_real(p, gpu, &at, seed)?
+    };
+    let device = gpu.facts().name.clone();
+    Ok(report(p, &at, &times, seed, &device))
+}
+
+/// What both graphs share: the op's bytes `B`, the buffer sets they rotate
+/// over and the launches one replay holds.
+#[derive(Clone, Copy)]
+struct Layout {
+    bytes: usize,
+    sets: usize,
+    launches: usize,
+}
+
+impl Layout {
+    fn of(p: &Params) -> Layout {
+        let bytes = p.bytes();
+        let sets = ROTATE_BYTES.div_ceil(bytes.max(1)).clamp(1, MAX_SETS);
+        Layout {
+            bytes,
+            sets,
+            launches: sets.max(MIN_LAUNCHES),
+        }
+    }
+
+    /// The copy's times scaled by `B / C`: the time the op would take at
+    /// the copy's bandwidth, so `median(baseline) / t_k` is the fraction.
+    fn baseline(&self, copy: &[f64]) -> Vec<f64> {
+        let per_op = self.bytes as f64 / copy_bytes(self.bytes) as f64;
+        copy.iter().map(|t| t * per_op).collect()
+    }
+}
+
+/// Per-launch milliseconds of the op's graph and of the copy's.
+struct Times {
+    kernel: Vec<f64>,
+    copy: Vec<f64>,
+    /// A mutant run: the copy timed first, the op until its fraction failed.
+    mutant: bool,
+}
+
+impl Times {
+    /// How many replays were timed, and why fewer than `repeats`.
+    fn describe(&self, repeats: usize) -> String {
+        let n = self.kernel.len();
+        match (self.mutant, n < repeats) {
+            (false, _) => format!("{repeats} repeats"),
+            (true, false) => format!("{repeats} repeats (mutant run: the copy's first)"),
+            (true, true) => format!(
+                "stopped after {n} of {repeats} repeats: the interval already failed the bound \
+                 (mutant run: the copy's first)"
+            ),
+        }
+    }
 }
 
 /// The op's graph timed over `repeats` replays, then the copy's, one arm
 /// after the other: the method the contracts' bounds were set with (see the
 /// module's doc for why it is not the alternated, adaptive driver).
-fn measure_body(p: &Params, gpu: &mut GpuContext, seed: u64) -> Result<Measurement> {
+fn time_real(p: &Params, gpu: &mut GpuContext, at: &Layout, seed: u64) -> Result<Times> {
     let (warmup, repeats) = (p.warmup.0, p.repeats.0);
-    let bytes = p.bytes();
-    let sets = ROTATE_BYTES.div_ceil(bytes.max(1)).clamp(1, MAX_SETS);
-    let launches = sets.max(MIN_LAUNCHES);
     let kernel = {
-        let mut launch = setup(gpu, p, sets, seed)?;
-        time_graph(gpu, launches, warmup, repeats, |gpu, i| launch(gpu, i))?
+        let mut launch = setup(gpu, p, at.sets, seed)?;
+        time_graph(gpu, at.launches, warmup, repeats, |gpu, i| launch(gpu, i))?
     };
-    let copy = {
-        let mut launch = copy_launch(gpu, bytes, sets, seed)?;
-        time_graph(gpu, launches, warmup, repeats, |gpu, i| launch(gpu, i))?
-    };
-    let (t_k, t_c) = (median(&kernel), median(&copy));
+    let copy = time_copy(p, gpu, at, seed)?;
+    Ok(Times {
+        kernel,
+        copy,
+        mutant: false,
+    })
+}
+
+/// The copy's graph over `repeats` replays, after `warmup`.
+fn time_copy(p: &Params, gpu: &mut GpuContext, at: &Layout, seed: u64) -> Result<Vec<f64>> {
+    let mut launch = copy_launch(gpu, at.bytes, at.sets, seed)?;
+    let (warmup, repeats) = (p.warmup.0, p.repeats.0);
+    Ok(time_graph(gpu, at.launches, warmup, repeats, |gpu, i| {
+        launch(gpu, i)
+    })?)
+}
+
+/// A mutant run: the copy's graph first (its `repeats` replays), then the
+/// op's replay by replay until [`failed_already`] says the fraction has
+/// failed, or `repeats`. A mutant needs only to show that the check fails.
+fn time_mutant(p: &Params, gpu: &mut GpuContext, at: &Layout, seed: u64) -> Result<Times> {
+    let copy = time_copy(p, gpu, at, seed)?;
+    let baseline = at.baseline(&copy);
+    let min = p.min_fraction.0;
+    let mut launch = setup(gpu, p, at.sets, seed)?;
+    let kernel = time_graph_until(
+        gpu,
+        (at.launches, p.warmup.0, p.repeats.0),
+        |gpu, i| launch(gpu, i),
+        |kernel| failed_already(&baseline, kernel, min, seed),
+    )?;
+    Ok(Times {
+        kernel,
+        copy,
+        mutant: true,
+    })
+}
+
+/// Whether a mutant's op times so far, `kernel`, have settled the verdict:
+/// from [`MUTANT_FIRST_LOOK`] replays on, the 95% interval `[lo, hi]` of
+/// `fraction = median(baseline) / median(kernel)` ([`ratio_ci`] with the
+/// trial's `seed`, as the verdict's own interval) lies wholly below the
+/// bound, `hi < min_fraction`, so the check fails whatever the remaining
+/// replays time. The one place a run decides to stop early.
+fn failed_already(baseline: &[f64], kernel: &[f64], min_fraction: f64, seed: u64) -> bool {
+    kernel.len() >= MUTANT_FIRST_LOOK
+        && ratio_ci(baseline, kernel, seed, BOOTSTRAP_RESAMPLES).1 < min_fraction
+}
+
+/// [`time_graph`] that may stop early: the same eager pass, capture and
+/// `warmup` untimed replays (`counts = (launches, warmup, repeats)`), then
+/// at most `repeats` timed replays, the last the first whose times so far
+/// `stop` accepts. Returns per-launch milliseconds.
+fn time_graph_until(
+    gpu: &mut GpuContext,
+    (launches, warmup, repeats): (usize, usize, usize),
+    mut body: impl FnMut(&mut GpuContext, usize) -> qlora::Result<()>,
+    stop: impl FnMut(&[f64]) -> bool,
+) -> Result<Vec<f64>> {
+    for i in 0..launches {
+        body(gpu, i)?;
+    }
+    let graph = capture(gpu, launches, &mut body)?;
+    time_events(gpu, warmup, 0, launches, |_| Ok(graph.launch()?))?;
+    replays_until(gpu, &graph, launches, repeats, stop)
+}
+
+/// Timed replays in flight while the host awaits the first of them: it and
+/// the next, so the GPU never waits on the host between replays.
+const QUEUED: usize = 2;
+
+/// Timed replays of `graph`, each between two events, awaited in order
+/// while the next is already queued: the GPU runs them back to back as
+/// [`time_events`] does, and no replay's time holds the host's launch call
+/// (one started on an idle stream would, making a mutant look slower than
+/// a real run would measure it). Stops after `repeats`, or after the first
+/// replay whose times so far `stop` accepts; the replay queued past it runs
+/// untimed before this returns.
+fn replays_until(
+    gpu: &GpuContext,
+    graph: &CudaGraph,
+    launches: usize,
+    repeats: usize,
+    mut stop: impl FnMut(&[f64]) -> bool,
+) -> Result<Vec<f64>> {
+    let per = launches.max(1) as f64;
+    let mut times = Vec::with_capacity(repeats);
+    let mut queued = VecDeque::with_capacity(QUEUED);
+    let mut launched = 0;
+    while times.len() < repeats {
+        while queued.len() < QUEUED && launched < repeats {
+            queued.push_back(timed_replay(gpu, graph)?);
+            launched += 1;
+        }
+        let Some((start, end)) = queued.pop_front() else {
+            break;
+        };
+        end.synchronize()?;
+        times.push(f64::from(start.elapsed_ms(&end)?) / per);
+        if stop(&times) {
+            break;
+        }
+    }
+    gpu.synchronize()?;
+    Ok(times)
+}
+
+/// One replay of `graph` between two timing events on the work stream.
+fn timed_replay(gpu: &GpuContext, graph: &CudaGraph) -> Result<(CudaEvent, CudaEvent)> {
+    let mark = || gpu.stream().record_event(Some(CU_EVENT_DEFAULT));
+    let start = mark()?;
+    graph.launch()?;
+    Ok((start, mark()?))
+}
+
+/// The measurement: `fraction = (B / t_k) / (C / t_c)` against
+/// `min_fraction`, its interval, and the detail and speedup rows.
+fn report(p: &Params, at: &Layout, times: &Times, seed: u64, device: &str) -> Measurement {
+    let Layout {
+        bytes,
+        sets,
+        launches,
+    } = *at;
+    let (t_k, t_c) = (median(&times.kernel), median(&times.copy));
     let copy_gbs = copy_bytes(bytes) as f64 / (t_c * 1e6);
     let kernel_gbs = bytes as f64 / (t_k * 1e6);
     let fraction = kernel_gbs / copy_gbs;
-    // The copy time scaled to the op's bytes: the time the op would take at
-    // the copy's bandwidth, so baseline / candidate is the fraction.
-    let per_op = bytes as f64 / copy_bytes(bytes) as f64;
-    let baseline: Vec<f64> = copy.iter().map(|t| t * per_op).collect();
-    let (lo, hi) = ratio_ci(&baseline, &kernel, seed, BOOTSTRAP_RESAMPLES);
+    let baseline = at.baseline(&times.copy);
+    let (lo, hi) = ratio_ci(&baseline, &times.kernel, seed, BOOTSTRAP_RESAMPLES);
     let subject = p.subject();
-    let device = gpu.facts().name.clone();
     let mut m = Measurement::new(
         "bandwidth_fraction",
         fraction,
@@ -452,10 +633,11 @@ fn measure_body(p: &Params, gpu: &mut GpuContext, seed: u64) -> Result<Measureme
     .with_detail(format!(
         "{subject} {}: {bytes} B in {:.2} us = {kernel_gbs:.0} GB/s; d2d copy of the same bytes \
          {copy_gbs:.0} GB/s ({:.2} us); fraction {fraction:.3} [{lo:.3}, {hi:.3}]; {sets} buffer \
-         sets, {launches} launches per graph, {repeats} repeats; {device}",
+         sets, {launches} launches per graph, {}; {device}",
         p.shape,
         t_k * 1e3,
         t_c * 1e3,
+        times.describe(p.repeats.0),
     ));
     m.speedups.push(Speedup {
         subject,
@@ -469,9 +651,79 @@ fn measure_body(p: &Params, gpu: &mut GpuContext, seed: u64) -> Result<Measureme
         ratio: fraction,
         ratio_ci_low: lo,
         ratio_ci_high: hi,
-        repeats,
+        repeats: times.kernel.len(),
         peak_device_gib: None,
         baseline_peak_device_gib: None,
     });
-    Ok(m)
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` times around `t` with relative noise `spread`, seeded.
+    fn noisy(t: f64, spread: f64, n: usize, seed: u64) -> Vec<f64> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| t * (1.0 + spread * rng.random_range(-1.0..1.0)))
+            .collect()
+    }
+
+    /// The replay count at which a mutant's timing of `kernel` stops, or
+    /// `None` if it times them all.
+    fn stops_at(baseline: &[f64], kernel: &[f64], min_fraction: f64) -> Option<usize> {
+        (1..=kernel.len()).find(|&n| failed_already(baseline, &kernel[..n], min_fraction, 7))
+    }
+
+    #[test]
+    fn a_slow_kernel_stops_at_the_first_look() {
+        // Fraction ~0.25 against a bound of 0.7.
+        let baseline = noisy(1.0, 0.05, 20, 1);
+        let kernel = noisy(4.0, 0.05, 20, 2);
+        assert_eq!(stops_at(&baseline, &kernel, 0.7), Some(MUTANT_FIRST_LOOK));
+        // Never before it, however clear the first times are.
+        assert!(!failed_already(&baseline, &kernel[..2], 0.7, 7));
+        assert!(!failed_already(&baseline, &[], 0.7, 7));
+    }
+
+    #[test]
+    fn a_kernel_near_or_above_the_bound_times_every_repeat() {
+        let baseline = noisy(1.0, 0.05, 20, 1);
+        // Fraction ~0.72 against 0.7: the interval reaches past the bound.
+        let near = noisy(1.0 / 0.72, 0.05, 20, 2);
+        assert_eq!(stops_at(&baseline, &near, 0.7), None);
+        // A kernel that passes never stops.
+        let fast = noisy(1.0 / 0.9, 0.05, 20, 2);
+        assert_eq!(stops_at(&baseline, &fast, 0.7), None);
+    }
+
+    #[test]
+    fn a_kernel_settled_after_the_first_look_stops_there() {
+        // Fraction 1 against 0.98, but the first times reach past the bound
+        // (a fast first replay): the interval fails at a later replay.
+        let baseline = vec![1.0; 20];
+        let mut kernel = vec![1.02; 20];
+        kernel[0] = 0.9;
+        kernel[1] = 0.95;
+        let n = stops_at(&baseline, &kernel, 0.985).unwrap();
+        assert!(n > MUTANT_FIRST_LOOK && n < 20, "{n}");
+    }
+
+    #[test]
+    fn the_detail_says_how_many_replays_were_timed_and_why() {
+        let times = |n, mutant| Times {
+            kernel: vec![1.0; n],
+            copy: vec![1.0; 20],
+            mutant,
+        };
+        assert_eq!(times(20, false).describe(20), "20 repeats");
+        assert_eq!(
+            times(20, true).describe(20),
+            "20 repeats (mutant run: the copy's first)"
+        );
+        assert!(times(3, true)
+            .describe(20)
+            .starts_with("stopped after 3 of 20 repeats: the interval already failed the bound"));
+    }
 }

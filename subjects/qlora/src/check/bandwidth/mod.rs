@@ -21,6 +21,13 @@
 //! turned one verdict, with no reason known to prefer it. The GPU's clocks
 //! are read around the whole measurement ([`clock_watched`]): a throttled
 //! one is measured once more, then the trial is `skipped`.
+//!
+//! A mutant run needs only to show that the check fails, and its slowed
+//! kernel makes every replay long: it times the copy's `repeats` replays
+//! first, then the op's one by one, and from the
+//! [`MUTANT_FIRST_LOOK`](super::repeats::MUTANT_FIRST_LOOK)th on stops as
+//! soon as the fraction's 95% interval against the copy's times lies wholly
+//! below the bound (`hi < min_fraction`); otherwise it times all `repeats`.
 
 pub(crate) mod measure;
 
@@ -237,7 +244,7 @@ pub const PARAMS: &[ParamDoc] = &[
         name: "repeats",
         default: Yaml("20"),
         bound: &[Text("5 to "), Int(MAX_REPEATS)],
-        meaning: "timed replays of the kernel's graph, then as many of the copy's; fixed, not adaptive (no `max_repeats`)",
+        meaning: "timed replays of the kernel's graph, then as many of the copy's; fixed, not adaptive (no `max_repeats`), except in a mutant run: the copy's first, then the kernel's, stopped, from the third, once the fraction's 95% interval lies below `min_fraction`",
     },
 ];
 
@@ -323,6 +330,12 @@ impl Kind<crate::Qlora> for Params {
     }
 
     fn needs_the_gpu_alone(&self) -> bool {
+        true
+    }
+
+    /// Every launch, copy and graph of the stack goes to its context's one
+    /// stream (`GpuContext::stream`).
+    fn runs_on_one_stream(&self) -> bool {
         true
     }
 }

@@ -757,10 +757,13 @@ pub(crate) fn attention_pairs(
     seed: u64,
     faults: Faults,
 ) -> Result<Pairs> {
+    let (f32m, tf32) = (GemmMath::Fp32, GemmMath::Tf32);
+    for kernels in [AttnKernels::F32, AttnKernels::for_math(tf32, faults)] {
+        gpu.ensure_modules(&ops::attention::modules_for(c.head_dim, kernels, kernels))?;
+    }
     // Both sides save the probabilities: the f32 kernels' sets serve both.
     let (sh, mut bufs) = attention_sets(gpu, c, AttnKernels::F32, seed)?;
     let sets = bufs.len();
-    let (f32m, tf32) = (GemmMath::Fp32, GemmMath::Tf32);
     let mut pairs = Vec::new();
     for backward in [false, true] {
         // Each backward replays from its own set's forward, run just before.
@@ -814,6 +817,10 @@ pub(crate) fn attention_times(
     seed: u64,
     (warmup, repeats): (usize, usize),
 ) -> Result<AttentionTimes> {
+    // Its modules compile concurrently here, not one by one at their first
+    // launch: on a cold disk cache that is seconds of a trial that has the
+    // GPU, and so the suite, to itself.
+    gpu.ensure_modules(&ops::attention::modules_for(c.head_dim, kernels, kernels))?;
     let (sh, mut bufs) = attention_sets(gpu, c, kernels, seed)?;
     let sets = bufs.len();
     let mut time = |gpu: &mut GpuContext, backward: bool| {
