@@ -34,6 +34,7 @@ use serde::Deserialize;
 use super::doc::{ParamDefault::*, ParamDoc, Piece::*};
 use super::doc::{DEFAULT_HYPER, DEFAULT_STEP_MODE, HYPER_BOUND, MODEL_BOUND, STEP_MODE_BOUND};
 use super::params::{at_most, Count, Hyper, ModelName, NonNegative, Positive, StepMode};
+use super::trajectory_match::mutant_prefix;
 use super::{Backend, Here, Kind, Measurement, Speedup, TrialContext, Validate};
 
 /// What a `data_parallel` test claims.
@@ -229,6 +230,18 @@ impl Params {
         }
     }
 
+    /// The same claim over the first `n` steps, judged at step `n` alone: a
+    /// mutant's first look ([`mutant_prefix`]). Both runs' per-step losses
+    /// do not depend on the run's length (constant learning rate, one
+    /// seeded batch a step), so they are the full run's first ones.
+    fn up_to(&self, n: usize) -> Params {
+        Params {
+            steps: Count(n),
+            checkpoints: vec![Count(n)],
+            ..self.clone()
+        }
+    }
+
     fn job(&self, seed: u64, mutant: Option<Mutant>, gpu: &GpuContext) -> RankJob {
         let o = self.mode.gpu_options(self.hyper);
         let cfg = self.per_rank();
@@ -257,6 +270,10 @@ impl Params {
     }
 }
 
+/// The claim measured: one GPU and the ranks (each a process of its own,
+/// [`launch`]) on the same seeded model and batches. A mutant's
+/// `trajectory` run looks first at its earliest checkpoint alone and stops
+/// there when that already fails: it exists to show the check can fail.
 fn data_parallel(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     let seed = cx.seed;
     let mutant = cx.mutant;
@@ -267,8 +284,14 @@ fn data_parallel(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     let world = |job: &RankJob| launch(job, Duration::from_secs_f64(LAUNCH_TIMEOUT_S));
     match p.claim {
         Claim::Trajectory => {
-            let (one, _) = gpu_losses(gpu, &single, opts, p.steps.0, seed)?;
-            trajectory(p, &one, &world(&job)?)
+            if let Some(n) = mutant.and(mutant_prefix(&p.checkpoints, p.steps.0)) {
+                let mut m = trajectory_run(&p.up_to(n), gpu, seed, mutant)?;
+                if !m.passed() {
+                    m.detail += &format!("; the mutant run stopped at step {n}: it already failed");
+                    return Ok(m);
+                }
+            }
+            trajectory_run(p, gpu, seed, mutant)
         }
         Claim::Gradients => {
             let one = first_batch_grads(gpu, &single, opts, seed)?;
@@ -291,6 +314,24 @@ fn data_parallel(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
             scaling(p, &ms, &world(&job)?, &name, seed)
         }
     }
+}
+
+/// The `trajectory` claim over `p`'s steps: one GPU at the whole batch, then
+/// the ranks.
+fn trajectory_run(
+    p: &Params,
+    gpu: &mut GpuContext,
+    seed: u64,
+    mutant: Option<Mutant>,
+) -> Result<Measurement> {
+    let opts = p.mode.gpu_options(p.hyper);
+    let (one, _) = gpu_losses(gpu, &p.single(), opts, p.steps.0, seed)?;
+    let job = p.job(seed, mutant, gpu);
+    trajectory(
+        p,
+        &one,
+        &launch(&job, Duration::from_secs_f64(LAUNCH_TIMEOUT_S))?,
+    )
 }
 
 /// One GPU's loss, gradients and clip norms of its first batch. The trainer
@@ -657,6 +698,20 @@ mod tests {
         let e = params("claim: clip_norm\nmodel: small-4l\n").unwrap_err();
         assert_eq!(e, "`clip_norm` needs `tolerance`");
         assert!(params("claim: clip_norm\nmodel: small-4l\ntolerance: 1.0e-3\n").is_ok());
+    }
+
+    #[test]
+    fn a_mutants_first_look_is_the_claim_up_to_its_first_checkpoint() {
+        let p = params(
+            "claim: trajectory\nmodel: small-4l\nsteps: 100\ncheckpoints: [50, 10, 100]\nmax_abs_diff: 0.05\n",
+        )
+        .unwrap();
+        let n = mutant_prefix(&p.checkpoints, p.steps.0).unwrap();
+        let first = p.up_to(n);
+        assert_eq!((first.steps.0, first.checkpoints.len()), (10, 1));
+        assert_eq!(first.checkpoints[0].0, 10);
+        assert_eq!(first.validate(), Ok(()));
+        assert_eq!(first.max_abs_diff.map(|b| b.0), Some(0.05));
     }
 
     #[test]

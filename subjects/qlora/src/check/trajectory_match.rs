@@ -175,7 +175,7 @@ fn trajectory_match(p: &Params, b: Backend, cx: &mut TrialContext<'_>) -> Result
 
 /// The steps a mutant run trains first: its earliest checkpoint, when that
 /// comes before `steps` (otherwise the prefix would be the whole run).
-fn mutant_prefix(checkpoints: &[Count], steps: usize) -> Option<usize> {
+pub(super) fn mutant_prefix(checkpoints: &[Count], steps: usize) -> Option<usize> {
     let first = checkpoints.iter().map(|c| c.0).min()?;
     (first < steps).then_some(first)
 }
