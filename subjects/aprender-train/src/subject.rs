@@ -84,6 +84,9 @@ impl KindSet for NoKinds {
     fn needs_the_whole_host(&self) -> bool {
         match *self {}
     }
+    fn runs_on_one_stream(&self) -> bool {
+        match *self {}
+    }
     fn execute(
         &self,
         _backend: Backend,
