@@ -4,10 +4,7 @@
 //! achieved fraction of the copy's bandwidth (the formula is on
 //! [`crate::check::bandwidth`]).
 
-use std::collections::VecDeque;
-
-use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
-use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -19,7 +16,7 @@ use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
 use crate::check::MutantFaults;
 use crate::check::{require_gpu, Comparator, Measurement, Speedup, TrialContext};
 use crate::error::{Error, Result};
-use qlora::gpu::timing::{capture, time_events, time_graph};
+use qlora::gpu::timing::{time_graph, time_graph_until};
 use qlora::gpu::GpuContext;
 use qlora::model::ModelConfig;
 use qlora::ops;
@@ -540,72 +537,6 @@ fn time_mutant(p: &Params, gpu: &mut GpuContext, at: &Layout, seed: u64) -> Resu
 fn failed_already(baseline: &[f64], kernel: &[f64], min_fraction: f64, seed: u64) -> bool {
     kernel.len() >= MUTANT_FIRST_LOOK
         && ratio_ci(baseline, kernel, seed, BOOTSTRAP_RESAMPLES).1 < min_fraction
-}
-
-/// [`time_graph`] that may stop early: the same eager pass, capture and
-/// `warmup` untimed replays (`counts = (launches, warmup, repeats)`), then
-/// at most `repeats` timed replays, the last the first whose times so far
-/// `stop` accepts. Returns per-launch milliseconds.
-fn time_graph_until(
-    gpu: &mut GpuContext,
-    (launches, warmup, repeats): (usize, usize, usize),
-    mut body: impl FnMut(&mut GpuContext, usize) -> qlora::Result<()>,
-    stop: impl FnMut(&[f64]) -> bool,
-) -> Result<Vec<f64>> {
-    for i in 0..launches {
-        body(gpu, i)?;
-    }
-    let graph = capture(gpu, launches, &mut body)?;
-    time_events(gpu, warmup, 0, launches, |_| Ok(graph.launch()?))?;
-    replays_until(gpu, &graph, launches, repeats, stop)
-}
-
-/// Timed replays in flight while the host awaits the first of them: it and
-/// the next, so the GPU never waits on the host between replays.
-const QUEUED: usize = 2;
-
-/// Timed replays of `graph`, each between two events, awaited in order
-/// while the next is already queued: the GPU runs them back to back as
-/// [`time_events`] does, and no replay's time holds the host's launch call
-/// (one started on an idle stream would, making a mutant look slower than
-/// a real run would measure it). Stops after `repeats`, or after the first
-/// replay whose times so far `stop` accepts; the replay queued past it runs
-/// untimed before this returns.
-fn replays_until(
-    gpu: &GpuContext,
-    graph: &CudaGraph,
-    launches: usize,
-    repeats: usize,
-    mut stop: impl FnMut(&[f64]) -> bool,
-) -> Result<Vec<f64>> {
-    let per = launches.max(1) as f64;
-    let mut times = Vec::with_capacity(repeats);
-    let mut queued = VecDeque::with_capacity(QUEUED);
-    let mut launched = 0;
-    while times.len() < repeats {
-        while queued.len() < QUEUED && launched < repeats {
-            queued.push_back(timed_replay(gpu, graph)?);
-            launched += 1;
-        }
-        let Some((start, end)) = queued.pop_front() else {
-            break;
-        };
-        end.synchronize()?;
-        times.push(f64::from(start.elapsed_ms(&end)?) / per);
-        if stop(&times) {
-            break;
-        }
-    }
-    gpu.synchronize()?;
-    Ok(times)
-}
-
-/// One replay of `graph` between two timing events on the work stream.
-fn timed_replay(gpu: &GpuContext, graph: &CudaGraph) -> Result<(CudaEvent, CudaEvent)> {
-    let mark = || gpu.stream().record_event(Some(CU_EVENT_DEFAULT));
-    let start = mark()?;
-    graph.launch()?;
-    Ok((start, mark()?))
 }
 
 /// The measurement: `fraction = (B / t_k) / (C / t_c)` against
