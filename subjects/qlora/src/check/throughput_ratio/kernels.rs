@@ -732,6 +732,18 @@ fn attention_sets(
     Ok((sh, bufs))
 }
 
+/// Loads the modules of one layer's attention of `c` on `kernels` before
+/// its first launch: compiled concurrently on a cold disk cache, not one by
+/// one at their first launches, which in a trial that has the GPU (and so
+/// the suite) to itself would cost seconds.
+fn load_attention_modules(
+    gpu: &mut GpuContext,
+    c: &ModelConfig,
+    kernels: AttnKernels,
+) -> Result<()> {
+    Ok(gpu.ensure_modules(&ops::attention::modules_for(c.head_dim, kernels, kernels))?)
+}
+
 /// `b4 s256 h14/2 d64`: batch, sequence, heads / kv heads and head_dim.
 pub(crate) fn attention_shape_label(sh: &AttnShape) -> String {
     format!(
@@ -759,7 +771,7 @@ pub(crate) fn attention_pairs(
 ) -> Result<Pairs> {
     let (f32m, tf32) = (GemmMath::Fp32, GemmMath::Tf32);
     for kernels in [AttnKernels::F32, AttnKernels::for_math(tf32, faults)] {
-        gpu.ensure_modules(&ops::attention::modules_for(c.head_dim, kernels, kernels))?;
+        load_attention_modules(gpu, c, kernels)?;
     }
     // Both sides save the probabilities: the f32 kernels' sets serve both.
     let (sh, mut bufs) = attention_sets(gpu, c, AttnKernels::F32, seed)?;
@@ -817,10 +829,7 @@ pub(crate) fn attention_times(
     seed: u64,
     (warmup, repeats): (usize, usize),
 ) -> Result<AttentionTimes> {
-    // Its modules compile concurrently here, not one by one at their first
-    // launch: on a cold disk cache that is seconds of a trial that has the
-    // GPU, and so the suite, to itself.
-    gpu.ensure_modules(&ops::attention::modules_for(c.head_dim, kernels, kernels))?;
+    load_attention_modules(gpu, c, kernels)?;
     let (sh, mut bufs) = attention_sets(gpu, c, kernels, seed)?;
     let sets = bufs.len();
     let mut time = |gpu: &mut GpuContext, backward: bool| {
