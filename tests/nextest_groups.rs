@@ -1,10 +1,11 @@
 //! `.config/nextest.toml` states which cuda trials have the GPU to
 //! themselves (the `gpu` group, run alone) and lets every other one share a
 //! GPU (`gpu-shared`). The rule lives in that file, as lists of test-name
-//! patterns in two overrides: the trials that need the whole host alone and
+//! patterns in three overrides: the trials that need the whole host alone,
 //! those that need one GPU alone (the one `scripts/gpu-suite.sh` lets run
-//! beside others on a host of several GPUs). This test holds the lists to
-//! the checks themselves (`needs_the_gpu_alone`, `needs_the_whole_host`). A
+//! beside others on a host of several GPUs) and the data-parallel ones that
+//! share every GPU (`gpu-ranks`). This test holds the lists to the checks
+//! themselves (`needs_the_gpu_alone`, `needs_the_whole_host`). A
 //! timed trial added to a contract without a line in the file fails here,
 //! not as a noisy timing on the GPU.
 
@@ -40,6 +41,14 @@ fn puts_contract_trials_alone(o: &toml_edit::Table) -> bool {
             .is_some_and(|f| f.contains("binary_id(falsify::contracts)"))
 }
 
+/// Whether an override puts contract trials in the `gpu-ranks` group.
+fn puts_contract_trials_on_every_gpu(o: &toml_edit::Table) -> bool {
+    o.get("test-group").and_then(|g| g.as_str()) == Some("gpu-ranks")
+        && o.get("filter")
+            .and_then(|f| f.as_str())
+            .is_some_and(|f| f.contains("binary_id(falsify::contracts)"))
+}
+
 /// Whether an override is the one whose `threads-required` line
 /// `scripts/gpu-suite.sh` rewrites on a host of several GPUs: the trials
 /// that need one GPU, not the host, alone.
@@ -54,16 +63,27 @@ fn is_one_gpu_alone(o: &toml_edit::Table) -> bool {
 /// The `test(/regex/)` patterns of the overrides that put contract trials
 /// in the `gpu` group and are (`one_gpu`) or are not the one-GPU override.
 fn alone_patterns(one_gpu: bool) -> Vec<Regex> {
+    patterns(
+        |o| puts_contract_trials_alone(o) && is_one_gpu_alone(o) == one_gpu,
+        if one_gpu {
+            "the trials that need one GPU alone in the `gpu` group"
+        } else {
+            "the trials that need the host alone in the `gpu` group"
+        },
+    )
+}
+
+/// The `test(/regex/)` patterns of the one override that `which` picks.
+fn patterns(which: impl Fn(&toml_edit::Table) -> bool, what: &str) -> Vec<Regex> {
     let between = Regex::new(r"test\(/(.*?)/\)").expect("a valid pattern");
     let filters: Vec<String> = overrides()
         .iter()
-        .filter(|o| puts_contract_trials_alone(o) && is_one_gpu_alone(o) == one_gpu)
+        .filter(|o| which(o))
         .filter_map(|o| o.get("filter").and_then(|f| f.as_str()).map(String::from))
         .collect();
     assert!(
         filters.len() == 1,
-        "one override puts the contract trials that need {} alone in the `gpu` group, not {}",
-        if one_gpu { "one GPU" } else { "the host" },
+        "one override puts {what}, not {}",
         filters.len()
     );
     filters
@@ -78,67 +98,112 @@ fn alone_patterns(one_gpu: bool) -> Vec<Regex> {
         .collect()
 }
 
-/// The trials that need the GPU alone start after every other test: nextest
-/// starts one only when every running test has finished, so one met among the
-/// shared trials idles the host while they drain (and the shared trials fill
-/// a cold kernel cache for them, many compiling at once).
+/// The trials that need the GPU alone start after every shared trial of one
+/// GPU: nextest starts one only when every running test has finished, so
+/// one met among the shared trials idles the host while they drain (and
+/// the shared trials fill a cold kernel cache for them, many compiling at
+/// once). The data-parallel trials that share every GPU (`gpu-ranks`) come
+/// after all of them: their ranks must never run beside a timed trial.
 #[test]
-fn the_trials_run_alone_come_last() {
+fn the_trials_run_alone_come_after_the_shared_ones_and_the_ranks_last() {
     let priority = |o: &toml_edit::Table| {
         o.get("priority")
             .and_then(|p| p.as_integer())
             .unwrap_or_default()
     };
     let overrides = overrides();
-    let alone: Vec<i64> = overrides
-        .iter()
-        .filter(|o| puts_contract_trials_alone(o))
-        .map(priority)
-        .collect();
-    let others: Vec<i64> = overrides
-        .iter()
-        .filter(|o| !puts_contract_trials_alone(o))
-        .map(priority)
-        .collect();
+    let of = |which: &dyn Fn(&toml_edit::Table) -> bool| -> Vec<i64> {
+        overrides
+            .iter()
+            .filter(|o| which(o))
+            .map(priority)
+            .collect()
+    };
+    let alone = of(&puts_contract_trials_alone);
+    let ranks = of(&puts_contract_trials_on_every_gpu);
+    let shared = of(&|o| !puts_contract_trials_alone(o) && !puts_contract_trials_on_every_gpu(o));
     let highest_alone = alone.iter().copied().max().unwrap_or_default();
+    let lowest_alone = alone.iter().copied().min().unwrap_or_default();
     assert!(
-        others.iter().all(|&p| p > highest_alone) && highest_alone < 0,
-        "the `gpu` overrides' priorities {alone:?} are not below the others' {others:?} \
+        shared.iter().all(|&p| p > highest_alone) && highest_alone < 0,
+        "the `gpu` overrides' priorities {alone:?} are not below the shared ones' {shared:?} \
          and the default, 0"
+    );
+    assert!(
+        !ranks.is_empty() && ranks.iter().all(|&p| p < lowest_alone),
+        "the `gpu-ranks` overrides' priorities {ranks:?} are not below the `gpu` ones' {alone:?}"
     );
 }
 
+/// Where each cuda trial runs, by what its check says of itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Placement {
+    /// `gpu` group, every thread: nothing else on the host.
+    HostAlone,
+    /// `gpu` group, one GPU to itself.
+    GpuAlone,
+    /// `gpu-ranks`: a rank on every GPU, beside others like it.
+    EveryGpu,
+    /// `gpu-shared`.
+    Shared,
+}
+
+fn placement(needs_the_gpu_alone: bool, needs_the_whole_host: bool) -> Placement {
+    match (needs_the_gpu_alone, needs_the_whole_host) {
+        (true, true) => Placement::HostAlone,
+        (true, false) => Placement::GpuAlone,
+        (false, true) => Placement::EveryGpu,
+        (false, false) => Placement::Shared,
+    }
+}
+
 #[test]
-fn the_trials_run_alone_are_exactly_those_whose_check_needs_the_gpu_alone() {
+fn each_trial_is_placed_by_what_its_check_needs() {
     let (host, one_gpu) = (alone_patterns(false), alone_patterns(true));
+    let ranks = patterns(
+        puts_contract_trials_on_every_gpu,
+        "the data-parallel trials that time nothing in the `gpu-ranks` group",
+    );
+    let listed = |ps: &[Regex], name: &str| ps.iter().any(|p| p.is_match(name));
     let contracts =
         load_dir::<Qlora>(&Path::new(ROOT).join("contracts")).expect("the shipped contracts load");
     let mut wrong = Vec::new();
-    let (mut alone, mut whole_host) = (0, 0);
+    let mut seen = std::collections::HashSet::new();
     for trial in plan::<Qlora>(contracts)
         .iter()
         .filter(|t| t.backend == Backend::Cuda)
     {
         let name = format!("[cuda] {}", trial.name);
         let check = &trial.test().check;
-        let in_host = host.iter().any(|p| p.is_match(&name));
-        let in_one_gpu = one_gpu.iter().any(|p| p.is_match(&name));
-        let needs_host = check.needs_the_gpu_alone() && check.needs_the_whole_host();
-        let needs_gpu = check.needs_the_gpu_alone() && !needs_host;
-        alone += usize::from(check.needs_the_gpu_alone());
-        whole_host += usize::from(needs_host);
-        if (in_host, in_one_gpu) != (needs_host, needs_gpu) {
+        let wanted = placement(check.needs_the_gpu_alone(), check.needs_the_whole_host());
+        seen.insert(wanted);
+        let found = match (
+            listed(&host, &name),
+            listed(&one_gpu, &name),
+            listed(&ranks, &name),
+        ) {
+            (true, false, false) => Some(Placement::HostAlone),
+            (false, true, false) => Some(Placement::GpuAlone),
+            (false, false, true) => Some(Placement::EveryGpu),
+            (false, false, false) => Some(Placement::Shared),
+            _ => None,
+        };
+        if found != Some(wanted) {
             wrong.push(format!(
-                "{name}: listed for the host {in_host}, for one GPU {in_one_gpu}; \
-                 needs the host alone {needs_host}, one GPU alone {needs_gpu}"
+                "{name}: listed as {found:?}, its check needs {wanted:?}"
             ));
         }
     }
-    assert!(alone > 0, "no shipped trial needs the GPU alone");
-    assert!(whole_host > 0, "no shipped trial needs the host alone");
+    for p in [
+        Placement::HostAlone,
+        Placement::GpuAlone,
+        Placement::EveryGpu,
+    ] {
+        assert!(seen.contains(&p), "no shipped trial is placed {p:?}");
+    }
     assert!(
         wrong.is_empty(),
-        ".config/nextest.toml's `gpu` overrides disagree with the checks:\n{}",
+        ".config/nextest.toml's overrides disagree with the checks:\n{}",
         wrong.join("\n")
     );
 }

@@ -117,11 +117,14 @@ struct Nextest {
     /// The CUDA device ordinal this test's test-group slot names (slots run
     /// 0 to the group's max-threads - 1, unique among the group's running
     /// tests): in the `gpu` group (one slot per GPU it uses) the slot
-    /// itself; in the `gpu-shared` group the last GPU, whatever the slot.
-    /// On one GPU both are device 0. On a host of several, the trials that
+    /// itself; in the `gpu-shared` group the last GPU, whatever the slot;
+    /// in the `gpu-ranks` group (trials whose ranks run on every GPU, timing
+    /// nothing) the slot modulo the GPUs, so that the one-GPU runs they
+    /// compare their ranks with spread over the host.
+    /// On one GPU all are device 0. On a host of several, the trials that
     /// need a GPU alone take the first ones (the `gpu` group has a slot
     /// fewer than there are GPUs, `scripts/gpu-suite.sh`), and no shared
-    /// trial ever runs on a GPU a timed one holds. `None` outside both
+    /// trial ever runs on a GPU a timed one holds. `None` outside the
     /// groups.
     device_ordinal: Option<usize>,
     /// Whether this test is in the `gpu` group: it has its GPU to itself.
@@ -132,6 +135,9 @@ struct Nextest {
 const GPU_GROUP: &str = "gpu";
 /// The group whose tests share a GPU with others of the group.
 const SHARED_GPU_GROUP: &str = "gpu-shared";
+/// The group whose tests run a process on every GPU and share them with
+/// others of the group; they run after every test that times a GPU.
+const RANKS_GPU_GROUP: &str = "gpu-ranks";
 
 /// Whether this process was started by cargo-nextest, and with what.
 fn nextest() -> Option<Nextest> {
@@ -146,6 +152,7 @@ fn nextest() -> Option<Nextest> {
             use_one_hardware_queue();
             slot.map(|_| crate::run::device_count().max(1) - 1)
         }
+        RANKS_GPU_GROUP => slot.map(|s| s % crate::run::device_count().max(1)),
         _ => None,
     };
     Some(Nextest {

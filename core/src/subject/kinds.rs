@@ -69,12 +69,15 @@ pub trait Kind<S: Subject>: Validate {
         false
     }
 
-    /// Whether, beyond its GPU, this check's verdict rests on the whole
-    /// host: every GPU (data-parallel ranks) or every core (it times work on
-    /// a pool of CPU threads, or starts a peer that compiles on all of
-    /// them). Such a trial runs alone on the host, however many GPUs it has;
-    /// one that needs only its GPU alone may run beside trials on other
-    /// GPUs. Only meaningful where [`Kind::needs_the_gpu_alone`] is true.
+    /// Whether this check's trial spans the whole host: it starts work on
+    /// every GPU (data-parallel ranks) or every core (it times work on a
+    /// pool of CPU threads, or starts a peer that compiles on all of them).
+    /// With [`Kind::needs_the_gpu_alone`] such a trial runs alone on the
+    /// host, however many GPUs it has; one that needs only its GPU alone may
+    /// run beside trials on other GPUs. Without it (a data-parallel claim
+    /// that times nothing) the trial shares the GPUs with others like it,
+    /// but never runs beside a trial that needs a GPU alone: its ranks would
+    /// land on that GPU.
     fn needs_the_whole_host(&self) -> bool {
         false
     }

@@ -661,8 +661,10 @@ impl Kind<crate::Qlora> for Params {
         TRAINING_TIMEOUT_S
     }
 
+    /// Only `scaling` times anything. The other claims compare values,
+    /// bytes and host syncs that another process on the GPU cannot move.
     fn needs_the_gpu_alone(&self) -> bool {
-        true
+        self.claim == Claim::Scaling
     }
 
     /// A rank runs on every GPU of the host.
