@@ -59,7 +59,9 @@ impl Plan {
 
     /// Why timing stops with `n` pairs and interval `[lo, hi]` of `ratio`,
     /// or `None` to time more. A failing interval: `hi < threshold` for
-    /// `>=`, `lo > threshold` for `<=` (never for `==`).
+    /// `>=`, `lo > threshold` for `<=` (never for `==`). Only a failed
+    /// mutant stops before `min` pairs: a precise interval of fewer is no
+    /// verdict of the contract's `repeats`.
     fn stop(&self, n: usize, ratio: f64, (lo, hi): (f64, f64)) -> Option<Stop> {
         let failed = match self.fail_fast {
             Some((Comparator::Ge, t)) => hi < t,
@@ -68,7 +70,7 @@ impl Plan {
         };
         if failed {
             Some(Stop::Failed)
-        } else if (hi - lo) / 2.0 <= TARGET_HALF_WIDTH * ratio {
+        } else if n >= self.min && (hi - lo) / 2.0 <= TARGET_HALF_WIDTH * ratio {
             Some(Stop::Precise)
         } else if n >= self.max {
             Some(Stop::Capped)
@@ -288,6 +290,16 @@ mod tests {
         assert_eq!(t.stop, Stop::Failed);
         assert!(t.repeats() > MUTANT_FIRST_LOOK && t.repeats() < 10, "{t:?}");
         assert_eq!(k, t.repeats(), "no pair timed past the one that settled it");
+    }
+
+    #[test]
+    fn a_mutant_that_has_not_failed_times_its_minimum_however_tight() {
+        // Ratio 1 against a bound of 0.5: never failing, and precise from
+        // the first look. A mutant looks early only to stop once failed;
+        // a passing interval is judged on the contract's `repeats`.
+        let plan = Plan::new(10, Some(1000), 1000).fail_fast_if(true, Comparator::Ge, 0.5);
+        let t = time_pairs(&plan, 7, noisy(0.001)).unwrap();
+        assert_eq!((t.repeats(), t.stop), (10, Stop::Precise));
     }
 
     #[test]
