@@ -2137,44 +2137,22 @@ ATT_INSTANTIATE(ATT_TC_DKV, ATT_BUILD)
 ATT_INSTANTIATE(ATT_FL_DKV, ATT_BUILD)
 
 // Backward, part 1 of the flash kernels: D_i = <dout_i, out_i> into dd
-// ([batch, heads, seq]), in f32, as two sequential chains of fused
-// multiply-adds, one over the even and one over the odd elements of the row,
-// added last: D_i = even_i + odd_i. That order is part of the result: dS is
-// rounded to bf16 after D is subtracted, and a bf16 step's trajectory moves
-// with the last bit of D. One thread per row (both chains), so a row whose
-// head_dim is a multiple of four is read in 16-byte pieces, many in flight.
-// Grid (ceil(seq / 64), heads, batch), 64 threads.
+// ([batch, heads, seq]), two threads per row, each over half of head_dim,
+// in f32. Grid (ceil(seq / 64), heads, batch), 128 threads.
 extern "C" __global__ void attention_flash_bwd_dots_f32(const float* __restrict__ out,
                                                         const float* __restrict__ dout,
                                                         float* __restrict__ dd, int batch,
                                                         int seq, int heads, int kv_heads,
                                                         int head_dim, float scale) {
-    const int i = 64 * blockIdx.x + threadIdx.x, h = blockIdx.y, b = blockIdx.z;
-    if (i >= seq) return;
-    const size_t at = att_q_at(b, i, h, seq, heads, head_dim);
-    float even = 0.0f;
-    float odd = 0.0f;
-    if ((head_dim & 3) == 0) {
-        // q-shaped rows of a whole allocation: 16-byte aligned when
-        // head_dim % 4 == 0.
-        const float4* o4 = reinterpret_cast<const float4*>(out + at);
-        const float4* d4 = reinterpret_cast<const float4*>(dout + at);
-#pragma unroll 16
-        for (int c = 0; c < head_dim / 4; ++c) {
-            const float4 o = o4[c];
-            const float4 d = d4[c];
-            even = fmaf(d.x, o.x, even);
-            odd = fmaf(d.y, o.y, odd);
-            even = fmaf(d.z, o.z, even);
-            odd = fmaf(d.w, o.w, odd);
-        }
-    } else {
-        for (int x = 0; x < head_dim; x += 2) {
-            even = fmaf(dout[at + x], out[at + x], even);
-            if (x + 1 < head_dim) odd = fmaf(dout[at + x + 1], out[at + x + 1], odd);
-        }
+    const int r = threadIdx.x >> 1, half = threadIdx.x & 1;
+    const int i = 64 * blockIdx.x + r, h = blockIdx.y, b = blockIdx.z;
+    float acc = 0.0f;
+    if (i < seq) {
+        const size_t at = att_q_at(b, i, h, seq, heads, head_dim);
+        for (int x = half; x < head_dim; x += 2) acc = fmaf(dout[at + x], out[at + x], acc);
     }
-    dd[((size_t)b * heads + h) * seq + i] = even + odd;
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    if (half == 0 && i < seq) dd[((size_t)b * heads + h) * seq + i] = acc;
 }
 #endif
 

@@ -106,9 +106,6 @@ const KV_SUM: &str = "attention_bwd_kv_sum_f32";
 /// The flash kernels' row dots `D`, in their dk/dv module (not tiled: one
 /// kernel for both builds' modules).
 const DOTS: &str = "attention_flash_bwd_dots_f32";
-/// Rows of a block of the row dots, one thread each (the kernel's `64 *
-/// blockIdx.x`).
-const DOTS_ROWS: u32 = 64;
 
 /// Rows of a tile of the f32 kernels (`ATT_ROWS`).
 const TILE_ROWS: usize = 32;
@@ -751,24 +748,13 @@ fn flash_backward(
     let mut launch = gpu.stream().launch_builder(&func);
     launch.arg(out).arg(dout).arg(&mut dd);
     d.push(&mut launch);
-    let one_thread_a_row = LaunchConfig {
-        grid_dim: (
-            sh.seq.div_ceil(DOTS_ROWS as usize) as u32,
-            sh.heads as u32,
-            sh.batch as u32,
-        ),
-        block_dim: (DOTS_ROWS, 1, 1),
-        shared_mem_bytes: 0,
-    };
     // SAFETY: arguments match `attention_flash_bwd_dots_f32(const float*
     // out, const float* dout, float* dd, int batch, int seq, int heads, int
     // kv_heads, int head_dim, float scale)` in order and type. out and dout
-    // hold q_len floats (whole allocations, so every row is 16-byte aligned
-    // where head_dim % 4 == 0, the only case the kernel reads in 16-byte
-    // pieces), dd (the scratch's part after dS) batch * heads * seq; the
-    // grid is (ceil(seq / 64), heads, batch) of 64 threads, one a row, each
-    // reading and writing only its row if it is < seq.
-    unsafe { launch.launch(one_thread_a_row) }?;
+    // hold q_len floats, dd (the scratch's part after dS) batch * heads *
+    // seq; the grid is (ceil(seq / 64), heads, batch) of 128 threads, two a
+    // row, each block reading and writing only its rows < seq.
+    unsafe { launch.launch(tile_config(sh, f, 0)) }?;
 
     let stride = to_i32("attention", "ds_stride", ds_stride(sh.seq))?;
     let func = gpu.function(f.dkv.module, f.dkv.symbol)?;
