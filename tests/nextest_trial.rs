@@ -171,6 +171,54 @@ fn a_killed_trial_process_leaves_one_error_row_and_a_finished_one_replaces_it() 
     assert!(setup > 0.0 && setup < 10_000.0, "{setup}");
 }
 
+/// A trial of the `gpu-ranks` group (ranks on every GPU) does not start
+/// while a test of its run in the `gpu` group (timing a GPU) still runs;
+/// another run's timed tests do not hold it.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_ranks_trial_waits_for_the_timed_trials_of_its_run() {
+    let dir = project(&[("quick", QUICK)]);
+    let timed = |run_id: &str| {
+        Command::new("sleep")
+            .arg("1.5")
+            .env("NEXTEST_RUN_ID", run_id)
+            .env("NEXTEST_TEST_GROUP", "gpu")
+            .spawn()
+            .expect("sleep starts")
+    };
+    let ranks_trial = |run_id: &str| {
+        let started = Instant::now();
+        let out = command(dir.path(), Some(run_id))
+            .env("NEXTEST_TEST_GROUP", "gpu-ranks")
+            .env("NEXTEST_TEST_GROUP_SLOT", "0")
+            .args(["--exact", "[cpu] quick::F-Q-001", "--nocapture"])
+            .output()
+            .expect("the harness runs");
+        assert!(out.status.success(), "{out:?}");
+        (
+            started.elapsed(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    let mut other_run = timed("run-other");
+    let (took, stderr) = ranks_trial("run-w");
+    other_run.kill().expect("stop the other run's sleep");
+    other_run.wait().expect("reap");
+    assert!(!stderr.contains("waited"), "{stderr}");
+    assert!(took < Duration::from_millis(1400), "{took:?}");
+
+    let mut same_run = timed("run-w");
+    let reaper = std::thread::spawn(move || same_run.wait());
+    let (took, stderr) = ranks_trial("run-w");
+    reaper.join().expect("reaper").expect("reap");
+    assert!(took >= Duration::from_millis(1000), "{took:?}");
+    assert!(
+        stderr.contains("process(es) of this run timing a GPU"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn two_nextest_shards_merge_into_the_verdicts_of_one_run() {
     let whole = project(&[("quick", QUICK)]);

@@ -11,8 +11,10 @@
 //! process would only open a second CUDA context. Its `error` row is written
 //! before it starts and replaced when it finishes, so a crash still costs
 //! exactly that row; a watchdog stops it at its timeout. The environment is
-//! read here only (nextest's run id and the `gpu` test group's slot, which
-//! picks the CUDA device); the engine gets them as options.
+//! read here only (nextest's run id, the test group and its slot, which
+//! picks the CUDA device); the engine gets them as options. A trial of the
+//! `gpu-ranks` group also reads other processes' environments, to wait
+//! until no trial of its run that times a GPU is left (`timed_peers`).
 //!
 //! A trial that cannot be judged here — no CUDA driver, no target stated for
 //! this GPU kind, a configuration that does not fit — is reported ignored and
@@ -44,6 +46,8 @@ use crate::run::{
     TrialSpec, DEFAULT_KERNEL_CACHE,
 };
 use crate::subject::{DeviceOptions, Subject};
+
+mod timed_peers;
 
 /// Makes a test target (`harness = false`) the contract suite of a subject:
 ///
@@ -129,6 +133,9 @@ struct Nextest {
     device_ordinal: Option<usize>,
     /// Whether this test is in the `gpu` group: it has its GPU to itself.
     alone: bool,
+    /// Whether this test is in the `gpu-ranks` group: it must not start
+    /// while a test of the `gpu` group runs.
+    on_every_gpu: bool,
 }
 
 /// The group whose tests have a GPU to themselves, one slot per GPU.
@@ -159,6 +166,7 @@ fn nextest() -> Option<Nextest> {
         run_id,
         device_ordinal,
         alone: group == GPU_GROUP,
+        on_every_gpu: group == RANKS_GPU_GROUP,
     })
 }
 
@@ -337,8 +345,25 @@ fn start<S: Subject>(
         if let Err(e) = ctrlc::set_handler(move || stop.interrupt()) {
             eprintln!("warning: SIGINT/SIGTERM will not keep finished rows: {e}");
         }
+        if let Some(n) = nextest.filter(|n| n.on_every_gpu) {
+            wait_for_timed_trials(&n.run_id);
+        }
     }
     Some((specs, engine))
+}
+
+/// Before a `gpu-ranks` trial starts its ranks on every GPU: waits until
+/// no trial of its run that times a GPU (the `gpu` group) is left
+/// ([`timed_peers`]), and says so when it waited.
+fn wait_for_timed_trials(run_id: &str) {
+    let (waited, seen) = timed_peers::wait_for_group_to_end(run_id, GPU_GROUP);
+    if seen > 0 {
+        eprintln!(
+            "waited {:.1} s for {seen} process(es) of this run timing a GPU (test group `{GPU_GROUP}`) \
+             to end before starting ranks on every GPU",
+            waited.as_secs_f64()
+        );
+    }
 }
 
 /// Records the trials libtest ignored (they never ran) as skipped, with
