@@ -2,7 +2,7 @@
 //! contracts beside the subject's.
 //!
 //! A test's `check:` is a [`Check`]: one of the core's kinds ([`CoreKind`])
-//! or one of its subject's ([`KindSet`]); the `kind:` name picks, and an
+//! or one of its subject's ([`KindSet`](crate::subject::KindSet)); the `kind:` name picks, and an
 //! unknown name is refused with both lists. Its `mutant:` is a
 //! [`MutantName`]: one of the core's ([`CoreMutant`]) or one of the
 //! subject's. The core's kinds are generic over the subject: they drive its
@@ -11,7 +11,7 @@
 //!
 //! To add a core kind: a module here with its strict `Params` (implementing
 //! [`CoreCheck`]), `PARAMS` and `EXAMPLE`, and one line in the
-//! [`core_kinds!`] list below. To add a core mutant: a variant of
+//! `core_kinds!` list below. To add a core mutant: a variant of
 //! [`CoreMutant`] with its name in [`CoreMutant::NAMES`] and, in
 //! [`CoreMutant::refuses`], the checks it cannot take effect on.
 

@@ -326,7 +326,7 @@ pub fn compact_utc_now() -> String {
 }
 
 /// `nvidia-smi --query-gpu=<fields> --format=csv,noheader` on one line
-/// ([`one_line_per_host`]), or "not read" when the tool is missing or fails.
+/// (`one_line_per_host`), or "not read" when the tool is missing or fails.
 pub fn nvidia_smi_query(fields: &str) -> String {
     Command::new("nvidia-smi")
         .args([&format!("--query-gpu={fields}"), "--format=csv,noheader"])

@@ -147,7 +147,7 @@ pub fn helper_reply<S: Subject>(
 }
 
 /// The child's side: runs the trial `request_json` names and returns the line
-/// the front end prints on stdout ([`REPLY_MARKER`] and the reply as JSON).
+/// the front end prints on stdout (`REPLY_MARKER` and the reply as JSON).
 /// `process_start` is when the child process started (its trial's setup
 /// time counts from there).
 pub fn run_child<S: Subject>(request_json: &str, process_start: Instant) -> Result<String> {

@@ -5,7 +5,7 @@
 //! `CUDA_GRAPH` into a `OnceLock`), so a graphed and an un-graphed run
 //! cannot share one: the trial process starts its own executable with
 //! [`ARM_FLAG`], the job ([`ArmJob`]) on stdin and the workload's
-//! [`Workload::process_env`] for the arm's setup (with a scratch folder made
+//! [`Workload::process_env`](crate::subject::Workload::process_env) for the arm's setup (with a scratch folder made
 //! for that one process), and reads the [`ArmReply`] from the line of its
 //! stdout that starts with [`ARM_REPLY_MARKER`]. The arm opens the device,
 //! prepares the workload, runs `setup.steps` steps, and reports each step's
