@@ -529,7 +529,7 @@ impl KernelCache {
     }
 
     /// [`KernelCache::ensure`] for several modules: those not loaded yet are
-    /// read from disk or compiled by NVRTC concurrently ([`fetch_all`];
+    /// read from disk or compiled by NVRTC concurrently (`fetch_all`;
     /// NVRTC programs are independent), then loaded one after another on
     /// this thread. The first error, in `names` order, is returned after
     /// every thread ended.

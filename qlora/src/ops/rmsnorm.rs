@@ -389,8 +389,8 @@ pub struct BackwardWorkspace {
 
 impl BackwardWorkspace {
     /// Scratch for `[rows, hidden]`: `chunks x hidden` floats, at most
-    /// [`MAX_CHUNKS`] chunks of `rows_per_chunk` rows (a multiple of
-    /// [`WARPS_PER_BLOCK`] for the warp-per-row builds).
+    /// `MAX_CHUNKS` chunks of `rows_per_chunk` rows (a multiple of
+    /// `WARPS_PER_BLOCK` for the warp-per-row builds).
     pub fn new(gpu: &GpuContext, rows: usize, hidden: usize) -> Result<Self> {
         check_dims(rows, hidden)?;
         // The chunks of the build aligned rows take; the row-group builds,

@@ -573,7 +573,7 @@ impl GpuTrainer {
 
     /// The loss of `tokens`, the gradient of every trainable tensor (before
     /// clipping) and the clip's squared norms, copied to the host: a step's
-    /// forward, backward, all-reduce and clip ([`GpuTrainer::reduce_then_clip`],
+    /// forward, backward, all-reduce and clip (`GpuTrainer::reduce_then_clip`,
     /// in the step's order), without AdamW.
     pub fn loss_and_grads(&mut self, gpu: &mut GpuContext, tokens: &[u32]) -> Result<LossAndGrads> {
         self.fit(gpu, tokens)?;

@@ -212,7 +212,7 @@ impl Kind<crate::Qlora> for Params {
     }
 
     /// The oracle runs on the host: its work ([`MAX_REFERENCE_MACS`]) and
-    /// its memory ([`reference_bytes`]) against this machine.
+    /// its memory (`reference_bytes`) against this machine.
     fn check_budget(&self, _backend: Backend, here: &Here) -> std::result::Result<(), String> {
         let cfg = self.model.0;
         let macs = reference_macs(&cfg);

@@ -23,7 +23,7 @@ use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 #[serde(deny_unknown_fields)]
 pub struct Params {
     pub model: ModelName,
-    /// Training steps: at most [`MAX_STEPS`], and at most [`CPU_MAX_STEPS`]
+    /// Training steps: at most `MAX_STEPS`, and at most `CPU_MAX_STEPS`
     /// on cpu.
     pub steps: Count,
     /// The final loss must be at most this fraction of the initial loss.
@@ -165,7 +165,7 @@ impl Kind<crate::Qlora> for Params {
     }
 
     /// On cpu: the reference's model and step bounds and its memory (see
-    /// [`cpu_budget`]). On cuda the device memory decides in `unjudged_on`.
+    /// `cpu_budget`). On cuda the device memory decides in `unjudged_on`.
     fn check_budget(&self, backend: Backend, here: &Here) -> std::result::Result<(), String> {
         match backend {
             Backend::Cpu => cpu_budget(&self.model.0, self.steps.0, 1, here),

@@ -6,7 +6,7 @@
 //! 41000, H100: 38000 }`, a [`GpuTargets`]; a plain number holds for any
 //! GPU). On a GPU it
 //! names no target for, the trial is not run: it is ignored with the reason
-//! "no target for <GPU>" when the run is planned, since a target says
+//! "no target for `<GPU>`" when the run is planned, since a target says
 //! nothing about other hardware.
 //!
 //! The `speedups.csv` row has subject `tokens/s`: its baseline is the target

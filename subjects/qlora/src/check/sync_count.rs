@@ -20,7 +20,7 @@ use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 #[serde(deny_unknown_fields)]
 pub struct Params {
     pub model: ModelName,
-    /// Training steps: at most [`MAX_STEPS`] (each keeps one count).
+    /// Training steps: at most `MAX_STEPS` (each keeps one count).
     pub steps: Count,
     #[serde(default)]
     pub mode: StepMode,

@@ -31,8 +31,8 @@ pub enum BaselineOn {
 #[serde(deny_unknown_fields)]
 pub struct Params {
     pub model: ModelName,
-    /// Training steps of each run: at most [`MAX_STEPS`], and at most
-    /// [`CPU_MAX_STEPS`] for a run on cpu.
+    /// Training steps of each run: at most `MAX_STEPS`, and at most
+    /// `CPU_MAX_STEPS` for a run on cpu.
     pub steps: Count,
     /// 1-based step numbers at which the losses are compared, each at most
     /// `steps`; at most [`MAX_CHECKPOINTS`] of them.
@@ -321,7 +321,7 @@ impl Kind<crate::Qlora> for Params {
         trajectory_match(self, backend, cx)
     }
 
-    /// The runs on the CPU reference (see [`cpu_budget`]); device memory
+    /// The runs on the CPU reference (see `cpu_budget`); device memory
     /// decides in `unjudged_on`.
     fn check_budget(&self, backend: Backend, here: &Here) -> std::result::Result<(), String> {
         match self.cpu_runs(backend) {

@@ -27,7 +27,7 @@
 //!
 //! A step is: forward + backward, clip (global by default, per layer by
 //! option), AdamW on every trainable tensor. Faults are options
-//! ([`TrainOptions::mutant`]), never environment variables.
+//! ([`TrainOptions::faults`]), never environment variables.
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;

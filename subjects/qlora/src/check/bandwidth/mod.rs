@@ -19,7 +19,7 @@
 //! contracts were set with this graph-replay timing; timing each replay on
 //! its own with the two graphs alternated moved fractions by up to 5% and
 //! turned one verdict, with no reason known to prefer it. The GPU's clocks
-//! are read around the whole measurement ([`clock_watched`]): a throttled
+//! are read around the whole measurement (`clock_watched`): a throttled
 //! one is measured once more, then the trial is `skipped`.
 //!
 //! A mutant run needs only to show that the check fails, and its slowed
