@@ -34,20 +34,25 @@ pub fn median_settled_above(done: &[f64], planned: usize, limit: f64) -> bool {
     done.iter().filter(|&&x| x > limit).count() > planned / 2
 }
 
+/// Whether a mutant's samples so far have settled `median(baseline) /
+/// median(candidate) < bound`: the 95% interval of the ratio ([`ratio_ci`]
+/// with the trial's `seed`, as the verdict's own interval) ends below
+/// `bound`, so the check fails whatever the remaining samples time. Never
+/// for fewer than [`MUTANT_FIRST_LOOK`](super::repeats::MUTANT_FIRST_LOOK)
+/// candidate samples, whose bootstrap is little more than the samples
+/// themselves. A mutant's paired timing stops on the same rule
+/// (`repeats::Plan::fail_fast_if`).
+pub fn ratio_interval_below(baseline: &[f64], candidate: &[f64], bound: f64, seed: u64) -> bool {
+    candidate.len() >= super::repeats::MUTANT_FIRST_LOOK
+        && ratio_ci(baseline, candidate, seed, BOOTSTRAP_RESAMPLES).1 < bound
+}
+
 /// Whether the 95% bootstrap interval of the median of `done` lies wholly
-/// above `limit`: [`ratio_ci`] of the constant series `limit` over `done`
-/// (the interval of `limit / median`) ends below 1. A mutant's run judged on
-/// `median <= limit` may stop there: the interval says the check fails, as
-/// a mutant's paired timing does once its ratio's interval has failed
-/// (`repeats::Plan::fail_fast_if`). Never for fewer than
-/// [`MUTANT_FIRST_LOOK`](super::repeats::MUTANT_FIRST_LOOK) samples, whose
-/// bootstrap is little more than the samples themselves.
+/// above `limit`: [`ratio_interval_below`] of the constant series `limit`
+/// over `done` (the interval of `limit / median`) against 1. A mutant's run
+/// judged on `median <= limit` may stop there.
 pub fn median_interval_above(done: &[f64], limit: f64, seed: u64) -> bool {
-    if done.len() < super::repeats::MUTANT_FIRST_LOOK {
-        return false;
-    }
-    let limits = vec![limit; done.len()];
-    ratio_ci(&limits, done, seed, BOOTSTRAP_RESAMPLES).1 < 1.0
+    ratio_interval_below(&vec![limit; done.len()], done, 1.0, seed)
 }
 
 /// The 95% percentile-bootstrap interval of `median(baseline) / median(candidate)`:

@@ -11,8 +11,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::check::bandwidth::Params;
 use crate::check::op::Pass;
 use crate::check::params::Shape;
-use crate::check::repeats::MUTANT_FIRST_LOOK;
-use crate::check::stats::{median, ratio_ci, BOOTSTRAP_RESAMPLES};
+use crate::check::stats::{median, ratio_ci, ratio_interval_below, BOOTSTRAP_RESAMPLES};
 use crate::check::MutantFaults;
 use crate::check::{require_gpu, Comparator, Measurement, Speedup, TrialContext};
 use crate::error::{Error, Result};
@@ -508,8 +507,9 @@ fn time_copy(p: &Params, gpu: &mut GpuContext, at: &Layout, seed: u64) -> Result
 }
 
 /// A mutant run: the copy's graph first (its `repeats` replays), then the
-/// op's replay by replay until [`failed_already`] says the fraction has
-/// failed, or `repeats`. A mutant needs only to show that the check fails.
+/// op's replay by replay until the fraction `median(baseline) /
+/// median(kernel)` has certainly failed its bound ([`ratio_interval_below`]),
+/// or `repeats`. A mutant needs only to show that the check fails.
 fn time_mutant(p: &Params, gpu: &mut GpuContext, at: &Layout, seed: u64) -> Result<Times> {
     let copy = time_copy(p, gpu, at, seed)?;
     let baseline = at.baseline(&copy);
@@ -519,24 +519,13 @@ fn time_mutant(p: &Params, gpu: &mut GpuContext, at: &Layout, seed: u64) -> Resu
         gpu,
         (at.launches, p.warmup.0, p.repeats.0),
         |gpu, i| launch(gpu, i),
-        |kernel| failed_already(&baseline, kernel, min, seed),
+        |kernel| ratio_interval_below(&baseline, kernel, min, seed),
     )?;
     Ok(Times {
         kernel,
         copy,
         mutant: true,
     })
-}
-
-/// Whether a mutant's op times so far, `kernel`, have settled the verdict:
-/// from [`MUTANT_FIRST_LOOK`] replays on, the 95% interval `[lo, hi]` of
-/// `fraction = median(baseline) / median(kernel)` ([`ratio_ci`] with the
-/// trial's `seed`, as the verdict's own interval) lies wholly below the
-/// bound, `hi < min_fraction`, so the check fails whatever the remaining
-/// replays time. The one place a run decides to stop early.
-fn failed_already(baseline: &[f64], kernel: &[f64], min_fraction: f64, seed: u64) -> bool {
-    kernel.len() >= MUTANT_FIRST_LOOK
-        && ratio_ci(baseline, kernel, seed, BOOTSTRAP_RESAMPLES).1 < min_fraction
 }
 
 /// The measurement: `fraction = (B / t_k) / (C / t_c)` against
@@ -592,6 +581,7 @@ fn report(p: &Params, at: &Layout, times: &Times, seed: u64, device: &str) -> Me
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::repeats::MUTANT_FIRST_LOOK;
 
     /// `n` times around `t` with relative noise `spread`, seeded.
     fn noisy(t: f64, spread: f64, n: usize, seed: u64) -> Vec<f64> {
@@ -604,7 +594,7 @@ mod tests {
     /// The replay count at which a mutant's timing of `kernel` stops, or
     /// `None` if it times them all.
     fn stops_at(baseline: &[f64], kernel: &[f64], min_fraction: f64) -> Option<usize> {
-        (1..=kernel.len()).find(|&n| failed_already(baseline, &kernel[..n], min_fraction, 7))
+        (1..=kernel.len()).find(|&n| ratio_interval_below(baseline, &kernel[..n], min_fraction, 7))
     }
 
     #[test]
@@ -614,8 +604,8 @@ mod tests {
         let kernel = noisy(4.0, 0.05, 20, 2);
         assert_eq!(stops_at(&baseline, &kernel, 0.7), Some(MUTANT_FIRST_LOOK));
         // Never before it, however clear the first times are.
-        assert!(!failed_already(&baseline, &kernel[..2], 0.7, 7));
-        assert!(!failed_already(&baseline, &[], 0.7, 7));
+        assert!(!ratio_interval_below(&baseline, &kernel[..2], 0.7, 7));
+        assert!(!ratio_interval_below(&baseline, &[], 0.7, 7));
     }
 
     #[test]
