@@ -131,42 +131,56 @@ struct Nextest {
     /// trial ever runs on a GPU a timed one holds. `None` outside the
     /// groups.
     device_ordinal: Option<usize>,
-    /// Whether this test is in the `gpu` group: it has its GPU to itself.
-    alone: bool,
-    /// Whether this test is in the `gpu-ranks` group: it must not start
-    /// while a test of the `gpu` group runs.
-    on_every_gpu: bool,
+    /// This test's GPU test group; `None` outside them (a cpu trial).
+    group: Option<GpuGroup>,
+}
+
+/// The test groups of `.config/nextest.toml` that hold cuda trials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GpuGroup {
+    /// `gpu`: a GPU to itself, one slot per GPU.
+    Alone,
+    /// `gpu-shared`: shares the last GPU with others of the group.
+    Shared,
+    /// `gpu-ranks`: a process on every GPU, beside others of the group;
+    /// must not start while a test of `gpu` runs.
+    Ranks,
 }
 
 /// The group whose tests have a GPU to themselves, one slot per GPU.
 const GPU_GROUP: &str = "gpu";
-/// The group whose tests share a GPU with others of the group.
-const SHARED_GPU_GROUP: &str = "gpu-shared";
-/// The group whose tests run a process on every GPU and share them with
-/// others of the group; they run after every test that times a GPU.
-const RANKS_GPU_GROUP: &str = "gpu-ranks";
+
+impl GpuGroup {
+    fn named(name: &str) -> Option<GpuGroup> {
+        match name {
+            GPU_GROUP => Some(GpuGroup::Alone),
+            "gpu-shared" => Some(GpuGroup::Shared),
+            "gpu-ranks" => Some(GpuGroup::Ranks),
+            _ => None,
+        }
+    }
+}
 
 /// Whether this process was started by cargo-nextest, and with what.
 fn nextest() -> Option<Nextest> {
     let run_id = std::env::var("NEXTEST_RUN_ID").ok()?;
-    let group = std::env::var("NEXTEST_TEST_GROUP").unwrap_or_default();
+    let group = GpuGroup::named(&std::env::var("NEXTEST_TEST_GROUP").unwrap_or_default());
     let slot: Option<usize> = std::env::var("NEXTEST_TEST_GROUP_SLOT")
         .ok()
         .and_then(|s| s.parse().ok());
-    let device_ordinal = match group.as_str() {
-        GPU_GROUP => slot,
-        SHARED_GPU_GROUP => {
+    let device_ordinal = match group {
+        Some(GpuGroup::Alone) => slot,
+        Some(GpuGroup::Shared) => {
             use_one_hardware_queue();
             slot.map(|_| crate::run::device_count().max(1) - 1)
         }
-        RANKS_GPU_GROUP => slot.map(|s| s % crate::run::device_count().max(1)),
-        _ => None,
+        Some(GpuGroup::Ranks) => slot.map(|s| s % crate::run::device_count().max(1)),
+        None => None,
     };
     Some(Nextest {
         run_id,
         device_ordinal,
-        alone: group == GPU_GROUP,
-        on_every_gpu: group == RANKS_GPU_GROUP,
+        group,
     })
 }
 
@@ -321,7 +335,8 @@ fn start<S: Subject>(
         }
     };
     let specs = plan::<S>(contracts);
-    if nextest.is_some_and(|n| n.alone) && all_on_one_stream(args, &specs) {
+    let group = nextest.and_then(|n| n.group);
+    if group == Some(GpuGroup::Alone) && all_on_one_stream(args, &specs) {
         use_one_hardware_queue();
     }
     let options = run_options::<S>(dir, nextest, process_start)
@@ -345,7 +360,7 @@ fn start<S: Subject>(
         if let Err(e) = ctrlc::set_handler(move || stop.interrupt()) {
             eprintln!("warning: SIGINT/SIGTERM will not keep finished rows: {e}");
         }
-        if let Some(n) = nextest.filter(|n| n.on_every_gpu) {
+        if let Some(n) = nextest.filter(|_| group == Some(GpuGroup::Ranks)) {
             wait_for_timed_trials(&n.run_id);
         }
     }
