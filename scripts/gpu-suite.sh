@@ -13,9 +13,9 @@
 # the two runs of this part need two 10-minute device calls, or one shard each):
 # 1. the contract suite through cargo-nextest, twice, one process per trial,
 #    cuda trials that need a GPU alone one at a time on one GPU (the `gpu`
-#    test group; on a host of several, one per GPU but the last, those that
-#    need the whole host alone on it), the others eight at a time on the
-#    last GPU (`gpu-shared`); with hash:K/N, only that
+#    test group; on a host of several, one per GPU, those that need the
+#    whole host alone on it), the others a dozen at a time on one GPU, eight
+#    per GPU on several (`gpu-shared`); with hash:K/N, only that
 #    shard (merge the shards' reports with `falsify report --merge`);
 #    scripts/compare-verdicts.py says whether the two runs gave the same verdicts;
 # 2. the GPU-only integration tests (fault isolation, out of memory, training
@@ -61,25 +61,16 @@ nextest() {
   .gpu/cargo-nextest nextest "$1" --archive-file .gpu/falsify.tar.zst --workspace-remap . \
     --extract-to "$extracted" --extract-overwrite "${@:2}"
 }
-# On a host of several GPUs: a slot of the `gpu` test group for every GPU
-# but the last, which the shared trials keep, and the trials that need one
-# GPU alone on one thread each (the override line marked `# one GPU alone`),
-# so each times its own GPU while the others work. One GPU: as committed.
+# On a host of several GPUs: a slot of the `gpu` test group for every GPU,
+# eight of `gpu-shared` for every GPU (the shared trials spread over them),
+# and the trials that need one GPU alone on one thread each (the override
+# line marked `# one GPU alone`), so each times its own GPU while the others
+# time theirs. The GPU locks keep the untimed trials off a GPU while it is
+# timed (.config/nextest.toml). One GPU: as committed.
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 [ "${gpus:-0}" -ge 1 ] || gpus=1
-if [ "$gpus" -gt 1 ]; then
-  sed -e "s/^gpu = { max-threads = 1 }/gpu = { max-threads = $((gpus - 1)) }/" \
-    -e "s/^threads-required = 'num-test-threads' # one GPU alone$/threads-required = 1/" \
-    .config/nextest.toml > .gpu/nextest.toml
-  grep -q "^gpu = { max-threads = $((gpus - 1)) }" .gpu/nextest.toml \
-    && grep -q "^threads-required = 1$" .gpu/nextest.toml || {
-    echo "scripts/gpu-suite.sh: .config/nextest.toml's test groups are not the ones this script scales" >&2
-    exit 2
-  }
-else
-  cp .config/nextest.toml .gpu/nextest.toml
-fi
-note "GPUs: $gpus (the gpu test group on all but the last when several; gpu-shared on the last)"
+scripts/scale-test-groups.sh "$gpus" .config/nextest.toml .gpu/nextest.toml || exit 2
+note "GPUs: $gpus (test groups: $(grep -E '^gpu(-shared|-ranks)? = ' .gpu/nextest.toml | tr '\n' ' '))"
 partition=()
 [ -n "$shard" ] && partition=(--partition "$shard")
 junit() { cp target/nextest/ci/junit.xml "$work/junit-$1.xml" 2>/dev/null; }

@@ -1,10 +1,11 @@
 //! `.config/nextest.toml` states which cuda trials have the GPU to
 //! themselves (the `gpu` group, run alone) and lets every other one share a
 //! GPU (`gpu-shared`). The rule lives in that file, as lists of test-name
-//! patterns in three overrides: the trials that need the whole host alone,
-//! those that need one GPU alone (the one `scripts/gpu-suite.sh` lets run
-//! beside others on a host of several GPUs) and the data-parallel ones that
-//! share every GPU (`gpu-ranks`). This test holds the lists to the checks
+//! patterns in overrides: the trials that need the whole host alone, those
+//! that need one GPU alone (the one `scripts/gpu-suite.sh` lets run beside
+//! others on a host of several GPUs) and the data-parallel ones that share
+//! every GPU (`gpu-ranks`, in two overrides, the longest first). This test
+//! holds the lists to the checks
 //! themselves (`needs_the_gpu_alone`, `needs_the_whole_host`). A
 //! timed trial added to a contract without a line in the file fails here,
 //! not as a noisy timing on the GPU.
@@ -73,8 +74,13 @@ fn alone_patterns(one_gpu: bool) -> Vec<Regex> {
     )
 }
 
-/// The `test(/regex/)` patterns of the one override that `which` picks.
+/// The `test(/regex/)` patterns of the overrides that `which` picks (one,
+/// unless `several`).
 fn patterns(which: impl Fn(&toml_edit::Table) -> bool, what: &str) -> Vec<Regex> {
+    patterns_of(which, what, false)
+}
+
+fn patterns_of(which: impl Fn(&toml_edit::Table) -> bool, what: &str, several: bool) -> Vec<Regex> {
     let between = Regex::new(r"test\(/(.*?)/\)").expect("a valid pattern");
     let filters: Vec<String> = overrides()
         .iter()
@@ -82,8 +88,8 @@ fn patterns(which: impl Fn(&toml_edit::Table) -> bool, what: &str) -> Vec<Regex>
         .filter_map(|o| o.get("filter").and_then(|f| f.as_str()).map(String::from))
         .collect();
     assert!(
-        filters.len() == 1,
-        "one override puts {what}, not {}",
+        filters.len() == 1 || (several && !filters.is_empty()),
+        "{} override(s) put {what}",
         filters.len()
     );
     filters
@@ -98,14 +104,16 @@ fn patterns(which: impl Fn(&toml_edit::Table) -> bool, what: &str) -> Vec<Regex>
         .collect()
 }
 
-/// The trials that need the GPU alone start after every shared trial of one
-/// GPU: nextest starts one only when every running test has finished, so
-/// one met among the shared trials idles the host while they drain (and
-/// the shared trials fill a cold kernel cache for them, many compiling at
-/// once). The data-parallel trials that share every GPU (`gpu-ranks`) come
-/// after all of them: their ranks must never run beside a timed trial.
+/// The untimed trials come first, the timed ones after them. The
+/// data-parallel trials that share every GPU (`gpu-ranks`) start before
+/// everything: they hold every GPU's lock, so a timed trial waits for the
+/// last of them. The trials that need a GPU alone come after every shared
+/// trial: on one GPU nextest starts one only when every running test has
+/// finished, so one met among the shared trials idles the host while they
+/// drain (and the shared trials fill a cold kernel cache for them, many
+/// compiling at once).
 #[test]
-fn the_trials_run_alone_come_after_the_shared_ones_and_the_ranks_last() {
+fn the_untimed_trials_come_first_and_the_timed_ones_after() {
     let priority = |o: &toml_edit::Table| {
         o.get("priority")
             .and_then(|p| p.as_integer())
@@ -123,15 +131,15 @@ fn the_trials_run_alone_come_after_the_shared_ones_and_the_ranks_last() {
     let ranks = of(&puts_contract_trials_on_every_gpu);
     let shared = of(&|o| !puts_contract_trials_alone(o) && !puts_contract_trials_on_every_gpu(o));
     let highest_alone = alone.iter().copied().max().unwrap_or_default();
-    let lowest_alone = alone.iter().copied().min().unwrap_or_default();
+    let highest_shared = shared.iter().copied().max().unwrap_or_default();
     assert!(
         shared.iter().all(|&p| p > highest_alone) && highest_alone < 0,
         "the `gpu` overrides' priorities {alone:?} are not below the shared ones' {shared:?} \
          and the default, 0"
     );
     assert!(
-        !ranks.is_empty() && ranks.iter().all(|&p| p < lowest_alone),
-        "the `gpu-ranks` overrides' priorities {ranks:?} are not below the `gpu` ones' {alone:?}"
+        !ranks.is_empty() && ranks.iter().all(|&p| p > highest_shared),
+        "the `gpu-ranks` overrides' priorities {ranks:?} are not above the shared ones' {shared:?}"
     );
 }
 
@@ -160,9 +168,10 @@ fn placement(needs_the_gpu_alone: bool, needs_the_whole_host: bool) -> Placement
 #[test]
 fn each_trial_is_placed_by_what_its_check_needs() {
     let (host, one_gpu) = (alone_patterns(false), alone_patterns(true));
-    let ranks = patterns(
+    let ranks = patterns_of(
         puts_contract_trials_on_every_gpu,
         "the data-parallel trials that time nothing in the `gpu-ranks` group",
+        true,
     );
     let listed = |ps: &[Regex], name: &str| ps.iter().any(|p| p.is_match(name));
     let contracts =

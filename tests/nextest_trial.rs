@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use falsify_core::harness::gpu_locks::{self, Access};
 use falsify_core::report::{read_rows, FalsificationRow, Status};
 
 const QUICK: &str = r#"
@@ -98,7 +99,9 @@ fn project(contracts: &[(&str, &str)]) -> tempfile::TempDir {
 /// itself runs under; `run_id` makes it a nextest test process.
 fn command(dir: &Path, run_id: Option<&str>) -> Command {
     let mut cmd = Command::new(harness());
+    // The trials' temporary folder, where they keep their GPU locks.
     cmd.current_dir(dir)
+        .env("TMPDIR", dir)
         .env_remove("NEXTEST_RUN_ID")
         .env_remove("NEXTEST_TEST_GROUP")
         .env_remove("NEXTEST_TEST_GROUP_SLOT")
@@ -171,52 +174,73 @@ fn a_killed_trial_process_leaves_one_error_row_and_a_finished_one_replaces_it() 
     assert!(setup > 0.0 && setup < 10_000.0, "{setup}");
 }
 
-/// A trial of the `gpu-ranks` group (ranks on every GPU) does not start
-/// while a test of its run in the `gpu` group (timing a GPU) still runs;
-/// another run's timed tests do not hold it.
-#[cfg(target_os = "linux")]
+/// The GPU locks of the trial processes of `dir` (the harness's
+/// `command` makes `dir` their temporary folder), and the lock name of GPU 0.
+fn gpu0_lock(dir: &Path) -> (PathBuf, Vec<String>) {
+    (dir.join("falsify-gpu-locks"), vec![gpu_locks::gpu_name(0)])
+}
+
+/// Runs the cheap cpu trial as a test of nextest group `group`, slot 0,
+/// while this test holds GPU 0's lock with `held`; lets the lock go after
+/// `release_after`. Returns how long the trial's process took and its stderr.
+fn trial_beside(
+    dir: &Path,
+    group: &str,
+    held: Access,
+    release_after: Duration,
+) -> (Duration, String) {
+    let (locks, gpu0) = gpu0_lock(dir);
+    let (lock, _) = gpu_locks::acquire(&locks, &gpu0, held).expect("this test takes the lock");
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(release_after);
+        drop(lock);
+    });
+    let started = Instant::now();
+    let out = command(dir, Some("run-locks"))
+        .env("NEXTEST_TEST_GROUP", group)
+        .env("NEXTEST_TEST_GROUP_SLOT", "0")
+        .args(["--exact", "[cpu] quick::F-Q-001", "--nocapture"])
+        .output()
+        .expect("the harness runs");
+    let took = started.elapsed();
+    releaser.join().expect("the lock is released");
+    assert!(out.status.success(), "{out:?}");
+    (took, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// A trial that times its GPU (`gpu`) waits while another process holds
+/// that GPU's lock, shared or not, and does not count the wait as its
+/// setup; one that shares its GPU (`gpu-shared`) or starts untimed ranks
+/// on every GPU (`gpu-ranks`) waits only for a timed one.
 #[test]
-fn a_ranks_trial_waits_for_the_timed_trials_of_its_run() {
+fn a_timed_trial_waits_for_every_other_trial_on_its_gpu_and_others_only_for_timed_ones() {
     let dir = project(&[("quick", QUICK)]);
-    let timed = |run_id: &str| {
-        Command::new("sleep")
-            .arg("1.5")
-            .env("NEXTEST_RUN_ID", run_id)
-            .env("NEXTEST_TEST_GROUP", "gpu")
-            .spawn()
-            .expect("sleep starts")
-    };
-    let ranks_trial = |run_id: &str| {
-        let started = Instant::now();
-        let out = command(dir.path(), Some(run_id))
-            .env("NEXTEST_TEST_GROUP", "gpu-ranks")
-            .env("NEXTEST_TEST_GROUP_SLOT", "0")
-            .args(["--exact", "[cpu] quick::F-Q-001", "--nocapture"])
-            .output()
-            .expect("the harness runs");
-        assert!(out.status.success(), "{out:?}");
-        (
-            started.elapsed(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
-
-    let mut other_run = timed("run-other");
-    let (took, stderr) = ranks_trial("run-w");
-    other_run.kill().expect("stop the other run's sleep");
-    other_run.wait().expect("reap");
-    assert!(!stderr.contains("waited"), "{stderr}");
-    assert!(took < Duration::from_millis(1400), "{took:?}");
-
-    let mut same_run = timed("run-w");
-    let reaper = std::thread::spawn(move || same_run.wait());
-    let (took, stderr) = ranks_trial("run-w");
-    reaper.join().expect("reaper").expect("reap");
-    assert!(took >= Duration::from_millis(1000), "{took:?}");
-    assert!(
-        stderr.contains("process(es) of this run timing a GPU"),
-        "{stderr}"
-    );
+    let long = Duration::from_millis(1500);
+    for (group, held, waits) in [
+        ("gpu", Access::Shared, true),
+        ("gpu-shared", Access::Shared, false),
+        ("gpu-shared", Access::Exclusive, true),
+        ("gpu-ranks", Access::Exclusive, true),
+    ] {
+        let (took, stderr) = trial_beside(dir.path(), group, held, long);
+        let case = format!("{group} beside {held:?}: {took:?}\n{stderr}");
+        if waits {
+            assert!(took >= Duration::from_millis(1200), "{case}");
+            assert!(
+                stderr.contains("waited") && stderr.contains("GPU(s) [0]"),
+                "{case}"
+            );
+            let row = rows(dir.path()).pop().expect("a row");
+            let setup = row.setup_ms.expect("a trial that ran records its setup");
+            assert!(
+                setup < 1000.0,
+                "the wait counted as setup: {setup} ms; {case}"
+            );
+        } else {
+            assert!(took < Duration::from_millis(1200), "{case}");
+            assert!(!stderr.contains("waited"), "{case}");
+        }
+    }
 }
 
 #[test]
@@ -295,8 +319,8 @@ fn two_nextest_shards_merge_into_the_verdicts_of_one_run() {
 }
 
 /// The `gpu` test group's slot picks the CUDA device; `gpu-shared` trials
-/// run on the last GPU (device 0 here, where no driver answers); outside
-/// both it is device 0. The run record names the device ordinal the
+/// run on the slot modulo the GPUs (device 0 here, where no driver
+/// answers); outside both it is device 0. The run record names the device ordinal the
 /// engine was given.
 #[test]
 fn the_gpu_group_slot_is_the_device_ordinal() {

@@ -12,9 +12,10 @@
 //! before it starts and replaced when it finishes, so a crash still costs
 //! exactly that row; a watchdog stops it at its timeout. The environment is
 //! read here only (nextest's run id, the test group and its slot, which
-//! picks the CUDA device); the engine gets them as options. A trial of the
-//! `gpu-ranks` group also reads other processes' environments, to wait
-//! until no trial of its run that times a GPU is left (`timed_peers`).
+//! picks the CUDA device); the engine gets them as options. Before it
+//! opens a GPU, a trial of a GPU test group takes the locks of the GPUs it
+//! works on ([`gpu_locks`]): exclusively where it times them, shared where
+//! it does not, so that nothing runs on a GPU while a trial times it.
 //!
 //! A trial that cannot be judged here — no CUDA driver, no target stated for
 //! this GPU kind, a configuration that does not fit — is reported ignored and
@@ -34,7 +35,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Failed, Trial};
 
@@ -47,7 +48,9 @@ use crate::run::{
 };
 use crate::subject::{DeviceOptions, Subject};
 
-mod timed_peers;
+pub mod gpu_locks;
+
+use gpu_locks::{Access, Held};
 
 /// Makes a test target (`harness = false`) the contract suite of a subject:
 ///
@@ -120,16 +123,13 @@ struct Nextest {
     run_id: String,
     /// The CUDA device ordinal this test's test-group slot names (slots run
     /// 0 to the group's max-threads - 1, unique among the group's running
-    /// tests): in the `gpu` group (one slot per GPU it uses) the slot
-    /// itself; in the `gpu-shared` group the last GPU, whatever the slot;
-    /// in the `gpu-ranks` group (trials whose ranks run on every GPU, timing
-    /// nothing) the slot modulo the GPUs, so that the one-GPU runs they
-    /// compare their ranks with spread over the host.
-    /// On one GPU all are device 0. On a host of several, the trials that
-    /// need a GPU alone take the first ones (the `gpu` group has a slot
-    /// fewer than there are GPUs, `scripts/gpu-suite.sh`), and no shared
-    /// trial ever runs on a GPU a timed one holds. `None` outside the
-    /// groups.
+    /// tests): in the `gpu` group (one slot per GPU) the slot itself; in
+    /// the `gpu-shared` group (a dozen slots per GPU) and the `gpu-ranks`
+    /// group (trials whose ranks run on every GPU, timing nothing; the
+    /// device is that of the one-GPU run they compare their ranks with) the
+    /// slot modulo the GPUs, so that they spread over the host. On one GPU
+    /// all are device 0. The GPU locks keep every other trial off a GPU
+    /// while a trial of the `gpu` group times it. `None` outside the groups.
     device_ordinal: Option<usize>,
     /// This test's GPU test group; `None` outside them (a cpu trial).
     group: Option<GpuGroup>,
@@ -140,10 +140,10 @@ struct Nextest {
 enum GpuGroup {
     /// `gpu`: a GPU to itself, one slot per GPU.
     Alone,
-    /// `gpu-shared`: shares the last GPU with others of the group.
+    /// `gpu-shared`: shares its GPU with others of the group.
     Shared,
-    /// `gpu-ranks`: a process on every GPU, beside others of the group;
-    /// must not start while a test of `gpu` runs.
+    /// `gpu-ranks`: a process on every GPU, beside others of the group and
+    /// of `gpu-shared`, never beside a test of `gpu`.
     Ranks,
 }
 
@@ -159,6 +159,22 @@ impl GpuGroup {
             _ => None,
         }
     }
+
+    /// The GPUs (ordinals) a trial of this group on `device` works on, of
+    /// `gpus` in all, and how: a timed trial locks its GPU exclusively, or
+    /// every GPU where it spans the whole host (`whole_host`: data-parallel
+    /// ranks on every GPU, or work on every core); an untimed one locks its
+    /// GPU shared, or every GPU for the ranks of an untimed data-parallel
+    /// trial.
+    fn gpus_used(self, device: usize, gpus: usize, whole_host: bool) -> (Vec<usize>, Access) {
+        let every = (0..gpus.max(1)).collect();
+        match self {
+            GpuGroup::Alone if whole_host => (every, Access::Exclusive),
+            GpuGroup::Alone => (vec![device], Access::Exclusive),
+            GpuGroup::Shared => (vec![device], Access::Shared),
+            GpuGroup::Ranks => (every, Access::Shared),
+        }
+    }
 }
 
 /// Whether this process was started by cargo-nextest, and with what.
@@ -172,7 +188,7 @@ fn nextest() -> Option<Nextest> {
         Some(GpuGroup::Alone) => slot,
         Some(GpuGroup::Shared) => {
             use_one_hardware_queue();
-            slot.map(|_| crate::run::device_count().max(1) - 1)
+            slot.map(|s| s % crate::run::device_count().max(1))
         }
         Some(GpuGroup::Ranks) => slot.map(|s| s % crate::run::device_count().max(1)),
         None => None,
@@ -281,7 +297,11 @@ pub fn main<S: Subject>(dir: PathBuf) -> ExitCode {
     let nextest = nextest();
     let under_nextest = nextest.is_some();
     let args = Arguments::from_args();
-    let Some((specs, engine)) = start::<S>(&dir, &args, nextest.as_ref(), process_start) else {
+    // Held until the process ends: the GPUs stay locked while the trial
+    // runs and its rows are written.
+    let Some((specs, engine, _gpu_locks)) =
+        start::<S>(&dir, &args, nextest.as_ref(), process_start)
+    else {
         return ExitCode::FAILURE;
     };
     let unjudged = unjudged_trials(&args, &specs, &engine, under_nextest);
@@ -308,12 +328,14 @@ pub fn main<S: Subject>(dir: PathBuf) -> ExitCode {
     finish(&specs, &engine, &conclusion)
 }
 
-/// Every trial the contracts define, and the engine that runs them.
-type Planned<S> = (Vec<TrialSpec<S>>, Arc<Engine<S>>);
+/// Every trial the contracts define, the engine that runs them, and the
+/// GPU locks this process holds (under cargo-nextest, in a GPU test group).
+type Planned<S> = (Vec<TrialSpec<S>>, Arc<Engine<S>>, Option<Held>);
 
-/// Loads and plans the contracts in `dir` and makes the engine; unless
-/// listing, also refuses trials that need more than this machine has and
-/// lets SIGINT/SIGTERM stop the run. `None` when refused (said on stderr).
+/// Loads and plans the contracts in `dir`, takes the GPU locks and makes
+/// the engine; unless listing, also refuses trials that need more than this
+/// machine has and lets SIGINT/SIGTERM stop the run. `None` when refused
+/// (said on stderr).
 fn start<S: Subject>(
     dir: &Path,
     args: &Arguments,
@@ -339,6 +361,12 @@ fn start<S: Subject>(
     if group == Some(GpuGroup::Alone) && all_on_one_stream(args, &specs) {
         use_one_hardware_queue();
     }
+    let (locks, process_start) = match nextest.filter(|_| !args.list) {
+        Some(n) => lock_gpus(n, spans_the_host(args, &specs), process_start)
+            .map_err(|e| print_error(&format!("{e}; no trial was run")))
+            .ok()?,
+        None => (None, process_start),
+    };
     let options = run_options::<S>(dir, nextest, process_start)
         .map_err(|e| print_error(&e))
         .ok()?;
@@ -360,25 +388,50 @@ fn start<S: Subject>(
         if let Err(e) = ctrlc::set_handler(move || stop.interrupt()) {
             eprintln!("warning: SIGINT/SIGTERM will not keep finished rows: {e}");
         }
-        if let Some(n) = nextest.filter(|_| group == Some(GpuGroup::Ranks)) {
-            wait_for_timed_trials(&n.run_id);
-        }
     }
-    Some((specs, engine))
+    Some((specs, engine, locks))
 }
 
-/// Before a `gpu-ranks` trial starts its ranks on every GPU: waits until
-/// no trial of its run that times a GPU (the `gpu` group) is left
-/// ([`timed_peers`]), and says so when it waited.
-fn wait_for_timed_trials(run_id: &str) {
-    let (waited, seen) = timed_peers::wait_for_group_to_end(run_id, GPU_GROUP);
-    if seen > 0 {
+/// Whether a trial `args` selects spans the whole host
+/// ([`Kind::needs_the_whole_host`](crate::subject::Kind::needs_the_whole_host)).
+fn spans_the_host<S: Subject>(args: &Arguments, specs: &[TrialSpec<S>]) -> bool {
+    specs
+        .iter()
+        .any(|s| selected(args, s) && s.test().check.needs_the_whole_host())
+}
+
+/// A wait for other trials' GPU locks short enough not to mention.
+const UNREMARKABLE_WAIT: Duration = Duration::from_millis(100);
+
+/// Takes the locks of the GPUs this process's trial works on, as its test
+/// group says ([`GpuGroup::gpus_used`]), before anything opens a GPU; says
+/// so when it waited. Returns the locks (none outside the GPU groups) and
+/// `process_start` moved on by the wait, so that a trial's setup time does
+/// not count the time it waited for others. A lock that cannot be taken is
+/// an error: a timed trial could not vouch for what it measured.
+fn lock_gpus(
+    n: &Nextest,
+    whole_host: bool,
+    process_start: Instant,
+) -> crate::Result<(Option<Held>, Instant)> {
+    let (Some(group), Some(device)) = (n.group, n.device_ordinal) else {
+        return Ok((None, process_start));
+    };
+    let gpus = crate::run::device_count();
+    let (ordinals, access) = group.gpus_used(device, gpus, whole_host);
+    let names: Vec<String> = ordinals.iter().map(|&o| gpu_locks::gpu_name(o)).collect();
+    let (held, waited) = gpu_locks::acquire(&gpu_locks::lock_dir(), &names, access)?;
+    if waited >= UNREMARKABLE_WAIT {
+        let until = match access {
+            Access::Exclusive => "no other trial worked on",
+            Access::Shared => "no trial timed",
+        };
         eprintln!(
-            "waited {:.1} s for {seen} process(es) of this run timing a GPU (test group `{GPU_GROUP}`) \
-             to end before starting ranks on every GPU",
+            "waited {:.1} s until {until} GPU(s) {ordinals:?}",
             waited.as_secs_f64()
         );
     }
+    Ok((Some(held), process_start + waited))
 }
 
 /// Records the trials libtest ignored (they never ran) as skipped, with
@@ -576,4 +629,36 @@ fn make_trial<S: Subject>(spec: &TrialSpec<S>, engine: &Arc<Engine<S>>, ignored:
     })
     .with_kind(kind)
     .with_ignored_flag(ignored)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timed_trial_locks_its_gpu_alone_and_a_whole_host_one_every_gpu() {
+        let alone = GpuGroup::Alone;
+        assert_eq!(alone.gpus_used(2, 4, false), (vec![2], Access::Exclusive));
+        assert_eq!(
+            alone.gpus_used(0, 4, true),
+            (vec![0, 1, 2, 3], Access::Exclusive)
+        );
+    }
+
+    #[test]
+    fn an_untimed_trial_shares_its_gpu_and_untimed_ranks_share_every_gpu() {
+        assert_eq!(
+            GpuGroup::Shared.gpus_used(3, 4, false),
+            (vec![3], Access::Shared)
+        );
+        assert_eq!(
+            GpuGroup::Ranks.gpus_used(1, 2, false),
+            (vec![0, 1], Access::Shared)
+        );
+        // No driver: one GPU, device 0.
+        assert_eq!(
+            GpuGroup::Ranks.gpus_used(0, 0, false),
+            (vec![0], Access::Shared)
+        );
+    }
 }
