@@ -14,8 +14,8 @@
 # 1. the contract suite through cargo-nextest, twice, one process per trial,
 #    cuda trials that need a GPU alone one at a time on one GPU (the `gpu`
 #    test group; on a host of several, one per GPU, those that need the
-#    whole host alone on it), the others a dozen at a time on one GPU, eight
-#    per GPU on several (`gpu-shared`); with hash:K/N, only that
+#    whole host alone on it), the others a dozen at a time, spread over the
+#    GPUs (`gpu-shared`); with hash:K/N, only that
 #    shard (merge the shards' reports with `falsify report --merge`);
 #    scripts/compare-verdicts.py says whether the two runs gave the same verdicts;
 # 2. the GPU-only integration tests (fault isolation, out of memory, training
@@ -61,9 +61,8 @@ nextest() {
   .gpu/cargo-nextest nextest "$1" --archive-file .gpu/falsify.tar.zst --workspace-remap . \
     --extract-to "$extracted" --extract-overwrite "${@:2}"
 }
-# On a host of several GPUs: a slot of the `gpu` test group for every GPU,
-# eight of `gpu-shared` for every GPU (the shared trials spread over them),
-# and the trials that need one GPU alone on one thread each (the override
+# On a host of several GPUs: a slot of the `gpu` test group for every GPU
+# (the shared trials' dozen slots spread over them), and the trials that need one GPU alone on one thread each (the override
 # line marked `# one GPU alone`), so each times its own GPU while the others
 # time theirs. The GPU locks keep the untimed trials off a GPU while it is
 # timed (.config/nextest.toml). One GPU: as committed.

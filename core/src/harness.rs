@@ -190,7 +190,10 @@ fn nextest() -> Option<Nextest> {
             use_one_hardware_queue();
             slot.map(|s| s % crate::run::device_count().max(1))
         }
-        Some(GpuGroup::Ranks) => slot.map(|s| s % crate::run::device_count().max(1)),
+        Some(GpuGroup::Ranks) => {
+            use_one_hardware_queue();
+            slot.map(|s| s % crate::run::device_count().max(1))
+        }
         None => None,
     };
     Some(Nextest {
@@ -213,15 +216,18 @@ const HARDWARE_QUEUES: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 
 /// Makes this process's CUDA context open one hardware work queue, unless
 /// the caller chose a number. Called before anything touches CUDA, for a
-/// trial of the `gpu-shared` group and for one of the `gpu` group whose work
-/// runs on one stream. The driver creates and destroys a context's queues
-/// one process at a time, and with a dozen shared trial processes starting
-/// and ending together that wait is most of their setup; one queue makes a
-/// context about half as costly. A shared trial times nothing, so the
-/// overlap of streams it gives up changes none of its verdicts; a timed one
-/// that runs one stream has no overlap to give up. The timed trials that run
-/// streams side by side keep CUDA's default, what a user's process runs
-/// with (docs/src/performance/suite-time.md).
+/// trial of the `gpu-shared` or `gpu-ranks` group (whose rank processes
+/// inherit it) and for one of the `gpu` group whose work runs on one
+/// stream. The driver creates and destroys a context's queues one process
+/// at a time, and with a dozen trial processes starting and ending together
+/// that wait is most of their setup; one queue makes a context about half
+/// as costly. A shared trial and an untimed data-parallel one time nothing,
+/// so the overlap of streams they give up (the ranks' collectives then
+/// queue behind their compute, in the order each rank launched them)
+/// changes none of their verdicts; a timed one that runs one stream has no
+/// overlap to give up. The timed trials that run streams side by side (the
+/// data-parallel scaling trials among them) keep CUDA's default, what a
+/// user's process runs with (docs/src/performance/suite-time.md).
 fn use_one_hardware_queue() {
     if std::env::var_os(HARDWARE_QUEUES).is_none() {
         // The harness calls this before the process starts a thread or loads
