@@ -81,7 +81,7 @@ pub fn acquire(dir: &Path, gpus: &[String], access: Access) -> crate::Result<(He
         let path = path.to_path_buf();
         move |source| crate::Error::Io { path, source }
     };
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    make_shared_dir(dir).map_err(io(dir))?;
     let mut names = gpus.to_vec();
     names.sort();
     names.dedup();
@@ -89,12 +89,7 @@ pub fn acquire(dir: &Path, gpus: &[String], access: Access) -> crate::Result<(He
     let mut files = Vec::with_capacity(names.len());
     for name in names {
         let path = dir.join(format!("{name}.lock"));
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io(&path))?;
+        let file = open_lock_file(&path).map_err(io(&path))?;
         match access {
             Access::Shared => file.lock_shared(),
             Access::Exclusive => file.lock(),
@@ -103,6 +98,36 @@ pub fn acquire(dir: &Path, gpus: &[String], access: Access) -> crate::Result<(He
         files.push(file);
     }
     Ok((Held { _files: files }, started.elapsed()))
+}
+
+/// Creates the lock folder where it is missing, writable by every user of
+/// the machine (and, like `/tmp`, sticky: only a file's owner removes it),
+/// so that the trials of every user of a shared runner see one lock per GPU.
+fn make_shared_dir(dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // Another user may have made it in the meantime: theirs is as good.
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
+    }
+    Ok(())
+}
+
+/// Opens a lock file, creating it where it is missing. `flock` needs no
+/// write access, so another user's lock file opens read-only.
+fn open_lock_file(path: &Path) -> std::io::Result<File> {
+    match File::open(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path),
+        opened => opened,
+    }
 }
 
 #[cfg(test)]
@@ -152,6 +177,20 @@ mod tests {
         assert!(!free(dir.path(), "gpu-a"));
         drop(held);
         assert!(free(dir.path(), "gpu-a"));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_lock_folder_it_makes_is_every_users() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().expect("a temporary folder");
+        let dir = root.path().join("falsify-gpu-locks");
+        let (_held, _) = acquire(&dir, &names(&["gpu-a"]), Access::Shared).expect("lock");
+        let mode = std::fs::metadata(&dir)
+            .expect("the folder")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o1777, "{mode:o}");
     }
 
     #[test]
