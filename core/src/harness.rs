@@ -124,7 +124,7 @@ struct Nextest {
     /// The CUDA device ordinal this test's test-group slot names (slots run
     /// 0 to the group's max-threads - 1, unique among the group's running
     /// tests): in the `gpu` group (one slot per GPU) the slot itself; in
-    /// the `gpu-shared` group (a dozen slots per GPU) and the `gpu-ranks`
+    /// the `gpu-shared` group (a dozen slots, whatever the GPUs) and the `gpu-ranks`
     /// group (trials whose ranks run on every GPU, timing nothing; the
     /// device is that of the one-GPU run they compare their ranks with) the
     /// slot modulo the GPUs, so that they spread over the host. On one GPU
