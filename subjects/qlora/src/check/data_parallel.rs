@@ -278,10 +278,15 @@ fn data_parallel(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
     let seed = cx.seed;
     let mutant = cx.mutant;
     let gpu = require_gpu(cx)?;
-    let job = p.job(seed, mutant, gpu);
     let opts = p.mode.gpu_options(p.hyper);
     let single = p.single();
-    let world = |job: &RankJob| launch(job, Duration::from_secs_f64(LAUNCH_TIMEOUT_S));
+    // The ranks' world, started once the one-GPU run (if any) is done.
+    let world = |gpu: &GpuContext| {
+        launch(
+            &p.job(seed, mutant, gpu),
+            Duration::from_secs_f64(LAUNCH_TIMEOUT_S),
+        )
+    };
     match p.claim {
         Claim::Trajectory => {
             if let Some(n) = mutant.and(mutant_prefix(&p.checkpoints, p.steps.0)) {
@@ -295,14 +300,14 @@ fn data_parallel(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
         }
         Claim::Gradients => {
             let one = first_batch_grads(gpu, &single, opts, seed)?;
-            gradients(p, &one.grads.concat(), &world(&job)?)
+            gradients(p, &one.grads.concat(), &world(gpu)?)
         }
         Claim::ClipNorm => {
             let one = first_batch_grads(gpu, &single, opts, seed)?;
-            Ok(clip_norm(p, &one.clip_sq, &world(&job)?))
+            Ok(clip_norm(p, &one.clip_sq, &world(gpu)?))
         }
-        Claim::Traffic => Ok(traffic(p, &world(&job)?)),
-        Claim::Sync => Ok(sync(p, &world(&job)?)),
+        Claim::Traffic => Ok(traffic(p, &world(gpu)?)),
+        Claim::Sync => Ok(sync(p, &world(gpu)?)),
         Claim::Scaling => {
             let mut t = GpuTrainer::new(gpu, &single, opts, seed)?;
             let mut ms = Vec::with_capacity(p.steps.0);
@@ -311,7 +316,7 @@ fn data_parallel(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement> {
                 ms.push(timed_step(gpu, &mut t, &tokens)?);
             }
             let name = gpu.facts().name.clone();
-            scaling(p, &ms, &world(&job)?, &name, seed)
+            scaling(p, &ms, &world(gpu)?, &name, seed)
         }
     }
 }
