@@ -61,11 +61,8 @@ nextest() {
   .gpu/cargo-nextest nextest "$1" --archive-file .gpu/falsify.tar.zst --workspace-remap . \
     --extract-to "$extracted" --extract-overwrite "${@:2}"
 }
-# On a host of several GPUs: a slot of the `gpu` test group for every GPU
-# (the shared trials' dozen slots spread over them), and the trials that need one GPU alone on one thread each (the override
-# line marked `# one GPU alone`), so each times its own GPU while the others
-# time theirs. The GPU locks keep the untimed trials off a GPU while it is
-# timed (.config/nextest.toml). One GPU: as committed.
+# The test groups scaled for this host's GPUs (one GPU: as committed);
+# scripts/scale-test-groups.sh says how.
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 [ "${gpus:-0}" -ge 1 ] || gpus=1
 scripts/scale-test-groups.sh "$gpus" .config/nextest.toml .gpu/nextest.toml || exit 2

@@ -71,16 +71,13 @@ fn alone_patterns(one_gpu: bool) -> Vec<Regex> {
         } else {
             "the trials that need the host alone in the `gpu` group"
         },
+        false,
     )
 }
 
-/// The `test(/regex/)` patterns of the overrides that `which` picks (one,
-/// unless `several`).
-fn patterns(which: impl Fn(&toml_edit::Table) -> bool, what: &str) -> Vec<Regex> {
-    patterns_of(which, what, false)
-}
-
-fn patterns_of(which: impl Fn(&toml_edit::Table) -> bool, what: &str, several: bool) -> Vec<Regex> {
+/// The `test(/regex/)` patterns of the overrides that `which` picks: one
+/// override, or at least one where `several`.
+fn patterns(which: impl Fn(&toml_edit::Table) -> bool, what: &str, several: bool) -> Vec<Regex> {
     let between = Regex::new(r"test\(/(.*?)/\)").expect("a valid pattern");
     let filters: Vec<String> = overrides()
         .iter()
@@ -168,7 +165,7 @@ fn placement(needs_the_gpu_alone: bool, needs_the_whole_host: bool) -> Placement
 #[test]
 fn each_trial_is_placed_by_what_its_check_needs() {
     let (host, one_gpu) = (alone_patterns(false), alone_patterns(true));
-    let ranks = patterns_of(
+    let ranks = patterns(
         puts_contract_trials_on_every_gpu,
         "the data-parallel trials that time nothing in the `gpu-ranks` group",
         true,
