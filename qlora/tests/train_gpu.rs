@@ -1,7 +1,7 @@
 //! The GPU training step across a sequence-length change: a graphed trainer
 //! re-captures its graph for the new length and keeps computing what an
 //! eager trainer computes on the same batches; the device transpose the fast
-//! configuration keeps `W^T` with.
+//! configuration keeps `W^T` with; the device's draws of seeded weights.
 //!
 //! Needs a GPU: run on the GPU machine with `train_gpu --ignored`.
 
@@ -62,5 +62,68 @@ fn device_transpose_moves_every_element_exactly() {
                 assert_eq!(t[c * rows + r], w[r * cols + c], "{rows} x {cols}");
             }
         }
+    }
+}
+
+/// The device's draws of a seeded tensor are the host's, bit for bit, in
+/// every stored format, from the stream's start and from an unaligned
+/// position far into it, at lengths that end mid-block.
+#[test]
+#[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
+fn device_draws_are_the_hosts_values_bit_for_bit() {
+    use qlora::model::weights::{Draw, TensorId};
+    use qlora::ops::cast::Bf16;
+    use qlora::ops::draw::{uniform, Drawn};
+
+    fn check<T: Drawn + PartialEq + std::fmt::Debug + cudarc::driver::ValidAsZeroBits>(
+        gpu: &mut GpuContext,
+        draw: Draw,
+        seed: u64,
+    ) {
+        for (first, n) in [(0usize, 1_000_001usize), (3, 13), (999_999_995, 4_099)] {
+            let mut host = vec![T::from_f64(0.0); n];
+            draw.values_into(seed, first, &mut host, T::from_f64);
+            let mut y = gpu.zeros::<T>(n).unwrap();
+            uniform(gpu, &draw.stream(seed), first, &mut y.slice_mut(..)).unwrap();
+            let device = gpu.download(&y).unwrap();
+            if let Some(i) = host.iter().zip(&device).position(|(h, d)| h != d) {
+                panic!(
+                    "{:?} as {} from {first}: value {i} is {:?} on the host, {:?} on the device",
+                    draw.id,
+                    std::any::type_name::<T>(),
+                    host[i],
+                    device[i]
+                );
+            }
+        }
+    }
+
+    assert!(driver_present(), "no CUDA driver");
+    let mut gpu = GpuContext::new(GpuOptions::default()).unwrap();
+    let draws = [
+        (
+            Draw {
+                id: TensorId::Embedding,
+                len: 0,
+                std: 1.0,
+            },
+            5,
+        ),
+        (
+            Draw {
+                id: TensorId::Proj {
+                    layer: 23,
+                    which: 6,
+                },
+                len: 0,
+                std: 0.0143,
+            },
+            0,
+        ),
+    ];
+    for (draw, seed) in draws {
+        check::<f32>(&mut gpu, draw, seed);
+        check::<u16>(&mut gpu, draw, seed);
+        check::<Bf16>(&mut gpu, draw, seed);
     }
 }

@@ -22,7 +22,9 @@ pub const F16_CAST_MODULE: &str = crate::ops::cast::MODULE;
 
 /// The kernel modules the forward + backward + optimizer step of `config` with
 /// `base` weights uses (with `f16_casts`, a step with f16 GEMM operands: the
-/// cast of their inputs too). The one place this list is defined.
+/// cast of their inputs too), and the draws of a seeded model's weights,
+/// which the trainer makes on the device after pre-warm. The one place this
+/// list is defined.
 ///
 /// Every preset runs the same Qwen2-style decoder, so only the base format
 /// (NF4 adds the quantise / NF4 GEMM kernels; a bf16 base runs attention on
@@ -54,6 +56,7 @@ pub fn modules_for(
         crate::ops::cross_entropy::MODULE,
         crate::ops::clip::MODULE,
         crate::train::kernels::MODULE,
+        crate::ops::draw::MODULE,
     ];
     let (fwd, bwd) = base.attention_kernels((fwd, bwd));
     modules.extend(attention::modules_for(config.head_dim, fwd, bwd));

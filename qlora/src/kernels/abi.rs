@@ -62,6 +62,7 @@ pub fn signatures() -> Vec<(&'static str, Signatures)> {
         (gemm::MODULE, gemm::SIGNATURES),
         (nf4::MODULE, nf4::SIGNATURES),
         (cast::MODULE, cast::SIGNATURES),
+        (draw::MODULE, draw::SIGNATURES),
         (
             crate::train::kernels::MODULE,
             crate::train::kernels::SIGNATURES,

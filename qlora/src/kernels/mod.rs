@@ -227,6 +227,10 @@ pub const MODULES: &[ModuleSource] = &[
         ]
     ),
     module!(
+        "draw",
+        ["draw_uniform_f32", "draw_uniform_f16", "draw_uniform_bf16"]
+    ),
+    module!(
         "train",
         [
             "step_count_advance_i32",

@@ -106,10 +106,25 @@ pub fn uniform_into<T>(
 ) {
     let mut rng = ChaCha8Rng::seed_from_u64(tensor_seed(seed, id));
     rng.set_word_pos(2 * start as u128);
-    let a = 3f64.sqrt() * std;
+    let a = bound(std);
     for v in out {
         *v = convert(rng.random_range(-a..a));
     }
+}
+
+/// `a` of `U(-a, a)` for the standard deviation `std`: `sqrt(3) std`.
+fn bound(std: f64) -> f64 {
+    3f64.sqrt() * std
+}
+
+/// What another generator of a tensor's values (the device's,
+/// `ops::draw`) needs to draw exactly those of [`uniform_into`]: the
+/// ChaCha8 key of the tensor's stream (its 32-byte seed as eight
+/// little-endian words) and the bound `a` of `U(-a, a)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stream {
+    pub key: [u32; 8],
+    pub bound: f64,
 }
 
 /// `[out_dim, in_dim]` of a layer's projections q, k, v, o, gate, up, down,
@@ -158,6 +173,22 @@ impl Draw {
         convert: impl Fn(f64) -> T,
     ) {
         uniform_into(seed, self.id, self.std, start, out, convert)
+    }
+
+    /// The stream [`Draw::values`] are drawn from.
+    pub fn stream(self, seed: u64) -> Stream {
+        let bytes = ChaCha8Rng::seed_from_u64(tensor_seed(seed, self.id)).get_seed();
+        Stream {
+            key: std::array::from_fn(|i| {
+                u32::from_le_bytes([
+                    bytes[4 * i],
+                    bytes[4 * i + 1],
+                    bytes[4 * i + 2],
+                    bytes[4 * i + 3],
+                ])
+            }),
+            bound: bound(self.std),
+        }
     }
 }
 

@@ -7,6 +7,7 @@ pub mod attention;
 pub mod cast;
 pub mod clip;
 pub mod cross_entropy;
+pub mod draw;
 pub mod elementwise;
 pub mod embedding;
 pub mod faults;

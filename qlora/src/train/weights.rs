@@ -5,7 +5,7 @@
 //! moments.
 
 use bytemuck::Pod;
-use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, ValidAsZeroBits};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
@@ -14,7 +14,8 @@ use crate::model::nf4;
 use crate::model::weights::{end_draws, projection_draws, Draw, Projections, TensorId};
 use crate::model::{BaseModel, ModelConfig, Trainable};
 use crate::ops::cast::f32_to_f16;
-use crate::ops::cast::{Bf16, HalfFloat};
+use crate::ops::cast::Bf16;
+use crate::ops::draw::{self, Drawn};
 use crate::ops::gemm::transpose_f32;
 use crate::ops::nf4::{self as nf4_ops, Nf4Device};
 use crate::train::{BaseWeights, GpuTrainOptions};
@@ -43,22 +44,24 @@ impl<'a> Values<'a> {
         }
     }
 
-    /// A device buffer of `len` elements: those `fill` writes (see
-    /// [`Stager::upload`]), or zeros.
-    fn put<T, F>(
+    /// A device buffer of `len` values in the format `T`: those of `parts`
+    /// one after another, then zeros; all zeros for [`Values::Zeros`].
+    /// Parts that are all streams are drawn on the device
+    /// ([`crate::ops::draw`]: the same values, no host work and no copy);
+    /// held ones go up through the staging buffers ([`Stager::upload`]).
+    fn put<T: Drawn + Pod + ValidAsZeroBits>(
         self,
-        gpu: &GpuContext,
-        stager: &mut Stager,
+        (gpu, stager): (&mut GpuContext, &mut Stager),
         len: usize,
-        fill: F,
-    ) -> Result<CudaSlice<T>>
-    where
-        T: Pod + DeviceRepr + ValidAsZeroBits + Send,
-        F: Fn(usize, &mut [T]) + Sync,
-    {
+        parts: &[Source],
+    ) -> Result<CudaSlice<T>> {
+        let streams = parts.iter().all(|p| matches!(p, Source::Stream { .. }));
         match self {
-            Values::Seeded(_) | Values::Model(_) => stager.upload(gpu, len, fill),
             Values::Zeros => gpu.zeros(len),
+            _ if streams => draw_parts(gpu, len, parts),
+            _ => stager.upload(gpu, len, |start, out| {
+                read_concat(parts, start, out, T::from_f64)
+            }),
         }
     }
 
@@ -174,15 +177,15 @@ impl Table {
     /// that computes in bf16, f32 otherwise (an NF4 base keeps its tables
     /// in its compute format).
     fn put(
-        (gpu, stager): (&GpuContext, &mut Stager),
+        (gpu, stager): (&mut GpuContext, &mut Stager),
         values: Values,
         base: BaseWeights,
         src: Source,
         len: usize,
     ) -> Result<Self> {
         Ok(match base.computes_in_bf16() {
-            true => Table::Bf16(values.put(gpu, stager, len, src.reader(half))?),
-            false => Table::F32(values.put(gpu, stager, len, src.reader(single))?),
+            true => Table::Bf16(values.put((gpu, stager), len, &[src])?),
+            false => Table::F32(values.put((gpu, stager), len, &[src])?),
         })
     }
 
@@ -267,15 +270,31 @@ fn to_f32(v: &[f64]) -> Vec<f32> {
     v.iter().map(|&x| x as f32).collect()
 }
 
-/// A value as the f32 the device stores.
-fn single(x: f64) -> f32 {
-    x as f32
-}
-
-/// A value as f32, then rounded to the nearest value of the 16-bit format
-/// `H` (ties to even), as raw bits.
-fn half<H: HalfFloat>(x: f64) -> H {
-    H::round(x as f32)
+/// `parts`, all streams, drawn on the device one after another into a
+/// buffer of `len` values whose tail stays zero.
+fn draw_parts<T: Drawn + ValidAsZeroBits>(
+    gpu: &mut GpuContext,
+    len: usize,
+    parts: &[Source],
+) -> Result<CudaSlice<T>> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    if total > len {
+        return Err(Error::ShapeMismatch {
+            op: "weights",
+            expected: format!("at most {len} values"),
+            got: format!("{total} drawn"),
+        });
+    }
+    let mut y = gpu.zeros::<T>(len)?;
+    let mut offset = 0;
+    for part in parts {
+        if let Source::Stream { seed, draw } = *part {
+            let mut view = y.slice_mut(offset..offset + draw.len);
+            draw::uniform(gpu, &draw.stream(seed), 0, &mut view)?;
+        }
+        offset += part.len();
+    }
+    Ok(y)
 }
 
 /// The f64 values of one frozen tensor, read a range at a time as the
@@ -322,20 +341,6 @@ impl<'a> Source<'a> {
             }),
         }
     }
-
-    /// A fill for [`Values::put`]: `convert` of values `start..` into `out`.
-    fn reader<T: 'a>(self, convert: fn(f64) -> T) -> impl Fn(usize, &mut [T]) + Sync + 'a {
-        move |start, out| self.read(start, out, convert)
-    }
-}
-
-/// A fill for [`Values::put`]: `convert` of the concatenation of `parts`,
-/// followed by zeros.
-fn concat_reader<'a, T: 'a, const N: usize>(
-    parts: [Source<'a>; N],
-    convert: fn(f64) -> T,
-) -> impl Fn(usize, &mut [T]) + Sync + 'a {
-    move |start, out| read_concat(&parts, start, out, convert)
 }
 
 /// `convert` of values `start..start + out.len()` of the concatenation of
@@ -376,8 +381,8 @@ fn linear(
 ) -> Result<Linear> {
     let n = out_dim * in_dim;
     let frozen = match options.base {
-        BaseWeights::Fp32 => Frozen::Fp32(values.put(gpu, stager, n, w.reader(single))?),
-        BaseWeights::Bf16 => Frozen::Bf16(values.put(gpu, stager, n, w.reader(half))?),
+        BaseWeights::Fp32 => Frozen::Fp32(values.put((gpu, stager), n, &[w])?),
+        BaseWeights::Bf16 => Frozen::Bf16(values.put((gpu, stager), n, &[w])?),
         BaseWeights::Nf4 | BaseWeights::Nf4Bf16 => {
             Frozen::Nf4(nf4_of((gpu, stager), options, values, ([w], [n]))?)
         }
@@ -386,7 +391,7 @@ fn linear(
         Frozen::Fp32(_)
             if options.transposed_weights && gpu.faults().backward_weights_untransposed =>
         {
-            Some(values.put(gpu, stager, n, w.reader(single))?)
+            Some(values.put((gpu, stager), n, &[w])?)
         }
         Frozen::Fp32(device_w) if options.transposed_weights => {
             Some(transpose_f32(gpu, device_w, (out_dim, in_dim))?)
@@ -395,7 +400,7 @@ fn linear(
     };
     let half = match &frozen {
         Frozen::Fp32(_) if options.f16_projections && gpu.faults().f16_gate_from_up => {
-            Some(values.put(gpu, stager, n, half_source.reader(half::<u16>))?)
+            Some(values.put::<u16>((gpu, stager), n, &[half_source])?)
         }
         Frozen::Fp32(device_w) if options.f16_projections => {
             let mut copy = gpu.zeros::<u16>(n)?;
@@ -437,7 +442,7 @@ fn nf4_of<const N: usize>(
     }
     if options.device_quantize {
         let mut t = Nf4Device::zeros(gpu, len)?;
-        let src = values.put(gpu, stager, len, concat_reader(parts, single))?;
+        let src = values.put::<f32>((gpu, stager), len, &parts)?;
         nf4_ops::quantize(gpu, &src, &mut t)?;
         gpu.synchronize()?;
         return Ok(t);
@@ -581,16 +586,13 @@ impl BaseDevice {
     ) -> Result<()> {
         let len = qkv_len + 2 * cfg.lora_rank * cfg.hidden;
         if options.base == BaseWeights::Bf16 {
-            let rows = concat_reader(qkv, half::<Bf16>);
-            self.stacks_bf16.push(values.put(gpu, stager, len, rows)?);
+            self.stacks_bf16.push(values.put((gpu, stager), len, &qkv)?);
             return Ok(());
         }
         if options.f16_projections {
-            let rows = concat_reader(qkv, half::<u16>);
-            self.stacks_f16.push(values.put(gpu, stager, len, rows)?);
+            self.stacks_f16.push(values.put((gpu, stager), len, &qkv)?);
         }
-        let rows = concat_reader(qkv, single);
-        self.stacks.push(values.put(gpu, stager, len, rows)?);
+        self.stacks.push(values.put((gpu, stager), len, &qkv)?);
         Ok(())
     }
 
@@ -616,8 +618,7 @@ impl BaseDevice {
             _ => embedding,
         };
         if options.f16_lm_head {
-            self.lm_head_f16 =
-                Some(values.put(gpu, stager, len, f16_source.reader(half::<u16>))?);
+            self.lm_head_f16 = Some(values.put::<u16>((gpu, stager), len, &[f16_source])?);
         }
         if let Some(h) = head {
             self.lm_head = Some(Table::put((gpu, stager), values, options.base, h, len)?);
@@ -783,7 +784,7 @@ mod tests {
         for step in [1, 3, 4, 16] {
             let fill = |s, o: &mut [f32]| {
                 o.fill(f32::NAN);
-                concat_reader(refs, single)(s, o)
+                read_concat(&refs, s, o, f32::from_f64)
             };
             assert_eq!(read_in_steps(want.len(), step, fill), want, "step {step}");
         }
@@ -795,14 +796,14 @@ mod tests {
         let cfg = ModelConfig::preset("tiny").unwrap();
         let [embedding, _] = end_draws(&cfg);
         let held = embedding.values(9);
-        let want: Vec<Bf16> = held.iter().map(|&v| half::<Bf16>(v)).collect();
+        let want: Vec<Bf16> = held.iter().map(|&v| Bf16::from_f64(v)).collect();
         let stream = Source::Stream {
             seed: 9,
             draw: embedding,
-        }
-        .reader(half::<Bf16>);
-        assert_eq!(read_in_steps(held.len(), 1000, &stream), want);
-        let from_held = Source::Held(&held).reader(half::<Bf16>);
-        assert_eq!(read_in_steps(held.len(), 777, &from_held), want);
+        };
+        let from_stream = |s, o: &mut [Bf16]| stream.read(s, o, Bf16::from_f64);
+        assert_eq!(read_in_steps(held.len(), 1000, from_stream), want);
+        let from_held = |s, o: &mut [Bf16]| Source::Held(&held).read(s, o, Bf16::from_f64);
+        assert_eq!(read_in_steps(held.len(), 777, from_held), want);
     }
 }

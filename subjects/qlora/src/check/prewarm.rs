@@ -232,7 +232,10 @@ struct Observed {
     /// Free device bytes while the steps ran (after the fill, if any).
     free_during_steps: usize,
     loads_after: usize,
+    /// Modules the steps used.
     used: BTreeSet<&'static str>,
+    /// Modules the trainer's setup used.
+    used_in_setup: BTreeSet<&'static str>,
     cached: PrewarmReport,
 }
 
@@ -292,6 +295,9 @@ fn observe(
     let free_before_trainer = gpu.memory_bytes()?.0;
     let mut trainer = GpuTrainer::new(gpu, config, graphed(base).speed_options(), seed)?;
     let setup = trainer.setup().clone();
+    // What the trainer's setup used (its weights' draws, the rehearsal
+    // step), apart from what the steps below use.
+    let used_in_setup = gpu.cache().used().clone();
     gpu.cache_mut().clear_used();
     let headroom = p.memory_headroom_mib.map(|c| c.0 << 20);
     let filler = match headroom {
@@ -318,6 +324,7 @@ fn observe(
         free_during_steps,
         loads_after,
         used,
+        used_in_setup,
         cached,
     })
 }
@@ -418,7 +425,11 @@ fn mib(bytes: usize) -> f64 {
 fn summary(tag: &str, seen: &Observed) -> String {
     let r = &seen.setup.prewarm;
     let prewarmed: BTreeSet<&str> = r.modules.iter().copied().collect();
-    let unused: Vec<&str> = prewarmed.difference(&seen.used).copied().collect();
+    let unused: Vec<&str> = prewarmed
+        .iter()
+        .filter(|m| !seen.used.contains(*m) && !seen.used_in_setup.contains(*m))
+        .copied()
+        .collect();
     let slowest = r
         .slowest
         .map(|(module, ms)| format!(", slowest {module} {ms:.0} ms"))
