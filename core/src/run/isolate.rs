@@ -114,6 +114,7 @@ impl<S: Subject> ChildRequest<S> {
             isolation: Isolation::InProcess,
             run_id: None,
             process_start: Some(process_start),
+            sole_gpu: None,
         }
     }
 }
