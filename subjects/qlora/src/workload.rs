@@ -7,7 +7,11 @@
 //! every module the step uses is loaded inside the observed region: the
 //! trainer pre-warms (loads every kernel module of the configuration's
 //! step), then uploads its weights — the host-to-device copies
-//! [`Workload::upload_bytes`] counts — and then builds its workspace.
+//! [`Workload::upload_bytes`] counts — and then builds its workspace. The
+//! trainer is that of the preset's seeded model held on the host, as a
+//! loaded checkpoint is ([`GpuTrainer::from_model`]): a trainer of the seed
+//! alone draws its frozen weights on the device, which no host-to-device
+//! copy would show the observer.
 //! A step is [`GpuTrainer::step`]: with `graph`, the first step runs
 //! eagerly, the second is captured and launched, later ones replay it; each
 //! step synchronises the host once, to read the loss.
@@ -17,7 +21,7 @@
 
 use falsify_core::{BoxError, OwnCounts, TrainSession, TrainSetup, Workload};
 use qlora::gpu::{FaultScope, GpuContext};
-use qlora::model::{ModelConfig, PRESETS};
+use qlora::model::{BaseModel, ModelConfig, Trainable, PRESETS};
 use qlora::train::{GpuTrainOptions, GpuTrainer, Hyper};
 use qlora::Faults;
 
@@ -76,40 +80,31 @@ pub fn options(setup: &TrainSetup) -> GpuTrainOptions {
     }
 }
 
-/// Bytes [`GpuTrainer::new`] copies host to device for `cfg` under
-/// [`options`] (an fp32 base, no kept `W^T` or f16 copy), all of them while
-/// it uploads the weights, after its pre-warm and before its workspace:
+/// Bytes [`GpuTrainer::from_model`] copies host to device for the host
+/// model of `cfg` under [`options`] (an fp32 base, no kept `W^T` or f16
+/// copy), all of them while it uploads the weights, after its pre-warm and
+/// before its workspace:
 ///
 /// ```text
-/// 4 * ( layers * (projections + 2 r h)   q/k/v stack with the LoRA A rows (zeros), o, gate, up, down
+/// 4 * ( layers * (projections + 2 r h)   q/k/v stack with the LoRA A rows (zeros), o, gate, up, down,
+///                                        and the q/k/v bias where the model has one
 ///     + t vocab h + h                      embedding, LM head (t = 1 where tied, else 2), final norm
 ///     + trainable_params )                 LoRA A and B of q and v, both norms of every layer
 /// ```
 ///
-/// Gradients, AdamW moments and a seeded model's q/k/v bias (all zeros) are
-/// set on the device (memsets, no copy). The workspace, the clip and optimizer tables and each step's
-/// batch are copied after the weights, so the cumulative host-to-device
-/// bytes first reach this count with the last weight copy.
+/// Gradients and AdamW moments are set on the device (memsets, no copy).
+/// The workspace, the clip and optimizer tables and each step's batch are
+/// copied after the weights, so the cumulative host-to-device bytes first
+/// reach this count with the last weight copy.
 pub fn weight_upload_bytes(cfg: &ModelConfig) -> u64 {
     let h = cfg.hidden;
-    let bias = if cfg.qkv_bias {
-        qkv_bias_floats(cfg)
-    } else {
-        0
-    };
-    let projections = cfg.base_params_per_layer() - bias;
+    let projections = cfg.base_params_per_layer();
     let stacks_and_projections = cfg.layers * (projections + 2 * cfg.lora_rank * h);
     // The embedding, the head unless it is the embedding, the final norm.
     let tables = if cfg.tied_embeddings { 1 } else { 2 };
     let ends = tables * cfg.vocab * h + h;
     let floats = stacks_and_projections + ends + cfg.trainable_params();
     4 * floats as u64
-}
-
-/// Floats of one layer's q/k/v bias `[b_q | b_k | b_v]`, which the device
-/// holds for every model (zeros set on the device for a seeded one).
-fn qkv_bias_floats(cfg: &ModelConfig) -> usize {
-    cfg.q_dim() + 2 * cfg.kv_dim()
 }
 
 impl Workload<Qlora> for QloraTraining {
@@ -145,13 +140,20 @@ fn prepare<'d>(
     // Modules a former trial of this process loaded would make pre-warm
     // load nothing inside the observed region.
     gpu.reset_cache();
+    let model = BaseModel::init(&cfg, options(setup).base, setup.seed)?;
+    let trainable = Trainable::init(&cfg, setup.seed);
     let mut gpu = gpu.with_faults(faults);
-    let trainer = GpuTrainer::new(&mut gpu, &cfg, options(setup), setup.seed)?;
+    let trainer = GpuTrainer::from_model(&mut gpu, &model, options(setup), setup.seed, &trainable)?;
     let (base, trainable_state, _) = trainer.accounted_bytes();
-    // Every base byte on the device but the seeded q/k/v bias (zeros set
-    // there) was copied from the host; of the trainable state (parameters,
-    // gradients, two moments) a quarter was.
-    let bias = 4 * cfg.layers * qkv_bias_floats(&cfg);
+    // Every base byte on the device was copied from the host model (a
+    // model without a q/k/v bias holds zeros set on the device, which
+    // `base_params_per_layer` does not count either); of the trainable
+    // state (parameters, gradients, two moments) a quarter was.
+    let bias = if cfg.qkv_bias {
+        0
+    } else {
+        4 * cfg.layers * (cfg.q_dim() + 2 * cfg.kv_dim())
+    };
     let copied = (base - bias + trainable_state / 4) as u64;
     let counted = weight_upload_bytes(&cfg);
     if copied != counted {
@@ -243,7 +245,10 @@ mod tests {
             floats += draws[..3].iter().map(|(d, _)| d.len).sum::<usize>();
             floats += 2 * cfg.lora_rank * cfg.hidden;
             floats += draws[3..].iter().map(|(d, _)| d.len).sum::<usize>();
-            // The q/k/v bias of a seeded model is zeros set on the device.
+            // The host model's q/k/v bias, where it has one.
+            if cfg.qkv_bias {
+                floats += cfg.q_dim() + 2 * cfg.kv_dim();
+            }
         }
         let [embedding, lm_head] = end_draws(cfg);
         let head = if cfg.tied_embeddings { 0 } else { lm_head.len };
@@ -278,10 +283,10 @@ mod tests {
         assert_eq!(small, 20_177_920);
     }
 
-    /// A seeded Qwen2 with a q/k/v bias and a tied head copies one table,
-    /// not two, and no bias (its zeros are set on the device).
+    /// A Qwen2 with a q/k/v bias and a tied head copies one table, not
+    /// two, and its biases.
     #[test]
-    fn a_tied_head_is_one_table_and_a_seeded_bias_is_not_copied() {
+    fn a_tied_head_is_one_table_and_the_bias_is_copied() {
         let small = ModelConfig::preset("small-4l").unwrap();
         let qwen2 = ModelConfig {
             qkv_bias: true,
@@ -293,9 +298,10 @@ mod tests {
             4 * host_buffer_floats(&qwen2, 7) as u64
         );
         let one_table = 4 * (small.vocab * small.hidden) as u64;
+        let biases = 4 * (small.layers * (small.q_dim() + 2 * small.kv_dim())) as u64;
         assert_eq!(
             weight_upload_bytes(&small) - weight_upload_bytes(&qwen2),
-            one_table
+            one_table - biases
         );
     }
 
