@@ -451,6 +451,11 @@ fn nf4_of<const N: usize>(
             read_concat(&parts, start, out, f32::from_f64)
         })?;
         nf4_ops::quantize(gpu, &src, &mut t)?;
+        // Freed in stream order before the synchronisation, so the memory
+        // pool returns the temporary's memory there: freed after it, the
+        // next small buffers of the trainer would be placed in it and keep
+        // it held.
+        drop(src);
         gpu.synchronize()?;
         return Ok(t);
     }
