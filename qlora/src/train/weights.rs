@@ -442,19 +442,14 @@ fn nf4_of<const N: usize>(
     }
     if options.device_quantize {
         let mut t = Nf4Device::zeros(gpu, len)?;
-        // The f32 values the device quantises are a temporary: they go up
-        // through the staging buffers, not drawn on the device. Drawn there,
-        // a trainer of an NF4 base held more device memory once built (32
-        // MiB more for qwen2.5-0.5b, 192 MiB for qwen2.5-coder-1.5b on an
-        // H100, F-MEM-001 and F-MEM-002), which this path does not.
-        let src = stager.upload(gpu, len, |start, out: &mut [f32]| {
-            read_concat(&parts, start, out, f32::from_f64)
-        })?;
+        let src = values.put::<f32>((gpu, stager), len, &parts)?;
         nf4_ops::quantize(gpu, &src, &mut t)?;
-        // Freed in stream order before the synchronisation, so the memory
-        // pool returns the temporary's memory there: freed after it, the
-        // next small buffers of the trainer would be placed in it and keep
-        // it held.
+        // The f32 values are a temporary, freed in stream order before the
+        // synchronisation so that the memory pool returns their memory
+        // there. Freed after it, the trainer's next small buffers were
+        // placed in that memory and kept it held: 32 MiB more for
+        // qwen2.5-0.5b and 192 MiB for qwen2.5-coder-1.5b once built, on an
+        // H100 (F-MEM-002, F-MEM-001).
         drop(src);
         gpu.synchronize()?;
         return Ok(t);
