@@ -15,9 +15,7 @@
 //! picks the CUDA device); the engine gets them as options. Before it
 //! opens a GPU, a trial of a GPU test group takes the locks of the GPUs it
 //! works on ([`gpu_locks`]): exclusively where it times them, shared where
-//! it does not, so that nothing runs on a GPU while a trial times it. A
-//! trial that works on one GPU of several makes it the only one its
-//! process's CUDA sees ([`host_gpus`]).
+//! it does not, so that nothing runs on a GPU while a trial times it.
 //!
 //! A trial that cannot be judged here — no CUDA driver, no target stated for
 //! this GPU kind, a configuration that does not fit — is reported ignored and
@@ -51,7 +49,6 @@ use crate::run::{
 use crate::subject::{DeviceOptions, Subject};
 
 pub mod gpu_locks;
-pub mod host_gpus;
 
 use gpu_locks::{Access, Held};
 
@@ -136,10 +133,6 @@ struct Nextest {
     device_ordinal: Option<usize>,
     /// This test's GPU test group; `None` outside them (a cpu trial).
     group: Option<GpuGroup>,
-    /// The host's GPUs (UUIDs, in PCI order), where this process picks
-    /// among them itself ([`host_gpus::for_this_process`]); the ordinals
-    /// above then index this list, else CUDA's numbering.
-    host_gpus: Option<Vec<String>>,
 }
 
 /// The test groups of `.config/nextest.toml` that hold cuda trials.
@@ -191,12 +184,15 @@ fn nextest() -> Option<Nextest> {
     let slot: Option<usize> = std::env::var("NEXTEST_TEST_GROUP_SLOT")
         .ok()
         .and_then(|s| s.parse().ok());
-    let host_gpus = group.and_then(|_| host_gpus::for_this_process());
     let device_ordinal = match group {
         Some(GpuGroup::Alone) => slot,
-        Some(GpuGroup::Shared | GpuGroup::Ranks) => {
+        Some(GpuGroup::Shared) => {
             use_one_hardware_queue();
-            slot.map(|s| s % gpu_count(host_gpus.as_deref()))
+            slot.map(|s| s % crate::run::device_count().max(1))
+        }
+        Some(GpuGroup::Ranks) => {
+            use_one_hardware_queue();
+            slot.map(|s| s % crate::run::device_count().max(1))
         }
         None => None,
     };
@@ -204,16 +200,7 @@ fn nextest() -> Option<Nextest> {
         run_id,
         device_ordinal,
         group,
-        host_gpus,
     })
-}
-
-/// How many GPUs the trials spread over: the host's, as the driver lists
-/// them, or as CUDA counts them (1 without a driver).
-fn gpu_count(host_gpus: Option<&[String]>) -> usize {
-    host_gpus
-        .map_or_else(crate::run::device_count, <[String]>::len)
-        .max(1)
 }
 
 /// Whether every trial `args` selects (under cargo-nextest: the one this
@@ -380,13 +367,13 @@ fn start<S: Subject>(
     if group == Some(GpuGroup::Alone) && all_on_one_stream(args, &specs) {
         use_one_hardware_queue();
     }
-    let (locks, process_start, sole) = match nextest.filter(|_| !args.list) {
+    let (locks, process_start) = match nextest.filter(|_| !args.list) {
         Some(n) => lock_gpus(n, spans_the_host(args, &specs), process_start)
             .map_err(|e| print_error(&format!("{e}; no trial was run")))
             .ok()?,
-        None => (None, process_start, None),
+        None => (None, process_start),
     };
-    let options = run_options::<S>(dir, nextest, process_start, sole)
+    let options = run_options::<S>(dir, nextest, process_start)
         .map_err(|e| print_error(&e))
         .ok()?;
     let engine = Arc::new(Engine::new(options));
@@ -428,19 +415,17 @@ const UNREMARKABLE_WAIT: Duration = Duration::from_millis(100);
 /// `process_start` moved on by the wait, so that a trial's setup time does
 /// not count the time it waited for others. A lock that cannot be taken is
 /// an error: a timed trial could not vouch for what it measured.
-fn lock_gpus(n: &Nextest, whole_host: bool, process_start: Instant) -> crate::Result<Locked> {
+fn lock_gpus(
+    n: &Nextest,
+    whole_host: bool,
+    process_start: Instant,
+) -> crate::Result<(Option<Held>, Instant)> {
     let (Some(group), Some(device)) = (n.group, n.device_ordinal) else {
-        return Ok((None, process_start, None));
+        return Ok((None, process_start));
     };
-    let host = n.host_gpus.as_deref();
-    let (ordinals, access) = group.gpus_used(device, gpu_count(host), whole_host);
-    let names: Vec<String> = match host {
-        Some(uuids) => ordinals
-            .iter()
-            .map(|&o| host_gpus::lock_name(&uuids[o % uuids.len()]))
-            .collect(),
-        None => ordinals.iter().map(|&o| gpu_locks::gpu_name(o)).collect(),
-    };
+    let gpus = crate::run::device_count();
+    let (ordinals, access) = group.gpus_used(device, gpus, whole_host);
+    let names: Vec<String> = ordinals.iter().map(|&o| gpu_locks::gpu_name(o)).collect();
     let (held, waited) = gpu_locks::acquire(&gpu_locks::lock_dir(), &names, access)?;
     if waited >= UNREMARKABLE_WAIT {
         let until = match access {
@@ -452,33 +437,7 @@ fn lock_gpus(n: &Nextest, whole_host: bool, process_start: Instant) -> crate::Re
             waited.as_secs_f64()
         );
     }
-    let sole = sole_gpu(group, whole_host, &ordinals, host);
-    if let Some(uuid) = &sole {
-        // The harness calls this before the process starts a thread or loads
-        // CUDA, so no other thread reads the environment while it changes.
-        std::env::set_var(host_gpus::VISIBLE_DEVICES, uuid);
-    }
-    Ok((Some(held), process_start + waited, sole))
-}
-
-/// What [`lock_gpus`] took: the locks, the process's start moved on by the
-/// wait, and the UUID of the one GPU the process now sees, if it made it so.
-type Locked = (Option<Held>, Instant, Option<String>);
-
-/// The GPU a trial's process is to see alone: where it works on one GPU
-/// (not a data-parallel trial, whose ranks inherit the environment, nor one
-/// of the whole host) and may pick it itself (`host`, see [`Nextest`]).
-fn sole_gpu(
-    group: GpuGroup,
-    whole_host: bool,
-    ordinals: &[usize],
-    host: Option<&[String]>,
-) -> Option<String> {
-    let one = group != GpuGroup::Ranks && !whole_host;
-    match (one, ordinals, host) {
-        (true, [o], Some(uuids)) => uuids.get(*o).cloned(),
-        _ => None,
-    }
+    Ok((Some(held), process_start + waited))
 }
 
 /// Records the trials libtest ignored (they never ran) as skipped, with
@@ -563,13 +522,11 @@ fn unjudged_trials<S: Subject>(
 
 /// The engine's options. Under cargo-nextest: trials run in this process
 /// (nextest started it for one trial), rows carry nextest's run id, and a
-/// trial in the `gpu` group runs on the device its slot names: device 0
-/// where it is the `sole` GPU the process sees (its UUID).
+/// trial in the `gpu` group runs on the device its slot names.
 fn run_options<S: Subject>(
     dir: &std::path::Path,
     nextest: Option<&Nextest>,
     process_start: Instant,
-    sole: Option<String>,
 ) -> crate::Result<RunOptions<S>> {
     let mut options: RunOptions<S> = RunOptions {
         out_dir: reports_dir(dir),
@@ -582,13 +539,7 @@ fn run_options<S: Subject>(
     match nextest {
         Some(n) => {
             options.run_id = Some(n.run_id.clone());
-            let ordinal = if sole.is_some() {
-                0
-            } else {
-                n.device_ordinal.unwrap_or(0)
-            };
-            options.device.set_ordinal(ordinal);
-            options.sole_gpu = sole;
+            options.device.set_ordinal(n.device_ordinal.unwrap_or(0));
         }
         None => options.isolation = Isolation::Child(ChildCommand::current_exe()?),
     }
@@ -698,29 +649,6 @@ mod tests {
             alone.gpus_used(0, 4, true),
             (vec![0, 1, 2, 3], Access::Exclusive)
         );
-    }
-
-    #[test]
-    fn a_trial_on_one_gpu_sees_it_alone_where_it_may_pick_it() {
-        let host = ["GPU-a".to_string(), "GPU-b".to_string()];
-        let h = Some(&host[..]);
-        assert_eq!(
-            sole_gpu(GpuGroup::Shared, false, &[1], h).as_deref(),
-            Some("GPU-b")
-        );
-        assert_eq!(
-            sole_gpu(GpuGroup::Alone, false, &[0], h).as_deref(),
-            Some("GPU-a")
-        );
-        // Ranks inherit the environment; a whole-host trial uses every GPU.
-        assert_eq!(sole_gpu(GpuGroup::Ranks, false, &[0, 1], h), None);
-        assert_eq!(sole_gpu(GpuGroup::Alone, true, &[0, 1], h), None);
-        assert_eq!(
-            sole_gpu(GpuGroup::Alone, true, &[0], Some(&host[..1])),
-            None
-        );
-        // The caller chose the visible GPUs, or no driver lists them.
-        assert_eq!(sole_gpu(GpuGroup::Shared, false, &[1], None), None);
     }
 
     #[test]

@@ -114,7 +114,6 @@ impl<S: Subject> ChildRequest<S> {
             isolation: Isolation::InProcess,
             run_id: None,
             process_start: Some(process_start),
-            sole_gpu: None,
         }
     }
 }

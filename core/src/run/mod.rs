@@ -60,10 +60,6 @@ pub struct RunOptions<S: Subject> {
     /// When this process started: the first trial it runs counts its setup
     /// (`setup_ms`) from here. `None`: from the trial's own start.
     pub process_start: Option<Instant>,
-    /// The UUID of the one GPU this process's CUDA sees, where the front end
-    /// made it so (`CUDA_VISIBLE_DEVICES`): every cuda row names it, as its
-    /// device ordinal (then 0) does not tell which GPU of the host ran it.
-    pub sole_gpu: Option<String>,
 }
 
 /// Where a trial runs.
@@ -88,7 +84,6 @@ impl<S: Subject> Default for RunOptions<S> {
             isolation: Isolation::InProcess,
             run_id: None,
             process_start: None,
-            sole_gpu: None,
         }
     }
 }
@@ -103,7 +98,6 @@ impl<S: Subject> Clone for RunOptions<S> {
             isolation: self.isolation.clone(),
             run_id: self.run_id.clone(),
             process_start: self.process_start,
-            sole_gpu: self.sole_gpu.clone(),
         }
     }
 }
@@ -118,7 +112,6 @@ impl<S: Subject> std::fmt::Debug for RunOptions<S> {
             .field("isolation", &self.isolation)
             .field("run_id", &self.run_id)
             .field("process_start", &self.process_start)
-            .field("sole_gpu", &self.sole_gpu)
             .finish()
     }
 }
@@ -701,9 +694,6 @@ impl<S: Subject> Engine<S> {
             // Which GPU of the host ran it: with several (nextest's `gpu`
             // group slots), a row says which device its figures are from.
             detail.push_str(&format!("; CUDA device {}", self.options.device.ordinal()));
-            if let Some(uuid) = &self.options.sole_gpu {
-                detail.push_str(&format!(" = {uuid}, the only GPU its process sees"));
-            }
         }
         if !trial.selftest {
             if let Some(note) = self.write_artifact(trial, status, measurement.as_ref(), seed) {
