@@ -72,7 +72,12 @@ fn record(
         meta.incomplete = Some("interrupted by SIGINT".into());
     }
     ReportDir::new(dir)
-        .record_run(finished.to_vec(), Vec::new(), &known, &meta)
+        .record_run(
+            (finished.to_vec(), &HashSet::new()),
+            Vec::new(),
+            &known,
+            &meta,
+        )
         .unwrap();
 }
 

@@ -75,7 +75,7 @@ fn child_writes_its_rows() {
     for i in 0..ROWS_EACH {
         report
             .record_run(
-                vec![row(writer, i)],
+                (vec![row(writer, i)], &HashSet::new()),
                 vec![speedup(writer, i)],
                 &known(),
                 &meta,

@@ -187,7 +187,7 @@ mod sim {
 
     fn record(dir: &Path, tree: usize, rows: Vec<FalsificationRow>, meta: RunMeta) {
         ReportDir::new(dir)
-            .record_run(rows, Vec::new(), &known(tree), &meta)
+            .record_run((rows, &HashSet::new()), Vec::new(), &known(tree), &meta)
             .expect("the run records");
     }
 

@@ -332,8 +332,8 @@ pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     result
 }
 
-/// The key that identifies a trial across runs.
-fn trial_key(contract: &str, test_id: &str) -> String {
+/// The key that identifies a trial across runs: `{contract}::{test_id}`.
+pub fn trial_key(contract: &str, test_id: &str) -> String {
     format!("{contract}::{test_id}")
 }
 
@@ -351,6 +351,11 @@ pub struct Written {
     /// contract tree run into the same folder, or of a test since removed.
     /// Each keeps its own run id, so no report takes it for this run's.
     pub kept_other: Vec<String>,
+    /// `{contract}::{test_id}` of each trial whose row from this run (its
+    /// own process's result) was kept over this process's forecast that it
+    /// would be skipped here: a trial cannot be both run and skipped in one
+    /// run, and the process that ran it knew.
+    pub kept_over_forecast: Vec<String>,
 }
 
 /// A report that did not parse, kept under another name.
@@ -396,6 +401,13 @@ impl Written {
                 self.path.display(),
                 self.kept_other.len(),
                 contracts.join(", ")
+            ));
+        }
+        if !self.kept_over_forecast.is_empty() {
+            out.push(format!(
+                "note: this process found {} trial(s) could not be judged here, but they ran in                  this run and their rows were kept: {}",
+                self.kept_over_forecast.len(),
+                self.kept_over_forecast.join(", ")
             ));
         }
         out
@@ -511,22 +523,26 @@ impl ReportDir {
         speedups: Vec<SpeedupRow>,
         known: &HashSet<String>,
     ) -> Result<Written> {
-        self.locked(|| self.merge_rows(rows, speedups, known))
+        self.locked(|| self.merge_rows((rows, &HashSet::new()), speedups, known))
     }
 
     /// [`ReportDir::merge_and_write`], and the run record beside the CSVs,
     /// under the same lock. A record of the same run already there (another
     /// process of one cargo-nextest run) is combined with this one; one that
     /// does not parse is kept under another name, as a report would be.
+    /// `forecasts` names (`{contract}::{test_id}`) the trials among `rows`
+    /// this process skipped without running them: such a row does not
+    /// replace one of the same run whose trial ran (under cargo-nextest,
+    /// in a process of its own that found it could be judged).
     pub fn record_run(
         &self,
-        rows: Vec<FalsificationRow>,
+        (rows, forecasts): (Vec<FalsificationRow>, &HashSet<String>),
         speedups: Vec<SpeedupRow>,
         known: &HashSet<String>,
         run: &RunMeta,
     ) -> Result<Written> {
         self.locked(|| {
-            let mut written = self.merge_rows(rows, speedups, known)?;
+            let mut written = self.merge_rows((rows, forecasts), speedups, known)?;
             let earlier = match RunMeta::read_json(&self.dir) {
                 Ok(earlier) => earlier,
                 Err(e) => {
@@ -542,7 +558,7 @@ impl ReportDir {
 
     fn merge_rows(
         &self,
-        rows: Vec<FalsificationRow>,
+        (rows, forecasts): (Vec<FalsificationRow>, &HashSet<String>),
         speedups: Vec<SpeedupRow>,
         known: &HashSet<String>,
     ) -> Result<Written> {
@@ -550,12 +566,6 @@ impl ReportDir {
             path: self.falsification_path(),
             ..Written::default()
         };
-        let replaced: HashSet<String> = rows
-            .iter()
-            .map(|r| trial_key(&r.contract, &r.test_id))
-            .collect();
-        let replaced_tests: HashSet<String> = rows.iter().map(|r| r.test_id.clone()).collect();
-
         let mut old: Vec<FalsificationRow> =
             read_or_set_aside(&self.falsification_path(), &mut written)?;
         if let Some(twice) = duplicated_trial(&old) {
@@ -567,6 +577,14 @@ impl ReportDir {
                 .push(set_aside(&self.falsification_path(), why)?);
             old.clear();
         }
+        let (rows, kept) = drop_overruled_forecasts(rows, forecasts, &old);
+        written.kept_over_forecast = kept;
+        let replaced: HashSet<String> = rows
+            .iter()
+            .map(|r| trial_key(&r.contract, &r.test_id))
+            .collect();
+        let replaced_tests: HashSet<String> = rows.iter().map(|r| r.test_id.clone()).collect();
+
         let mut merged: Vec<FalsificationRow> = old
             .into_iter()
             .filter(|r| !replaced.contains(&trial_key(&r.contract, &r.test_id)))
@@ -591,6 +609,37 @@ impl ReportDir {
         }
         Ok(written)
     }
+}
+
+/// `rows` without the forecasts (skipped rows of the trials `forecasts`
+/// names) that `old` overrules: a row of the same run whose trial ran
+/// (any status but skipped, a provisional `error` included). Returns the
+/// rows to merge and the names of the trials whose forecast was dropped.
+fn drop_overruled_forecasts(
+    rows: Vec<FalsificationRow>,
+    forecasts: &HashSet<String>,
+    old: &[FalsificationRow],
+) -> (Vec<FalsificationRow>, Vec<String>) {
+    let ran: HashSet<(String, &str)> = old
+        .iter()
+        .filter(|r| r.status != Status::Skipped)
+        .map(|r| (trial_key(&r.contract, &r.test_id), r.run_id.as_str()))
+        .collect();
+    let mut kept = Vec::new();
+    let rows = rows
+        .into_iter()
+        .filter(|r| {
+            let key = trial_key(&r.contract, &r.test_id);
+            let overruled = r.status == Status::Skipped
+                && forecasts.contains(&key)
+                && ran.contains(&(key.clone(), r.run_id.as_str()));
+            if overruled {
+                kept.push(key);
+            }
+            !overruled
+        })
+        .collect();
+    (rows, kept)
 }
 
 /// The rows of the report at `path` (none when there is none); a report
@@ -779,6 +828,66 @@ mod tests {
         );
     }
 
+    /// Under cargo-nextest every process records the trials it finds it
+    /// cannot judge as skipped. A process that sees less of the machine
+    /// (a GPU busy with others' memory, fewer GPUs) must not turn the row of
+    /// a trial that ran in this run into `skipped`; a forecast of another
+    /// run's trial, or of one with no row, is written.
+    #[test]
+    fn a_forecast_skip_never_replaces_a_row_of_the_same_run_that_ran() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let report = ReportDir::new(dir.path());
+        let known: HashSet<String> = ["c::A", "c::B", "c::C", "c::D"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let ran = |id: &str, status| FalsificationRow {
+            run_id: "this".into(),
+            ..test_row("c", id, status)
+        };
+        let earlier = FalsificationRow {
+            run_id: "earlier".into(),
+            ..test_row("c", "C", Status::Passed)
+        };
+        let first = vec![ran("A", Status::Passed), ran("B", Status::Error), earlier];
+        report
+            .merge_and_write(first, vec![], &known)
+            .expect("first");
+        let forecasts: HashSet<String> = ["c::A", "c::B", "c::C", "c::D"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let skips = ["A", "B", "C", "D"]
+            .map(|id| ran(id, Status::Skipped))
+            .to_vec();
+        let written = report
+            .record_run((skips, &forecasts), vec![], &known, &RunMeta::detect())
+            .expect("second");
+        let rows: Vec<FalsificationRow> = read_rows(&report.falsification_path()).expect("read");
+        let got: Vec<(&str, &str, Status)> = rows
+            .iter()
+            .map(|r| (r.test_id.as_str(), r.run_id.as_str(), r.status))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("A", "this", Status::Passed),
+                ("B", "this", Status::Error),
+                ("C", "this", Status::Skipped),
+                ("D", "this", Status::Skipped),
+            ]
+        );
+        assert_eq!(written.kept_over_forecast, ["c::A", "c::B"]);
+        assert!(written.messages().iter().any(|m| m.contains("2 trial(s)")));
+        // A row that is not a forecast (the trial's own result) replaces.
+        let own = vec![ran("A", Status::Skipped)];
+        report
+            .record_run((own, &HashSet::new()), vec![], &known, &RunMeta::detect())
+            .expect("third");
+        let rows: Vec<FalsificationRow> = read_rows(&report.falsification_path()).expect("read");
+        assert_eq!(rows[0].status, Status::Skipped);
+    }
+
     #[test]
     fn the_known_violation_column_round_trips_and_is_empty_in_older_reports() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -826,7 +935,7 @@ mod tests {
         std::fs::write(dir.path().join(meta::RUN_JSON), "{").unwrap();
         let written = report
             .record_run(
-                vec![test_row("c", "A", Status::Passed)],
+                (vec![test_row("c", "A", Status::Passed)], &HashSet::new()),
                 vec![],
                 &known,
                 &RunMeta::detect(),

@@ -27,7 +27,7 @@ use crate::core_kinds::{Check, CoreTrial, MutantName};
 use crate::error::{Error, Result};
 use crate::report::artifacts::{self, artifact_stem, ArtifactWriter, ARTIFACTS_DIR};
 use crate::report::claim::Headline;
-use crate::report::{FalsificationRow, ReportDir, SpeedupRow, Status, Written};
+use crate::report::{trial_key, FalsificationRow, ReportDir, SpeedupRow, Status, Written};
 use crate::subject::{DeviceFacts, DeviceOptions, KindSet, Subject, TrialContext};
 
 /// Where the front ends keep compiled kernel modules, relative to the
@@ -269,6 +269,10 @@ pub struct Engine<S: Subject> {
     meta: RunMeta,
     gpu: Mutex<GpuSlot<S>>,
     rows: Mutex<Vec<FalsificationRow>>,
+    /// `{contract}::{test_id}` of the trials among `rows` skipped without
+    /// being run ([`Engine::skip`]): forecasts, which a row of the same run
+    /// whose trial ran (in another process) overrules.
+    forecasts: Mutex<HashSet<String>>,
     speedups: Mutex<Vec<SpeedupRow>>,
     /// The host's available memory, read once when trials are planned.
     host_memory: OnceLock<u64>,
@@ -354,6 +358,7 @@ impl<S: Subject> Engine<S> {
             meta,
             gpu: Mutex::new(GpuSlot::Unprobed),
             rows: Mutex::new(Vec::new()),
+            forecasts: Mutex::new(HashSet::new()),
             speedups: Mutex::new(Vec::new()),
             host_memory: OnceLock::new(),
             gpu_probe: OnceLock::new(),
@@ -538,6 +543,7 @@ impl<S: Subject> Engine<S> {
     /// Records `trial` as skipped without running it.
     pub fn skip(&self, trial: &TrialSpec<S>, reason: &str) -> TrialOutcome {
         let row = self.row(trial, Status::Skipped, None, 0.0, None, reason.to_string());
+        lock(&self.forecasts).insert(trial_key(&row.contract, &row.test_id));
         lock(&self.rows).push(row);
         TrialOutcome {
             status: Status::Skipped,
@@ -909,14 +915,21 @@ impl<S: Subject> Engine<S> {
     pub fn write_reports(&self, all_trials: &[TrialSpec<S>]) -> Result<Written> {
         let known = known_trials(all_trials);
         let (rows, speedups, record) = (self.rows(), self.speedup_rows(), self.run_record());
+        let forecasts = lock(&self.forecasts).clone();
         let out = ReportDir::new(&self.options.out_dir);
-        out.record_run(rows.clone(), speedups.clone(), &known, &record)
-            .map_err(|failed| {
-                let fallback = ReportDir::new(std::env::temp_dir().join(format!(
-                    "falsify-unwritten-{}",
-                    file_safe(&self.meta.run_id)
-                )));
-                let (message, kept) = match fallback.record_run(rows, speedups, &known, &record) {
+        out.record_run(
+            (rows.clone(), &forecasts),
+            speedups.clone(),
+            &known,
+            &record,
+        )
+        .map_err(|failed| {
+            let fallback = ReportDir::new(std::env::temp_dir().join(format!(
+                "falsify-unwritten-{}",
+                file_safe(&self.meta.run_id)
+            )));
+            let (message, kept) =
+                match fallback.record_run((rows, &forecasts), speedups, &known, &record) {
                     Ok(w) => (
                         format!(
                             "{failed}; this run's rows were written to {} instead",
@@ -932,12 +945,12 @@ impl<S: Subject> Engine<S> {
                         None,
                     ),
                 };
-                Error::NotWritten {
-                    out: self.options.out_dir.clone(),
-                    message,
-                    fallback: kept,
-                }
-            })
+            Error::NotWritten {
+                out: self.options.out_dir.clone(),
+                message,
+                fallback: kept,
+            }
+        })
     }
 
     /// Writes an `error` row for `trial` into the reports now, without
@@ -953,7 +966,7 @@ impl<S: Subject> Engine<S> {
     ) -> Result<Written> {
         let row = self.row(trial, Status::Error, None, 0.0, None, reason.to_string());
         ReportDir::new(&self.options.out_dir).record_run(
-            vec![row],
+            (vec![row], &HashSet::new()),
             Vec::new(),
             &known_trials(all_trials),
             &self.run_record(),
@@ -995,7 +1008,7 @@ impl<S: Subject> Engine<S> {
 fn known_trials<S: Subject>(all_trials: &[TrialSpec<S>]) -> HashSet<String> {
     all_trials
         .iter()
-        .map(|t| format!("{}::{}", t.contract.metadata.id, t.test_id()))
+        .map(|t| trial_key(&t.contract.metadata.id, &t.test_id()))
         .collect()
 }
 
