@@ -405,7 +405,8 @@ impl Written {
         }
         if !self.kept_over_forecast.is_empty() {
             out.push(format!(
-                "note: this process found {} trial(s) could not be judged here, but they ran in                  this run and their rows were kept: {}",
+                "note: this process found {} trial(s) could not be judged here, but they ran in \
+                 this run and their rows were kept: {}",
                 self.kept_over_forecast.len(),
                 self.kept_over_forecast.join(", ")
             ));

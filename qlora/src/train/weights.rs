@@ -304,8 +304,9 @@ enum Source<'a> {
     /// Held on the host: drawn whole where the transpose or the host NF4
     /// quantiser reads it whole, or a loaded model's tensor.
     Held(&'a [f64]),
-    /// Drawn from the tensor's seeded stream where it is read, never held
-    /// whole.
+    /// Drawn from the tensor's seeded stream, never held whole: on the
+    /// device where every part of its buffer is a stream ([`draw_parts`]),
+    /// else on the host, a range at a time.
     Stream { seed: u64, draw: Draw },
 }
 
