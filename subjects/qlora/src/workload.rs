@@ -107,6 +107,12 @@ pub fn weight_upload_bytes(cfg: &ModelConfig) -> u64 {
     4 * floats as u64
 }
 
+/// Floats of one layer's q/k/v bias `[b_q | b_k | b_v]`, which the device
+/// holds for every model (zeros set there for a model without one).
+fn qkv_bias_floats(cfg: &ModelConfig) -> usize {
+    cfg.q_dim() + 2 * cfg.kv_dim()
+}
+
 impl Workload<Qlora> for QloraTraining {
     fn models(&self) -> &[&'static str] {
         &MODELS
@@ -152,7 +158,7 @@ fn prepare<'d>(
     let bias = if cfg.qkv_bias {
         0
     } else {
-        4 * cfg.layers * (cfg.q_dim() + 2 * cfg.kv_dim())
+        4 * cfg.layers * qkv_bias_floats(&cfg)
     };
     let copied = (base - bias + trainable_state / 4) as u64;
     let counted = weight_upload_bytes(&cfg);
@@ -247,7 +253,7 @@ mod tests {
             floats += draws[3..].iter().map(|(d, _)| d.len).sum::<usize>();
             // The host model's q/k/v bias, where it has one.
             if cfg.qkv_bias {
-                floats += cfg.q_dim() + 2 * cfg.kv_dim();
+                floats += qkv_bias_floats(cfg);
             }
         }
         let [embedding, lm_head] = end_draws(cfg);
@@ -298,7 +304,7 @@ mod tests {
             4 * host_buffer_floats(&qwen2, 7) as u64
         );
         let one_table = 4 * (small.vocab * small.hidden) as u64;
-        let biases = 4 * (small.layers * (small.q_dim() + 2 * small.kv_dim())) as u64;
+        let biases = 4 * (small.layers * qkv_bias_floats(&small)) as u64;
         assert_eq!(
             weight_upload_bytes(&small) - weight_upload_bytes(&qwen2),
             one_table - biases
