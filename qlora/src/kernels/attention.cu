@@ -1635,15 +1635,6 @@ struct FlRows {
     }
 };
 
-// Loads and stores at once (a tile staged once per block).
-template <int D, int ROWS>
-__device__ __forceinline__ void fl_stage(unsigned short* tile, const float* __restrict__ src,
-                                         size_t stride, int valid, int head_dim, bool vec) {
-    FlRows<D, ROWS> r;
-    r.load(src, stride, valid, head_dim, vec);
-    r.store(tile);
-}
-
 // The A fragments of the warp's 16 rows of a staged tile, all of head_dim.
 template <int D>
 __device__ __forceinline__ void fl_row_frags(unsigned (&a)[FlShape<D>::KT][4],
@@ -1728,6 +1719,9 @@ __device__ void attention_flash_fwd(const float* __restrict__ q, const float* __
                                     long long write_limit) {
     typedef FlShape<D> S;
     extern __shared__ __align__(16) unsigned short fl_smem[];
+    // Launched as a programmatic dependent: q, k and v may be its
+    // predecessor's output.
+    wait_for_predecessor();
     int rank, h, b;
     fl_block_work(rank, h, b);
     const int i0 = FL_ROWS * (gridDim.x - 1 - rank);
@@ -1739,9 +1733,22 @@ __device__ void attention_flash_fwd(const float* __restrict__ q, const float* __
     const bool vec = head_dim % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
     const float c = scale * 1.4426950408889634f;
 
+    // At head_dim 64 the q tile and the first chunk's k and v rows are
+    // loaded together, and each later chunk's k and v rows too, so the block
+    // waits on one memory latency for them, not two or three. At 128 the
+    // registers that takes would spill: each is loaded and stored in turn.
+    constexpr bool JOINT = D <= 64;
     unsigned qa[S::KT][4];
-    fl_stage<D, FL_ROWS>(fl_smem, q + att_q_at(b, i0, h, seq, heads, head_dim), q_stride, seq - i0,
-                         head_dim, vec);
+    FlRows<D, S::CHUNK> kr, vr;
+    {
+        FlRows<D, FL_ROWS> qr;
+        qr.load(q + att_q_at(b, i0, h, seq, heads, head_dim), q_stride, seq - i0, head_dim, vec);
+        if (JOINT) {
+            kr.load(kb, kv_stride, seq, head_dim, vec);
+            vr.load(vb, kv_stride, seq, head_dim, vec);
+        }
+        qr.store(fl_smem);
+    }
     __syncthreads();
     fl_row_frags<D>(qa, fl_smem);
 
@@ -1758,9 +1765,24 @@ __device__ void attention_flash_fwd(const float* __restrict__ q, const float* __
     unsigned short* vs = fl_smem + S::CHUNK * S::LD;
     const int keys = min(seq, i0 + FL_ROWS);
     for (int j0 = 0; j0 < keys; j0 += S::CHUNK) {
-        __syncthreads();  // every warp is done with the buffers' last contents
-        fl_stage<D, S::CHUNK>(ks, kb + (size_t)j0 * kv_stride, kv_stride, seq - j0, head_dim, vec);
-        fl_stage<D, S::CHUNK>(vs, vb + (size_t)j0 * kv_stride, kv_stride, seq - j0, head_dim, vec);
+        const float* kc = kb + (size_t)j0 * kv_stride;
+        const float* vc = vb + (size_t)j0 * kv_stride;
+        if (JOINT) {
+            // Loaded before the barrier, whose wait their latency overlaps.
+            if (j0 > 0) {
+                kr.load(kc, kv_stride, seq - j0, head_dim, vec);
+                vr.load(vc, kv_stride, seq - j0, head_dim, vec);
+            }
+            __syncthreads();  // every warp is done with the buffers' last contents
+            kr.store(ks);
+            vr.store(vs);
+        } else {
+            __syncthreads();
+            kr.load(kc, kv_stride, seq - j0, head_dim, vec);
+            kr.store(ks);
+            vr.load(vc, kv_stride, seq - j0, head_dim, vec);
+            vr.store(vs);
+        }
         __syncthreads();
         if (j0 > r0 + 15) continue;  // every key of the chunk is after every row of the warp
         float s[S::NT][4];
@@ -1900,6 +1922,12 @@ __device__ void attention_flash_dq(const unsigned short* __restrict__ dst,
     const int keys = min(seq, i0 + FL_ROWS);
     FlRows<D, S::DS_CHUNK> kn;
     kn.load(kb, kv_stride, seq, head_dim, vec);
+    // Launched as the dkv kernel's programmatic dependent: k is the forward's
+    // input, loaded while that kernel finishes; dS is its output. Once dkv's
+    // writes are visible, the group sum (kv_sum, this kernel's dependent)
+    // may start: it reads only dkv's shares.
+    wait_for_predecessor();
+    let_dependent_start();
     fl_copy_ds<D, S::DS_CHUNK>(dsb[0], dst_h, ds_stride, 0, i0, seq);
     for (int j0 = 0, cur = 0; j0 < keys; j0 += S::DS_CHUNK, cur ^= 1) {
         __syncthreads();  // every warp is done with the last chunk's tiles
@@ -1998,8 +2026,41 @@ __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __
                      aligned16(dout);
     const float c = scale * 1.4426950408889634f;
     const size_t kv_first = att_kv_at(b, j0, kvh, seq, kv_heads, head_dim);
-    fl_stage<D, FL_ROWS>(kt, k + kv_first, kv_stride, seq - j0, head_dim, vec);
-    fl_stage<D, FL_ROWS>(vt, v + kv_first, kv_stride, seq - j0, head_dim, vec);
+    const size_t stats = ((size_t)b * heads + h) * seq;
+    unsigned short* dst_h = dst + ((size_t)b * heads + h) * seq * ds_stride;
+    // The next chunk's q and dout rows, lse2 and D, loaded while this one is
+    // multiplied. A query past seq gets lse2 = +inf, so its P is 0.
+    FlRows<D, S::QCHUNK> qn, dn;
+    float lse_n = 0.0f, d_n = 0.0f;
+    const auto fetch_rows = [&](int c0) {
+        const size_t q_first = att_q_at(b, c0, h, seq, heads, head_dim);
+        qn.load(q + q_first, q_stride, seq - c0, head_dim, vec);
+        dn.load(dout + q_first, q_stride, seq - c0, head_dim, vec);
+    };
+    const auto fetch_stats = [&](int c0) {
+        const int i = c0 + threadIdx.x;
+        if (threadIdx.x < S::QCHUNK) {
+            lse_n = i < seq ? lse[stats + i] : __int_as_float(0x7f800000);
+            d_n = i < seq ? dd[stats + i] : 0.0f;
+        }
+    };
+    {
+        // k, v and the first chunk's q and dout rows are loaded before any
+        // is stored: one memory latency, not three.
+        FlRows<D, FL_ROWS> kr, vr;
+        kr.load(k + kv_first, kv_stride, seq - j0, head_dim, vec);
+        vr.load(v + kv_first, kv_stride, seq - j0, head_dim, vec);
+        if (j0 < seq) fetch_rows(j0);
+        kr.store(kt);
+        vr.store(vt);
+    }
+    // Launched as the row dots' programmatic dependent: k, v, q and dout,
+    // read so far while that kernel finishes, are not its output (and the
+    // kernel before it, which may write dout, is done: the dots kernel
+    // waited for it). D is its output, and everything after reads D or
+    // writes.
+    wait_for_predecessor();
+    if (j0 < seq) fetch_stats(j0);
 
     const int k0 = j0 + 16 * warp;
     const int key[2] = {k0 + g, k0 + g + 8};
@@ -2011,23 +2072,6 @@ __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __
             dk[dt][e] = 0.0f;
             dv[dt][e] = 0.0f;
         }
-    const size_t stats = ((size_t)b * heads + h) * seq;
-    unsigned short* dst_h = dst + ((size_t)b * heads + h) * seq * ds_stride;
-    // The next chunk's q and dout rows, lse2 and D, loaded while this one is
-    // multiplied. A query past seq gets lse2 = +inf, so its P is 0.
-    FlRows<D, S::QCHUNK> qn, dn;
-    float lse_n = 0.0f, d_n = 0.0f;
-    const auto fetch = [&](int c0) {
-        const size_t q_first = att_q_at(b, c0, h, seq, heads, head_dim);
-        qn.load(q + q_first, q_stride, seq - c0, head_dim, vec);
-        dn.load(dout + q_first, q_stride, seq - c0, head_dim, vec);
-        const int i = c0 + threadIdx.x;
-        if (threadIdx.x < S::QCHUNK) {
-            lse_n = i < seq ? lse[stats + i] : __int_as_float(0x7f800000);
-            d_n = i < seq ? dd[stats + i] : 0.0f;
-        }
-    };
-    if (j0 < seq) fetch(j0);
     for (int c0 = j0; c0 < seq; c0 += S::QCHUNK) {
         __syncthreads();
         qn.store(qs);
@@ -2037,7 +2081,10 @@ __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __
             d_s[threadIdx.x] = d_n;
         }
         __syncthreads();
-        if (c0 + S::QCHUNK < seq) fetch(c0 + S::QCHUNK);
+        if (c0 + S::QCHUNK < seq) {
+            fetch_rows(c0 + S::QCHUNK);
+            fetch_stats(c0 + S::QCHUNK);
+        }
         if (c0 + S::QCHUNK - 1 < k0) continue;  // every query of the chunk is before the warp's keys
         unsigned a[S::KT][4];
         float st[S::QNT][4], dpt[S::QNT][4];
@@ -2144,6 +2191,8 @@ extern "C" __global__ void attention_flash_bwd_dots_f32(const float* __restrict_
                                                         float* __restrict__ dd, int batch,
                                                         int seq, int heads, int kv_heads,
                                                         int head_dim, float scale) {
+    // Launched as a programmatic dependent: dout is its predecessor's output.
+    wait_for_predecessor();
     const int r = threadIdx.x >> 1, half = threadIdx.x & 1;
     const int i = 64 * blockIdx.x + r, h = blockIdx.y, b = blockIdx.z;
     float acc = 0.0f;
@@ -2183,6 +2232,12 @@ extern "C" __global__ void attention_bwd_kv_sum_f32(const float* __restrict__ pk
         dk[e] = scale * sk;
         if (e < write_limit) dv[e] = sv;
     }
+    // After the flash dq kernel it runs as that kernel's programmatic
+    // dependent, started once the dkv kernel it reads is done (the dq
+    // kernel lets it start only then) and overlapping dq's work. It waits for
+    // dq at its end, so that its own completion still means every kernel
+    // before it on the stream is done. A no-op after an ordinary launch.
+    wait_for_predecessor();
 }
 #else
 #error "ATT_PART must be 0 to 8"

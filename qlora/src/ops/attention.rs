@@ -32,7 +32,7 @@
 use cudarc::driver::{CudaSlice, CudaViewMut, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::gemm::{grid_dim, to_i64};
-use super::launch::expect_len;
+use super::launch::{expect_len, DependentLaunch};
 use crate::error::{Error, Result};
 use crate::faults::Faults;
 use crate::gpu::{launch_config_1d, to_i32, GemmMath, GpuContext};
@@ -454,6 +454,17 @@ impl Dims {
             .arg(&self.head_dim)
             .arg(&self.scale);
     }
+
+    /// The same six, onto a programmatic dependent's launch.
+    fn push_dependent(&self, launch: &mut DependentLaunch<'_>) {
+        launch
+            .i32(self.batch)
+            .i32(self.seq)
+            .i32(self.heads)
+            .i32(self.kv_heads)
+            .i32(self.head_dim)
+            .f32(self.scale);
+    }
 }
 
 /// Checks that `sh` is a shape the kernels take (the launchers check it
@@ -534,6 +545,17 @@ pub fn forward(
     let b = fwd_build(sh.head_dim, kernels);
     let cfg = tile_config(sh, b, b.fwd_smem);
     let func = gpu.function(b.fwd.module, b.fwd.symbol)?;
+    if b.saves == Saves::RowLse {
+        let mut launch = DependentLaunch::new(gpu, &func);
+        launch.buf(q).buf(k).buf(v).buf_mut(out).buf_mut(saved);
+        d.push_dependent(&mut launch);
+        launch.i64(limit);
+        // SAFETY: as for the ordinary launch below, whose argument list this
+        // is; and the flash forward waits for its predecessor before it
+        // touches memory (its first statement).
+        unsafe { launch.launch(cfg) }?;
+        return Ok(());
+    }
     let mut launch = gpu.stream().launch_builder(&func);
     launch.arg(q).arg(k).arg(v).arg(out).arg(saved);
     d.push(&mut launch);
@@ -634,6 +656,20 @@ pub fn backward(
 
     let cfg = launch_config_1d(kv_len, 65_535);
     let func = gpu.function(b.kv_sum.module, b.kv_sum.symbol)?;
+    if b.saves == Saves::RowLse {
+        let mut launch = DependentLaunch::new(gpu, &func);
+        launch.buf(&pk).buf(&pv).buf_mut(dk).buf_mut(dv);
+        d.push_dependent(&mut launch);
+        launch.i64(limit);
+        // SAFETY: as for the ordinary launch below, whose argument list this
+        // is. Launched as the flash dq kernel's dependent, it may start once
+        // every dq block has waited for the dkv kernel that wrote pk and pv
+        // (the dq kernel lets its dependent start only then), so those
+        // writes are visible; it writes dk and dv, which the dq kernel does
+        // not touch, and waits for the dq kernel at its end.
+        unsafe { launch.launch(cfg) }?;
+        return Ok(());
+    }
     let mut launch = gpu.stream().launch_builder(&func);
     launch.arg(&mut pk).arg(&mut pv).arg(dk).arg(dv);
     d.push(&mut launch);
@@ -744,26 +780,31 @@ fn flash_backward(
     sh: &AttnShape,
 ) -> Result<()> {
     let (mut dst, mut dd) = first.split_at_mut(flash_ds_floats(sh));
+    // The three kernels are launched as programmatic dependents (each waits
+    // for the kernel before it where it must; see the .cu file), so each
+    // one's launch, and the dkv and dq kernels' loads of k and v, overlap
+    // the tail of the kernel before it.
     let func = gpu.function(f.dkv.module, DOTS)?;
-    let mut launch = gpu.stream().launch_builder(&func);
-    launch.arg(out).arg(dout).arg(&mut dd);
-    d.push(&mut launch);
+    let mut launch = DependentLaunch::new(gpu, &func);
+    launch.buf(out).buf(dout).buf_mut(&mut dd);
+    d.push_dependent(&mut launch);
     // SAFETY: arguments match `attention_flash_bwd_dots_f32(const float*
     // out, const float* dout, float* dd, int batch, int seq, int heads, int
     // kv_heads, int head_dim, float scale)` in order and type. out and dout
     // hold q_len floats, dd (the scratch's part after dS) batch * heads *
     // seq; the grid is (ceil(seq / 64), heads, batch) of 128 threads, two a
-    // row, each block reading and writing only its rows < seq.
+    // row, each block reading and writing only its rows < seq; it waits for
+    // its predecessor (which may write dout) first.
     unsafe { launch.launch(tile_config(sh, f, 0)) }?;
 
     let stride = to_i32("attention", "ds_stride", ds_stride(sh.seq))?;
     let func = gpu.function(f.dkv.module, f.dkv.symbol)?;
     let dd = dd.as_view();
-    let mut launch = gpu.stream().launch_builder(&func);
-    launch.arg(q).arg(k).arg(v).arg(dout).arg(lse).arg(&dd);
-    launch.arg(pk).arg(pv).arg(&mut dst);
-    launch.arg(&d.batch).arg(&d.seq).arg(&stride).arg(&d.heads);
-    launch.arg(&d.kv_heads).arg(&d.head_dim).arg(&d.scale);
+    let mut launch = DependentLaunch::new(gpu, &func);
+    launch.buf(q).buf(k).buf(v).buf(dout).buf(lse).buf(&dd);
+    launch.buf_mut(pk).buf_mut(pv).buf_mut(&mut dst);
+    launch.i32(d.batch).i32(d.seq).i32(stride).i32(d.heads);
+    launch.i32(d.kv_heads).i32(d.head_dim).f32(d.scale);
     // SAFETY: arguments match `attention_flash_bwd_dkv_dXX_bf16(const float*
     // q, const float* k, const float* v, const float* dout, const float* lse,
     // const float* dd, float* pk, float* pv, unsigned short* dst, int batch,
@@ -776,14 +817,16 @@ fn flash_backward(
     // its 64 rows of k and v, writes its key rows < seq of pk and pv and, in
     // dst, only entries (key < seq, query < seq) of its head, and uses the
     // DKV_SMEM bytes of shared memory the config gives, with 128 threads.
+    // Before it waits for the dots kernel it reads only k and v, which that
+    // kernel does not write.
     unsafe { launch.launch(tile_config(sh, f, f.dkv_smem)) }?;
 
     let func = gpu.function(f.dq.module, f.dq.symbol)?;
     let dst = dst.as_view();
-    let mut launch = gpu.stream().launch_builder(&func);
-    launch.arg(&dst).arg(k).arg(&mut *dq);
-    launch.arg(&d.batch).arg(&d.seq).arg(&stride).arg(&d.heads);
-    launch.arg(&d.kv_heads).arg(&d.head_dim).arg(&d.scale);
+    let mut launch = DependentLaunch::new(gpu, &func);
+    launch.buf(&dst).buf(k).buf_mut(&mut *dq);
+    launch.i32(d.batch).i32(d.seq).i32(stride).i32(d.heads);
+    launch.i32(d.kv_heads).i32(d.head_dim).f32(d.scale);
     // SAFETY: arguments match `attention_flash_bwd_dq_dXX_bf16(const
     // unsigned short* dst, const float* k, float* dq, int batch, int seq, int
     // ds_stride, int heads, int kv_heads, int head_dim, float scale)` in
@@ -793,7 +836,7 @@ fn flash_backward(
     // zero-filled from the head's first row), masks what it must not use,
     // reads rows < seq of k of its kv head, writes its rows < seq of dq, and
     // uses the DQ_SMEM bytes of shared memory the config gives, with 128
-    // threads.
+    // threads. Before it waits for the dkv kernel it reads only k.
     unsafe { launch.launch(tile_config(sh, f, f.dq_smem)) }?;
     Ok(())
 }

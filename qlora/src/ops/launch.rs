@@ -61,12 +61,20 @@ impl<'a> DependentLaunch<'a> {
         self.push(&v.to_ne_bytes())
     }
 
+    pub fn i64(&mut self, v: i64) -> &mut Self {
+        self.push(&v.to_ne_bytes())
+    }
+
+    pub fn f32(&mut self, v: f32) -> &mut Self {
+        self.push(&v.to_ne_bytes())
+    }
+
     /// Launches with `cfg`.
     ///
     /// # Safety
     /// As cudarc's `LaunchArgs::launch`: the arguments pushed match the
-    /// kernel's parameters in number, order and type (pointers as `buf`, ints
-    /// as `i32`), every buffer outlives the work, and the kernel's accesses
+    /// kernel's parameters in number, order and type (pointers as `buf`, `int` as
+    /// `i32`, `long long` as `i64`, `float` as `f32`), every buffer outlives the work, and the kernel's accesses
     /// stay in bounds. And the kernel calls `wait_for_predecessor()` before
     /// it touches memory the kernel before it on the stream may write.
     pub unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<()> {
