@@ -782,8 +782,8 @@ fn flash_backward(
     let (mut dst, mut dd) = first.split_at_mut(flash_ds_floats(sh));
     // The three kernels are launched as programmatic dependents (each waits
     // for the kernel before it where it must; see the .cu file), so each
-    // one's launch, and the dkv and dq kernels' loads of k and v, overlap
-    // the tail of the kernel before it.
+    // one's launch, the dkv kernel's loads of k, v, q and dout and the dq
+    // kernel's of k overlap the tail of the kernel before it.
     let func = gpu.function(f.dkv.module, DOTS)?;
     let mut launch = DependentLaunch::new(gpu, &func);
     launch.buf(out).buf(dout).buf_mut(&mut dd);
@@ -817,8 +817,10 @@ fn flash_backward(
     // its 64 rows of k and v, writes its key rows < seq of pk and pv and, in
     // dst, only entries (key < seq, query < seq) of its head, and uses the
     // DKV_SMEM bytes of shared memory the config gives, with 128 threads.
-    // Before it waits for the dots kernel it reads only k and v, which that
-    // kernel does not write.
+    // Before it waits for the dots kernel it reads only k, v, q and dout,
+    // which that kernel does not write; the kernel before the dots kernel,
+    // which may write dout, is done by then (the dots kernel waits for it
+    // and lets this one start only at its end).
     unsafe { launch.launch(tile_config(sh, f, f.dkv_smem)) }?;
 
     let func = gpu.function(f.dq.module, f.dq.symbol)?;

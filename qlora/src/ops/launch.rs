@@ -73,10 +73,14 @@ impl<'a> DependentLaunch<'a> {
     ///
     /// # Safety
     /// As cudarc's `LaunchArgs::launch`: the arguments pushed match the
-    /// kernel's parameters in number, order and type (pointers as `buf`, `int` as
-    /// `i32`, `long long` as `i64`, `float` as `f32`), every buffer outlives the work, and the kernel's accesses
-    /// stay in bounds. And the kernel calls `wait_for_predecessor()` before
-    /// it touches memory the kernel before it on the stream may write.
+    /// kernel's parameters in number, order and type (pointers as `buf`,
+    /// `int` as `i32`, `long long` as `i64`, `float` as `f32`), every buffer
+    /// outlives the work, and the kernel's accesses stay in bounds. And the
+    /// kernel calls `wait_for_predecessor()` before it touches memory the
+    /// kernel before it on the stream may write. What it reads before that
+    /// wait, the kernels earlier still must have finished writing: they
+    /// have when the kernel before it waited for its own predecessor before
+    /// it let this one start (at its end, or by `let_dependent_start()`).
     pub unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<()> {
         let mut params: Vec<*mut c_void> = self
             .slots
