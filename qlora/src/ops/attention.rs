@@ -545,21 +545,10 @@ pub fn forward(
     let b = fwd_build(sh.head_dim, kernels);
     let cfg = tile_config(sh, b, b.fwd_smem);
     let func = gpu.function(b.fwd.module, b.fwd.symbol)?;
-    if b.saves == Saves::RowLse {
-        let mut launch = DependentLaunch::new(gpu, &func);
-        launch.buf(q).buf(k).buf(v).buf_mut(out).buf_mut(saved);
-        d.push_dependent(&mut launch);
-        launch.i64(limit);
-        // SAFETY: as for the ordinary launch below, whose argument list this
-        // is; and the flash forward waits for its predecessor before it
-        // touches memory (its first statement).
-        unsafe { launch.launch(cfg) }?;
-        return Ok(());
-    }
-    let mut launch = gpu.stream().launch_builder(&func);
-    launch.arg(q).arg(k).arg(v).arg(out).arg(saved);
-    d.push(&mut launch);
-    launch.arg(&limit);
+    let mut launch = DependentLaunch::new(gpu, &func);
+    launch.buf(q).buf(k).buf(v).buf_mut(out).buf_mut(saved);
+    d.push_dependent(&mut launch);
+    launch.i64(limit);
     // SAFETY: arguments match `attention_fwd_dXX_f32`,
     // `attention_tc_fwd_dXX_f32` and `attention_flash_fwd_dXX_bf16(const
     // float* q, const float* k, const float* v, float* out, float* saved, int
@@ -574,8 +563,15 @@ pub fn forward(
     // <= 64 or <= 128; validate() refused more), with the thread count its
     // tiling assumes. The tensor-core kernels' zero-filling cp.async copies
     // of rows past seq read nothing (their source address is the tensor's
-    // first row, which exists).
-    unsafe { launch.launch(cfg) }?;
+    // first row, which exists). The flash forward, launched as a
+    // programmatic dependent, waits for its predecessor before it touches
+    // memory (its first statement); the others are launched in order.
+    unsafe {
+        match b.saves {
+            Saves::RowLse => launch.launch(cfg),
+            Saves::Probs => launch.launch_in_order(cfg),
+        }
+    }?;
     Ok(())
 }
 
@@ -656,32 +652,28 @@ pub fn backward(
 
     let cfg = launch_config_1d(kv_len, 65_535);
     let func = gpu.function(b.kv_sum.module, b.kv_sum.symbol)?;
-    if b.saves == Saves::RowLse {
-        let mut launch = DependentLaunch::new(gpu, &func);
-        launch.buf(&pk).buf(&pv).buf_mut(dk).buf_mut(dv);
-        d.push_dependent(&mut launch);
-        launch.i64(limit);
-        // SAFETY: as for the ordinary launch below, whose argument list this
-        // is. Launched as the flash dq kernel's dependent, it may start once
-        // every dq block has waited for the dkv kernel that wrote pk and pv
-        // (the dq kernel lets its dependent start only then), so those
-        // writes are visible; it writes dk and dv, which the dq kernel does
-        // not touch, and waits for the dq kernel at its end.
-        unsafe { launch.launch(cfg) }?;
-        return Ok(());
-    }
-    let mut launch = gpu.stream().launch_builder(&func);
-    launch.arg(&mut pk).arg(&mut pv).arg(dk).arg(dv);
-    d.push(&mut launch);
-    launch.arg(&limit);
+    let mut launch = DependentLaunch::new(gpu, &func);
+    launch.buf(&pk).buf(&pv).buf_mut(dk).buf_mut(dv);
+    d.push_dependent(&mut launch);
+    launch.i64(limit);
     // SAFETY: arguments match `attention_bwd_kv_sum_f32(const float* pk,
     // const float* pv, float* dk, float* dv, int batch, int seq, int heads,
     // int kv_heads, int head_dim, float scale, long long write_limit)` in
     // order and type. The grid-stride loop covers the kv_len elements of dk
     // and dv (checked lengths) and reads the group's heads of pk and pv, each
     // q_len long (heads is a multiple of kv_heads, validated), written by the
-    // previous kernel on this stream.
-    unsafe { launch.launch(cfg) }?;
+    // dk/dv kernel earlier on this stream. After the flash kernels it is
+    // launched as the dq kernel's dependent: it may start once every dq
+    // block has waited for the dkv kernel that wrote pk and pv (the dq
+    // kernel lets its dependent start only then), so those writes are
+    // visible; it writes dk and dv, which the dq kernel does not touch, and
+    // waits for the dq kernel at its end. After the others, in order.
+    unsafe {
+        match b.saves {
+            Saves::RowLse => launch.launch(cfg),
+            Saves::Probs => launch.launch_in_order(cfg),
+        }
+    }?;
     Ok(())
 }
 

@@ -18,6 +18,10 @@ use crate::gpu::GpuContext;
 /// (before compute capability 9.0, or a module built for an older target),
 /// this is an ordinary launch, in stream order.
 ///
+/// For a kernel that is a programmatic dependent in some builds only, the
+/// launcher pushes one argument list and calls
+/// [`DependentLaunch::launch_in_order`] for the other builds.
+///
 /// cudarc's launch builder cannot pass launch attributes, so this one holds
 /// the kernel's arguments itself: each in an 8-byte slot, in its native byte
 /// order at the slot's start, the kernel given a pointer to each slot.
@@ -82,27 +86,13 @@ impl<'a> DependentLaunch<'a> {
     /// have when the kernel before it waited for its own predecessor before
     /// it let this one start (at its end, or by `let_dependent_start()`).
     pub unsafe fn launch(&mut self, cfg: LaunchConfig) -> Result<()> {
-        let mut params: Vec<*mut c_void> = self
-            .slots
-            .iter_mut()
-            .map(|s| s.as_mut_ptr().cast::<c_void>())
-            .collect();
+        if !self.gpu.dependent_launch() {
+            // SAFETY: the caller's contract.
+            return unsafe { self.launch_in_order(cfg) };
+        }
+        let mut params = self.params();
         let stream = self.gpu.stream().cu_stream();
         let f = self.func.cu_function();
-        if !self.gpu.dependent_launch() {
-            // SAFETY: the caller's contract; params point at live slots.
-            unsafe {
-                result::launch_kernel(
-                    f,
-                    cfg.grid_dim,
-                    cfg.block_dim,
-                    cfg.shared_mem_bytes,
-                    stream,
-                    &mut params,
-                )
-            }?;
-            return Ok(());
-        }
         // SAFETY: a zeroed attribute is a valid C struct; id and value set below.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -124,6 +114,38 @@ impl<'a> DependentLaunch<'a> {
         unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
             .result()?;
         Ok(())
+    }
+
+    /// Launches with `cfg` as an ordinary launch, in stream order: for a
+    /// kernel that does not wait for its predecessor, whose launcher holds
+    /// its arguments here to keep one argument list for both ways.
+    ///
+    /// # Safety
+    /// As cudarc's `LaunchArgs::launch`: the arguments pushed match the
+    /// kernel's parameters in number, order and type, every buffer outlives
+    /// the work, and the kernel's accesses stay in bounds.
+    pub unsafe fn launch_in_order(&mut self, cfg: LaunchConfig) -> Result<()> {
+        let mut params = self.params();
+        // SAFETY: the caller's contract; params point at live slots.
+        unsafe {
+            result::launch_kernel(
+                self.func.cu_function(),
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes,
+                self.gpu.stream().cu_stream(),
+                &mut params,
+            )
+        }?;
+        Ok(())
+    }
+
+    /// A pointer to each argument's slot, as the driver takes them.
+    fn params(&mut self) -> Vec<*mut c_void> {
+        self.slots
+            .iter_mut()
+            .map(|s| s.as_mut_ptr().cast::<c_void>())
+            .collect()
     }
 }
 
