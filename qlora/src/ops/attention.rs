@@ -83,6 +83,25 @@ enum Saves {
     RowLse,
 }
 
+impl Saves {
+    /// Launches `launch`: as a programmatic dependent for the flash kernels
+    /// (`RowLse`), each of which waits for its predecessor where it must,
+    /// in stream order for the others.
+    ///
+    /// # Safety
+    /// [`DependentLaunch::launch`]'s contract for the flash kernels,
+    /// [`DependentLaunch::launch_in_order`]'s for the others.
+    unsafe fn launch(self, launch: &mut DependentLaunch<'_>, cfg: LaunchConfig) -> Result<()> {
+        // SAFETY: the caller's contract, for the way taken.
+        unsafe {
+            match self {
+                Saves::RowLse => launch.launch(cfg),
+                Saves::Probs => launch.launch_in_order(cfg),
+            }
+        }
+    }
+}
+
 /// One build of the tiled kernels (see the `.cu` file, whose builds pad
 /// head_dim to 64 or 128): its block (threads, and rows of a tile), the
 /// bytes of dynamic shared memory of its forward, dq and dk/dv kernels,
@@ -566,12 +585,7 @@ pub fn forward(
     // first row, which exists). The flash forward, launched as a
     // programmatic dependent, waits for its predecessor before it touches
     // memory (its first statement); the others are launched in order.
-    unsafe {
-        match b.saves {
-            Saves::RowLse => launch.launch(cfg),
-            Saves::Probs => launch.launch_in_order(cfg),
-        }
-    }?;
+    unsafe { b.saves.launch(&mut launch, cfg) }?;
     Ok(())
 }
 
@@ -668,12 +682,7 @@ pub fn backward(
     // kernel lets its dependent start only then), so those writes are
     // visible; it writes dk and dv, which the dq kernel does not touch, and
     // waits for the dq kernel at its end. After the others, in order.
-    unsafe {
-        match b.saves {
-            Saves::RowLse => launch.launch(cfg),
-            Saves::Probs => launch.launch_in_order(cfg),
-        }
-    }?;
+    unsafe { b.saves.launch(&mut launch, cfg) }?;
     Ok(())
 }
 
