@@ -1,12 +1,13 @@
 //! The GPU training step across a sequence-length change: a graphed trainer
 //! re-captures its graph for the new length and keeps computing what an
 //! eager trainer computes on the same batches; the device transpose the fast
-//! configuration keeps `W^T` with; the device's draws of seeded weights.
+//! configuration keeps `W^T` with; the device's draws of seeded weights; the
+//! LoRA weight gradients of the TF32 backward against the FP32 one's.
 //!
 //! Needs a GPU: run on the GPU machine with `train_gpu --ignored`.
 
-use qlora::gpu::{driver_present, GpuContext, GpuOptions};
-use qlora::model::ModelConfig;
+use qlora::gpu::{driver_present, GemmMath, GpuContext, GpuOptions};
+use qlora::model::{ModelConfig, Slot, Trainable};
 use qlora::train::{GpuTrainOptions, GpuTrainer};
 
 #[test]
@@ -46,6 +47,50 @@ fn graph_is_recaptured_when_seq_len_changes() {
     assert_eq!(replays, 7);
     assert_eq!(graphed.syncs().inside_capture, 0);
     assert!(graphed.syncs().per_step.iter().all(|&n| n == 1));
+}
+
+/// The TF32 backward computes a layer's LoRA weight gradients in kernels of
+/// its own (`lora_grads_tf32`), the FP32 backward with cuBLAS's FP32 GEMMs:
+/// after three steps (so that B, zero at the start, and with it dA are not)
+/// the two agree within TF32's rounding (rel. L2 ~1e-3 here, through every
+/// TF32 GEMM of the backward); a transposed operand or a wrong tile would be
+/// off by the gradient's own size. `tiny` has a rank of 8 (half the
+/// kernel's 16 columns), kv_dim 32 and 64 rows (half a slice).
+#[test]
+#[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
+fn lora_gradients_in_tf32_follow_the_fp32_gemms() {
+    assert!(driver_present(), "no CUDA driver");
+    let mut gpu = GpuContext::new(GpuOptions::default()).unwrap();
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let opts = |math| GpuTrainOptions {
+        backward_math: Some(math),
+        ..GpuTrainOptions::default()
+    };
+    let mut tf32 = GpuTrainer::new(&mut gpu, &cfg, opts(GemmMath::Tf32), 3).unwrap();
+    let mut fp32 = GpuTrainer::new(&mut gpu, &cfg, opts(GemmMath::Fp32), 3).unwrap();
+    let batches = fp32.eval_batches(4, 11).unwrap();
+    for b in &batches[..3] {
+        tf32.step_on(&mut gpu, b).unwrap();
+        fp32.step_on(&mut gpu, b).unwrap();
+    }
+    let got = tf32.loss_and_grads(&mut gpu, &batches[3]).unwrap();
+    let want = fp32.loss_and_grads(&mut gpu, &batches[3]).unwrap();
+    for layer in 0..cfg.layers {
+        for slot in [Slot::QA, Slot::QB, Slot::VA, Slot::VB] {
+            let i = Trainable::index(layer, slot);
+            let (g, w) = (&got.grads[i], &want.grads[i]);
+            let norm = w.iter().map(|v| v * v).sum::<f32>().sqrt();
+            let diff = g
+                .iter()
+                .zip(w)
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum::<f32>()
+                .sqrt();
+            let name = Trainable::name(i);
+            assert!(norm > 0.0, "{name}: the FP32 gradient is zero");
+            assert!(diff <= 1e-2 * norm, "{name}: rel. L2 {} ", diff / norm);
+        }
+    }
 }
 
 #[test]

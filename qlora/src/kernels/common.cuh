@@ -67,6 +67,33 @@ static __device__ __forceinline__ void let_dependent_start() {
 #endif
 }
 
+// TF32 tensor cores (sm_80 on; the tensor-core attention kernels, the LoRA
+// gradients).
+//
+// x rounded to the nearest tf32 value. From sm_90 on, cvt.rn (ties to even)
+// is one instruction (F2FP); cvt.rna (ties away from zero), the only form
+// before it, is emulated in about four integer instructions. The two differ
+// only on exact ties, so both stay within tf32's half-ulp rounding error.
+static __device__ __forceinline__ float tc_tf32(float x) {
+    unsigned r;
+#if __CUDA_ARCH__ >= 900
+    asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+#else
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+#endif
+    return __uint_as_float(r);
+}
+
+// d += a b on one 16 x 8 x 8 tile; a and b hold tf32 values.
+static __device__ __forceinline__ void tc_mma(float (&d)[4], const float (&a)[4], float b0,
+                                              float b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
+          "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
+}
+
 // Reductions. `W` lanes of a warp (32, or 16 for a half warp) combine by xor
 // shuffles, so every lane gets the result, in the same order on every run.
 struct SumOp {

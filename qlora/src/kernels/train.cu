@@ -11,7 +11,9 @@
 //                           argument would freeze t at its capture-time value);
 //   step_count_advance_i32  t[0] += by, one thread (the graph advances t itself);
 //   accumulate_fwd_f32      y += x, element-wise (gradient accumulation);
-//   accumulate_fwd_f32_bf16 the same, also writing the sum's bf16 rounding.
+//   accumulate_fwd_f32_bf16 the same, also writing the sum's bf16 rounding;
+//   lora_grads_*            the four LoRA weight gradients of a layer's q and v,
+//                           on TF32 tensor cores, in two launches (below).
 //
 // AdamW with bias correction and decoupled weight decay, for step t >= 1:
 //   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2
@@ -63,4 +65,134 @@ extern "C" __global__ void adamw_multi_devt_f32(const unsigned long long* __rest
         if (scale != nullptr) gk *= scale[0];
         p[e] = adamw_1(p[e], gk, m[e], v[e], c1, c2, lr, beta1, beta2, eps, weight_decay);
     }
+}
+
+// The LoRA weight gradients of one layer's q and v, from the fused projection's
+// output y = n1 S^T and its gradient dy (both [rows, width], columns
+// q | k | v | uq | uv, width = q_dim + 2 kv_dim + 2 r) and the norm's output n1
+// ([rows, hidden]):
+//   dBq = s dy[:, q]^T uq   [q_dim, r]        dAq = duq^T n1   [r, hidden]
+//   dBv = s dy[:, v]^T uv   [kv_dim, r]       dAv = duv^T n1   [r, hidden]
+// (duq, duv already carry s: the q/k/v epilogue's backward wrote them). Each is
+// out[o][j] = scale sum_t wide[t][o] narrow[t][j] over the rows t, on TF32
+// tensor cores (mma m16n8k8: operands rounded to tf32, f32 accumulation), as
+// cuBLAS computes them in TF32 math, in two kernels:
+//   lora_grads_partial_tf32  a warp takes one tile of LORA_M columns o of one
+//                            product (the tiles numbered across the four
+//                            products: dBq's, dBv's, dAq's, dAv's) and all
+//                            r <= LORA_RANKS columns j, over one slice of
+//                            LORA_SLICE rows; a block's warps take adjacent
+//                            tiles, so the block reads its rows' columns in
+//                            runs of LORA_WARPS * LORA_M;
+//   lora_grads_final_f32     adds each output's slices in slice order, times
+//                            scale (a programmatic dependent of the first).
+// The same result on every run: no atomics, every sum in a fixed order.
+#define LORA_M 16
+#define LORA_RANKS 16
+#define LORA_WARPS 8
+#define LORA_SLICE 64
+#define LORA_TILE (LORA_M * LORA_RANKS)
+
+struct LoraProduct {
+    const float* wide;
+    int ld_wide;
+    int wide_cols;
+    const float* narrow;  // row stride: width
+    float* out;
+    int out_stride_o;     // out[o * out_stride_o + j * out_stride_j]
+    int out_stride_j;
+    float scale;
+    int tile;             // the tile of LORA_M columns within the product
+};
+
+// The product and column tile of tile `b`: dBq's tiles first, then dBv's,
+// dAq's and dAv's.
+static __device__ LoraProduct lora_product(int b, const float* y, const float* dy, const float* n1,
+                                           float* dbq, float* dbv, float* daq, float* dav,
+                                           int hidden, int q_dim, int kv_dim, int r, float s) {
+    const int width = q_dim + 2 * kv_dim + 2 * r;
+    const int u_col = q_dim + 2 * kv_dim;
+    const int tq = (q_dim + LORA_M - 1) / LORA_M;
+    const int tv = (kv_dim + LORA_M - 1) / LORA_M;
+    const int th = (hidden + LORA_M - 1) / LORA_M;
+    if (b < tq) return {dy, width, q_dim, y + u_col, dbq, r, 1, s, b};
+    b -= tq;
+    if (b < tv) return {dy + q_dim + kv_dim, width, kv_dim, y + u_col + r, dbv, r, 1, s, b};
+    b -= tv;
+    if (b < th) return {n1, hidden, hidden, dy + u_col, daq, 1, hidden, 1.0f, b};
+    return {n1, hidden, hidden, dy + u_col + r, dav, 1, hidden, 1.0f, b - th};
+}
+
+// wide[t][o] (zero outside the operand), rounded to tf32.
+static __device__ __forceinline__ float lora_wide(const LoraProduct& p, int rows, int t, int o) {
+    return (t < rows && o < p.wide_cols) ? tc_tf32(p.wide[(size_t)t * p.ld_wide + o]) : 0.0f;
+}
+
+// narrow[t][j] (zero outside the operand), rounded to tf32.
+static __device__ __forceinline__ float lora_narrow(const LoraProduct& p, int rows, int width,
+                                                    int r, int t, int j) {
+    return (t < rows && j < r) ? tc_tf32(p.narrow[(size_t)t * width + j]) : 0.0f;
+}
+
+extern "C" __global__ void __launch_bounds__(LORA_WARPS * 32)
+lora_grads_partial_tf32(const float* __restrict__ y, const float* __restrict__ dy,
+                        const float* __restrict__ n1, float* __restrict__ partials, int tiles,
+                        int rows, int hidden, int q_dim, int kv_dim, int r) {
+#if __CUDA_ARCH__ >= 800
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int tile = blockIdx.x * LORA_WARPS + warp;
+    if (tile >= tiles) return;
+    const LoraProduct p = lora_product(tile, y, dy, n1, nullptr, nullptr, nullptr, nullptr, hidden,
+                                       q_dim, kv_dim, r, 1.0f);
+    const int width = q_dim + 2 * kv_dim + 2 * r;
+    const int g = lane >> 2, tq = lane & 3;  // mma fragment coordinates
+    const int o0 = p.tile * LORA_M;
+    // acc[n]: the 16 x 8 tile of ranks 8n..8n+7; this lane holds rows (o) g
+    // and g + 8, columns (j) 2 tq and 2 tq + 1.
+    float acc[LORA_RANKS / 8][4] = {};
+    const int row0 = blockIdx.y * LORA_SLICE;
+#pragma unroll 4
+    for (int step = 0; step < LORA_SLICE / 8; ++step) {
+        const int ta = row0 + step * 8 + tq, tb = ta + 4;
+        // A = wide^T (16 columns o by 8 rows t), B = narrow (8 rows t by 8 ranks j).
+        const float a[4] = {lora_wide(p, rows, ta, o0 + g), lora_wide(p, rows, ta, o0 + g + 8),
+                            lora_wide(p, rows, tb, o0 + g), lora_wide(p, rows, tb, o0 + g + 8)};
+#pragma unroll
+        for (int n = 0; n < LORA_RANKS / 8; ++n) {
+            const float b0 = lora_narrow(p, rows, width, r, ta, 8 * n + g);
+            const float b1 = lora_narrow(p, rows, width, r, tb, 8 * n + g);
+            tc_mma(acc[n], a, b0, b1);
+        }
+    }
+    float* out = partials + ((size_t)blockIdx.y * tiles + tile) * LORA_TILE;
+#pragma unroll
+    for (int n = 0; n < LORA_RANKS / 8; ++n) {
+        const int j = 8 * n + 2 * tq;
+        *reinterpret_cast<float2*>(out + g * LORA_RANKS + j) = make_float2(acc[n][0], acc[n][1]);
+        *reinterpret_cast<float2*>(out + (g + 8) * LORA_RANKS + j) =
+            make_float2(acc[n][2], acc[n][3]);
+    }
+#endif
+}
+
+// One thread per (tile, o, j) of the partials: out = scale * the sum of its
+// `slices` partials in slice order.
+extern "C" __global__ void lora_grads_final_f32(const float* __restrict__ partials, int tiles,
+                                                int slices, float* __restrict__ dbq,
+                                                float* __restrict__ dbv, float* __restrict__ daq,
+                                                float* __restrict__ dav, int hidden, int q_dim,
+                                                int kv_dim, int r, float s) {
+    wait_for_predecessor();
+    const int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= tiles * LORA_TILE) return;
+    const int tile = k / LORA_TILE, e = k % LORA_TILE;
+    const LoraProduct p = lora_product(tile, nullptr, nullptr, nullptr, dbq, dbv, daq, dav, hidden,
+                                       q_dim, kv_dim, r, s);
+    const int o = p.tile * LORA_M + e / LORA_RANKS, j = e % LORA_RANKS;
+    if (j >= r || o >= p.wide_cols) return;
+    float sum = 0.0f;
+    for (int slice = 0; slice < slices; ++slice) {
+        sum += partials[(size_t)slice * tiles * LORA_TILE + k];
+    }
+    p.out[(size_t)o * p.out_stride_o + (size_t)j * p.out_stride_j] = p.scale * sum;
 }

@@ -1,13 +1,15 @@
 //! Launchers for `kernels/train.cu`: the one-launch AdamW over a tensor table
-//! with the step number in device memory, the device step counter, and
-//! in-place accumulation.
+//! with the step number in device memory, the device step counter, in-place
+//! accumulation, and a layer's LoRA weight gradients in one launch.
 
-use cudarc::driver::{CudaSlice, CudaViewMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
 
 use crate::error::{Error, Result};
 use crate::gpu::{to_i32, GpuContext, TensorTable};
 use crate::kernels::abi::{Arg, Signatures};
 use crate::ops::cast::Bf16;
+use crate::ops::launch::DependentLaunch;
+use crate::ops::rope::QkvShape;
 use crate::train::AdamW;
 
 pub const MODULE: &str = "train";
@@ -19,6 +21,38 @@ pub const SIGNATURES: Signatures = &[
     (
         "accumulate_fwd_f32_bf16",
         &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32],
+    ),
+    (
+        "lora_grads_partial_tf32",
+        &[
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+        ],
+    ),
+    (
+        "lora_grads_final_f32",
+        &[
+            Arg::Ptr,
+            Arg::I32,
+            Arg::I32,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::I32,
+            Arg::F32,
+        ],
     ),
     (
         "adamw_multi_devt_f32",
@@ -140,4 +174,192 @@ pub fn accumulate_with_bf16(
     // distinct buffers (two mutable borrows and a shared one).
     unsafe { l.launch(cfg) }?;
     Ok(())
+}
+
+/// The largest LoRA rank [`lora_grads_tf32`] takes (`LORA_RANKS` in train.cu).
+pub const LORA_GRADS_MAX_RANK: usize = 16;
+/// Columns of a wide operand one warp of `lora_grads_partial_tf32` takes
+/// (`LORA_M`).
+const LORA_GRADS_COLS: usize = 16;
+/// Warps of a block of `lora_grads_partial_tf32` (`LORA_WARPS`).
+const LORA_GRADS_WARPS: usize = 8;
+/// Rows of one slice (`LORA_SLICE`).
+const LORA_GRADS_SLICE: usize = 64;
+/// Partial sums of one tile and slice (`LORA_TILE`).
+const LORA_GRADS_TILE_FLOATS: usize = LORA_GRADS_COLS * LORA_GRADS_MAX_RANK;
+
+/// The gradients [`lora_grads_tf32`] writes: `dBq [q_dim, r]`, `dBv [kv_dim,
+/// r]`, `dAq [r, hidden]`, `dAv [r, hidden]`, row-major.
+pub struct LoraGrads<'a> {
+    pub dbq: &'a mut CudaSlice<f32>,
+    pub dbv: &'a mut CudaSlice<f32>,
+    pub daq: &'a mut CudaSlice<f32>,
+    pub dav: &'a mut CudaSlice<f32>,
+}
+
+/// Scratch of [`lora_grads_tf32`]: the partial sums of every column tile of
+/// the four products over every slice of rows. Allocated once per shape, so
+/// the step allocates nothing (and can be captured in a graph).
+pub struct LoraGradsWorkspace {
+    rows: usize,
+    partials: CudaSlice<f32>,
+}
+
+impl LoraGradsWorkspace {
+    /// Scratch for the LoRA gradients of `sh` with `hidden` columns of `n1`.
+    pub fn new(gpu: &GpuContext, sh: &QkvShape, hidden: usize) -> Result<Self> {
+        Ok(LoraGradsWorkspace {
+            rows: sh.rows,
+            partials: gpu.zeros(Self::floats(sh, hidden))?,
+        })
+    }
+
+    /// Floats of the scratch.
+    pub fn floats(sh: &QkvShape, hidden: usize) -> usize {
+        let (tiles, slices) = Self::tiles_and_slices(sh, hidden);
+        tiles * slices * LORA_GRADS_TILE_FLOATS
+    }
+
+    /// Column tiles of the four products, and slices of the rows.
+    fn tiles_and_slices(sh: &QkvShape, hidden: usize) -> (usize, usize) {
+        let tiles = sh.q_dim().div_ceil(LORA_GRADS_COLS)
+            + sh.kv_dim().div_ceil(LORA_GRADS_COLS)
+            + 2 * hidden.div_ceil(LORA_GRADS_COLS);
+        (tiles, sh.rows.div_ceil(LORA_GRADS_SLICE))
+    }
+}
+
+/// One layer's LoRA weight gradients of q and v, from the fused projection's
+/// output `y = n1 S^T` and its gradient `dy` (both `[rows, width]`, columns
+/// `q | k | v | uq | uv`, [`QkvShape`]) and the norm's output `n1` (`[rows,
+/// hidden]`):
+///
+/// `dBq = s dy_q^T uq`, `dBv = s dy_v^T uv`, `dAq = duq^T n1`, `dAv = duv^T n1`
+///
+/// (`duq`, `duv` already carry `s`), in TF32 math as cuBLAS's TF32 GEMMs
+/// compute them (operands rounded to tf32, f32 sums): slices of rows summed
+/// by one kernel, the slices added in order by a second, so every entry is
+/// the same on every run. Needs compute capability 8.0 (TF32 tensor cores).
+pub fn lora_grads_tf32(
+    gpu: &mut GpuContext,
+    (sh, hidden, s): (&QkvShape, usize, f32),
+    (y, dy, n1): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    ws: &mut LoraGradsWorkspace,
+    out: LoraGrads<'_>,
+) -> Result<()> {
+    let (rows, r) = (sh.rows, sh.rank);
+    let cc = gpu.facts().compute_capability;
+    if r == 0 || r > LORA_GRADS_MAX_RANK || rows == 0 || hidden == 0 || cc.0 < 8 {
+        return Err(Error::InvalidArgument {
+            op: "lora_grads",
+            message: format!(
+                "need compute capability 8.0, rows, hidden and a rank of 1..={LORA_GRADS_MAX_RANK}: \
+                 compute capability {}.{}, rows {rows}, hidden {hidden}, rank {r}",
+                cc.0, cc.1
+            ),
+        });
+    }
+    same_len("y", y.len(), rows * sh.width())?;
+    same_len("dy", dy.len(), rows * sh.width())?;
+    same_len("n1", n1.len(), rows * hidden)?;
+    same_len("dBq", out.dbq.len(), sh.q_dim() * r)?;
+    same_len("dBv", out.dbv.len(), sh.kv_dim() * r)?;
+    same_len("dAq", out.daq.len(), r * hidden)?;
+    same_len("dAv", out.dav.len(), r * hidden)?;
+    same_len("scratch rows", ws.rows, rows)?;
+    same_len(
+        "scratch",
+        ws.partials.len(),
+        LoraGradsWorkspace::floats(sh, hidden),
+    )?;
+    let (tiles, slices) = LoraGradsWorkspace::tiles_and_slices(sh, hidden);
+    let i32_of = |what, v| to_i32("lora_grads", what, v);
+    let dims = [
+        i32_of("hidden", hidden)?,
+        i32_of("q_dim", sh.q_dim())?,
+        i32_of("kv_dim", sh.kv_dim())?,
+        i32_of("rank", r)?,
+    ];
+    i32_of("width", sh.width())?;
+    let (tiles_i, slices_i, rows_i) = (
+        i32_of("tiles", tiles)?,
+        i32_of("slices", slices)?,
+        i32_of("rows", rows)?,
+    );
+    let outputs = i32_of("outputs", tiles * LORA_GRADS_TILE_FLOATS)?.unsigned_abs();
+    let partial = gpu.function(MODULE, "lora_grads_partial_tf32")?;
+    let blocks = i32_of("blocks", tiles.div_ceil(LORA_GRADS_WARPS))?.unsigned_abs();
+    let threads = 32 * LORA_GRADS_WARPS as u32;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, slices_i.unsigned_abs(), 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = gpu.stream().launch_builder(&partial);
+    l.arg(y)
+        .arg(dy)
+        .arg(n1)
+        .arg(&mut ws.partials)
+        .arg(&tiles_i)
+        .arg(&rows_i);
+    for v in &dims {
+        l.arg(v);
+    }
+    // SAFETY: lora_grads_partial_tf32(const float* y, const float* dy, const
+    // float* n1, float* partials, int tiles, int rows, int hidden, int q_dim,
+    // int kv_dim, int r): y and dy hold rows x width, n1 rows x hidden
+    // (checked above), r <= LORA_RANKS, on a device of compute capability
+    // 8.0 or later (the kernel's body); warp w of block (x, slice) takes tile
+    // x * LORA_WARPS + w < tiles and writes its LORA_TILE partials of that
+    // slice, inside the scratch sized tiles x slices x LORA_TILE.
+    unsafe { l.launch(cfg) }?;
+    let final_sum = gpu.function(MODULE, "lora_grads_final_f32")?;
+    let mut l = DependentLaunch::new(gpu, &final_sum);
+    l.buf(&ws.partials).i32(tiles_i).i32(slices_i);
+    l.buf_mut(out.dbq)
+        .buf_mut(out.dbv)
+        .buf_mut(out.daq)
+        .buf_mut(out.dav);
+    for &v in &dims {
+        l.i32(v);
+    }
+    l.f32(s);
+    let cfg = LaunchConfig {
+        grid_dim: (outputs.div_ceil(threads), 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: lora_grads_final_f32(const float* partials, int tiles, int
+    // slices, float* dbq, float* dbv, float* daq, float* dav, int hidden, int
+    // q_dim, int kv_dim, int r, float s): one thread per partial of a slice
+    // (tiles x LORA_TILE, past the last returning), reading the scratch's
+    // slices and writing the outputs only at entries inside their products'
+    // sizes (checked above); the four outputs are distinct mutable borrows.
+    // It waits for the partial kernel before it reads the scratch.
+    unsafe { l.launch(cfg) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of `#define name` in train.cu.
+    fn cu_define(name: &str) -> Option<usize> {
+        let source = include_str!("../kernels/train.cu");
+        let prefix = format!("#define {name} ");
+        source
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// The launcher sizes the grid and the scratch by the kernel's own tile,
+    /// warp and slice sizes.
+    #[test]
+    fn lora_grads_constants_are_the_kernels() {
+        assert_eq!(cu_define("LORA_M"), Some(LORA_GRADS_COLS));
+        assert_eq!(cu_define("LORA_RANKS"), Some(LORA_GRADS_MAX_RANK));
+        assert_eq!(cu_define("LORA_WARPS"), Some(LORA_GRADS_WARPS));
+        assert_eq!(cu_define("LORA_SLICE"), Some(LORA_GRADS_SLICE));
+    }
 }

@@ -463,8 +463,35 @@ impl Attention<'_> {
 
     /// The LoRA weight gradients of q and v, with `u = n1 A^T` and `du = s dy
     /// B` read from the columns of the fused output and its gradient:
-    /// `dB = s dy^T u`, `dA = du^T n1` (`dn1 += du A` is part of `dy S`).
+    /// `dB = s dy^T u`, `dA = du^T n1` (`dn1 += du A` is part of `dy S`). In
+    /// TF32 math on a device with TF32 tensor cores, all four by one pair of
+    /// kernels ([`kernels::lora_grads_tf32`]); else four cuBLAS GEMMs.
     fn lora_backward(
+        &self,
+        gpu: &mut GpuContext,
+        ctx: &LayerCtx,
+        a: &LayerActs,
+        d: &mut Grads,
+        g: &mut [CudaSlice<f32>],
+    ) -> Result<()> {
+        if ctx.bwd != GemmMath::Tf32 || gpu.facts().compute_capability.0 < 8 {
+            return self.lora_backward_cublas(gpu, ctx, a, d, g);
+        }
+        let slots = [Slot::QB, Slot::VB, Slot::QA, Slot::VA].map(|s| self.params.index(s));
+        let [dbq, dbv, daq, dav] =
+            g.get_disjoint_mut(slots)
+                .map_err(|e| Error::InvalidArgument {
+                    op: "train",
+                    message: format!("the LoRA gradients of layer {}: {e}", self.params.layer),
+                })?;
+        let out = kernels::LoraGrads { dbq, dbv, daq, dav };
+        let dims = (&qkv_shape(&ctx.c), ctx.c.hidden, ctx.lora_s_bwd);
+        let inputs = (&a.qkv, &d.dqkv, &a.n1);
+        kernels::lora_grads_tf32(gpu, dims, inputs, &mut d.lora, out)
+    }
+
+    /// [`Attention::lora_backward`] as four cuBLAS GEMMs in `ctx.bwd` math.
+    fn lora_backward_cublas(
         &self,
         gpu: &GpuContext,
         ctx: &LayerCtx,

@@ -8,6 +8,8 @@ use crate::ops::attention::{AttnKernels, AttnShape};
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{sys, CudaSlice, DevicePtrMut};
 
+use super::kernels::LoraGradsWorkspace;
+use super::layer::qkv_shape;
 use super::options::{BaseWeights, GpuTrainOptions};
 use super::weights::{Frozen, Linear};
 use crate::error::Result;
@@ -205,6 +207,8 @@ pub struct Grads {
     /// The (discarded) gradient of the frozen final norm weight.
     pub dfinal_gamma: CudaSlice<f32>,
     pub norm: BackwardWorkspace,
+    /// The LoRA gradients' partial sums ([`super::kernels::lora_grads_tf32`]).
+    pub lora: LoraGradsWorkspace,
 }
 
 /// Every buffer of one step of a configuration.
@@ -357,6 +361,7 @@ impl Workspace {
                 attn: z(attention_scratch(c, options.base))?,
                 dfinal_gamma: z(c.hidden)?,
                 norm: BackwardWorkspace::new(gpu, t, c.hidden)?,
+                lora: LoraGradsWorkspace::new(gpu, &qkv_shape(c), c.hidden)?,
             },
             rope_table: gpu.upload(&crate::ops::rope::qkv_angle_table(
                 c.seq_len,
@@ -408,7 +413,8 @@ impl Workspace {
             + 2 * t * c.q_dim()
             + 2 * t * c.kv_dim()
             + t * qkv_width(c)
-            + attention_scratch(c, options.base);
+            + attention_scratch(c, options.base)
+            + LoraGradsWorkspace::floats(&qkv_shape(c), c.hidden);
         4 * floats
             + c.layers * LayerActs::mlp_bytes(c, keep_mlp, options.base)
             + GateUp::bytes_for(c, options.base)
