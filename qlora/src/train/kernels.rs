@@ -1,6 +1,6 @@
 //! Launchers for `kernels/train.cu`: the one-launch AdamW over a tensor table
 //! with the step number in device memory, the device step counter, in-place
-//! accumulation, and a layer's LoRA weight gradients in one launch.
+//! accumulation, and a layer's LoRA weight gradients in one pair of kernels.
 
 use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
 
@@ -247,6 +247,46 @@ pub fn lora_grads_tf32(
     ws: &mut LoraGradsWorkspace,
     out: LoraGrads<'_>,
 ) -> Result<()> {
+    check_lora_grads(gpu, (sh, hidden), (y, dy, n1), ws, &out)?;
+    let (tiles, slices) = LoraGradsWorkspace::tiles_and_slices(sh, hidden);
+    let i32_of = |what, v| to_i32("lora_grads", what, v);
+    // The kernels' int arguments; the kernels compute `width` from them.
+    let dims = LoraDims {
+        tiles: i32_of("tiles", tiles)?,
+        slices: i32_of("slices", slices)?,
+        rows: i32_of("rows", sh.rows)?,
+        shape: [
+            i32_of("hidden", hidden)?,
+            i32_of("q_dim", sh.q_dim())?,
+            i32_of("kv_dim", sh.kv_dim())?,
+            i32_of("rank", sh.rank)?,
+        ],
+    };
+    i32_of("width", sh.width())?;
+    i32_of("outputs", tiles * LORA_GRADS_TILE_FLOATS)?;
+    launch_lora_partial(gpu, &dims, (y, dy, n1), ws)?;
+    launch_lora_final(gpu, &dims, ws, out, s)
+}
+
+/// The int arguments of the two LoRA-gradient kernels.
+struct LoraDims {
+    tiles: i32,
+    slices: i32,
+    rows: i32,
+    /// `hidden, q_dim, kv_dim, r`.
+    shape: [i32; 4],
+}
+
+/// Refuses what [`lora_grads_tf32`] cannot take, by name: a device before
+/// compute capability 8.0, an empty shape, a rank above
+/// [`LORA_GRADS_MAX_RANK`], a buffer or scratch of another length.
+fn check_lora_grads(
+    gpu: &GpuContext,
+    (sh, hidden): (&QkvShape, usize),
+    (y, dy, n1): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    ws: &LoraGradsWorkspace,
+    out: &LoraGrads<'_>,
+) -> Result<()> {
     let (rows, r) = (sh.rows, sh.rank);
     let cc = gpu.facts().compute_capability;
     if r == 0 || r > LORA_GRADS_MAX_RANK || rows == 0 || hidden == 0 || cc.0 < 8 {
@@ -267,63 +307,61 @@ pub fn lora_grads_tf32(
     same_len("dAq", out.daq.len(), r * hidden)?;
     same_len("dAv", out.dav.len(), r * hidden)?;
     same_len("scratch rows", ws.rows, rows)?;
-    same_len(
-        "scratch",
-        ws.partials.len(),
-        LoraGradsWorkspace::floats(sh, hidden),
-    )?;
-    let (tiles, slices) = LoraGradsWorkspace::tiles_and_slices(sh, hidden);
-    let i32_of = |what, v| to_i32("lora_grads", what, v);
-    let dims = [
-        i32_of("hidden", hidden)?,
-        i32_of("q_dim", sh.q_dim())?,
-        i32_of("kv_dim", sh.kv_dim())?,
-        i32_of("rank", r)?,
-    ];
-    i32_of("width", sh.width())?;
-    let (tiles_i, slices_i, rows_i) = (
-        i32_of("tiles", tiles)?,
-        i32_of("slices", slices)?,
-        i32_of("rows", rows)?,
-    );
-    let outputs = i32_of("outputs", tiles * LORA_GRADS_TILE_FLOATS)?.unsigned_abs();
-    let partial = gpu.function(MODULE, "lora_grads_partial_tf32")?;
-    let blocks = i32_of("blocks", tiles.div_ceil(LORA_GRADS_WARPS))?.unsigned_abs();
-    let threads = 32 * LORA_GRADS_WARPS as u32;
+    let floats = LoraGradsWorkspace::floats(sh, hidden);
+    same_len("scratch", ws.partials.len(), floats)
+}
+
+/// `lora_grads_partial_tf32`: each slice's sums into the scratch.
+fn launch_lora_partial(
+    gpu: &mut GpuContext,
+    dims: &LoraDims,
+    (y, dy, n1): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    ws: &mut LoraGradsWorkspace,
+) -> Result<()> {
+    let f = gpu.function(MODULE, "lora_grads_partial_tf32")?;
+    let blocks = dims.tiles.unsigned_abs().div_ceil(LORA_GRADS_WARPS as u32);
     let cfg = LaunchConfig {
-        grid_dim: (blocks, slices_i.unsigned_abs(), 1),
-        block_dim: (threads, 1, 1),
+        grid_dim: (blocks, dims.slices.unsigned_abs(), 1),
+        block_dim: (32 * LORA_GRADS_WARPS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut l = gpu.stream().launch_builder(&partial);
-    l.arg(y)
-        .arg(dy)
-        .arg(n1)
-        .arg(&mut ws.partials)
-        .arg(&tiles_i)
-        .arg(&rows_i);
-    for v in &dims {
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(y).arg(dy).arg(n1).arg(&mut ws.partials);
+    l.arg(&dims.tiles).arg(&dims.rows);
+    for v in &dims.shape {
         l.arg(v);
     }
     // SAFETY: lora_grads_partial_tf32(const float* y, const float* dy, const
     // float* n1, float* partials, int tiles, int rows, int hidden, int q_dim,
     // int kv_dim, int r): y and dy hold rows x width, n1 rows x hidden
-    // (checked above), r <= LORA_RANKS, on a device of compute capability
+    // (check_lora_grads), r <= LORA_RANKS, on a device of compute capability
     // 8.0 or later (the kernel's body); warp w of block (x, slice) takes tile
     // x * LORA_WARPS + w < tiles and writes its LORA_TILE partials of that
     // slice, inside the scratch sized tiles x slices x LORA_TILE.
     unsafe { l.launch(cfg) }?;
-    let final_sum = gpu.function(MODULE, "lora_grads_final_f32")?;
-    let mut l = DependentLaunch::new(gpu, &final_sum);
-    l.buf(&ws.partials).i32(tiles_i).i32(slices_i);
-    l.buf_mut(out.dbq)
-        .buf_mut(out.dbv)
-        .buf_mut(out.daq)
-        .buf_mut(out.dav);
-    for &v in &dims {
+    Ok(())
+}
+
+/// `lora_grads_final_f32`: the slices added in order, scaled, into `out`;
+/// a programmatic dependent of the partial kernel.
+fn launch_lora_final(
+    gpu: &mut GpuContext,
+    dims: &LoraDims,
+    ws: &LoraGradsWorkspace,
+    out: LoraGrads<'_>,
+    s: f32,
+) -> Result<()> {
+    let f = gpu.function(MODULE, "lora_grads_final_f32")?;
+    let mut l = DependentLaunch::new(gpu, &f);
+    l.buf(&ws.partials).i32(dims.tiles).i32(dims.slices);
+    l.buf_mut(out.dbq).buf_mut(out.dbv);
+    l.buf_mut(out.daq).buf_mut(out.dav);
+    for &v in &dims.shape {
         l.i32(v);
     }
     l.f32(s);
+    let threads = 32 * LORA_GRADS_WARPS as u32;
+    let outputs = dims.tiles.unsigned_abs() * LORA_GRADS_TILE_FLOATS as u32;
     let cfg = LaunchConfig {
         grid_dim: (outputs.div_ceil(threads), 1, 1),
         block_dim: (threads, 1, 1),
@@ -332,10 +370,11 @@ pub fn lora_grads_tf32(
     // SAFETY: lora_grads_final_f32(const float* partials, int tiles, int
     // slices, float* dbq, float* dbv, float* daq, float* dav, int hidden, int
     // q_dim, int kv_dim, int r, float s): one thread per partial of a slice
-    // (tiles x LORA_TILE, past the last returning), reading the scratch's
-    // slices and writing the outputs only at entries inside their products'
-    // sizes (checked above); the four outputs are distinct mutable borrows.
-    // It waits for the partial kernel before it reads the scratch.
+    // (tiles x LORA_TILE, which fits an int, past the last returning),
+    // reading the scratch's slices and writing the outputs only at entries
+    // inside their products' sizes (check_lora_grads); the four outputs are
+    // distinct mutable borrows. It waits for the partial kernel before it
+    // reads the scratch.
     unsafe { l.launch(cfg) }
 }
 
