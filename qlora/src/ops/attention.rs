@@ -29,7 +29,7 @@
 //! `dS` (bf16) and its dq kernel multiplies it, after a kernel of the row
 //! dots `D`.
 
-use cudarc::driver::{CudaSlice, CudaViewMut, LaunchArgs, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
 
 use super::gemm::{grid_dim, to_i64};
 use super::launch::{expect_len, DependentLaunch};
@@ -464,18 +464,7 @@ struct Dims {
 impl Dims {
     /// Pushes `batch, seq, heads, kv_heads, head_dim, scale`, in that order
     /// (the tail of the forward, dq and kv_sum argument lists).
-    fn push<'a>(&'a self, launch: &mut LaunchArgs<'a>) {
-        launch
-            .arg(&self.batch)
-            .arg(&self.seq)
-            .arg(&self.heads)
-            .arg(&self.kv_heads)
-            .arg(&self.head_dim)
-            .arg(&self.scale);
-    }
-
-    /// The same six, onto a programmatic dependent's launch.
-    fn push_dependent(&self, launch: &mut DependentLaunch<'_>) {
+    fn push(&self, launch: &mut DependentLaunch<'_>) {
         launch
             .i32(self.batch)
             .i32(self.seq)
@@ -566,7 +555,7 @@ pub fn forward(
     let func = gpu.function(b.fwd.module, b.fwd.symbol)?;
     let mut launch = DependentLaunch::new(gpu, &func);
     launch.buf(q).buf(k).buf(v).buf_mut(out).buf_mut(saved);
-    d.push_dependent(&mut launch);
+    d.push(&mut launch);
     launch.i64(limit);
     // SAFETY: arguments match `attention_fwd_dXX_f32`,
     // `attention_tc_fwd_dXX_f32` and `attention_flash_fwd_dXX_bf16(const
@@ -668,7 +657,7 @@ pub fn backward(
     let func = gpu.function(b.kv_sum.module, b.kv_sum.symbol)?;
     let mut launch = DependentLaunch::new(gpu, &func);
     launch.buf(&pk).buf(&pv).buf_mut(dk).buf_mut(dv);
-    d.push_dependent(&mut launch);
+    d.push(&mut launch);
     launch.i64(limit);
     // SAFETY: arguments match `attention_bwd_kv_sum_f32(const float* pk,
     // const float* pv, float* dk, float* dv, int batch, int seq, int heads,
@@ -711,15 +700,9 @@ fn probs_backward(
 ) -> Result<()> {
     let cfg = tile_config(sh, b, b.dq_smem);
     let func = gpu.function(b.dq.module, b.dq.symbol)?;
-    let mut launch = gpu.stream().launch_builder(&func);
-    launch
-        .arg(k)
-        .arg(v)
-        .arg(probs)
-        .arg(out)
-        .arg(dout)
-        .arg(&mut *dq)
-        .arg(&mut *ds);
+    let mut launch = DependentLaunch::new(gpu, &func);
+    launch.buf(k).buf(v).buf(probs).buf(out).buf(dout);
+    launch.buf_mut(&mut *dq).buf_mut(&mut *ds);
     d.push(&mut launch);
     // SAFETY: arguments match `attention_bwd_dq_dXX_f32` and
     // `attention_tc_bwd_dq_dXX_f32(const float* k,
@@ -732,8 +715,9 @@ fn probs_backward(
     // j <= i of those rows of ds (the tensor-core kernel may also write
     // entry i + 1 of a row, inside the row since seq is even then, which
     // nothing reads) and the rows of dq, and uses the dynamic shared memory
-    // the build gives its dq kernel, with the build's thread count.
-    unsafe { launch.launch(cfg) }?;
+    // the build gives its dq kernel, with the build's thread count. These
+    // kernels do not wait for a predecessor: launched in stream order.
+    unsafe { launch.launch_in_order(cfg) }?;
 
     let cfg = tile_config(sh, b, b.dkv_smem);
     let func = gpu.function(b.dkv.module, b.dkv.symbol)?;
@@ -788,7 +772,7 @@ fn flash_backward(
     let func = gpu.function(f.dkv.module, DOTS)?;
     let mut launch = DependentLaunch::new(gpu, &func);
     launch.buf(out).buf(dout).buf_mut(&mut dd);
-    d.push_dependent(&mut launch);
+    d.push(&mut launch);
     // SAFETY: arguments match `attention_flash_bwd_dots_f32(const float*
     // out, const float* dout, float* dd, int batch, int seq, int heads, int
     // kv_heads, int head_dim, float scale)` in order and type. out and dout

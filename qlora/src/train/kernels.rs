@@ -201,7 +201,6 @@ pub struct LoraGrads<'a> {
 /// the four products over every slice of rows. Allocated once per shape, so
 /// the step allocates nothing (and can be captured in a graph).
 pub struct LoraGradsWorkspace {
-    rows: usize,
     partials: CudaSlice<f32>,
 }
 
@@ -209,7 +208,6 @@ impl LoraGradsWorkspace {
     /// Scratch for the LoRA gradients of `sh` with `hidden` columns of `n1`.
     pub fn new(gpu: &GpuContext, sh: &QkvShape, hidden: usize) -> Result<Self> {
         Ok(LoraGradsWorkspace {
-            rows: sh.rows,
             partials: gpu.zeros(Self::floats(sh, hidden))?,
         })
     }
@@ -227,6 +225,12 @@ impl LoraGradsWorkspace {
             + 2 * hidden.div_ceil(LORA_GRADS_COLS);
         (tiles, sh.rows.div_ceil(LORA_GRADS_SLICE))
     }
+}
+
+/// Whether [`lora_grads_tf32`] runs on `gpu`: it needs TF32 tensor cores
+/// (compute capability 8.0; below it the kernel's body is empty).
+pub fn lora_grads_tf32_runs(gpu: &GpuContext) -> bool {
+    gpu.facts().compute_capability.0 >= 8
 }
 
 /// One layer's LoRA weight gradients of q and v, from the fused projection's
@@ -262,6 +266,7 @@ pub fn lora_grads_tf32(
             i32_of("rank", sh.rank)?,
         ],
     };
+    // Sizes the kernels compute in int: they must fit one.
     i32_of("width", sh.width())?;
     i32_of("outputs", tiles * LORA_GRADS_TILE_FLOATS)?;
     launch_lora_partial(gpu, &dims, (y, dy, n1), ws)?;
@@ -289,7 +294,7 @@ fn check_lora_grads(
 ) -> Result<()> {
     let (rows, r) = (sh.rows, sh.rank);
     let cc = gpu.facts().compute_capability;
-    if r == 0 || r > LORA_GRADS_MAX_RANK || rows == 0 || hidden == 0 || cc.0 < 8 {
+    if r == 0 || r > LORA_GRADS_MAX_RANK || rows == 0 || hidden == 0 || !lora_grads_tf32_runs(gpu) {
         return Err(Error::InvalidArgument {
             op: "lora_grads",
             message: format!(
@@ -306,7 +311,6 @@ fn check_lora_grads(
     same_len("dBv", out.dbv.len(), sh.kv_dim() * r)?;
     same_len("dAq", out.daq.len(), r * hidden)?;
     same_len("dAv", out.dav.len(), r * hidden)?;
-    same_len("scratch rows", ws.rows, rows)?;
     let floats = LoraGradsWorkspace::floats(sh, hidden);
     same_len("scratch", ws.partials.len(), floats)
 }

@@ -474,7 +474,7 @@ impl Attention<'_> {
         d: &mut Grads,
         g: &mut [CudaSlice<f32>],
     ) -> Result<()> {
-        if ctx.bwd != GemmMath::Tf32 || gpu.facts().compute_capability.0 < 8 {
+        if ctx.bwd != GemmMath::Tf32 || !kernels::lora_grads_tf32_runs(gpu) {
             return self.lora_backward_cublas(gpu, ctx, a, d, g);
         }
         let slots = [Slot::QB, Slot::VB, Slot::QA, Slot::VA].map(|s| self.params.index(s));
