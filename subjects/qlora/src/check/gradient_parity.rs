@@ -22,7 +22,8 @@ use serde::Deserialize;
 use super::doc::PRECISIONS;
 use super::doc::{ParamDefault::*, ParamDoc, Piece::*, ANY_PRESET};
 
-use super::params::{BaseWeights, BaseWeightsDef, ModelName, NonNegative, Positive, Precision};
+use super::params::{BackwardMath, BaseWeights, BaseWeightsDef, ModelName, NonNegative};
+use super::params::{Positive, Precision};
 use super::{Backend, Here, Kind, Measurement, TrialContext, Validate};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -31,10 +32,13 @@ pub struct Params {
     pub model: ModelName,
     #[serde(default, with = "BaseWeightsDef")]
     pub base: BaseWeights,
-    /// GEMM precision of the GPU forward pass: `f32` or `tf32` (the backward
-    /// GEMMs run as the context's options say).
+    /// GEMM precision of the GPU forward pass: `f32` or `tf32`.
     #[serde(default)]
     pub precision: Precision,
+    /// Math of the GPU backward's GEMMs (`tf32` also runs the LoRA weight
+    /// gradients on the step's own TF32 kernels).
+    #[serde(default)]
+    pub backward_math: BackwardMath,
     /// Standard deviation of the LoRA `B` factors at the probed point (at
     /// `B = 0` the gradient of `A` is exactly zero and a relative error of it
     /// says nothing).
@@ -72,6 +76,12 @@ pub const PARAMS: &[ParamDoc] = &[
         default: Yaml("f32"),
         bound: &[OneOf(PRECISIONS), Text("; only `f32` and `tf32` validate")],
         meaning: "GEMM precision of the GPU forward",
+    },
+    ParamDoc {
+        name: "backward_math",
+        default: Yaml("fp32"),
+        bound: &[OneOf(&["fp32", "tf32"])],
+        meaning: "math of the GPU backward's GEMMs",
     },
     ParamDoc {
         name: "b_std",
@@ -149,10 +159,11 @@ fn gradient_parity(p: &Params, cx: &mut TrialContext<'_>) -> Result<Measurement>
     }
     let mut m = Measurement::new("max_tensor_rel_l2", worst, Comparator::Le, p.tolerance.0, "rel")
         .with_detail(format!(
-            "model {} ({:?} base, {:?} forward GEMMs) on {}; {} tensors; loss gpu {loss:.6} vs reference {ref_loss:.6}; worst {worst_name}",
+            "model {} ({:?} base, {:?} forward GEMMs, {:?} backward GEMMs) on {}; {} tensors; loss gpu {loss:.6} vs reference {ref_loss:.6}; worst {worst_name}",
             cfg.name,
             p.base,
             p.precision,
+            p.backward_math,
             gpu.facts().name,
             grads.len()
         ));
@@ -185,7 +196,7 @@ pub fn reference_macs(cfg: &ModelConfig) -> f64 {
 
 impl Params {
     /// The GPU step's options: one global clip, no graph, the contract's
-    /// forward GEMM math.
+    /// GEMM math in each direction.
     fn options(&self) -> GpuTrainOptions {
         GpuTrainOptions {
             clip: ClipMode::Global,
@@ -196,7 +207,10 @@ impl Params {
                 Precision::Tf32 => GemmMath::Tf32,
                 _ => GemmMath::Fp32,
             }),
-            backward_math: None,
+            backward_math: match self.backward_math {
+                BackwardMath::Fp32 => None,
+                BackwardMath::Tf32 => Some(GemmMath::Tf32),
+            },
             keep_mlp: false,
             transposed_weights: false,
             f16_lm_head: false,
