@@ -131,37 +131,51 @@ __device__ __forceinline__ void qkv_angles(float* sn, float* cs, const float* __
     }
 }
 
-// acc[rr] = sum_j u[rr][j] * B[c, j] over the block's rows (B a [out, r]
-// LoRA B): each B value is loaded once for all QKV_ROWS rows. Lanes read
-// rows of B 4r bytes apart, so each load instruction touches a cache line
-// per lane or two, and the L1 passes of those loads set the kernel's time:
-// with r % 4 == 0 they are 16-byte loads, a quarter of the instructions and
-// of the passes. The loop stays rolled: unrolled it tripled the module's
-// NVRTC time, which is on the cold pre-warm's critical path.
+// acc[g][rr] = sum_j u[rr][u_col + j] * B[c[g], j] over the block's rows, for
+// G columns c[g] of one LoRA B ([out, r]), each sum an FMA chain in j order.
+// Each B value is loaded once for all QKV_ROWS rows. With r % 4 == 0 (the
+// common case) B and u are read four values at a time: a 16-byte load of each
+// column's B and one 16-byte shared load of u per row feed 4 G QKV_ROWS FMAs;
+// one value at a time, the shared loads of u outnumbered the FMAs and the
+// warps waited on them. q's two rotated columns (G = 2) share one loop, so u
+// is read once for both. The loop stays rolled: unrolled it tripled the
+// module's NVRTC time, which is on the cold pre-warm's critical path.
+template <int G>
 __device__ __forceinline__ void lora_up(const float (*u)[2 * QKV_MAX_RANK], int u_col,
-                                        const float* __restrict__ bmat, int c, int r, float* acc) {
-    const float* row = bmat + (size_t)c * r;
+                                        const float* __restrict__ bmat, const int (&c)[G], int r,
+                                        float (&acc)[G][QKV_ROWS]) {
     #pragma unroll
-    for (int rr = 0; rr < QKV_ROWS; ++rr) acc[rr] = 0.0f;
-    const int step = r % 4 == 0 ? 4 : 1;
-    #pragma unroll 1
-    for (int j = 0; j < r; j += step) {
-        float b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (step == 4) {
-            const float4 x = __ldg(reinterpret_cast<const float4*>(row + j));
-            b[0] = x.x;
-            b[1] = x.y;
-            b[2] = x.z;
-            b[3] = x.w;
-        } else {
-            b[0] = __ldg(row + j);
-        }
+    for (int g = 0; g < G; ++g)
         #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            if (k >= step) break;  // u holds no values past column 2r
+        for (int rr = 0; rr < QKV_ROWS; ++rr) acc[g][rr] = 0.0f;
+    if (r % 4 != 0) {  // r is 1 or 2: one value at a time
+        #pragma unroll 1
+        for (int j = 0; j < r; ++j)
             #pragma unroll
-            for (int rr = 0; rr < QKV_ROWS; ++rr)
-                acc[rr] = fmaf(u[rr][u_col + j + k], b[k], acc[rr]);
+            for (int g = 0; g < G; ++g) {
+                const float b = __ldg(bmat + (size_t)c[g] * r + j);
+                #pragma unroll
+                for (int rr = 0; rr < QKV_ROWS; ++rr)
+                    acc[g][rr] = fmaf(u[rr][u_col + j], b, acc[g][rr]);
+            }
+        return;
+    }
+    #pragma unroll 1
+    for (int j = 0; j < r; j += 4) {
+        float4 b[G];
+        #pragma unroll
+        for (int g = 0; g < G; ++g)
+            b[g] = __ldg(reinterpret_cast<const float4*>(bmat + (size_t)c[g] * r + j));
+        #pragma unroll
+        for (int rr = 0; rr < QKV_ROWS; ++rr) {
+            const float4 x = *reinterpret_cast<const float4*>(&u[rr][u_col + j]);
+            #pragma unroll
+            for (int g = 0; g < G; ++g) {
+                acc[g][rr] = fmaf(x.x, b[g].x, acc[g][rr]);
+                acc[g][rr] = fmaf(x.y, b[g].y, acc[g][rr]);
+                acc[g][rr] = fmaf(x.z, b[g].z, acc[g][rr]);
+                acc[g][rr] = fmaf(x.w, b[g].w, acc[g][rr]);
+            }
         }
     }
 }
@@ -174,7 +188,9 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
                                             float* __restrict__ v, int rows, int seq, int heads,
                                             int kv_heads, int head_dim, int r,
                                             const float* __restrict__ table) {
-    __shared__ float u[QKV_ROWS][2 * QKV_MAX_RANK];
+    // 16-byte aligned: lora_up reads each row's values four at a time (r,
+    // and with it the v columns' offset, is then a multiple of 4).
+    __shared__ __align__(16) float u[QKV_ROWS][2 * QKV_MAX_RANK];
     __shared__ float sn[QKV_ROWS * QKV_MAX_HALF], cs[QKV_ROWS * QKV_MAX_HALF];
     const int half = head_dim / 2;
     const int qd = heads * head_dim, kvd = kv_heads * head_dim;
@@ -196,19 +212,16 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
                 const int p = is_q ? w : w - q_pairs;
                 const int i = p % half;
                 const int c1 = (p / half) * head_dim + i, c2 = c1 + half;
-                float l1[QKV_ROWS] = {0.0f}, l2[QKV_ROWS] = {0.0f};
-                if (is_q) {
-                    lora_up(u, 0, bq, c1, r, l1);
-                    lora_up(u, 0, bq, c2, r, l2);
-                }
+                float l[2][QKV_ROWS] = {};
+                if (is_q) lora_up<2>(u, 0, bq, {c1, c2}, r, l);
                 const int col = is_q ? 0 : qd;
                 const float b1 = bias[col + c1], b2 = bias[col + c2];
-                #pragma unroll  // registers l1, l2, lv: indexed by constants only
+                #pragma unroll  // registers l, lv: indexed by constants only
                 for (int rr = 0; rr < QKV_ROWS; ++rr) {
                     if (rr >= nrows) continue;
                     const float* yr = y + (size_t)(row0 + rr) * ld;
-                    const float x1 = (yr[col + c1] + b1) + s * l1[rr];
-                    const float x2 = (yr[col + c2] + b2) + s * l2[rr];
+                    const float x1 = (yr[col + c1] + b1) + s * l[0][rr];
+                    const float x2 = (yr[col + c2] + b2) + s * l[1][rr];
                     const float sf = sn[rr * half + i], cf = cs[rr * half + i];
                     float* out = is_q ? qr + (size_t)(row0 + rr) * qd : kr + (size_t)(row0 + rr) * kvd;
                     out[c1] = x1 * cf - x2 * sf;
@@ -216,14 +229,14 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
                 }
             } else {
                 const int c = w - q_pairs - k_pairs;
-                float lv[QKV_ROWS];
-                lora_up(u, r, bv, c, r, lv);
+                float lv[1][QKV_ROWS];
+                lora_up<1>(u, r, bv, {c}, r, lv);
                 const float b = bias[qd + kvd + c];
-                #pragma unroll  // registers l1, l2, lv: indexed by constants only
+                #pragma unroll  // registers l, lv: indexed by constants only
                 for (int rr = 0; rr < QKV_ROWS; ++rr) {
                     if (rr >= nrows) continue;
                     const float* yr = y + (size_t)(row0 + rr) * ld;
-                    v[(size_t)(row0 + rr) * kvd + c] = (yr[qd + kvd + c] + b) + s * lv[rr];
+                    v[(size_t)(row0 + rr) * kvd + c] = (yr[qd + kvd + c] + b) + s * lv[0][rr];
                 }
             }
         }
