@@ -371,3 +371,14 @@ pub const MODULES: &[ModuleSource] = &[
 pub fn module(name: &str) -> Option<&'static ModuleSource> {
     MODULES.iter().find(|m| m.name == name)
 }
+
+/// The value of `#define name` in a kernel source, for the launchers' tests
+/// that their constants are the kernels'.
+#[cfg(test)]
+pub(crate) fn cu_define(source: &str, name: &str) -> Option<usize> {
+    let prefix = format!("#define {name} ");
+    source
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+}

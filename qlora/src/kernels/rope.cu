@@ -112,6 +112,7 @@ extern "C" __global__ void rope_bwd_f32(const float* __restrict__ dy, float* __r
 // halves compile side by side in half the time of one module.
 
 #define QKV_THREADS 512
+#define QKV_FWD_THREADS 128
 #define QKV_ROWS 4
 #define QKV_MAX_RANK 16
 #define QKV_MAX_HALF 128
@@ -196,6 +197,10 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
     const int qd = heads * head_dim, kvd = kv_heads * head_dim;
     const int q_pairs = heads * half, k_pairs = kv_heads * half;
     const int items = q_pairs + k_pairs + kvd;
+    // One item a thread: blockIdx.y picks QKV_FWD_THREADS of them. A block
+    // that looped over all of a row group's items left most of its threads
+    // idle in the last pass and waited on each pass's loads in turn.
+    const int w = blockIdx.y * QKV_FWD_THREADS + threadIdx.x;
     for (int row0 = blockIdx.x * QKV_ROWS; row0 < rows; row0 += gridDim.x * QKV_ROWS) {
         __syncthreads();  // the previous rows' u and angles are no longer read
         for (int t = threadIdx.x; t < QKV_ROWS * 2 * r; t += blockDim.x) {
@@ -205,8 +210,7 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
         qkv_angles(sn, cs, table, row0, rows, seq, half, 1.0f);
         __syncthreads();
         const int nrows = min(QKV_ROWS, rows - row0);
-        #pragma unroll 1
-        for (int w = threadIdx.x; w < items; w += blockDim.x) {
+        if (w < items) {
             if (w < q_pairs + k_pairs) {
                 const bool is_q = w < q_pairs;
                 const int p = is_q ? w : w - q_pairs;

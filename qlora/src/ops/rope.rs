@@ -127,8 +127,12 @@ const QKV_BWD_BF16: Signature = (
     ],
 );
 
-/// Threads of a block of the fused q/k/v epilogues (`QKV_THREADS`).
+/// Threads of a block of the fused q/k/v epilogue's backward (`QKV_THREADS`).
 const QKV_THREADS: u32 = 512;
+
+/// Threads of a block of its forward (`QKV_FWD_THREADS`), one item (a
+/// rotated pair of q or k, or a column of v) each.
+const QKV_FWD_THREADS: u32 = 128;
 
 /// Rows a block of the fused q/k/v epilogues takes (`QKV_ROWS`).
 const QKV_ROWS: usize = 4;
@@ -230,13 +234,33 @@ impl QkvShape {
         4 * QKV_ROWS * (self.q_dim() + self.kv_dim())
     }
 
-    /// One block per `QKV_ROWS` rows (grid-stride beyond 65,536 blocks).
+    /// The backward: one block per `QKV_ROWS` rows (grid-stride beyond
+    /// 65,536 blocks).
     fn launch_config(&self, shared_bytes: usize) -> LaunchConfig {
         LaunchConfig {
-            grid_dim: (self.rows.div_ceil(QKV_ROWS).min(1 << 16) as u32, 1, 1),
+            grid_dim: (self.row_blocks(), 1, 1),
             block_dim: (QKV_THREADS, 1, 1),
             shared_mem_bytes: shared_bytes as u32,
         }
+    }
+
+    /// The forward: as the backward along x, and along y one block per
+    /// `QKV_FWD_THREADS` items (`q_dim / 2 + kv_dim / 2 + kv_dim` of them).
+    fn forward_launch_config(&self) -> LaunchConfig {
+        let items = self.q_dim() / 2 + self.kv_dim() / 2 + self.kv_dim();
+        LaunchConfig {
+            grid_dim: (
+                self.row_blocks(),
+                items.div_ceil(QKV_FWD_THREADS as usize) as u32,
+                1,
+            ),
+            block_dim: (QKV_FWD_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    fn row_blocks(&self) -> u32 {
+        self.rows.div_ceil(QKV_ROWS).min(1 << 16) as u32
     }
 }
 
@@ -305,14 +329,15 @@ pub fn qkv_forward(
     // const float* bv, const float* bias, float s, float* qr, float* kr, float*
     // v, int rows, int seq, int heads, int kv_heads, int head_dim, int r, const
     // float* table): lengths checked above (the table is [2][seq][head_dim / 2], read at
-    // pos < seq, i < head_dim / 2). Row `row < rows` reads y[row * ld + c] for c <
+    // pos < seq, i < head_dim / 2). A thread whose item is past the last does
+    // nothing but wait at the block's barriers. Row `row < rows` reads y[row * ld + c] for c <
     // width = ld, bias[c] for c < q_dim + 2 kv_dim (its length),
     // bq[c * r + j] for c < q_dim, bv[c * r + j] for c < kv_dim,
     // j < r <= QKV_MAX_RANK (the static u and B-row arrays; head_dim / 2 <=
     // QKV_MAX_HALF sizes the angle arrays), and writes qr, kr, v only at
     // row * (their width) + c below that width. The outputs are distinct
     // mutable buffers, so nothing aliases.
-    unsafe { l.launch(sh.launch_config(0)) }?;
+    unsafe { l.launch(sh.forward_launch_config()) }?;
     Ok(())
 }
 
@@ -545,6 +570,18 @@ pub fn backward(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The launchers size their grids, blocks and shared memory by the
+    /// kernels' own constants.
+    #[test]
+    fn qkv_constants_are_the_kernels() {
+        let define = |name| crate::kernels::cu_define(include_str!("../kernels/rope.cu"), name);
+        assert_eq!(define("QKV_THREADS"), Some(QKV_THREADS as usize));
+        assert_eq!(define("QKV_FWD_THREADS"), Some(QKV_FWD_THREADS as usize));
+        assert_eq!(define("QKV_ROWS"), Some(QKV_ROWS));
+        assert_eq!(define("QKV_MAX_RANK"), Some(QKV_MAX_RANK));
+        assert_eq!(define("QKV_MAX_HALF"), Some(QKV_MAX_HALF));
+    }
 
     #[test]
     fn shapes_the_kernels_cannot_take_are_refused() {

@@ -388,12 +388,7 @@ mod tests {
 
     /// The value of `#define name` in train.cu.
     fn cu_define(name: &str) -> Option<usize> {
-        let source = include_str!("../kernels/train.cu");
-        let prefix = format!("#define {name} ");
-        source
-            .lines()
-            .find_map(|l| l.strip_prefix(prefix.as_str()))
-            .and_then(|v| v.trim().parse().ok())
+        crate::kernels::cu_define(include_str!("../kernels/train.cu"), name)
     }
 
     /// The launcher sizes the grid and the scratch by the kernel's own tile,
