@@ -583,6 +583,25 @@ mod tests {
         assert_eq!(define("QKV_MAX_HALF"), Some(QKV_MAX_HALF));
     }
 
+    /// qwen2.5-0.5b's layer (14 heads and 2 kv heads of 64, batch 4 x seq
+    /// 256): 448 q pairs, 64 k pairs and 128 v columns, one a thread.
+    #[test]
+    fn the_forward_grid_gives_every_item_a_thread() {
+        let qkv = QkvShape {
+            rows: 1024,
+            seq: 256,
+            heads: 14,
+            kv_heads: 2,
+            head_dim: 64,
+            rank: 16,
+        };
+        let cfg = qkv.forward_launch_config();
+        assert_eq!(cfg.grid_dim, (256, 5, 1));
+        assert_eq!(cfg.block_dim, (QKV_FWD_THREADS, 1, 1));
+        let threads = (cfg.grid_dim.1 * cfg.block_dim.0) as usize;
+        assert!(threads >= 448 + 64 + 128 && threads - (448 + 64 + 128) < 128);
+    }
+
     #[test]
     fn shapes_the_kernels_cannot_take_are_refused() {
         assert!(check_shape(4, 256, 14, 64).is_ok());
