@@ -259,6 +259,8 @@ impl QkvShape {
         }
     }
 
+    /// Blocks along x: one per `QKV_ROWS` rows, at most 65,536 (the
+    /// kernels stride over the rest).
     fn row_blocks(&self) -> u32 {
         self.rows.div_ceil(QKV_ROWS).min(1 << 16) as u32
     }

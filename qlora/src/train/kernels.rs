@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{to_i32, GpuContext, TensorTable};
 use crate::kernels::abi::{Arg, Signatures};
 use crate::ops::cast::Bf16;
-use crate::ops::launch::DependentLaunch;
+use crate::ops::launch::{expect_len, DependentLaunch};
 use crate::ops::rope::QkvShape;
 use crate::train::AdamW;
 
@@ -304,15 +304,16 @@ fn check_lora_grads(
             ),
         });
     }
-    same_len("y", y.len(), rows * sh.width())?;
-    same_len("dy", dy.len(), rows * sh.width())?;
-    same_len("n1", n1.len(), rows * hidden)?;
-    same_len("dBq", out.dbq.len(), sh.q_dim() * r)?;
-    same_len("dBv", out.dbv.len(), sh.kv_dim() * r)?;
-    same_len("dAq", out.daq.len(), r * hidden)?;
-    same_len("dAv", out.dav.len(), r * hidden)?;
+    const OP: &str = "lora_grads";
+    expect_len(OP, "y", y.len(), &[rows, sh.width()])?;
+    expect_len(OP, "dy", dy.len(), &[rows, sh.width()])?;
+    expect_len(OP, "n1", n1.len(), &[rows, hidden])?;
+    expect_len(OP, "dBq", out.dbq.len(), &[sh.q_dim(), r])?;
+    expect_len(OP, "dBv", out.dbv.len(), &[sh.kv_dim(), r])?;
+    expect_len(OP, "dAq", out.daq.len(), &[r, hidden])?;
+    expect_len(OP, "dAv", out.dav.len(), &[r, hidden])?;
     let floats = LoraGradsWorkspace::floats(sh, hidden);
-    same_len("scratch", ws.partials.len(), floats)
+    expect_len(OP, "scratch", ws.partials.len(), &[floats])
 }
 
 /// `lora_grads_partial_tf32`: each slice's sums into the scratch.
