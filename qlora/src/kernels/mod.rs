@@ -234,8 +234,6 @@ pub const MODULES: &[ModuleSource] = &[
         "train",
         [
             "step_count_advance_i32",
-            "accumulate_fwd_f32",
-            "accumulate_fwd_f32_bf16",
             "lora_grads_partial_tf32",
             "lora_grads_final_f32",
             "adamw_multi_devt_f32"

@@ -178,16 +178,27 @@ __device__ float2 group_sum2(float a, float b) {
 }
 
 // Pack j of a row's dx, r * dy * gamma - x * proj (proj = r^3 <u, x> / hidden),
-// stored; the pack's dgamma terms dy * x * r added to acc.
-__device__ __forceinline__ void bwd_pack(float* dxr, int j, int hidden, bool vec, float4 v,
-                                         float4 d, float4 g, float r, float proj, float4& acc) {
-    store_pack(dxr, j, hidden, vec,
-               make_float4(r * d.x * g.x - v.x * proj, r * d.y * g.y - v.y * proj,
-                           r * d.z * g.z - v.z * proj, r * d.w * g.w - v.w * proj));
+// added onto `old` (the pack's earlier value, the residual stream's gradient)
+// when given (old + dx, the order the separate accumulate kernel added them
+// in), stored, and with dx16r also its bf16 rounding (nearest, ties to even);
+// the pack's dgamma terms dy * x * r added to acc.
+__device__ __forceinline__ void bwd_pack(float* dxr, unsigned short* dx16r, int j, int hidden,
+                                         bool vec, float4 v, float4 d, float4 g, float r,
+                                         float proj, const float4* old, float4& acc) {
+    float4 o = make_float4(r * d.x * g.x - v.x * proj, r * d.y * g.y - v.y * proj,
+                           r * d.z * g.z - v.z * proj, r * d.w * g.w - v.w * proj);
+    if (old) o = make_float4(old->x + o.x, old->y + o.y, old->z + o.z, old->w + o.w);
+    store_pack(dxr, j, hidden, vec, o);
+    if (dx16r) store_pack<StoreBf16>(dx16r, j, hidden, vec, o);
     acc.x += d.x * v.x * r;
     acc.y += d.y * v.y * r;
     acc.z += d.z * v.z * r;
     acc.w += d.w * v.w * r;
+}
+
+// The row `base` of dx16, or null without one.
+__device__ __forceinline__ unsigned short* row16(unsigned short* dx16, size_t base) {
+    return dx16 ? dx16 + base : nullptr;
 }
 
 // One chunk of the backward: rows [r0, r1), its dgamma partial into
@@ -199,6 +210,7 @@ __device__ __forceinline__ void bwd_pack(float* dxr, int j, int hidden, bool vec
 template <int P>
 __device__ void rmsnorm_bwd_chunk(const float* __restrict__ x, const float* __restrict__ gamma,
                                   const float* __restrict__ dy, float* __restrict__ dx,
+                                  unsigned short* __restrict__ dx16, bool onto,
                                   float* __restrict__ partial, int r0, int r1, int hidden,
                                   float eps, int packs, bool vec) {
     __shared__ float4 group_acc[1024];
@@ -238,7 +250,9 @@ __device__ void rmsnorm_bwd_chunk(const float* __restrict__ x, const float* __re
         for (int k = 0; k < P; ++k) {
             const int j = pack_index(k, packs);
             if (j < 0) continue;
-            bwd_pack(dx + base, j, hidden, vec, xv[k], dv[k], gv[k], r, proj, acc[k]);
+            const float4 old = onto ? load_pack(dx + base, j, hidden, vec) : z;
+            bwd_pack(dx + base, row16(dx16, base), j, hidden, vec, xv[k], dv[k], gv[k], r, proj,
+                     onto ? &old : nullptr, acc[k]);
         }
     }
     if (blockDim.y > 1) {
@@ -274,17 +288,23 @@ __device__ void rmsnorm_bwd_chunk(const float* __restrict__ x, const float* __re
 // takes chunks b, b + gridDim.x, ... (one each, except under the test-only
 // serialised launch, which runs one block). Each thread holds P packs, so
 // 4 * P * blockDim.x >= hidden; the bounds keep P's registers within the SM.
+// With `onto` each row's dx is added onto what dx holds (dx += rmsnorm'(dy):
+// the step's residual gradient, without a separate accumulate pass); with
+// dx16 (else null) the stored values' bf16 rounding goes there too.
 template <int P>
 __device__ void rmsnorm_bwd(const float* __restrict__ x, const float* __restrict__ gamma,
                             const float* __restrict__ dy, float* __restrict__ dx,
                             float* __restrict__ partials, int rows, int hidden, float eps,
-                            int rows_per_chunk, int chunks) {
+                            int rows_per_chunk, int chunks, int onto,
+                            unsigned short* __restrict__ dx16) {
     const int packs = (hidden + 3) / 4;
     const bool vec = hidden % 4 == 0 && aligned16(x) && aligned16(dy) && aligned16(dx) &&
-                     aligned16(gamma) && aligned16(partials);
+                     aligned16(gamma) && aligned16(partials) &&
+                     (!dx16 || StoreBf16::vec(dx16));
     for (int c = blockIdx.x; c < chunks; c += gridDim.x) {
-        rmsnorm_bwd_chunk<P>(x, gamma, dy, dx, partials + (size_t)c * hidden, c * rows_per_chunk,
-                             min(rows, (c + 1) * rows_per_chunk), hidden, eps, packs, vec);
+        rmsnorm_bwd_chunk<P>(x, gamma, dy, dx, dx16, onto != 0, partials + (size_t)c * hidden,
+                             c * rows_per_chunk, min(rows, (c + 1) * rows_per_chunk), hidden,
+                             eps, packs, vec);
     }
 }
 
@@ -299,13 +319,14 @@ template <int P>
 __device__ void rmsnorm_bwd_warp(const float* __restrict__ x, const float* __restrict__ gamma,
                                  const float* __restrict__ dy, float* __restrict__ dx,
                                  float* __restrict__ partials, int rows, int hidden, float eps,
-                                 int rows_per_chunk, int chunks) {
+                                 int rows_per_chunk, int chunks, int onto,
+                                 unsigned short* __restrict__ dx16) {
     __shared__ float4 warp_acc[WARP_ROWS_MAX * 32 * P];
     const int lane = threadIdx.x;
     const int w = threadIdx.y;
     const int packs = (hidden + 3) / 4;
     // Packs only: the launcher runs these builds on rows with hidden % 4 == 0
-    // and every buffer 16-byte aligned (ops/rmsnorm.rs), other rows on the
+    // and every buffer 16-byte aligned, dx16 8-byte (ops/rmsnorm.rs), other rows on the
     // row-group builds. Without the scalar path the module compiles in half
     // the time, and it is on the cold pre-warm's critical path.
     const bool vec = true;
@@ -323,12 +344,13 @@ __device__ void rmsnorm_bwd_warp(const float* __restrict__ x, const float* __res
         for (int k = 0; k < P; ++k) acc[k] = z;
         for (int row = c * rows_per_chunk + w; row < r1; row += blockDim.y) {
             const size_t base = (size_t)row * hidden;
-            float4 xv[P], dv[P];
+            float4 xv[P], dv[P], ov[P];
             #pragma unroll
             for (int k = 0; k < P; ++k) {  // every load issued before any is used
                 const int j = lane + 32 * k;
                 xv[k] = j < packs ? load_pack(x + base, j, hidden, vec) : z;
                 dv[k] = j < packs ? load_pack(dy + base, j, hidden, vec) : z;
+                ov[k] = onto && j < packs ? load_pack(dx + base, j, hidden, vec) : z;
             }
             float ss = 0.0f;
             float dot = 0.0f;  // <dy * gamma, x>
@@ -347,7 +369,8 @@ __device__ void rmsnorm_bwd_warp(const float* __restrict__ x, const float* __res
             for (int k = 0; k < P; ++k) {
                 const int j = lane + 32 * k;
                 if (j >= packs) continue;
-                bwd_pack(dx + base, j, hidden, vec, xv[k], dv[k], gv[k], r, proj, acc[k]);
+                bwd_pack(dx + base, row16(dx16, base), j, hidden, vec, xv[k], dv[k], gv[k], r,
+                         proj, onto ? &ov[k] : nullptr, acc[k]);
             }
         }
         // warp_acc[w][j]: warp w's sum for pack j = lane + 32 k.
@@ -374,9 +397,10 @@ __device__ void rmsnorm_bwd_warp(const float* __restrict__ x, const float* __res
     extern "C" __global__ void __launch_bounds__(WARP_ROWS_MAX * 32) rmsnorm_bwd_warp##P##_f32( \
         const float* __restrict__ x, const float* __restrict__ gamma,                           \
         const float* __restrict__ dy, float* __restrict__ dx, float* __restrict__ partials,      \
-        int rows, int hidden, float eps, int rows_per_chunk, int chunks) {                      \
+        int rows, int hidden, float eps, int rows_per_chunk, int chunks, int onto,              \
+        unsigned short* __restrict__ dx16) {                                                    \
         rmsnorm_bwd_warp<P>(x, gamma, dy, dx, partials, rows, hidden, eps, rows_per_chunk,      \
-                            chunks);                                                            \
+                            chunks, onto, dx16);                                                \
     }
 // One build per module (RMS_WARP_PACKS from kernels/mod.rs): each compiles
 // alone, so the cold pre-warm waits on no module of all four.
@@ -398,8 +422,9 @@ RMSNORM_BWD_WARP(8)
 extern "C" __global__ void __launch_bounds__(1024) rmsnorm_bwd_f32(
     const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ dy,
     float* __restrict__ dx, float* __restrict__ partials, int rows, int hidden, float eps,
-    int rows_per_chunk, int chunks) {
-    rmsnorm_bwd<1>(x, gamma, dy, dx, partials, rows, hidden, eps, rows_per_chunk, chunks);
+    int rows_per_chunk, int chunks, int onto, unsigned short* __restrict__ dx16) {
+    rmsnorm_bwd<1>(x, gamma, dy, dx, partials, rows, hidden, eps, rows_per_chunk, chunks, onto,
+                    dx16);
 }
 
 #elif RMS_PART == 8
@@ -408,8 +433,9 @@ extern "C" __global__ void __launch_bounds__(1024) rmsnorm_bwd_f32(
 extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd_wide_f32(
     const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ dy,
     float* __restrict__ dx, float* __restrict__ partials, int rows, int hidden, float eps,
-    int rows_per_chunk, int chunks) {
-    rmsnorm_bwd<8>(x, gamma, dy, dx, partials, rows, hidden, eps, rows_per_chunk, chunks);
+    int rows_per_chunk, int chunks, int onto, unsigned short* __restrict__ dx16) {
+    rmsnorm_bwd<8>(x, gamma, dy, dx, partials, rows, hidden, eps, rows_per_chunk, chunks, onto,
+                    dx16);
 }
 
 #else

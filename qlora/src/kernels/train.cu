@@ -10,8 +10,6 @@
 //                           read from device memory (a captured kernel
 //                           argument would freeze t at its capture-time value);
 //   step_count_advance_i32  t[0] += by, one thread (the graph advances t itself);
-//   accumulate_fwd_f32      y += x, element-wise (gradient accumulation);
-//   accumulate_fwd_f32_bf16 the same, also writing the sum's bf16 rounding;
 //   lora_grads_*            the four LoRA weight gradients of a layer's q and v,
 //                           on TF32 tensor cores, in two launches (below).
 //
@@ -21,26 +19,6 @@
 
 extern "C" __global__ void step_count_advance_i32(int* __restrict__ step, int by) {
     if (blockIdx.x == 0 && threadIdx.x == 0) step[0] += by;
-}
-
-extern "C" __global__ void accumulate_fwd_f32(float* __restrict__ y,
-                                              const float* __restrict__ x,
-                                              int n) {
-    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < n; k += gridDim.x * blockDim.x) {
-        y[k] += x[k];
-    }
-}
-
-// y += x, and y16 = bf16(y), the sum rounded once (the bf16 step's operand of
-// the next input-gradient GEMM, which a cast would otherwise round).
-extern "C" __global__ void accumulate_fwd_f32_bf16(float* __restrict__ y,
-                                                   const float* __restrict__ x,
-                                                   unsigned short* __restrict__ y16, int n) {
-    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < n; k += gridDim.x * blockDim.x) {
-        const float v = y[k] + x[k];
-        y[k] = v;
-        y16[k] = f32_to_bf16_bits(v);
-    }
 }
 
 extern "C" __global__ void adamw_multi_devt_f32(const unsigned long long* __restrict__ ptrs,

@@ -93,20 +93,23 @@ fn bwd_build(hidden: usize, packed: bool) -> &'static BwdBuild {
 }
 
 /// Whether the backward's rows move in 16-byte packs: `hidden` a multiple
-/// of four and every buffer starting 16-byte aligned (then so does every row).
+/// of four and every buffer starting 16-byte aligned (then so does every
+/// row), the bf16 copy `dx16` 8-byte aligned (four values a store).
 fn packed(
     gpu: &GpuContext,
     hidden: usize,
     views: [&CudaView<'_, f32>; 3],
     dx: &CudaViewMut<'_, f32>,
+    dx16: Option<&CudaViewMut<'_, Bf16>>,
 ) -> bool {
     let stream = gpu.stream();
-    let aligned = |ptr: u64| ptr.is_multiple_of(16);
+    let aligned = |ptr: u64, bytes: u64| ptr.is_multiple_of(bytes);
     // Event tracking is off on the context's stream (gpu/context.rs), so the
     // guards record nothing; only the addresses are read.
     hidden.is_multiple_of(4)
-        && views.iter().all(|v| aligned(v.device_ptr(stream).0))
-        && aligned(dx.device_ptr(stream).0)
+        && views.iter().all(|v| aligned(v.device_ptr(stream).0, 16))
+        && aligned(dx.device_ptr(stream).0, 16)
+        && dx16.is_none_or(|b| aligned(b.device_ptr(stream).0, 8))
 }
 
 /// The build of rows `hidden` wide in buffers that start 16-byte aligned
@@ -185,6 +188,8 @@ const BWD_ARGS: &[Arg] = &[
     Arg::F32,
     Arg::I32,
     Arg::I32,
+    Arg::I32,
+    Arg::Ptr,
 ];
 const DGAMMA_FINAL: Signature = (
     "rmsnorm_bwd_dgamma_final_f32",
@@ -428,10 +433,41 @@ pub fn backward(
     dgamma: &mut CudaViewMut<'_, f32>,
     ws: &mut BackwardWorkspace,
 ) -> Result<()> {
+    let out = DxOut {
+        dx,
+        onto: false,
+        dx16: None,
+    };
+    backward_to(gpu, (x, gamma, dy), (rows, hidden, eps), out, dgamma, ws)
+}
+
+/// Where the backward puts `dx`: written to `dx`, or added onto what it
+/// holds (`onto`: `dx += rmsnorm'(dy)`, the residual stream's gradient, in
+/// the backward's own pass); with `dx16` also the result's bf16 rounding
+/// (nearest, ties to even), the bf16 step's next GEMM operand.
+pub struct DxOut<'a, 'b> {
+    pub dx: &'a mut CudaViewMut<'b, f32>,
+    pub onto: bool,
+    pub dx16: Option<&'a mut CudaViewMut<'b, Bf16>>,
+}
+
+/// [`backward`] of `(x, gamma, dy)` with shape `(rows, hidden, eps)`, its
+/// `dx` stored as `out` says; `dgamma` as [`backward`] writes it.
+pub fn backward_to(
+    gpu: &mut GpuContext,
+    (x, gamma, dy): (&CudaView<'_, f32>, &CudaView<'_, f32>, &CudaView<'_, f32>),
+    (rows, hidden, eps): (usize, usize, f64),
+    out: DxOut<'_, '_>,
+    dgamma: &mut CudaViewMut<'_, f32>,
+    ws: &mut BackwardWorkspace,
+) -> Result<()> {
     check_dims(rows, hidden)?;
     expect_len("rmsnorm", "x", x.len(), &[rows, hidden])?;
     expect_len("rmsnorm", "dy", dy.len(), &[rows, hidden])?;
-    expect_len("rmsnorm", "dx", dx.len(), &[rows, hidden])?;
+    expect_len("rmsnorm", "dx", out.dx.len(), &[rows, hidden])?;
+    if let Some(dx16) = &out.dx16 {
+        expect_len("rmsnorm", "dx16", dx16.len(), &[rows, hidden])?;
+    }
     expect_len("rmsnorm", "gamma", gamma.len(), &[hidden])?;
     expect_len("rmsnorm", "dgamma", dgamma.len(), &[hidden])?;
     if (ws.rows, ws.hidden) != (rows, hidden) {
@@ -447,9 +483,15 @@ pub fn backward(
     let eps_f = eps as f32;
     let per_chunk_i = to_i32("rmsnorm", "rows per chunk", ws.rows_per_chunk)?;
     let chunks_i = to_i32("rmsnorm", "chunks", ws.chunks)?;
-    let build = bwd_build(hidden, packed(gpu, hidden, [x, gamma, dy], dx));
+    let DxOut { dx, onto, dx16 } = out;
+    let build = bwd_build(
+        hidden,
+        packed(gpu, hidden, [x, gamma, dy], dx, dx16.as_deref()),
+    );
     let f = gpu.function(build.module, build.symbol)?;
     let cfg = bwd_config(gpu, build, ws.chunks, hidden)?;
+    let onto_i = i32::from(onto);
+    let no_dx16 = 0u64;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(x)
         .arg(gamma)
@@ -457,18 +499,25 @@ pub fn backward(
         .arg(&mut *dx)
         .arg(&mut ws.partials);
     l.arg(&rows_i).arg(&hidden_i).arg(&eps_f);
-    l.arg(&per_chunk_i).arg(&chunks_i);
+    l.arg(&per_chunk_i).arg(&chunks_i).arg(&onto_i);
+    match dx16 {
+        Some(b) => l.arg(b),
+        None => l.arg(&no_dx16),
+    };
     // SAFETY: rmsnorm_bwd{_warp1,_warp2,_warp4,_warp8,,_wide}_f32(const float* x,
     // const float* gamma, const float* dy, float* dx, float* partials, int rows,
-    // int hidden, float eps, int rows_per_chunk, int chunks): x, dy, dx hold
-    // rows * hidden >= rows_i * hidden elements, gamma hidden, partials chunks
-    // * hidden (the workspace shape is checked above); chunk c touches rows
-    // [c * rows_per_chunk, min(rows_i, (c + 1) * rows_per_chunk)) and
-    // partials row c; hidden <= the build's max_hidden (bwd_build picks it),
-    // and a warp-per-row build, which loads and stores 16-byte packs, runs
-    // only on packed rows (hidden % 4 == 0, every buffer 16-byte aligned),
-    // and blockDim is as bwd_config documents, within the kernel's launch
-    // bounds.
+    // int hidden, float eps, int rows_per_chunk, int chunks, int onto, unsigned
+    // short* dx16): x, dy, dx (and dx16 when given; a null pointer otherwise,
+    // which the kernels test before every store) hold rows * hidden >= rows_i *
+    // hidden elements, gamma hidden, partials chunks * hidden (the workspace
+    // shape is checked above); dx and dx16 are mutable borrows aliasing no
+    // input, and each thread reads the elements of dx it writes before it
+    // writes them; chunk c touches rows [c * rows_per_chunk, min(rows_i, (c +
+    // 1) * rows_per_chunk)) and partials row c; hidden <= the build's
+    // max_hidden (bwd_build picks it), and a warp-per-row build, which loads
+    // and stores 16-byte packs (8-byte ones of dx16), runs only on packed rows
+    // (hidden % 4 == 0, every buffer aligned as `packed` checks), and blockDim
+    // is as bwd_config documents, within the kernel's launch bounds.
     unsafe { l.launch(cfg) }?;
     dgamma_final(gpu, build, &ws.partials, chunks_i, hidden_i, dgamma)
 }

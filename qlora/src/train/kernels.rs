@@ -2,12 +2,11 @@
 //! with the step number in device memory, the device step counter, in-place
 //! accumulation, and a layer's LoRA weight gradients in one pair of kernels.
 
-use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use crate::error::{Error, Result};
 use crate::gpu::{to_i32, GpuContext, TensorTable};
 use crate::kernels::abi::{Arg, Signatures};
-use crate::ops::cast::Bf16;
 use crate::ops::launch::{expect_len, DependentLaunch};
 use crate::ops::rope::QkvShape;
 use crate::train::AdamW;
@@ -17,11 +16,6 @@ pub const MODULE: &str = "train";
 /// Kernel argument lists, checked against the compiled PTX by a unit test.
 pub const SIGNATURES: Signatures = &[
     ("step_count_advance_i32", &[Arg::Ptr, Arg::I32]),
-    ("accumulate_fwd_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
-    (
-        "accumulate_fwd_f32_bf16",
-        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32],
-    ),
     (
         "lora_grads_partial_tf32",
         &[
@@ -134,44 +128,6 @@ pub fn advance_step(gpu: &mut GpuContext, step: &mut CudaSlice<i32>, by: i32) ->
     l.arg(step).arg(&by);
     // SAFETY: step_count_advance_i32(int* step, int by): step holds one
     // element (checked above); only thread 0 of block 0 touches it.
-    unsafe { l.launch(cfg) }?;
-    Ok(())
-}
-
-/// `y += x` element-wise.
-pub fn accumulate(gpu: &mut GpuContext, y: &mut CudaSlice<f32>, x: &CudaSlice<f32>) -> Result<()> {
-    same_len("x", x.len(), y.len())?;
-    let n_i = crate::ops::launch::elements("accumulate", y.len())?;
-    let f = gpu.function(MODULE, "accumulate_fwd_f32")?;
-    let cfg = gpu.launch_1d(y.len());
-    let mut l = gpu.stream().launch_builder(&f);
-    l.arg(y).arg(x).arg(&n_i);
-    // SAFETY: accumulate_fwd_f32(float* y, const float* x, int n): both hold
-    // n elements (checked above) and are distinct buffers (a mutable and a
-    // shared borrow).
-    unsafe { l.launch(cfg) }?;
-    Ok(())
-}
-
-/// `y += x` element-wise, and `y16` = the sum rounded to bf16 (nearest,
-/// ties to even): the bf16 step's residual gradient and the operand of the
-/// input-gradient GEMM after it, in one pass.
-pub fn accumulate_with_bf16(
-    gpu: &mut GpuContext,
-    y: &mut CudaSlice<f32>,
-    x: &CudaSlice<f32>,
-    y16: &mut CudaViewMut<'_, Bf16>,
-) -> Result<()> {
-    same_len("x", x.len(), y.len())?;
-    same_len("y16", y16.len(), y.len())?;
-    let n_i = crate::ops::launch::elements("accumulate", y.len())?;
-    let f = gpu.function(MODULE, "accumulate_fwd_f32_bf16")?;
-    let cfg = gpu.launch_1d(y.len());
-    let mut l = gpu.stream().launch_builder(&f);
-    l.arg(y).arg(x).arg(y16).arg(&n_i);
-    // SAFETY: accumulate_fwd_f32_bf16(float* y, const float* x, unsigned
-    // short* y16, int n): all three hold n elements (checked above) and are
-    // distinct buffers (two mutable borrows and a shared one).
     unsafe { l.launch(cfg) }?;
     Ok(())
 }

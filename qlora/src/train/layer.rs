@@ -365,8 +365,7 @@ impl Attention<'_> {
         g: &mut [CudaSlice<f32>],
     ) -> Result<()> {
         let c = &ctx.c;
-        let (rows, h) = (c.tokens(), c.hidden);
-        let (eps, bwd) = (ctx.c.rms_eps, ctx.bwd);
+        let bwd = ctx.bwd;
         let l = self.params.layer;
         // Attention branch: x2 = x + o(attention(rope(q), rope(k), v)).
         let d = &mut ws.grads;
@@ -397,19 +396,9 @@ impl Attention<'_> {
         let (a, d) = (&ws.layers[l], &mut ws.grads);
         self.lora_backward(gpu, ctx, a, d, g)?;
         let norm = self.params.index(Slot::AttnNorm);
-        rmsnorm::backward(
-            gpu,
-            &ws.xs[l].as_view(),
-            &self.params.get(Slot::AttnNorm).as_view(),
-            &d.dn1.as_view(),
-            rows,
-            h,
-            eps,
-            &mut d.dtmp.as_view_mut(),
-            &mut g[norm].as_view_mut(),
-            &mut d.norm,
-        )?;
-        accumulate_residual(gpu, (&mut d.dx, &d.dtmp), &mut ws.bf16_second_input)
+        let inputs = (&ws.xs[l], self.params.get(Slot::AttnNorm), &d.dn1);
+        let (dgamma, second) = (&mut g[norm], &mut ws.bf16_second_input);
+        norm_backward_onto_residual(gpu, c, inputs, (&mut d.dx, second), dgamma, &mut d.norm)
     }
 
     /// `dn1 = dy S` through the q/k/v stack `S`, from attention's gradients
@@ -598,33 +587,49 @@ fn bf16_input_grad(
     blas::gemm_half(gpu, spec, 1.0, dy16, w, beta, dx)
 }
 
-/// `dx += dtmp` at the end of a block's backward; with a bf16 base (which
-/// has the second bf16 buffer `second`) also `dx`'s bf16 rounding into its
-/// front, for the next block's first [`input_grad`] ([`Bf16Dy::InSecond`]).
-fn accumulate_residual(
+/// The end of a block's backward, in one pass: `dx += rmsnorm'(dn)`, the
+/// block's norm backward (of input `x`, weight `gamma`, output gradient
+/// `dn`) added onto the residual gradient `dx`, its weight gradient into
+/// `dgamma`; with a bf16 base (which has the second bf16 buffer `second`)
+/// also `dx`'s bf16 rounding into its front, for the next block's first
+/// [`input_grad`] ([`Bf16Dy::InSecond`]).
+fn norm_backward_onto_residual(
     gpu: &mut GpuContext,
-    (dx, dtmp): (&mut CudaSlice<f32>, &CudaSlice<f32>),
-    second: &mut Option<CudaSlice<Bf16>>,
+    c: &ModelConfig,
+    (x, gamma, dn): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (dx, second): (&mut CudaSlice<f32>, &mut Option<CudaSlice<Bf16>>),
+    dgamma: &mut CudaSlice<f32>,
+    ws: &mut rmsnorm::BackwardWorkspace,
 ) -> Result<()> {
-    if second.is_none() {
-        return kernels::accumulate(gpu, dx, dtmp);
-    }
-    let n = dx.len();
-    kernels::accumulate_with_bf16(gpu, dx, dtmp, &mut front_mut(second, n)?)
+    norm_backward(gpu, c, (x, gamma, dn), (dx, true, second), dgamma, ws)
 }
 
-/// With a bf16 base (which has the second bf16 buffer `second`), `dx`'s bf16
-/// rounding into its front: the head's backward hands the top layer its
-/// residual gradient as [`accumulate_residual`] hands it to the layers below.
-pub(super) fn residual_grad_to_bf16(
+/// `rmsnorm'(dn)` of input `x` and weight `gamma` into `dx` (added onto it
+/// when `onto`), its weight gradient into `dgamma`; with a bf16 base (which
+/// has the second bf16 buffer `second`) also `dx`'s bf16 rounding into its
+/// front. The top layer's residual gradient comes from the final norm
+/// written this way ([`super::step`]'s head), the layers' added onto it.
+pub(super) fn norm_backward(
     gpu: &mut GpuContext,
-    dx: &CudaSlice<f32>,
-    second: &mut Option<CudaSlice<Bf16>>,
+    c: &ModelConfig,
+    (x, gamma, dn): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (dx, onto, second): (&mut CudaSlice<f32>, bool, &mut Option<CudaSlice<Bf16>>),
+    dgamma: &mut CudaSlice<f32>,
+    ws: &mut rmsnorm::BackwardWorkspace,
 ) -> Result<()> {
-    if second.is_none() {
-        return Ok(());
-    }
-    cast::f32_to_bf16(gpu, &dx.as_view(), &mut front_mut(second, dx.len())?)
+    let n = dx.len();
+    let mut dx16 = match second {
+        Some(_) => Some(front_mut(second, n)?),
+        None => None,
+    };
+    let out = rmsnorm::DxOut {
+        dx: &mut dx.as_view_mut(),
+        onto,
+        dx16: dx16.as_mut(),
+    };
+    let inputs = (&x.as_view(), &gamma.as_view(), &dn.as_view());
+    let shape = (c.tokens(), c.hidden, c.rms_eps);
+    rmsnorm::backward_to(gpu, inputs, shape, out, &mut dgamma.as_view_mut(), ws)
 }
 
 /// `y = x W^T + beta y` of the frozen `lin`'s forward (`W` `[out, in]`, `x`
@@ -870,9 +875,7 @@ impl Mlp<'_> {
         ws: &mut Workspace,
         g: &mut [CudaSlice<f32>],
     ) -> Result<()> {
-        let c = &ctx.c;
-        let (rows, h) = (c.tokens(), c.hidden);
-        let (eps, bwd) = (ctx.c.rms_eps, ctx.bwd);
+        let (c, bwd) = (&ctx.c, ctx.bwd);
         let a = &ws.layers[self.params.layer];
         let d = &mut ws.grads;
         let mut stores = stores!(ws);
@@ -917,19 +920,9 @@ impl Mlp<'_> {
             }
         }
         let norm = self.params.index(Slot::MlpNorm);
-        rmsnorm::backward(
-            gpu,
-            &a.x2.as_view(),
-            &self.params.get(Slot::MlpNorm).as_view(),
-            &d.dn2.as_view(),
-            rows,
-            h,
-            eps,
-            &mut d.dtmp.as_view_mut(),
-            &mut g[norm].as_view_mut(),
-            &mut d.norm,
-        )?;
-        accumulate_residual(gpu, (&mut d.dx, &d.dtmp), &mut ws.bf16_second_input)
+        let inputs = (&a.x2, self.params.get(Slot::MlpNorm), &d.dn2);
+        let (dgamma, second) = (&mut g[norm], &mut ws.bf16_second_input);
+        norm_backward_onto_residual(gpu, c, inputs, (&mut d.dx, second), dgamma, &mut d.norm)
     }
 
     /// The forward's `gate` and `up` for the backward: the kept ones, else

@@ -187,8 +187,6 @@ pub struct Grads {
     pub dnf: CudaSlice<f32>,
     /// The residual-stream gradient, accumulated in place.
     pub dx: CudaSlice<f32>,
-    /// An RMSNorm's input gradient, before it is added to `dx`.
-    pub dtmp: CudaSlice<f32>,
     pub dn1: CudaSlice<f32>,
     pub dn2: CudaSlice<f32>,
     pub dact: CudaSlice<f32>,
@@ -345,7 +343,6 @@ impl Workspace {
                 },
                 dnf: z(t * c.hidden)?,
                 dx: z(t * c.hidden)?,
-                dtmp: z(t * c.hidden)?,
                 dn1: z(t * c.hidden)?,
                 dn2: z(t * c.hidden)?,
                 dact: z(t * c.intermediate)?,
@@ -389,7 +386,7 @@ impl Workspace {
     /// NF4 dequantisation targets, the leak fault's copy and buffers of `hidden` or
     /// `T` floats), computed before allocating so that a configuration that
     /// cannot fit is refused up front:
-    /// `4 * (layers * saved + (layers + 7) * T * hidden`
+    /// `4 * (layers * saved + (layers + 6) * T * hidden`
     /// `+ (1 + 3 f) * T * intermediate + 2 * T * (q_dim + kv_dim) + T * width`
     /// `+ attention scratch)` plus gate and up (the scratch's, and each
     /// layer's when kept: [`GateUp`], 2 bytes an element with a bf16 base),
@@ -398,7 +395,7 @@ impl Workspace {
     /// [`Workspace::bf16_second_input_len`], 2 bytes each) and the head's
     /// logits and their gradient ([`Workspace::head_bytes`]).
     /// Term by term: the residual stream (`layers + 1`), the final norm's
-    /// output and five hidden-wide gradients; SwiGLU's output gradient and,
+    /// output and four hidden-wide gradients; SwiGLU's output gradient and,
     /// unless the base is bf16 (`f` = 1, else 0), its f32 product and input
     /// gradients; attention's output gradient and dq (after
     /// RoPE), dk and dv; the fused projection's gradient.
@@ -406,7 +403,7 @@ impl Workspace {
         let t = c.tokens();
         let keep_mlp = options.keep_mlp;
         let floats = c.layers * LayerActs::floats(c, options.base)
-            + (c.layers + 7) * t * c.hidden
+            + (c.layers + 6) * t * c.hidden
             + 3 * t
             + t * c.intermediate
             + 3 * f32_swiglu(c, options.base).unwrap_or(0)
@@ -521,8 +518,8 @@ impl Workspace {
             + 2 * self.bf16_second_input.as_ref().map_or(0, |b| b.len())
             + d.dlogits.bytes()
             + f32s(&[
-                &d.dnf, &d.dx, &d.dtmp, &d.dn1, &d.dn2, &d.dact, &d.datt, &d.dqr, &d.dkr, &d.dv,
-                &d.dqkv, &d.attn,
+                &d.dnf, &d.dx, &d.dn1, &d.dn2, &d.dact, &d.datt, &d.dqr, &d.dkr, &d.dv, &d.dqkv,
+                &d.attn,
             ])
             + self.deq.iter().map(|b| 4 * b.len()).sum::<usize>()
             + self.stack.as_ref().map_or(0, |b| 4 * b.len())

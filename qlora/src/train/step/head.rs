@@ -17,7 +17,7 @@
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
 use super::super::blas;
-use super::super::layer::{front, front_mut, half_of, residual_grad_to_bf16};
+use super::super::layer::{front, front_mut, half_of, norm_backward};
 use super::super::weights::{BaseDevice, Table};
 use super::super::workspace::{head_chunks, Dlogits};
 use super::{head_mismatch, GpuTrainer};
@@ -191,19 +191,9 @@ impl GpuTrainer {
             }
             _ => return Err(head_mismatch()),
         }
-        rmsnorm::backward(
-            gpu,
-            &ws.xs[c.layers].as_view(),
-            &self.base.final_norm.as_view(),
-            &d.dnf.as_view(),
-            rows,
-            h,
-            c.rms_eps,
-            &mut d.dx.as_view_mut(),
-            &mut d.dfinal_gamma.as_view_mut(),
-            &mut d.norm,
-        )?;
-        residual_grad_to_bf16(gpu, &d.dx, &mut ws.bf16_second_input)
+        let inputs = (&ws.xs[c.layers], &self.base.final_norm, &d.dnf);
+        let out = (&mut d.dx, false, &mut ws.bf16_second_input);
+        norm_backward(gpu, &c, inputs, out, &mut d.dfinal_gamma, &mut d.norm)
     }
 }
 

@@ -6,15 +6,19 @@ use crate::check::op::Pass;
 use crate::check::params::Precision;
 use crate::error::Result;
 use crate::reference::rmsnorm as refop;
+use cudarc::driver::CudaSlice;
 use qlora::gpu::GpuContext;
 use qlora::model::ModelConfig;
 use qlora::ops::cast::Bf16;
 use qlora::ops::rmsnorm::*;
+use rand_chacha::ChaCha8Rng;
 
 /// `op_parity` of RMSNorm for one `{rows, hidden}` shape. Forward runs both the
 /// plain and the fused residual kernel (at precision `bf16`: the forward
 /// that also writes `y`'s bf16 rounding, held to the reference rounded to
-/// bf16); backward compares dx and dgamma.
+/// bf16); backward compares dx and dgamma (at precision `bf16`: the
+/// training step's form, dx added onto a residual gradient and the sum's
+/// bf16 rounding written in the same pass).
 pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
     let rows = case.shape.dim("rows");
     let hidden = case.shape.dim("hidden");
@@ -81,6 +85,9 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
             let fused_y = compare(&gpu.download(&y2)?, &want_y);
             Ok(plain.merge(fused_h).merge(fused_y))
         }
+        Pass::Backward if case.precision == Precision::Bf16 => {
+            backward_onto_residual(gpu, case, &mut rng, (&x, &gamma), (&d_x, &d_gamma))
+        }
         Pass::Backward => {
             let dy = uniform(&mut rng, n, -1.0, 1.0);
             let (want_dx, want_dg) = refop::backward(
@@ -112,4 +119,48 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
             Ok(c_dx.merge(c_dg))
         }
     }
+}
+
+/// The backward as the training step runs it: `dres += dx` on a residual
+/// gradient `dres` drawn for the case, with the sum's bf16 rounding, both
+/// held to `dres + dx` of the reference (the bf16 copy rounded as it holds
+/// it), and dgamma as the plain backward's.
+fn backward_onto_residual(
+    gpu: &mut GpuContext,
+    case: &Case<'_>,
+    rng: &mut ChaCha8Rng,
+    (x, gamma): (&[f32], &[f32]),
+    (d_x, d_gamma): (&CudaSlice<f32>, &CudaSlice<f32>),
+) -> Result<Comparison> {
+    let rows = case.shape.dim("rows");
+    let hidden = case.shape.dim("hidden");
+    let n = rows * hidden;
+    let eps = ModelConfig::RMS_EPS;
+    let dy = uniform(rng, n, -1.0, 1.0);
+    let dres_in = uniform(rng, n, -1.0, 1.0);
+    let eps_ref = f64::from(eps as f32);
+    let (want_dx, want_dg) =
+        refop::backward(&widen(x), &widen(gamma), &widen(&dy), rows, hidden, eps_ref)?;
+    let want_sum: Vec<f64> = want_dx
+        .iter()
+        .zip(&dres_in)
+        .map(|(d, r)| d + f64::from(*r))
+        .collect();
+    let d_dy = gpu.upload(&dy)?;
+    let mut dres = gpu.upload(&dres_in)?;
+    let mut dres16 = Bf16::poisoned(gpu, n)?;
+    let mut dgamma = gpu.poisoned(hidden)?;
+    let mut ws = BackwardWorkspace::new(gpu, rows, hidden)?;
+    let out = DxOut {
+        dx: &mut dres.as_view_mut(),
+        onto: true,
+        dx16: Some(&mut dres16.as_view_mut()),
+    };
+    let inputs = (&d_x.as_view(), &d_gamma.as_view(), &d_dy.as_view());
+    let mut dg = dgamma.as_view_mut();
+    backward_to(gpu, inputs, (rows, hidden, eps), out, &mut dg, &mut ws)?;
+    let c_sum = compare(&gpu.download(&dres)?, &want_sum);
+    let c_16 = compare_written(&gpu.download(&dres16)?, &want_sum);
+    let c_dg = compare(&gpu.download(&dgamma)?, &want_dg);
+    Ok(c_sum.merge(c_16).merge(c_dg))
 }
