@@ -33,7 +33,7 @@ pub struct TensorTable {
 }
 
 /// The device address of `t`.
-pub fn address(gpu: &GpuContext, t: &CudaSlice<f32>) -> u64 {
+pub fn address<T>(gpu: &GpuContext, t: &CudaSlice<T>) -> u64 {
     let (ptr, _sync) = t.device_ptr(gpu.stream());
     ptr
 }

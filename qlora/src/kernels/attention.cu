@@ -2162,7 +2162,33 @@ ATT_INSTANTIATE(ATT_FL_DKV, ATT_BUILD)
 
 // Backward, part 1 of the flash kernels: D_i = <dout_i, out_i> into dd
 // ([batch, heads, seq]), two threads per row, each over half of head_dim,
-// in f32. Grid (ceil(seq / 64), heads, batch), 128 threads.
+// in f32: thread `half` sums the products of columns half, half + 2, ... in
+// increasing order, then the pair adds its two sums. Grid (ceil(seq / 64),
+// heads, batch), 128 threads.
+//
+// Rows of this build's width (head_dim a multiple of four, every row 16-byte
+// aligned) are read as float4 packs, all issued before the first product:
+// both threads of a pair load the row's packs (one 16-byte load serves both)
+// and each takes its two columns of each pack. Other rows take the loop
+// below. Both sum the same products in the same order.
+__device__ __forceinline__ float flash_row_dot_packed(const float* __restrict__ out,
+                                                      const float* __restrict__ dout, int half) {
+    constexpr int PACKS = ATT_BUILD / 4;
+    float4 o[PACKS], d[PACKS];
+    #pragma unroll
+    for (int k = 0; k < PACKS; ++k) {
+        o[k] = reinterpret_cast<const float4*>(out)[k];
+        d[k] = reinterpret_cast<const float4*>(dout)[k];
+    }
+    float acc = 0.0f;
+    #pragma unroll
+    for (int k = 0; k < PACKS; ++k) {
+        acc = fmaf(half ? d[k].y : d[k].x, half ? o[k].y : o[k].x, acc);
+        acc = fmaf(half ? d[k].w : d[k].z, half ? o[k].w : o[k].z, acc);
+    }
+    return acc;
+}
+
 extern "C" __global__ void attention_flash_bwd_dots_f32(const float* __restrict__ out,
                                                         const float* __restrict__ dout,
                                                         float* __restrict__ dd, int batch,
@@ -2175,7 +2201,11 @@ extern "C" __global__ void attention_flash_bwd_dots_f32(const float* __restrict_
     float acc = 0.0f;
     if (i < seq) {
         const size_t at = att_q_at(b, i, h, seq, heads, head_dim);
-        for (int x = half; x < head_dim; x += 2) acc = fmaf(dout[at + x], out[at + x], acc);
+        if (head_dim == ATT_BUILD && aligned16(out) && aligned16(dout)) {
+            acc = flash_row_dot_packed(out + at, dout + at, half);
+        } else {
+            for (int x = half; x < head_dim; x += 2) acc = fmaf(dout[at + x], out[at + x], acc);
+        }
     }
     acc += __shfl_xor_sync(0xffffffffu, acc, 1);
     if (half == 0 && i < seq) dd[((size_t)b * heads + h) * seq + i] = acc;

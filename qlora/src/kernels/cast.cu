@@ -73,3 +73,21 @@ extern "C" __global__ void cast_fwd_bf16_f32(const unsigned short* __restrict__ 
                                              float* __restrict__ y, long long n) {
     widen<Bf16Format>(x, y, n);
 }
+
+// y_i[e] = bf16(x_i[e]) (nearest, ties to even) for every tensor i of a table
+// (gpu/table.rs; columns x: f32, y: bf16 bits), over the first n_write
+// elements of the tables' concatenation: many small casts in one launch (the
+// bf16 step's LoRA A rows, rounded into every layer's q/k/v stack).
+extern "C" __global__ void cast_multi_f32_bf16(const unsigned long long* __restrict__ ptrs,
+                                               const long long* __restrict__ offsets,
+                                               int n_tensors, long long n_write) {
+    const long long total = min(offsets[n_tensors], n_write);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += stride) {
+        const int i = table_find(offsets, n_tensors, k);
+        const long long e = k - offsets[i];
+        const float* x = reinterpret_cast<const float*>(ptrs[i]);
+        unsigned short* y = reinterpret_cast<unsigned short*>(ptrs[n_tensors + i]);
+        y[e] = f32_to_bf16_bits(x[e]);
+    }
+}

@@ -13,8 +13,8 @@ use cudarc::driver::{
 
 use super::gemm::to_i64;
 use super::launch::expect_len;
-use crate::error::Result;
-use crate::gpu::GpuContext;
+use crate::error::{Error, Result};
+use crate::gpu::{GpuContext, TensorTable};
 use crate::kernels::abi::{Arg, Signatures};
 
 /// The kernel module these launchers use.
@@ -27,6 +27,10 @@ pub const SIGNATURES: Signatures = &[
     ("cast_fwd_f16_f32", &[Arg::Ptr, Arg::Ptr, Arg::I64]),
     ("cast_fwd_f32_bf16", &[Arg::Ptr, Arg::Ptr, Arg::I64]),
     ("cast_fwd_bf16_f32", &[Arg::Ptr, Arg::Ptr, Arg::I64]),
+    (
+        "cast_multi_f32_bf16",
+        &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I64],
+    ),
 ];
 
 /// A bf16 value as its raw bit pattern (`half::bf16::to_bits`): the upper
@@ -114,6 +118,41 @@ pub fn f32_to_half<H: HalfFloat>(
     let n = gpu.faults().written(x.len());
     // Four elements a thread where the views are aligned (see cast.cu).
     launch_cast(gpu, H::FROM_F32, x, y, n, 4)
+}
+
+/// `y_i = bf16(x_i)` (round to nearest even) for every tensor `i` of
+/// `table`, whose two columns are each tensor's f32 source and bf16
+/// destination: many small casts in one launch.
+pub fn f32_to_bf16_multi(gpu: &mut GpuContext, table: &TensorTable) -> Result<()> {
+    const SYMBOL: &str = "cast_multi_f32_bf16";
+    if table.columns != 2 {
+        return Err(Error::InvalidArgument {
+            op: SYMBOL,
+            message: format!(
+                "a table of sources and destinations has 2 columns, not {}",
+                table.columns
+            ),
+        });
+    }
+    let n_tensors = crate::gpu::to_i32(SYMBOL, "tensors", table.tensors)?;
+    let n_write = to_i64(SYMBOL, gpu.faults().written(table.total))?;
+    let cfg = gpu.launch_1d(table.total);
+    let func = gpu.function(MODULE, SYMBOL)?;
+    let mut launch = gpu.stream().launch_builder(&func);
+    launch
+        .arg(&table.ptrs)
+        .arg(&table.offsets)
+        .arg(&n_tensors)
+        .arg(&n_write);
+    // SAFETY: cast_multi_f32_bf16(const unsigned long long* ptrs, const long
+    // long* offsets, int n_tensors, long long n_write): the table holds
+    // 2 * n_tensors addresses and n_tensors + 1 offsets (TensorTable::new),
+    // its builder's promise is that column 0 of tensor i addresses
+    // offsets[i + 1] - offsets[i] live f32 values and column 1 as many bf16
+    // ones, none overlapping another tensor's destination; the kernel
+    // touches element e of tensor i only for offsets[i] + e < total.
+    unsafe { launch.launch(cfg) }?;
+    Ok(())
 }
 
 /// `y = f32(x)` element-wise from bf16 (exact).

@@ -26,11 +26,13 @@ use super::kernels;
 use super::weights::{LayerWeights, Linear};
 use super::workspace::{GateUp, Grads, LayerActs, Scratch, Workspace};
 use crate::error::{Error, Result};
-use crate::gpu::{GemmMath, GpuContext};
+use crate::gpu::table::address;
+use crate::gpu::{GemmMath, GpuContext, TensorTable};
 use crate::model::{ModelConfig, Slot, Trainable};
 use crate::ops::attention::{self, AttnKernels, AttnShape};
 use crate::ops::cast::{Bf16, HalfFloat};
 use crate::ops::gemm::GemmSpec;
+use crate::ops::launch::expect_len;
 use crate::ops::nf4::Nf4Device;
 use crate::ops::rope::{self, QkvShape};
 use crate::ops::{activation, cast, nf4, rmsnorm};
@@ -70,6 +72,46 @@ impl<'a> LayerParams<'a> {
     fn get(self, slot: Slot) -> &'a CudaSlice<f32> {
         &self.p[self.index(slot)]
     }
+}
+
+/// Where a bf16 base's LoRA A rows go: for every layer, its `Aq` and `Av`
+/// (f32, in `p`, the layout of [`Trainable::tensors`]) and the last rows of
+/// its own bf16 stack `stacks[l]` (`[Wq; Wk; Wv; Aq; Av]`) they are rounded
+/// into, as one table for [`crate::ops::cast::f32_to_bf16_multi`]: the
+/// forward rounds every layer's in one launch before the first layer.
+/// `None` without own bf16 stacks. The table holds addresses: `p` and
+/// `stacks` must outlive it and never be reallocated.
+pub(super) fn lora_a_rows_table(
+    gpu: &GpuContext,
+    c: &ModelConfig,
+    stacks: &[CudaSlice<Bf16>],
+    p: &[CudaSlice<f32>],
+) -> Result<Option<TensorTable>> {
+    if stacks.is_empty() {
+        return Ok(None);
+    }
+    let r_len = c.lora_rank * c.hidden;
+    let first = qkv_shape(c).u_col() * c.hidden;
+    let bf16_bytes = std::mem::size_of::<Bf16>() as u64;
+    let (mut src, mut dst, mut lens) = (Vec::new(), Vec::new(), Vec::new());
+    for (layer, stack) in stacks.iter().enumerate() {
+        let params = LayerParams { layer, p };
+        for (i, slot) in [Slot::QA, Slot::VA].into_iter().enumerate() {
+            let a = params.get(slot);
+            let at = first + i * r_len;
+            expect_len("train", "a LoRA A tensor", a.len(), &[r_len])?;
+            if at + r_len > stack.len() {
+                return Err(Error::InvalidArgument {
+                    op: "train",
+                    message: format!("layer {layer}'s bf16 stack has no LoRA A rows"),
+                });
+            }
+            src.push(address(gpu, a));
+            dst.push(address(gpu, stack) + bf16_bytes * at as u64);
+            lens.push(r_len);
+        }
+    }
+    TensorTable::new(gpu, &[src, dst], &lens).map(Some)
 }
 
 /// One layer's q/k/v stacks for its forward, as the base keeps them: an
@@ -225,10 +267,9 @@ impl Attention<'_> {
         let spec = GemmSpec::linear(rows, h, sh.width());
         if let Some(bf) = stacks.bf16 {
             let s = match bf {
-                BfStack::Own(s) => {
-                    self.fill_bf16_stack(gpu, c, s)?;
-                    s
-                }
+                // Its LoRA A rows were rounded in before the first layer
+                // ([`lora_a_rows_table`]).
+                BfStack::Own(s) => s,
                 BfStack::Dequantised => self.dequantised_bf16_stack(gpu, c, &mut ws.stack_bf16)?,
             };
             let n1 = norm_to_bf16(gpu, ctx, norm_in, &mut a.n1, &mut ws.bf16_input)?;
@@ -273,8 +314,9 @@ impl Attention<'_> {
         forward_linear(gpu, ctx.fwd, &mut stores, self.o, &a.att, 1.0, &mut a.x2)
     }
 
-    /// A bf16 base's stack `S = [Wq; Wk; Wv; Aq; Av]` for this step: the
-    /// current LoRA A rows rounded to bf16 into its last rows.
+    /// A dequantised bf16 stack `S = [Wq; Wk; Wv; Aq; Av]` for this layer:
+    /// the current LoRA A rows rounded to bf16 into its last rows (a bf16
+    /// base's own stacks take theirs in one launch, [`lora_a_rows_table`]).
     fn fill_bf16_stack(
         &self,
         gpu: &mut GpuContext,

@@ -2,8 +2,10 @@
 
 use super::compare::{case_rng, compare, Case, Comparison, Written};
 use crate::error::Result;
+use cudarc::driver::CudaSlice;
 use half::f16;
-use qlora::gpu::GpuContext;
+use qlora::gpu::table::address;
+use qlora::gpu::{GpuContext, TensorTable};
 use qlora::ops::cast::Bf16;
 use qlora::ops::cast::*;
 use rand::Rng;
@@ -81,11 +83,36 @@ pub fn parity_bf16(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> 
         let shifted = Bf16::values(&gpu.download(&h_dev)?[1..]);
         down = down.merge(compare(&shifted, &reference[1..]));
     }
+    down = down.merge(multi_bf16(gpu, &x_dev, &reference)?);
     let bits_dev = gpu.upload(&ref_bits)?;
     let mut y_dev = gpu.poisoned(n)?;
     bf16_to_f32(gpu, &bits_dev, &mut y_dev)?;
     let up = compare(&gpu.download(&y_dev)?, &reference);
     Ok(down.merge(up))
+}
+
+/// The one-launch cast of many tensors ([`f32_to_bf16_multi`]) on `x` cut
+/// into up to three tensors of unequal lengths, each rounded into its own
+/// place of a poisoned destination, against `reference` (x rounded on the
+/// host).
+fn multi_bf16(gpu: &mut GpuContext, x: &CudaSlice<f32>, reference: &[f64]) -> Result<Comparison> {
+    let n = x.len();
+    let mut cuts = vec![0, n / 3, n / 2 + 1, n];
+    cuts.retain(|&c| c <= n);
+    cuts.dedup();
+    let y = Bf16::poisoned(gpu, n)?;
+    let (x_at, y_at) = (address(gpu, x), address(gpu, &y));
+    let bf16_bytes = std::mem::size_of::<Bf16>() as u64;
+    let (mut src, mut dst, mut lens) = (Vec::new(), Vec::new(), Vec::new());
+    for w in cuts.windows(2) {
+        src.push(x_at + 4 * w[0] as u64);
+        dst.push(y_at + bf16_bytes * w[0] as u64);
+        lens.push(w[1] - w[0]);
+    }
+    // The table's addresses stay valid: x and y outlive its one launch.
+    let table = TensorTable::new(gpu, &[src, dst], &lens)?;
+    f32_to_bf16_multi(gpu, &table)?;
+    Ok(compare(&Bf16::values(&gpu.download(&y)?), reference))
 }
 
 /// `n` finite f32 values from random bit patterns (every exponent below
