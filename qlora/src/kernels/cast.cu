@@ -74,20 +74,37 @@ extern "C" __global__ void cast_fwd_bf16_f32(const unsigned short* __restrict__ 
     widen<Bf16Format>(x, y, n);
 }
 
-// y_i[e] = bf16(x_i[e]) (nearest, ties to even) for every tensor i of a table
-// (gpu/table.rs; columns x: f32, y: bf16 bits), over the first n_write
-// elements of the tables' concatenation: many small casts in one launch (the
-// bf16 step's LoRA A rows, rounded into every layer's q/k/v stack).
-extern "C" __global__ void cast_multi_f32_bf16(const unsigned long long* __restrict__ ptrs,
-                                               const long long* __restrict__ offsets,
-                                               int n_tensors, long long n_write) {
+// For every tensor i of a table (gpu/table.rs; columns src: f32, copy: f32,
+// rounded: 16-bit bits; a column's address 0 where the tensor has none):
+// copy[e] = src[e] and rounded[e] = S's rounding of src[e] (nearest, ties to
+// even), over the first n_write elements of the tensors' concatenation. Many
+// small copies and casts in one launch: the step's LoRA A rows, copied and
+// rounded into every layer's q/k/v stacks before the first layer.
+template <typename S>
+__device__ __forceinline__ void copy_round_multi(const unsigned long long* __restrict__ ptrs,
+                                                 const long long* __restrict__ offsets,
+                                                 int n_tensors, long long n_write) {
     const long long total = min(offsets[n_tensors], n_write);
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += stride) {
         const int i = table_find(offsets, n_tensors, k);
         const long long e = k - offsets[i];
-        const float* x = reinterpret_cast<const float*>(ptrs[i]);
-        unsigned short* y = reinterpret_cast<unsigned short*>(ptrs[n_tensors + i]);
-        y[e] = f32_to_bf16_bits(x[e]);
+        const float v = reinterpret_cast<const float*>(ptrs[i])[e];
+        float* copy = reinterpret_cast<float*>(ptrs[n_tensors + i]);
+        unsigned short* rounded = reinterpret_cast<unsigned short*>(ptrs[2 * n_tensors + i]);
+        if (copy) copy[e] = v;
+        if (rounded) S::put(rounded, e, v);
     }
+}
+
+extern "C" __global__ void cast_multi_f32_f16(const unsigned long long* __restrict__ ptrs,
+                                              const long long* __restrict__ offsets,
+                                              int n_tensors, long long n_write) {
+    copy_round_multi<StoreF16>(ptrs, offsets, n_tensors, n_write);
+}
+
+extern "C" __global__ void cast_multi_f32_bf16(const unsigned long long* __restrict__ ptrs,
+                                               const long long* __restrict__ offsets,
+                                               int n_tensors, long long n_write) {
+    copy_round_multi<StoreBf16>(ptrs, offsets, n_tensors, n_write);
 }

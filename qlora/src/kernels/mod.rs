@@ -224,6 +224,7 @@ pub const MODULES: &[ModuleSource] = &[
             "cast_fwd_f16_f32",
             "cast_fwd_f32_bf16",
             "cast_fwd_bf16_f32",
+            "cast_multi_f32_f16",
             "cast_multi_f32_bf16"
         ]
     ),

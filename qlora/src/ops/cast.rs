@@ -28,6 +28,10 @@ pub const SIGNATURES: Signatures = &[
     ("cast_fwd_f32_bf16", &[Arg::Ptr, Arg::Ptr, Arg::I64]),
     ("cast_fwd_bf16_f32", &[Arg::Ptr, Arg::Ptr, Arg::I64]),
     (
+        "cast_multi_f32_f16",
+        &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I64],
+    ),
+    (
         "cast_multi_f32_bf16",
         &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I64],
     ),
@@ -66,6 +70,9 @@ pub trait HalfFloat: DeviceRepr + ValidAsZeroBits + Copy + Unpin + Send + Sync +
     const CUDA_TYPE: cudaDataType_t;
     /// The cast kernel that rounds f32 into this format.
     const FROM_F32: &'static str;
+    /// The kernel that copies and rounds the tensors of a table
+    /// ([`copy_round_multi`]).
+    const MULTI_FROM_F32: &'static str;
     /// The format's name in messages.
     const NAME: &'static str;
     /// The host's rounding of `x` to this format (nearest, ties to even).
@@ -75,6 +82,7 @@ pub trait HalfFloat: DeviceRepr + ValidAsZeroBits + Copy + Unpin + Send + Sync +
 impl HalfFloat for u16 {
     const CUDA_TYPE: cudaDataType_t = cudaDataType_t::CUDA_R_16F;
     const FROM_F32: &'static str = "cast_fwd_f32_f16";
+    const MULTI_FROM_F32: &'static str = "cast_multi_f32_f16";
     const NAME: &'static str = "f16";
     fn round(x: f32) -> Self {
         half::f16::from_f32(x).to_bits()
@@ -84,6 +92,7 @@ impl HalfFloat for u16 {
 impl HalfFloat for Bf16 {
     const CUDA_TYPE: cudaDataType_t = cudaDataType_t::CUDA_R_16BF;
     const FROM_F32: &'static str = "cast_fwd_f32_bf16";
+    const MULTI_FROM_F32: &'static str = "cast_multi_f32_bf16";
     const NAME: &'static str = "bf16";
     fn round(x: f32) -> Self {
         Bf16::from_f32(x)
@@ -120,37 +129,40 @@ pub fn f32_to_half<H: HalfFloat>(
     launch_cast(gpu, H::FROM_F32, x, y, n, 4)
 }
 
-/// `y_i = bf16(x_i)` (round to nearest even) for every tensor `i` of
-/// `table`, whose two columns are each tensor's f32 source and bf16
-/// destination: many small casts in one launch.
-pub fn f32_to_bf16_multi(gpu: &mut GpuContext, table: &TensorTable) -> Result<()> {
-    const SYMBOL: &str = "cast_multi_f32_bf16";
-    if table.columns != 2 {
+/// For every tensor `i` of `table`, whose three columns are each tensor's
+/// f32 source, an f32 destination and a destination in the format `H` (an
+/// address of 0 where a tensor has none): `copy_i = src_i` and `rounded_i
+/// = H(src_i)`, rounded to nearest even. Many small copies and casts in one
+/// launch.
+pub fn copy_round_multi<H: HalfFloat>(gpu: &mut GpuContext, table: &TensorTable) -> Result<()> {
+    let symbol = H::MULTI_FROM_F32;
+    if table.columns != 3 {
         return Err(Error::InvalidArgument {
-            op: SYMBOL,
+            op: symbol,
             message: format!(
-                "a table of sources and destinations has 2 columns, not {}",
+                "a table of sources, copies and roundings has 3 columns, not {}",
                 table.columns
             ),
         });
     }
-    let n_tensors = crate::gpu::to_i32(SYMBOL, "tensors", table.tensors)?;
-    let n_write = to_i64(SYMBOL, gpu.faults().written(table.total))?;
+    let n_tensors = crate::gpu::to_i32(symbol, "tensors", table.tensors)?;
+    let n_write = to_i64(symbol, gpu.faults().written(table.total))?;
     let cfg = gpu.launch_1d(table.total);
-    let func = gpu.function(MODULE, SYMBOL)?;
+    let func = gpu.function(MODULE, symbol)?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
         .arg(&table.ptrs)
         .arg(&table.offsets)
         .arg(&n_tensors)
         .arg(&n_write);
-    // SAFETY: cast_multi_f32_bf16(const unsigned long long* ptrs, const long
-    // long* offsets, int n_tensors, long long n_write): the table holds
-    // 2 * n_tensors addresses and n_tensors + 1 offsets (TensorTable::new),
-    // its builder's promise is that column 0 of tensor i addresses
-    // offsets[i + 1] - offsets[i] live f32 values and column 1 as many bf16
-    // ones, none overlapping another tensor's destination; the kernel
-    // touches element e of tensor i only for offsets[i] + e < total.
+    // SAFETY: cast_multi_f32_{f16,bf16}(const unsigned long long* ptrs,
+    // const long long* offsets, int n_tensors, long long n_write): the table
+    // holds 3 * n_tensors addresses and n_tensors + 1 offsets
+    // (TensorTable::new); its builder's promise is that column 0 of tensor i
+    // addresses offsets[i + 1] - offsets[i] live f32 values and columns 1
+    // and 2, where not 0, as many f32 and 16-bit ones, no destination
+    // overlapping another or a source; the kernel touches element e of
+    // tensor i only for offsets[i] + e < total, and skips a column of 0.
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }

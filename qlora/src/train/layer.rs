@@ -74,44 +74,93 @@ impl<'a> LayerParams<'a> {
     }
 }
 
-/// Where a bf16 base's LoRA A rows go: for every layer, its `Aq` and `Av`
-/// (f32, in `p`, the layout of [`Trainable::tensors`]) and the last rows of
-/// its own bf16 stack `stacks[l]` (`[Wq; Wk; Wv; Aq; Av]`) they are rounded
-/// into, as one table for [`crate::ops::cast::f32_to_bf16_multi`]: the
-/// forward rounds every layer's in one launch before the first layer.
-/// `None` without own bf16 stacks. The table holds addresses: `p` and
-/// `stacks` must outlive it and never be reallocated.
-pub(super) fn lora_a_rows_table(
-    gpu: &GpuContext,
-    c: &ModelConfig,
-    stacks: &[CudaSlice<Bf16>],
-    p: &[CudaSlice<f32>],
-) -> Result<Option<TensorTable>> {
-    if stacks.is_empty() {
-        return Ok(None);
-    }
-    let r_len = c.lora_rank * c.hidden;
-    let first = qkv_shape(c).u_col() * c.hidden;
-    let bf16_bytes = std::mem::size_of::<Bf16>() as u64;
-    let (mut src, mut dst, mut lens) = (Vec::new(), Vec::new(), Vec::new());
-    for (layer, stack) in stacks.iter().enumerate() {
-        let params = LayerParams { layer, p };
-        for (i, slot) in [Slot::QA, Slot::VA].into_iter().enumerate() {
-            let a = params.get(slot);
-            let at = first + i * r_len;
-            expect_len("train", "a LoRA A tensor", a.len(), &[r_len])?;
-            if at + r_len > stack.len() {
-                return Err(Error::InvalidArgument {
-                    op: "train",
-                    message: format!("layer {layer}'s bf16 stack has no LoRA A rows"),
-                });
+/// Where a base's own q/k/v stacks (`[Wq; Wk; Wv; Aq; Av]` a layer) take
+/// the current LoRA A rows: for every layer, its `Aq` and `Av` (f32, in
+/// `p`, the layout of [`Trainable::tensors`]), the last rows of its f32
+/// stack (an fp32 base's), and of its 16-bit stack (the f16 copy under f16
+/// projections, or a bf16 base's), which take their rounding. The forward
+/// writes every layer's in one launch before the first layer
+/// ([`LoraARows::write`]). NF4 bases keep no stack of their own and fill
+/// the workspace's, layer by layer.
+pub(super) struct LoraARows {
+    /// Columns: the A tensor, its f32 copy, its 16-bit rounding (0 where a
+    /// base has none).
+    table: TensorTable,
+    /// Whether the 16-bit stacks are bf16 (else f16, or none).
+    bf16: bool,
+}
+
+/// One layer's own stacks, as [`LoraARows::new`] takes them.
+pub(super) struct OwnStacks<'a> {
+    pub f32: Option<&'a CudaSlice<f32>>,
+    pub f16: Option<&'a CudaSlice<u16>>,
+    pub bf16: Option<&'a CudaSlice<Bf16>>,
+}
+
+impl LoraARows {
+    /// The table of `stacks` (layer by layer) and the A tensors in `p`;
+    /// `None` where no layer has a stack of its own. The table holds
+    /// addresses: `p` and the stacks must outlive it and never be
+    /// reallocated.
+    pub(super) fn new(
+        gpu: &GpuContext,
+        c: &ModelConfig,
+        stacks: &[OwnStacks],
+        p: &[CudaSlice<f32>],
+    ) -> Result<Option<Self>> {
+        if stacks.is_empty() {
+            return Ok(None);
+        }
+        let r_len = c.lora_rank * c.hidden;
+        let first = qkv_shape(c).u_col() * c.hidden;
+        let mut columns = [Vec::new(), Vec::new(), Vec::new()];
+        let mut lens = Vec::new();
+        for (layer, own) in stacks.iter().enumerate() {
+            let params = LayerParams { layer, p };
+            for (i, slot) in [Slot::QA, Slot::VA].into_iter().enumerate() {
+                let a = params.get(slot);
+                expect_len("train", "a LoRA A tensor", a.len(), &[r_len])?;
+                let at = first + i * r_len;
+                columns[0].push(address(gpu, a));
+                columns[1].push(row_address(gpu, own.f32, at + r_len, at)?);
+                let rounded = match (own.f16, own.bf16) {
+                    (Some(s), _) => row_address(gpu, Some(s), at + r_len, at)?,
+                    (None, b) => row_address(gpu, b, at + r_len, at)?,
+                };
+                columns[2].push(rounded);
+                lens.push(r_len);
             }
-            src.push(address(gpu, a));
-            dst.push(address(gpu, stack) + bf16_bytes * at as u64);
-            lens.push(r_len);
+        }
+        let bf16 = stacks.iter().any(|s| s.bf16.is_some());
+        let table = TensorTable::new(gpu, &columns, &lens)?;
+        Ok(Some(LoraARows { table, bf16 }))
+    }
+
+    /// Copies and rounds every layer's LoRA A rows into its stacks.
+    pub(super) fn write(&self, gpu: &mut GpuContext) -> Result<()> {
+        match self.bf16 {
+            true => cast::copy_round_multi::<Bf16>(gpu, &self.table),
+            false => cast::copy_round_multi::<u16>(gpu, &self.table),
         }
     }
-    TensorTable::new(gpu, &[src, dst], &lens).map(Some)
+}
+
+/// The device address of element `at` of `stack` (0 without a stack), once
+/// it is known to hold `needed` elements.
+fn row_address<T>(
+    gpu: &GpuContext,
+    stack: Option<&CudaSlice<T>>,
+    needed: usize,
+    at: usize,
+) -> Result<u64> {
+    let Some(s) = stack else { return Ok(0) };
+    if s.len() < needed {
+        return Err(Error::InvalidArgument {
+            op: "train",
+            message: format!("a q/k/v stack of {} values has no LoRA A rows", s.len()),
+        });
+    }
+    Ok(address(gpu, s) + (std::mem::size_of::<T>() * at) as u64)
 }
 
 /// One layer's q/k/v stacks for its forward, as the base keeps them: an
@@ -268,7 +317,7 @@ impl Attention<'_> {
         if let Some(bf) = stacks.bf16 {
             let s = match bf {
                 // Its LoRA A rows were rounded in before the first layer
-                // ([`lora_a_rows_table`]).
+                // ([`LoraARows`]).
                 BfStack::Own(s) => s,
                 BfStack::Dequantised => self.dequantised_bf16_stack(gpu, c, &mut ws.stack_bf16)?,
             };
@@ -277,14 +326,15 @@ impl Attention<'_> {
         } else {
             let (x, gamma) = (norm_in.0.as_view(), norm_in.1.as_view());
             rmsnorm::forward(gpu, &x, &gamma, rows, h, eps, &mut a.n1.as_view_mut())?;
-            let stack = self.fill_stack(gpu, c, stacks.f32, &mut ws.stack)?;
+            // An fp32 base's own stacks (and their f16 copies) took their
+            // LoRA A rows before the first layer ([`LoraARows`]).
+            let stack = match stacks.f32 {
+                Some(own) => &*own,
+                None => self.dequantised_stack(gpu, c, &mut ws.stack)?,
+            };
             let a = &mut ws.layers[l];
             match stacks.f16 {
                 Some(s16) => {
-                    // The LoRA A rows fill_stack just copied, rounded in.
-                    let first = sh.u_col() * h;
-                    let mut rows16 = s16.slice_mut(first..);
-                    cast::f32_to_f16(gpu, &stack.slice(first..), &mut rows16)?;
                     let n1 = half_of(gpu, &a.n1, &mut ws.half_input)?;
                     blas::gemm_half(gpu, spec, 1.0, &n1, s16, 0.0, &mut a.qkv)?;
                 }
@@ -316,7 +366,7 @@ impl Attention<'_> {
 
     /// A dequantised bf16 stack `S = [Wq; Wk; Wv; Aq; Av]` for this layer:
     /// the current LoRA A rows rounded to bf16 into its last rows (a bf16
-    /// base's own stacks take theirs in one launch, [`lora_a_rows_table`]).
+    /// base's own stacks take theirs in one launch, [`LoraARows`]).
     fn fill_bf16_stack(
         &self,
         gpu: &mut GpuContext,
@@ -360,33 +410,24 @@ impl Attention<'_> {
         })
     }
 
-    /// The layer's stack `S = [Wq; Wk; Wv; Aq; Av]` as this step needs it:
-    /// an fp32 base's own (`own`) with the current LoRA A rows copied in; an
-    /// NF4 base's q, k, v dequantised into the workspace's shared `shared`,
-    /// with the A rows. `own` is `None` for an NF4 base, and in the backward
-    /// of an fp32 base, whose stack the forward already filled.
-    fn fill_stack<'s>(
+    /// An NF4 base's stack `S = [Wq; Wk; Wv; Aq; Av]` for this layer: its
+    /// q, k, v dequantised into the workspace's shared `shared`, then the
+    /// current LoRA A rows copied in (an fp32 base's own stacks take theirs
+    /// in one launch, [`LoraARows`]).
+    fn dequantised_stack<'s>(
         &self,
         gpu: &mut GpuContext,
         c: &ModelConfig,
-        own: Option<&'s mut CudaSlice<f32>>,
         shared: &'s mut Option<CudaSlice<f32>>,
     ) -> Result<&'s CudaSlice<f32>> {
         let h = c.hidden;
-        let sh = qkv_shape(c);
-        let stack = match own {
-            Some(s) => s,
-            None => {
-                let s = shared.as_mut().ok_or_else(|| Error::InvalidArgument {
-                    op: "train",
-                    message: "an NF4 base needs the workspace's q/k/v stack".into(),
-                })?;
-                nf4::dequantize_into(gpu, self.nf4_stack()?, s, 0)?;
-                s
-            }
-        };
+        let stack = shared.as_mut().ok_or_else(|| Error::InvalidArgument {
+            op: "train",
+            message: "an NF4 base needs the workspace's q/k/v stack".into(),
+        })?;
+        nf4::dequantize_into(gpu, self.nf4_stack()?, stack, 0)?;
         let r_len = c.lora_rank * h;
-        let first = sh.u_col() * h;
+        let first = qkv_shape(c).u_col() * h;
         for (i, slot) in [Slot::QA, Slot::VA].into_iter().enumerate() {
             let at = first + i * r_len;
             let mut dst = stack.slice_mut(at..at + r_len);
@@ -483,7 +524,7 @@ impl Attention<'_> {
                 rope::qkv_backward(gpu, &sh, grads_in, lora, table, &mut d.dqkv)?;
                 let stack = match stack {
                     Some(s) => s,
-                    None => self.fill_stack(gpu, c, None, &mut ws.stack)?,
+                    None => self.dequantised_stack(gpu, c, &mut ws.stack)?,
                 };
                 let d = &mut ws.grads;
                 blas::linear_dx(gpu, bwd, 1.0, &d.dqkv, stack, 0.0, &mut d.dn1, dims)?;

@@ -41,7 +41,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::data_parallel::Rank;
 use super::kernels;
-use super::layer::{lora_a_rows_table, BfStack, DecoderLayer, LayerCtx, StackRef, Stacks};
+use super::layer::{BfStack, DecoderLayer, LayerCtx, LoraARows, StackRef, Stacks};
 use super::options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions};
 use super::weights::{BaseDevice, Params, Table, Values};
 use super::workspace::{CublasWorkspace, Workspace, CUBLAS_WORKSPACE_BYTES};
@@ -55,7 +55,7 @@ use crate::ops::clip::{self as clip_ops, TableSumWorkspace};
 use head::Pass;
 
 mod head;
-use crate::ops::{cast, cross_entropy, embedding, rmsnorm};
+use crate::ops::{cross_entropy, embedding, rmsnorm};
 
 /// Host synchronisations the step made: every device-to-host read goes
 /// through `SyncCounter::host_read`, which counts it here.
@@ -148,11 +148,12 @@ pub struct GpuTrainer {
     /// scale, for the one-launch AdamW. Built from `params` and `clip`, which
     /// live as long as it and are never reallocated.
     optimizer: TensorTable,
-    /// With a bf16 base: every layer's LoRA A tensors and the rows of its
-    /// bf16 q/k/v stack they are rounded into, for the forward's one-launch
-    /// cast (`layer::lora_a_rows_table`). Built from `params` and `base`,
-    /// which live as long as it and are never reallocated.
-    lora_a_rows: Option<TensorTable>,
+    /// With a base that keeps its own q/k/v stacks (fp32, bf16): every
+    /// layer's LoRA A tensors and the rows of its stacks they are copied and
+    /// rounded into, for the forward's one launch ([`LoraARows`]). Built
+    /// from `params` and `base`, which live as long as it and are never
+    /// reallocated.
+    lora_a_rows: Option<LoraARows>,
     step_count: CudaSlice<i32>,
     corpus: Corpus,
     data_rng: ChaCha8Rng,
@@ -387,7 +388,7 @@ impl GpuTrainer {
             })
             .collect::<Result<Vec<_>>>()?;
         let optimizer = optimizer_table(gpu, &params, &clip)?;
-        let lora_a_rows = lora_a_rows_table(gpu, cfg, &base.stacks_bf16, &params.p)?;
+        let lora_a_rows = LoraARows::new(gpu, cfg, &base.own_stacks(), &params.p)?;
         let step_count = gpu.zeros(1)?;
         let cublas = CublasWorkspace::new(gpu)?;
         gpu.synchronize()?;
@@ -784,8 +785,8 @@ impl GpuTrainer {
                 embedding::forward_bf16(gpu, &t.as_view(), c.vocab, c.hidden, inputs, x0)?
             }
         }
-        if let Some(table) = &self.lora_a_rows {
-            cast::f32_to_bf16_multi(gpu, table)?;
+        if let Some(rows) = &self.lora_a_rows {
+            rows.write(gpu)?;
         }
         let base = &mut self.base;
         for (l, (w, bias)) in base.layers.iter().zip(&base.qkv_bias).enumerate() {

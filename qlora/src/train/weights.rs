@@ -470,6 +470,20 @@ fn nf4_of<const N: usize>(
 }
 
 impl BaseDevice {
+    /// Each layer's own q/k/v stacks (none for an NF4 base, which fills
+    /// the workspace's), as [`super::layer::LoraARows`] takes them; empty
+    /// when no layer has one.
+    pub(super) fn own_stacks(&self) -> Vec<super::layer::OwnStacks<'_>> {
+        let layers = self.stacks.len().max(self.stacks_bf16.len());
+        (0..layers)
+            .map(|l| super::layer::OwnStacks {
+                f32: self.stacks.get(l),
+                f16: self.stacks_f16.get(l),
+                bf16: self.stacks_bf16.get(l),
+            })
+            .collect()
+    }
+
     /// The base model of `cfg` for `seed`, stored as `options.base` says.
     /// Each layer's seven projections are drawn at once, then uploaded in
     /// order.

@@ -50,6 +50,9 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
         down = down.merge(compare(&shifted, &reference[1..]));
     }
 
+    let widen = |b: u16| f16::from_bits(b).to_f32();
+    down = down.merge(multi(gpu, &x_dev, (F16_NAN_BITS, widen), &reference)?);
+
     // f16 -> f32, from the reference bit patterns
     let bits_dev = gpu.upload(&ref_bits)?;
     let mut y_dev = gpu.poisoned(n)?;
@@ -83,7 +86,8 @@ pub fn parity_bf16(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> 
         let shifted = Bf16::values(&gpu.download(&h_dev)?[1..]);
         down = down.merge(compare(&shifted, &reference[1..]));
     }
-    down = down.merge(multi_bf16(gpu, &x_dev, &reference)?);
+    let bf16 = (BF16_NAN, Bf16::to_f32 as fn(Bf16) -> f32);
+    down = down.merge(multi(gpu, &x_dev, bf16, &reference)?);
     let bits_dev = gpu.upload(&ref_bits)?;
     let mut y_dev = gpu.poisoned(n)?;
     bf16_to_f32(gpu, &bits_dev, &mut y_dev)?;
@@ -91,28 +95,45 @@ pub fn parity_bf16(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> 
     Ok(down.merge(up))
 }
 
-/// The one-launch cast of many tensors ([`f32_to_bf16_multi`]) on `x` cut
-/// into up to three tensors of unequal lengths, each rounded into its own
-/// place of a poisoned destination, against `reference` (x rounded on the
-/// host).
-fn multi_bf16(gpu: &mut GpuContext, x: &CudaSlice<f32>, reference: &[f64]) -> Result<Comparison> {
+/// A quiet NaN in bf16: the poison of bf16 outputs here.
+const BF16_NAN: Bf16 = Bf16(0x7fc0);
+
+/// The one-launch copy and rounding of many tensors
+/// ([`copy_round_multi`]) on `x` cut into up to three tensors of unequal
+/// lengths, each copied and rounded to `H` into its own place of two
+/// destinations poisoned with NaNs (`nan` in `H`): the rounding, widened
+/// back by `widen`, against `reference` (x rounded on the host, widened
+/// back), the copy against `x` itself.
+fn multi<H: HalfFloat>(
+    gpu: &mut GpuContext,
+    x: &CudaSlice<f32>,
+    (nan, widen): (H, fn(H) -> f32),
+    reference: &[f64],
+) -> Result<Comparison> {
     let n = x.len();
     let mut cuts = vec![0, n / 3, n / 2 + 1, n];
     cuts.retain(|&c| c <= n);
     cuts.dedup();
-    let y = Bf16::poisoned(gpu, n)?;
-    let (x_at, y_at) = (address(gpu, x), address(gpu, &y));
-    let bf16_bytes = std::mem::size_of::<Bf16>() as u64;
-    let (mut src, mut dst, mut lens) = (Vec::new(), Vec::new(), Vec::new());
+    let rounded = gpu.upload(&vec![nan; n])?;
+    let copy = gpu.poisoned(n)?;
+    let at = |base: u64, bytes: usize, i: usize| base + (bytes * i) as u64;
+    let (x_at, c_at, r_at) = (address(gpu, x), address(gpu, &copy), address(gpu, &rounded));
+    let mut columns = [Vec::new(), Vec::new(), Vec::new()];
+    let mut lens = Vec::new();
     for w in cuts.windows(2) {
-        src.push(x_at + 4 * w[0] as u64);
-        dst.push(y_at + bf16_bytes * w[0] as u64);
+        columns[0].push(at(x_at, 4, w[0]));
+        columns[1].push(at(c_at, 4, w[0]));
+        columns[2].push(at(r_at, std::mem::size_of::<H>(), w[0]));
         lens.push(w[1] - w[0]);
     }
-    // The table's addresses stay valid: x and y outlive its one launch.
-    let table = TensorTable::new(gpu, &[src, dst], &lens)?;
-    f32_to_bf16_multi(gpu, &table)?;
-    Ok(compare(&Bf16::values(&gpu.download(&y)?), reference))
+    // The table's addresses stay valid: x and both destinations outlive
+    // its one launch.
+    let table = TensorTable::new(gpu, &columns, &lens)?;
+    copy_round_multi::<H>(gpu, &table)?;
+    let exact: Vec<f64> = gpu.download(x)?.into_iter().map(f64::from).collect();
+    let copied = compare(&gpu.download(&copy)?, &exact);
+    let widened: Vec<f32> = gpu.download(&rounded)?.into_iter().map(widen).collect();
+    Ok(compare(&widened, reference).merge(copied))
 }
 
 /// `n` finite f32 values from random bit patterns (every exponent below
