@@ -16,13 +16,14 @@ use crate::train::BaseWeights;
 /// configuration's forward pass uses.
 pub const LEFT_OUT_MODULE: &str = crate::ops::rmsnorm::MODULE;
 
-/// The module of the f32 -> f16 cast that a step with f16 GEMM operands
-/// (`f16_lm_head`, `f16_projections`) runs on each such GEMM's input.
-pub const F16_CAST_MODULE: &str = crate::ops::cast::MODULE;
+/// The module of the casts: a step with f16 or bf16 GEMM operands runs it on
+/// each such GEMM's input, and a base with q/k/v stacks of its own (fp32,
+/// bf16) copies and rounds its LoRA A rows into them with it.
+pub const CAST_MODULE: &str = crate::ops::cast::MODULE;
 
 /// The kernel modules the forward + backward + optimizer step of `config` with
-/// `base` weights uses (with `f16_casts`, a step with f16 GEMM operands: the
-/// cast of their inputs too), and the draws of a seeded model's weights,
+/// `base` weights uses (with `f16_operands`, a step with f16 GEMM operands),
+/// and the draws of a seeded model's weights,
 /// which the trainer makes on the device after pre-warm. The one place this
 /// list is defined.
 ///
@@ -44,7 +45,7 @@ pub fn modules_for(
     config: &ModelConfig,
     base: BaseWeights,
     (fwd, bwd): (AttnKernels, AttnKernels),
-    f16_casts: bool,
+    f16_operands: bool,
 ) -> Vec<&'static str> {
     let mut modules = vec![
         crate::ops::embedding::MODULE,
@@ -63,8 +64,9 @@ pub fn modules_for(
     if base.is_nf4() {
         modules.push("nf4");
     }
-    if f16_casts {
-        modules.push(F16_CAST_MODULE);
+    // NF4 computing in f32 keeps no stack of its own and rounds nothing.
+    if f16_operands || base.computes_in_bf16() || !base.is_nf4() {
+        modules.push(CAST_MODULE);
     }
     modules
 }
@@ -104,7 +106,7 @@ impl GpuContext {
     }
 
     /// Loads every module that `config`'s training step uses with each of
-    /// `bases`, the forward and backward GEMM math `math` and `f16_casts` (from the disk
+    /// `bases`, the forward and backward GEMM math `math` and `f16_operands` (from the disk
     /// cache, or compiled concurrently), then marks the cache pre-warmed:
     /// any later load counts as `loaded_after_prewarm`. Allocates no model
     /// memory.
@@ -113,7 +115,7 @@ impl GpuContext {
         config: &ModelConfig,
         bases: &[BaseWeights],
         (fwd, bwd): (GemmMath, GemmMath),
-        f16_casts: bool,
+        f16_operands: bool,
     ) -> Result<PrewarmReport> {
         let started = Instant::now();
         let faults = self.faults();
@@ -123,7 +125,7 @@ impl GpuContext {
         );
         let mut wanted = BTreeSet::new();
         for &base in bases {
-            wanted.extend(modules_for(config, base, attn, f16_casts));
+            wanted.extend(modules_for(config, base, attn, f16_operands));
         }
         let mut skipped = Vec::new();
         if self.faults().module_left_out_of_prewarm && wanted.remove(LEFT_OUT_MODULE) {
@@ -176,7 +178,13 @@ mod tests {
             }
             let default = modules_for(&config, BaseWeights::Fp32, (tc, f32k), false);
             assert!(default.contains(&LEFT_OUT_MODULE));
-            assert!(!default.contains(&F16_CAST_MODULE));
+            // Its own stacks take their LoRA A rows through the cast module.
+            assert!(default.contains(&CAST_MODULE));
+            let nf4 = modules_for(&config, BaseWeights::Nf4, (tc, f32k), false);
+            assert!(!nf4.contains(&CAST_MODULE));
+            for base in [BaseWeights::Bf16, BaseWeights::Nf4Bf16] {
+                assert!(modules_for(&config, base, (tc, f32k), false).contains(&CAST_MODULE));
+            }
         }
     }
 }

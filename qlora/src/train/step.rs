@@ -228,8 +228,8 @@ fn prewarm_then_upload(
         options.forward_math.unwrap_or(gpu.options().forward_math),
         options.backward_math.unwrap_or(gpu.options().backward_math),
     );
-    let casts = options.f16_lm_head || options.f16_projections || options.base.computes_in_bf16();
-    let prewarm = gpu.prewarm_with_math(cfg, &[options.base], math, casts)?;
+    let f16_operands = options.f16_lm_head || options.f16_projections;
+    let prewarm = gpu.prewarm_with_math(cfg, &[options.base], math, f16_operands)?;
     let rehearsal = Instant::now();
     rehearse(gpu, cfg, options, trainable)?;
     let rehearsal_ms = rehearsal.elapsed().as_secs_f64() * 1e3;
