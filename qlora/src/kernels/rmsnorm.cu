@@ -179,9 +179,8 @@ __device__ float2 group_sum2(float a, float b) {
 
 // Pack j of a row's dx, r * dy * gamma - x * proj (proj = r^3 <u, x> / hidden),
 // added onto `old` (the pack's earlier value, the residual stream's gradient)
-// when given (old + dx, the order the separate accumulate kernel added them
-// in), stored, and with dx16r also its bf16 rounding (nearest, ties to even);
-// the pack's dgamma terms dy * x * r added to acc.
+// when given, as old + dx; stored, and with dx16r also its bf16 rounding
+// (nearest, ties to even); the pack's dgamma terms dy * x * r added to acc.
 __device__ __forceinline__ void bwd_pack(float* dxr, unsigned short* dx16r, int j, int hidden,
                                          bool vec, float4 v, float4 d, float4 g, float r,
                                          float proj, const float4* old, float4& acc) {
