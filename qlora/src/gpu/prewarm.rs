@@ -36,8 +36,8 @@ pub const CAST_MODULE: &str = crate::ops::cast::MODULE;
 /// [`AttnKernels::for_math`]) and the hidden size (the
 /// RMSNorm backward build) change the set. Not
 /// in it: `softmax` (attention computes its own), `gemm` (the step's GEMMs are
-/// cuBLAS), `adamw` and `elementwise` (the step's optimizer and gradient
-/// accumulation are in `train`), `silu` (the MLP is SwiGLU), `embedding_bwd`
+/// cuBLAS), `adamw` and `elementwise` (the step's optimizer is in `train`,
+/// its residual accumulation in the RMSNorm backward), `silu` (the MLP is SwiGLU), `embedding_bwd`
 /// (the table is frozen) and `clip_single` (the step clips a tensor table).
 /// `prewarm` checks reports list any module pre-warmed but unused, and any
 /// used but not pre-warmed.

@@ -1,6 +1,6 @@
 //! Launchers for `kernels/train.cu`: the one-launch AdamW over a tensor table
-//! with the step number in device memory, the device step counter, in-place
-//! accumulation, and a layer's LoRA weight gradients in one pair of kernels.
+//! with the step number in device memory, the device step counter, and a
+//! layer's LoRA weight gradients in one pair of kernels.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 

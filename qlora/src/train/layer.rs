@@ -19,6 +19,8 @@
 //! `grads.dx` enters a layer's backward as the gradient of `xs[l + 1]` and
 //! leaves it as that of `xs[l]`.
 
+use std::ops::Range;
+
 use cudarc::driver::{CudaSlice, CudaView};
 
 use super::blas::{self, Mat, MatMut};
@@ -74,6 +76,17 @@ impl<'a> LayerParams<'a> {
     }
 }
 
+/// Where each LoRA A tensor lies in a layer's q/k/v stack `[Wq; Wk; Wv; Aq;
+/// Av]` (`[width, hidden]`, row-major): `Aq`'s elements, then `Av`'s.
+fn lora_a_rows(c: &ModelConfig) -> [(Slot, Range<usize>); 2] {
+    let r_len = c.lora_rank * c.hidden;
+    let first = qkv_shape(c).u_col() * c.hidden;
+    [Slot::QA, Slot::VA].map(|slot| {
+        let at = first + if slot == Slot::QA { 0 } else { r_len };
+        (slot, at..at + r_len)
+    })
+}
+
 /// Where a base's own q/k/v stacks (`[Wq; Wk; Wv; Aq; Av]` a layer) take
 /// the current LoRA A rows: for every layer, its `Aq` and `Av` (f32, in
 /// `p`, the layout of [`Trainable::tensors`]), the last rows of its f32
@@ -111,24 +124,20 @@ impl LoraARows {
         if stacks.is_empty() {
             return Ok(None);
         }
-        let r_len = c.lora_rank * c.hidden;
-        let first = qkv_shape(c).u_col() * c.hidden;
         let mut columns = [Vec::new(), Vec::new(), Vec::new()];
         let mut lens = Vec::new();
         for (layer, own) in stacks.iter().enumerate() {
             let params = LayerParams { layer, p };
-            for (i, slot) in [Slot::QA, Slot::VA].into_iter().enumerate() {
+            for (slot, rows) in lora_a_rows(c) {
                 let a = params.get(slot);
-                expect_len("train", "a LoRA A tensor", a.len(), &[r_len])?;
-                let at = first + i * r_len;
+                expect_len("train", "a LoRA A tensor", a.len(), &[rows.len()])?;
                 columns[0].push(address(gpu, a));
-                columns[1].push(row_address(gpu, own.f32, at + r_len, at)?);
-                let rounded = match (own.f16, own.bf16) {
-                    (Some(s), _) => row_address(gpu, Some(s), at + r_len, at)?,
-                    (None, b) => row_address(gpu, b, at + r_len, at)?,
-                };
-                columns[2].push(rounded);
-                lens.push(r_len);
+                columns[1].push(rows_address(gpu, own.f32, &rows)?);
+                columns[2].push(match own.f16 {
+                    Some(s) => rows_address(gpu, Some(s), &rows)?,
+                    None => rows_address(gpu, own.bf16, &rows)?,
+                });
+                lens.push(rows.len());
             }
         }
         let bf16 = stacks.iter().any(|s| s.bf16.is_some());
@@ -145,22 +154,21 @@ impl LoraARows {
     }
 }
 
-/// The device address of element `at` of `stack` (0 without a stack), once
-/// it is known to hold `needed` elements.
-fn row_address<T>(
+/// The device address of the first of `rows` in `stack` (0 without a
+/// stack), once the stack is known to hold them.
+fn rows_address<T>(
     gpu: &GpuContext,
     stack: Option<&CudaSlice<T>>,
-    needed: usize,
-    at: usize,
+    rows: &Range<usize>,
 ) -> Result<u64> {
     let Some(s) = stack else { return Ok(0) };
-    if s.len() < needed {
+    if s.len() < rows.end {
         return Err(Error::InvalidArgument {
             op: "train",
             message: format!("a q/k/v stack of {} values has no LoRA A rows", s.len()),
         });
     }
-    Ok(address(gpu, s) + (std::mem::size_of::<T>() * at) as u64)
+    Ok(address(gpu, s) + (std::mem::size_of::<T>() * rows.start) as u64)
 }
 
 /// One layer's q/k/v stacks for its forward, as the base keeps them: an
@@ -373,11 +381,8 @@ impl Attention<'_> {
         c: &ModelConfig,
         stack: &mut CudaSlice<Bf16>,
     ) -> Result<()> {
-        let r_len = c.lora_rank * c.hidden;
-        let first = qkv_shape(c).u_col() * c.hidden;
-        for (i, slot) in [Slot::QA, Slot::VA].into_iter().enumerate() {
-            let at = first + i * r_len;
-            let mut dst = stack.slice_mut(at..at + r_len);
+        for (slot, rows) in lora_a_rows(c) {
+            let mut dst = stack.slice_mut(rows);
             cast::f32_to_bf16(gpu, &self.params.get(slot).as_view(), &mut dst)?;
         }
         Ok(())
@@ -420,17 +425,13 @@ impl Attention<'_> {
         c: &ModelConfig,
         shared: &'s mut Option<CudaSlice<f32>>,
     ) -> Result<&'s CudaSlice<f32>> {
-        let h = c.hidden;
         let stack = shared.as_mut().ok_or_else(|| Error::InvalidArgument {
             op: "train",
             message: "an NF4 base needs the workspace's q/k/v stack".into(),
         })?;
         nf4::dequantize_into(gpu, self.nf4_stack()?, stack, 0)?;
-        let r_len = c.lora_rank * h;
-        let first = qkv_shape(c).u_col() * h;
-        for (i, slot) in [Slot::QA, Slot::VA].into_iter().enumerate() {
-            let at = first + i * r_len;
-            let mut dst = stack.slice_mut(at..at + r_len);
+        for (slot, rows) in lora_a_rows(c) {
+            let mut dst = stack.slice_mut(rows);
             gpu.stream().memcpy_dtod(self.params.get(slot), &mut dst)?;
         }
         Ok(stack)
@@ -481,7 +482,14 @@ impl Attention<'_> {
         let norm = self.params.index(Slot::AttnNorm);
         let inputs = (&ws.xs[l], self.params.get(Slot::AttnNorm), &d.dn1);
         let (dgamma, second) = (&mut g[norm], &mut ws.bf16_second_input);
-        norm_backward_onto_residual(gpu, c, inputs, (&mut d.dx, second), dgamma, &mut d.norm)
+        norm_backward(
+            gpu,
+            c,
+            inputs,
+            (&mut d.dx, true, second),
+            dgamma,
+            &mut d.norm,
+        )
     }
 
     /// `dn1 = dy S` through the q/k/v stack `S`, from attention's gradients
@@ -670,28 +678,13 @@ fn bf16_input_grad(
     blas::gemm_half(gpu, spec, 1.0, dy16, w, beta, dx)
 }
 
-/// The end of a block's backward, in one pass: `dx += rmsnorm'(dn)`, the
-/// block's norm backward (of input `x`, weight `gamma`, output gradient
-/// `dn`) added onto the residual gradient `dx`, its weight gradient into
-/// `dgamma`; with a bf16 base (which has the second bf16 buffer `second`)
-/// also `dx`'s bf16 rounding into its front, for the next block's first
-/// [`input_grad`] ([`Bf16Dy::InSecond`]).
-fn norm_backward_onto_residual(
-    gpu: &mut GpuContext,
-    c: &ModelConfig,
-    (x, gamma, dn): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
-    (dx, second): (&mut CudaSlice<f32>, &mut Option<CudaSlice<Bf16>>),
-    dgamma: &mut CudaSlice<f32>,
-    ws: &mut rmsnorm::BackwardWorkspace,
-) -> Result<()> {
-    norm_backward(gpu, c, (x, gamma, dn), (dx, true, second), dgamma, ws)
-}
-
 /// `rmsnorm'(dn)` of input `x` and weight `gamma` into `dx` (added onto it
 /// when `onto`), its weight gradient into `dgamma`; with a bf16 base (which
 /// has the second bf16 buffer `second`) also `dx`'s bf16 rounding into its
-/// front. The top layer's residual gradient comes from the final norm
-/// written this way ([`super::step`]'s head), the layers' added onto it.
+/// front, for the next block's first [`input_grad`] ([`Bf16Dy::InSecond`]).
+/// The final norm writes the top layer's residual gradient this way
+/// ([`super::step`]'s head); each block's norm adds onto it, in the same
+/// pass as its backward.
 pub(super) fn norm_backward(
     gpu: &mut GpuContext,
     c: &ModelConfig,
@@ -1005,7 +998,14 @@ impl Mlp<'_> {
         let norm = self.params.index(Slot::MlpNorm);
         let inputs = (&a.x2, self.params.get(Slot::MlpNorm), &d.dn2);
         let (dgamma, second) = (&mut g[norm], &mut ws.bf16_second_input);
-        norm_backward_onto_residual(gpu, c, inputs, (&mut d.dx, second), dgamma, &mut d.norm)
+        norm_backward(
+            gpu,
+            c,
+            inputs,
+            (&mut d.dx, true, second),
+            dgamma,
+            &mut d.norm,
+        )
     }
 
     /// The forward's `gate` and `up` for the backward: the kept ones, else
@@ -1036,5 +1036,22 @@ fn gate_up_mismatch() -> Error {
     Error::InvalidArgument {
         op: "train",
         message: "the MLP's gate and up buffers are not of its weights' format".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::workspace::qkv_width;
+
+    #[test]
+    fn the_lora_a_rows_are_the_last_rows_of_the_stack_q_first() {
+        for c in crate::model::PRESETS {
+            let [(q, rq), (v, rv)] = lora_a_rows(&c);
+            assert_eq!((q, v), (Slot::QA, Slot::VA));
+            assert_eq!(rq.len(), c.lora_rank * c.hidden);
+            assert_eq!(rq.end, rv.start);
+            assert_eq!(rv.end, qkv_width(&c) * c.hidden);
+        }
     }
 }

@@ -50,8 +50,9 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
         down = down.merge(compare(&shifted, &reference[1..]));
     }
 
+    let poisoned = gpu.upload(&vec![F16_NAN_BITS; n])?;
     let widen = |b: u16| f16::from_bits(b).to_f32();
-    down = down.merge(multi(gpu, &x_dev, (F16_NAN_BITS, widen), &reference)?);
+    down = down.merge(multi(gpu, &x_dev, (poisoned, widen), &reference)?);
 
     // f16 -> f32, from the reference bit patterns
     let bits_dev = gpu.upload(&ref_bits)?;
@@ -86,7 +87,7 @@ pub fn parity_bf16(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> 
         let shifted = Bf16::values(&gpu.download(&h_dev)?[1..]);
         down = down.merge(compare(&shifted, &reference[1..]));
     }
-    let bf16 = (BF16_NAN, Bf16::to_f32 as fn(Bf16) -> f32);
+    let bf16 = (Bf16::poisoned(gpu, n)?, Bf16::to_f32 as fn(Bf16) -> f32);
     down = down.merge(multi(gpu, &x_dev, bf16, &reference)?);
     let bits_dev = gpu.upload(&ref_bits)?;
     let mut y_dev = gpu.poisoned(n)?;
@@ -95,26 +96,22 @@ pub fn parity_bf16(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> 
     Ok(down.merge(up))
 }
 
-/// A quiet NaN in bf16: the poison of bf16 outputs here.
-const BF16_NAN: Bf16 = Bf16(0x7fc0);
-
 /// The one-launch copy and rounding of many tensors
 /// ([`copy_round_multi`]) on `x` cut into up to three tensors of unequal
 /// lengths, each copied and rounded to `H` into its own place of two
-/// destinations poisoned with NaNs (`nan` in `H`): the rounding, widened
-/// back by `widen`, against `reference` (x rounded on the host, widened
-/// back), the copy against `x` itself.
+/// destinations poisoned with NaNs (`rounded`, given, and an f32 one): the
+/// rounding, widened back by `widen`, against `reference` (x rounded on the
+/// host, widened back), the copy against `x` itself.
 fn multi<H: HalfFloat>(
     gpu: &mut GpuContext,
     x: &CudaSlice<f32>,
-    (nan, widen): (H, fn(H) -> f32),
+    (rounded, widen): (CudaSlice<H>, fn(H) -> f32),
     reference: &[f64],
 ) -> Result<Comparison> {
     let n = x.len();
     let mut cuts = vec![0, n / 3, n / 2 + 1, n];
     cuts.retain(|&c| c <= n);
     cuts.dedup();
-    let rounded = gpu.upload(&vec![nan; n])?;
     let copy = gpu.poisoned(n)?;
     let at = |base: u64, bytes: usize, i: usize| base + (bytes * i) as u64;
     let (x_at, c_at, r_at) = (address(gpu, x), address(gpu, &copy), address(gpu, &rounded));
