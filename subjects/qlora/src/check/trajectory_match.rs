@@ -268,17 +268,7 @@ fn noise_arm(
     cx: &mut TrialContext<'_>,
     steps: usize,
 ) -> Result<(Vec<f64>, String)> {
-    let text = mode_text(mode, &p.hyper);
-    if b == Backend::Cpu {
-        let cfg = cpu_model(&p.model.0)?;
-        let opts = reference_options(mode, p.hyper, None)?;
-        let (l, clip) = cpu_losses(&cfg, opts, steps, cx.seed)?;
-        return Ok((l, format!("{text}: {clip}")));
-    }
-    let seed = cx.seed;
-    let gpu = require_gpu(cx)?;
-    let (l, replayed) = gpu_losses(gpu, &p.model.0, mode.gpu_options(p.hyper), steps, seed)?;
-    Ok((l, format!("gpu {text} ({replayed} graph replays)")))
+    fault_free_arm(mode, b == Backend::Cpu, p, cx, steps)
 }
 
 /// The baseline's losses: on the CPU reference on a cpu trial or with
@@ -289,18 +279,30 @@ fn baseline_arm(
     cx: &mut TrialContext<'_>,
     steps: usize,
 ) -> Result<(Vec<f64>, String)> {
-    let mode = mode_text(&p.baseline, &p.hyper);
-    if b == Backend::Cpu || p.baseline_on == BaselineOn::Cpu {
+    let on_cpu = b == Backend::Cpu || p.baseline_on == BaselineOn::Cpu;
+    fault_free_arm(&p.baseline, on_cpu, p, cx, steps)
+}
+
+/// The losses of `steps` steps in `mode`, on the CPU reference (`on_cpu`)
+/// or the GPU, without the mutant's faults, and how it ran.
+fn fault_free_arm(
+    mode: &StepMode,
+    on_cpu: bool,
+    p: &Params,
+    cx: &mut TrialContext<'_>,
+    steps: usize,
+) -> Result<(Vec<f64>, String)> {
+    let text = mode_text(mode, &p.hyper);
+    if on_cpu {
         let cfg = cpu_model(&p.model.0)?;
-        let opts = reference_options(&p.baseline, p.hyper, None)?;
+        let opts = reference_options(mode, p.hyper, None)?;
         let (l, clip) = cpu_losses(&cfg, opts, steps, cx.seed)?;
-        return Ok((l, format!("cpu reference {mode}: {clip}")));
+        return Ok((l, format!("cpu reference {text}: {clip}")));
     }
-    let opts = p.baseline.gpu_options(p.hyper);
     let seed = cx.seed;
     let gpu = require_gpu(cx)?;
-    let (l, replayed) = gpu_losses(gpu, &p.model.0, opts, steps, seed)?;
-    Ok((l, format!("gpu {mode} ({replayed} graph replays)")))
+    let (l, replayed) = gpu_losses(gpu, &p.model.0, mode.gpu_options(p.hyper), steps, seed)?;
+    Ok((l, format!("gpu {text} ({replayed} graph replays)")))
 }
 
 /// The candidate's losses on the trial's backend, with the mutant's faults.
