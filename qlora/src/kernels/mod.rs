@@ -94,6 +94,7 @@ pub const MODULES: &[ModuleSource] = &[
         [
             "rmsnorm_fwd_f32",
             "rmsnorm_fwd_f32_bf16",
+            "rmsnorm_fwd_bf16",
             "rmsnorm_residual_fwd_f32"
         ]
     ),

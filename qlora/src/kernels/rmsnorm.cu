@@ -26,7 +26,8 @@
 // configuration compiles only what it runs and the parallel cold pre-warm
 // waits on no large module:
 //   RMS_PART 0   rmsnorm            the forwards (rmsnorm_fwd_f32_bf16 also
-//                                   writes the output's bf16 rounding);
+//                                   writes the output's bf16 rounding,
+//                                   rmsnorm_fwd_bf16 only that);
 //   RMS_PART 32  rmsnorm_bwd_warpP  the warp-per-row backward with P packs a
 //                                   lane (RMS_WARP_PACKS: 1, 2, 4 or 8) and
 //                                   the dgamma final;
@@ -72,11 +73,11 @@ __device__ __forceinline__ int pack_index(int k, int packs) {
 
 #if RMS_PART == 0
 
-// y = rmsnorm(x) * gamma for rows [0, rows), and with BF16 also its bf16
-// rounding y16 (the same f32 values, rounded at the store); block b takes
-// rows b, b + gridDim.x, ... (one row per block, except under the test-only
-// serialised launch, which runs one block).
-template <bool BF16>
+// y = rmsnorm(x) * gamma for rows [0, rows) in f32 (F32) and in its bf16
+// rounding y16 (BF16: the same f32 values, rounded at the store); block b
+// takes rows b, b + gridDim.x, ... (one row per block, except under the
+// test-only serialised launch, which runs one block).
+template <bool F32, bool BF16>
 __device__ __forceinline__ void rmsnorm_fwd(const float* __restrict__ x,
                                             const float* __restrict__ gamma,
                                             float* __restrict__ y,
@@ -85,10 +86,10 @@ __device__ __forceinline__ void rmsnorm_fwd(const float* __restrict__ x,
     const int packs = (hidden + 3) / 4;
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* xr = x + (size_t)row * hidden;
-        float* yr = y + (size_t)row * hidden;
+        float* yr = F32 ? y + (size_t)row * hidden : nullptr;
         unsigned short* yr16 = BF16 ? y16 + (size_t)row * hidden : nullptr;
-        const bool vec = hidden % 4 == 0 && aligned16(xr) && aligned16(yr) && aligned16(gamma) &&
-                         (!BF16 || ((unsigned long long)yr16 & 7ull) == 0);
+        const bool vec = hidden % 4 == 0 && aligned16(xr) && (!F32 || aligned16(yr)) &&
+                         aligned16(gamma) && (!BF16 || ((unsigned long long)yr16 & 7ull) == 0);
         float4 xv[RMS_PACKS];
         float ss = 0.0f;
         #pragma unroll
@@ -107,7 +108,7 @@ __device__ __forceinline__ void rmsnorm_fwd(const float* __restrict__ x,
             const float4 v = xv[k];
             const float4 out =
                 make_float4(v.x * r * g.x, v.y * r * g.y, v.z * r * g.z, v.w * r * g.w);
-            store_pack(yr, j, hidden, vec, out);
+            if (F32) store_pack(yr, j, hidden, vec, out);
             if (BF16) store_pack<StoreBf16>(yr16, j, hidden, vec, out);
         }
     }
@@ -117,7 +118,7 @@ extern "C" __global__ void rmsnorm_fwd_f32(const float* __restrict__ x,
                                            const float* __restrict__ gamma,
                                            float* __restrict__ y,
                                            int rows, int hidden, float eps) {
-    rmsnorm_fwd<false>(x, gamma, y, nullptr, rows, hidden, eps);
+    rmsnorm_fwd<true, false>(x, gamma, y, nullptr, rows, hidden, eps);
 }
 
 extern "C" __global__ void rmsnorm_fwd_f32_bf16(const float* __restrict__ x,
@@ -125,7 +126,16 @@ extern "C" __global__ void rmsnorm_fwd_f32_bf16(const float* __restrict__ x,
                                                 float* __restrict__ y,
                                                 unsigned short* __restrict__ y16,
                                                 int rows, int hidden, float eps) {
-    rmsnorm_fwd<true>(x, gamma, y, y16, rows, hidden, eps);
+    rmsnorm_fwd<true, true>(x, gamma, y, y16, rows, hidden, eps);
+}
+
+// Only y's bf16 rounding: the forward of a norm whose f32 output nothing
+// reads (a bf16 step's MLP norm, whose backward needs x2 and its rounding).
+extern "C" __global__ void rmsnorm_fwd_bf16(const float* __restrict__ x,
+                                            const float* __restrict__ gamma,
+                                            unsigned short* __restrict__ y16,
+                                            int rows, int hidden, float eps) {
+    rmsnorm_fwd<false, true>(x, gamma, nullptr, y16, rows, hidden, eps);
 }
 
 // Fused residual add + RMSNorm: h = a + b (the new residual stream, stored),

@@ -98,7 +98,9 @@ extern "C" __global__ void rope_bwd_f32(const float* __restrict__ dy, float* __r
 //           q/k/v bias, zeros for a model without one); qr = rope(q),
 //           kr = rope(k), v packed. qr, kr, v are attention's packed
 //           [rows, heads*d], [rows, kv*d], [rows, kv*d]. The bias is a
-//           constant of the forward, so the backward does not see it.
+//           constant of the forward, so the backward does not see it. It
+//           also copies uq | uv to u_out [rows, 2 r], all the LoRA
+//           gradients need of y (so the step keeps that, not y).
 // backward: dq = rope^T(dqr), dk = rope^T(dkr); duq = s dq Bq, duv = s dv Bv;
 //           written into dy's columns dq | dk | dv | duq | duv, so that
 //           dn1 = dy [Wq; Wk; Wv; Aq; Av] is one GEMM.
@@ -186,7 +188,8 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
                                             const float* __restrict__ bq, const float* __restrict__ bv,
                                             const float* __restrict__ bias,
                                             float s, float* __restrict__ qr, float* __restrict__ kr,
-                                            float* __restrict__ v, int rows, int seq, int heads,
+                                            float* __restrict__ v, float* __restrict__ u_out,
+                                            int rows, int seq, int heads,
                                             int kv_heads, int head_dim, int r,
                                             const float* __restrict__ table) {
     // 16-byte aligned: lora_up reads each row's values four at a time (r,
@@ -203,9 +206,13 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
     const int w = blockIdx.y * QKV_FWD_THREADS + threadIdx.x;
     for (int row0 = blockIdx.x * QKV_ROWS; row0 < rows; row0 += gridDim.x * QKV_ROWS) {
         __syncthreads();  // the previous rows' u and angles are no longer read
+        // The blocks of blockIdx.y 0 also copy the rows' u to u_out ([rows,
+        // 2 r]): the LoRA gradients read it, not the rest of y.
         for (int t = threadIdx.x; t < QKV_ROWS * 2 * r; t += blockDim.x) {
             const int rr = t / (2 * r), j = t % (2 * r);
-            u[rr][j] = row0 + rr < rows ? y[(size_t)(row0 + rr) * ld + qd + 2 * kvd + j] : 0.0f;
+            const bool in = row0 + rr < rows;
+            u[rr][j] = in ? y[(size_t)(row0 + rr) * ld + qd + 2 * kvd + j] : 0.0f;
+            if (in && blockIdx.y == 0) u_out[(size_t)(row0 + rr) * 2 * r + j] = u[rr][j];
         }
         qkv_angles(sn, cs, table, row0, rows, seq, half, 1.0f);
         __syncthreads();

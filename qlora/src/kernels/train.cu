@@ -45,10 +45,11 @@ extern "C" __global__ void adamw_multi_devt_f32(const unsigned long long* __rest
     }
 }
 
-// The LoRA weight gradients of one layer's q and v, from the fused projection's
-// output y = n1 S^T and its gradient dy (both [rows, width], columns
-// q | k | v | uq | uv, width = q_dim + 2 kv_dim + 2 r) and the norm's output n1
-// ([rows, hidden]):
+// The LoRA weight gradients of one layer's q and v, from the LoRA
+// down-projections u = [uq | uv] ([rows, 2 r]: the columns of the fused
+// projection's output y = n1 S^T past q | k | v), the gradient of that output
+// dy ([rows, width], columns q | k | v | uq | uv, width = q_dim + 2 kv_dim +
+// 2 r) and the norm's output n1 ([rows, hidden]):
 //   dBq = s dy[:, q]^T uq   [q_dim, r]        dAq = duq^T n1   [r, hidden]
 //   dBv = s dy[:, v]^T uv   [kv_dim, r]       dAv = duv^T n1   [r, hidden]
 // (duq, duv already carry s: the q/k/v epilogue's backward wrote them). Each is
@@ -75,7 +76,8 @@ struct LoraProduct {
     const float* wide;
     int ld_wide;
     int wide_cols;
-    const float* narrow;  // row stride: width
+    const float* narrow;
+    int ld_narrow;
     float* out;
     int out_stride_o;     // out[o * out_stride_o + j * out_stride_j]
     int out_stride_j;
@@ -85,7 +87,7 @@ struct LoraProduct {
 
 // The product and column tile of tile `b`: dBq's tiles first, then dBv's,
 // dAq's and dAv's.
-static __device__ LoraProduct lora_product(int b, const float* y, const float* dy, const float* n1,
+static __device__ LoraProduct lora_product(int b, const float* u, const float* dy, const float* n1,
                                            float* dbq, float* dbv, float* daq, float* dav,
                                            int hidden, int q_dim, int kv_dim, int r, float s) {
     const int width = q_dim + 2 * kv_dim + 2 * r;
@@ -93,12 +95,12 @@ static __device__ LoraProduct lora_product(int b, const float* y, const float* d
     const int tq = (q_dim + LORA_M - 1) / LORA_M;
     const int tv = (kv_dim + LORA_M - 1) / LORA_M;
     const int th = (hidden + LORA_M - 1) / LORA_M;
-    if (b < tq) return {dy, width, q_dim, y + u_col, dbq, r, 1, s, b};
+    if (b < tq) return {dy, width, q_dim, u, 2 * r, dbq, r, 1, s, b};
     b -= tq;
-    if (b < tv) return {dy + q_dim + kv_dim, width, kv_dim, y + u_col + r, dbv, r, 1, s, b};
+    if (b < tv) return {dy + q_dim + kv_dim, width, kv_dim, u + r, 2 * r, dbv, r, 1, s, b};
     b -= tv;
-    if (b < th) return {n1, hidden, hidden, dy + u_col, daq, 1, hidden, 1.0f, b};
-    return {n1, hidden, hidden, dy + u_col + r, dav, 1, hidden, 1.0f, b - th};
+    if (b < th) return {n1, hidden, hidden, dy + u_col, width, daq, 1, hidden, 1.0f, b};
+    return {n1, hidden, hidden, dy + u_col + r, width, dav, 1, hidden, 1.0f, b - th};
 }
 
 // wide[t][o] (zero outside the operand), rounded to tf32.
@@ -107,22 +109,21 @@ static __device__ __forceinline__ float lora_wide(const LoraProduct& p, int rows
 }
 
 // narrow[t][j] (zero outside the operand), rounded to tf32.
-static __device__ __forceinline__ float lora_narrow(const LoraProduct& p, int rows, int width,
-                                                    int r, int t, int j) {
-    return (t < rows && j < r) ? tc_tf32(p.narrow[(size_t)t * width + j]) : 0.0f;
+static __device__ __forceinline__ float lora_narrow(const LoraProduct& p, int rows, int r, int t,
+                                                    int j) {
+    return (t < rows && j < r) ? tc_tf32(p.narrow[(size_t)t * p.ld_narrow + j]) : 0.0f;
 }
 
 extern "C" __global__ void __launch_bounds__(LORA_WARPS * 32)
-lora_grads_partial_tf32(const float* __restrict__ y, const float* __restrict__ dy,
+lora_grads_partial_tf32(const float* __restrict__ u, const float* __restrict__ dy,
                         const float* __restrict__ n1, float* __restrict__ partials, int tiles,
                         int rows, int hidden, int q_dim, int kv_dim, int r) {
 #if __CUDA_ARCH__ >= 800
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int tile = blockIdx.x * LORA_WARPS + warp;
     if (tile >= tiles) return;
-    const LoraProduct p = lora_product(tile, y, dy, n1, nullptr, nullptr, nullptr, nullptr, hidden,
+    const LoraProduct p = lora_product(tile, u, dy, n1, nullptr, nullptr, nullptr, nullptr, hidden,
                                        q_dim, kv_dim, r, 1.0f);
-    const int width = q_dim + 2 * kv_dim + 2 * r;
     const int g = lane >> 2, tq = lane & 3;  // mma fragment coordinates
     const int o0 = p.tile * LORA_M;
     // acc[n]: the 16 x 8 tile of ranks 8n..8n+7; this lane holds rows (o) g
@@ -137,8 +138,8 @@ lora_grads_partial_tf32(const float* __restrict__ y, const float* __restrict__ d
                             lora_wide(p, rows, tb, o0 + g), lora_wide(p, rows, tb, o0 + g + 8)};
 #pragma unroll
         for (int n = 0; n < LORA_RANKS / 8; ++n) {
-            const float b0 = lora_narrow(p, rows, width, r, ta, 8 * n + g);
-            const float b1 = lora_narrow(p, rows, width, r, tb, 8 * n + g);
+            const float b0 = lora_narrow(p, rows, r, ta, 8 * n + g);
+            const float b1 = lora_narrow(p, rows, r, tb, 8 * n + g);
             tc_mma(acc[n], a, b0, b1);
         }
     }

@@ -138,7 +138,7 @@ macro_rules! bwd_signatures {
 /// The kernels of each module, by module, checked against the compiled PTX
 /// by a unit test.
 pub const SIGNATURES: &[(&str, Signatures)] = &[
-    (MODULE, &[FWD, FWD_BF16, RESIDUAL_FWD]),
+    (MODULE, &[FWD, FWD_BF16, FWD_BF16_ONLY, RESIDUAL_FWD]),
     bwd_signatures!(0),
     bwd_signatures!(1),
     bwd_signatures!(2),
@@ -162,6 +162,10 @@ const FWD_BF16: Signature = (
         Arg::I32,
         Arg::F32,
     ],
+);
+const FWD_BF16_ONLY: Signature = (
+    "rmsnorm_fwd_bf16",
+    &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::F32],
 );
 const RESIDUAL_FWD: Signature = (
     "rmsnorm_residual_fwd_f32",
@@ -271,7 +275,11 @@ pub fn forward(
     eps: f64,
     y: &mut CudaViewMut<'_, f32>,
 ) -> Result<()> {
-    forward_into(gpu, (x, gamma), (rows, hidden), eps, y, None)
+    let out = ForwardOut {
+        y: Some(y),
+        y16: None,
+    };
+    forward_into(gpu, (x, gamma), (rows, hidden), eps, out)
 }
 
 /// [`forward`], also writing `y16`, the bf16 rounding of `y` (nearest, ties
@@ -288,46 +296,83 @@ pub fn forward_with_bf16(
     y16: &mut CudaViewMut<'_, Bf16>,
 ) -> Result<()> {
     expect_len("rmsnorm", "y16", y16.len(), &[rows, hidden])?;
-    forward_into(gpu, (x, gamma), (rows, hidden), eps, y, Some(y16))
+    let out = ForwardOut {
+        y: Some(y),
+        y16: Some(y16),
+    };
+    forward_into(gpu, (x, gamma), (rows, hidden), eps, out)
 }
 
-/// The launch of [`forward`] and [`forward_with_bf16`].
+/// [`forward`]'s bf16 rounding alone, for a norm whose f32 output nothing
+/// reads: `y16` as [`forward_with_bf16`] writes it.
+pub fn forward_bf16(
+    gpu: &mut GpuContext,
+    (x, gamma): (&CudaView<'_, f32>, &CudaView<'_, f32>),
+    (rows, hidden): (usize, usize),
+    eps: f64,
+    y16: &mut CudaViewMut<'_, Bf16>,
+) -> Result<()> {
+    expect_len("rmsnorm", "y16", y16.len(), &[rows, hidden])?;
+    let out = ForwardOut {
+        y: None,
+        y16: Some(y16),
+    };
+    forward_into(gpu, (x, gamma), (rows, hidden), eps, out)
+}
+
+/// Where the forward writes: `y` in f32, its bf16 rounding `y16`, or both.
+struct ForwardOut<'a, 'y, 'y16> {
+    y: Option<&'a mut CudaViewMut<'y, f32>>,
+    y16: Option<&'a mut CudaViewMut<'y16, Bf16>>,
+}
+
+/// The launch of [`forward`], [`forward_with_bf16`] and [`forward_bf16`].
 fn forward_into(
     gpu: &mut GpuContext,
     (x, gamma): (&CudaView<'_, f32>, &CudaView<'_, f32>),
     (rows, hidden): (usize, usize),
     eps: f64,
-    y: &mut CudaViewMut<'_, f32>,
-    y16: Option<&mut CudaViewMut<'_, Bf16>>,
+    out: ForwardOut<'_, '_, '_>,
 ) -> Result<()> {
     check_dims(rows, hidden)?;
     expect_len("rmsnorm", "x", x.len(), &[rows, hidden])?;
     expect_len("rmsnorm", "gamma", gamma.len(), &[hidden])?;
-    expect_len("rmsnorm", "y", y.len(), &[rows, hidden])?;
+    if let Some(y) = &out.y {
+        expect_len("rmsnorm", "y", y.len(), &[rows, hidden])?;
+    }
     let rows_w = gpu.faults().written(rows);
     if rows_w == 0 {
         return Ok(());
     }
     let (rows_i, hidden_i) = check_dims(rows_w, hidden)?;
     let eps_f = eps as f32;
-    let symbol = if y16.is_some() { FWD_BF16.0 } else { FWD.0 };
+    let symbol = match (&out.y, &out.y16) {
+        (Some(_), Some(_)) => FWD_BF16.0,
+        (Some(_), None) => FWD.0,
+        (None, _) => FWD_BF16_ONLY.0,
+    };
     let f = gpu.function(MODULE, symbol)?;
     // Few threads, four packs each: one row per block keeps plenty of
     // blocks in flight.
     let cfg = row_loop_config(gpu, rows_w, hidden, PACKS_PER_THREAD)?;
     let mut l = gpu.stream().launch_builder(&f);
-    l.arg(x).arg(gamma).arg(y);
-    if let Some(y16) = y16 {
+    l.arg(x).arg(gamma);
+    if let Some(y) = out.y {
+        l.arg(y);
+    }
+    if let Some(y16) = out.y16 {
         l.arg(y16);
     }
     l.arg(&rows_i).arg(&hidden_i).arg(&eps_f);
     // SAFETY: rmsnorm_fwd_f32(const float* x, const float* gamma, float* y,
-    // int rows, int hidden, float eps), and rmsnorm_fwd_f32_bf16 with
-    // `unsigned short* y16` after y when y16 is given: x, y (and y16) hold
-    // rows * hidden >= rows_i * hidden elements and gamma hidden (checked
-    // above); y and y16 are distinct mutable borrows; blocks loop over the
-    // rows; blockDim is a multiple of 32 <= 1024, as the block reduction
-    // needs, with 4 * RMS_PACKS * blockDim >= hidden, as the kernel needs.
+    // int rows, int hidden, float eps), rmsnorm_fwd_f32_bf16 with `unsigned
+    // short* y16` after y, rmsnorm_fwd_bf16 with y16 in y's place (the
+    // arguments above, in that order; a ForwardOut names y or y16, both
+    // from the public launchers): x, y and y16 hold rows * hidden >= rows_i
+    // * hidden elements and gamma hidden (checked above); y and y16 are
+    // distinct mutable borrows; blocks loop over the rows; blockDim is a
+    // multiple of 32 <= 1024, as the block reduction needs, with 4 *
+    // RMS_PACKS * blockDim >= hidden, as the kernel needs.
     unsafe { l.launch(cfg) }?;
     Ok(())
 }

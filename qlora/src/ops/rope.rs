@@ -68,6 +68,7 @@ pub const QKV_FWD_SIGNATURES: Signatures = &[(
         Arg::Ptr,
         Arg::Ptr,
         Arg::Ptr,
+        Arg::Ptr,
         Arg::I32,
         Arg::I32,
         Arg::I32,
@@ -292,8 +293,10 @@ pub fn qkv_angle_table(seq: usize, head_dim: usize, theta: f64) -> Vec<f32> {
 /// (`[rows, width]`, see [`QkvShape`]) and the frozen bias `b = [b_q | b_k |
 /// b_v]` (`[q_dim + 2 kv_dim]`, zeros for a model without one) computes
 /// `q = y_q + b_q + s uq Bq^T`, `k = y_k + b_k`, `v = y_v + b_v + s uv Bv^T`
-/// and writes `qr = rope(q)`, `kr = rope(k)` and `v`, packed. `bq` is
-/// `[q_dim, r]`, `bv` `[kv_dim, r]`.
+/// and writes `qr = rope(q)`, `kr = rope(k)` and `v`, packed, and a copy
+/// of `y`'s `uq | uv` columns (`[rows, 2 r]`, what the LoRA gradients read
+/// of `y`, so the whole `y` need not be kept). `bq` is `[q_dim, r]`, `bv`
+/// `[kv_dim, r]`.
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_forward(
     gpu: &mut GpuContext,
@@ -301,7 +304,8 @@ pub fn qkv_forward(
     (y, bias): (&CudaSlice<f32>, &CudaSlice<f32>),
     (bq, bv, s): (&CudaSlice<f32>, &CudaSlice<f32>, f32),
     table: &CudaSlice<f32>,
-    (qr, kr, v): (
+    (qr, kr, v, u): (
+        &mut CudaSlice<f32>,
         &mut CudaSlice<f32>,
         &mut CudaSlice<f32>,
         &mut CudaSlice<f32>,
@@ -317,28 +321,29 @@ pub fn qkv_forward(
     expect_len(OP, "qr", qr.len(), &[rows, qd])?;
     expect_len(OP, "kr", kr.len(), &[rows, kvd])?;
     expect_len(OP, "v", v.len(), &[rows, kvd])?;
+    expect_len(OP, "u", u.len(), &[rows, 2 * r])?;
     let ld = sh.width() as i64;
     let ints = sh.ints(gpu.faults())?;
     let f = gpu.function(QKV_FWD_MODULE, "rope_qkv_fwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(y).arg(&ld).arg(bq).arg(bv).arg(bias).arg(&s);
-    l.arg(qr).arg(kr).arg(v);
+    l.arg(qr).arg(kr).arg(v).arg(u);
     for i in &ints {
         l.arg(i);
     }
     l.arg(table);
     // SAFETY: rope_qkv_fwd_f32(const float* y, long long ld, const float* bq,
     // const float* bv, const float* bias, float s, float* qr, float* kr, float*
-    // v, int rows, int seq, int heads, int kv_heads, int head_dim, int r, const
-    // float* table): lengths checked above (the table is [2][seq][head_dim / 2], read at
+    // v, float* u, int rows, int seq, int heads, int kv_heads, int head_dim,
+    // int r, const float* table): lengths checked above (the table is [2][seq][head_dim / 2], read at
     // pos < seq, i < head_dim / 2). A thread whose item is past the last does
     // nothing but wait at the block's barriers. Row `row < rows` reads y[row * ld + c] for c <
     // width = ld, bias[c] for c < q_dim + 2 kv_dim (its length),
     // bq[c * r + j] for c < q_dim, bv[c * r + j] for c < kv_dim,
     // j < r <= QKV_MAX_RANK (the static u and B-row arrays; head_dim / 2 <=
-    // QKV_MAX_HALF sizes the angle arrays), and writes qr, kr, v only at
-    // row * (their width) + c below that width. The outputs are distinct
-    // mutable buffers, so nothing aliases.
+    // QKV_MAX_HALF sizes the angle arrays), and writes qr, kr, v, u only at
+    // row * (their width) + c below that width (u's is 2 r). The outputs
+    // are distinct mutable buffers, so nothing aliases.
     unsafe { l.launch(sh.forward_launch_config()) }?;
     Ok(())
 }

@@ -189,10 +189,12 @@ pub fn lora_grads_tf32_runs(gpu: &GpuContext) -> bool {
     gpu.facts().compute_capability.0 >= 8
 }
 
-/// One layer's LoRA weight gradients of q and v, from the fused projection's
-/// output `y = n1 S^T` and its gradient `dy` (both `[rows, width]`, columns
-/// `q | k | v | uq | uv`, [`QkvShape`]) and the norm's output `n1` (`[rows,
-/// hidden]`):
+/// One layer's LoRA weight gradients of q and v, from the LoRA
+/// down-projections `u = uq | uv` (`[rows, 2 r]`, the fused projection's
+/// output `y = n1 S^T` past its q, k, v columns, as
+/// [`crate::ops::rope::qkv_forward`] copies them), the gradient `dy` of that
+/// output (`[rows, width]`, columns `q | k | v | uq | uv`, [`QkvShape`]) and
+/// the norm's output `n1` (`[rows, hidden]`):
 ///
 /// `dBq = s dy_q^T uq`, `dBv = s dy_v^T uv`, `dAq = duq^T n1`, `dAv = duv^T n1`
 ///
@@ -203,11 +205,11 @@ pub fn lora_grads_tf32_runs(gpu: &GpuContext) -> bool {
 pub fn lora_grads_tf32(
     gpu: &mut GpuContext,
     (sh, hidden, s): (&QkvShape, usize, f32),
-    (y, dy, n1): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (u, dy, n1): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     ws: &mut LoraGradsWorkspace,
     out: LoraGrads<'_>,
 ) -> Result<()> {
-    check_lora_grads(gpu, (sh, hidden), (y, dy, n1), ws, &out)?;
+    check_lora_grads(gpu, (sh, hidden), (u, dy, n1), ws, &out)?;
     let (tiles, slices) = LoraGradsWorkspace::tiles_and_slices(sh, hidden);
     let i32_of = |what, v| to_i32("lora_grads", what, v);
     // The kernels' int arguments; the kernels compute `width` from them.
@@ -225,7 +227,7 @@ pub fn lora_grads_tf32(
     // Sizes the kernels compute in int: they must fit one.
     i32_of("width", sh.width())?;
     i32_of("outputs", tiles * LORA_GRADS_TILE_FLOATS)?;
-    launch_lora_partial(gpu, &dims, (y, dy, n1), ws)?;
+    launch_lora_partial(gpu, &dims, (u, dy, n1), ws)?;
     launch_lora_final(gpu, &dims, ws, out, s)
 }
 
@@ -244,7 +246,7 @@ struct LoraDims {
 fn check_lora_grads(
     gpu: &GpuContext,
     (sh, hidden): (&QkvShape, usize),
-    (y, dy, n1): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (u, dy, n1): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     ws: &LoraGradsWorkspace,
     out: &LoraGrads<'_>,
 ) -> Result<()> {
@@ -261,7 +263,7 @@ fn check_lora_grads(
         });
     }
     const OP: &str = "lora_grads";
-    expect_len(OP, "y", y.len(), &[rows, sh.width()])?;
+    expect_len(OP, "u", u.len(), &[rows, 2 * r])?;
     expect_len(OP, "dy", dy.len(), &[rows, sh.width()])?;
     expect_len(OP, "n1", n1.len(), &[rows, hidden])?;
     expect_len(OP, "dBq", out.dbq.len(), &[sh.q_dim(), r])?;
@@ -276,7 +278,7 @@ fn check_lora_grads(
 fn launch_lora_partial(
     gpu: &mut GpuContext,
     dims: &LoraDims,
-    (y, dy, n1): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (u, dy, n1): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     ws: &mut LoraGradsWorkspace,
 ) -> Result<()> {
     let f = gpu.function(MODULE, "lora_grads_partial_tf32")?;
@@ -287,14 +289,14 @@ fn launch_lora_partial(
         shared_mem_bytes: 0,
     };
     let mut l = gpu.stream().launch_builder(&f);
-    l.arg(y).arg(dy).arg(n1).arg(&mut ws.partials);
+    l.arg(u).arg(dy).arg(n1).arg(&mut ws.partials);
     l.arg(&dims.tiles).arg(&dims.rows);
     for v in &dims.shape {
         l.arg(v);
     }
-    // SAFETY: lora_grads_partial_tf32(const float* y, const float* dy, const
+    // SAFETY: lora_grads_partial_tf32(const float* u, const float* dy, const
     // float* n1, float* partials, int tiles, int rows, int hidden, int q_dim,
-    // int kv_dim, int r): y and dy hold rows x width, n1 rows x hidden
+    // int kv_dim, int r): u holds rows x 2 r, dy rows x width, n1 rows x hidden
     // (check_lora_grads), r <= LORA_RANKS, on a device of compute capability
     // 8.0 or later (the kernel's body); warp w of block (x, slice) takes tile
     // x * LORA_WARPS + w < tiles and writes its LORA_TILE partials of that

@@ -26,7 +26,7 @@ use cudarc::driver::{CudaSlice, CudaView};
 use super::blas::{self, Mat, MatMut};
 use super::kernels;
 use super::weights::{LayerWeights, Linear};
-use super::workspace::{GateUp, Grads, LayerActs, Scratch, Workspace};
+use super::workspace::{GateUp, Grads, LayerActs, SavedNorm, Scratch, Workspace};
 use crate::error::{Error, Result};
 use crate::gpu::table::address;
 use crate::gpu::{GemmMath, GpuContext, TensorTable};
@@ -330,7 +330,7 @@ impl Attention<'_> {
                 BfStack::Dequantised => self.dequantised_bf16_stack(gpu, c, &mut ws.stack_bf16)?,
             };
             let n1 = norm_to_bf16(gpu, ctx, norm_in, &mut a.n1, &mut ws.bf16_input)?;
-            blas::gemm_half(gpu, spec, 1.0, &n1, &*s, 0.0, &mut a.qkv)?;
+            blas::gemm_half(gpu, spec, 1.0, &n1, &*s, 0.0, &mut ws.qkv)?;
         } else {
             let (x, gamma) = (norm_in.0.as_view(), norm_in.1.as_view());
             rmsnorm::forward(gpu, &x, &gamma, rows, h, eps, &mut a.n1.as_view_mut())?;
@@ -344,9 +344,9 @@ impl Attention<'_> {
             match stacks.f16 {
                 Some(s16) => {
                     let n1 = half_of(gpu, &a.n1, &mut ws.half_input)?;
-                    blas::gemm_half(gpu, spec, 1.0, &n1, s16, 0.0, &mut a.qkv)?;
+                    blas::gemm_half(gpu, spec, 1.0, &n1, s16, 0.0, &mut ws.qkv)?;
                 }
-                None => blas::gemm(gpu, ctx.fwd, spec, 1.0, &a.n1, stack, 0.0, &mut a.qkv)?,
+                None => blas::gemm(gpu, ctx.fwd, spec, 1.0, &a.n1, stack, 0.0, &mut ws.qkv)?,
             }
         }
         let a = &mut ws.layers[l];
@@ -354,10 +354,10 @@ impl Attention<'_> {
         rope::qkv_forward(
             gpu,
             &sh,
-            (&a.qkv, self.bias),
+            (&ws.qkv, self.bias),
             (pi(Slot::QB), pi(Slot::VB), ctx.lora_s),
             &ws.rope_table,
-            (&mut a.qr, &mut a.kr, &mut a.v),
+            (&mut a.qr, &mut a.kr, &mut a.v, &mut a.u),
         )?;
         attention::forward(
             gpu,
@@ -566,7 +566,7 @@ impl Attention<'_> {
                 })?;
         let out = kernels::LoraGrads { dbq, dbv, daq, dav };
         let dims = (&qkv_shape(&ctx.c), ctx.c.hidden, ctx.lora_s_bwd);
-        let inputs = (&a.qkv, &d.dqkv, &a.n1);
+        let inputs = (&a.u, &d.dqkv, &a.n1);
         kernels::lora_grads_tf32(gpu, dims, inputs, &mut d.lora, out)
     }
 
@@ -598,7 +598,11 @@ impl Attention<'_> {
                 offset,
                 ld: width,
             };
-            let u = col(&a.qkv, u_col + i * r);
+            let u = Mat {
+                buf: &a.u,
+                offset: i * r,
+                ld: 2 * r,
+            };
             let (dy, du) = (col(&d.dqkv, y_col), col(&d.dqkv, u_col + i * r));
             let db = MatMut::packed(&mut g[idx(sb)], r);
             let spec = GemmSpec::linear_dw(rows, r, out);
@@ -814,6 +818,32 @@ fn norm_to_bf16<'h>(
     front(bf16, rows * h)
 }
 
+/// `rmsnorm(x, gamma)` rounded to bf16 alone (nothing reads its f32
+/// values): into `saved` when the layer keeps it, else into the front of
+/// the workspace's bf16 input; the GEMM operand.
+fn norm_bf16_only<'h>(
+    gpu: &mut GpuContext,
+    ctx: &LayerCtx,
+    (x, gamma): (&CudaSlice<f32>, &CudaSlice<f32>),
+    saved: Option<&'h mut CudaSlice<Bf16>>,
+    bf16: &'h mut Option<CudaSlice<Bf16>>,
+) -> Result<CudaView<'h, Bf16>> {
+    let dims = (ctx.c.tokens(), ctx.c.hidden);
+    let inputs = (&x.as_view(), &gamma.as_view());
+    let eps = ctx.c.rms_eps;
+    match saved {
+        Some(n) => {
+            rmsnorm::forward_bf16(gpu, inputs, dims, eps, &mut n.as_view_mut())?;
+            Ok(n.as_view())
+        }
+        None => {
+            let n = dims.0 * dims.1;
+            rmsnorm::forward_bf16(gpu, inputs, dims, eps, &mut front_mut(bf16, n)?)?;
+            front(bf16, n)
+        }
+    }
+}
+
 /// The fused q/k/v projection's layout for `c`.
 pub(crate) fn qkv_shape(c: &ModelConfig) -> QkvShape {
     QkvShape {
@@ -847,13 +877,22 @@ impl Mlp<'_> {
         let l = self.params.layer;
         let a = &mut ws.layers[l];
         let x_next = &mut ws.xs[l + 1];
-        let Scratch { gate_up, act } = &mut ws.scratch;
+        let Scratch {
+            gate_up,
+            act,
+            n2: scratch_n2,
+        } = &mut ws.scratch;
         let gamma = self.params.get(Slot::MlpNorm);
         let gate_up = a.mlp.as_mut().unwrap_or(gate_up);
         let mut stores = stores!(ws);
         match gate_up {
             GateUp::Bf16(gate, up) => {
-                let n2 = norm_to_bf16(gpu, ctx, (&a.x2, gamma), &mut a.n2, stores.bf16)?;
+                let saved = match &mut a.n2 {
+                    Some(SavedNorm::Bf16(n)) => Some(n),
+                    Some(SavedNorm::F32(_)) => return Err(gate_up_mismatch()),
+                    None => None,
+                };
+                let n2 = norm_bf16_only(gpu, ctx, (&a.x2, gamma), saved, stores.bf16)?;
                 self.gate_up_bf16(gpu, stores.deq_bf16, &n2, (gate, up))?;
                 gpu.stream().memcpy_dtod(&a.x2, x_next)?;
                 let n = gate.len();
@@ -865,9 +904,14 @@ impl Mlp<'_> {
                 blas::gemm_half(gpu, spec, 1.0, &act, wd, 1.0, x_next)
             }
             GateUp::F32(gate, up) => {
+                let n2 = match &mut a.n2 {
+                    Some(SavedNorm::F32(n)) => n,
+                    Some(SavedNorm::Bf16(_)) => return Err(gate_up_mismatch()),
+                    None => scratch_n2.as_mut().ok_or_else(gate_up_mismatch)?,
+                };
                 let (x2, g2) = (a.x2.as_view(), gamma.as_view());
-                rmsnorm::forward(gpu, &x2, &g2, rows, h, eps, &mut a.n2.as_view_mut())?;
-                self.gate_up_f32(gpu, fwd, &mut stores, &a.n2, (gate, up))?;
+                rmsnorm::forward(gpu, &x2, &g2, rows, h, eps, &mut n2.as_view_mut())?;
+                self.gate_up_f32(gpu, fwd, &mut stores, n2, (gate, up))?;
                 let act = act.as_mut().ok_or_else(gate_up_mismatch)?;
                 gpu.stream().memcpy_dtod(&a.x2, x_next)?;
                 activation::swiglu_forward(
@@ -881,25 +925,26 @@ impl Mlp<'_> {
         }
     }
 
-    /// The MLP's input projections `gate = n2 Wg^T`, `up = n2 Wu^T` into
-    /// `gate_up`: what the forward computes and the backward recomputes
-    /// when they are not kept (on 16-bit operands when both keep f16 copies
-    /// or are read in bf16, `n2` rounded once; stored in bf16 for a base
-    /// that computes in bf16).
+    /// The backward's recomputation of the MLP's input projections `gate =
+    /// n2 Wg^T`, `up = n2 Wu^T` into `gate_up` when they are not kept,
+    /// exactly as the forward computed them, from the norm it kept: f32, or
+    /// with a bf16 base the bf16 operand itself.
     fn gate_up(
         &self,
         gpu: &mut GpuContext,
         math: GemmMath,
         stores: &mut Stores,
-        n2: &CudaSlice<f32>,
+        n2: &SavedNorm,
         gate_up: &mut GateUp,
     ) -> Result<()> {
-        match gate_up {
-            GateUp::Bf16(gate, up) => {
-                let n2 = half_of(gpu, n2, stores.bf16)?;
-                self.gate_up_bf16(gpu, stores.deq_bf16, &n2, (gate, up))
+        match (n2, gate_up) {
+            (SavedNorm::Bf16(n2), GateUp::Bf16(gate, up)) => {
+                self.gate_up_bf16(gpu, stores.deq_bf16, &n2.as_view(), (gate, up))
             }
-            GateUp::F32(gate, up) => self.gate_up_f32(gpu, math, stores, n2, (gate, up)),
+            (SavedNorm::F32(n2), GateUp::F32(gate, up)) => {
+                self.gate_up_f32(gpu, math, stores, n2, (gate, up))
+            }
+            _ => Err(gate_up_mismatch()),
         }
     }
 
@@ -1022,7 +1067,8 @@ impl Mlp<'_> {
         match &a.mlp {
             Some(kept) => Ok(kept),
             None => {
-                self.gate_up(gpu, ctx.fwd, stores, &a.n2, scratch)?;
+                let n2 = a.n2.as_ref().ok_or_else(gate_up_mismatch)?;
+                self.gate_up(gpu, ctx.fwd, stores, n2, scratch)?;
                 Ok(scratch)
             }
         }

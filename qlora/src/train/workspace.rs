@@ -32,9 +32,10 @@ pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 pub struct LayerActs {
     /// `rmsnorm(x, g1)` `[T, hidden]`.
     pub n1: CudaSlice<f32>,
-    /// The fused projection `n1 [Wq; Wk; Wv; Aq; Av]^T` `[T, width]`
-    /// ([`crate::ops::rope::QkvShape`]); the backward reads its `n1 Aq^T`, `n1 Av^T` columns.
-    pub qkv: CudaSlice<f32>,
+    /// The LoRA down-projections `u = n1 Aq^T | n1 Av^T` `[T, 2 r]`: the
+    /// fused projection's last columns ([`Workspace::qkv`]), what the
+    /// backward reads of it.
+    pub u: CudaSlice<f32>,
     /// q, k after RoPE; v `[T, q_dim]`, `[T, kv_dim]`, `[T, kv_dim]`.
     pub qr: CudaSlice<f32>,
     pub kr: CudaSlice<f32>,
@@ -46,11 +47,44 @@ pub struct LayerActs {
     pub attn_saved: CudaSlice<f32>,
     /// Attention output `[T, q_dim]` (the backward's `D_i = <dout_i, out_i>`).
     pub att: CudaSlice<f32>,
-    /// `x + att Wo^T` `[T, hidden]` and its norm.
+    /// `x + att Wo^T` `[T, hidden]`.
     pub x2: CudaSlice<f32>,
-    pub n2: CudaSlice<f32>,
+    /// Its norm, kept only when gate and up are recomputed from it.
+    pub n2: Option<SavedNorm>,
     /// `n2 Wg^T` and `n2 Wu^T` `[T, intermediate]`, when kept.
     pub mlp: Option<GateUp>,
+}
+
+/// `n2 = rmsnorm(x2, g2)` `[T, hidden]` as the backward's recomputation of
+/// gate and up reads it: f32, or with a bf16 base only its bf16 rounding,
+/// the operand of the bf16 GEMMs (the forward's, bit for bit).
+pub enum SavedNorm {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<Bf16>),
+}
+
+impl SavedNorm {
+    fn new(gpu: &GpuContext, c: &ModelConfig, base: BaseWeights) -> Result<Self> {
+        let n = c.tokens() * c.hidden;
+        Ok(if base.computes_in_bf16() {
+            SavedNorm::Bf16(gpu.zeros(n)?)
+        } else {
+            SavedNorm::F32(gpu.zeros(n)?)
+        })
+    }
+
+    /// Device bytes of one on `base`.
+    fn bytes_for(c: &ModelConfig, base: BaseWeights) -> usize {
+        let element = if base.computes_in_bf16() { 2 } else { 4 };
+        element * c.tokens() * c.hidden
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            SavedNorm::F32(n) => 4 * n.len(),
+            SavedNorm::Bf16(n) => 2 * n.len(),
+        }
+    }
 }
 
 /// The MLP's `gate = n2 Wg^T` and `up = n2 Wu^T` `[T, intermediate]` as the
@@ -92,14 +126,18 @@ impl LayerActs {
         let z = |n: usize| gpu.zeros::<f32>(n);
         Ok(LayerActs {
             n1: z(t * c.hidden)?,
-            qkv: z(t * qkv_width(c))?,
+            u: z(t * 2 * c.lora_rank)?,
             qr: z(t * c.q_dim())?,
             kr: z(t * c.kv_dim())?,
             v: z(t * c.kv_dim())?,
             attn_saved: z(attention_saved(c, base))?,
             att: z(t * c.q_dim())?,
             x2: z(t * c.hidden)?,
-            n2: z(t * c.hidden)?,
+            n2: if keep_mlp {
+                None
+            } else {
+                Some(SavedNorm::new(gpu, c, base)?)
+            },
             mlp: if keep_mlp {
                 Some(GateUp::new(gpu, c, base)?)
             } else {
@@ -108,20 +146,27 @@ impl LayerActs {
         })
     }
 
-    /// Bytes of the kept MLP activations per layer (zero when recomputed).
+    /// Bytes of what the MLP keeps per layer: gate and up when kept, else
+    /// the norm they are recomputed from.
     fn mlp_bytes(c: &ModelConfig, keep_mlp: bool, base: BaseWeights) -> usize {
         if keep_mlp {
             GateUp::bytes_for(c, base)
         } else {
-            0
+            SavedNorm::bytes_for(c, base)
         }
     }
 
-    /// f32 values per layer (with the layer's residual input `x`) on `base`.
+    /// f32 values per layer (with the layer's residual input `x`) on `base`,
+    /// without the MLP's ([`LayerActs::mlp_bytes`]).
     fn floats(c: &ModelConfig, base: BaseWeights) -> usize {
         let t = c.tokens();
-        t * (4 * c.hidden + 2 * c.q_dim() + 2 * c.kv_dim() + qkv_width(c))
+        t * (3 * c.hidden + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.lora_rank)
             + attention_saved(c, base)
+    }
+
+    /// Bytes per layer (with the layer's residual input `x`).
+    fn bytes_for(c: &ModelConfig, keep_mlp: bool, base: BaseWeights) -> usize {
+        4 * Self::floats(c, base) + Self::mlp_bytes(c, keep_mlp, base)
     }
 }
 
@@ -129,6 +174,10 @@ impl LayerActs {
 pub struct Scratch {
     /// MLP gate and up when not kept (recomputed in the backward).
     pub gate_up: GateUp,
+    /// The MLP's f32 norm when gate and up are kept and nothing keeps it;
+    /// `None` otherwise (a bf16 base writes only its bf16 rounding, into
+    /// the workspace's bf16 input).
+    pub n2: Option<CudaSlice<f32>>,
     /// `silu(gate) * up` `[T, intermediate]`; `None` with a bf16 base, whose
     /// SwiGLU writes it to its bf16 GEMM input.
     pub act: Option<CudaSlice<f32>>,
@@ -219,6 +268,11 @@ pub struct Workspace {
     pub layers: Vec<LayerActs>,
     pub scratch: Scratch,
     pub nf: CudaSlice<f32>,
+    /// The fused projection `n1 [Wq; Wk; Wv; Aq; Av]^T` `[T, width]`
+    /// ([`crate::ops::rope::QkvShape`]) of the layer being computed: its
+    /// epilogue reads it and copies the `u` columns to the layer's
+    /// [`LayerActs::u`].
+    pub qkv: CudaSlice<f32>,
     /// With `f16_lm_head` or `f16_projections`: the input of the f16 GEMM
     /// about to run, cast to f16 (raw bits) into its front
     /// ([`Workspace::half_input_len`] elements; the LM head's `nf` and each
@@ -297,7 +351,9 @@ impl Workspace {
             .collect::<Result<Vec<_>>>()?;
         let leaked = if doubled {
             (0..c.layers)
-                .map(|_| z(LayerActs::floats(c, options.base) + 3 * t * c.intermediate))
+                .map(|_| {
+                    z(LayerActs::floats(c, options.base) + t * c.hidden + 3 * t * c.intermediate)
+                })
                 .collect::<Result<Vec<_>>>()?
         } else {
             Vec::new()
@@ -311,9 +367,11 @@ impl Workspace {
             layers,
             scratch: Scratch {
                 gate_up: GateUp::new(gpu, c, options.base)?,
+                n2: Self::scratch_norm_len(c, options).map(z).transpose()?,
                 act: f32_swiglu(c, options.base).map(z).transpose()?,
             },
             nf: z(t * c.hidden)?,
+            qkv: z(t * qkv_width(c))?,
             half_input: match Self::half_input_len(c, options) {
                 0 => None,
                 n => Some(gpu.zeros(n)?),
@@ -387,7 +445,7 @@ impl Workspace {
     /// `T` floats), computed before allocating so that a configuration that
     /// cannot fit is refused up front:
     /// `4 * (layers * saved + (layers + 6) * T * hidden`
-    /// `+ (1 + 3 f) * T * intermediate + 2 * T * (q_dim + kv_dim) + T * width`
+    /// `+ (1 + 3 f) * T * intermediate + 2 * T * (q_dim + kv_dim) + 2 * T * width`
     /// `+ attention scratch)` plus gate and up (the scratch's, and each
     /// layer's when kept: [`GateUp`], 2 bytes an element with a bf16 base),
     /// the cuBLAS workspace, the 16-bit GEMM inputs
@@ -398,7 +456,8 @@ impl Workspace {
     /// output and four hidden-wide gradients; SwiGLU's output gradient and,
     /// unless the base is bf16 (`f` = 1, else 0), its f32 product and input
     /// gradients; attention's output gradient and dq (after
-    /// RoPE), dk and dv; the fused projection's gradient.
+    /// RoPE), dk and dv; the fused projection's output and gradient; the MLP's f32
+    /// norm where no layer keeps it ([`Workspace::scratch_norm_len`]).
     pub fn planned_bytes(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
         let t = c.tokens();
         let keep_mlp = options.keep_mlp;
@@ -409,9 +468,10 @@ impl Workspace {
             + 3 * f32_swiglu(c, options.base).unwrap_or(0)
             + 2 * t * c.q_dim()
             + 2 * t * c.kv_dim()
-            + t * qkv_width(c)
+            + 2 * t * qkv_width(c)
             + attention_scratch(c, options.base)
-            + LoraGradsWorkspace::floats(&qkv_shape(c), c.hidden);
+            + LoraGradsWorkspace::floats(&qkv_shape(c), c.hidden)
+            + Self::scratch_norm_len(c, options).unwrap_or(0);
         4 * floats
             + c.layers * LayerActs::mlp_bytes(c, keep_mlp, options.base)
             + GateUp::bytes_for(c, options.base)
@@ -420,6 +480,13 @@ impl Workspace {
             + 2 * Self::bf16_input_len(c, options)
             + 2 * Self::bf16_second_input_len(c, options)
             + Self::head_bytes(c, options)
+    }
+
+    /// Elements of [`Scratch::n2`]: `T x hidden` when the layers keep gate
+    /// and up (so none keeps its norm) and the base computes in f32 (a
+    /// bf16 base writes only the norm's rounding, into its bf16 input).
+    pub fn scratch_norm_len(c: &ModelConfig, options: &GpuTrainOptions) -> Option<usize> {
+        (options.keep_mlp && !options.base.computes_in_bf16()).then(|| c.tokens() * c.hidden)
     }
 
     /// Bytes of the head's logits and their gradient: `4 T vocab` each in
@@ -477,8 +544,8 @@ impl Workspace {
     }
 
     /// Bytes of activations the forward keeps per step (all layers) on `base`.
-    pub fn activation_bytes(c: &ModelConfig, base: BaseWeights) -> usize {
-        4 * c.layers * LayerActs::floats(c, base)
+    pub fn activation_bytes(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
+        c.layers * LayerActs::bytes_for(c, options.keep_mlp, options.base)
     }
 
     /// Device bytes of the whole workspace.
@@ -492,25 +559,26 @@ impl Workspace {
             .map(|a| {
                 f32s(&[
                     &a.n1,
-                    &a.qkv,
+                    &a.u,
                     &a.qr,
                     &a.kr,
                     &a.v,
                     &a.attn_saved,
                     &a.att,
                     &a.x2,
-                    &a.n2,
                 ]) + a.mlp.as_ref().map_or(0, GateUp::bytes)
+                    + a.n2.as_ref().map_or(0, SavedNorm::bytes)
             })
             .sum();
         per_layer
             + self.xs.iter().map(|x| 4 * x.len()).sum::<usize>()
             + sc.gate_up.bytes()
             + sc.act.as_ref().map_or(0, |b| 4 * b.len())
+            + sc.n2.as_ref().map_or(0, |b| 4 * b.len())
             + d.dgate_up
                 .as_ref()
                 .map_or(0, |(g, u)| 4 * (g.len() + u.len()))
-            + f32s(&[&self.nf, &self.losses, &self.loss])
+            + f32s(&[&self.nf, &self.qkv, &self.losses, &self.loss])
             + self.logits.as_ref().map_or(0, |b| 4 * b.len())
             + self.ce_stats.bytes()
             + 2 * self.half_input.as_ref().map_or(0, |b| b.len())

@@ -219,7 +219,10 @@ fn peak_bound(
             gpu.facts().name,
             ours.loss,
             ours.accounted_text(),
-            gib(qlora::train::workspace::Workspace::activation_bytes(cfg, base)),
+            gib(qlora::train::workspace::Workspace::activation_bytes(
+                cfg,
+                &Params::mode_of(base).speed_options()
+            )),
         ));
     Ok((m, vec![ours.loss]))
 }

@@ -15,8 +15,8 @@ use rand_chacha::ChaCha8Rng;
 
 /// `op_parity` of RMSNorm for one `{rows, hidden}` shape. Forward runs both the
 /// plain and the fused residual kernel (at precision `bf16`: the forward
-/// that also writes `y`'s bf16 rounding, held to the reference rounded to
-/// bf16); backward compares dx and dgamma (at precision `bf16`: the
+/// that also writes `y`'s bf16 rounding and the one that writes only that,
+/// both held to the reference rounded to bf16); backward compares dx and dgamma (at precision `bf16`: the
 /// training step's form, dx added onto a residual gradient and the sum's
 /// bf16 rounding written in the same pass).
 pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
@@ -47,7 +47,13 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
                 &mut y16.as_view_mut(),
             )?;
             let full = compare(&gpu.download(&y)?, &want);
-            Ok(full.merge(compare_written(&gpu.download(&y16)?, &want)))
+            let with_f32 = compare_written(&gpu.download(&y16)?, &want);
+            // The rounding alone (a norm whose f32 output nothing reads).
+            let mut alone = Bf16::poisoned(gpu, n)?;
+            let inputs = (&d_x.as_view(), &d_gamma.as_view());
+            forward_bf16(gpu, inputs, (rows, hidden), eps, &mut alone.as_view_mut())?;
+            let alone = compare_written(&gpu.download(&alone)?, &want);
+            Ok(full.merge(with_f32).merge(alone))
         }
         Pass::Forward => {
             let want = refop::forward(&widen(&x), &widen(&gamma), rows, hidden, eps_ref)?;

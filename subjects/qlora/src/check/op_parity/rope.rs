@@ -63,7 +63,8 @@ type Launcher = fn(
 const QKV_LORA_SCALE: f32 = 2.0;
 
 /// `op_parity` of the fused q/k/v epilogue for one `{batch, seq, heads,
-/// kv_heads, head_dim, rank}` shape: forward `(y, bias) -> [qr | kr | v]`, backward
+/// kv_heads, head_dim, rank}` shape: forward `(y, bias) -> [qr | kr | v]`
+/// and the copy of `y`'s `u` columns, backward
 /// `[dqr | dkr | dv] -> dy`, against [`refop::qkv_forward`] and
 /// [`refop::qkv_backward`], with the presets' theta and the angle table the
 /// step uploads. The backward at precision `bf16` also writes `dy`'s bf16
@@ -102,15 +103,22 @@ pub fn qkv_parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
             let d_y = gpu.upload(&y)?;
             let (mut qr, mut kr) = (gpu.poisoned(packed_q)?, gpu.poisoned(packed_kv)?);
             let mut v = gpu.poisoned(packed_kv)?;
+            let mut u = gpu.poisoned(sh.rows * 2 * sh.rank)?;
             let d_bias = gpu.upload(&bias)?;
-            let out = (&mut qr, &mut kr, &mut v);
+            let out = (&mut qr, &mut kr, &mut v, &mut u);
             qkv_forward(gpu, &sh, (&d_y, &d_bias), lora, &table, out)?;
             let mut out = gpu.download(&qr)?;
             out.extend(gpu.download(&kr)?);
             out.extend(gpu.download(&v)?);
+            // The copy of y's u columns, exact.
+            let want_u: Vec<f64> = y
+                .chunks(sh.width())
+                .flat_map(|row| widen(&row[sh.u_col()..]))
+                .collect();
+            let copy = compare(&gpu.download(&u)?, &want_u);
             let y = (&widen(&y)[..], &widen(&bias)[..]);
             let want = refop::qkv_forward(y, &widen(&bq), &widen(&bv), &dims, theta)?;
-            Ok(compare(&out, &want))
+            Ok(compare(&out, &want).merge(copy))
         }
         Pass::Backward => {
             let dout = uniform(&mut rng, packed_q + 2 * packed_kv, -2.0, 2.0);
