@@ -320,7 +320,11 @@ fn kernels(c: &mut Criterion) {
         (AttnKernels::TensorCores, "_tf32"),
         (AttnKernels::Bf16, "_bf16"),
     ];
+    let host = |x: &CudaSlice<f32>| gpu.download(x).expect("download");
+    let (qh, kh, vh) = (host(&q), host(&k), host(&v));
     for (kernels, tag) in kinds {
+        // q, k, v in the format these kernels read (bf16 for the flash ones).
+        let qkv = attention::QkvBuffers::upload(gpu, kernels, [&qh, &kh, &vh]).expect("upload");
         let mut saved = zeros(gpu, attention::saved_len(&sh, kernels));
         let mut ds = zeros(gpu, attention::backward_scratch_len(&sh, kernels));
         bench(
@@ -329,7 +333,7 @@ fn kernels(c: &mut Criterion) {
             &format!("attention_fwd{tag}"),
             flops(attn_flops),
             |gpu| {
-                attention::forward(gpu, kernels, (&q, &k, &v), &mut q_out, &mut saved, &sh)
+                attention::forward(gpu, kernels, qkv.as_qkv(), &mut q_out, &mut saved, &sh)
                     .expect("attention forward")
             },
         );
@@ -342,7 +346,7 @@ fn kernels(c: &mut Criterion) {
                 attention::backward(
                     gpu,
                     kernels,
-                    (&q, &k, &v),
+                    qkv.as_qkv(),
                     &q_out,
                     &saved,
                     &dout,

@@ -36,8 +36,9 @@
 //                          tensor cores (TF32 products, f32 accumulation),
 //                          same arguments and outputs; see "Tensor-core
 //                          kernels" below. The tc dkv module holds kv_sum too.
-//   attention_flash_{fwd,dq,dkv}_dXX (ATT_PART 6, 7, 8): bf16 products, no
-//                          probabilities saved; see "bf16 flash kernels"
+//   attention_flash_{fwd,dq,dkv}_dXX (ATT_PART 6, 7, 8): bf16 q, k and v,
+//                          bf16 products, no probabilities saved (q, k, v
+//                          given as bf16 bits); see "bf16 flash kernels"
 //                          below. The flash dkv module holds kv_sum and the
 //                          row dots D too.
 //
@@ -1429,8 +1430,9 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
 // backward recomputes P from it.
 //
 // Rounding points (the oracle's `bf16 at the same points` rounds the same
-// values): q, k, v and dout are rounded to bf16 as they are staged in shared
-// memory; the scores, the softmax, its sums and the row dots D are f32; the
+// values): q, k and v arrive in bf16 (their producer, the step's q/k/v
+// epilogue, rounds them to nearest even); dout is rounded to bf16 as it is
+// staged in shared memory; the scores, the softmax, its sums and the row dots D are f32; the
 // unnormalised p = 2^(s c - m) is rounded to bf16 as the A operand of P V and
 // of P^T dout, and dS as the A operand of dS k and dS^T q. out, dq and the
 // dk/dv shares are f32.
@@ -1612,6 +1614,54 @@ struct FlRows {
     }
 };
 
+// FlRows for rows already in bf16 (q, k and v as the bf16 step's q/k/v
+// epilogue rounds them, where these kernels would round them as they stage
+// them): four values, 8 bytes, at a time, stored to the tile as they are.
+// `vec`: head_dim a multiple of 4 and src 8-byte aligned.
+template <int D, int ROWS>
+struct FlRows16 {
+    static constexpr int N = ROWS * D / 4 / FL_THREADS;  // packs of four per thread
+    static_assert(ROWS * D / 4 % FL_THREADS == 0, "whole packs per thread");
+    uint2 x[N];
+
+    __device__ __forceinline__ void load(const unsigned short* __restrict__ src, size_t stride,
+                                         int valid, int head_dim, bool vec) {
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+            const int e = threadIdx.x + u * FL_THREADS;
+            const int n = e / (D / 4);
+            const int c = 4 * (e % (D / 4));
+            x[u] = make_uint2(0u, 0u);
+            if (n < valid && c < head_dim) {
+                const unsigned short* p = src + (size_t)n * stride + c;
+                if (vec) {
+                    x[u] = *reinterpret_cast<const uint2*>(p);
+                } else {
+                    unsigned h[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        if (c + i < head_dim) h[i] = p[i];
+                    x[u] = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+                }
+            }
+        }
+    }
+
+    __device__ __forceinline__ void store(unsigned short* tile) const {
+#pragma unroll
+        for (int u = 0; u < N; ++u) {
+            const int e = threadIdx.x + u * FL_THREADS;
+            const int n = e / (D / 4);
+            const int c = 4 * (e % (D / 4));
+            *reinterpret_cast<uint2*>(tile + n * (D + 8) + c) = x[u];
+        }
+    }
+};
+
+__device__ __forceinline__ bool aligned8(const void* p) {
+    return ((unsigned long long)p & 7ull) == 0;
+}
+
 // The A fragments of the warp's 16 rows of a staged tile, all of head_dim.
 template <int D>
 __device__ __forceinline__ void fl_row_frags(unsigned (&a)[FlShape<D>::KT][4],
@@ -1689,8 +1739,9 @@ __device__ __forceinline__ void fl_block_work(int& rank, int& h, int& b) {
 // batch), blocks to tiles as fl_block_work says; FL_THREADS threads;
 // FlShape<D>::FWD_SMEM bytes of dynamic shared memory.
 template <int D>
-__device__ void attention_flash_fwd(const float* __restrict__ q, const float* __restrict__ k,
-                                    const float* __restrict__ v, float* __restrict__ out,
+__device__ void attention_flash_fwd(const unsigned short* __restrict__ q,
+                                    const unsigned short* __restrict__ k,
+                                    const unsigned short* __restrict__ v, float* __restrict__ out,
                                     float* __restrict__ lse, int batch, int seq, int heads,
                                     int kv_heads, int head_dim, float scale,
                                     long long write_limit) {
@@ -1705,9 +1756,9 @@ __device__ void attention_flash_fwd(const float* __restrict__ q, const float* __
     const int kvh = h / (heads / kv_heads);
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     const size_t q_stride = (size_t)heads * head_dim, kv_stride = (size_t)kv_heads * head_dim;
-    const float* kb = k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
-    const float* vb = v + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
-    const bool vec = head_dim % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
+    const unsigned short* kb = k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
+    const unsigned short* vb = v + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
+    const bool vec = head_dim % 4 == 0 && aligned8(q) && aligned8(k) && aligned8(v);
     const float c = scale * 1.4426950408889634f;
 
     // At head_dim 64 the q tile and the first chunk's k and v rows are
@@ -1716,9 +1767,9 @@ __device__ void attention_flash_fwd(const float* __restrict__ q, const float* __
     // registers that takes would spill: each is loaded and stored in turn.
     constexpr bool JOINT = D <= 64;
     unsigned qa[S::KT][4];
-    FlRows<D, S::CHUNK> kr, vr;
+    FlRows16<D, S::CHUNK> kr, vr;
     {
-        FlRows<D, FL_ROWS> qr;
+        FlRows16<D, FL_ROWS> qr;
         qr.load(q + att_q_at(b, i0, h, seq, heads, head_dim), q_stride, seq - i0, head_dim, vec);
         if (JOINT) {
             kr.load(kb, kv_stride, seq, head_dim, vec);
@@ -1742,8 +1793,8 @@ __device__ void attention_flash_fwd(const float* __restrict__ q, const float* __
     unsigned short* vs = fl_smem + S::CHUNK * S::LD;
     const int keys = min(seq, i0 + FL_ROWS);
     for (int j0 = 0; j0 < keys; j0 += S::CHUNK) {
-        const float* kc = kb + (size_t)j0 * kv_stride;
-        const float* vc = vb + (size_t)j0 * kv_stride;
+        const unsigned short* kc = kb + (size_t)j0 * kv_stride;
+        const unsigned short* vc = vb + (size_t)j0 * kv_stride;
         if (JOINT) {
             // Loaded before the barrier, whose wait their latency overlaps.
             if (j0 > 0) {
@@ -1872,7 +1923,7 @@ __device__ __forceinline__ void fl_mask_a(unsigned (&a)[4], int row0, int col0, 
 // heads, batch), blocks to tiles as fl_block_work says; DQ_SMEM bytes.
 template <int D>
 __device__ void attention_flash_dq(const unsigned short* __restrict__ dst,
-                                   const float* __restrict__ k, float* __restrict__ dq,
+                                   const unsigned short* __restrict__ k, float* __restrict__ dq,
                                    int batch, int seq, int ds_stride, int heads, int kv_heads,
                                    int head_dim, float scale) {
     typedef FlShape<D> S;
@@ -1886,9 +1937,9 @@ __device__ void attention_flash_dq(const unsigned short* __restrict__ dst,
     const int kvh = h / (heads / kv_heads);
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     const size_t kv_stride = (size_t)kv_heads * head_dim;
-    const float* kb = k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
+    const unsigned short* kb = k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
     const unsigned short* dst_h = dst + ((size_t)b * heads + h) * seq * ds_stride;
-    const bool vec = head_dim % 4 == 0 && aligned16(k);
+    const bool vec = head_dim % 4 == 0 && aligned8(k);
     const int r0 = i0 + 16 * warp;
     float acc[S::DT][4];
 #pragma unroll
@@ -1897,7 +1948,7 @@ __device__ void attention_flash_dq(const unsigned short* __restrict__ dst,
         for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
 
     const int keys = min(seq, i0 + FL_ROWS);
-    FlRows<D, S::DS_CHUNK> kn;
+    FlRows16<D, S::DS_CHUNK> kn;
     kn.load(kb, kv_stride, seq, head_dim, vec);
     // Launched as the dkv kernel's programmatic dependent: k is the forward's
     // input, loaded while that kernel finishes; dS is its output. Once dkv's
@@ -1978,8 +2029,10 @@ __device__ __forceinline__ void fl_store_ds(unsigned short* dst_h, int ds_stride
 // (transposed, rows of ds_stride). Grid (ceil(seq / 64), heads, batch),
 // blocks to tiles as fl_block_work says; DKV_SMEM bytes.
 template <int D>
-__device__ void attention_flash_dkv(const float* __restrict__ q, const float* __restrict__ k,
-                                    const float* __restrict__ v, const float* __restrict__ dout,
+__device__ void attention_flash_dkv(const unsigned short* __restrict__ q,
+                                    const unsigned short* __restrict__ k,
+                                    const unsigned short* __restrict__ v,
+                                    const float* __restrict__ dout,
                                     const float* __restrict__ lse, const float* __restrict__ dd,
                                     float* __restrict__ pk, float* __restrict__ pv,
                                     unsigned short* __restrict__ dst, int batch, int seq,
@@ -1999,20 +2052,21 @@ __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __
     const int kvh = h / (heads / kv_heads);
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     const size_t q_stride = (size_t)heads * head_dim, kv_stride = (size_t)kv_heads * head_dim;
-    const bool vec = head_dim % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v) &&
-                     aligned16(dout);
+    const bool vec = head_dim % 4 == 0 && aligned8(q) && aligned8(k) && aligned8(v);
+    const bool dvec = head_dim % 4 == 0 && aligned16(dout);
     const float c = scale * 1.4426950408889634f;
     const size_t kv_first = att_kv_at(b, j0, kvh, seq, kv_heads, head_dim);
     const size_t stats = ((size_t)b * heads + h) * seq;
     unsigned short* dst_h = dst + ((size_t)b * heads + h) * seq * ds_stride;
     // The next chunk's q and dout rows, lse2 and D, loaded while this one is
     // multiplied. A query past seq gets lse2 = +inf, so its P is 0.
-    FlRows<D, S::QCHUNK> qn, dn;
+    FlRows16<D, S::QCHUNK> qn;
+    FlRows<D, S::QCHUNK> dn;
     float lse_n = 0.0f, d_n = 0.0f;
     const auto fetch_rows = [&](int c0) {
         const size_t q_first = att_q_at(b, c0, h, seq, heads, head_dim);
         qn.load(q + q_first, q_stride, seq - c0, head_dim, vec);
-        dn.load(dout + q_first, q_stride, seq - c0, head_dim, vec);
+        dn.load(dout + q_first, q_stride, seq - c0, head_dim, dvec);
     };
     const auto fetch_stats = [&](int c0) {
         const int i = c0 + threadIdx.x;
@@ -2024,7 +2078,7 @@ __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __
     {
         // k, v and the first chunk's q and dout rows are loaded before any
         // is stored: one memory latency, not three.
-        FlRows<D, FL_ROWS> kr, vr;
+        FlRows16<D, FL_ROWS> kr, vr;
         kr.load(k + kv_first, kv_stride, seq - j0, head_dim, vec);
         vr.load(v + kv_first, kv_stride, seq - j0, head_dim, vec);
         if (j0 < seq) fetch_rows(j0);
@@ -2105,15 +2159,16 @@ __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __
 
 #define ATT_FL_FWD(D)                                                                            \
     extern "C" __global__ void __launch_bounds__(FL_THREADS) attention_flash_fwd_d##D##_bf16(     \
-        const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,   \
-        float* __restrict__ out, float* __restrict__ lse, int batch, int seq, int heads,        \
+        const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,             \
+        const unsigned short* __restrict__ v, float* __restrict__ out, float* __restrict__ lse, \
+        int batch, int seq, int heads,                                                          \
         int kv_heads, int head_dim, float scale, long long write_limit) {                       \
         attention_flash_fwd<D>(q, k, v, out, lse, batch, seq, heads, kv_heads, head_dim, scale, \
                                write_limit);                                                    \
     }
 #define ATT_FL_DQ(D)                                                                             \
     extern "C" __global__ void __launch_bounds__(FL_THREADS) attention_flash_bwd_dq_d##D##_bf16(  \
-        const unsigned short* __restrict__ dst, const float* __restrict__ k,                    \
+        const unsigned short* __restrict__ dst, const unsigned short* __restrict__ k,           \
         float* __restrict__ dq, int batch, int seq, int ds_stride, int heads, int kv_heads,     \
         int head_dim, float scale) {                                                            \
         attention_flash_dq<D>(dst, k, dq, batch, seq, ds_stride, heads, kv_heads, head_dim,     \
@@ -2121,8 +2176,9 @@ __device__ void attention_flash_dkv(const float* __restrict__ q, const float* __
     }
 #define ATT_FL_DKV(D)                                                                            \
     extern "C" __global__ void __launch_bounds__(FL_THREADS) attention_flash_bwd_dkv_d##D##_bf16( \
-        const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,   \
-        const float* __restrict__ dout, const float* __restrict__ lse,                          \
+        const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,             \
+        const unsigned short* __restrict__ v, const float* __restrict__ dout,                   \
+        const float* __restrict__ lse,                                                          \
         const float* __restrict__ dd, float* __restrict__ pk, float* __restrict__ pv,           \
         unsigned short* __restrict__ dst, int batch, int seq, int ds_stride, int heads,         \
         int kv_heads, int head_dim, float scale) {                                              \

@@ -141,7 +141,7 @@ pub const MODULES: &[ModuleSource] = &[
         "rope_qkv_fwd",
         "rope",
         "#define ROPE_QKV 1",
-        ["rope_qkv_fwd_f32"]
+        ["rope_qkv_fwd_f32", "rope_qkv_fwd_bf16"]
     ),
     module_with!(
         "rope_qkv_bwd",

@@ -97,7 +97,9 @@ extern "C" __global__ void rope_bwd_f32(const float* __restrict__ dy, float* __r
 //           (Bq [heads*d, r], Bv [kv*d, r]; b = [b_q | b_k | b_v] the frozen
 //           q/k/v bias, zeros for a model without one); qr = rope(q),
 //           kr = rope(k), v packed. qr, kr, v are attention's packed
-//           [rows, heads*d], [rows, kv*d], [rows, kv*d]. The bias is a
+//           [rows, heads*d], [rows, kv*d], [rows, kv*d], in f32
+//           (rope_qkv_fwd_f32) or rounded to bf16 (rope_qkv_fwd_bf16, the
+//           operands of the bf16 flash kernels). The bias is a
 //           constant of the forward, so the backward does not see it. It
 //           also copies uq | uv to u_out [rows, 2 r], all the LoRA
 //           gradients need of y (so the step keeps that, not y).
@@ -184,14 +186,19 @@ __device__ __forceinline__ void lora_up(const float (*u)[2 * QKV_MAX_RANK], int 
 }
 #if ROPE_QKV == 1  // the forward's module
 
-extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long long ld,
-                                            const float* __restrict__ bq, const float* __restrict__ bv,
-                                            const float* __restrict__ bias,
-                                            float s, float* __restrict__ qr, float* __restrict__ kr,
-                                            float* __restrict__ v, float* __restrict__ u_out,
-                                            int rows, int seq, int heads,
-                                            int kv_heads, int head_dim, int r,
-                                            const float* __restrict__ table) {
+// qr, kr and v as S stores them: f32, or (StoreBf16) rounded to bf16, the
+// operands of the bf16 flash attention kernels.
+template <typename S>
+__device__ __forceinline__ void rope_qkv_fwd(const float* __restrict__ y, long long ld,
+                                             const float* __restrict__ bq,
+                                             const float* __restrict__ bv,
+                                             const float* __restrict__ bias, float s,
+                                             typename S::T* __restrict__ qr,
+                                             typename S::T* __restrict__ kr,
+                                             typename S::T* __restrict__ v,
+                                             float* __restrict__ u_out, int rows, int seq,
+                                             int heads, int kv_heads, int head_dim, int r,
+                                             const float* __restrict__ table) {
     // 16-byte aligned: lora_up reads each row's values four at a time (r,
     // and with it the v columns' offset, is then a multiple of 4).
     __shared__ __align__(16) float u[QKV_ROWS][2 * QKV_MAX_RANK];
@@ -234,9 +241,10 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
                     const float x1 = (yr[col + c1] + b1) + s * l[0][rr];
                     const float x2 = (yr[col + c2] + b2) + s * l[1][rr];
                     const float sf = sn[rr * half + i], cf = cs[rr * half + i];
-                    float* out = is_q ? qr + (size_t)(row0 + rr) * qd : kr + (size_t)(row0 + rr) * kvd;
-                    out[c1] = x1 * cf - x2 * sf;
-                    out[c2] = x1 * sf + x2 * cf;
+                    typename S::T* out =
+                        is_q ? qr + (size_t)(row0 + rr) * qd : kr + (size_t)(row0 + rr) * kvd;
+                    S::put(out, c1, x1 * cf - x2 * sf);
+                    S::put(out, c2, x1 * sf + x2 * cf);
                 }
             } else {
                 const int c = w - q_pairs - k_pairs;
@@ -247,12 +255,26 @@ extern "C" __global__ void rope_qkv_fwd_f32(const float* __restrict__ y, long lo
                 for (int rr = 0; rr < QKV_ROWS; ++rr) {
                     if (rr >= nrows) continue;
                     const float* yr = y + (size_t)(row0 + rr) * ld;
-                    v[(size_t)(row0 + rr) * kvd + c] = (yr[qd + kvd + c] + b) + s * lv[0][rr];
+                    S::put(v, (size_t)(row0 + rr) * kvd + c, (yr[qd + kvd + c] + b) + s * lv[0][rr]);
                 }
             }
         }
     }
 }
+
+#define ROPE_QKV_FWD(NAME, S)                                                                  \
+    extern "C" __global__ void NAME(const float* __restrict__ y, long long ld,                \
+                                    const float* __restrict__ bq, const float* __restrict__ bv, \
+                                    const float* __restrict__ bias, float s,                  \
+                                    S::T* __restrict__ qr, S::T* __restrict__ kr,             \
+                                    S::T* __restrict__ v, float* __restrict__ u_out,          \
+                                    int rows, int seq, int heads, int kv_heads,               \
+                                    int head_dim, int r, const float* __restrict__ table) {   \
+        rope_qkv_fwd<S>(y, ld, bq, bv, bias, s, qr, kr, v, u_out, rows, seq, heads, kv_heads,  \
+                        head_dim, r, table);                                                  \
+    }
+ROPE_QKV_FWD(rope_qkv_fwd_f32, StoreF32)
+ROPE_QKV_FWD(rope_qkv_fwd_bf16, StoreBf16)
 #endif
 
 #if ROPE_QKV == 2  // the backward's module

@@ -37,6 +37,8 @@ use crate::error::{Error, Result};
 use crate::faults::Faults;
 use crate::gpu::{launch_config_1d, to_i32, GemmMath, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
+use crate::ops::cast::Bf16;
+use crate::ops::rope::QkvOut;
 
 /// One kernel: the module that holds it and its symbol.
 #[derive(Debug, Clone, Copy)]
@@ -69,6 +71,114 @@ impl AttnKernels {
         match math {
             GemmMath::Tf32 if !faults.gemm_without_tensor_ops => AttnKernels::TensorCores,
             _ => AttnKernels::F32,
+        }
+    }
+}
+
+/// q, k and v as a set of kernels reads them: f32 for the f32 and
+/// tensor-core kernels, bf16 for the bf16 flash kernels (rounded to nearest
+/// even by their producer, at the point where the flash kernels' reference
+/// rounds them).
+#[derive(Clone, Copy)]
+pub enum Qkv<'a> {
+    F32(&'a CudaSlice<f32>, &'a CudaSlice<f32>, &'a CudaSlice<f32>),
+    Bf16(
+        &'a CudaSlice<Bf16>,
+        &'a CudaSlice<Bf16>,
+        &'a CudaSlice<Bf16>,
+    ),
+}
+
+impl Qkv<'_> {
+    /// Refuses inputs of another format than `kernels` read, and lengths
+    /// other than `sh`'s.
+    fn check(&self, kernels: AttnKernels, sh: &AttnShape) -> Result<()> {
+        let (have, bf16) = match self {
+            Qkv::F32(q, k, v) => ([q.len(), k.len(), v.len()], false),
+            Qkv::Bf16(q, k, v) => ([q.len(), k.len(), v.len()], true),
+        };
+        if bf16 != (kernels == AttnKernels::Bf16) {
+            return Err(Error::InvalidArgument {
+                op: "attention",
+                message: format!(
+                    "the {kernels:?} kernels read q, k and v in {}, not {}",
+                    if bf16 { "f32" } else { "bf16" },
+                    if bf16 { "bf16" } else { "f32" },
+                ),
+            });
+        }
+        let (q_len, kv_len, _) = lens(sh);
+        for (name, i, want) in [("q", 0, q_len), ("k", 1, kv_len), ("v", 2, kv_len)] {
+            expect_len("attention", name, have[i], &[want])?;
+        }
+        Ok(())
+    }
+
+    /// Pushes q, k and v, in that order.
+    fn push(&self, launch: &mut DependentLaunch<'_>) {
+        match self {
+            Qkv::F32(q, k, v) => launch.buf(*q).buf(*k).buf(*v),
+            Qkv::Bf16(q, k, v) => launch.buf(*q).buf(*k).buf(*v),
+        };
+    }
+}
+
+/// q, k and v on the device in the format a set of kernels reads ([`Qkv`]).
+pub enum QkvBuffers {
+    F32(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>),
+    Bf16(CudaSlice<Bf16>, CudaSlice<Bf16>, CudaSlice<Bf16>),
+}
+
+impl QkvBuffers {
+    /// Zeroed buffers of `sh` for `kernels`.
+    pub fn zeros(gpu: &GpuContext, kernels: AttnKernels, sh: &AttnShape) -> Result<Self> {
+        let (q, kv, _) = lens(sh);
+        Ok(match kernels {
+            AttnKernels::Bf16 => QkvBuffers::Bf16(gpu.zeros(q)?, gpu.zeros(kv)?, gpu.zeros(kv)?),
+            _ => QkvBuffers::F32(gpu.zeros(q)?, gpu.zeros(kv)?, gpu.zeros(kv)?),
+        })
+    }
+
+    /// `q`, `k` and `v` uploaded for `kernels`: as they are, or rounded to
+    /// bf16 (nearest, ties to even, as the step's q/k/v epilogue rounds
+    /// them) for the flash kernels.
+    pub fn upload(gpu: &GpuContext, kernels: AttnKernels, [q, k, v]: [&[f32]; 3]) -> Result<Self> {
+        let bf16 =
+            |x: &[f32]| gpu.upload(&x.iter().map(|&x| Bf16::from_f32(x)).collect::<Vec<_>>());
+        Ok(match kernels {
+            AttnKernels::Bf16 => QkvBuffers::Bf16(bf16(q)?, bf16(k)?, bf16(v)?),
+            _ => QkvBuffers::F32(gpu.upload(q)?, gpu.upload(k)?, gpu.upload(v)?),
+        })
+    }
+
+    /// Device bytes of q, k and v of `sh` for `kernels`.
+    pub fn bytes_for(sh: &AttnShape, kernels: AttnKernels) -> usize {
+        let (q, kv, _) = lens(sh);
+        let element = if kernels == AttnKernels::Bf16 { 2 } else { 4 };
+        element * (q + 2 * kv)
+    }
+
+    /// Device bytes of these buffers.
+    pub fn bytes(&self) -> usize {
+        match self {
+            QkvBuffers::F32(q, k, v) => 4 * (q.len() + k.len() + v.len()),
+            QkvBuffers::Bf16(q, k, v) => 2 * (q.len() + k.len() + v.len()),
+        }
+    }
+
+    /// The kernels' inputs.
+    pub fn as_qkv(&self) -> Qkv<'_> {
+        match self {
+            QkvBuffers::F32(q, k, v) => Qkv::F32(q, k, v),
+            QkvBuffers::Bf16(q, k, v) => Qkv::Bf16(q, k, v),
+        }
+    }
+
+    /// The buffers as the q/k/v epilogue writes them.
+    pub fn as_out(&mut self) -> QkvOut<'_> {
+        match self {
+            QkvBuffers::F32(q, k, v) => QkvOut::F32(q, k, v),
+            QkvBuffers::Bf16(q, k, v) => QkvOut::Bf16(q, k, v),
         }
     }
 }
@@ -537,16 +647,14 @@ fn tile_config(sh: &AttnShape, b: &Build, bytes: usize) -> LaunchConfig {
 pub fn forward(
     gpu: &mut GpuContext,
     kernels: AttnKernels,
-    (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    qkv: Qkv<'_>,
     out: &mut CudaSlice<f32>,
     saved: &mut CudaSlice<f32>,
     sh: &AttnShape,
 ) -> Result<()> {
     let d = validate(sh)?;
-    let (q_len, kv_len, _) = lens(sh);
-    expect_len("attention", "q", q.len(), &[q_len])?;
-    expect_len("attention", "k", k.len(), &[kv_len])?;
-    expect_len("attention", "v", v.len(), &[kv_len])?;
+    qkv.check(kernels, sh)?;
+    let q_len = lens(sh).0;
     expect_len("attention", "out", out.len(), &[q_len])?;
     expect_len("attention", "saved", saved.len(), &[saved_len(sh, kernels)])?;
     let limit = to_i64("attention", gpu.faults().written(q_len))?;
@@ -554,14 +662,16 @@ pub fn forward(
     let cfg = tile_config(sh, b, b.fwd_smem);
     let func = gpu.function(b.fwd.module, b.fwd.symbol)?;
     let mut launch = DependentLaunch::new(gpu, &func);
-    launch.buf(q).buf(k).buf(v).buf_mut(out).buf_mut(saved);
+    qkv.push(&mut launch);
+    launch.buf_mut(out).buf_mut(saved);
     d.push(&mut launch);
     launch.i64(limit);
     // SAFETY: arguments match `attention_fwd_dXX_f32`,
-    // `attention_tc_fwd_dXX_f32` and `attention_flash_fwd_dXX_bf16(const
-    // float* q, const float* k, const float* v, float* out, float* saved, int
-    // batch, int seq, int heads, int kv_heads, int head_dim, float scale,
-    // long long write_limit)` in order and type. The lengths were checked
+    // `attention_tc_fwd_dXX_f32(const float* q, const float* k, const float*
+    // v, float* out, float* saved, int batch, int seq, int heads, int
+    // kv_heads, int head_dim, float scale, long long write_limit)` in order
+    // and type, and `attention_flash_fwd_dXX_bf16`, the same with `const
+    // unsigned short*` q, k, v (qkv.check: bf16 exactly for these kernels). The lengths were checked
     // against the shape above (saved: probs or lse, as the kernel writes);
     // heads is a multiple of kv_heads, so every kv head index is < kv_heads.
     // The grid is (ceil(seq / rows), heads, batch) for the kernel's tile
@@ -613,7 +723,7 @@ fn ds_stride(seq: usize) -> usize {
 pub fn backward(
     gpu: &mut GpuContext,
     kernels: AttnKernels,
-    (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    qkv: Qkv<'_>,
     out: &CudaSlice<f32>,
     saved: &CudaSlice<f32>,
     dout: &CudaSlice<f32>,
@@ -626,12 +736,10 @@ pub fn backward(
     sh: &AttnShape,
 ) -> Result<()> {
     let d = validate(sh)?;
+    qkv.check(kernels, sh)?;
     let (q_len, kv_len, _) = lens(sh);
     let s_len = saved_len(sh, kernels);
     for (name, len, want) in [
-        ("q", q.len(), q_len),
-        ("k", k.len(), kv_len),
-        ("v", v.len(), kv_len),
         ("out", out.len(), q_len),
         ("saved", saved.len(), s_len),
         ("dout", dout.len(), q_len),
@@ -648,9 +756,20 @@ pub fn backward(
     let (mut pk, mut pv) = shares.split_at_mut(q_len);
     let b = build(sh.head_dim, kernels);
     let grads = (&mut *dq, &mut first, &mut pk, &mut pv);
-    match b.saves {
-        Saves::Probs => probs_backward(gpu, b, (q, k, v), out, saved, dout, grads, &d, sh)?,
-        Saves::RowLse => flash_backward(gpu, b, (q, k, v), out, saved, dout, grads, &d, sh)?,
+    match (b.saves, qkv) {
+        (Saves::Probs, Qkv::F32(q, k, v)) => {
+            probs_backward(gpu, b, (q, k, v), out, saved, dout, grads, &d, sh)?
+        }
+        (Saves::RowLse, Qkv::Bf16(q, k, v)) => {
+            flash_backward(gpu, b, (q, k, v), out, saved, dout, grads, &d, sh)?
+        }
+        // qkv.check refused the other pairs.
+        _ => {
+            return Err(Error::InvalidArgument {
+                op: "attention",
+                message: "q, k and v are not in the format the kernels read".into(),
+            })
+        }
     }
 
     let cfg = launch_config_1d(kv_len, 65_535);
@@ -756,7 +875,7 @@ fn probs_backward(
 fn flash_backward(
     gpu: &mut GpuContext,
     f: &Build,
-    (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (q, k, v): (&CudaSlice<Bf16>, &CudaSlice<Bf16>, &CudaSlice<Bf16>),
     out: &CudaSlice<f32>,
     lse: &CudaSlice<f32>,
     dout: &CudaSlice<f32>,
@@ -790,8 +909,9 @@ fn flash_backward(
     launch.buf_mut(pk).buf_mut(pv).buf_mut(&mut dst);
     launch.i32(d.batch).i32(d.seq).i32(stride).i32(d.heads);
     launch.i32(d.kv_heads).i32(d.head_dim).f32(d.scale);
-    // SAFETY: arguments match `attention_flash_bwd_dkv_dXX_bf16(const float*
-    // q, const float* k, const float* v, const float* dout, const float* lse,
+    // SAFETY: arguments match `attention_flash_bwd_dkv_dXX_bf16(const
+    // unsigned short* q, const unsigned short* k, const unsigned short* v,
+    // const float* dout, const float* lse,
     // const float* dd, float* pk, float* pv, unsigned short* dst, int batch,
     // int seq, int ds_stride, int heads, int kv_heads, int head_dim, float
     // scale)` in order and type. dst, dd, pk and pv are disjoint parts of
@@ -815,7 +935,7 @@ fn flash_backward(
     launch.i32(d.batch).i32(d.seq).i32(stride).i32(d.heads);
     launch.i32(d.kv_heads).i32(d.head_dim).f32(d.scale);
     // SAFETY: arguments match `attention_flash_bwd_dq_dXX_bf16(const
-    // unsigned short* dst, const float* k, float* dq, int batch, int seq, int
+    // unsigned short* dst, const unsigned short* k, float* dq, int batch, int seq, int
     // ds_stride, int heads, int kv_heads, int head_dim, float scale)` in
     // order and type. dst is as the dkv kernel, earlier on this stream,
     // wrote it; each block copies 16-byte pieces of its head's rows < seq

@@ -55,29 +55,32 @@ pub const SIGNATURES: Signatures = &[
     ),
 ];
 
-/// The argument list of [`QKV_FWD_MODULE`]'s kernel.
-pub const QKV_FWD_SIGNATURES: Signatures = &[(
-    "rope_qkv_fwd_f32",
-    &[
-        Arg::Ptr,
-        Arg::I64,
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::F32,
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::Ptr,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::I32,
-        Arg::Ptr,
-    ],
-)];
+/// The argument lists of [`QKV_FWD_MODULE`]'s kernels: the same for both.
+pub const QKV_FWD_SIGNATURES: Signatures = &[
+    ("rope_qkv_fwd_f32", QKV_FWD_ARGS),
+    ("rope_qkv_fwd_bf16", QKV_FWD_ARGS),
+];
+
+/// The forward's arguments: the outputs q, k, v are f32 or bf16 pointers.
+const QKV_FWD_ARGS: &[Arg] = &[
+    Arg::Ptr,
+    Arg::I64,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::F32,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::Ptr,
+];
 
 /// The argument lists of [`QKV_BWD_MODULE`]'s kernels.
 pub const QKV_BWD_SIGNATURES: Signatures = &[QKV_BWD, QKV_BWD_BF16];
@@ -293,23 +296,19 @@ pub fn qkv_angle_table(seq: usize, head_dim: usize, theta: f64) -> Vec<f32> {
 /// (`[rows, width]`, see [`QkvShape`]) and the frozen bias `b = [b_q | b_k |
 /// b_v]` (`[q_dim + 2 kv_dim]`, zeros for a model without one) computes
 /// `q = y_q + b_q + s uq Bq^T`, `k = y_k + b_k`, `v = y_v + b_v + s uv Bv^T`
-/// and writes `qr = rope(q)`, `kr = rope(k)` and `v`, packed, and a copy
-/// of `y`'s `uq | uv` columns (`[rows, 2 r]`, what the LoRA gradients read
-/// of `y`, so the whole `y` need not be kept). `bq` is `[q_dim, r]`, `bv`
-/// `[kv_dim, r]`.
-#[allow(clippy::too_many_arguments)]
+/// and writes `qr = rope(q)`, `kr = rope(k)` and `v`, packed, in f32 or
+/// rounded to bf16 as `out` holds them, and a copy of `y`'s `uq | uv`
+/// columns into `u` (`[rows, 2 r]`, what the LoRA gradients read of `y`, so
+/// the whole `y` need not be kept). `bq` is `[q_dim, r]`, `bv` `[kv_dim,
+/// r]`.
 pub fn qkv_forward(
     gpu: &mut GpuContext,
     sh: &QkvShape,
     (y, bias): (&CudaSlice<f32>, &CudaSlice<f32>),
     (bq, bv, s): (&CudaSlice<f32>, &CudaSlice<f32>, f32),
     table: &CudaSlice<f32>,
-    (qr, kr, v, u): (
-        &mut CudaSlice<f32>,
-        &mut CudaSlice<f32>,
-        &mut CudaSlice<f32>,
-        &mut CudaSlice<f32>,
-    ),
+    out: QkvOut<'_>,
+    u: &mut CudaSlice<f32>,
 ) -> Result<()> {
     sh.check()?;
     expect_len(OP, "rope table", table.len(), &[2, sh.seq, sh.head_dim / 2])?;
@@ -318,16 +317,25 @@ pub fn qkv_forward(
     expect_len(OP, "bias", bias.len(), &[sh.u_col()])?;
     expect_len(OP, "bq", bq.len(), &[qd, r])?;
     expect_len(OP, "bv", bv.len(), &[kvd, r])?;
-    expect_len(OP, "qr", qr.len(), &[rows, qd])?;
-    expect_len(OP, "kr", kr.len(), &[rows, kvd])?;
-    expect_len(OP, "v", v.len(), &[rows, kvd])?;
+    let (qr_len, kr_len, v_len) = out.lens();
+    expect_len(OP, "qr", qr_len, &[rows, qd])?;
+    expect_len(OP, "kr", kr_len, &[rows, kvd])?;
+    expect_len(OP, "v", v_len, &[rows, kvd])?;
     expect_len(OP, "u", u.len(), &[rows, 2 * r])?;
     let ld = sh.width() as i64;
     let ints = sh.ints(gpu.faults())?;
-    let f = gpu.function(QKV_FWD_MODULE, "rope_qkv_fwd_f32")?;
+    let symbol = match out {
+        QkvOut::F32(..) => "rope_qkv_fwd_f32",
+        QkvOut::Bf16(..) => "rope_qkv_fwd_bf16",
+    };
+    let f = gpu.function(QKV_FWD_MODULE, symbol)?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(y).arg(&ld).arg(bq).arg(bv).arg(bias).arg(&s);
-    l.arg(qr).arg(kr).arg(v).arg(u);
+    match out {
+        QkvOut::F32(qr, kr, v) => l.arg(qr).arg(kr).arg(v),
+        QkvOut::Bf16(qr, kr, v) => l.arg(qr).arg(kr).arg(v),
+    };
+    l.arg(u);
     for i in &ints {
         l.arg(i);
     }
@@ -335,7 +343,8 @@ pub fn qkv_forward(
     // SAFETY: rope_qkv_fwd_f32(const float* y, long long ld, const float* bq,
     // const float* bv, const float* bias, float s, float* qr, float* kr, float*
     // v, float* u, int rows, int seq, int heads, int kv_heads, int head_dim,
-    // int r, const float* table): lengths checked above (the table is [2][seq][head_dim / 2], read at
+    // int r, const float* table), and rope_qkv_fwd_bf16 with `unsigned short*`
+    // qr, kr, v (the symbol follows `out`'s variant): lengths checked above (the table is [2][seq][head_dim / 2], read at
     // pos < seq, i < head_dim / 2). A thread whose item is past the last does
     // nothing but wait at the block's barriers. Row `row < rows` reads y[row * ld + c] for c <
     // width = ld, bias[c] for c < q_dim + 2 kv_dim (its length),
@@ -346,6 +355,32 @@ pub fn qkv_forward(
     // are distinct mutable buffers, so nothing aliases.
     unsafe { l.launch(sh.forward_launch_config()) }?;
     Ok(())
+}
+
+/// Where [`qkv_forward`] writes q and k after RoPE and v: f32, or rounded
+/// to bf16 (nearest, ties to even), the operands of the bf16 flash
+/// attention ([`crate::ops::attention::Qkv`]).
+pub enum QkvOut<'a> {
+    F32(
+        &'a mut CudaSlice<f32>,
+        &'a mut CudaSlice<f32>,
+        &'a mut CudaSlice<f32>,
+    ),
+    Bf16(
+        &'a mut CudaSlice<Bf16>,
+        &'a mut CudaSlice<Bf16>,
+        &'a mut CudaSlice<Bf16>,
+    ),
+}
+
+impl QkvOut<'_> {
+    /// Elements of qr, kr and v.
+    fn lens(&self) -> (usize, usize, usize) {
+        match self {
+            QkvOut::F32(q, k, v) => (q.len(), k.len(), v.len()),
+            QkvOut::Bf16(q, k, v) => (q.len(), k.len(), v.len()),
+        }
+    }
 }
 
 /// The backward of [`qkv_forward`]: from attention's `dqr`, `dkr`, `dv`

@@ -357,12 +357,13 @@ impl Attention<'_> {
             (&ws.qkv, self.bias),
             (pi(Slot::QB), pi(Slot::VB), ctx.lora_s),
             &ws.rope_table,
-            (&mut a.qr, &mut a.kr, &mut a.v, &mut a.u),
+            a.attn_in.as_out(),
+            &mut a.u,
         )?;
         attention::forward(
             gpu,
             ctx.attn_kernels.0,
-            (&a.qr, &a.kr, &a.v),
+            a.attn_in.as_qkv(),
             &mut a.att,
             &mut a.attn_saved,
             &ctx.attn,
@@ -468,7 +469,7 @@ impl Attention<'_> {
         attention::backward(
             gpu,
             ctx.attn_kernels.1,
-            (&a.qr, &a.kr, &a.v),
+            a.attn_in.as_qkv(),
             &a.att,
             &a.attn_saved,
             &d.datt,

@@ -1272,9 +1272,12 @@ mod tests {
         // The scratch's gate and up are bf16 (the layers keep none here),
         // and SwiGLU's f32 product and input gradients are not needed.
         let gate_up = 2 * 2 * t * c.intermediate + 3 * 4 * t * c.intermediate;
-        // Each layer keeps its MLP norm as the bf16 operand, not in f32.
+        // Each layer keeps its MLP norm as the bf16 operand, not in f32, and
+        // attention's q, k and v in bf16.
         let norm = c.layers * 2 * t * c.hidden;
-        let saved = 2 * frozen + 8 * t * c.vocab - 2 * chunk * c.vocab + attention + gate_up + norm;
+        let qkv = c.layers * 2 * t * (c.q_dim() + 2 * c.kv_dim());
+        let saved =
+            2 * frozen + 8 * t * c.vocab - 2 * chunk * c.vocab + attention + gate_up + norm + qkv;
         let added = 2 * t * widest + 2 * t * c.intermediate;
         assert_eq!(
             planned_device_bytes(&c, &fp32) + added - saved,

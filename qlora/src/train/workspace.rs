@@ -4,7 +4,7 @@
 //! [`Workspace::new`], which is what lets a whole step be captured as one CUDA
 //! graph (an allocation inside stream capture is an error).
 
-use crate::ops::attention::{AttnKernels, AttnShape};
+use crate::ops::attention::{AttnKernels, AttnShape, QkvBuffers};
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{sys, CudaSlice, DevicePtrMut};
 
@@ -36,10 +36,10 @@ pub struct LayerActs {
     /// fused projection's last columns ([`Workspace::qkv`]), what the
     /// backward reads of it.
     pub u: CudaSlice<f32>,
-    /// q, k after RoPE; v `[T, q_dim]`, `[T, kv_dim]`, `[T, kv_dim]`.
-    pub qr: CudaSlice<f32>,
-    pub kr: CudaSlice<f32>,
-    pub v: CudaSlice<f32>,
+    /// q, k after RoPE and v (`[T, q_dim]`, `[T, kv_dim]`, `[T, kv_dim]`)
+    /// as attention reads them: f32, or with a bf16 base rounded to bf16,
+    /// the flash kernels' operands.
+    pub attn_in: QkvBuffers,
     /// What attention's forward saves for its backward
     /// ([`crate::ops::attention::saved_len`]): the probabilities `[batch,
     /// heads, seq, seq]`, or with a bf16 base each row's log-sum-exp
@@ -127,9 +127,7 @@ impl LayerActs {
         Ok(LayerActs {
             n1: z(t * c.hidden)?,
             u: z(t * 2 * c.lora_rank)?,
-            qr: z(t * c.q_dim())?,
-            kr: z(t * c.kv_dim())?,
-            v: z(t * c.kv_dim())?,
+            attn_in: QkvBuffers::zeros(gpu, attention_sizing(base), &attention_shape(c))?,
             attn_saved: z(attention_saved(c, base))?,
             att: z(t * c.q_dim())?,
             x2: z(t * c.hidden)?,
@@ -157,16 +155,16 @@ impl LayerActs {
     }
 
     /// f32 values per layer (with the layer's residual input `x`) on `base`,
-    /// without the MLP's ([`LayerActs::mlp_bytes`]).
+    /// without attention's inputs ([`QkvBuffers`]) and the MLP's
+    /// ([`LayerActs::mlp_bytes`]).
     fn floats(c: &ModelConfig, base: BaseWeights) -> usize {
         let t = c.tokens();
-        t * (3 * c.hidden + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.lora_rank)
-            + attention_saved(c, base)
+        t * (3 * c.hidden + c.q_dim() + 2 * c.lora_rank) + attention_saved(c, base)
     }
 
     /// Bytes per layer (with the layer's residual input `x`).
     fn bytes_for(c: &ModelConfig, keep_mlp: bool, base: BaseWeights) -> usize {
-        4 * Self::floats(c, base) + Self::mlp_bytes(c, keep_mlp, base)
+        4 * Self::floats(c, base) + attention_inputs(c, base) + Self::mlp_bytes(c, keep_mlp, base)
     }
 }
 
@@ -352,7 +350,8 @@ impl Workspace {
         let leaked = if doubled {
             (0..c.layers)
                 .map(|_| {
-                    z(LayerActs::floats(c, options.base) + t * c.hidden + 3 * t * c.intermediate)
+                    let layer = LayerActs::bytes_for(c, keep_mlp, options.base) / 4;
+                    z(layer + 3 * t * c.intermediate)
                 })
                 .collect::<Result<Vec<_>>>()?
         } else {
@@ -473,6 +472,7 @@ impl Workspace {
             + LoraGradsWorkspace::floats(&qkv_shape(c), c.hidden)
             + Self::scratch_norm_len(c, options).unwrap_or(0);
         4 * floats
+            + c.layers * attention_inputs(c, options.base)
             + c.layers * LayerActs::mlp_bytes(c, keep_mlp, options.base)
             + GateUp::bytes_for(c, options.base)
             + CUBLAS_WORKSPACE_BYTES
@@ -557,16 +557,9 @@ impl Workspace {
             .layers
             .iter()
             .map(|a| {
-                f32s(&[
-                    &a.n1,
-                    &a.u,
-                    &a.qr,
-                    &a.kr,
-                    &a.v,
-                    &a.attn_saved,
-                    &a.att,
-                    &a.x2,
-                ]) + a.mlp.as_ref().map_or(0, GateUp::bytes)
+                f32s(&[&a.n1, &a.u, &a.attn_saved, &a.att, &a.x2])
+                    + a.attn_in.bytes()
+                    + a.mlp.as_ref().map_or(0, GateUp::bytes)
                     + a.n2.as_ref().map_or(0, SavedNorm::bytes)
             })
             .sum();
@@ -733,6 +726,11 @@ fn attention_shape(c: &ModelConfig) -> AttnShape {
 fn attention_sizing(base: BaseWeights) -> AttnKernels {
     base.attention_kernels((AttnKernels::F32, AttnKernels::F32))
         .1
+}
+
+/// Bytes of attention's q, k and v per layer for `c` on `base`.
+fn attention_inputs(c: &ModelConfig, base: BaseWeights) -> usize {
+    QkvBuffers::bytes_for(&attention_shape(c), attention_sizing(base))
 }
 
 /// Floats attention's forward saves per layer for `c` on `base`: the

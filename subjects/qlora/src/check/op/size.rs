@@ -13,7 +13,7 @@
 //! | softmax, silu | `2N` | `3N` |
 //! | swiglu | `3N` | `5N` |
 //! | residual_add | `3N` | `3N` |
-//! | rope_qkv `{B, S, Hq, Hkv, D, r}`, rows `BS`, `q = HqD`, `kv = HkvD` | `BS(2q + 4kv + 2r) + r(q + kv)` | the same |
+//! | rope_qkv `{B, S, Hq, Hkv, D, r}`, rows `BS`, `q = HqD`, `kv = HkvD` | `BS(2q + 4kv + 4r) + r(q + kv)` (u copied) | `BS(2q + 4kv + 2r) + r(q + kv)` |
 //! | attention `{B, S, Hq, Hkv, D}`, `q = BSHqD`, `kv = BSHkvD`, `P = BHqS^2` | `2q + 2kv + P` | `3q + 4kv + 2P` |
 //! | cross_entropy `{R, V}` | `RV + 2R` | `2RV + R` |
 //! | gemm, nf4_gemm `{m, n, k}` | `mk + 2kn + mn` (W also transposed) | `2mk + 3kn + 2mn` |
@@ -247,12 +247,13 @@ fn qkv_widths(s: &Shape) -> (f64, f64) {
 }
 
 /// `y` (`q + 2kv + 2r` wide), the packed `q, k, v` (`dq, dk, dv`), `Bq`
-/// and `Bv`; the same in both passes.
-pub(super) fn rope_qkv_elements(s: &Shape, _: Pass) -> f64 {
+/// and `Bv`; forward also the copy of `y`'s `u` columns (`2r` wide).
+pub(super) fn rope_qkv_elements(s: &Shape, pass: Pass) -> f64 {
     let (q, kv) = qkv_widths(s);
     let rows = s.product(&["batch", "seq"]);
     let rank = s.dim("rank") as f64;
-    rows * (q + 2.0 * kv + 2.0 * rank) + rows * (q + 2.0 * kv) + rank * (q + kv)
+    let u_copy = pick(pass, rows * 2.0 * rank, 0.0);
+    rows * (q + 2.0 * kv + 2.0 * rank) + rows * (q + 2.0 * kv) + rank * (q + kv) + u_copy
 }
 
 /// Each q and v element takes a rank-long sum (its LoRA up-projection

@@ -55,12 +55,11 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
     let (k32, _) = random_inputs(&mut rng, kv_len);
     let (v32, _) = random_inputs(&mut rng, kv_len);
     let (dout32, _) = random_inputs(&mut rng, q_len);
-    let q = gpu.upload(&q32)?;
-    let k = gpu.upload(&k32)?;
-    let v = gpu.upload(&v32)?;
+    // For the flash kernels, rounded to bf16 as the step's q/k/v epilogue rounds them.
+    let qkv = QkvBuffers::upload(gpu, kernels, [&q32, &k32, &v32])?;
     let mut out = gpu.poisoned(q_len)?;
     let mut saved = gpu.poisoned(saved_len(&sh, kernels))?;
-    forward(gpu, kernels, (&q, &k, &v), &mut out, &mut saved, &sh)?;
+    forward(gpu, kernels, qkv.as_qkv(), &mut out, &mut saved, &sh)?;
     let oracle = Oracle::new(kernels, [&q32, &k32, &v32, &dout32], &sh)?;
     match case.pass {
         Pass::Forward => {
@@ -78,7 +77,7 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
             backward(
                 gpu,
                 kernels,
-                (&q, &k, &v),
+                qkv.as_qkv(),
                 &out,
                 &saved,
                 &dout,

@@ -97,7 +97,7 @@ pub const PARAMS: &[ParamDoc] = &[
         name: "precision",
         default: Yaml("f32"),
         bound: &[OneOf(PRECISIONS)],
-        meaning: "the op's precision; picks the default tolerance (and the GEMM engines; for `swiglu`, `rmsnorm` forward and `rope_qkv` backward, `bf16` runs the kernels that also store bf16, compared with the reference rounded to bf16; for `cross_entropy` forward, the bf16 head's fused forward and backward on bf16 logits)",
+        meaning: "the op's precision; picks the default tolerance (and the GEMM engines; for `swiglu`, `rmsnorm` forward and `rope_qkv`, `bf16` runs the kernels that also store bf16 (the `rope_qkv` forward: that store bf16 only), compared with the reference rounded to bf16; for `cross_entropy` forward, the bf16 head's fused forward and backward on bf16 logits)",
     },
     ParamDoc {
         name: "shapes",

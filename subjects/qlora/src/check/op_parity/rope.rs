@@ -64,7 +64,8 @@ const QKV_LORA_SCALE: f32 = 2.0;
 
 /// `op_parity` of the fused q/k/v epilogue for one `{batch, seq, heads,
 /// kv_heads, head_dim, rank}` shape: forward `(y, bias) -> [qr | kr | v]`
-/// and the copy of `y`'s `u` columns, backward
+/// (at precision `bf16` rounded to bf16, against the reference rounded to
+/// bf16) and the copy of `y`'s `u` columns, backward
 /// `[dqr | dkr | dv] -> dy`, against [`refop::qkv_forward`] and
 /// [`refop::qkv_backward`], with the presets' theta and the angle table the
 /// step uploads. The backward at precision `bf16` also writes `dy`'s bf16
@@ -101,24 +102,42 @@ pub fn qkv_parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
         Pass::Forward => {
             let y = uniform(&mut rng, sh.rows * sh.width(), -2.0, 2.0);
             let d_y = gpu.upload(&y)?;
-            let (mut qr, mut kr) = (gpu.poisoned(packed_q)?, gpu.poisoned(packed_kv)?);
-            let mut v = gpu.poisoned(packed_kv)?;
             let mut u = gpu.poisoned(sh.rows * 2 * sh.rank)?;
             let d_bias = gpu.upload(&bias)?;
-            let out = (&mut qr, &mut kr, &mut v, &mut u);
-            qkv_forward(gpu, &sh, (&d_y, &d_bias), lora, &table, out)?;
-            let mut out = gpu.download(&qr)?;
-            out.extend(gpu.download(&kr)?);
-            out.extend(gpu.download(&v)?);
+            let inputs = (&d_y, &d_bias);
+            let y_ref = (&widen(&y)[..], &widen(&bias)[..]);
+            let want = refop::qkv_forward(y_ref, &widen(&bq), &widen(&bv), &dims, theta)?;
+            let rotated = if case.precision == Precision::Bf16 {
+                // q, k, v rounded to bf16 (the flash kernels' operands),
+                // against the reference rounded to bf16.
+                let (mut qr, mut kr) = (
+                    Bf16::poisoned(gpu, packed_q)?,
+                    Bf16::poisoned(gpu, packed_kv)?,
+                );
+                let mut v = Bf16::poisoned(gpu, packed_kv)?;
+                let out = QkvOut::Bf16(&mut qr, &mut kr, &mut v);
+                qkv_forward(gpu, &sh, inputs, lora, &table, out, &mut u)?;
+                let mut out = gpu.download(&qr)?;
+                out.extend(gpu.download(&kr)?);
+                out.extend(gpu.download(&v)?);
+                compare_written(&out, &want)
+            } else {
+                let (mut qr, mut kr) = (gpu.poisoned(packed_q)?, gpu.poisoned(packed_kv)?);
+                let mut v = gpu.poisoned(packed_kv)?;
+                let out = QkvOut::F32(&mut qr, &mut kr, &mut v);
+                qkv_forward(gpu, &sh, inputs, lora, &table, out, &mut u)?;
+                let mut out = gpu.download(&qr)?;
+                out.extend(gpu.download(&kr)?);
+                out.extend(gpu.download(&v)?);
+                compare(&out, &want)
+            };
             // The copy of y's u columns, exact.
             let want_u: Vec<f64> = y
                 .chunks(sh.width())
                 .flat_map(|row| widen(&row[sh.u_col()..]))
                 .collect();
             let copy = compare(&gpu.download(&u)?, &want_u);
-            let y = (&widen(&y)[..], &widen(&bias)[..]);
-            let want = refop::qkv_forward(y, &widen(&bq), &widen(&bv), &dims, theta)?;
-            Ok(compare(&out, &want).merge(copy))
+            Ok(rotated.merge(copy))
         }
         Pass::Backward => {
             let dout = uniform(&mut rng, packed_q + 2 * packed_kv, -2.0, 2.0);

@@ -163,15 +163,16 @@ fn attn_shape(c: &ModelConfig) -> AttnShape {
     }
 }
 
-/// Bytes of one attention buffer set on `kernels`: q, out, dout, dq
-/// (q-sized); k, v, dk, dv (kv-sized); what the forward saves (probs, or the
-/// flash kernels' row log-sum-exps); the backward scratch (dS or the row
-/// dots, and the per-head shares).
+/// Bytes of one attention buffer set on `kernels`: q, k, v (in the
+/// kernels' format); out, dout, dq (q-sized); dk, dv (kv-sized); what the
+/// forward saves (probs, or the flash kernels' row log-sum-exps); the
+/// backward scratch (dS or the row dots, and the per-head shares).
 fn attention_set_bytes(sh: &AttnShape, kernels: AttnKernels) -> usize {
     let (q_len, kv_len, _) = ops::attention::lens(sh);
     let saved = ops::attention::saved_len(sh, kernels);
     let scratch = ops::attention::backward_scratch_len(sh, kernels);
-    4 * (4 * q_len + 4 * kv_len + saved + scratch)
+    ops::attention::QkvBuffers::bytes_for(sh, kernels)
+        + 4 * (3 * q_len + 2 * kv_len + saved + scratch)
 }
 
 /// Direct cuBLAS SGEMM of `y = x W^T` (row-major; cuBLAS computes the
@@ -641,11 +642,9 @@ pub(crate) fn fusion_pairs(
 /// One set of attention buffers for one choice of kernels (what the
 /// forward saves and the backward's scratch differ between the
 /// probability-saving kernels and the flash ones): inputs random, outputs
-/// zero.
+/// zero; q, k and v in the format the kernels read.
 struct AttnSet {
-    q: CudaSlice<f32>,
-    k: CudaSlice<f32>,
-    v: CudaSlice<f32>,
+    qkv: ops::attention::QkvBuffers,
     dout: CudaSlice<f32>,
     out: CudaSlice<f32>,
     saved: CudaSlice<f32>,
@@ -663,10 +662,11 @@ impl AttnSet {
         kernels: AttnKernels,
     ) -> Result<Self> {
         let (q_len, kv_len, _) = ops::attention::lens(sh);
+        let mut draw =
+            |len: usize| -> Vec<f32> { (0..len).map(|_| rng.random_range(-1.0..1.0)).collect() };
+        let (q, k, v) = (draw(q_len), draw(kv_len), draw(kv_len));
         Ok(AttnSet {
-            q: random(gpu, rng, q_len)?,
-            k: random(gpu, rng, kv_len)?,
-            v: random(gpu, rng, kv_len)?,
+            qkv: ops::attention::QkvBuffers::upload(gpu, kernels, [&q, &k, &v])?,
             dout: random(gpu, rng, q_len)?,
             out: gpu.zeros::<f32>(q_len)?,
             saved: gpu.zeros::<f32>(ops::attention::saved_len(sh, kernels))?,
@@ -692,7 +692,7 @@ impl AttnSet {
             return ops::attention::forward(
                 gpu,
                 kernels,
-                (&s.q, &s.k, &s.v),
+                s.qkv.as_qkv(),
                 &mut s.out,
                 &mut s.saved,
                 sh,
@@ -701,7 +701,7 @@ impl AttnSet {
         ops::attention::backward(
             gpu,
             kernels,
-            (&s.q, &s.k, &s.v),
+            s.qkv.as_qkv(),
             &s.out,
             &s.saved,
             &s.dout,
