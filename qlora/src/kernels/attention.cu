@@ -1567,6 +1567,16 @@ __device__ __forceinline__ void fl_b_rows_k(unsigned (&r)[4], const unsigned sho
     fl_ldm_t(r, tile + (k0 + (l & 7) + 8 * ((l >> 3) & 1)) * LD + n0 + 8 * (l >> 4));
 }
 
+// Where pack u of a thread's share of a staged tile lies: row n, columns c
+// to c + 3. Thread t holds the packs t, t + FL_THREADS, ... of the tile in
+// row-major order, so a warp reads consecutive packs of a row.
+template <int D>
+__device__ __forceinline__ void fl_pack_slot(int u, int& n, int& c) {
+    const int e = threadIdx.x + u * FL_THREADS;
+    n = e / (D / 4);
+    c = 4 * (e % (D / 4));
+}
+
 // A thread's share of ROWS rows of a head_dim-wide f32 tensor, held in
 // registers between the load from global memory and the store to a bf16 tile
 // in shared memory, so a chunk's loads can be in flight while the chunk
@@ -1584,9 +1594,8 @@ struct FlRows {
                                          int head_dim, bool vec) {
 #pragma unroll
         for (int u = 0; u < N; ++u) {
-            const int e = threadIdx.x + u * FL_THREADS;
-            const int n = e / (D / 4);
-            const int c = 4 * (e % (D / 4));
+            int n, c;
+            fl_pack_slot<D>(u, n, c);
             x[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (n < valid) {
                 const float* p = src + (size_t)n * stride + c;
@@ -1605,9 +1614,8 @@ struct FlRows {
     __device__ __forceinline__ void store(unsigned short* tile) const {
 #pragma unroll
         for (int u = 0; u < N; ++u) {
-            const int e = threadIdx.x + u * FL_THREADS;
-            const int n = e / (D / 4);
-            const int c = 4 * (e % (D / 4));
+            int n, c;
+            fl_pack_slot<D>(u, n, c);
             *reinterpret_cast<uint2*>(tile + n * (D + 8) + c) =
                 make_uint2(fl_pack(x[u].x, x[u].y), fl_pack(x[u].z, x[u].w));
         }
@@ -1628,9 +1636,8 @@ struct FlRows16 {
                                          int valid, int head_dim, bool vec) {
 #pragma unroll
         for (int u = 0; u < N; ++u) {
-            const int e = threadIdx.x + u * FL_THREADS;
-            const int n = e / (D / 4);
-            const int c = 4 * (e % (D / 4));
+            int n, c;
+            fl_pack_slot<D>(u, n, c);
             x[u] = make_uint2(0u, 0u);
             if (n < valid && c < head_dim) {
                 const unsigned short* p = src + (size_t)n * stride + c;
@@ -1650,9 +1657,8 @@ struct FlRows16 {
     __device__ __forceinline__ void store(unsigned short* tile) const {
 #pragma unroll
         for (int u = 0; u < N; ++u) {
-            const int e = threadIdx.x + u * FL_THREADS;
-            const int n = e / (D / 4);
-            const int c = 4 * (e % (D / 4));
+            int n, c;
+            fl_pack_slot<D>(u, n, c);
             *reinterpret_cast<uint2*>(tile + n * (D + 8) + c) = x[u];
         }
     }

@@ -1076,13 +1076,16 @@ impl Mlp<'_> {
     }
 }
 
-/// Gate and up are stored in bf16, and the f32 SwiGLU buffers absent,
-/// exactly when the MLP's weights are bf16 (a bf16 base); anything else is a
-/// workspace built for another base.
+/// Gate and up (and the norm a layer keeps) are stored in bf16, and the f32
+/// SwiGLU buffers absent, exactly when the MLP's weights are bf16 (a bf16
+/// base); the f32 norm of a layer that keeps none is in the scratch exactly
+/// when gate and up are kept in f32. Anything else is a workspace built for
+/// other options.
 fn gate_up_mismatch() -> Error {
     Error::InvalidArgument {
         op: "train",
-        message: "the MLP's gate and up buffers are not of its weights' format".into(),
+        message: "the MLP's gate, up and norm buffers are not of its weights' format and options"
+            .into(),
     }
 }
 
