@@ -97,13 +97,15 @@ impl Qkv<'_> {
             Qkv::F32(q, k, v) => ([q.len(), k.len(), v.len()], false),
             Qkv::Bf16(q, k, v) => ([q.len(), k.len(), v.len()], true),
         };
-        if bf16 != (kernels == AttnKernels::Bf16) {
+        let name = |bf16: bool| if bf16 { "bf16" } else { "f32" };
+        let want = kernels == AttnKernels::Bf16;
+        if bf16 != want {
             return Err(Error::InvalidArgument {
                 op: "attention",
                 message: format!(
                     "the {kernels:?} kernels read q, k and v in {}, not {}",
-                    if bf16 { "f32" } else { "bf16" },
-                    if bf16 { "bf16" } else { "f32" },
+                    name(want),
+                    name(bf16)
                 ),
             });
         }
@@ -671,8 +673,8 @@ pub fn forward(
     // v, float* out, float* saved, int batch, int seq, int heads, int
     // kv_heads, int head_dim, float scale, long long write_limit)` in order
     // and type, and `attention_flash_fwd_dXX_bf16`, the same with `const
-    // unsigned short*` q, k, v (qkv.check: bf16 exactly for these kernels). The lengths were checked
-    // against the shape above (saved: probs or lse, as the kernel writes);
+    // unsigned short*` q, k, v (qkv.check: bf16 exactly for these kernels).
+    // The lengths were checked against the shape above (saved: probs or lse, as the kernel writes);
     // heads is a multiple of kv_heads, so every kv head index is < kv_heads.
     // The grid is (ceil(seq / rows), heads, batch) for the kernel's tile
     // rows; each block touches only its rows of q/out/saved (guarded by
@@ -935,8 +937,8 @@ fn flash_backward(
     launch.i32(d.batch).i32(d.seq).i32(stride).i32(d.heads);
     launch.i32(d.kv_heads).i32(d.head_dim).f32(d.scale);
     // SAFETY: arguments match `attention_flash_bwd_dq_dXX_bf16(const
-    // unsigned short* dst, const unsigned short* k, float* dq, int batch, int seq, int
-    // ds_stride, int heads, int kv_heads, int head_dim, float scale)` in
+    // unsigned short* dst, const unsigned short* k, float* dq, int batch,
+    // int seq, int ds_stride, int heads, int kv_heads, int head_dim, float scale)` in
     // order and type. dst is as the dkv kernel, earlier on this stream,
     // wrote it; each block copies 16-byte pieces of its head's rows < seq
     // starting at a query < seq (inside the padded row; the others are

@@ -6,9 +6,10 @@ use crate::check::op::Pass;
 use crate::check::params::Precision;
 use crate::error::Result;
 use crate::reference::rope as refop;
-use cudarc::driver::{CudaView, CudaViewMut};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr};
 use qlora::gpu::GpuContext;
 use qlora::model::ModelConfig;
+use qlora::ops::attention::QkvBuffers;
 use qlora::ops::cast::Bf16;
 use qlora::ops::rope::*;
 
@@ -62,6 +63,15 @@ type Launcher = fn(
 /// as the presets train.
 const QKV_LORA_SCALE: f32 = 2.0;
 
+/// The buffers' contents one after the other.
+fn download_all<T: DeviceRepr>(gpu: &GpuContext, bufs: [&CudaSlice<T>; 3]) -> Result<Vec<T>> {
+    let mut all = Vec::new();
+    for b in bufs {
+        all.extend(gpu.download(b)?);
+    }
+    Ok(all)
+}
+
 /// `op_parity` of the fused q/k/v epilogue for one `{batch, seq, heads,
 /// kv_heads, head_dim, rank}` shape: forward `(y, bias) -> [qr | kr | v]`
 /// (at precision `bf16` rounded to bf16, against the reference rounded to
@@ -107,29 +117,27 @@ pub fn qkv_parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
             let inputs = (&d_y, &d_bias);
             let y_ref = (&widen(&y)[..], &widen(&bias)[..]);
             let want = refop::qkv_forward(y_ref, &widen(&bq), &widen(&bv), &dims, theta)?;
-            let rotated = if case.precision == Precision::Bf16 {
-                // q, k, v rounded to bf16 (the flash kernels' operands),
-                // against the reference rounded to bf16.
-                let (mut qr, mut kr) = (
-                    Bf16::poisoned(gpu, packed_q)?,
-                    Bf16::poisoned(gpu, packed_kv)?,
-                );
-                let mut v = Bf16::poisoned(gpu, packed_kv)?;
-                let out = QkvOut::Bf16(&mut qr, &mut kr, &mut v);
-                qkv_forward(gpu, &sh, inputs, lora, &table, out, &mut u)?;
-                let mut out = gpu.download(&qr)?;
-                out.extend(gpu.download(&kr)?);
-                out.extend(gpu.download(&v)?);
-                compare_written(&out, &want)
+            // At precision bf16, q, k and v rounded to bf16 (the flash
+            // kernels' operands), against the reference rounded to bf16.
+            let mut qkv = if case.precision == Precision::Bf16 {
+                let poisoned = |n| Bf16::poisoned(gpu, n);
+                QkvBuffers::Bf16(
+                    poisoned(packed_q)?,
+                    poisoned(packed_kv)?,
+                    poisoned(packed_kv)?,
+                )
             } else {
-                let (mut qr, mut kr) = (gpu.poisoned(packed_q)?, gpu.poisoned(packed_kv)?);
-                let mut v = gpu.poisoned(packed_kv)?;
-                let out = QkvOut::F32(&mut qr, &mut kr, &mut v);
-                qkv_forward(gpu, &sh, inputs, lora, &table, out, &mut u)?;
-                let mut out = gpu.download(&qr)?;
-                out.extend(gpu.download(&kr)?);
-                out.extend(gpu.download(&v)?);
-                compare(&out, &want)
+                let poisoned = |n| gpu.poisoned(n);
+                QkvBuffers::F32(
+                    poisoned(packed_q)?,
+                    poisoned(packed_kv)?,
+                    poisoned(packed_kv)?,
+                )
+            };
+            qkv_forward(gpu, &sh, inputs, lora, &table, qkv.as_out(), &mut u)?;
+            let rotated = match &qkv {
+                QkvBuffers::Bf16(q, k, v) => compare_written(&download_all(gpu, [q, k, v])?, &want),
+                QkvBuffers::F32(q, k, v) => compare(&download_all(gpu, [q, k, v])?, &want),
             };
             // The copy of y's u columns, exact.
             let want_u: Vec<f64> = y

@@ -83,10 +83,14 @@ fn projections(c: &ModelConfig) -> Vec<Proj> {
     ]
 }
 
-/// `len` values uniform in `[-1, 1)`, on the device.
+/// `len` values uniform in `[-1, 1)`.
+fn random_host(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
+    (0..len).map(|_| rng.random_range(-1.0..1.0)).collect()
+}
+
+/// [`random_host`]'s values, on the device.
 fn random(gpu: &GpuContext, rng: &mut ChaCha8Rng, len: usize) -> Result<CudaSlice<f32>> {
-    let v: Vec<f32> = (0..len).map(|_| rng.random_range(-1.0..1.0)).collect();
-    Ok(gpu.upload(&v)?)
+    Ok(gpu.upload(&random_host(rng, len))?)
 }
 
 fn sets_for(bytes: usize) -> usize {
@@ -662,9 +666,9 @@ impl AttnSet {
         kernels: AttnKernels,
     ) -> Result<Self> {
         let (q_len, kv_len, _) = ops::attention::lens(sh);
-        let mut draw =
-            |len: usize| -> Vec<f32> { (0..len).map(|_| rng.random_range(-1.0..1.0)).collect() };
-        let (q, k, v) = (draw(q_len), draw(kv_len), draw(kv_len));
+        let q = random_host(rng, q_len);
+        let k = random_host(rng, kv_len);
+        let v = random_host(rng, kv_len);
         Ok(AttnSet {
             qkv: ops::attention::QkvBuffers::upload(gpu, kernels, [&q, &k, &v])?,
             dout: random(gpu, rng, q_len)?,
