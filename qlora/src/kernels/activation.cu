@@ -47,9 +47,9 @@ extern "C" __global__ void silu_bwd_f32(const float* __restrict__ x, const float
 
 #if ACT_PART == 0
 // Kernels `_f32` (f32 gate, up and results) and `_bf16`, for the bf16 step:
-// gate and up as its bf16 GEMM stored them (`L`), and results rounded to
-// bf16 for the bf16 GEMMs that read them next (`S`), each rounded once at
-// the store. The arithmetic is f32 in both.
+// gate, up and the backward's dy as its bf16 GEMMs stored them (`L`), and
+// results rounded to bf16 for the bf16 GEMMs that read them next (`S`),
+// each rounded once at the store. The arithmetic is f32 in both.
 template <typename L, typename S>
 __device__ __forceinline__ void swiglu_fwd(const typename L::T* __restrict__ gate,
                                            const typename L::T* __restrict__ up,
@@ -75,19 +75,18 @@ __device__ __forceinline__ void swiglu_fwd(const typename L::T* __restrict__ gat
 template <typename L, typename S>
 __device__ __forceinline__ void swiglu_bwd(const typename L::T* __restrict__ gate,
                                            const typename L::T* __restrict__ up,
-                                           const float* __restrict__ dy,
+                                           const typename L::T* __restrict__ dy,
                                            typename S::T* __restrict__ dgate,
                                            typename S::T* __restrict__ dup, int n) {
     const int tid = blockIdx.x * blockDim.x + threadIdx.x;
     const int stride = gridDim.x * blockDim.x;
     int done = 0;
-    if (L::vec(gate) && L::vec(up) && aligned16(dy) && S::vec(dgate) && S::vec(dup)) {
+    if (L::vec(gate) && L::vec(up) && L::vec(dy) && S::vec(dgate) && S::vec(dup)) {
         const int n4 = n / 4;
-        const float4* d4 = reinterpret_cast<const float4*>(dy);
         for (int k = tid; k < n4; k += stride) {
             const float4 g = L::get4(gate, k);
             const float4 u = L::get4(up, k);
-            const float4 d = d4[k];
+            const float4 d = L::get4(dy, k);
             const float2 r0 = swiglu_bwd_1(g.x, u.x, d.x);
             const float2 r1 = swiglu_bwd_1(g.y, u.y, d.y);
             const float2 r2 = swiglu_bwd_1(g.z, u.z, d.z);
@@ -98,7 +97,7 @@ __device__ __forceinline__ void swiglu_bwd(const typename L::T* __restrict__ gat
         done = 4 * n4;
     }
     for (int k = done + tid; k < n; k += stride) {
-        const float2 r = swiglu_bwd_1(L::get(gate, k), L::get(up, k), dy[k]);
+        const float2 r = swiglu_bwd_1(L::get(gate, k), L::get(up, k), L::get(dy, k));
         S::put(dgate, k, r.x);
         S::put(dup, k, r.y);
     }
@@ -111,7 +110,7 @@ __device__ __forceinline__ void swiglu_bwd(const typename L::T* __restrict__ gat
         swiglu_fwd<L, S>(gate, up, y, n);                                                       \
     }                                                                                           \
     extern "C" __global__ void swiglu_bwd_##NAME(                                               \
-        const L::T* __restrict__ gate, const L::T* __restrict__ up, const float* __restrict__ dy, \
+        const L::T* __restrict__ gate, const L::T* __restrict__ up, const L::T* __restrict__ dy,  \
         S::T* __restrict__ dgate, S::T* __restrict__ dup, int n) {                              \
         swiglu_bwd<L, S>(gate, up, dy, dgate, dup, n);                                          \
     }

@@ -44,11 +44,11 @@ pub const SIGNATURES: &[(&str, Signatures)] = &[
     ),
 ];
 
-/// The elements SwiGLU reads (`gate`, `up`: `X`) and writes (`Y`): f32 to
-/// f32, and [`Bf16`] to bf16 for the bf16 step, which keeps gate and up as
-/// its bf16 GEMM stored them and writes the results rounded once at the
-/// store for the bf16 GEMMs that read them next. The arithmetic is f32 in
-/// both.
+/// The elements SwiGLU reads (`gate`, `up` and the backward's `dy`: `X`)
+/// and writes (`Y`): f32 to f32, and [`Bf16`] to bf16 for the bf16 step,
+/// which reads gate, up and dy as its bf16 GEMMs stored them and writes the
+/// results rounded once at the store for the bf16 GEMMs that read them
+/// next. The arithmetic is f32 in both.
 pub trait SwigluKernels {
     /// The forward kernel.
     const FORWARD: &'static str;
@@ -140,7 +140,7 @@ pub fn swiglu_backward<X: DeviceRepr, Y: DeviceRepr>(
     gpu: &mut GpuContext,
     gate: &CudaView<'_, X>,
     up: &CudaView<'_, X>,
-    dy: &CudaView<'_, f32>,
+    dy: &CudaView<'_, X>,
     dgate: &mut CudaViewMut<'_, Y>,
     dup: &mut CudaViewMut<'_, Y>,
 ) -> Result<()>
@@ -159,7 +159,7 @@ where
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(gate).arg(up).arg(dy).arg(dgate).arg(dup).arg(&n_i);
     // SAFETY: swiglu_bwd_{f32,bf16}(const X* gate, const X* up,
-    // const float* dy, Y* dgate, Y* dup, int n), X and Y float or unsigned
+    // const X* dy, Y* dgate, Y* dup, int n), X and Y float or unsigned
     // short as `X` and `Y` (the kernel `(X, Y)` names): all hold n >= n_i
     // elements; the two outputs are distinct mutable borrows and alias no
     // input.

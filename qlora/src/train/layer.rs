@@ -26,14 +26,14 @@ use cudarc::driver::{CudaSlice, CudaView};
 use super::blas::{self, Mat, MatMut};
 use super::kernels;
 use super::weights::{LayerWeights, Linear};
-use super::workspace::{GateUp, Grads, LayerActs, SavedNorm, Scratch, Workspace};
+use super::workspace::{Dact, GateUp, Grads, LayerActs, SavedNorm, Scratch, Workspace};
 use crate::error::{Error, Result};
 use crate::gpu::table::address;
 use crate::gpu::{GemmMath, GpuContext, TensorTable};
 use crate::model::{ModelConfig, Slot, Trainable};
 use crate::ops::attention::{self, AttnKernels, AttnShape};
 use crate::ops::cast::{Bf16, HalfFloat};
-use crate::ops::gemm::GemmSpec;
+use crate::ops::gemm::{GemmOut, GemmSpec};
 use crate::ops::launch::expect_len;
 use crate::ops::nf4::Nf4Device;
 use crate::ops::rope::{self, QkvShape};
@@ -670,14 +670,14 @@ fn bf16_weight_of<'a>(
 }
 
 /// `dx = dy16 W + beta dx` for the bf16 `W` (`w`) of `lin`, `dy16` already
-/// rounded to bf16.
-fn bf16_input_grad(
+/// rounded to bf16; `dx` f32, or bf16 (rounded once at the store).
+fn bf16_input_grad<C: GemmOut>(
     gpu: &mut GpuContext,
     lin: &Linear,
     w: &CudaSlice<Bf16>,
     dy16: &CudaView<'_, Bf16>,
     beta: f32,
-    dx: &mut CudaSlice<f32>,
+    dx: &mut CudaSlice<C>,
 ) -> Result<()> {
     let spec = GemmSpec::linear_dx(dy16.len() / lin.out_dim, lin.in_dim, lin.out_dim);
     blas::gemm_half(gpu, spec, 1.0, dy16, w, beta, dx)
@@ -1002,21 +1002,16 @@ impl Mlp<'_> {
         let d = &mut ws.grads;
         let mut stores = stores!(ws);
         let gate_up = self.saved_gate_up(gpu, ctx, a, &mut ws.scratch.gate_up, &mut stores)?;
-        let (dx, dact) = (&d.dx, &mut d.dact);
-        input_grad(
-            gpu,
-            bwd,
-            &mut stores,
-            self.down,
-            (dx, dact),
-            0.0,
-            Bf16Dy::InSecond,
-        )?;
-        match gate_up {
-            GateUp::Bf16(gate, up) => {
-                // Both gradients go straight to bf16, the GEMMs' operands.
+        match (gate_up, &mut d.dact) {
+            (GateUp::Bf16(gate, up), Dact::Bf16(dact)) => {
+                // dact = dx' Wd stored in bf16 from the residual gradient's
+                // bf16 rounding; dgate and dup go straight to bf16, the
+                // next GEMMs' operands.
+                let dy16 = front(stores.bf16_second, d.dx.len())?;
+                let wd = bf16_weight_of(gpu, stores.deq_bf16, self.down)?;
+                bf16_input_grad(gpu, self.down, wd, &dy16, 0.0, dact)?;
                 let n = gate.len();
-                let (gate, up, dact) = (gate.as_view(), up.as_view(), d.dact.as_view());
+                let (gate, up, dact) = (gate.as_view(), up.as_view(), dact.as_view());
                 let mut dgate = front_mut(stores.bf16, n)?;
                 let mut dup = front_mut(stores.bf16_second, n)?;
                 activation::swiglu_backward(gpu, &gate, &up, &dact, &mut dgate, &mut dup)?;
@@ -1026,13 +1021,15 @@ impl Mlp<'_> {
                 let wu = bf16_weight_of(gpu, stores.deq_bf16, self.up)?;
                 bf16_input_grad(gpu, self.up, wu, &dup, 1.0, &mut d.dn2)?;
             }
-            GateUp::F32(gate, up) => {
+            (GateUp::F32(gate, up), Dact::F32(dact)) => {
+                let round = Bf16Dy::InSecond;
+                input_grad(gpu, bwd, &mut stores, self.down, (&d.dx, dact), 0.0, round)?;
                 let (dgate, dup) = d.dgate_up.as_mut().ok_or_else(gate_up_mismatch)?;
                 activation::swiglu_backward(
                     gpu,
                     &gate.as_view(),
                     &up.as_view(),
-                    &d.dact.as_view(),
+                    &dact.as_view(),
                     &mut dgate.as_view_mut(),
                     &mut dup.as_view_mut(),
                 )?;
@@ -1040,6 +1037,7 @@ impl Mlp<'_> {
                 input_grad(gpu, bwd, &mut stores, self.gate, (dgate, dn2), 0.0, round)?;
                 input_grad(gpu, bwd, &mut stores, self.up, (dup, dn2), 1.0, round)?;
             }
+            _ => return Err(gate_up_mismatch()),
         }
         let norm = self.params.index(Slot::MlpNorm);
         let inputs = (&a.x2, self.params.get(Slot::MlpNorm), &d.dn2);

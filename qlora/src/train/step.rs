@@ -1269,9 +1269,10 @@ mod tests {
         let probs = c.batch * c.heads * c.seq_len * c.seq_len;
         let rows = c.batch * c.heads * c.seq_len;
         let attention = 4 * c.layers * (probs - rows) + 2 * probs - 4 * rows;
-        // The scratch's gate and up are bf16 (the layers keep none here),
-        // and SwiGLU's f32 product and input gradients are not needed.
-        let gate_up = 2 * 2 * t * c.intermediate + 3 * 4 * t * c.intermediate;
+        // The scratch's gate and up and SwiGLU's output gradient are bf16
+        // (the layers keep none here), and SwiGLU's f32 product and input
+        // gradients are not needed.
+        let gate_up = 3 * 2 * t * c.intermediate + 3 * 4 * t * c.intermediate;
         // Each layer keeps its MLP norm as the bf16 operand, not in f32, and
         // attention's q, k and v in bf16.
         let norm = c.layers * 2 * t * c.hidden;

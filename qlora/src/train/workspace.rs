@@ -120,6 +120,39 @@ impl GateUp {
     }
 }
 
+/// SwiGLU's output gradient `dact = dx' Wd` `[T, intermediate]` as the down
+/// projection's input-gradient GEMM stores it: f32, or with a bf16 base
+/// bf16 (the f32 accumulation rounded once at the store, what SwiGLU's bf16
+/// backward reads, as PyTorch's bf16 autocast keeps it).
+pub enum Dact {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<Bf16>),
+}
+
+impl Dact {
+    fn new(gpu: &GpuContext, c: &ModelConfig, base: BaseWeights) -> Result<Self> {
+        let n = c.tokens() * c.intermediate;
+        Ok(if base.computes_in_bf16() {
+            Dact::Bf16(gpu.zeros(n)?)
+        } else {
+            Dact::F32(gpu.zeros(n)?)
+        })
+    }
+
+    /// Device bytes of `dact` for `c` on `base`.
+    fn bytes_for(c: &ModelConfig, base: BaseWeights) -> usize {
+        let element = if base.computes_in_bf16() { 2 } else { 4 };
+        element * c.tokens() * c.intermediate
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Dact::F32(d) => 4 * d.len(),
+            Dact::Bf16(d) => 2 * d.len(),
+        }
+    }
+}
+
 impl LayerActs {
     fn new(gpu: &GpuContext, c: &ModelConfig, keep_mlp: bool, base: BaseWeights) -> Result<Self> {
         let t = c.tokens();
@@ -236,7 +269,7 @@ pub struct Grads {
     pub dx: CudaSlice<f32>,
     pub dn1: CudaSlice<f32>,
     pub dn2: CudaSlice<f32>,
-    pub dact: CudaSlice<f32>,
+    pub dact: Dact,
     /// SwiGLU's `dgate`, `dup` in f32 `[T, intermediate]`; `None` with a
     /// bf16 base, whose SwiGLU writes them to its bf16 GEMM inputs.
     pub dgate_up: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
@@ -402,7 +435,7 @@ impl Workspace {
                 dx: z(t * c.hidden)?,
                 dn1: z(t * c.hidden)?,
                 dn2: z(t * c.hidden)?,
-                dact: z(t * c.intermediate)?,
+                dact: Dact::new(gpu, c, options.base)?,
                 dgate_up: match f32_swiglu(c, options.base) {
                     Some(n) => Some((z(n)?, z(n)?)),
                     None => None,
@@ -444,17 +477,17 @@ impl Workspace {
     /// `T` floats), computed before allocating so that a configuration that
     /// cannot fit is refused up front:
     /// `4 * (layers * saved + (layers + 6) * T * hidden`
-    /// `+ (1 + 3 f) * T * intermediate + 2 * T * (q_dim + kv_dim) + 2 * T * width`
+    /// `+ 3 f * T * intermediate + 2 * T * (q_dim + kv_dim) + 2 * T * width`
     /// `+ attention scratch)` plus gate and up (the scratch's, and each
     /// layer's when kept: [`GateUp`], 2 bytes an element with a bf16 base),
+    /// SwiGLU's output gradient ([`Dact`], likewise),
     /// the cuBLAS workspace, the 16-bit GEMM inputs
     /// ([`Workspace::half_input_len`], [`Workspace::bf16_input_len`],
     /// [`Workspace::bf16_second_input_len`], 2 bytes each) and the head's
     /// logits and their gradient ([`Workspace::head_bytes`]).
     /// Term by term: the residual stream (`layers + 1`), the final norm's
-    /// output and four hidden-wide gradients; SwiGLU's output gradient and,
-    /// unless the base is bf16 (`f` = 1, else 0), its f32 product and input
-    /// gradients; attention's output gradient and dq (after
+    /// output and four hidden-wide gradients; unless the base is bf16 (`f`
+    /// = 1, else 0), SwiGLU's f32 product and input gradients; attention's output gradient and dq (after
     /// RoPE), dk and dv; the fused projection's output and gradient; the MLP's f32
     /// norm where no layer keeps it ([`Workspace::scratch_norm_len`]).
     pub fn planned_bytes(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
@@ -463,7 +496,6 @@ impl Workspace {
         let floats = c.layers * LayerActs::floats(c, options.base)
             + (c.layers + 6) * t * c.hidden
             + 3 * t
-            + t * c.intermediate
             + 3 * f32_swiglu(c, options.base).unwrap_or(0)
             + 2 * t * c.q_dim()
             + 2 * t * c.kv_dim()
@@ -475,6 +507,7 @@ impl Workspace {
             + c.layers * attention_inputs(c, options.base)
             + c.layers * LayerActs::mlp_bytes(c, keep_mlp, options.base)
             + GateUp::bytes_for(c, options.base)
+            + Dact::bytes_for(c, options.base)
             + CUBLAS_WORKSPACE_BYTES
             + 2 * Self::half_input_len(c, options)
             + 2 * Self::bf16_input_len(c, options)
@@ -579,9 +612,9 @@ impl Workspace {
             + 2 * self.bf16_second_input.as_ref().map_or(0, |b| b.len())
             + d.dlogits.bytes()
             + f32s(&[
-                &d.dnf, &d.dx, &d.dn1, &d.dn2, &d.dact, &d.datt, &d.dqr, &d.dkr, &d.dv, &d.dqkv,
-                &d.attn,
+                &d.dnf, &d.dx, &d.dn1, &d.dn2, &d.datt, &d.dqr, &d.dkr, &d.dv, &d.dqkv, &d.attn,
             ])
+            + d.dact.bytes()
             + self.deq.iter().map(|b| 4 * b.len()).sum::<usize>()
             + self.stack.as_ref().map_or(0, |b| 4 * b.len())
             + self.deq_bf16.iter().map(|b| 2 * b.len()).sum::<usize>()

@@ -46,8 +46,8 @@ pub fn parity(op: Op, gpu: &mut GpuContext, case: &Case<'_>) -> Result<Compariso
 }
 
 /// `op_parity` of SwiGLU for the gate `x`, forward or backward, on the
-/// kernels that read and write `W`: f32, or bf16 (the bf16 step's gate and
-/// up as its GEMM stored them, and its GEMM operands), held to the f64
+/// kernels that read and write `W`: f32, or bf16 (the bf16 step's gate, up
+/// and dy as its GEMMs stored them, and its GEMM operands), held to the f64
 /// reference of the inputs as `W` holds them, rounded to `W` ([`Written`]).
 /// The f32 arithmetic differs from f64 by ~1e-7 relative, so only values
 /// within that of a rounding boundary may land one bf16 step away; a store
@@ -79,8 +79,9 @@ where
             Ok(compare_written(&gpu.download(&y)?, &want))
         }
         Pass::Backward => {
-            let dy = uniform(&mut rng, n, -1.0, 1.0);
-            let (want_g, want_u) = refop::swiglu_backward(&seen_gate, &seen_up, &widen(&dy))?;
+            let dy = W::rounded(&uniform(&mut rng, n, -1.0, 1.0));
+            let seen_dy = widen(&W::values(&dy));
+            let (want_g, want_u) = refop::swiglu_backward(&seen_gate, &seen_up, &seen_dy)?;
             let d_dy = gpu.upload(&dy)?;
             let (mut dgate, mut dup) = (W::poisoned(gpu, n)?, W::poisoned(gpu, n)?);
             swiglu_backward(
