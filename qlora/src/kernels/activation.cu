@@ -50,70 +50,103 @@ extern "C" __global__ void silu_bwd_f32(const float* __restrict__ x, const float
 // gate, up and the backward's dy as its bf16 GEMMs stored them (`L`), and
 // results rounded to bf16 for the bf16 GEMMs that read them next (`S`),
 // each rounded once at the store. The arithmetic is f32 in both.
+//
+// The bf16 step keeps gate and up as the two halves of each row of one
+// [T, 2 cols] matrix (one GEMM of the stacked [Wg; Wu] writes both), and
+// its backward writes dgate and dup so for the one GEMM of [Wg; Wu] that
+// reads both. `Rows` says where element k of a [n / cols, cols] operand
+// lives: row k / cols of `ld` elements, column k % cols. The f32 kernels'
+// operands are whole matrices of their own (cols = ld = n).
+struct Rows {
+    int cols;
+    int ld;
+    __device__ __forceinline__ long long at(long long k) const {
+        return (k / cols) * (long long)ld + k % cols;
+    }
+    // Four consecutive elements from 4 k4 on stay in one row, in place.
+    __device__ __forceinline__ bool vec() const { return cols % 4 == 0 && ld % 4 == 0; }
+    __device__ __forceinline__ long long at4(long long k4) const { return at(4 * k4) / 4; }
+};
+
 template <typename L, typename S>
 __device__ __forceinline__ void swiglu_fwd(const typename L::T* __restrict__ gate,
-                                           const typename L::T* __restrict__ up,
+                                           const typename L::T* __restrict__ up, Rows in,
                                            typename S::T* __restrict__ y, int n) {
     const int tid = blockIdx.x * blockDim.x + threadIdx.x;
     const int stride = gridDim.x * blockDim.x;
     int done = 0;
-    if (L::vec(gate) && L::vec(up) && S::vec(y)) {
+    if (L::vec(gate) && L::vec(up) && in.vec() && S::vec(y)) {
         const int n4 = n / 4;
         for (int k = tid; k < n4; k += stride) {
-            const float4 g = L::get4(gate, k);
-            const float4 u = L::get4(up, k);
+            const float4 g = L::get4(gate, in.at4(k));
+            const float4 u = L::get4(up, in.at4(k));
             S::put4(y, k, swiglu_fwd_1(g.x, u.x), swiglu_fwd_1(g.y, u.y), swiglu_fwd_1(g.z, u.z),
                     swiglu_fwd_1(g.w, u.w));
         }
         done = 4 * n4;
     }
     for (int k = done + tid; k < n; k += stride) {
-        S::put(y, k, swiglu_fwd_1(L::get(gate, k), L::get(up, k)));
+        S::put(y, k, swiglu_fwd_1(L::get(gate, in.at(k)), L::get(up, in.at(k))));
     }
 }
 
 template <typename L, typename S>
 __device__ __forceinline__ void swiglu_bwd(const typename L::T* __restrict__ gate,
-                                           const typename L::T* __restrict__ up,
+                                           const typename L::T* __restrict__ up, Rows in,
                                            const typename L::T* __restrict__ dy,
                                            typename S::T* __restrict__ dgate,
-                                           typename S::T* __restrict__ dup, int n) {
+                                           typename S::T* __restrict__ dup, Rows out, int n) {
     const int tid = blockIdx.x * blockDim.x + threadIdx.x;
     const int stride = gridDim.x * blockDim.x;
     int done = 0;
-    if (L::vec(gate) && L::vec(up) && L::vec(dy) && S::vec(dgate) && S::vec(dup)) {
+    if (L::vec(gate) && L::vec(up) && L::vec(dy) && S::vec(dgate) && S::vec(dup) && in.vec() &&
+        out.vec()) {
         const int n4 = n / 4;
         for (int k = tid; k < n4; k += stride) {
-            const float4 g = L::get4(gate, k);
-            const float4 u = L::get4(up, k);
+            const float4 g = L::get4(gate, in.at4(k));
+            const float4 u = L::get4(up, in.at4(k));
             const float4 d = L::get4(dy, k);
             const float2 r0 = swiglu_bwd_1(g.x, u.x, d.x);
             const float2 r1 = swiglu_bwd_1(g.y, u.y, d.y);
             const float2 r2 = swiglu_bwd_1(g.z, u.z, d.z);
             const float2 r3 = swiglu_bwd_1(g.w, u.w, d.w);
-            S::put4(dgate, k, r0.x, r1.x, r2.x, r3.x);
-            S::put4(dup, k, r0.y, r1.y, r2.y, r3.y);
+            S::put4(dgate, out.at4(k), r0.x, r1.x, r2.x, r3.x);
+            S::put4(dup, out.at4(k), r0.y, r1.y, r2.y, r3.y);
         }
         done = 4 * n4;
     }
     for (int k = done + tid; k < n; k += stride) {
-        const float2 r = swiglu_bwd_1(L::get(gate, k), L::get(up, k), L::get(dy, k));
-        S::put(dgate, k, r.x);
-        S::put(dup, k, r.y);
+        const float2 r = swiglu_bwd_1(L::get(gate, in.at(k)), L::get(up, in.at(k)), L::get(dy, k));
+        S::put(dgate, out.at(k), r.x);
+        S::put(dup, out.at(k), r.y);
     }
 }
 
-#define SWIGLU_KERNELS(NAME, L, S)                                                              \
-    extern "C" __global__ void swiglu_fwd_##NAME(const L::T* __restrict__ gate,                 \
-                                                 const L::T* __restrict__ up,                   \
-                                                 S::T* __restrict__ y, int n) {                 \
-        swiglu_fwd<L, S>(gate, up, y, n);                                                       \
-    }                                                                                           \
-    extern "C" __global__ void swiglu_bwd_##NAME(                                               \
-        const L::T* __restrict__ gate, const L::T* __restrict__ up, const L::T* __restrict__ dy,  \
-        S::T* __restrict__ dgate, S::T* __restrict__ dup, int n) {                              \
-        swiglu_bwd<L, S>(gate, up, dy, dgate, dup, n);                                          \
-    }
-SWIGLU_KERNELS(f32, LoadF32, StoreF32)
-SWIGLU_KERNELS(bf16, LoadBf16, StoreBf16)
+extern "C" __global__ void swiglu_fwd_f32(const float* __restrict__ gate,
+                                          const float* __restrict__ up, float* __restrict__ y,
+                                          int n) {
+    swiglu_fwd<LoadF32, StoreF32>(gate, up, Rows{n, n}, y, n);
+}
+
+extern "C" __global__ void swiglu_bwd_f32(const float* __restrict__ gate,
+                                          const float* __restrict__ up,
+                                          const float* __restrict__ dy, float* __restrict__ dgate,
+                                          float* __restrict__ dup, int n) {
+    const Rows whole{n, n};
+    swiglu_bwd<LoadF32, StoreF32>(gate, up, whole, dy, dgate, dup, whole, n);
+}
+
+// `gu` [n / cols, 2 cols]: gate | up in each row.
+extern "C" __global__ void swiglu_fwd_bf16(const unsigned short* __restrict__ gu,
+                                           unsigned short* __restrict__ y, int n, int cols) {
+    swiglu_fwd<LoadBf16, StoreBf16>(gu, gu + cols, Rows{cols, 2 * cols}, y, n);
+}
+
+// `gu` as above, `dgu` [n / cols, 2 cols]: dgate | dup in each row.
+extern "C" __global__ void swiglu_bwd_bf16(const unsigned short* __restrict__ gu,
+                                           const unsigned short* __restrict__ dy,
+                                           unsigned short* __restrict__ dgu, int n, int cols) {
+    const Rows halves{cols, 2 * cols};
+    swiglu_bwd<LoadBf16, StoreBf16>(gu, gu + cols, halves, dy, dgu, dgu + cols, halves, n);
+}
 #endif

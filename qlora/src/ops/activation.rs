@@ -1,14 +1,16 @@
 //! Launchers for `kernels/activation.cu`: SiLU `y = x sigmoid(x)` and SwiGLU
 //! `y = silu(gate) * up`, forward and backward. SwiGLU runs on f32, or for
 //! the bf16 step on bf16 gate and up, writing the bf16 rounding of the f32
-//! results (nearest, ties to even; [`SwigluKernels`]).
+//! results (nearest, ties to even): there gate and up are the two halves of
+//! each row of one `[rows, 2 cols]` matrix, as one GEMM of the stacked
+//! `[Wg; Wu]` writes them, and the backward writes dgate and dup so.
 
-use cudarc::driver::{CudaView, CudaViewMut, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
 use super::launch::expect_len;
 use super::launch::vec4_launch;
-use crate::error::Result;
-use crate::gpu::GpuContext;
+use crate::error::{Error, Result};
+use crate::gpu::{to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
 use crate::ops::cast::Bf16;
 
@@ -35,36 +37,14 @@ pub const SIGNATURES: &[(&str, Signatures)] = &[
                 "swiglu_bwd_f32",
                 &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32],
             ),
-            ("swiglu_fwd_bf16", &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32]),
+            ("swiglu_fwd_bf16", &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32]),
             (
                 "swiglu_bwd_bf16",
-                &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32],
+                &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32],
             ),
         ],
     ),
 ];
-
-/// The elements SwiGLU reads (`gate`, `up` and the backward's `dy`: `X`)
-/// and writes (`Y`): f32 to f32, and [`Bf16`] to bf16 for the bf16 step,
-/// which reads gate, up and dy as its bf16 GEMMs stored them and writes the
-/// results rounded once at the store for the bf16 GEMMs that read them
-/// next. The arithmetic is f32 in both.
-pub trait SwigluKernels {
-    /// The forward kernel.
-    const FORWARD: &'static str;
-    /// The backward kernel.
-    const BACKWARD: &'static str;
-}
-
-impl SwigluKernels for (f32, f32) {
-    const FORWARD: &'static str = "swiglu_fwd_f32";
-    const BACKWARD: &'static str = "swiglu_bwd_f32";
-}
-
-impl SwigluKernels for (Bf16, Bf16) {
-    const FORWARD: &'static str = "swiglu_fwd_bf16";
-    const BACKWARD: &'static str = "swiglu_bwd_bf16";
-}
 
 /// `y = silu(x)`.
 pub fn silu_forward(
@@ -108,45 +88,37 @@ pub fn silu_backward(
     Ok(())
 }
 
-/// `y = silu(gate) * up`, from `X` into `Y` ([`SwigluKernels`]).
-pub fn swiglu_forward<X: DeviceRepr, Y: DeviceRepr>(
+/// `y = silu(gate) * up` in f32.
+pub fn swiglu_forward(
     gpu: &mut GpuContext,
-    gate: &CudaView<'_, X>,
-    up: &CudaView<'_, X>,
-    y: &mut CudaViewMut<'_, Y>,
-) -> Result<()>
-where
-    (X, Y): SwigluKernels,
-{
+    gate: &CudaView<'_, f32>,
+    up: &CudaView<'_, f32>,
+    y: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
     let n = gate.len();
     expect_len("swiglu", "up", up.len(), &[n])?;
     expect_len("swiglu", "y", y.len(), &[n])?;
     let Some((n_i, cfg)) = vec4_launch(gpu, "swiglu", n)? else {
         return Ok(());
     };
-    let f = gpu.function(SWIGLU_MODULE, <(X, Y)>::FORWARD)?;
+    let f = gpu.function(SWIGLU_MODULE, "swiglu_fwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(gate).arg(up).arg(y).arg(&n_i);
-    // SAFETY: swiglu_fwd_{f32,bf16}(const X* gate, const X* up, Y*
-    // y, int n), X and Y float or unsigned short as `X` and `Y` (the kernel
-    // `(X, Y)` names): all hold n >= n_i elements; y aliases neither input.
+    // SAFETY: swiglu_fwd_f32(const float* gate, const float* up, float* y,
+    // int n): all hold n >= n_i floats; y aliases neither input.
     unsafe { l.launch(cfg) }?;
     Ok(())
 }
 
-/// `dgate = dy * up * silu'(gate)`, `dup = dy * silu(gate)`, in f32 or
-/// rounded to bf16 (`Y`).
-pub fn swiglu_backward<X: DeviceRepr, Y: DeviceRepr>(
+/// `dgate = dy * up * silu'(gate)`, `dup = dy * silu(gate)` in f32.
+pub fn swiglu_backward(
     gpu: &mut GpuContext,
-    gate: &CudaView<'_, X>,
-    up: &CudaView<'_, X>,
-    dy: &CudaView<'_, X>,
-    dgate: &mut CudaViewMut<'_, Y>,
-    dup: &mut CudaViewMut<'_, Y>,
-) -> Result<()>
-where
-    (X, Y): SwigluKernels,
-{
+    gate: &CudaView<'_, f32>,
+    up: &CudaView<'_, f32>,
+    dy: &CudaView<'_, f32>,
+    dgate: &mut CudaViewMut<'_, f32>,
+    dup: &mut CudaViewMut<'_, f32>,
+) -> Result<()> {
     let n = gate.len();
     expect_len("swiglu", "up", up.len(), &[n])?;
     expect_len("swiglu", "dy", dy.len(), &[n])?;
@@ -155,14 +127,77 @@ where
     let Some((n_i, cfg)) = vec4_launch(gpu, "swiglu", n)? else {
         return Ok(());
     };
-    let f = gpu.function(SWIGLU_MODULE, <(X, Y)>::BACKWARD)?;
+    let f = gpu.function(SWIGLU_MODULE, "swiglu_bwd_f32")?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(gate).arg(up).arg(dy).arg(dgate).arg(dup).arg(&n_i);
-    // SAFETY: swiglu_bwd_{f32,bf16}(const X* gate, const X* up,
-    // const X* dy, Y* dgate, Y* dup, int n), X and Y float or unsigned
-    // short as `X` and `Y` (the kernel `(X, Y)` names): all hold n >= n_i
-    // elements; the two outputs are distinct mutable borrows and alias no
+    // SAFETY: swiglu_bwd_f32(const float* gate, const float* up,
+    // const float* dy, float* dgate, float* dup, int n): all hold n >= n_i
+    // floats; the two outputs are distinct mutable borrows and alias no
     // input.
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+/// The rows `[gate | up]` of `gu` (`[rows, 2 cols]`) as `(n, cols)` with
+/// `n = rows * cols`, refusing a `gu` that is not whole such rows.
+fn halves(what: &'static str, len: usize, cols: usize) -> Result<(usize, i32)> {
+    if cols == 0 || !len.is_multiple_of(2 * cols) {
+        return Err(Error::ShapeMismatch {
+            op: "swiglu",
+            expected: format!("{what} of whole rows of 2 x {cols} values"),
+            got: format!("{len} values"),
+        });
+    }
+    Ok((len / 2, to_i32("swiglu", "cols", cols)?))
+}
+
+/// `y = silu(gate) * up` of the bf16 step: gate and up the halves of each
+/// row of `gu` (`[rows, 2 cols]`, bf16), `y` `[rows, cols]` rounded to bf16.
+pub fn swiglu_forward_bf16(
+    gpu: &mut GpuContext,
+    gu: &CudaView<'_, Bf16>,
+    cols: usize,
+    y: &mut CudaViewMut<'_, Bf16>,
+) -> Result<()> {
+    let (n, cols_i) = halves("gate | up", gu.len(), cols)?;
+    expect_len("swiglu", "y", y.len(), &[n])?;
+    let Some((n_i, cfg)) = vec4_launch(gpu, "swiglu", n)? else {
+        return Ok(());
+    };
+    let f = gpu.function(SWIGLU_MODULE, "swiglu_fwd_bf16")?;
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(gu).arg(y).arg(&n_i).arg(&cols_i);
+    // SAFETY: swiglu_fwd_bf16(const unsigned short* gu, unsigned short* y,
+    // int n, int cols): gu holds 2 n and y n >= n_i bf16 values, row k /
+    // cols of gu at 2 cols each (checked whole above); y aliases no input.
+    unsafe { l.launch(cfg) }?;
+    Ok(())
+}
+
+/// The backward of [`swiglu_forward_bf16`]: `dy` `[rows, cols]` as the
+/// down projection's GEMM stored it (bf16), `dgu` `[rows, 2 cols]` the
+/// bf16 rounding of `dgate | dup` in each row, for the one input-gradient
+/// GEMM of `[Wg; Wu]`.
+pub fn swiglu_backward_bf16(
+    gpu: &mut GpuContext,
+    gu: &CudaView<'_, Bf16>,
+    cols: usize,
+    dy: &CudaView<'_, Bf16>,
+    dgu: &mut CudaViewMut<'_, Bf16>,
+) -> Result<()> {
+    let (n, cols_i) = halves("gate | up", gu.len(), cols)?;
+    expect_len("swiglu", "dy", dy.len(), &[n])?;
+    expect_len("swiglu", "dgate | dup", dgu.len(), &[2 * n])?;
+    let Some((n_i, cfg)) = vec4_launch(gpu, "swiglu", n)? else {
+        return Ok(());
+    };
+    let f = gpu.function(SWIGLU_MODULE, "swiglu_bwd_bf16")?;
+    let mut l = gpu.stream().launch_builder(&f);
+    l.arg(gu).arg(dy).arg(dgu).arg(&n_i).arg(&cols_i);
+    // SAFETY: swiglu_bwd_bf16(const unsigned short* gu, const unsigned
+    // short* dy, unsigned short* dgu, int n, int cols): gu and dgu hold 2 n,
+    // dy n >= n_i bf16 values (checked above); dgu is a mutable borrow that
+    // aliases no input.
     unsafe { l.launch(cfg) }?;
     Ok(())
 }

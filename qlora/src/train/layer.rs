@@ -229,12 +229,13 @@ pub(super) struct DecoderLayer<'a> {
 
 impl<'a> DecoderLayer<'a> {
     /// Layer `layer` of the model: its frozen projections `w`, q/k/v bias
-    /// `bias` (`[q_dim + 2 kv_dim]`) and, for an NF4 base, its q/k/v rows as
-    /// one NF4 tensor `qkv_nf4`, and its trainable tensors in `p` (the
-    /// layout of [`Trainable::tensors`]).
+    /// `bias` (`[q_dim + 2 kv_dim]`), for an NF4 base its q/k/v rows as one
+    /// NF4 tensor `qkv_nf4`, for a bf16 base its `[Wg; Wu]` `gate_up_bf16`,
+    /// and its trainable tensors in `p` (the layout of [`Trainable::tensors`]).
     pub(super) fn new(
         layer: usize,
         (w, bias, qkv_nf4): (&'a LayerWeights, &'a CudaSlice<f32>, Option<&'a Nf4Device>),
+        gate_up_bf16: Option<&'a CudaSlice<Bf16>>,
         p: &'a [CudaSlice<f32>],
     ) -> Self {
         let params = LayerParams { layer, p };
@@ -249,6 +250,7 @@ impl<'a> DecoderLayer<'a> {
                 gate: &w.gate,
                 up: &w.up,
                 down: &w.down,
+                gate_up_bf16,
                 params,
             },
         }
@@ -653,7 +655,7 @@ fn input_grad(
             Bf16Dy::RoundHere => half_of(gpu, dy, stores.bf16)?,
             Bf16Dy::InSecond => front(stores.bf16_second, dy.len())?,
         };
-        return bf16_input_grad(gpu, lin, w, &dy16, beta, dx);
+        return bf16_input_grad(gpu, lin, &w, &dy16, beta, dx);
     }
     let w = Workspace::weight(stores.deq, gpu, lin)?;
     blas::linear_dx(gpu, math, 1.0, dy, w, beta, dx, (rows, in_dim, out_dim))
@@ -665,7 +667,7 @@ fn bf16_weight_of<'a>(
     gpu: &mut GpuContext,
     deq_bf16: &'a mut [CudaSlice<Bf16>],
     lin: &'a Linear,
-) -> Result<&'a CudaSlice<Bf16>> {
+) -> Result<CudaView<'a, Bf16>> {
     Workspace::bf16_weight(deq_bf16, gpu, lin)?.ok_or_else(gate_up_mismatch)
 }
 
@@ -674,7 +676,7 @@ fn bf16_weight_of<'a>(
 fn bf16_input_grad<C: GemmOut>(
     gpu: &mut GpuContext,
     lin: &Linear,
-    w: &CudaSlice<Bf16>,
+    w: &CudaView<'_, Bf16>,
     dy16: &CudaView<'_, Bf16>,
     beta: f32,
     dx: &mut CudaSlice<C>,
@@ -733,7 +735,7 @@ fn forward_linear(
     }
     if let Some(w) = Workspace::bf16_weight(stores.deq_bf16, gpu, lin)? {
         let x16 = half_of(gpu, x, stores.bf16)?;
-        return blas::gemm_half(gpu, spec, 1.0, &x16, w, beta, y);
+        return blas::gemm_half(gpu, spec, 1.0, &x16, &w, beta, y);
     }
     let w = Workspace::weight(stores.deq, gpu, lin)?;
     let dims = (x.len() / lin.in_dim, lin.in_dim, lin.out_dim);
@@ -863,6 +865,9 @@ struct Mlp<'a> {
     gate: &'a Linear,
     up: &'a Linear,
     down: &'a Linear,
+    /// A bf16 base's `[Wg; Wu]` ([`super::weights::BaseDevice::gate_up_bf16`]);
+    /// an NF4 base computing in bf16 dequantises both into one target.
+    gate_up_bf16: Option<&'a CudaSlice<Bf16>>,
     params: LayerParams<'a>,
 }
 
@@ -887,22 +892,22 @@ impl Mlp<'_> {
         let gate_up = a.mlp.as_mut().unwrap_or(gate_up);
         let mut stores = stores!(ws);
         match gate_up {
-            GateUp::Bf16(gate, up) => {
+            GateUp::Bf16(gu) => {
                 let saved = match &mut a.n2 {
                     Some(SavedNorm::Bf16(n)) => Some(n),
                     Some(SavedNorm::F32(_)) => return Err(gate_up_mismatch()),
                     None => None,
                 };
                 let n2 = norm_bf16_only(gpu, ctx, (&a.x2, gamma), saved, stores.bf16)?;
-                self.gate_up_bf16(gpu, stores.deq_bf16, &n2, (gate, up))?;
+                self.gate_up_bf16(gpu, stores.deq_bf16, &n2, gu)?;
                 gpu.stream().memcpy_dtod(&a.x2, x_next)?;
-                let n = gate.len();
-                let (gate, up) = (gate.as_view(), up.as_view());
-                activation::swiglu_forward(gpu, &gate, &up, &mut front_mut(stores.bf16, n)?)?;
+                let n = gu.len() / 2;
+                let mut act = front_mut(stores.bf16, n)?;
+                activation::swiglu_forward_bf16(gpu, &gu.as_view(), c.intermediate, &mut act)?;
                 let spec = linear_spec(self.down, n);
                 let wd = bf16_weight_of(gpu, stores.deq_bf16, self.down)?;
                 let act = front(stores.bf16, n)?;
-                blas::gemm_half(gpu, spec, 1.0, &act, wd, 1.0, x_next)
+                blas::gemm_half(gpu, spec, 1.0, &act, &wd, 1.0, x_next)
             }
             GateUp::F32(gate, up) => {
                 let n2 = match &mut a.n2 {
@@ -939,8 +944,8 @@ impl Mlp<'_> {
         gate_up: &mut GateUp,
     ) -> Result<()> {
         match (n2, gate_up) {
-            (SavedNorm::Bf16(n2), GateUp::Bf16(gate, up)) => {
-                self.gate_up_bf16(gpu, stores.deq_bf16, &n2.as_view(), (gate, up))
+            (SavedNorm::Bf16(n2), GateUp::Bf16(gu)) => {
+                self.gate_up_bf16(gpu, stores.deq_bf16, &n2.as_view(), gu)
             }
             (SavedNorm::F32(n2), GateUp::F32(gate, up)) => {
                 self.gate_up_f32(gpu, math, stores, n2, (gate, up))
@@ -950,20 +955,31 @@ impl Mlp<'_> {
     }
 
     /// The input projections on bf16 operands, from `n2` already rounded to
-    /// bf16, stored in bf16: one after the other, since NF4 weights of one
-    /// length share their bf16 dequantisation target.
+    /// bf16, stored in bf16: `gu = n2 [Wg; Wu]^T`, one GEMM writing `gate |
+    /// up` in each row.
     fn gate_up_bf16(
         &self,
         gpu: &mut GpuContext,
         deq_bf16: &mut [CudaSlice<Bf16>],
         n2: &CudaView<'_, Bf16>,
-        (gate, up): (&mut CudaSlice<Bf16>, &mut CudaSlice<Bf16>),
+        gu: &mut CudaSlice<Bf16>,
     ) -> Result<()> {
-        for (lin, out) in [(self.gate, gate), (self.up, up)] {
-            let w = bf16_weight_of(gpu, deq_bf16, lin)?;
-            blas::gemm_half(gpu, linear_spec(lin, n2.len()), 1.0, n2, w, 0.0, out)?;
+        let w = self.gate_up_weight(gpu, deq_bf16)?;
+        let (h, out) = (self.gate.in_dim, self.gate.out_dim + self.up.out_dim);
+        let spec = GemmSpec::linear(n2.len() / h, h, out);
+        blas::gemm_half(gpu, spec, 1.0, n2, &w, 0.0, gu)
+    }
+
+    /// `[Wg; Wu]` in bf16: a bf16 base's own, or an NF4 base's dequantised.
+    fn gate_up_weight<'w>(
+        &'w self,
+        gpu: &mut GpuContext,
+        deq_bf16: &'w mut [CudaSlice<Bf16>],
+    ) -> Result<CudaView<'w, Bf16>> {
+        match self.gate_up_bf16 {
+            Some(own) => Ok(own.as_view()),
+            None => Workspace::gate_up_bf16_weight(deq_bf16, gpu, (self.gate, self.up)),
         }
-        Ok(())
     }
 
     /// [`Mlp::gate_up`] into f32 gate and up: on the f16 copies of `Wg` and
@@ -1003,23 +1019,20 @@ impl Mlp<'_> {
         let mut stores = stores!(ws);
         let gate_up = self.saved_gate_up(gpu, ctx, a, &mut ws.scratch.gate_up, &mut stores)?;
         match (gate_up, &mut d.dact) {
-            (GateUp::Bf16(gate, up), Dact::Bf16(dact)) => {
+            (GateUp::Bf16(gu), Dact::Bf16(dact)) => {
                 // dact = dx' Wd stored in bf16 from the residual gradient's
-                // bf16 rounding; dgate and dup go straight to bf16, the
-                // next GEMMs' operands.
+                // bf16 rounding; dgate | dup go straight to bf16, the
+                // operand of one GEMM of [Wg; Wu].
                 let dy16 = front(stores.bf16_second, d.dx.len())?;
                 let wd = bf16_weight_of(gpu, stores.deq_bf16, self.down)?;
-                bf16_input_grad(gpu, self.down, wd, &dy16, 0.0, dact)?;
-                let n = gate.len();
-                let (gate, up, dact) = (gate.as_view(), up.as_view(), dact.as_view());
-                let mut dgate = front_mut(stores.bf16, n)?;
-                let mut dup = front_mut(stores.bf16_second, n)?;
-                activation::swiglu_backward(gpu, &gate, &up, &dact, &mut dgate, &mut dup)?;
-                let (dgate, dup) = (front(stores.bf16, n)?, front(stores.bf16_second, n)?);
-                let wg = bf16_weight_of(gpu, stores.deq_bf16, self.gate)?;
-                bf16_input_grad(gpu, self.gate, wg, &dgate, 0.0, &mut d.dn2)?;
-                let wu = bf16_weight_of(gpu, stores.deq_bf16, self.up)?;
-                bf16_input_grad(gpu, self.up, wu, &dup, 1.0, &mut d.dn2)?;
+                bf16_input_grad(gpu, self.down, &wd, &dy16, 0.0, dact)?;
+                let (n, i) = (gu.len(), c.intermediate);
+                let mut dgu = front_mut(stores.bf16_second, n)?;
+                activation::swiglu_backward_bf16(gpu, &gu.as_view(), i, &dact.as_view(), &mut dgu)?;
+                let dgu = front(stores.bf16_second, n)?;
+                let w = self.gate_up_weight(gpu, stores.deq_bf16)?;
+                let spec = GemmSpec::linear_dx(n / (2 * i), c.hidden, 2 * i);
+                blas::gemm_half(gpu, spec, 1.0, &dgu, &w, 0.0, &mut d.dn2)?;
             }
             (GateUp::F32(gate, up), Dact::F32(dact)) => {
                 let round = Bf16Dy::InSecond;

@@ -790,7 +790,13 @@ impl GpuTrainer {
         }
         let base = &mut self.base;
         for (l, (w, bias)) in base.layers.iter().zip(&base.qkv_bias).enumerate() {
-            let layer = DecoderLayer::new(l, (w, bias, base.stacks_nf4.get(l)), &self.params.p);
+            let gate_up = base.gate_up_bf16.get(l);
+            let layer = DecoderLayer::new(
+                l,
+                (w, bias, base.stacks_nf4.get(l)),
+                gate_up,
+                &self.params.p,
+            );
             let stacks = Stacks {
                 f32: base.stacks.get_mut(l),
                 f16: base.stacks_f16.get_mut(l),
@@ -819,7 +825,13 @@ impl GpuTrainer {
                 None if ws.stack_bf16.is_some() => StackRef::Bf16(None),
                 None => StackRef::F32(base.stacks.get(l)),
             };
-            let layer = DecoderLayer::new(l, (w, bias, base.stacks_nf4.get(l)), &self.params.p);
+            let gate_up = base.gate_up_bf16.get(l);
+            let layer = DecoderLayer::new(
+                l,
+                (w, bias, base.stacks_nf4.get(l)),
+                gate_up,
+                &self.params.p,
+            );
             layer.backward(gpu, &ctx, ws, stack, g)?;
         }
         Ok(())
@@ -1279,7 +1291,8 @@ mod tests {
         let qkv = c.layers * 2 * t * (c.q_dim() + 2 * c.kv_dim());
         let saved =
             2 * frozen + 8 * t * c.vocab - 2 * chunk * c.vocab + attention + gate_up + norm + qkv;
-        let added = 2 * t * widest + 2 * t * c.intermediate;
+        // The bf16 GEMM inputs: one as wide as the widest, and `dgate | dup`.
+        let added = 2 * t * widest + 2 * 2 * t * c.intermediate;
         assert_eq!(
             planned_device_bytes(&c, &fp32) + added - saved,
             planned_device_bytes(&c, &bf16)

@@ -161,7 +161,8 @@ pub enum Frozen {
     /// Rows of its layer's q/k/v stack ([`BaseDevice::stacks`], or
     /// [`BaseDevice::stacks_bf16`] for a bf16 base, or the NF4 tensor of
     /// [`BaseDevice::stacks_nf4`] for an NF4 base): q, k and v, which the
-    /// step multiplies as one matrix.
+    /// step multiplies as one matrix; or, with a bf16 base, rows of its
+    /// layer's gate/up stack ([`BaseDevice::gate_up_bf16`]).
     Stacked,
 }
 
@@ -247,6 +248,11 @@ pub struct BaseDevice {
     /// Av]` in bf16, the step rounding the LoRA A rows in before each
     /// forward.
     pub stacks_bf16: Vec<CudaSlice<Bf16>>,
+    /// bf16 base only, one per layer: `[Wg; Wu]` `[2 intermediate,
+    /// hidden]`, the MLP's input projections as one matrix (their
+    /// `Linear`s are [`Frozen::Stacked`]), so that gate and up are one GEMM
+    /// and their input gradients another.
+    pub gate_up_bf16: Vec<CudaSlice<Bf16>>,
     /// NF4 bases only, one per layer: the q, k and v rows `[Wq; Wk; Wv]`
     /// as one NF4 tensor, which each layer dequantises into the
     /// workspace's stack in one launch. Each part is a whole number of
@@ -522,6 +528,7 @@ impl BaseDevice {
             stacks: Vec::new(),
             stacks_f16: Vec::new(),
             stacks_bf16: Vec::new(),
+            gate_up_bf16: Vec::new(),
             stacks_nf4: Vec::new(),
             qkv_bias: Vec::with_capacity(cfg.layers),
             final_norm: values.final_norm(gpu, cfg.hidden)?,
@@ -575,9 +582,17 @@ impl BaseDevice {
         } else {
             gate
         };
+        // A bf16 base's gate and up: one `[Wg; Wu]`.
+        let gate_up_stacked = base == BaseWeights::Bf16;
+        if gate_up_stacked {
+            let len = draws[gate].0.len + draws[up].0.len;
+            let parts = [sources[gate], sources[up]];
+            self.gate_up_bf16
+                .push(values.put((gpu, stager), len, &parts)?);
+        }
         self.layers.push(LayerWeights::try_from_fn(|which| {
             let (out_dim, in_dim) = draws[which].1;
-            if which < 3 {
+            if which < 3 || (gate_up_stacked && (which == gate || which == up)) {
                 return Ok(Linear {
                     out_dim,
                     in_dim,
@@ -671,6 +686,7 @@ impl BaseDevice {
             + 4 * self.stacks.iter().map(|s| s.len()).sum::<usize>()
             + 2 * self.stacks_f16.iter().map(|s| s.len()).sum::<usize>()
             + 2 * self.stacks_bf16.iter().map(|s| s.len()).sum::<usize>()
+            + 2 * self.gate_up_bf16.iter().map(|s| s.len()).sum::<usize>()
             + self.stacks_nf4.iter().map(Nf4Device::bytes).sum::<usize>()
             + self.linears().iter().map(|l| l.bytes()).sum::<usize>()
     }

@@ -6,7 +6,7 @@
 
 use crate::ops::attention::{AttnKernels, AttnShape, QkvBuffers};
 use cudarc::cublas::sys as blas_sys;
-use cudarc::driver::{sys, CudaSlice, DevicePtrMut};
+use cudarc::driver::{sys, CudaSlice, CudaView, DevicePtrMut};
 
 use super::kernels::LoraGradsWorkspace;
 use super::layer::qkv_shape;
@@ -88,19 +88,20 @@ impl SavedNorm {
 }
 
 /// The MLP's `gate = n2 Wg^T` and `up = n2 Wu^T` `[T, intermediate]` as the
-/// step's GEMMs store them: f32, or with a bf16 base bf16 (the f32
-/// accumulation rounded once at the store, the elements PyTorch's bf16
-/// autocast keeps).
+/// step's GEMMs store them: f32, each its own matrix, or with a base
+/// computing in bf16 bf16 (the f32 accumulation rounded once at the store,
+/// the elements PyTorch's bf16 autocast keeps) as one `[T, 2 intermediate]`
+/// matrix `gate | up`, the one GEMM of `[Wg; Wu]`'s output.
 pub enum GateUp {
     F32(CudaSlice<f32>, CudaSlice<f32>),
-    Bf16(CudaSlice<Bf16>, CudaSlice<Bf16>),
+    Bf16(CudaSlice<Bf16>),
 }
 
 impl GateUp {
     fn new(gpu: &GpuContext, c: &ModelConfig, base: BaseWeights) -> Result<Self> {
         let n = c.tokens() * c.intermediate;
         Ok(if base.computes_in_bf16() {
-            GateUp::Bf16(gpu.zeros(n)?, gpu.zeros(n)?)
+            GateUp::Bf16(gpu.zeros(2 * n)?)
         } else {
             GateUp::F32(gpu.zeros(n)?, gpu.zeros(n)?)
         })
@@ -115,7 +116,7 @@ impl GateUp {
     fn bytes(&self) -> usize {
         match self {
             GateUp::F32(g, u) => 4 * (g.len() + u.len()),
-            GateUp::Bf16(g, u) => 2 * (g.len() + u.len()),
+            GateUp::Bf16(gu) => 2 * gu.len(),
         }
     }
 }
@@ -373,7 +374,7 @@ impl Workspace {
         deq_lens.dedup();
         // An NF4 base computing in bf16 dequantises to bf16, the other to f32.
         let (deq_lens, deq_bf16_lens) = match options.base.computes_in_bf16() {
-            true => (Vec::new(), deq_lens),
+            true => (Vec::new(), gate_up_targets(c, deq_lens)),
             false => (deq_lens, Vec::new()),
         };
         let stack_len = qkv_width(c) * c.hidden;
@@ -567,13 +568,14 @@ impl Workspace {
         c.tokens() * widest
     }
 
-    /// Elements of [`Workspace::bf16_second_input`]: `T x intermediate`
-    /// with a bf16 base (SwiGLU's `dup`, the widest it holds), 0 otherwise.
+    /// Elements of [`Workspace::bf16_second_input`]: `T x 2 intermediate`
+    /// with a bf16 base (SwiGLU's `dgate | dup`, the widest it holds), 0
+    /// otherwise.
     pub fn bf16_second_input_len(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
         if !options.base.computes_in_bf16() {
             return 0;
         }
-        c.tokens() * c.intermediate
+        2 * c.tokens() * c.intermediate
     }
 
     /// Bytes of activations the forward keeps per step (all layers) on `base`.
@@ -649,35 +651,71 @@ impl Workspace {
     }
 
     /// `lin`'s weight as a bf16 GEMM reads it: a bf16 base's own, or its NF4
-    /// codes dequantised to bf16 (on the stream) into the target of its
-    /// length in `deq_bf16` (a base computing in bf16 has them; no other
-    /// has); `None` for a weight read in another format.
+    /// codes dequantised to bf16 (on the stream) into the front of the
+    /// smallest target in `deq_bf16` that holds it (a base computing in bf16
+    /// has them; no other has); `None` for a weight read in another format.
     pub fn bf16_weight<'a>(
         deq_bf16: &'a mut [CudaSlice<Bf16>],
         gpu: &mut GpuContext,
         lin: &'a Linear,
-    ) -> Result<Option<&'a CudaSlice<Bf16>>> {
+    ) -> Result<Option<CudaView<'a, Bf16>>> {
         match &lin.w {
-            Frozen::Bf16(w) => Ok(Some(w)),
+            Frozen::Bf16(w) => Ok(Some(w.as_view())),
             Frozen::Nf4(t) if !deq_bf16.is_empty() => {
                 let slot = target_of(deq_bf16, t.len)?;
                 nf4::dequantize_bf16_into(gpu, t, slot, 0)?;
-                Ok(Some(slot))
+                Ok(Some(slot.slice(..t.len)))
             }
             _ => Ok(None),
         }
     }
+
+    /// `[Wg; Wu]` of an NF4 base computing in bf16, dequantised (on the
+    /// stream) into the target of both in `deq_bf16`, gate first.
+    pub fn gate_up_bf16_weight<'a>(
+        deq_bf16: &'a mut [CudaSlice<Bf16>],
+        gpu: &mut GpuContext,
+        (gate, up): (&Linear, &Linear),
+    ) -> Result<CudaView<'a, Bf16>> {
+        let (Frozen::Nf4(g), Frozen::Nf4(u)) = (&gate.w, &up.w) else {
+            return Err(crate::error::Error::InvalidArgument {
+                op: "train",
+                message: "gate and up are not NF4 tensors to dequantise".into(),
+            });
+        };
+        let slot = target_of(deq_bf16, g.len + u.len)?;
+        nf4::dequantize_bf16_into(gpu, g, slot, 0)?;
+        nf4::dequantize_bf16_into(gpu, u, slot, g.len)?;
+        Ok(slot.slice(..g.len + u.len))
+    }
 }
 
-/// The dequantisation target of `len` values among `targets` (one per
-/// distinct projection length).
+/// The bf16 dequantisation targets of an NF4 base computing in bf16 for
+/// projections of the distinct lengths `lens`: gate and up are
+/// dequantised together, into one target of both (`[Wg; Wu]`, which one
+/// GEMM reads); down, of their length, is dequantised into its front (it
+/// is never needed while gate and up are), so their own length needs no
+/// target. A base whose projections are not NF4 (no `lens`) needs none.
+fn gate_up_targets(c: &ModelConfig, mut lens: Vec<usize>) -> Vec<usize> {
+    let part = c.intermediate * c.hidden;
+    if lens.contains(&part) {
+        lens.retain(|&len| len != part);
+        lens.push(2 * part);
+    }
+    lens
+}
+
+/// The dequantisation target for `len` values among `targets`: the
+/// smallest that holds them.
 fn target_of<T>(targets: &mut [CudaSlice<T>], len: usize) -> Result<&mut CudaSlice<T>> {
-    targets.iter_mut().find(|b| b.len() == len).ok_or_else(|| {
-        crate::error::Error::InvalidArgument {
+    targets
+        .iter_mut()
+        .filter(|b| b.len() >= len)
+        .min_by_key(|b| b.len())
+        .ok_or_else(|| crate::error::Error::InvalidArgument {
             op: "train",
             message: format!("no dequantisation target of {len} values"),
-        }
-    })
+        })
 }
 
 /// A device buffer handed to cuBLAS as its workspace. cuBLAS would otherwise
@@ -799,5 +837,13 @@ mod tests {
             );
             assert!(c.iter().all(|&(_, n)| n > 0 && n <= HEAD_CHUNK_ROWS));
         }
+    }
+
+    #[test]
+    fn gate_and_up_of_an_nf4_base_share_one_target_in_place_of_their_own() {
+        let c = ModelConfig::preset("qwen2.5-0.5b").unwrap();
+        let (hh, ih) = (c.hidden * c.hidden, c.intermediate * c.hidden);
+        assert_eq!(super::gate_up_targets(&c, vec![hh, ih]), vec![hh, 2 * ih]);
+        assert!(super::gate_up_targets(&c, Vec::new()).is_empty());
     }
 }

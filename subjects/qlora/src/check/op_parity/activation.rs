@@ -40,50 +40,43 @@ pub fn parity(op: Op, gpu: &mut GpuContext, case: &Case<'_>) -> Result<Compariso
             )?;
             Ok(compare(&gpu.download(&dx)?, &want))
         }
-        (_, pass) if case.precision == Precision::Bf16 => swiglu::<Bf16>(gpu, pass, &x, rng),
-        (_, pass) => swiglu::<f32>(gpu, pass, &x, rng),
+        (_, pass) if case.precision == Precision::Bf16 => {
+            swiglu_bf16(gpu, pass, (&x, case.shape.dim("cols")), rng)
+        }
+        (_, pass) => swiglu_f32(gpu, pass, &x, rng),
     }
 }
 
-/// `op_parity` of SwiGLU for the gate `x`, forward or backward, on the
-/// kernels that read and write `W`: f32, or bf16 (the bf16 step's gate, up
-/// and dy as its GEMMs stored them, and its GEMM operands), held to the f64
-/// reference of the inputs as `W` holds them, rounded to `W` ([`Written`]).
-/// The f32 arithmetic differs from f64 by ~1e-7 relative, so only values
-/// within that of a rounding boundary may land one bf16 step away; a store
-/// that truncates, or one that rounds twice, moves about half of all values.
-fn swiglu<W: Written>(
+/// `op_parity` of SwiGLU in f32 for the gate `x`, forward or backward,
+/// held to the f64 reference. The f32 arithmetic differs from f64 by ~1e-7
+/// relative.
+fn swiglu_f32(
     gpu: &mut GpuContext,
     pass: Pass,
     x: &[f32],
     mut rng: ChaCha8Rng,
-) -> Result<Comparison>
-where
-    (W, W): SwigluKernels,
-{
+) -> Result<Comparison> {
     let n = x.len();
     let up = uniform(&mut rng, n, -2.0, 2.0);
-    let (gate, up) = (W::rounded(x), W::rounded(&up));
-    let (seen_gate, seen_up) = (widen(&W::values(&gate)), widen(&W::values(&up)));
-    let (d_gate, d_up) = (gpu.upload(&gate)?, gpu.upload(&up)?);
+    let (seen_gate, seen_up) = (widen(x), widen(&up));
+    let (d_gate, d_up) = (gpu.upload(x)?, gpu.upload(&up)?);
     match pass {
         Pass::Forward => {
             let want = refop::swiglu_forward(&seen_gate, &seen_up)?;
-            let mut y = W::poisoned(gpu, n)?;
+            let mut y = gpu.poisoned(n)?;
             swiglu_forward(
                 gpu,
                 &d_gate.as_view(),
                 &d_up.as_view(),
                 &mut y.as_view_mut(),
             )?;
-            Ok(compare_written(&gpu.download(&y)?, &want))
+            Ok(compare(&gpu.download(&y)?, &want))
         }
         Pass::Backward => {
-            let dy = W::rounded(&uniform(&mut rng, n, -1.0, 1.0));
-            let seen_dy = widen(&W::values(&dy));
-            let (want_g, want_u) = refop::swiglu_backward(&seen_gate, &seen_up, &seen_dy)?;
+            let dy = uniform(&mut rng, n, -1.0, 1.0);
+            let (want_g, want_u) = refop::swiglu_backward(&seen_gate, &seen_up, &widen(&dy))?;
             let d_dy = gpu.upload(&dy)?;
-            let (mut dgate, mut dup) = (W::poisoned(gpu, n)?, W::poisoned(gpu, n)?);
+            let (mut dgate, mut dup) = (gpu.poisoned(n)?, gpu.poisoned(n)?);
             swiglu_backward(
                 gpu,
                 &d_gate.as_view(),
@@ -92,9 +85,73 @@ where
                 &mut dgate.as_view_mut(),
                 &mut dup.as_view_mut(),
             )?;
-            let cg = compare_written(&gpu.download(&dgate)?, &want_g);
-            let cu = compare_written(&gpu.download(&dup)?, &want_u);
+            let cg = compare(&gpu.download(&dgate)?, &want_g);
+            let cu = compare(&gpu.download(&dup)?, &want_u);
             Ok(cg.merge(cu))
+        }
+    }
+}
+
+/// Rows of `[a | b]`: row r of `a` then row r of `b` (`cols` each), as the
+/// bf16 step keeps gate and up, and dgate and dup.
+fn side_by_side<T: Copy>(a: &[T], b: &[T], cols: usize) -> Vec<T> {
+    a.chunks(cols)
+        .zip(b.chunks(cols))
+        .flat_map(|(ra, rb)| ra.iter().chain(rb).copied())
+        .collect()
+}
+
+/// The two halves of each row of `ab` (`2 cols` wide), apart.
+fn apart<T: Copy>(ab: &[T], cols: usize) -> (Vec<T>, Vec<T>) {
+    let rows = ab.chunks(2 * cols);
+    let a = rows.clone().flat_map(|r| r[..cols].to_vec()).collect();
+    let b = rows.flat_map(|r| r[cols..].to_vec()).collect();
+    (a, b)
+}
+
+/// `op_parity` of the bf16 step's SwiGLU for the gate `x` (`[rows, cols]`),
+/// forward or backward: gate, up and dy in bf16 as its GEMMs stored them
+/// (gate and up side by side in each row of one matrix, as one GEMM of
+/// `[Wg; Wu]` writes them), the results rounded to bf16 (dgate and dup side
+/// by side, for one GEMM), held to the f64 reference of the inputs as bf16
+/// holds them, rounded to bf16 ([`Written`]). The f32 arithmetic differs
+/// from f64 by ~1e-7 relative, so only values within that of a rounding
+/// boundary may land one bf16 step away; a store that truncates, or one
+/// that rounds twice, moves about half of all values; a row read or
+/// written at the wrong place moves nearly all.
+fn swiglu_bf16(
+    gpu: &mut GpuContext,
+    pass: Pass,
+    (x, cols): (&[f32], usize),
+    mut rng: ChaCha8Rng,
+) -> Result<Comparison> {
+    let n = x.len();
+    let up = uniform(&mut rng, n, -2.0, 2.0);
+    let (gate, up) = (Bf16::rounded(x), Bf16::rounded(&up));
+    let (seen_gate, seen_up) = (widen(&Bf16::values(&gate)), widen(&Bf16::values(&up)));
+    let d_gu = gpu.upload(&side_by_side(&gate, &up, cols))?;
+    match pass {
+        Pass::Forward => {
+            let want = refop::swiglu_forward(&seen_gate, &seen_up)?;
+            let mut y = Bf16::poisoned(gpu, n)?;
+            swiglu_forward_bf16(gpu, &d_gu.as_view(), cols, &mut y.as_view_mut())?;
+            Ok(compare_written(&gpu.download(&y)?, &want))
+        }
+        Pass::Backward => {
+            let dy = Bf16::rounded(&uniform(&mut rng, n, -1.0, 1.0));
+            let seen_dy = widen(&Bf16::values(&dy));
+            let (want_g, want_u) = refop::swiglu_backward(&seen_gate, &seen_up, &seen_dy)?;
+            let d_dy = gpu.upload(&dy)?;
+            let mut dgu = Bf16::poisoned(gpu, 2 * n)?;
+            swiglu_backward_bf16(
+                gpu,
+                &d_gu.as_view(),
+                cols,
+                &d_dy.as_view(),
+                &mut dgu.as_view_mut(),
+            )?;
+            let (dgate, dup) = apart(&gpu.download(&dgu)?, cols);
+            Ok(compare_written(&dgate, &want_g).merge(compare_written(&dup, &want_u)))
         }
     }
 }
