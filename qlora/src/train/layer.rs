@@ -197,8 +197,8 @@ pub(super) enum StackRef<'s> {
 
 /// The workspace's buffers a frozen GEMM may need besides its operands:
 /// the NF4 dequantisation targets (f32, or bf16) and the 16-bit copies of
-/// its input (two for bf16: SwiGLU's backward writes both of its gradients
-/// at once).
+/// its input (two for bf16: the second holds the residual gradient's
+/// rounding and SwiGLU's `dgate | dup`).
 pub(super) struct Stores<'w> {
     pub deq: &'w mut [CudaSlice<f32>],
     pub deq_bf16: &'w mut [CudaSlice<Bf16>],

@@ -315,11 +315,11 @@ pub struct Workspace {
     /// frozen GEMM's input in turn, forward and backward).
     pub bf16_input: Option<CudaSlice<Bf16>>,
     /// With a bf16 base: a second bf16 GEMM input, alive beside
-    /// [`Workspace::bf16_input`] (`T x intermediate` elements): between the
-    /// blocks of the backward it holds the residual gradient's bf16 rounding
-    /// (the next block's first GEMM operand, kept apart from the MLP's
-    /// recomputation in `bf16_input`); inside the MLP's backward, SwiGLU's
-    /// `dup` while `dgate` goes to `bf16_input`.
+    /// [`Workspace::bf16_input`] (`T x 2 intermediate` elements): between
+    /// the blocks of the backward it holds the residual gradient's bf16
+    /// rounding (the next block's first GEMM operand, kept apart from the
+    /// MLP's recomputation in `bf16_input`); inside the MLP's backward, once
+    /// the down projection has read that, SwiGLU's `dgate | dup`.
     pub bf16_second_input: Option<CudaSlice<Bf16>>,
     /// The whole batch's logits `[T, vocab]` in f32; `None` with a bf16
     /// base, whose head holds one chunk of them at a time, in bf16
