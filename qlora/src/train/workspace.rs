@@ -55,37 +55,40 @@ pub struct LayerActs {
     pub mlp: Option<GateUp>,
 }
 
-/// `n2 = rmsnorm(x2, g2)` `[T, hidden]` as the backward's recomputation of
-/// gate and up reads it: f32, or with a bf16 base only its bf16 rounding,
-/// the operand of the bf16 GEMMs (the forward's, bit for bit).
-pub enum SavedNorm {
+/// A buffer of `len` values in the step's activation format: f32, or with
+/// a base computing in bf16 bf16 (the f32 result rounded once at the store).
+pub enum Activation {
     F32(CudaSlice<f32>),
     Bf16(CudaSlice<Bf16>),
 }
 
-impl SavedNorm {
-    fn new(gpu: &GpuContext, c: &ModelConfig, base: BaseWeights) -> Result<Self> {
-        let n = c.tokens() * c.hidden;
+impl Activation {
+    fn new(gpu: &GpuContext, len: usize, base: BaseWeights) -> Result<Self> {
         Ok(if base.computes_in_bf16() {
-            SavedNorm::Bf16(gpu.zeros(n)?)
+            Activation::Bf16(gpu.zeros(len)?)
         } else {
-            SavedNorm::F32(gpu.zeros(n)?)
+            Activation::F32(gpu.zeros(len)?)
         })
     }
 
-    /// Device bytes of one on `base`.
-    fn bytes_for(c: &ModelConfig, base: BaseWeights) -> usize {
+    /// Device bytes of one of `len` values on `base`.
+    fn bytes_for(len: usize, base: BaseWeights) -> usize {
         let element = if base.computes_in_bf16() { 2 } else { 4 };
-        element * c.tokens() * c.hidden
+        element * len
     }
 
     fn bytes(&self) -> usize {
         match self {
-            SavedNorm::F32(n) => 4 * n.len(),
-            SavedNorm::Bf16(n) => 2 * n.len(),
+            Activation::F32(x) => 4 * x.len(),
+            Activation::Bf16(x) => 2 * x.len(),
         }
     }
 }
+
+/// `n2 = rmsnorm(x2, g2)` `[T, hidden]` as the backward's recomputation of
+/// gate and up reads it: f32, or with a bf16 base only its bf16 rounding,
+/// the operand of the bf16 GEMMs (the forward's, bit for bit).
+pub type SavedNorm = Activation;
 
 /// The MLP's `gate = n2 Wg^T` and `up = n2 Wu^T` `[T, intermediate]` as the
 /// step's GEMMs store them: f32, each its own matrix, or with a base
@@ -123,36 +126,9 @@ impl GateUp {
 
 /// SwiGLU's output gradient `dact = dx' Wd` `[T, intermediate]` as the down
 /// projection's input-gradient GEMM stores it: f32, or with a bf16 base
-/// bf16 (the f32 accumulation rounded once at the store, what SwiGLU's bf16
-/// backward reads, as PyTorch's bf16 autocast keeps it).
-pub enum Dact {
-    F32(CudaSlice<f32>),
-    Bf16(CudaSlice<Bf16>),
-}
-
-impl Dact {
-    fn new(gpu: &GpuContext, c: &ModelConfig, base: BaseWeights) -> Result<Self> {
-        let n = c.tokens() * c.intermediate;
-        Ok(if base.computes_in_bf16() {
-            Dact::Bf16(gpu.zeros(n)?)
-        } else {
-            Dact::F32(gpu.zeros(n)?)
-        })
-    }
-
-    /// Device bytes of `dact` for `c` on `base`.
-    fn bytes_for(c: &ModelConfig, base: BaseWeights) -> usize {
-        let element = if base.computes_in_bf16() { 2 } else { 4 };
-        element * c.tokens() * c.intermediate
-    }
-
-    fn bytes(&self) -> usize {
-        match self {
-            Dact::F32(d) => 4 * d.len(),
-            Dact::Bf16(d) => 2 * d.len(),
-        }
-    }
-}
+/// bf16 (what SwiGLU's bf16 backward reads, as PyTorch's bf16 autocast
+/// keeps it).
+pub type Dact = Activation;
 
 impl LayerActs {
     fn new(gpu: &GpuContext, c: &ModelConfig, keep_mlp: bool, base: BaseWeights) -> Result<Self> {
@@ -168,7 +144,7 @@ impl LayerActs {
             n2: if keep_mlp {
                 None
             } else {
-                Some(SavedNorm::new(gpu, c, base)?)
+                Some(SavedNorm::new(gpu, c.tokens() * c.hidden, base)?)
             },
             mlp: if keep_mlp {
                 Some(GateUp::new(gpu, c, base)?)
@@ -184,7 +160,7 @@ impl LayerActs {
         if keep_mlp {
             GateUp::bytes_for(c, base)
         } else {
-            SavedNorm::bytes_for(c, base)
+            SavedNorm::bytes_for(c.tokens() * c.hidden, base)
         }
     }
 
@@ -436,7 +412,7 @@ impl Workspace {
                 dx: z(t * c.hidden)?,
                 dn1: z(t * c.hidden)?,
                 dn2: z(t * c.hidden)?,
-                dact: Dact::new(gpu, c, options.base)?,
+                dact: Dact::new(gpu, t * c.intermediate, options.base)?,
                 dgate_up: match f32_swiglu(c, options.base) {
                     Some(n) => Some((z(n)?, z(n)?)),
                     None => None,
@@ -508,7 +484,7 @@ impl Workspace {
             + c.layers * attention_inputs(c, options.base)
             + c.layers * LayerActs::mlp_bytes(c, keep_mlp, options.base)
             + GateUp::bytes_for(c, options.base)
-            + Dact::bytes_for(c, options.base)
+            + Dact::bytes_for(c.tokens() * c.intermediate, options.base)
             + CUBLAS_WORKSPACE_BYTES
             + 2 * Self::half_input_len(c, options)
             + 2 * Self::bf16_input_len(c, options)
