@@ -928,21 +928,21 @@ pub fn planned_device_bytes(cfg: &ModelConfig, options: &GpuTrainOptions) -> usi
         // 4-bit codes plus one f32 absmax per 64 values, and one
         // dequantisation target per distinct size of the projections
         // outside the q/k/v stack (as Workspace::new allocates them: o, the
-        // MLP's three), and the q/k/v stack each layer dequantises into;
-        // the targets and the stack in bf16 when the base computes in bf16,
+        // MLP's three; in bf16, one of gate and up together in place of
+        // theirs), and the q/k/v stack each layer dequantises into; the
+        // targets and the stack in bf16 when the base computes in bf16,
         // else in f32.
         BaseWeights::Nf4 | BaseWeights::Nf4Bf16 => {
             let h = cfg.hidden;
-            let mut sizes = [h * cfg.q_dim(), h * cfg.intermediate];
+            let mut sizes = vec![h * cfg.q_dim(), h * cfg.intermediate];
             sizes.sort_unstable();
-            let distinct: usize = sizes
-                .iter()
-                .enumerate()
-                .filter(|&(i, s)| i == 0 || sizes[i - 1] != *s)
-                .map(|(_, s)| s)
-                .sum();
+            sizes.dedup();
+            if base.computes_in_bf16() {
+                sizes = super::workspace::gate_up_targets(cfg, sizes);
+            }
+            let targets: usize = sizes.iter().sum();
             let element = if base.computes_in_bf16() { 2 } else { 4 };
-            n_base / 2 + 4 * (n_base / 64) + element * (distinct + width * h)
+            n_base / 2 + 4 * (n_base / 64) + element * (targets + width * h)
         }
     };
     // A tied head is the embedding itself.
@@ -1301,8 +1301,8 @@ mod tests {
 
     /// An NF4 base computing in bf16 plans a bf16 base's workspace and
     /// tables, with the projections as NF4 codes and block absmax in place
-    /// of their bf16 copies, plus one bf16 dequantisation target per
-    /// distinct projection size and the bf16 q/k/v stack.
+    /// of their bf16 copies, plus its bf16 dequantisation targets (o's, and
+    /// one of gate and up together) and the bf16 q/k/v stack.
     #[test]
     fn an_nf4_base_in_bf16_replaces_the_projections_by_codes() {
         let c = ModelConfig::preset("qwen2.5-0.5b").unwrap();
@@ -1318,9 +1318,9 @@ mod tests {
         let n = c.layers * (c.base_params_per_layer() - (c.q_dim() + 2 * c.kv_dim()));
         let width = super::super::workspace::qkv_width(&c);
         let h = c.hidden;
-        // o, and the MLP's three, which share a size (q, k and v are
-        // dequantised into the stack).
-        let targets = h * c.q_dim() + h * c.intermediate;
+        // o, and one of gate and up together, whose front serves down (q,
+        // k and v are dequantised into the stack).
+        let targets = h * c.q_dim() + 2 * h * c.intermediate;
         let lora_rows = c.layers * 2 * c.lora_rank * h;
         let bf16_projections = 2 * n + 2 * lora_rows;
         let nf4_projections = n / 2 + 4 * (n / 64) + 2 * (targets + width * h);

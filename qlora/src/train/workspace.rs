@@ -672,7 +672,7 @@ impl Workspace {
 /// GEMM reads); down, of their length, is dequantised into its front (it
 /// is never needed while gate and up are), so their own length needs no
 /// target. A base whose projections are not NF4 (no `lens`) needs none.
-fn gate_up_targets(c: &ModelConfig, mut lens: Vec<usize>) -> Vec<usize> {
+pub(super) fn gate_up_targets(c: &ModelConfig, mut lens: Vec<usize>) -> Vec<usize> {
     let part = c.intermediate * c.hidden;
     if lens.contains(&part) {
         lens.retain(|&len| len != part);
