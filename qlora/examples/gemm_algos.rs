@@ -1,6 +1,8 @@
 //! Times every cuBLASLt algorithm its heuristic offers for the bf16 step's
 //! GEMM shapes (qwen2.5-0.5b, 1,024 tokens) against `cublasGemmEx`'s
-//! default pick, operands rotated through more memory than L2 holds.
+//! default pick, operands rotated through more memory than L2 holds, each
+//! as launches captured in a CUDA graph and replayed (the GPU's time, not
+//! the host's). What it measured: docs/src/performance/step-time.md.
 //!
 //! ```text
 //! cargo run --release -p qlora --example gemm_algos [-- <algos per shape>]
