@@ -140,11 +140,11 @@ pub fn swiglu_backward(
 
 /// The rows `[gate | up]` of `gu` (`[rows, 2 cols]`) as `(n, cols)` with
 /// `n = rows * cols`, refusing a `gu` that is not whole such rows.
-fn halves(what: &'static str, len: usize, cols: usize) -> Result<(usize, i32)> {
+fn halves(len: usize, cols: usize) -> Result<(usize, i32)> {
     if cols == 0 || !len.is_multiple_of(2 * cols) {
         return Err(Error::ShapeMismatch {
             op: "swiglu",
-            expected: format!("{what} of whole rows of 2 x {cols} values"),
+            expected: format!("gate | up of whole rows of 2 x {cols} values"),
             got: format!("{len} values"),
         });
     }
@@ -159,7 +159,7 @@ pub fn swiglu_forward_bf16(
     cols: usize,
     y: &mut CudaViewMut<'_, Bf16>,
 ) -> Result<()> {
-    let (n, cols_i) = halves("gate | up", gu.len(), cols)?;
+    let (n, cols_i) = halves(gu.len(), cols)?;
     expect_len("swiglu", "y", y.len(), &[n])?;
     let Some((n_i, cfg)) = vec4_launch(gpu, "swiglu", n)? else {
         return Ok(());
@@ -185,7 +185,7 @@ pub fn swiglu_backward_bf16(
     dy: &CudaView<'_, Bf16>,
     dgu: &mut CudaViewMut<'_, Bf16>,
 ) -> Result<()> {
-    let (n, cols_i) = halves("gate | up", gu.len(), cols)?;
+    let (n, cols_i) = halves(gu.len(), cols)?;
     expect_len("swiglu", "dy", dy.len(), &[n])?;
     expect_len("swiglu", "dgate | dup", dgu.len(), &[2 * n])?;
     let Some((n_i, cfg)) = vec4_launch(gpu, "swiglu", n)? else {

@@ -464,9 +464,10 @@ impl Workspace {
     /// logits and their gradient ([`Workspace::head_bytes`]).
     /// Term by term: the residual stream (`layers + 1`), the final norm's
     /// output and four hidden-wide gradients; unless the base is bf16 (`f`
-    /// = 1, else 0), SwiGLU's f32 product and input gradients; attention's output gradient and dq (after
-    /// RoPE), dk and dv; the fused projection's output and gradient; the MLP's f32
-    /// norm where no layer keeps it ([`Workspace::scratch_norm_len`]).
+    /// = 1, else 0), SwiGLU's f32 product and input gradients; attention's
+    /// output gradient and dq (after RoPE), dk and dv; the fused
+    /// projection's output and gradient; the MLP's f32 norm where no layer
+    /// keeps it ([`Workspace::scratch_norm_len`]).
     pub fn planned_bytes(c: &ModelConfig, options: &GpuTrainOptions) -> usize {
         let t = c.tokens();
         let keep_mlp = options.keep_mlp;
