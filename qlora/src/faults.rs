@@ -56,6 +56,10 @@ pub struct Faults {
     pub optimizer_step_twice: bool,
     /// The LoRA scale is applied twice in the backward.
     pub lora_backward_scale_twice: bool,
+    /// Where the MLP's gate and up are not kept, the backward skips their
+    /// recomputation and reads the scratch as the forward left it: every
+    /// layer's backward sees the last layer's gate and up.
+    pub mlp_recompute_skipped: bool,
     /// The kept `W^T` copies of the frozen projections hold `W` itself:
     /// the backward reads the weights in the wrong layout.
     pub backward_weights_untransposed: bool,
@@ -123,6 +127,7 @@ impl Faults {
         graph_replay_disabled: false,
         optimizer_step_twice: false,
         lora_backward_scale_twice: false,
+        mlp_recompute_skipped: false,
         backward_weights_untransposed: false,
         transposed_weights_ignored: false,
         f16_lm_head_ignored: false,

@@ -1080,7 +1080,9 @@ impl Mlp<'_> {
             Some(kept) => Ok(kept),
             None => {
                 let n2 = a.n2.as_ref().ok_or_else(gate_up_mismatch)?;
-                self.gate_up(gpu, ctx.fwd, stores, n2, scratch)?;
+                if !gpu.faults().mlp_recompute_skipped {
+                    self.gate_up(gpu, ctx.fwd, stores, n2, scratch)?;
+                }
                 Ok(scratch)
             }
         }

@@ -100,6 +100,10 @@ pub enum Mutant {
     /// The f16 copy of each layer's gate projection is made from its up
     /// projection (the same shape).
     F16GateFromUp,
+    /// Where gate and up are not kept, the backward reads the scratch as
+    /// the forward left it (the last layer's) instead of recomputing each
+    /// layer's.
+    MlpRecomputeSkipped,
     /// After each optimizer step the trainable tensors are rounded to bf16,
     /// as if their master copy were kept in bf16: updates smaller than half
     /// a bf16 step of their weight are lost.
@@ -252,6 +256,10 @@ impl Mutant {
             },
             Mutant::F16GateFromUp => Faults {
                 f16_gate_from_up: true,
+                ..none
+            },
+            Mutant::MlpRecomputeSkipped => Faults {
+                mlp_recompute_skipped: true,
                 ..none
             },
             Mutant::LoraWeightsBf16 => Faults {
