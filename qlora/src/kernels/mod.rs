@@ -214,6 +214,7 @@ pub const MODULES: &[ModuleSource] = &[
             "nf4_quantize_f32",
             "nf4_dequantize_f32",
             "nf4_dequantize_bf16",
+            "nf4_dequantize_bf16_stack",
             "nf4_gemm_fwd_f32",
             "nf4_gemm_bwd_f32"
         ]

@@ -41,6 +41,19 @@ pub const SIGNATURES: Signatures = &[
         &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I64, Arg::I64],
     ),
     (
+        "nf4_dequantize_bf16_stack",
+        &[
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I64,
+            Arg::I64,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I64,
+        ],
+    ),
+    (
         "nf4_gemm_fwd_f32",
         &[
             Arg::Ptr,
@@ -276,6 +289,63 @@ pub fn dequantize_bf16_into(
     let limit = gpu.faults().written(t.len);
     let mut out = out.slice_mut(first..first + t.len);
     launch_dequantize(gpu, t, &mut out, Dequantized::Bf16, limit)
+}
+
+/// A layer's bf16 q/k/v stack `out = [Wq; Wk; Wv; Aq; Av]` in one launch:
+/// `t` (the q, k and v rows) dequantised to bf16 into `out[.. t.len]` as
+/// [`dequantize_bf16_into`] does, then the LoRA A tensors `a` and `b` (f32,
+/// the same length) rounded to bf16 after them (nearest, ties to even, as
+/// [`crate::ops::cast::f32_to_bf16`] rounds). `out` holds exactly those
+/// values.
+pub fn dequantize_bf16_stack(
+    gpu: &mut GpuContext,
+    t: &Nf4Device,
+    (a, b): (&CudaSlice<f32>, &CudaSlice<f32>),
+    out: &mut CudaSlice<Bf16>,
+) -> Result<()> {
+    const OP: &str = "nf4_dequantize_bf16_stack";
+    if a.len() != b.len() || out.len() != t.len + a.len() + b.len() {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            expected: format!("a stack of {} codes and two rows of one length", t.len),
+            got: format!(
+                "{} elements for rows of {} and {}",
+                out.len(),
+                a.len(),
+                b.len()
+            ),
+        });
+    }
+    check_device(OP, t)?;
+    let (len, rows_len) = (to_i64(OP, t.len)?, to_i64(OP, a.len())?);
+    let limit = to_i64(OP, gpu.faults().written(t.len))?;
+    // Enough threads for the dequantisation's warps or the rows' values.
+    let threads = ((t.len / 8).div_ceil(128) * 32).max(2 * a.len());
+    let cfg = gpu.launch_1d_per_sm(threads, 8);
+    let func = gpu.function(MODULE, OP)?;
+    let mut launch = gpu.stream().launch_builder(&func);
+    launch
+        .arg(&t.codes)
+        .arg(&t.absmax)
+        .arg(out)
+        .arg(&len)
+        .arg(&limit)
+        .arg(a)
+        .arg(b)
+        .arg(&rows_len);
+    // SAFETY: arguments match `nf4_dequantize_bf16_stack(const unsigned
+    // char* codes, const float* absmax, unsigned short* out, long long len,
+    // long long write_limit, const float* a, const float* b, long long
+    // rows_len)` in order and type (Bf16 is `repr(transparent)` over its
+    // bits). check_device proved codes holds len/2 bytes and absmax len/64
+    // floats; `out` holds exactly len + 2 rows_len elements and `a`, `b`
+    // rows_len floats each (checked above). The kernel reads code word w and
+    // absmax[w / 8] only for w < len/8, a[i] and b[i] only for i < rows_len,
+    // and writes out below len + 2 rows_len only. `out` is a whole
+    // allocation, so its 16-byte stores are aligned. Blocks are THREADS_1D
+    // threads, whole warps, as the per-warp passes need.
+    unsafe { launch.launch(cfg) }?;
+    Ok(())
 }
 
 fn dequantize_limited(

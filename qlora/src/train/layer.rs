@@ -25,7 +25,7 @@ use cudarc::driver::{CudaSlice, CudaView};
 
 use super::blas::{self, Mat, MatMut};
 use super::kernels;
-use super::weights::{LayerWeights, Linear};
+use super::weights::{GateUpWeight, LayerWeights, Linear};
 use super::workspace::{Dact, GateUp, Grads, LayerActs, SavedNorm, Scratch, Workspace};
 use crate::error::{Error, Result};
 use crate::gpu::table::address;
@@ -230,12 +230,12 @@ pub(super) struct DecoderLayer<'a> {
 impl<'a> DecoderLayer<'a> {
     /// Layer `layer` of the model: its frozen projections `w`, q/k/v bias
     /// `bias` (`[q_dim + 2 kv_dim]`), for an NF4 base its q/k/v rows as one
-    /// NF4 tensor `qkv_nf4`, for a bf16 base its `[Wg; Wu]` `gate_up_bf16`,
+    /// NF4 tensor `qkv_nf4`, for a base computing in bf16 its `[Wg; Wu]` `gate_up`,
     /// and its trainable tensors in `p` (the layout of [`Trainable::tensors`]).
     pub(super) fn new(
         layer: usize,
         (w, bias, qkv_nf4): (&'a LayerWeights, &'a CudaSlice<f32>, Option<&'a Nf4Device>),
-        gate_up_bf16: Option<&'a CudaSlice<Bf16>>,
+        gate_up: Option<&'a GateUpWeight>,
         p: &'a [CudaSlice<f32>],
     ) -> Self {
         let params = LayerParams { layer, p };
@@ -250,7 +250,7 @@ impl<'a> DecoderLayer<'a> {
                 gate: &w.gate,
                 up: &w.up,
                 down: &w.down,
-                gate_up_bf16,
+                gate_up,
                 params,
             },
         }
@@ -375,25 +375,9 @@ impl Attention<'_> {
         forward_linear(gpu, ctx.fwd, &mut stores, self.o, &a.att, 1.0, &mut a.x2)
     }
 
-    /// A dequantised bf16 stack `S = [Wq; Wk; Wv; Aq; Av]` for this layer:
-    /// the current LoRA A rows rounded to bf16 into its last rows (a bf16
-    /// base's own stacks take theirs in one launch, [`LoraARows`]).
-    fn fill_bf16_stack(
-        &self,
-        gpu: &mut GpuContext,
-        c: &ModelConfig,
-        stack: &mut CudaSlice<Bf16>,
-    ) -> Result<()> {
-        for (slot, rows) in lora_a_rows(c) {
-            let mut dst = stack.slice_mut(rows);
-            cast::f32_to_bf16(gpu, &self.params.get(slot).as_view(), &mut dst)?;
-        }
-        Ok(())
-    }
-
     /// An NF4 base's q, k, v dequantised to bf16 into the rows of the
-    /// workspace's shared stack `shared`, then the current LoRA A rows
-    /// rounded in ([`Attention::fill_bf16_stack`]): the stack of a base that
+    /// workspace's shared stack `shared` and the current LoRA A rows
+    /// rounded in after them, in one launch: the stack of a base that
     /// computes in bf16 but keeps no bf16 copy of its weights.
     fn dequantised_bf16_stack<'s>(
         &self,
@@ -405,8 +389,9 @@ impl Attention<'_> {
             op: "train",
             message: "an NF4 base computing in bf16 needs the workspace's bf16 q/k/v stack".into(),
         })?;
-        nf4::dequantize_bf16_into(gpu, self.nf4_stack()?, s, 0)?;
-        self.fill_bf16_stack(gpu, c, s)?;
+        let [(aq, _), (av, _)] = lora_a_rows(c);
+        let rows = (self.params.get(aq), self.params.get(av));
+        nf4::dequantize_bf16_stack(gpu, self.nf4_stack()?, rows, s)?;
         Ok(s)
     }
 
@@ -865,9 +850,9 @@ struct Mlp<'a> {
     gate: &'a Linear,
     up: &'a Linear,
     down: &'a Linear,
-    /// A bf16 base's `[Wg; Wu]` ([`super::weights::BaseDevice::gate_up_bf16`]);
-    /// an NF4 base computing in bf16 dequantises both into one target.
-    gate_up_bf16: Option<&'a CudaSlice<Bf16>>,
+    /// `[Wg; Wu]` of a base computing in bf16
+    /// ([`super::weights::BaseDevice::gate_up`]).
+    gate_up: Option<&'a GateUpWeight>,
     params: LayerParams<'a>,
 }
 
@@ -976,9 +961,10 @@ impl Mlp<'_> {
         gpu: &mut GpuContext,
         deq_bf16: &'w mut [CudaSlice<Bf16>],
     ) -> Result<CudaView<'w, Bf16>> {
-        match self.gate_up_bf16 {
-            Some(own) => Ok(own.as_view()),
-            None => Workspace::gate_up_bf16_weight(deq_bf16, gpu, (self.gate, self.up)),
+        match self.gate_up {
+            Some(GateUpWeight::Bf16(own)) => Ok(own.as_view()),
+            Some(GateUpWeight::Nf4(t)) => Workspace::gate_up_bf16_weight(deq_bf16, gpu, t),
+            None => Err(gate_up_mismatch()),
         }
     }
 

@@ -790,7 +790,7 @@ impl GpuTrainer {
         }
         let base = &mut self.base;
         for (l, (w, bias)) in base.layers.iter().zip(&base.qkv_bias).enumerate() {
-            let gate_up = base.gate_up_bf16.get(l);
+            let gate_up = base.gate_up.get(l);
             let layer = DecoderLayer::new(
                 l,
                 (w, bias, base.stacks_nf4.get(l)),
@@ -825,7 +825,7 @@ impl GpuTrainer {
                 None if ws.stack_bf16.is_some() => StackRef::Bf16(None),
                 None => StackRef::F32(base.stacks.get(l)),
             };
-            let gate_up = base.gate_up_bf16.get(l);
+            let gate_up = base.gate_up.get(l);
             let layer = DecoderLayer::new(
                 l,
                 (w, bias, base.stacks_nf4.get(l)),

@@ -161,9 +161,31 @@ pub enum Frozen {
     /// Rows of its layer's q/k/v stack ([`BaseDevice::stacks`], or
     /// [`BaseDevice::stacks_bf16`] for a bf16 base, or the NF4 tensor of
     /// [`BaseDevice::stacks_nf4`] for an NF4 base): q, k and v, which the
-    /// step multiplies as one matrix; or, with a bf16 base, rows of its
-    /// layer's gate/up stack ([`BaseDevice::gate_up_bf16`]).
+    /// step multiplies as one matrix; or, with a base computing in bf16,
+    /// rows of its layer's gate/up stack ([`BaseDevice::gate_up`]).
     Stacked,
+}
+
+/// A layer's `[Wg; Wu]` `[2 intermediate, hidden]`, the MLP's input
+/// projections as one matrix, for a base computing in bf16: gate and up
+/// are one GEMM, and their input gradients another.
+pub enum GateUpWeight {
+    /// A bf16 base's, in bf16.
+    Bf16(CudaSlice<Bf16>),
+    /// An NF4 base's as one NF4 tensor, dequantised to bf16 in one launch
+    /// before each use. Each part is a whole number of blocks, so its codes
+    /// and block absmax are those of gate and up quantised apart.
+    Nf4(Nf4Device),
+}
+
+impl GateUpWeight {
+    /// Bytes on the device.
+    pub fn bytes(&self) -> usize {
+        match self {
+            GateUpWeight::Bf16(w) => 2 * w.len(),
+            GateUpWeight::Nf4(t) => t.bytes(),
+        }
+    }
 }
 
 /// The embedding table or the LM head, `[vocab, hidden]`, on the device.
@@ -248,11 +270,10 @@ pub struct BaseDevice {
     /// Av]` in bf16, the step rounding the LoRA A rows in before each
     /// forward.
     pub stacks_bf16: Vec<CudaSlice<Bf16>>,
-    /// bf16 base only, one per layer: `[Wg; Wu]` `[2 intermediate,
-    /// hidden]`, the MLP's input projections as one matrix (their
-    /// `Linear`s are [`Frozen::Stacked`]), so that gate and up are one GEMM
-    /// and their input gradients another.
-    pub gate_up_bf16: Vec<CudaSlice<Bf16>>,
+    /// Bases computing in bf16 only, one per layer: `[Wg; Wu]`, the MLP's
+    /// input projections as one matrix (their `Linear`s are
+    /// [`Frozen::Stacked`]).
+    pub gate_up: Vec<GateUpWeight>,
     /// NF4 bases only, one per layer: the q, k and v rows `[Wq; Wk; Wv]`
     /// as one NF4 tensor, which each layer dequantises into the
     /// workspace's stack in one launch. Each part is a whole number of
@@ -528,7 +549,7 @@ impl BaseDevice {
             stacks: Vec::new(),
             stacks_f16: Vec::new(),
             stacks_bf16: Vec::new(),
-            gate_up_bf16: Vec::new(),
+            gate_up: Vec::new(),
             stacks_nf4: Vec::new(),
             qkv_bias: Vec::with_capacity(cfg.layers),
             final_norm: values.final_norm(gpu, cfg.hidden)?,
@@ -582,13 +603,17 @@ impl BaseDevice {
         } else {
             gate
         };
-        // A bf16 base's gate and up: one `[Wg; Wu]`.
-        let gate_up_stacked = base == BaseWeights::Bf16;
+        // The gate and up of a base computing in bf16: one `[Wg; Wu]`.
+        let gate_up_stacked = base.computes_in_bf16();
         if gate_up_stacked {
-            let len = draws[gate].0.len + draws[up].0.len;
+            let lens = [draws[gate].0.len, draws[up].0.len];
             let parts = [sources[gate], sources[up]];
-            self.gate_up_bf16
-                .push(values.put((gpu, stager), len, &parts)?);
+            self.gate_up.push(match base.is_nf4() {
+                true => GateUpWeight::Nf4(nf4_of((gpu, stager), options, values, (parts, lens))?),
+                false => {
+                    GateUpWeight::Bf16(values.put((gpu, stager), lens[0] + lens[1], &parts)?)
+                }
+            });
         }
         self.layers.push(LayerWeights::try_from_fn(|which| {
             let (out_dim, in_dim) = draws[which].1;
@@ -686,7 +711,7 @@ impl BaseDevice {
             + 4 * self.stacks.iter().map(|s| s.len()).sum::<usize>()
             + 2 * self.stacks_f16.iter().map(|s| s.len()).sum::<usize>()
             + 2 * self.stacks_bf16.iter().map(|s| s.len()).sum::<usize>()
-            + 2 * self.gate_up_bf16.iter().map(|s| s.len()).sum::<usize>()
+            + self.gate_up.iter().map(GateUpWeight::bytes).sum::<usize>()
             + self.stacks_nf4.iter().map(Nf4Device::bytes).sum::<usize>()
             + self.linears().iter().map(|l| l.bytes()).sum::<usize>()
     }

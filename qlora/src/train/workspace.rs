@@ -17,7 +17,7 @@ use crate::gpu::GpuContext;
 use crate::model::ModelConfig;
 use crate::ops::cast::Bf16;
 use crate::ops::cross_entropy::RowStats;
-use crate::ops::nf4;
+use crate::ops::nf4::{self, Nf4Device};
 use crate::ops::rmsnorm::BackwardWorkspace;
 
 /// Bytes of the cuBLAS workspace we give the handle, so it never allocates
@@ -647,23 +647,17 @@ impl Workspace {
         }
     }
 
-    /// `[Wg; Wu]` of an NF4 base computing in bf16, dequantised (on the
-    /// stream) into the target of both in `deq_bf16`, gate first.
+    /// `[Wg; Wu]` of an NF4 base computing in bf16 (one NF4 tensor),
+    /// dequantised (on the stream) in one launch into the target of its
+    /// length in `deq_bf16`.
     pub fn gate_up_bf16_weight<'a>(
         deq_bf16: &'a mut [CudaSlice<Bf16>],
         gpu: &mut GpuContext,
-        (gate, up): (&Linear, &Linear),
+        gate_up: &Nf4Device,
     ) -> Result<CudaView<'a, Bf16>> {
-        let (Frozen::Nf4(g), Frozen::Nf4(u)) = (&gate.w, &up.w) else {
-            return Err(crate::error::Error::InvalidArgument {
-                op: "train",
-                message: "gate and up are not NF4 tensors to dequantise".into(),
-            });
-        };
-        let slot = target_of(deq_bf16, g.len + u.len)?;
-        nf4::dequantize_bf16_into(gpu, g, slot, 0)?;
-        nf4::dequantize_bf16_into(gpu, u, slot, g.len)?;
-        Ok(slot.slice(..g.len + u.len))
+        let slot = target_of(deq_bf16, gate_up.len)?;
+        nf4::dequantize_bf16_into(gpu, gate_up, slot, 0)?;
+        Ok(slot.slice(..gate_up.len))
     }
 }
 
