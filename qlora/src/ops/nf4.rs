@@ -320,7 +320,7 @@ pub fn dequantize_bf16_stack(
     let (len, rows_len) = (to_i64(OP, t.len)?, to_i64(OP, a.len())?);
     let limit = to_i64(OP, gpu.faults().written(t.len))?;
     // Enough threads for the dequantisation's warps or the rows' values.
-    let threads = ((t.len / 8).div_ceil(128) * 32).max(2 * a.len());
+    let threads = (bf16_warps(t.len) * 32).max(2 * a.len());
     let cfg = gpu.launch_1d_per_sm(threads, 8);
     let func = gpu.function(MODULE, OP)?;
     let mut launch = gpu.stream().launch_builder(&func);
@@ -359,6 +359,12 @@ fn dequantize_limited(
     launch_dequantize(gpu, t, &mut out, Dequantized::F32, write_limit)
 }
 
+/// Warps `nf4_dequantize_bf16` (and the stack's kernel) take for `len`
+/// values: one per pass of `NF4_BF16_WARP_WORDS` = 128 code words.
+fn bf16_warps(len: usize) -> usize {
+    (len / 8).div_ceil(128)
+}
+
 /// The element type a dequantisation kernel writes.
 #[derive(Debug, Clone, Copy)]
 enum Dequantized {
@@ -385,7 +391,7 @@ fn launch_dequantize<T: cudarc::driver::DeviceRepr>(
     let limit = to_i64("nf4_dequantize", write_limit.min(t.len))?;
     let (kernel, warps) = match kind {
         Dequantized::F32 => ("nf4_dequantize_f32", t.len.div_ceil(256)),
-        Dequantized::Bf16 => ("nf4_dequantize_bf16", (t.len / 8).div_ceil(128)),
+        Dequantized::Bf16 => ("nf4_dequantize_bf16", bf16_warps(t.len)),
     };
     let cfg = gpu.launch_1d_per_sm(warps * 32, 8);
     let func = gpu.function(MODULE, kernel)?;
