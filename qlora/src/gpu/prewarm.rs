@@ -64,6 +64,9 @@ pub fn modules_for(
     if base.is_nf4() {
         modules.push("nf4");
     }
+    if base.computes_in_bf16() {
+        modules.push(crate::ops::rmsnorm::BF16_MODULE);
+    }
     // NF4 computing in f32 keeps no stack of its own and rounds nothing.
     if f16_operands || base.computes_in_bf16() || !base.is_nf4() {
         modules.push(CAST_MODULE);

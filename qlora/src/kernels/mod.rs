@@ -84,19 +84,21 @@ pub const MODULES: &[ModuleSource] = &[
         "#define EMB_PART 1",
         ["embedding_bwd_f32"]
     ),
-    // One source, seven modules: the forwards, and the backward in its
-    // warp-per-row (four widths), one-pack and eight-pack builds (a
-    // configuration compiles the one its hidden size needs). Small modules keep the parallel cold pre-warm short.
+    // One source, eight modules: the f32 forwards, the bf16 step's
+    // forwards, and the backward in its warp-per-row (four widths),
+    // one-pack and eight-pack builds (a configuration compiles the one its
+    // hidden size needs). Small modules keep the parallel cold pre-warm short.
     module_with!(
         "rmsnorm",
         "rmsnorm",
         "#define RMS_PART 0",
-        [
-            "rmsnorm_fwd_f32",
-            "rmsnorm_fwd_f32_bf16",
-            "rmsnorm_fwd_bf16",
-            "rmsnorm_residual_fwd_f32"
-        ]
+        ["rmsnorm_fwd_f32", "rmsnorm_residual_fwd_f32"]
+    ),
+    module_with!(
+        "rmsnorm_bf16",
+        "rmsnorm",
+        "#define RMS_PART 2",
+        ["rmsnorm_fwd_f32_bf16", "rmsnorm_fwd_bf16"]
     ),
     module_with!(
         "rmsnorm_bwd_warp1",
@@ -214,7 +216,6 @@ pub const MODULES: &[ModuleSource] = &[
             "nf4_quantize_f32",
             "nf4_dequantize_f32",
             "nf4_dequantize_bf16",
-            "nf4_dequantize_bf16_stack",
             "nf4_gemm_fwd_f32",
             "nf4_gemm_bwd_f32"
         ]

@@ -212,13 +212,23 @@ extern "C" __global__ void nf4_dequantize_f32(const unsigned char* __restrict__ 
 // writes 512 contiguous bytes with no shuffles. A word that reaches past
 // `write_limit` stores element by element.
 //
+// A layer's q/k/v stack [Wq; Wk; Wv; Aq; Av] takes its LoRA A rows in the
+// same launch: rows_a and rows_b (f32, rows_len values each) rounded to bf16
+// after the codes' values, out[len + i] = bf16(rows_a[i]) and
+// out[len + rows_len + i] = bf16(rows_b[i]), one thread a value,
+// grid-stride; rows_len 0 for a projection. `write_limit` bounds the codes'
+// part only.
+//
 // Launch: 1-D, grid-stride loop over the warps' passes, blocks of a multiple
 // of 32 threads. Requires len % 64 == 0 (the launcher checks), 16-byte
 // aligned `out` and 4-byte aligned `codes`.
-__device__ __forceinline__ void nf4_dequantize_bf16_body(const unsigned char* __restrict__ codes,
-                                                         const float* __restrict__ absmax,
-                                                         unsigned short* __restrict__ out,
-                                                         long long len, long long write_limit) {
+extern "C" __global__ void nf4_dequantize_bf16(const unsigned char* __restrict__ codes,
+                                               const float* __restrict__ absmax,
+                                               unsigned short* __restrict__ out,
+                                               long long len, long long write_limit,
+                                               const float* __restrict__ rows_a,
+                                               const float* __restrict__ rows_b,
+                                               long long rows_len) {
     __shared__ float book[16];
     nf4_book_to_shared(book);
     const int lane = threadIdx.x & 31;
@@ -260,35 +270,11 @@ __device__ __forceinline__ void nf4_dequantize_bf16_body(const unsigned char* __
             }
         }
     }
-}
-
-extern "C" __global__ void nf4_dequantize_bf16(const unsigned char* __restrict__ codes,
-                                               const float* __restrict__ absmax,
-                                               unsigned short* __restrict__ out,
-                                               long long len,
-                                               long long write_limit) {
-    nf4_dequantize_bf16_body(codes, absmax, out, len, write_limit);
-}
-
-// A layer's bf16 q/k/v stack [Wq; Wk; Wv; Aq; Av] in one launch: the codes
-// dequantised into out[0 .. len] as nf4_dequantize_bf16 does, then the two
-// LoRA A tensors (f32, rows_len values each) rounded to bf16 after them,
-// out[len + i] = bf16(a[i]) and out[len + rows_len + i] = bf16(b[i]), each
-// rounded once as the cast kernels round (f32_to_bf16_bits). One thread per
-// value of the A rows, grid-stride. `write_limit` bounds the dequantised
-// part only.
-extern "C" __global__ void nf4_dequantize_bf16_stack(const unsigned char* __restrict__ codes,
-                                                     const float* __restrict__ absmax,
-                                                     unsigned short* __restrict__ out,
-                                                     long long len, long long write_limit,
-                                                     const float* __restrict__ a,
-                                                     const float* __restrict__ b,
-                                                     long long rows_len) {
-    nf4_dequantize_bf16_body(codes, absmax, out, len, write_limit);
+    // A q/k/v stack's LoRA A rows after the codes (rows_len 0: none).
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < 2 * rows_len;
          i += stride) {
-        const float v = i < rows_len ? a[i] : b[i - rows_len];
+        const float v = i < rows_len ? rows_a[i] : rows_b[i - rows_len];
         out[len + i] = (unsigned short)f32_to_bf16_bits(v);
     }
 }

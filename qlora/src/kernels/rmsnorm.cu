@@ -25,9 +25,11 @@
 // One file, seven modules (kernels/mod.rs defines RMS_PART for each), so a
 // configuration compiles only what it runs and the parallel cold pre-warm
 // waits on no large module:
-//   RMS_PART 0   rmsnorm            the forwards (rmsnorm_fwd_f32_bf16 also
-//                                   writes the output's bf16 rounding,
-//                                   rmsnorm_fwd_bf16 only that);
+//   RMS_PART 0   rmsnorm            the f32 forwards;
+//   RMS_PART 2   rmsnorm_bf16       the bf16 step's forwards
+//                                   (rmsnorm_fwd_f32_bf16 also writes the
+//                                   output's bf16 rounding, rmsnorm_fwd_bf16
+//                                   only that);
 //   RMS_PART 32  rmsnorm_bwd_warpP  the warp-per-row backward with P packs a
 //                                   lane (RMS_WARP_PACKS: 1, 2, 4 or 8) and
 //                                   the dgamma final;
@@ -71,25 +73,30 @@ __device__ __forceinline__ int pack_index(int k, int packs) {
     return j < packs ? j : -1;
 }
 
-#if RMS_PART == 0
+#if RMS_PART == 0 || RMS_PART == 2
 
 // y = rmsnorm(x) * gamma for rows [0, rows) in f32 (F32) and in its bf16
 // rounding y16 (BF16: the same f32 values, rounded at the store); block b
 // takes rows b, b + gridDim.x, ... (one row per block, except under the
-// test-only serialised launch, which runs one block).
+// test-only serialised launch, which runs one block). A non-null x_copy
+// takes a copy of x, from the values already loaded: the bf16 step's next
+// residual stream, which its GEMM then adds onto (no copy of its own).
 template <bool F32, bool BF16>
 __device__ __forceinline__ void rmsnorm_fwd(const float* __restrict__ x,
                                             const float* __restrict__ gamma,
                                             float* __restrict__ y,
                                             unsigned short* __restrict__ y16,
+                                            float* __restrict__ x_copy,
                                             int rows, int hidden, float eps) {
     const int packs = (hidden + 3) / 4;
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* xr = x + (size_t)row * hidden;
         float* yr = F32 ? y + (size_t)row * hidden : nullptr;
         unsigned short* yr16 = BF16 ? y16 + (size_t)row * hidden : nullptr;
+        float* cr = x_copy ? x_copy + (size_t)row * hidden : nullptr;
         const bool vec = hidden % 4 == 0 && aligned16(xr) && (!F32 || aligned16(yr)) &&
-                         aligned16(gamma) && (!BF16 || ((unsigned long long)yr16 & 7ull) == 0);
+                         aligned16(gamma) && (!BF16 || ((unsigned long long)yr16 & 7ull) == 0) &&
+                         (!cr || aligned16(cr));
         float4 xv[RMS_PACKS];
         float ss = 0.0f;
         #pragma unroll
@@ -110,23 +117,29 @@ __device__ __forceinline__ void rmsnorm_fwd(const float* __restrict__ x,
                 make_float4(v.x * r * g.x, v.y * r * g.y, v.z * r * g.z, v.w * r * g.w);
             if (F32) store_pack(yr, j, hidden, vec, out);
             if (BF16) store_pack<StoreBf16>(yr16, j, hidden, vec, out);
+            if (cr) store_pack(cr, j, hidden, vec, v);
         }
     }
 }
 
+#if RMS_PART == 0
 extern "C" __global__ void rmsnorm_fwd_f32(const float* __restrict__ x,
                                            const float* __restrict__ gamma,
                                            float* __restrict__ y,
                                            int rows, int hidden, float eps) {
-    rmsnorm_fwd<true, false>(x, gamma, y, nullptr, rows, hidden, eps);
+    rmsnorm_fwd<true, false>(x, gamma, y, nullptr, nullptr, rows, hidden, eps);
 }
+#else  // RMS_PART 2, a module of its own: compiled beside the f32 one, and
+       // only for a step that computes in bf16
 
+// With x_copy (null for none) as rmsnorm_fwd says.
 extern "C" __global__ void rmsnorm_fwd_f32_bf16(const float* __restrict__ x,
                                                 const float* __restrict__ gamma,
                                                 float* __restrict__ y,
                                                 unsigned short* __restrict__ y16,
+                                                float* __restrict__ x_copy,
                                                 int rows, int hidden, float eps) {
-    rmsnorm_fwd<true, true>(x, gamma, y, y16, rows, hidden, eps);
+    rmsnorm_fwd<true, true>(x, gamma, y, y16, x_copy, rows, hidden, eps);
 }
 
 // Only y's bf16 rounding: the forward of a norm whose f32 output nothing
@@ -134,10 +147,13 @@ extern "C" __global__ void rmsnorm_fwd_f32_bf16(const float* __restrict__ x,
 extern "C" __global__ void rmsnorm_fwd_bf16(const float* __restrict__ x,
                                             const float* __restrict__ gamma,
                                             unsigned short* __restrict__ y16,
+                                            float* __restrict__ x_copy,
                                             int rows, int hidden, float eps) {
-    rmsnorm_fwd<false, true>(x, gamma, nullptr, y16, rows, hidden, eps);
+    rmsnorm_fwd<false, true>(x, gamma, nullptr, y16, x_copy, rows, hidden, eps);
 }
+#endif
 
+#if RMS_PART == 0
 // Fused residual add + RMSNorm: h = a + b (the new residual stream, stored),
 // y = rmsnorm(h) * gamma. Reads a and b once instead of writing h and reading
 // it back in a separate normalisation pass.
@@ -161,6 +177,7 @@ extern "C" __global__ void rmsnorm_residual_fwd_f32(const float* __restrict__ a,
     // Each thread re-reads only the h elements it wrote itself.
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) y[base + i] = h[base + i] * r * gamma[i];
 }
+#endif
 
 #else  // the backward parts
 

@@ -38,10 +38,6 @@ pub const SIGNATURES: Signatures = &[
     ),
     (
         "nf4_dequantize_bf16",
-        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I64, Arg::I64],
-    ),
-    (
-        "nf4_dequantize_bf16_stack",
         &[
             Arg::Ptr,
             Arg::Ptr,
@@ -286,9 +282,8 @@ pub fn dequantize_bf16_into(
     first: usize,
 ) -> Result<()> {
     check_target("nf4_dequantize_bf16", t.len, (out.len(), first), 8)?;
-    let limit = gpu.faults().written(t.len);
     let mut out = out.slice_mut(first..first + t.len);
-    launch_dequantize(gpu, t, &mut out, Dequantized::Bf16, limit)
+    launch_bf16(gpu, t, &mut out, None)
 }
 
 /// A layer's bf16 q/k/v stack `out = [Wq; Wk; Wv; Aq; Av]` in one launch:
@@ -303,10 +298,9 @@ pub fn dequantize_bf16_stack(
     (a, b): (&CudaSlice<f32>, &CudaSlice<f32>),
     out: &mut CudaSlice<Bf16>,
 ) -> Result<()> {
-    const OP: &str = "nf4_dequantize_bf16_stack";
     if a.len() != b.len() || out.len() != t.len + a.len() + b.len() {
         return Err(Error::ShapeMismatch {
-            op: OP,
+            op: "nf4_dequantize_bf16",
             expected: format!("a stack of {} codes and two rows of one length", t.len),
             got: format!(
                 "{} elements for rows of {} and {}",
@@ -316,36 +310,7 @@ pub fn dequantize_bf16_stack(
             ),
         });
     }
-    check_device(OP, t)?;
-    let (len, rows_len) = (to_i64(OP, t.len)?, to_i64(OP, a.len())?);
-    let limit = to_i64(OP, gpu.faults().written(t.len))?;
-    // Enough threads for the dequantisation's warps or the rows' values.
-    let threads = (bf16_warps(t.len) * 32).max(2 * a.len());
-    let cfg = gpu.launch_1d_per_sm(threads, 8);
-    let func = gpu.function(MODULE, OP)?;
-    let mut launch = gpu.stream().launch_builder(&func);
-    launch
-        .arg(&t.codes)
-        .arg(&t.absmax)
-        .arg(out)
-        .arg(&len)
-        .arg(&limit)
-        .arg(a)
-        .arg(b)
-        .arg(&rows_len);
-    // SAFETY: arguments match `nf4_dequantize_bf16_stack(const unsigned
-    // char* codes, const float* absmax, unsigned short* out, long long len,
-    // long long write_limit, const float* a, const float* b, long long
-    // rows_len)` in order and type (Bf16 is `repr(transparent)` over its
-    // bits). check_device proved codes holds len/2 bytes and absmax len/64
-    // floats; `out` holds exactly len + 2 rows_len elements and `a`, `b`
-    // rows_len floats each (checked above). The kernel reads code word w and
-    // absmax[w / 8] only for w < len/8, a[i] and b[i] only for i < rows_len,
-    // and writes out below len + 2 rows_len only. `out` is a whole
-    // allocation, so its 16-byte stores are aligned. Blocks are THREADS_1D
-    // threads, whole warps, as the per-warp passes need.
-    unsafe { launch.launch(cfg) }?;
-    Ok(())
+    launch_bf16(gpu, t, &mut out.as_view_mut(), Some((a, b)))
 }
 
 fn dequantize_limited(
@@ -356,45 +321,25 @@ fn dequantize_limited(
     write_limit: usize,
 ) -> Result<()> {
     let mut out = out.slice_mut(first..first + t.len);
-    launch_dequantize(gpu, t, &mut out, Dequantized::F32, write_limit)
+    launch_f32(gpu, t, &mut out, write_limit)
 }
 
-/// Warps `nf4_dequantize_bf16` (and the stack's kernel) take for `len`
-/// values: one per pass of `NF4_BF16_WARP_WORDS` = 128 code words.
-fn bf16_warps(len: usize) -> usize {
-    (len / 8).div_ceil(128)
-}
-
-/// The element type a dequantisation kernel writes.
-#[derive(Debug, Clone, Copy)]
-enum Dequantized {
-    /// `nf4_dequantize_f32`: a warp per span of 256 elements, float4 stores.
-    F32,
-    /// `nf4_dequantize_bf16`: a warp per 128 code words (four a lane), one
-    /// 16-byte store a word.
-    Bf16,
-}
-
-/// Launches the dequantisation of `t` into `out` (a view of exactly
-/// `t.len` elements of the type `kind` names, starting 16 bytes aligned),
-/// writing its first `write_limit` elements, at most one wave of full SMs
-/// (the kernels' grid-stride loops take the rest).
-fn launch_dequantize<T: cudarc::driver::DeviceRepr>(
+/// Launches `nf4_dequantize_f32` of `t` into `out` (a view of exactly
+/// `t.len` floats, starting 16 bytes aligned), writing its first
+/// `write_limit` elements, at most one wave of full SMs (the kernel's
+/// grid-stride loop takes the rest): a warp per span of 256 elements,
+/// float4 stores.
+fn launch_f32(
     gpu: &mut GpuContext,
     t: &Nf4Device,
-    out: &mut CudaViewMut<'_, T>,
-    kind: Dequantized,
+    out: &mut CudaViewMut<'_, f32>,
     write_limit: usize,
 ) -> Result<()> {
     check_device("nf4_dequantize", t)?;
     let len = to_i64("nf4_dequantize", t.len)?;
     let limit = to_i64("nf4_dequantize", write_limit.min(t.len))?;
-    let (kernel, warps) = match kind {
-        Dequantized::F32 => ("nf4_dequantize_f32", t.len.div_ceil(256)),
-        Dequantized::Bf16 => ("nf4_dequantize_bf16", bf16_warps(t.len)),
-    };
-    let cfg = gpu.launch_1d_per_sm(warps * 32, 8);
-    let func = gpu.function(MODULE, kernel)?;
+    let cfg = gpu.launch_1d_per_sm(t.len.div_ceil(256) * 32, 8);
+    let func = gpu.function(MODULE, "nf4_dequantize_f32")?;
     let mut launch = gpu.stream().launch_builder(&func);
     launch
         .arg(&t.codes)
@@ -402,18 +347,76 @@ fn launch_dequantize<T: cudarc::driver::DeviceRepr>(
         .arg(out)
         .arg(&len)
         .arg(&limit);
-    // SAFETY: arguments match `nf4_dequantize_{f32,bf16}(const unsigned
-    // char* codes, const float* absmax, T* out, long long len, long long
-    // write_limit)` in order and type (T = float for `F32` callers' f32
-    // views, unsigned short for `Bf16`, `repr(transparent)` over its bits).
+    // SAFETY: arguments match `nf4_dequantize_f32(const unsigned char*
+    // codes, const float* absmax, float* out, long long len, long long
+    // write_limit)` in order and type. check_device proved codes holds
+    // len/2 bytes and absmax len/64 floats; `out` is a view of exactly len
+    // elements (len a multiple of 64). The kernel reads code word w and
+    // absmax[w / 8] only for w < len/8 and writes elements below len only.
+    // The inputs are whole allocations, so the word loads are aligned; `out`
+    // starts at a multiple of 4 floats (checked by the callers), so the
+    // float4 stores are aligned. Blocks are THREADS_1D threads, whole warps,
+    // as the shuffles need.
+    unsafe { launch.launch(cfg) }?;
+    Ok(())
+}
+
+/// Launches `nf4_dequantize_bf16` of `t` into `out`, a view starting 16
+/// bytes aligned of exactly `t.len` values, or with `rows` (a q/k/v
+/// stack's LoRA A tensors, of one length) of `t.len` plus both rows. The
+/// codes' part is written up to the fault's limit; a warp per 128 code
+/// words (four a lane), one 16-byte store a word, and enough threads for
+/// the rows' values; at most one wave of full SMs.
+fn launch_bf16(
+    gpu: &mut GpuContext,
+    t: &Nf4Device,
+    out: &mut CudaViewMut<'_, Bf16>,
+    rows: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
+) -> Result<()> {
+    const OP: &str = "nf4_dequantize_bf16";
+    check_device(OP, t)?;
+    let rows_len = rows.map_or(0, |(a, _)| a.len());
+    if out.len() != t.len + 2 * rows_len {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            expected: format!("{} output values", t.len + 2 * rows_len),
+            got: format!("{}", out.len()),
+        });
+    }
+    let (len, rows_i) = (to_i64(OP, t.len)?, to_i64(OP, rows_len)?);
+    let limit = to_i64(OP, gpu.faults().written(t.len))?;
+    // One warp per NF4_BF16_WARP_WORDS = 128 code words, or a thread per
+    // value of the rows where those are more.
+    let threads = ((t.len / 8).div_ceil(128) * 32).max(2 * rows_len);
+    let cfg = gpu.launch_1d_per_sm(threads, 8);
+    let func = gpu.function(MODULE, OP)?;
+    let null = 0u64;
+    let mut launch = gpu.stream().launch_builder(&func);
+    launch
+        .arg(&t.codes)
+        .arg(&t.absmax)
+        .arg(out)
+        .arg(&len)
+        .arg(&limit);
+    match rows {
+        Some((a, b)) => launch.arg(a).arg(b),
+        None => launch.arg(&null).arg(&null),
+    };
+    launch.arg(&rows_i);
+    // SAFETY: arguments match `nf4_dequantize_bf16(const unsigned char*
+    // codes, const float* absmax, unsigned short* out, long long len, long
+    // long write_limit, const float* rows_a, const float* rows_b, long long
+    // rows_len)` in order and type (Bf16 is `repr(transparent)` over its
+    // bits; a null pointer is 8 zero bytes, with rows_len 0 never read).
     // check_device proved codes holds len/2 bytes and absmax len/64 floats;
-    // `out` is a view of exactly len elements (len a multiple of 64). Both
-    // kernels read code word w and absmax[w / 8] only for w < len/8 and write
-    // elements below len only. The inputs are whole allocations, so the word
-    // loads are aligned; `out` starts at a multiple of 4 floats (f32) or 8
-    // bf16 (checked by the callers), so the float4 and 16-byte stores are
-    // aligned. Blocks are THREADS_1D threads, whole warps, as the shuffles
-    // and per-warp passes need.
+    // `out` holds exactly len + 2 rows_len elements (checked above) and each
+    // row tensor rows_len floats (the callers check both have one length).
+    // The kernel reads code word w and absmax[w / 8] only for w < len/8,
+    // the rows only below rows_len, and writes out below len + 2 rows_len
+    // only. The inputs are whole allocations, so the word loads are aligned;
+    // `out` starts at a multiple of 8 bf16 (checked by the callers), so the
+    // 16-byte stores are aligned. Blocks are THREADS_1D threads, whole
+    // warps, as the per-warp passes need.
     unsafe { launch.launch(cfg) }?;
     Ok(())
 }

@@ -13,6 +13,10 @@ use crate::ops::cast::Bf16;
 /// The forwards' module.
 pub const MODULE: &str = "rmsnorm";
 
+/// The module of the bf16 step's forwards (the output's bf16 rounding, and
+/// the copy of the input): compiled only for a step that computes in bf16.
+pub const BF16_MODULE: &str = "rmsnorm_bf16";
+
 /// How a backward build lays a row over its threads.
 #[derive(Clone, Copy)]
 enum RowLayout {
@@ -138,7 +142,8 @@ macro_rules! bwd_signatures {
 /// The kernels of each module, by module, checked against the compiled PTX
 /// by a unit test.
 pub const SIGNATURES: &[(&str, Signatures)] = &[
-    (MODULE, &[FWD, FWD_BF16, FWD_BF16_ONLY, RESIDUAL_FWD]),
+    (MODULE, &[FWD, RESIDUAL_FWD]),
+    (BF16_MODULE, &[FWD_BF16, FWD_BF16_ONLY]),
     bwd_signatures!(0),
     bwd_signatures!(1),
     bwd_signatures!(2),
@@ -158,6 +163,7 @@ const FWD_BF16: Signature = (
         Arg::Ptr,
         Arg::Ptr,
         Arg::Ptr,
+        Arg::Ptr,
         Arg::I32,
         Arg::I32,
         Arg::F32,
@@ -165,7 +171,15 @@ const FWD_BF16: Signature = (
 );
 const FWD_BF16_ONLY: Signature = (
     "rmsnorm_fwd_bf16",
-    &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::F32],
+    &[
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::Ptr,
+        Arg::I32,
+        Arg::I32,
+        Arg::F32,
+    ],
 );
 const RESIDUAL_FWD: Signature = (
     "rmsnorm_residual_fwd_f32",
@@ -278,12 +292,15 @@ pub fn forward(
     let out = ForwardOut {
         y: Some(y),
         y16: None,
+        x_copy: None,
     };
     forward_into(gpu, (x, gamma), (rows, hidden), eps, out)
 }
 
 /// [`forward`], also writing `y16`, the bf16 rounding of `y` (nearest, ties
 /// to even) that a bf16 GEMM reads next: one pass instead of a cast after.
+/// With `x_copy`, also a copy of `x` from the same pass (the bf16 step's
+/// next residual stream, which a GEMM then adds onto).
 #[allow(clippy::too_many_arguments)]
 pub fn forward_with_bf16(
     gpu: &mut GpuContext,
@@ -292,38 +309,43 @@ pub fn forward_with_bf16(
     rows: usize,
     hidden: usize,
     eps: f64,
-    y: &mut CudaViewMut<'_, f32>,
-    y16: &mut CudaViewMut<'_, Bf16>,
+    (y, y16): (&mut CudaViewMut<'_, f32>, &mut CudaViewMut<'_, Bf16>),
+    x_copy: Option<&mut CudaViewMut<'_, f32>>,
 ) -> Result<()> {
     expect_len("rmsnorm", "y16", y16.len(), &[rows, hidden])?;
     let out = ForwardOut {
         y: Some(y),
         y16: Some(y16),
+        x_copy,
     };
     forward_into(gpu, (x, gamma), (rows, hidden), eps, out)
 }
 
 /// [`forward`]'s bf16 rounding alone, for a norm whose f32 output nothing
-/// reads: `y16` as [`forward_with_bf16`] writes it.
+/// reads: `y16` as [`forward_with_bf16`] writes it, and `x_copy` likewise.
 pub fn forward_bf16(
     gpu: &mut GpuContext,
     (x, gamma): (&CudaView<'_, f32>, &CudaView<'_, f32>),
     (rows, hidden): (usize, usize),
     eps: f64,
     y16: &mut CudaViewMut<'_, Bf16>,
+    x_copy: Option<&mut CudaViewMut<'_, f32>>,
 ) -> Result<()> {
     expect_len("rmsnorm", "y16", y16.len(), &[rows, hidden])?;
     let out = ForwardOut {
         y: None,
         y16: Some(y16),
+        x_copy,
     };
     forward_into(gpu, (x, gamma), (rows, hidden), eps, out)
 }
 
-/// Where the forward writes: `y` in f32, its bf16 rounding `y16`, or both.
-struct ForwardOut<'a, 'y, 'y16> {
+/// Where the forward writes: `y` in f32, its bf16 rounding `y16`, or both;
+/// with `y16`, optionally a copy of `x`.
+struct ForwardOut<'a, 'y, 'y16, 'c> {
     y: Option<&'a mut CudaViewMut<'y, f32>>,
     y16: Option<&'a mut CudaViewMut<'y16, Bf16>>,
+    x_copy: Option<&'a mut CudaViewMut<'c, f32>>,
 }
 
 /// The launch of [`forward`], [`forward_with_bf16`] and [`forward_bf16`].
@@ -332,7 +354,7 @@ fn forward_into(
     (x, gamma): (&CudaView<'_, f32>, &CudaView<'_, f32>),
     (rows, hidden): (usize, usize),
     eps: f64,
-    out: ForwardOut<'_, '_, '_>,
+    out: ForwardOut<'_, '_, '_, '_>,
 ) -> Result<()> {
     check_dims(rows, hidden)?;
     expect_len("rmsnorm", "x", x.len(), &[rows, hidden])?;
@@ -340,18 +362,28 @@ fn forward_into(
     if let Some(y) = &out.y {
         expect_len("rmsnorm", "y", y.len(), &[rows, hidden])?;
     }
+    if let Some(c) = &out.x_copy {
+        expect_len("rmsnorm", "x_copy", c.len(), &[rows, hidden])?;
+    }
+    let bf16 = out.y16.is_some();
+    if out.x_copy.is_some() && !bf16 {
+        return Err(Error::InvalidArgument {
+            op: "rmsnorm",
+            message: "only the forwards that write a bf16 rounding also copy x".into(),
+        });
+    }
     let rows_w = gpu.faults().written(rows);
     if rows_w == 0 {
         return Ok(());
     }
     let (rows_i, hidden_i) = check_dims(rows_w, hidden)?;
     let eps_f = eps as f32;
-    let symbol = match (&out.y, &out.y16) {
-        (Some(_), Some(_)) => FWD_BF16.0,
-        (Some(_), None) => FWD.0,
-        (None, _) => FWD_BF16_ONLY.0,
+    let (module, symbol) = match (&out.y, &out.y16) {
+        (Some(_), Some(_)) => (BF16_MODULE, FWD_BF16.0),
+        (Some(_), None) => (MODULE, FWD.0),
+        (None, _) => (BF16_MODULE, FWD_BF16_ONLY.0),
     };
-    let f = gpu.function(MODULE, symbol)?;
+    let f = gpu.function(module, symbol)?;
     // Few threads, four packs each: one row per block keeps plenty of
     // blocks in flight.
     let cfg = row_loop_config(gpu, rows_w, hidden, PACKS_PER_THREAD)?;
@@ -363,14 +395,27 @@ fn forward_into(
     if let Some(y16) = out.y16 {
         l.arg(y16);
     }
+    // The bf16 kernels take x_copy, null for none.
+    let no_copy = 0u64;
+    match out.x_copy {
+        Some(c) => {
+            l.arg(c);
+        }
+        None if bf16 => {
+            l.arg(&no_copy);
+        }
+        None => {}
+    }
     l.arg(&rows_i).arg(&hidden_i).arg(&eps_f);
     // SAFETY: rmsnorm_fwd_f32(const float* x, const float* gamma, float* y,
     // int rows, int hidden, float eps), rmsnorm_fwd_f32_bf16 with `unsigned
-    // short* y16` after y, rmsnorm_fwd_bf16 with y16 in y's place (the
-    // arguments above, in that order; a ForwardOut names y or y16, both
-    // from the public launchers): x, y and y16 hold rows * hidden >= rows_i
-    // * hidden elements and gamma hidden (checked above); y and y16 are
-    // distinct mutable borrows; blocks loop over the rows; blockDim is a
+    // short* y16, float* x_copy` after y, rmsnorm_fwd_bf16 with y16 in y's
+    // place, then x_copy (the arguments above, in that order; a ForwardOut
+    // names y or y16, both from the public launchers, and x_copy only with
+    // y16; a null x_copy is 8 zero bytes, which the kernel tests): x, y, y16
+    // and x_copy hold rows * hidden >= rows_i * hidden elements and gamma
+    // hidden (checked above); y, y16 and x_copy are distinct mutable
+    // borrows; blocks loop over the rows; blockDim is a
     // multiple of 32 <= 1024, as the block reduction needs, with 4 *
     // RMS_PACKS * blockDim >= hidden, as the kernel needs.
     unsafe { l.launch(cfg) }?;

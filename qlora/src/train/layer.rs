@@ -331,7 +331,9 @@ impl Attention<'_> {
                 BfStack::Own(s) => s,
                 BfStack::Dequantised => self.dequantised_bf16_stack(gpu, c, &mut ws.stack_bf16)?,
             };
-            let n1 = norm_to_bf16(gpu, ctx, norm_in, &mut a.n1, &mut ws.bf16_input)?;
+            // x2 = x as the norm reads it; the o projection adds onto it.
+            let out = (&mut a.n1, &mut a.x2);
+            let n1 = norm_to_bf16(gpu, ctx, norm_in, out, &mut ws.bf16_input)?;
             blas::gemm_half(gpu, spec, 1.0, &n1, &*s, 0.0, &mut ws.qkv)?;
         } else {
             let (x, gamma) = (norm_in.0.as_view(), norm_in.1.as_view());
@@ -343,6 +345,7 @@ impl Attention<'_> {
                 None => self.dequantised_stack(gpu, c, &mut ws.stack)?,
             };
             let a = &mut ws.layers[l];
+            gpu.stream().memcpy_dtod(&ws.xs[l], &mut a.x2)?;
             match stacks.f16 {
                 Some(s16) => {
                     let n1 = half_of(gpu, &a.n1, &mut ws.half_input)?;
@@ -370,7 +373,6 @@ impl Attention<'_> {
             &mut a.attn_saved,
             &ctx.attn,
         )?;
-        gpu.stream().memcpy_dtod(&ws.xs[l], &mut a.x2)?;
         let mut stores = stores!(ws);
         forward_linear(gpu, ctx.fwd, &mut stores, self.o, &a.att, 1.0, &mut a.x2)
     }
@@ -786,47 +788,42 @@ fn norm_to_bf16<'h>(
     gpu: &mut GpuContext,
     ctx: &LayerCtx,
     (x, gamma): (&CudaSlice<f32>, &CudaSlice<f32>),
-    n: &mut CudaSlice<f32>,
+    (n, x_copy): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
     bf16: &'h mut Option<CudaSlice<Bf16>>,
 ) -> Result<CudaView<'h, Bf16>> {
     let (rows, h) = (ctx.c.tokens(), ctx.c.hidden);
     let (x, gamma) = (x.as_view(), gamma.as_view());
     let mut n16 = front_mut(bf16, rows * h)?;
     let eps = ctx.c.rms_eps;
-    rmsnorm::forward_with_bf16(
-        gpu,
-        &x,
-        &gamma,
-        rows,
-        h,
-        eps,
-        &mut n.as_view_mut(),
-        &mut n16,
-    )?;
+    let out = (&mut n.as_view_mut(), &mut n16);
+    let copy = Some(&mut x_copy.as_view_mut());
+    rmsnorm::forward_with_bf16(gpu, &x, &gamma, rows, h, eps, out, copy)?;
     front(bf16, rows * h)
 }
 
 /// `rmsnorm(x, gamma)` rounded to bf16 alone (nothing reads its f32
 /// values): into `saved` when the layer keeps it, else into the front of
-/// the workspace's bf16 input; the GEMM operand.
+/// the workspace's bf16 input; the GEMM operand. `x` is copied into
+/// `x_copy` in the same pass.
 fn norm_bf16_only<'h>(
     gpu: &mut GpuContext,
     ctx: &LayerCtx,
-    (x, gamma): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (x, gamma, x_copy): (&CudaSlice<f32>, &CudaSlice<f32>, &mut CudaSlice<f32>),
     saved: Option<&'h mut CudaSlice<Bf16>>,
     bf16: &'h mut Option<CudaSlice<Bf16>>,
 ) -> Result<CudaView<'h, Bf16>> {
     let dims = (ctx.c.tokens(), ctx.c.hidden);
     let inputs = (&x.as_view(), &gamma.as_view());
     let eps = ctx.c.rms_eps;
+    let copy = Some(&mut x_copy.as_view_mut());
     match saved {
         Some(n) => {
-            rmsnorm::forward_bf16(gpu, inputs, dims, eps, &mut n.as_view_mut())?;
+            rmsnorm::forward_bf16(gpu, inputs, dims, eps, &mut n.as_view_mut(), copy)?;
             Ok(n.as_view())
         }
         None => {
             let n = dims.0 * dims.1;
-            rmsnorm::forward_bf16(gpu, inputs, dims, eps, &mut front_mut(bf16, n)?)?;
+            rmsnorm::forward_bf16(gpu, inputs, dims, eps, &mut front_mut(bf16, n)?, copy)?;
             front(bf16, n)
         }
     }
@@ -883,9 +880,10 @@ impl Mlp<'_> {
                     Some(SavedNorm::F32(_)) => return Err(gate_up_mismatch()),
                     None => None,
                 };
-                let n2 = norm_bf16_only(gpu, ctx, (&a.x2, gamma), saved, stores.bf16)?;
+                // x' = x2 as the norm reads it; the down projection adds onto it.
+                let inputs = (&a.x2, gamma, &mut *x_next);
+                let n2 = norm_bf16_only(gpu, ctx, inputs, saved, stores.bf16)?;
                 self.gate_up_bf16(gpu, stores.deq_bf16, &n2, gu)?;
-                gpu.stream().memcpy_dtod(&a.x2, x_next)?;
                 let n = gu.len() / 2;
                 let mut act = front_mut(stores.bf16, n)?;
                 activation::swiglu_forward_bf16(gpu, &gu.as_view(), c.intermediate, &mut act)?;

@@ -104,8 +104,11 @@ impl GpuTrainer {
             c.tokens(),
             c.hidden,
             c.rms_eps,
-            &mut ws.nf.as_view_mut(),
-            &mut front_mut(&mut ws.bf16_input, c.tokens() * c.hidden)?,
+            (
+                &mut ws.nf.as_view_mut(),
+                &mut front_mut(&mut ws.bf16_input, c.tokens() * c.hidden)?,
+            ),
+            None,
         )
     }
 

@@ -1,6 +1,6 @@
 //! `op_parity` of `nf4`: the launchers of `qlora::ops::nf4` against the oracle.
 
-use super::compare::{case_rng, compare, compare_written, Case, Comparison, Written};
+use super::compare::{case_rng, compare, compare_written, uniform, Case, Comparison, Written};
 use super::gemm::random_inputs;
 use crate::check::op::{Op, Pass};
 use crate::check::params::Precision;
@@ -113,12 +113,26 @@ fn dequantize_parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison
 /// against the reference rounded to f32 and then to bf16, nearest even, as
 /// the device rounds its f32 product: a value may differ by one bf16 ulp
 /// only where the f64 and f32 code books' products straddle a rounding
-/// boundary, while a truncating cast errs on nearly every value.
+/// boundary, while a truncating cast errs on nearly every value. Then as a
+/// q/k/v stack (`dequantize_bf16_stack`): the same values followed by two
+/// f32 rows of one `cols` each, rounded to bf16 after them.
 fn dequantize_bf16_parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
     let (dev, reference) = quantized_case(gpu, case)?;
     let mut out = <Bf16 as Written>::poisoned(gpu, dev.len)?;
     dequantize_bf16_into(gpu, &dev, &mut out, 0)?;
-    Ok(compare_written(&gpu.download(&out)?, &reference))
+    let alone = compare_written(&gpu.download(&out)?, &reference);
+    let cols = case.shape.dim("cols");
+    let mut rng = case_rng(case.seed ^ 1);
+    let (a, b) = (
+        uniform(&mut rng, cols, -1.0, 1.0),
+        uniform(&mut rng, cols, -1.0, 1.0),
+    );
+    let (d_a, d_b) = (gpu.upload(&a)?, gpu.upload(&b)?);
+    let mut stack = <Bf16 as Written>::poisoned(gpu, dev.len + 2 * cols)?;
+    dequantize_bf16_stack(gpu, &dev, (&d_a, &d_b), &mut stack)?;
+    let mut want = reference;
+    want.extend(a.iter().chain(&b).map(|&v| f64::from(v)));
+    Ok(alone.merge(compare_written(&gpu.download(&stack)?, &want)))
 }
 
 /// The case's weights quantised by the reference, uploaded in the device

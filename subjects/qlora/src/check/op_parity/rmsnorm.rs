@@ -33,9 +33,10 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
     let eps_ref = f64::from(eps as f32);
     match case.pass {
         Pass::Forward if case.precision == Precision::Bf16 => {
-            // y and its bf16 rounding, written in one pass.
+            // y and its bf16 rounding, and a copy of x, written in one pass.
             let want = refop::forward(&widen(&x), &widen(&gamma), rows, hidden, eps_ref)?;
             let (mut y, mut y16) = (gpu.poisoned(n)?, Bf16::poisoned(gpu, n)?);
+            let mut copy = gpu.poisoned(n)?;
             forward_with_bf16(
                 gpu,
                 &d_x.as_view(),
@@ -43,17 +44,43 @@ pub fn parity(gpu: &mut GpuContext, case: &Case<'_>) -> Result<Comparison> {
                 rows,
                 hidden,
                 eps,
-                &mut y.as_view_mut(),
-                &mut y16.as_view_mut(),
+                (&mut y.as_view_mut(), &mut y16.as_view_mut()),
+                Some(&mut copy.as_view_mut()),
             )?;
             let full = compare(&gpu.download(&y)?, &want);
             let with_f32 = compare_written(&gpu.download(&y16)?, &want);
-            // The rounding alone (a norm whose f32 output nothing reads).
-            let mut alone = Bf16::poisoned(gpu, n)?;
+            let copied = compare(&gpu.download(&copy)?, &widen(&x));
+            // The rounding alone (a norm whose f32 output nothing reads),
+            // with and without the copy.
+            let (mut alone, mut alone_copy) = (Bf16::poisoned(gpu, n)?, gpu.poisoned(n)?);
             let inputs = (&d_x.as_view(), &d_gamma.as_view());
-            forward_bf16(gpu, inputs, (rows, hidden), eps, &mut alone.as_view_mut())?;
+            let copy = Some(&mut alone_copy.as_view_mut());
+            forward_bf16(
+                gpu,
+                inputs,
+                (rows, hidden),
+                eps,
+                &mut alone.as_view_mut(),
+                copy,
+            )?;
             let alone = compare_written(&gpu.download(&alone)?, &want);
-            Ok(full.merge(with_f32).merge(alone))
+            let alone_copied = compare(&gpu.download(&alone_copy)?, &widen(&x));
+            let mut bare = Bf16::poisoned(gpu, n)?;
+            forward_bf16(
+                gpu,
+                inputs,
+                (rows, hidden),
+                eps,
+                &mut bare.as_view_mut(),
+                None,
+            )?;
+            let bare = compare_written(&gpu.download(&bare)?, &want);
+            Ok(full
+                .merge(with_f32)
+                .merge(copied)
+                .merge(alone)
+                .merge(alone_copied)
+                .merge(bare))
         }
         Pass::Forward => {
             let want = refop::forward(&widen(&x), &widen(&gamma), rows, hidden, eps_ref)?;
