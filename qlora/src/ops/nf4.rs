@@ -298,16 +298,12 @@ pub fn dequantize_bf16_stack(
     (a, b): (&CudaSlice<f32>, &CudaSlice<f32>),
     out: &mut CudaSlice<Bf16>,
 ) -> Result<()> {
-    if a.len() != b.len() || out.len() != t.len + a.len() + b.len() {
+    // The launch checks `out` against the codes and both rows.
+    if a.len() != b.len() {
         return Err(Error::ShapeMismatch {
             op: "nf4_dequantize_bf16",
-            expected: format!("a stack of {} codes and two rows of one length", t.len),
-            got: format!(
-                "{} elements for rows of {} and {}",
-                out.len(),
-                a.len(),
-                b.len()
-            ),
+            expected: "two LoRA A tensors of one length".into(),
+            got: format!("{} and {}", a.len(), b.len()),
         });
     }
     launch_bf16(gpu, t, &mut out.as_view_mut(), Some((a, b)))

@@ -366,12 +366,6 @@ fn forward_into(
         expect_len("rmsnorm", "x_copy", c.len(), &[rows, hidden])?;
     }
     let bf16 = out.y16.is_some();
-    if out.x_copy.is_some() && !bf16 {
-        return Err(Error::InvalidArgument {
-            op: "rmsnorm",
-            message: "only the forwards that write a bf16 rounding also copy x".into(),
-        });
-    }
     let rows_w = gpu.faults().written(rows);
     if rows_w == 0 {
         return Ok(());
@@ -395,16 +389,14 @@ fn forward_into(
     if let Some(y16) = out.y16 {
         l.arg(y16);
     }
-    // The bf16 kernels take x_copy, null for none.
+    // The bf16 kernels take x_copy, null for none; only their launchers
+    // set it.
     let no_copy = 0u64;
-    match out.x_copy {
-        Some(c) => {
-            l.arg(c);
-        }
-        None if bf16 => {
-            l.arg(&no_copy);
-        }
-        None => {}
+    if bf16 {
+        match out.x_copy {
+            Some(c) => l.arg(c),
+            None => l.arg(&no_copy),
+        };
     }
     l.arg(&rows_i).arg(&hidden_i).arg(&eps_f);
     // SAFETY: rmsnorm_fwd_f32(const float* x, const float* gamma, float* y,
