@@ -1489,12 +1489,13 @@ struct FlShape {
     // dS tiles are FL_ROWS queries wide, rows padded by 8 as the others.
     static constexpr int DS_CHUNK = D <= 64 ? 64 : 32;
     static constexpr int DS_LD = FL_ROWS + 8;
-    // Shared memory, in bytes. Forward: the q tile, then two key chunks
-    // (k, v), in one area.
+    // Shared memory, in bytes. Forward: two stages, each a key chunk (k,
+    // then v) or, before the first chunk's multiply, the q tile.
     __host__ __device__ static constexpr int area(int chunk) {
         return 2 * (FL_ROWS * LD > 2 * chunk * LD ? FL_ROWS * LD : 2 * chunk * LD);
     }
-    static constexpr int FWD_SMEM = area(CHUNK);
+    static constexpr int STAGE = area(CHUNK) / 2;  // bf16 per stage
+    static constexpr int FWD_SMEM = 2 * area(CHUNK);
     // dq: a k chunk and two dS tiles (the next one copied while this one
     // is multiplied).
     static constexpr int DQ_SMEM = 2 * (DS_CHUNK * LD + 2 * DS_CHUNK * DS_LD);
@@ -1502,7 +1503,7 @@ struct FlShape {
     static constexpr int DKV_SMEM = 2 * (2 * FL_ROWS * LD + 2 * QCHUNK * LD) + 8 * QCHUNK;
 };
 // The launchers pass these (ops/attention.rs, flash_smem).
-static_assert(FlShape<64>::FWD_SMEM == 18432 && FlShape<128>::FWD_SMEM == 17408, "fwd smem");
+static_assert(FlShape<64>::FWD_SMEM == 36864 && FlShape<128>::FWD_SMEM == 34816, "fwd smem");
 static_assert(FlShape<64>::DQ_SMEM == 27648 && FlShape<128>::DQ_SMEM == 17920, "dq smem");
 static_assert(FlShape<64>::DKV_SMEM == 27904 && FlShape<128>::DKV_SMEM == 43648, "dkv smem");
 
@@ -1664,6 +1665,42 @@ struct FlRows16 {
     }
 };
 
+// Columns col and col + 1 (even) of a row, x and y, those below head_dim
+// and limit (the elements of the row that may be written): one 8-byte store
+// when both are and `pair` (the row 8-byte aligned), else one at a time.
+__device__ __forceinline__ void fl_store_pair(float* row, int col, float x, float y, int head_dim,
+                                              long long limit, bool pair) {
+    if (pair && col + 1 < head_dim && col + 1 < limit) {
+        *reinterpret_cast<float2*>(row + col) = make_float2(x, y);
+        return;
+    }
+    if (col < head_dim && col < limit) row[col] = x;
+    if (col + 1 < head_dim && col + 1 < limit) row[col + 1] = y;
+}
+
+// Starts copying ROWS rows of a bf16 tensor (row n at src + n * stride,
+// head_dim values) into a tile of D + 8-wide rows, with cp.async in 16-byte
+// pieces; the caller commits them. Rows n >= valid and columns past head_dim
+// become zeros and read nothing (their source is src itself, which exists).
+// Needs head_dim % 8 == 0 and every row 16-byte aligned.
+template <int D, int ROWS>
+__device__ __forceinline__ void fl_stage16(unsigned short* tile,
+                                           const unsigned short* __restrict__ src, size_t stride,
+                                           int valid, int head_dim) {
+    constexpr int PIECES = D / 8;  // per row
+    static_assert(ROWS * PIECES % FL_THREADS == 0, "whole pieces per thread");
+#pragma unroll
+    for (int u = 0; u < ROWS * PIECES / FL_THREADS; ++u) {
+        const int e = threadIdx.x + u * FL_THREADS;
+        const int n = e / PIECES, c = 8 * (e % PIECES);
+        const bool ok = n < valid && c < head_dim;
+        const unsigned short* from = ok ? src + (size_t)n * stride + c : src;
+        const unsigned to = (unsigned)__cvta_generic_to_shared(tile + n * (D + 8) + c);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(from),
+                     "r"(ok ? 16 : 0));
+    }
+}
+
 __device__ __forceinline__ bool aligned8(const void* p) {
     return ((unsigned long long)p & 7ull) == 0;
 }
@@ -1767,24 +1804,36 @@ __device__ void attention_flash_fwd(const unsigned short* __restrict__ q,
     const bool vec = head_dim % 4 == 0 && aligned8(q) && aligned8(k) && aligned8(v);
     const float c = scale * 1.4426950408889634f;
 
-    // At head_dim 64 the q tile and the first chunk's k and v rows are
-    // loaded together, and each later chunk's k and v rows too, so the block
-    // waits on one memory latency for them, not two or three. At 128 the
-    // registers that takes would spill: each is loaded and stored in turn.
-    constexpr bool JOINT = D <= 64;
-    unsigned qa[S::KT][4];
-    FlRows16<D, S::CHUNK> kr, vr;
-    {
+    // With 16-byte pieces (head_dim a multiple of 8, the tensors 16-byte
+    // aligned) the rows are copied with cp.async into two stages: the next
+    // chunk's k and v rows are in flight while this chunk is multiplied, and
+    // the q tile and the first chunk arrive together. Otherwise each chunk
+    // is loaded and stored in turn.
+    const bool async16 = head_dim % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
+    unsigned short* const stage[2] = {fl_smem, fl_smem + S::STAGE};
+    const int keys = min(seq, i0 + FL_ROWS);
+    const int chunks = (keys + S::CHUNK - 1) / S::CHUNK;
+    const auto stage_chunk = [&](int ci) {
+        unsigned short* ks = stage[ci & 1];
+        const size_t at = (size_t)ci * S::CHUNK * kv_stride;
+        fl_stage16<D, S::CHUNK>(ks, kb + at, kv_stride, seq - ci * S::CHUNK, head_dim);
+        fl_stage16<D, S::CHUNK>(ks + S::CHUNK * S::LD, vb + at, kv_stride, seq - ci * S::CHUNK,
+                                head_dim);
+        tc_commit();
+    };
+    const unsigned short* qb = q + att_q_at(b, i0, h, seq, heads, head_dim);
+    if (async16) {
+        fl_stage16<D, FL_ROWS>(stage[1], qb, q_stride, seq - i0, head_dim);
+        stage_chunk(0);
+        tc_wait_all();
+    } else {
         FlRows16<D, FL_ROWS> qr;
-        qr.load(q + att_q_at(b, i0, h, seq, heads, head_dim), q_stride, seq - i0, head_dim, vec);
-        if (JOINT) {
-            kr.load(kb, kv_stride, seq, head_dim, vec);
-            vr.load(vb, kv_stride, seq, head_dim, vec);
-        }
-        qr.store(fl_smem);
+        qr.load(qb, q_stride, seq - i0, head_dim, vec);
+        qr.store(stage[1]);
     }
     __syncthreads();
-    fl_row_frags<D>(qa, fl_smem);
+    unsigned qa[S::KT][4];
+    fl_row_frags<D>(qa, stage[1]);
 
     const int r0 = i0 + 16 * warp;            // the warp's first row
     const int row[2] = {r0 + g, r0 + g + 8};  // the thread's two rows
@@ -1795,26 +1844,25 @@ __device__ void attention_flash_fwd(const unsigned short* __restrict__ q,
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
 
-    unsigned short* ks = fl_smem;
-    unsigned short* vs = fl_smem + S::CHUNK * S::LD;
-    const int keys = min(seq, i0 + FL_ROWS);
-    for (int j0 = 0; j0 < keys; j0 += S::CHUNK) {
-        const unsigned short* kc = kb + (size_t)j0 * kv_stride;
-        const unsigned short* vc = vb + (size_t)j0 * kv_stride;
-        if (JOINT) {
-            // Loaded before the barrier, whose wait their latency overlaps.
-            if (j0 > 0) {
-                kr.load(kc, kv_stride, seq - j0, head_dim, vec);
-                vr.load(vc, kv_stride, seq - j0, head_dim, vec);
+    for (int ci = 0; ci < chunks; ++ci) {
+        const int j0 = ci * S::CHUNK;
+        unsigned short* ks = stage[ci & 1];
+        unsigned short* vs = ks + S::CHUNK * S::LD;
+        // Every warp is done with the other stage (the chunk before, or the
+        // q tile) before the next chunk is copied into it.
+        __syncthreads();
+        if (async16) {
+            if (ci + 1 < chunks) {
+                stage_chunk(ci + 1);
+                tc_wait_prev();  // this chunk's copies have landed
+            } else {
+                tc_wait_all();
             }
-            __syncthreads();  // every warp is done with the buffers' last contents
-            kr.store(ks);
-            vr.store(vs);
         } else {
-            __syncthreads();
-            kr.load(kc, kv_stride, seq - j0, head_dim, vec);
+            FlRows16<D, S::CHUNK> kr, vr;
+            kr.load(kb + (size_t)j0 * kv_stride, kv_stride, seq - j0, head_dim, vec);
             kr.store(ks);
-            vr.load(vc, kv_stride, seq - j0, head_dim, vec);
+            vr.load(vb + (size_t)j0 * kv_stride, kv_stride, seq - j0, head_dim, vec);
             vr.store(vs);
         }
         __syncthreads();
@@ -1857,6 +1905,8 @@ __device__ void attention_flash_fwd(const unsigned short* __restrict__ q,
         fl_accumulate<D>(o, s, vs);
     }
 
+    // Row starts are 8-byte aligned when head_dim is even and out is.
+    const bool pairs = head_dim % 2 == 0 && aligned8(out);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -1866,12 +1916,8 @@ __device__ void attention_flash_fwd(const unsigned short* __restrict__ q,
         const size_t at = att_q_at(b, row[r], h, seq, heads, head_dim);
 #pragma unroll
         for (int dt = 0; dt < S::DT; ++dt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int col = 8 * dt + 2 * t + e;
-                if (col < head_dim && (long long)(at + col) < write_limit)
-                    out[at + col] = o[dt][2 * r + e] * inv;
-            }
+            fl_store_pair(out + at, 8 * dt + 2 * t, o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv,
+                          head_dim, write_limit - (long long)at, pairs);
         if (t == 0) lse[((size_t)b * heads + h) * seq + row[r]] = m[r] * c + __log2f(l[r]);
     }
 }
@@ -1990,17 +2036,15 @@ __device__ void attention_flash_dq(const unsigned short* __restrict__ dst,
         }
     }
     const int row[2] = {r0 + g, r0 + g + 8};
+    const bool pairs = head_dim % 2 == 0 && aligned8(dq);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (row[r] >= seq) continue;
         const size_t at = att_q_at(b, row[r], h, seq, heads, head_dim);
 #pragma unroll
         for (int dt = 0; dt < S::DT; ++dt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int col = 8 * dt + 2 * t + e;
-                if (col < head_dim) dq[at + col] = scale * acc[dt][2 * r + e];
-            }
+            fl_store_pair(dq + at, 8 * dt + 2 * t, scale * acc[dt][2 * r],
+                          scale * acc[dt][2 * r + 1], head_dim, head_dim, pairs);
     }
 }
 
@@ -2146,20 +2190,17 @@ __device__ void attention_flash_dkv(const unsigned short* __restrict__ q,
         fl_accumulate<D>(dv, st, dos);   // dv += P^T dout
         fl_accumulate<D>(dk, dpt, qs);  // dk += dS^T q
     }
+    const bool pairs = head_dim % 2 == 0 && aligned8(pk) && aligned8(pv);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (key[r] >= seq) continue;
         const size_t at = att_q_at(b, key[r], h, seq, heads, head_dim);
 #pragma unroll
-        for (int dt = 0; dt < S::DT; ++dt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int col = 8 * dt + 2 * t + e;
-                if (col < head_dim) {
-                    pk[at + col] = dk[dt][2 * r + e];
-                    pv[at + col] = dv[dt][2 * r + e];
-                }
-            }
+        for (int dt = 0; dt < S::DT; ++dt) {
+            const int col = 8 * dt + 2 * t;
+            fl_store_pair(pk + at, col, dk[dt][2 * r], dk[dt][2 * r + 1], head_dim, head_dim, pairs);
+            fl_store_pair(pv + at, col, dv[dt][2 * r], dv[dt][2 * r + 1], head_dim, head_dim, pairs);
+        }
     }
 }
 
@@ -2228,27 +2269,49 @@ ATT_INSTANTIATE(ATT_FL_DKV, ATT_BUILD)
 // increasing order, then the pair adds its two sums. Grid (ceil(seq / 64),
 // heads, batch), 128 threads.
 //
-// Rows of this build's width (head_dim a multiple of four, every row 16-byte
-// aligned) are read as float4 packs, all issued before the first product:
-// both threads of a pair load the row's packs (one 16-byte load serves both)
-// and each takes its two columns of each pack. Other rows take the loop
-// below. Both sum the same products in the same order.
-__device__ __forceinline__ float flash_row_dot_packed(const float* __restrict__ out,
-                                                      const float* __restrict__ dout, int half) {
-    constexpr int PACKS = ATT_BUILD / 4;
-    float4 o[PACKS], d[PACKS];
-    #pragma unroll
-    for (int k = 0; k < PACKS; ++k) {
-        o[k] = reinterpret_cast<const float4*>(out)[k];
-        d[k] = reinterpret_cast<const float4*>(dout)[k];
-    }
+// Rows of this build's width (every row 16-byte aligned) are first copied
+// into shared memory with cp.async, every piece of the block's rows in
+// flight at once (DOTS_ROUND rows at a time: all 64 at head_dim 64, 32 at
+// 128), and read from there as float4 packs: both threads of a pair read
+// the row's packs (a broadcast) and each takes its two columns of each
+// pack. Other rows take the loop below. Both sum the same products in the
+// same order.
+#define DOTS_LD (ATT_BUILD + 4)  // floats per staged row: four rows a phase, no bank conflicts
+#define DOTS_ROUND (64 * 64 / ATT_BUILD)
+
+__device__ __forceinline__ float flash_row_dot_packed(const float* out, const float* dout,
+                                                      int half) {
     float acc = 0.0f;
     #pragma unroll
-    for (int k = 0; k < PACKS; ++k) {
-        acc = fmaf(half ? d[k].y : d[k].x, half ? o[k].y : o[k].x, acc);
-        acc = fmaf(half ? d[k].w : d[k].z, half ? o[k].w : o[k].z, acc);
+    for (int k = 0; k < ATT_BUILD / 4; ++k) {
+        const float4 o = reinterpret_cast<const float4*>(out)[k];
+        const float4 d = reinterpret_cast<const float4*>(dout)[k];
+        acc = fmaf(half ? d.y : d.x, half ? o.y : o.x, acc);
+        acc = fmaf(half ? d.w : d.z, half ? o.w : o.z, acc);
     }
     return acc;
+}
+
+// Copies rows i0 + first .. + DOTS_ROUND (those below seq; the rest read
+// nothing and become zeros) of out and dout into o_s and d_s and waits
+// for them.
+__device__ __forceinline__ void flash_dots_stage(float* o_s, float* d_s,
+                                                 const float* __restrict__ out,
+                                                 const float* __restrict__ dout, int i0,
+                                                 int first, int b, int h, int seq, int heads) {
+    constexpr int PIECES = ATT_BUILD / 4;  // per row
+    static_assert(DOTS_ROUND * PIECES % 128 == 0, "whole pieces per thread");
+    #pragma unroll
+    for (int u = 0; u < DOTS_ROUND * PIECES / 128; ++u) {
+        const int e = threadIdx.x + 128 * u;
+        const int n = e / PIECES, c = 4 * (e % PIECES), i = i0 + first + n;
+        const size_t at = i < seq ? att_q_at(b, i, h, seq, heads, ATT_BUILD) + c : 0;
+        tc_cp16(o_s + n * DOTS_LD + c, out + at, i < seq ? 16 : 0);
+        tc_cp16(d_s + n * DOTS_LD + c, dout + at, i < seq ? 16 : 0);
+    }
+    tc_commit();
+    tc_wait_all();
+    __syncthreads();
 }
 
 extern "C" __global__ void attention_flash_bwd_dots_f32(const float* __restrict__ out,
@@ -2256,18 +2319,23 @@ extern "C" __global__ void attention_flash_bwd_dots_f32(const float* __restrict_
                                                         float* __restrict__ dd, int batch,
                                                         int seq, int heads, int kv_heads,
                                                         int head_dim, float scale) {
+    __shared__ __align__(16) float o_s[DOTS_ROUND * DOTS_LD], d_s[DOTS_ROUND * DOTS_LD];
     // Launched as a programmatic dependent: dout is its predecessor's output.
     wait_for_predecessor();
     const int r = threadIdx.x >> 1, half = threadIdx.x & 1;
-    const int i = 64 * blockIdx.x + r, h = blockIdx.y, b = blockIdx.z;
+    const int i0 = 64 * blockIdx.x, i = i0 + r, h = blockIdx.y, b = blockIdx.z;
     float acc = 0.0f;
-    if (i < seq) {
-        const size_t at = att_q_at(b, i, h, seq, heads, head_dim);
-        if (head_dim == ATT_BUILD && aligned16(out) && aligned16(dout)) {
-            acc = flash_row_dot_packed(out + at, dout + at, half);
-        } else {
-            for (int x = half; x < head_dim; x += 2) acc = fmaf(dout[at + x], out[at + x], acc);
+    if (head_dim == ATT_BUILD && aligned16(out) && aligned16(dout)) {
+        for (int first = 0; first < 64; first += DOTS_ROUND) {
+            if (first > 0) __syncthreads();  // every thread is done with the last round
+            flash_dots_stage(o_s, d_s, out, dout, i0, first, b, h, seq, heads);
+            const int n = r - first;
+            if (n >= 0 && n < DOTS_ROUND && i < seq)
+                acc = flash_row_dot_packed(o_s + n * DOTS_LD, d_s + n * DOTS_LD, half);
         }
+    } else if (i < seq) {
+        const size_t at = att_q_at(b, i, h, seq, heads, head_dim);
+        for (int x = half; x < head_dim; x += 2) acc = fmaf(dout[at + x], out[at + x], acc);
     }
     acc += __shfl_xor_sync(0xffffffffu, acc, 1);
     if (half == 0 && i < seq) dd[((size_t)b * heads + h) * seq + i] = acc;

@@ -329,7 +329,7 @@ const TC_D128: Build = Build {
 const FLASH_D64: Build = Build {
     threads: 128,
     rows: 64,
-    fwd_smem: 18_432,
+    fwd_smem: 36_864,
     dq_smem: 27_648,
     dkv_smem: 27_904,
     saves: Saves::RowLse,
@@ -345,7 +345,7 @@ const FLASH_D64: Build = Build {
 const FLASH_D128: Build = Build {
     threads: 128,
     rows: 64,
-    fwd_smem: 17_408,
+    fwd_smem: 34_816,
     dq_smem: 17_920,
     dkv_smem: 43_648,
     saves: Saves::RowLse,
@@ -1030,8 +1030,8 @@ mod tests {
         );
         // FlShape::{FWD,DQ,DKV}_SMEM, asserted in the `.cu` file.
         let smem = |b: &Build| [b.fwd_smem, b.dq_smem, b.dkv_smem];
-        assert_eq!(smem(build(64, bf16)), [18_432, 27_648, 27_904]);
-        assert_eq!(smem(build(128, bf16)), [17_408, 17_920, 43_648]);
+        assert_eq!(smem(build(64, bf16)), [36_864, 27_648, 27_904]);
+        assert_eq!(smem(build(128, bf16)), [34_816, 17_920, 43_648]);
         assert!(smem(build(128, bf16)).iter().all(|&b| b <= 48 * 1024));
         assert_eq!(cfg(64, bf16, true).grid_dim, (4, 14, 4));
         assert_eq!(cfg(64, bf16, true).block_dim, (128, 1, 1));
