@@ -1496,15 +1496,15 @@ struct FlShape {
     }
     static constexpr int STAGE = area(CHUNK) / 2;  // bf16 per stage
     static constexpr int FWD_SMEM = 2 * area(CHUNK);
-    // dq: a k chunk and two dS tiles (the next one copied while this one
-    // is multiplied).
-    static constexpr int DQ_SMEM = 2 * (DS_CHUNK * LD + 2 * DS_CHUNK * DS_LD);
+    // dq: two stages of a k chunk and its dS tile (the next chunk's copied
+    // while this one is multiplied).
+    static constexpr int DQ_SMEM = 2 * (2 * DS_CHUNK * LD + 2 * DS_CHUNK * DS_LD);
     // dkv: the k and v tiles, a q and a dout chunk, and lse2 and D of the chunk.
     static constexpr int DKV_SMEM = 2 * (2 * FL_ROWS * LD + 2 * QCHUNK * LD) + 8 * QCHUNK;
 };
 // The launchers pass these (ops/attention.rs, flash_smem).
 static_assert(FlShape<64>::FWD_SMEM == 36864 && FlShape<128>::FWD_SMEM == 34816, "fwd smem");
-static_assert(FlShape<64>::DQ_SMEM == 27648 && FlShape<128>::DQ_SMEM == 17920, "dq smem");
+static_assert(FlShape<64>::DQ_SMEM == 36864 && FlShape<128>::DQ_SMEM == 26624, "dq smem");
 static_assert(FlShape<64>::DKV_SMEM == 27904 && FlShape<128>::DKV_SMEM == 43648, "dkv smem");
 
 // {lo, hi} rounded to bf16 (nearest, ties to even) and packed, lo in the
@@ -1678,6 +1678,20 @@ __device__ __forceinline__ void fl_store_pair(float* row, int col, float x, floa
     if (col + 1 < head_dim && col + 1 < limit) row[col + 1] = y;
 }
 
+// fl_store_pair's values rounded to bf16 (as the cast kernels round) into
+// a row of bf16: one 4-byte store when both are written and `pair` (the
+// row 4-byte aligned).
+__device__ __forceinline__ void fl_store_pair16(unsigned short* row, int col, float x, float y,
+                                                int head_dim, long long limit, bool pair) {
+    const unsigned short hx = f32_to_bf16_bits(x), hy = f32_to_bf16_bits(y);
+    if (pair && col + 1 < head_dim && col + 1 < limit) {
+        *reinterpret_cast<unsigned*>(row + col) = (unsigned)hx | ((unsigned)hy << 16);
+        return;
+    }
+    if (col < head_dim && col < limit) row[col] = hx;
+    if (col + 1 < head_dim && col + 1 < limit) row[col + 1] = hy;
+}
+
 // Starts copying ROWS rows of a bf16 tensor (row n at src + n * stride,
 // head_dim values) into a tile of D + 8-wide rows, with cp.async in 16-byte
 // pieces; the caller commits them. Rows n >= valid and columns past head_dim
@@ -1698,6 +1712,20 @@ __device__ __forceinline__ void fl_stage16(unsigned short* tile,
         const unsigned to = (unsigned)__cvta_generic_to_shared(tile + n * (D + 8) + c);
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(from),
                      "r"(ok ? 16 : 0));
+    }
+}
+
+// fl_stage16's rows copied one value at a time, at once (no cp.async), for
+// rows that cannot move in 16-byte pieces. Kept small: no kernel of the
+// step takes this way.
+template <int D, int ROWS>
+__device__ __forceinline__ void fl_stage_each(unsigned short* tile,
+                                              const unsigned short* __restrict__ src,
+                                              size_t stride, int valid, int head_dim) {
+#pragma unroll 1
+    for (int e = threadIdx.x; e < ROWS * D; e += FL_THREADS) {
+        const int n = e / D, c = e % D;
+        tile[n * (D + 8) + c] = n < valid && c < head_dim ? src[(size_t)n * stride + c] : 0;
     }
 }
 
@@ -1778,16 +1806,18 @@ __device__ __forceinline__ void fl_block_work(int& rank, int& h, int& b) {
     b = at % per_rank / heads;
 }
 
-// Forward: out and lse for 64 query rows. Grid (ceil(seq / 64), heads,
-// batch), blocks to tiles as fl_block_work says; FL_THREADS threads;
+// Forward: out and lse for 64 query rows, and unless out16 is null out
+// rounded to bf16 into it (the operand of the o projection's bf16 GEMM).
+// Grid (ceil(seq / 64), heads, batch), blocks to tiles as fl_block_work
+// says; FL_THREADS threads;
 // FlShape<D>::FWD_SMEM bytes of dynamic shared memory.
 template <int D>
 __device__ void attention_flash_fwd(const unsigned short* __restrict__ q,
                                     const unsigned short* __restrict__ k,
                                     const unsigned short* __restrict__ v, float* __restrict__ out,
-                                    float* __restrict__ lse, int batch, int seq, int heads,
-                                    int kv_heads, int head_dim, float scale,
-                                    long long write_limit) {
+                                    float* __restrict__ lse, unsigned short* __restrict__ out16,
+                                    int batch, int seq, int heads, int kv_heads, int head_dim,
+                                    float scale, long long write_limit) {
     typedef FlShape<D> S;
     extern __shared__ __align__(16) unsigned short fl_smem[];
     // Launched as a programmatic dependent: q, k and v may be its
@@ -1801,7 +1831,6 @@ __device__ void attention_flash_fwd(const unsigned short* __restrict__ q,
     const size_t q_stride = (size_t)heads * head_dim, kv_stride = (size_t)kv_heads * head_dim;
     const unsigned short* kb = k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
     const unsigned short* vb = v + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
-    const bool vec = head_dim % 4 == 0 && aligned8(q) && aligned8(k) && aligned8(v);
     const float c = scale * 1.4426950408889634f;
 
     // With 16-byte pieces (head_dim a multiple of 8, the tensors 16-byte
@@ -1810,11 +1839,12 @@ __device__ void attention_flash_fwd(const unsigned short* __restrict__ q,
     // the q tile and the first chunk arrive together. Otherwise each chunk
     // is loaded and stored in turn.
     const bool async16 = head_dim % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
-    unsigned short* const stage[2] = {fl_smem, fl_smem + S::STAGE};
+    // Computed, not indexed from an array, which would live in local memory.
+    const auto stage = [&](int i) { return fl_smem + i * S::STAGE; };
     const int keys = min(seq, i0 + FL_ROWS);
     const int chunks = (keys + S::CHUNK - 1) / S::CHUNK;
     const auto stage_chunk = [&](int ci) {
-        unsigned short* ks = stage[ci & 1];
+        unsigned short* ks = stage(ci & 1);
         const size_t at = (size_t)ci * S::CHUNK * kv_stride;
         fl_stage16<D, S::CHUNK>(ks, kb + at, kv_stride, seq - ci * S::CHUNK, head_dim);
         fl_stage16<D, S::CHUNK>(ks + S::CHUNK * S::LD, vb + at, kv_stride, seq - ci * S::CHUNK,
@@ -1823,17 +1853,15 @@ __device__ void attention_flash_fwd(const unsigned short* __restrict__ q,
     };
     const unsigned short* qb = q + att_q_at(b, i0, h, seq, heads, head_dim);
     if (async16) {
-        fl_stage16<D, FL_ROWS>(stage[1], qb, q_stride, seq - i0, head_dim);
+        fl_stage16<D, FL_ROWS>(stage(1), qb, q_stride, seq - i0, head_dim);
         stage_chunk(0);
         tc_wait_all();
     } else {
-        FlRows16<D, FL_ROWS> qr;
-        qr.load(qb, q_stride, seq - i0, head_dim, vec);
-        qr.store(stage[1]);
+        fl_stage_each<D, FL_ROWS>(stage(1), qb, q_stride, seq - i0, head_dim);
     }
     __syncthreads();
     unsigned qa[S::KT][4];
-    fl_row_frags<D>(qa, stage[1]);
+    fl_row_frags<D>(qa, stage(1));
 
     const int r0 = i0 + 16 * warp;            // the warp's first row
     const int row[2] = {r0 + g, r0 + g + 8};  // the thread's two rows
@@ -1846,26 +1874,22 @@ __device__ void attention_flash_fwd(const unsigned short* __restrict__ q,
 
     for (int ci = 0; ci < chunks; ++ci) {
         const int j0 = ci * S::CHUNK;
-        unsigned short* ks = stage[ci & 1];
+        unsigned short* ks = stage(ci & 1);
         unsigned short* vs = ks + S::CHUNK * S::LD;
-        // Every warp is done with the other stage (the chunk before, or the
-        // q tile) before the next chunk is copied into it.
-        __syncthreads();
         if (async16) {
-            if (ci + 1 < chunks) {
-                stage_chunk(ci + 1);
-                tc_wait_prev();  // this chunk's copies have landed
-            } else {
-                tc_wait_all();
-            }
+            tc_wait_all();  // this thread's copies of the chunk have landed
+            // Every thread's have, and every warp is done with the other
+            // stage (the chunk before, or the q tile), which the next chunk
+            // is copied into.
+            __syncthreads();
+            if (ci + 1 < chunks) stage_chunk(ci + 1);
         } else {
-            FlRows16<D, S::CHUNK> kr, vr;
-            kr.load(kb + (size_t)j0 * kv_stride, kv_stride, seq - j0, head_dim, vec);
-            kr.store(ks);
-            vr.load(vb + (size_t)j0 * kv_stride, kv_stride, seq - j0, head_dim, vec);
-            vr.store(vs);
+            __syncthreads();  // every warp is done with the stage
+            const size_t at = (size_t)j0 * kv_stride;
+            fl_stage_each<D, S::CHUNK>(ks, kb + at, kv_stride, seq - j0, head_dim);
+            fl_stage_each<D, S::CHUNK>(vs, vb + at, kv_stride, seq - j0, head_dim);
+            __syncthreads();
         }
-        __syncthreads();
         if (j0 > r0 + 15) continue;  // every key of the chunk is after every row of the warp
         float s[S::NT][4];
         fl_scores<D>(s, qa, ks);
@@ -1905,8 +1929,10 @@ __device__ void attention_flash_fwd(const unsigned short* __restrict__ q,
         fl_accumulate<D>(o, s, vs);
     }
 
-    // Row starts are 8-byte aligned when head_dim is even and out is.
+    // Row starts are 8-byte aligned when head_dim is even and out is (4-byte
+    // for out16).
     const bool pairs = head_dim % 2 == 0 && aligned8(out);
+    const bool pairs16 = head_dim % 2 == 0 && ((unsigned long long)out16 & 3ull) == 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -1915,9 +1941,13 @@ __device__ void attention_flash_fwd(const unsigned short* __restrict__ q,
         const float inv = 1.0f / l[r];
         const size_t at = att_q_at(b, row[r], h, seq, heads, head_dim);
 #pragma unroll
-        for (int dt = 0; dt < S::DT; ++dt)
-            fl_store_pair(out + at, 8 * dt + 2 * t, o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv,
-                          head_dim, write_limit - (long long)at, pairs);
+        for (int dt = 0; dt < S::DT; ++dt) {
+            const float x = o[dt][2 * r] * inv, y = o[dt][2 * r + 1] * inv;
+            const int col = 8 * dt + 2 * t;
+            const long long limit = write_limit - (long long)at;
+            fl_store_pair(out + at, col, x, y, head_dim, limit, pairs);
+            if (out16) fl_store_pair16(out16 + at, col, x, y, head_dim, limit, pairs16);
+        }
         if (t == 0) lse[((size_t)b * heads + h) * seq + row[r]] = m[r] * c + __log2f(l[r]);
     }
 }
@@ -1970,9 +2000,9 @@ __device__ __forceinline__ void fl_mask_a(unsigned (&a)[4], int row0, int col0, 
 
 // Backward, part 3: dq = scale dS k for 64 query rows, from the dS the dkv
 // kernel stored (dst) and the kv head's k rows, the keys walked in chunks
-// of DS_CHUNK: the next chunk's dS tile copied (cp.async) and its k rows
-// loaded into registers while this one is multiplied. Grid (ceil(seq / 64),
-// heads, batch), blocks to tiles as fl_block_work says; DQ_SMEM bytes.
+// of DS_CHUNK in two stages: the next chunk's dS tile and k rows copied
+// (cp.async) while this one is multiplied. Grid (ceil(seq / 64), heads,
+// batch), blocks to tiles as fl_block_work says; DQ_SMEM bytes.
 template <int D>
 __device__ void attention_flash_dq(const unsigned short* __restrict__ dst,
                                    const unsigned short* __restrict__ k, float* __restrict__ dq,
@@ -1980,9 +2010,12 @@ __device__ void attention_flash_dq(const unsigned short* __restrict__ dst,
                                    int head_dim, float scale) {
     typedef FlShape<D> S;
     extern __shared__ __align__(16) unsigned short fl_smem[];
-    unsigned short* ks = fl_smem;
-    unsigned short* dsb[2] = {ks + S::DS_CHUNK * S::LD,
-                              ks + S::DS_CHUNK * S::LD + S::DS_CHUNK * S::DS_LD};
+    // Two stages, each a k chunk and its dS tile (computed, not indexed from
+    // an array, which would live in local memory).
+    const auto ks = [&](int stage) { return fl_smem + stage * S::DS_CHUNK * S::LD; };
+    const auto dsb = [&](int stage) {
+        return fl_smem + 2 * S::DS_CHUNK * S::LD + stage * S::DS_CHUNK * S::DS_LD;
+    };
     int rank, h, b;
     fl_block_work(rank, h, b);
     const int i0 = FL_ROWS * (gridDim.x - 1 - rank);
@@ -1991,7 +2024,7 @@ __device__ void attention_flash_dq(const unsigned short* __restrict__ dst,
     const size_t kv_stride = (size_t)kv_heads * head_dim;
     const unsigned short* kb = k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
     const unsigned short* dst_h = dst + ((size_t)b * heads + h) * seq * ds_stride;
-    const bool vec = head_dim % 4 == 0 && aligned8(k);
+    const bool async16 = head_dim % 8 == 0 && aligned16(k);
     const int r0 = i0 + 16 * warp;
     float acc[S::DT][4];
 #pragma unroll
@@ -2000,36 +2033,45 @@ __device__ void attention_flash_dq(const unsigned short* __restrict__ dst,
         for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
 
     const int keys = min(seq, i0 + FL_ROWS);
-    FlRows16<D, S::DS_CHUNK> kn;
-    kn.load(kb, kv_stride, seq, head_dim, vec);
+    // k rows of the chunk from j0 into a stage: copied with cp.async (in the
+    // group of the dS tile copied after them), or loaded and stored.
+    const auto stage_k = [&](int j0, unsigned short* tile) {
+        const unsigned short* src = kb + (size_t)j0 * kv_stride;
+        if (async16) {
+            fl_stage16<D, S::DS_CHUNK>(tile, src, kv_stride, seq - j0, head_dim);
+        } else {
+            fl_stage_each<D, S::DS_CHUNK>(tile, src, kv_stride, seq - j0, head_dim);
+        }
+    };
     // Launched as the dkv kernel's programmatic dependent: k is the forward's
-    // input, loaded while that kernel finishes; dS is its output. Once dkv's
+    // input, copied while that kernel finishes; dS is its output. Once dkv's
     // writes are visible, the group sum (kv_sum, this kernel's dependent)
     // may start: it reads only dkv's shares.
+    stage_k(0, ks(0));
     wait_for_predecessor();
     let_dependent_start();
-    fl_copy_ds<D, S::DS_CHUNK>(dsb[0], dst_h, ds_stride, 0, i0, seq);
+    fl_copy_ds<D, S::DS_CHUNK>(dsb(0), dst_h, ds_stride, 0, i0, seq);
     for (int j0 = 0, cur = 0; j0 < keys; j0 += S::DS_CHUNK, cur ^= 1) {
-        __syncthreads();  // every warp is done with the last chunk's tiles
-        kn.store(ks);
         asm volatile("cp.async.wait_group 0;" ::: "memory");
+        // Every thread's copies of this chunk are visible, and every warp is
+        // done with the other stage, which the next chunk is copied into.
         __syncthreads();
         const int next = j0 + S::DS_CHUNK;
         if (next < keys) {
-            kn.load(kb + (size_t)next * kv_stride, kv_stride, seq - next, head_dim, vec);
-            fl_copy_ds<D, S::DS_CHUNK>(dsb[cur ^ 1], dst_h, ds_stride, next, i0, seq);
+            stage_k(next, ks(cur ^ 1));
+            fl_copy_ds<D, S::DS_CHUNK>(dsb(cur ^ 1), dst_h, ds_stride, next, i0, seq);
         }
         if (j0 > r0 + 15) continue;  // every key of the chunk is after every row of the warp
         const bool edge = j0 + S::DS_CHUNK - 1 > r0 || j0 + S::DS_CHUNK > seq;
 #pragma unroll
         for (int kk = 0; kk < S::DS_CHUNK / 16; ++kk) {
             unsigned a[4];
-            fl_a_t<S::DS_LD>(a, dsb[cur], 16 * warp, 16 * kk);
+            fl_a_t<S::DS_LD>(a, dsb(cur), 16 * warp, 16 * kk);
             if (edge) fl_mask_a(a, r0, j0 + 16 * kk, seq);
 #pragma unroll
             for (int dt = 0; dt < S::DT; dt += 2) {
                 unsigned bb[4];
-                fl_b_rows_k<S::LD>(bb, ks, 8 * dt, 16 * kk);
+                fl_b_rows_k<S::LD>(bb, ks(cur), 8 * dt, 16 * kk);
                 fl_mma(acc[dt], a, bb[0], bb[1]);
                 fl_mma(acc[dt + 1], a, bb[2], bb[3]);
             }
@@ -2208,10 +2250,10 @@ __device__ void attention_flash_dkv(const unsigned short* __restrict__ q,
     extern "C" __global__ void __launch_bounds__(FL_THREADS) attention_flash_fwd_d##D##_bf16(     \
         const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,             \
         const unsigned short* __restrict__ v, float* __restrict__ out, float* __restrict__ lse, \
-        int batch, int seq, int heads,                                                          \
-        int kv_heads, int head_dim, float scale, long long write_limit) {                       \
-        attention_flash_fwd<D>(q, k, v, out, lse, batch, seq, heads, kv_heads, head_dim, scale, \
-                               write_limit);                                                    \
+        unsigned short* __restrict__ out16, int batch, int seq, int heads, int kv_heads,        \
+        int head_dim, float scale, long long write_limit) {                                     \
+        attention_flash_fwd<D>(q, k, v, out, lse, out16, batch, seq, heads, kv_heads, head_dim, \
+                               scale, write_limit);                                             \
     }
 #define ATT_FL_DQ(D)                                                                             \
     extern "C" __global__ void __launch_bounds__(FL_THREADS) attention_flash_bwd_dq_d##D##_bf16(  \

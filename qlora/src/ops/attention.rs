@@ -330,7 +330,7 @@ const FLASH_D64: Build = Build {
     threads: 128,
     rows: 64,
     fwd_smem: 36_864,
-    dq_smem: 27_648,
+    dq_smem: 36_864,
     dkv_smem: 27_904,
     saves: Saves::RowLse,
     fwd: kernel("attention_flash_fwd_d64", "attention_flash_fwd_d64_bf16"),
@@ -346,7 +346,7 @@ const FLASH_D128: Build = Build {
     threads: 128,
     rows: 64,
     fwd_smem: 34_816,
-    dq_smem: 17_920,
+    dq_smem: 26_624,
     dkv_smem: 43_648,
     saves: Saves::RowLse,
     fwd: kernel("attention_flash_fwd_d128", "attention_flash_fwd_d128_bf16"),
@@ -463,6 +463,24 @@ const KV_SUM_ARGS: &[Arg] = &[
     Arg::I64,
 ];
 
+/// The flash forward: `q, k, v, out, lse, out16`, then the tail of
+/// [`FWD_ARGS`].
+const FLASH_FWD_ARGS: &[Arg] = &[
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::Ptr,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::I32,
+    Arg::F32,
+    Arg::I64,
+];
+
 /// The flash row dots: `out, dout, dd`, then `batch, seq, heads, kv_heads,
 /// head_dim, scale`.
 const DOTS_ARGS: &[Arg] = &[
@@ -532,8 +550,8 @@ pub const SIGNATURES: &[(&str, Signatures)] = signatures!(
     F32_D128: FWD_ARGS, DQ_ARGS, DKV_ARGS;
     TC_D64: FWD_ARGS, DQ_ARGS, DKV_ARGS;
     TC_D128: FWD_ARGS, DQ_ARGS, DKV_ARGS;
-    FLASH_D64: FWD_ARGS, FLASH_DQ_ARGS, FLASH_DKV_ARGS, (DOTS, DOTS_ARGS);
-    FLASH_D128: FWD_ARGS, FLASH_DQ_ARGS, FLASH_DKV_ARGS, (DOTS, DOTS_ARGS)
+    FLASH_D64: FLASH_FWD_ARGS, FLASH_DQ_ARGS, FLASH_DKV_ARGS, (DOTS, DOTS_ARGS);
+    FLASH_D128: FLASH_FWD_ARGS, FLASH_DQ_ARGS, FLASH_DKV_ARGS, (DOTS, DOTS_ARGS)
 );
 
 /// The largest head_dim the kernels' builds take.
@@ -654,10 +672,38 @@ pub fn forward(
     saved: &mut CudaSlice<f32>,
     sh: &AttnShape,
 ) -> Result<()> {
+    forward_into(gpu, kernels, qkv, (out, None), saved, sh)
+}
+
+/// [`forward`] on the bf16 flash kernels that also writes `out` rounded to
+/// bf16 into `out16` (as [`crate::ops::cast::f32_to_half`] rounds it), in
+/// the same pass: the o projection's operand in a bf16 step.
+pub fn forward_with_bf16(
+    gpu: &mut GpuContext,
+    qkv: Qkv<'_>,
+    out: &mut CudaSlice<f32>,
+    out16: &mut CudaViewMut<'_, Bf16>,
+    saved: &mut CudaSlice<f32>,
+    sh: &AttnShape,
+) -> Result<()> {
+    forward_into(gpu, AttnKernels::Bf16, qkv, (out, Some(out16)), saved, sh)
+}
+
+fn forward_into(
+    gpu: &mut GpuContext,
+    kernels: AttnKernels,
+    qkv: Qkv<'_>,
+    (out, out16): (&mut CudaSlice<f32>, Option<&mut CudaViewMut<'_, Bf16>>),
+    saved: &mut CudaSlice<f32>,
+    sh: &AttnShape,
+) -> Result<()> {
     let d = validate(sh)?;
     qkv.check(kernels, sh)?;
     let q_len = lens(sh).0;
     expect_len("attention", "out", out.len(), &[q_len])?;
+    if let Some(o16) = &out16 {
+        expect_len("attention", "out16", o16.len(), &[q_len])?;
+    }
     expect_len("attention", "saved", saved.len(), &[saved_len(sh, kernels)])?;
     let limit = to_i64("attention", gpu.faults().written(q_len))?;
     let b = fwd_build(sh.head_dim, kernels);
@@ -666,6 +712,22 @@ pub fn forward(
     let mut launch = DependentLaunch::new(gpu, &func);
     qkv.push(&mut launch);
     launch.buf_mut(out).buf_mut(saved);
+    // The flash forward takes out16 after saved, null for none.
+    match (b.saves, out16) {
+        (Saves::RowLse, Some(o16)) => {
+            launch.buf_mut(o16);
+        }
+        (Saves::RowLse, None) => {
+            launch.i64(0);
+        }
+        (Saves::Probs, None) => {}
+        (Saves::Probs, Some(_)) => {
+            return Err(Error::InvalidArgument {
+                op: "attention",
+                message: "only the bf16 flash forward writes a bf16 copy of its output".into(),
+            })
+        }
+    }
     d.push(&mut launch);
     launch.i64(limit);
     // SAFETY: arguments match `attention_fwd_dXX_f32`,
@@ -673,7 +735,9 @@ pub fn forward(
     // v, float* out, float* saved, int batch, int seq, int heads, int
     // kv_heads, int head_dim, float scale, long long write_limit)` in order
     // and type, and `attention_flash_fwd_dXX_bf16`, the same with `const
-    // unsigned short*` q, k, v (qkv.check: bf16 exactly for these kernels).
+    // unsigned short*` q, k, v (qkv.check: bf16 exactly for these kernels)
+    // and `unsigned short* out16` after saved: q_len elements (checked), or
+    // 8 zero bytes, a null pointer, which the kernel tests.
     // The lengths were checked against the shape above (saved: probs or lse, as the kernel writes);
     // heads is a multiple of kv_heads, so every kv head index is < kv_heads.
     // The grid is (ceil(seq / rows), heads, batch) for the kernel's tile
@@ -991,7 +1055,9 @@ mod tests {
         // the probability-saving builds), or with `kv` the dk/dv kernel's.
         let cfg = |hd, k, kv: bool| {
             let b = build(hd, k);
-            assert_eq!(b.saves == Saves::Probs, b.fwd_smem == b.dq_smem);
+            if b.saves == Saves::Probs {
+                assert_eq!(b.fwd_smem, b.dq_smem);
+            }
             tile_config(&sh(hd), b, if kv { b.dkv_smem } else { b.fwd_smem })
         };
         assert_eq!(bytes(cfg(64, f32k, false)), 33_280);
@@ -1030,8 +1096,8 @@ mod tests {
         );
         // FlShape::{FWD,DQ,DKV}_SMEM, asserted in the `.cu` file.
         let smem = |b: &Build| [b.fwd_smem, b.dq_smem, b.dkv_smem];
-        assert_eq!(smem(build(64, bf16)), [36_864, 27_648, 27_904]);
-        assert_eq!(smem(build(128, bf16)), [34_816, 17_920, 43_648]);
+        assert_eq!(smem(build(64, bf16)), [36_864, 36_864, 27_904]);
+        assert_eq!(smem(build(128, bf16)), [34_816, 26_624, 43_648]);
         assert!(smem(build(128, bf16)).iter().all(|&b| b <= 48 * 1024));
         assert_eq!(cfg(64, bf16, true).grid_dim, (4, 14, 4));
         assert_eq!(cfg(64, bf16, true).block_dim, (128, 1, 1));

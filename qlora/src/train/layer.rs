@@ -365,6 +365,32 @@ impl Attention<'_> {
             a.attn_in.as_out(),
             &mut a.u,
         )?;
+        let mut stores = stores!(ws);
+        // On the bf16 flash kernels the o projection's bf16 operand comes
+        // from attention's own pass, not from a cast of its output.
+        if ctx.attn_kernels.0 == AttnKernels::Bf16 && self.o.half.is_none() {
+            if let Some(w) = Workspace::bf16_weight(stores.deq_bf16, gpu, self.o)? {
+                let len = a.att.len();
+                attention::forward_with_bf16(
+                    gpu,
+                    a.attn_in.as_qkv(),
+                    &mut a.att,
+                    &mut front_mut(stores.bf16, len)?,
+                    &mut a.attn_saved,
+                    &ctx.attn,
+                )?;
+                let att16 = front(stores.bf16, len)?;
+                return blas::gemm_half(
+                    gpu,
+                    linear_spec(self.o, len),
+                    1.0,
+                    &att16,
+                    &w,
+                    1.0,
+                    &mut a.x2,
+                );
+            }
+        }
         attention::forward(
             gpu,
             ctx.attn_kernels.0,
@@ -373,7 +399,6 @@ impl Attention<'_> {
             &mut a.attn_saved,
             &ctx.attn,
         )?;
-        let mut stores = stores!(ws);
         forward_linear(gpu, ctx.fwd, &mut stores, self.o, &a.att, 1.0, &mut a.x2)
     }
 
