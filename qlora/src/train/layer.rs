@@ -366,8 +366,19 @@ impl Attention<'_> {
             &mut a.u,
         )?;
         let mut stores = stores!(ws);
-        // On the bf16 flash kernels the o projection's bf16 operand comes
-        // from attention's own pass, not from a cast of its output.
+        self.attend_and_project(gpu, ctx, a, &mut stores)
+    }
+
+    /// `att = attention(qr, kr, v)` and `x2 += att Wo^T` (`x2` holds `x`).
+    /// On the bf16 flash kernels the o projection's bf16 operand comes from
+    /// attention's own pass, not from a cast of its output.
+    fn attend_and_project(
+        &self,
+        gpu: &mut GpuContext,
+        ctx: &LayerCtx,
+        a: &mut LayerActs,
+        stores: &mut Stores,
+    ) -> Result<()> {
         if ctx.attn_kernels.0 == AttnKernels::Bf16 && self.o.half.is_none() {
             if let Some(w) = Workspace::bf16_weight(stores.deq_bf16, gpu, self.o)? {
                 let len = a.att.len();
@@ -380,15 +391,8 @@ impl Attention<'_> {
                     &ctx.attn,
                 )?;
                 let att16 = front(stores.bf16, len)?;
-                return blas::gemm_half(
-                    gpu,
-                    linear_spec(self.o, len),
-                    1.0,
-                    &att16,
-                    &w,
-                    1.0,
-                    &mut a.x2,
-                );
+                let spec = linear_spec(self.o, len);
+                return blas::gemm_half(gpu, spec, 1.0, &att16, &w, 1.0, &mut a.x2);
             }
         }
         attention::forward(
@@ -399,7 +403,7 @@ impl Attention<'_> {
             &mut a.attn_saved,
             &ctx.attn,
         )?;
-        forward_linear(gpu, ctx.fwd, &mut stores, self.o, &a.att, 1.0, &mut a.x2)
+        forward_linear(gpu, ctx.fwd, stores, self.o, &a.att, 1.0, &mut a.x2)
     }
 
     /// An NF4 base's q, k, v dequantised to bf16 into the rows of the
