@@ -17,14 +17,22 @@ static __device__ __forceinline__ unsigned short f32_to_f16_bits(float x) {
 }
 
 // The bf16 nearest to x (ties to even, as the host's `half::bf16::from_f32`),
-// as its raw 16-bit pattern: the upper half of x's bits after adding half an
-// ulp of bf16 (less one, plus the kept lowest bit, for ties to even). A NaN
-// keeps its sign and upper payload and is made quiet, never rounded into an
-// infinity. Integer arithmetic, so it needs no sm_80 `cvt` and no header.
+// as its raw 16-bit pattern. From sm_80 one `cvt` instruction; before it,
+// integer arithmetic: the upper half of x's bits after adding half an ulp of
+// bf16 (less one, plus the kept lowest bit, for ties to even). Either way a
+// finite value or an infinity gets the same bits and a NaN stays a NaN,
+// never rounded into an infinity (the `cvt` makes it the canonical quiet
+// NaN, the integer path keeps its sign and upper payload).
 static __device__ __forceinline__ unsigned short f32_to_bf16_bits(float x) {
+#if __CUDA_ARCH__ >= 800
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+#else
     const unsigned u = __float_as_uint(x);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
 }
 
 // The f32 value of bf16 bits h: exact (bf16 is f32's upper half).
