@@ -120,32 +120,20 @@ extern "C" __global__ void rope_bwd_f32(const float* __restrict__ dy, float* __r
 #define QKV_ROWS 4
 #define QKV_MAX_RANK 16
 #define QKV_MAX_HALF 128
-static_assert(QKV_FWD_THREADS == QKV_ROWS * 2 * QKV_MAX_RANK,
-              "the forward copies u with one thread an entry");
 
 // This block's rows' sines and cosines, [QKV_ROWS][half], from the table
 // [2][seq][half] of sin and cos of pos * theta^(-2i / head_dim) (computed on
-// the host in double, as rope_sincos does here); sign -1 rotates back. One
-// row at a time, so that no thread divides to find its entry.
+// the host in double, as rope_sincos does here); sign -1 rotates back.
 __device__ __forceinline__ void qkv_angles(float* sn, float* cs, const float* __restrict__ table,
                                            int row0, int rows, int seq, int half, float sign) {
-    #pragma unroll
-    for (int rr = 0; rr < QKV_ROWS; ++rr) {
-        if (row0 + rr >= rows) break;
-        const int at = ((row0 + rr) % seq) * half;
-        for (int i = threadIdx.x; i < half; i += blockDim.x) {
-            sn[rr * half + i] = sign * table[at + i];
-            cs[rr * half + i] = table[seq * half + at + i];
+    for (int t = threadIdx.x; t < QKV_ROWS * half; t += blockDim.x) {
+        const int rr = t / half, i = t % half;
+        if (row0 + rr < rows) {
+            const int at = ((row0 + rr) % seq) * half + i;
+            sn[t] = sign * table[at];
+            cs[t] = table[seq * half + at];
         }
     }
-}
-
-// The rotation of a pair (x1, x2) by the angle of sine sf and cosine cf:
-// (x1 cf - x2 sf, x1 sf + x2 cf), each one product rounded and one fused
-// multiply-add, spelled out so that the rounding does not depend on how the
-// compiler contracts the expression where it is used.
-__device__ __forceinline__ float2 qkv_rotate(float x1, float x2, float sf, float cf) {
-    return make_float2(fmaf(x1, cf, -(x2 * sf)), fmaf(x1, sf, x2 * cf));
 }
 
 // acc[g][rr] = sum_j u[rr][u_col + j] * B[c[g], j] over the block's rows, for
@@ -221,61 +209,54 @@ __device__ __forceinline__ void rope_qkv_fwd(const float* __restrict__ y, long l
     const int items = q_pairs + k_pairs + kvd;
     // One item a thread: blockIdx.y picks QKV_FWD_THREADS of them. A block
     // that looped over all of a row group's items left most of its threads
-    // idle in the last pass and waited on each pass's loads in turn. The
-    // item is the same in every row group, so it is decoded once: a pair
-    // (c1, c2 = c1 + half) of q or k, pair i of its head, or column c1 of v;
-    // col is the item's first column in y.
+    // idle in the last pass and waited on each pass's loads in turn.
     const int w = blockIdx.y * QKV_FWD_THREADS + threadIdx.x;
-    const bool is_q = w < q_pairs, is_pair = w < q_pairs + k_pairs;
-    int i = 0, c1 = w - q_pairs - k_pairs, col = qd + kvd;
-    if (is_pair) {
-        const int p = is_q ? w : w - q_pairs;
-        i = p % half;
-        c1 = (p / half) * head_dim + i;
-        col = is_q ? 0 : qd;
-    }
-    const int c2 = c1 + half;
-    // The thread that copies u[u_row][u_j] (blockDim is QKV_ROWS x 2 x
-    // QKV_MAX_RANK, so every entry has one).
-    const int u_row = threadIdx.x / (2 * QKV_MAX_RANK), u_j = threadIdx.x % (2 * QKV_MAX_RANK);
     for (int row0 = blockIdx.x * QKV_ROWS; row0 < rows; row0 += gridDim.x * QKV_ROWS) {
         __syncthreads();  // the previous rows' u and angles are no longer read
         // The blocks of blockIdx.y 0 also copy the rows' u to u_out ([rows,
         // 2 r]): the LoRA gradients read it, not the rest of y.
-        if (u_j < 2 * r) {
-            const bool in = row0 + u_row < rows;
-            u[u_row][u_j] = in ? y[(size_t)(row0 + u_row) * ld + qd + 2 * kvd + u_j] : 0.0f;
-            if (in && blockIdx.y == 0) u_out[(size_t)(row0 + u_row) * 2 * r + u_j] = u[u_row][u_j];
+        for (int t = threadIdx.x; t < QKV_ROWS * 2 * r; t += blockDim.x) {
+            const int rr = t / (2 * r), j = t % (2 * r);
+            const bool in = row0 + rr < rows;
+            u[rr][j] = in ? y[(size_t)(row0 + rr) * ld + qd + 2 * kvd + j] : 0.0f;
+            if (in && blockIdx.y == 0) u_out[(size_t)(row0 + rr) * 2 * r + j] = u[rr][j];
         }
         qkv_angles(sn, cs, table, row0, rows, seq, half, 1.0f);
         __syncthreads();
-        if (w >= items) continue;
         const int nrows = min(QKV_ROWS, rows - row0);
-        const float* yr = y + (size_t)row0 * ld + col;
-        if (is_pair) {
-            float l[2][QKV_ROWS] = {};
-            if (is_q) lora_up<2>(u, 0, bq, {c1, c2}, r, l);
-            const float b1 = bias[col + c1], b2 = bias[col + c2];
-            const int out_ld = is_q ? qd : kvd;
-            typename S::T* out = (is_q ? qr : kr) + (size_t)row0 * out_ld;
-            #pragma unroll  // registers l: indexed by constants only
-            for (int rr = 0; rr < QKV_ROWS; ++rr) {
-                if (rr >= nrows) continue;
-                const float x1 = (yr[rr * ld + c1] + b1) + s * l[0][rr];
-                const float x2 = (yr[rr * ld + c2] + b2) + s * l[1][rr];
-                const float2 x = qkv_rotate(x1, x2, sn[rr * half + i], cs[rr * half + i]);
-                S::put(out, rr * out_ld + c1, x.x);
-                S::put(out, rr * out_ld + c2, x.y);
-            }
-        } else {
-            float lv[1][QKV_ROWS];
-            lora_up<1>(u, r, bv, {c1}, r, lv);
-            const float b = bias[col + c1];
-            typename S::T* out = v + (size_t)row0 * kvd;
-            #pragma unroll  // registers lv: indexed by constants only
-            for (int rr = 0; rr < QKV_ROWS; ++rr) {
-                if (rr >= nrows) continue;
-                S::put(out, rr * kvd + c1, (yr[rr * ld + c1] + b) + s * lv[0][rr]);
+        if (w < items) {
+            if (w < q_pairs + k_pairs) {
+                const bool is_q = w < q_pairs;
+                const int p = is_q ? w : w - q_pairs;
+                const int i = p % half;
+                const int c1 = (p / half) * head_dim + i, c2 = c1 + half;
+                float l[2][QKV_ROWS] = {};
+                if (is_q) lora_up<2>(u, 0, bq, {c1, c2}, r, l);
+                const int col = is_q ? 0 : qd;
+                const float b1 = bias[col + c1], b2 = bias[col + c2];
+                #pragma unroll  // registers l, lv: indexed by constants only
+                for (int rr = 0; rr < QKV_ROWS; ++rr) {
+                    if (rr >= nrows) continue;
+                    const float* yr = y + (size_t)(row0 + rr) * ld;
+                    const float x1 = (yr[col + c1] + b1) + s * l[0][rr];
+                    const float x2 = (yr[col + c2] + b2) + s * l[1][rr];
+                    const float sf = sn[rr * half + i], cf = cs[rr * half + i];
+                    typename S::T* out =
+                        is_q ? qr + (size_t)(row0 + rr) * qd : kr + (size_t)(row0 + rr) * kvd;
+                    S::put(out, c1, x1 * cf - x2 * sf);
+                    S::put(out, c2, x1 * sf + x2 * cf);
+                }
+            } else {
+                const int c = w - q_pairs - k_pairs;
+                float lv[1][QKV_ROWS];
+                lora_up<1>(u, r, bv, {c}, r, lv);
+                const float b = bias[qd + kvd + c];
+                #pragma unroll  // registers l, lv: indexed by constants only
+                for (int rr = 0; rr < QKV_ROWS; ++rr) {
+                    if (rr >= nrows) continue;
+                    const float* yr = y + (size_t)(row0 + rr) * ld;
+                    S::put(v, (size_t)(row0 + rr) * kvd + c, (yr[qd + kvd + c] + b) + s * lv[0][rr]);
+                }
             }
         }
     }
@@ -347,38 +328,31 @@ __device__ __forceinline__ void rope_qkv_bwd(const float* __restrict__ dqr, cons
         __syncthreads();
         #pragma unroll 1
         for (int w = threadIdx.x; w < items; w += blockDim.x) {
-            // The item, decoded once for the block's rows: a pair (c1, c2 =
-            // c1 + half) of q or k, pair i of its head, or column c1 of v;
-            // col is its first column in dy.
-            const bool is_q = w < q_pairs, is_pair = w < q_pairs + k_pairs;
-            if (is_pair) {
-                const int p = is_q ? w : w - q_pairs;
-                const int i = p % half;
-                const int c1 = (p / half) * head_dim + i, c2 = c1 + half;
-                const int col = is_q ? 0 : qd, in_ld = is_q ? qd : kvd;
-                const float* in = (is_q ? dqr : dkr) + (size_t)row0 * in_ld;
-                #pragma unroll
-                for (int rr = 0; rr < QKV_ROWS; ++rr) {
-                    if (rr >= nrows) continue;
-                    const size_t at = (size_t)(row0 + rr) * ld + col;
-                    const float g1 = in[rr * in_ld + c1], g2 = in[rr * in_ld + c2];
-                    const float2 x = qkv_rotate(g1, g2, sn[rr * half + i], cs[rr * half + i]);
-                    const float x1 = x.x, x2 = x.y;
-                    put_grad<BF16>(dy, dy16, at + c1, x1);
-                    put_grad<BF16>(dy, dy16, at + c2, x2);
+            for (int rr = 0; rr < nrows; ++rr) {
+                const size_t row = row0 + rr;
+                const size_t at = row * ld;
+                float* gr = grad + rr * g_ld;
+                if (w < q_pairs + k_pairs) {
+                    const bool is_q = w < q_pairs;
+                    const int p = is_q ? w : w - q_pairs;
+                    const int i = p % half;
+                    const int c1 = (p / half) * head_dim + i, c2 = c1 + half;
+                    const float* in = is_q ? dqr + row * qd : dkr + row * kvd;
+                    const float g1 = in[c1], g2 = in[c2];
+                    const float sf = sn[rr * half + i], cf = cs[rr * half + i];
+                    const float x1 = g1 * cf - g2 * sf, x2 = g1 * sf + g2 * cf;
+                    const int col = is_q ? 0 : qd;
+                    put_grad<BF16>(dy, dy16, at + col + c1, x1);
+                    put_grad<BF16>(dy, dy16, at + col + c2, x2);
                     if (is_q) {
-                        grad[rr * g_ld + c1] = x1;
-                        grad[rr * g_ld + c2] = x2;
+                        gr[c1] = x1;
+                        gr[c2] = x2;
                     }
-                }
-            } else {
-                const int c = w - q_pairs - k_pairs;
-                #pragma unroll
-                for (int rr = 0; rr < QKV_ROWS; ++rr) {
-                    if (rr >= nrows) continue;
-                    const float g = dv[(size_t)(row0 + rr) * kvd + c];
-                    put_grad<BF16>(dy, dy16, (size_t)(row0 + rr) * ld + qd + kvd + c, g);
-                    grad[rr * g_ld + qd + c] = g;
+                } else {
+                    const int c = w - q_pairs - k_pairs;
+                    const float g = dv[row * kvd + c];
+                    put_grad<BF16>(dy, dy16, at + qd + kvd + c, g);
+                    gr[qd + c] = g;
                 }
             }
         }
