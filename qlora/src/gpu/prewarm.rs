@@ -28,8 +28,10 @@ pub const CAST_MODULE: &str = crate::ops::cast::MODULE;
 /// list is defined.
 ///
 /// Every preset runs the same Qwen2-style decoder, so only the base format
-/// (NF4 adds the quantise / NF4 GEMM kernels; a bf16 base runs attention on
-/// the flash modules `attention_flash_*`, [`BaseWeights::attention_kernels`]),
+/// (NF4 adds the quantise / NF4 GEMM kernels; a base computing in bf16 runs
+/// attention on the flash modules `attention_flash_*`,
+/// [`BaseWeights::attention_kernels`], and its q/k/v epilogue on the bf16
+/// ones, [`crate::ops::rope::qkv_modules`]),
 /// the head dimension (the attention build: `attention_{fwd,dq,dkv}_d64` or
 /// `_d128`), the GEMM math of each direction (`attn`, the kernels it picks:
 /// TF32 runs attention on the tensor-core modules `attention_tc_*`, see
@@ -51,14 +53,13 @@ pub fn modules_for(
         crate::ops::embedding::MODULE,
         crate::ops::rmsnorm::MODULE,
         crate::ops::rmsnorm::bwd_module_for(config.hidden),
-        crate::ops::rope::QKV_FWD_MODULE,
-        crate::ops::rope::QKV_BWD_MODULE,
         crate::ops::activation::SWIGLU_MODULE,
         crate::ops::cross_entropy::MODULE,
         crate::ops::clip::MODULE,
         crate::train::kernels::MODULE,
         crate::ops::draw::MODULE,
     ];
+    modules.extend(crate::ops::rope::qkv_modules(base.computes_in_bf16()));
     let (fwd, bwd) = base.attention_kernels((fwd, bwd));
     modules.extend(attention::modules_for(config.head_dim, fwd, bwd));
     if base.is_nf4() {

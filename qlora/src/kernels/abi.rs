@@ -54,6 +54,8 @@ pub fn signatures() -> Vec<(&'static str, Signatures)> {
         (rope::MODULE, rope::SIGNATURES),
         (rope::QKV_FWD_MODULE, rope::QKV_FWD_SIGNATURES),
         (rope::QKV_BWD_MODULE, rope::QKV_BWD_SIGNATURES),
+        (rope::QKV_FWD_BF16_MODULE, rope::QKV_FWD_BF16_SIGNATURES),
+        (rope::QKV_BWD_BF16_MODULE, rope::QKV_BWD_BF16_SIGNATURES),
         (softmax::MODULE, softmax::SIGNATURES),
         (elementwise::MODULE, elementwise::SIGNATURES),
         (cross_entropy::MODULE, cross_entropy::SIGNATURES),

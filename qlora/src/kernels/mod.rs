@@ -138,18 +138,31 @@ pub const MODULES: &[ModuleSource] = &[
     ),
     module!("rope", ["rope_fwd_f32", "rope_bwd_f32"]),
     // The training step's fused q/k/v epilogue (RoPE with the LoRA
-    // up-projections) and its backward, from the same source, a module each.
+    // up-projections) and its backward, from the same source, a module
+    // each for an f32 step and for a bf16 one (a step pre-warms two).
     module_with!(
         "rope_qkv_fwd",
         "rope",
         "#define ROPE_QKV 1",
-        ["rope_qkv_fwd_f32", "rope_qkv_fwd_bf16"]
+        ["rope_qkv_fwd_f32"]
+    ),
+    module_with!(
+        "rope_qkv_fwd_bf16",
+        "rope",
+        "#define ROPE_QKV 1\n#define ROPE_QKV_BF16",
+        ["rope_qkv_fwd_bf16"]
     ),
     module_with!(
         "rope_qkv_bwd",
         "rope",
         "#define ROPE_QKV 2",
-        ["rope_qkv_bwd_f32", "rope_qkv_bwd_f32_bf16"]
+        ["rope_qkv_bwd_f32"]
+    ),
+    module_with!(
+        "rope_qkv_bwd_bf16",
+        "rope",
+        "#define ROPE_QKV 2\n#define ROPE_QKV_BF16",
+        ["rope_qkv_bwd_f32_bf16"]
     ),
     module!("softmax", ["softmax_fwd_f32", "softmax_bwd_f32"]),
     module_with!(

@@ -111,9 +111,10 @@ extern "C" __global__ void rope_bwd_f32(const float* __restrict__ dy, float* __r
 // serves QKV_ROWS rows; the angles come from a host-computed table (no double
 // math here, which keeps the module's NVRTC time small). r is a power of two <=
 // QKV_MAX_RANK (the launcher checks). The LoRA sums are plain f32 FMA in a
-// fixed order. Built as two modules of their own, the forward (ROPE_QKV 1)
-// and the backward (ROPE_QKV 2): the training step pre-warms both, and two
-// halves compile side by side in half the time of one module.
+// fixed order. Built as four modules of their own, the forward (ROPE_QKV 1)
+// and the backward (ROPE_QKV 2), each for an f32 step or (ROPE_QKV_BF16) a
+// bf16 one: a training step pre-warms the two it runs, and the parts
+// compile side by side in less time than one module.
 
 #define QKV_THREADS 512
 #define QKV_FWD_THREADS 128
@@ -273,8 +274,11 @@ __device__ __forceinline__ void rope_qkv_fwd(const float* __restrict__ y, long l
         rope_qkv_fwd<S>(y, ld, bq, bv, bias, s, qr, kr, v, u_out, rows, seq, heads, kv_heads,  \
                         head_dim, r, table);                                                  \
     }
+#ifndef ROPE_QKV_BF16
 ROPE_QKV_FWD(rope_qkv_fwd_f32, StoreF32)
+#else
 ROPE_QKV_FWD(rope_qkv_fwd_bf16, StoreBf16)
+#endif
 #endif
 
 #if ROPE_QKV == 2  // the backward's module
@@ -379,6 +383,7 @@ __device__ __forceinline__ void rope_qkv_bwd(const float* __restrict__ dqr, cons
     }
 }
 
+#ifndef ROPE_QKV_BF16
 extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const float* __restrict__ dkr,
                                             const float* __restrict__ dv, const float* __restrict__ bq,
                                             const float* __restrict__ bv, float s, float* __restrict__ dy,
@@ -388,6 +393,7 @@ extern "C" __global__ void rope_qkv_bwd_f32(const float* __restrict__ dqr, const
                         head_dim, r, table);
 }
 
+#else
 // The same, also writing dy's bf16 rounding into dy16 (the same layout).
 extern "C" __global__ void rope_qkv_bwd_f32_bf16(const float* __restrict__ dqr,
                                                  const float* __restrict__ dkr,
@@ -402,5 +408,6 @@ extern "C" __global__ void rope_qkv_bwd_f32_bf16(const float* __restrict__ dqr,
     rope_qkv_bwd<true>(dqr, dkr, dv, bq, bv, s, dy, dy16, ld, rows, seq, heads, kv_heads,
                        head_dim, r, table);
 }
+#endif
 #endif
 #endif  // ROPE_QKV

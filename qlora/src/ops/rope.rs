@@ -18,11 +18,27 @@ pub const MODULE: &str = "rope";
 /// The op name of the fused q/k/v epilogue's errors.
 const OP: &str = "rope_qkv";
 
-/// The module of the fused q/k/v epilogue ([`qkv_forward`]).
+/// The module of the fused q/k/v epilogue ([`qkv_forward`]) writing f32.
 pub const QKV_FWD_MODULE: &str = "rope_qkv_fwd";
+
+/// The module of the epilogue writing bf16 (a step computing in bf16).
+pub const QKV_FWD_BF16_MODULE: &str = "rope_qkv_fwd_bf16";
 
 /// The module of the epilogue's backward ([`qkv_backward`]).
 pub const QKV_BWD_MODULE: &str = "rope_qkv_bwd";
+
+/// The module of the backward also writing bf16 ([`qkv_backward_with_bf16`]).
+pub const QKV_BWD_BF16_MODULE: &str = "rope_qkv_bwd_bf16";
+
+/// The epilogue's forward and backward modules of a step that computes in
+/// bf16 (`bf16`) or in f32.
+pub fn qkv_modules(bf16: bool) -> [&'static str; 2] {
+    if bf16 {
+        [QKV_FWD_BF16_MODULE, QKV_BWD_BF16_MODULE]
+    } else {
+        [QKV_FWD_MODULE, QKV_BWD_MODULE]
+    }
+}
 
 /// Heads a thread rotates with one angle (`ROPE_HEADS` in the kernel).
 const ROPE_HEADS: usize = 4;
@@ -55,11 +71,10 @@ pub const SIGNATURES: Signatures = &[
     ),
 ];
 
-/// The argument lists of [`QKV_FWD_MODULE`]'s kernels: the same for both.
-pub const QKV_FWD_SIGNATURES: Signatures = &[
-    ("rope_qkv_fwd_f32", QKV_FWD_ARGS),
-    ("rope_qkv_fwd_bf16", QKV_FWD_ARGS),
-];
+/// The argument lists of the forward's kernels, a module each
+/// ([`QKV_FWD_MODULE`], [`QKV_FWD_BF16_MODULE`]): the same for both.
+pub const QKV_FWD_SIGNATURES: Signatures = &[("rope_qkv_fwd_f32", QKV_FWD_ARGS)];
+pub const QKV_FWD_BF16_SIGNATURES: Signatures = &[("rope_qkv_fwd_bf16", QKV_FWD_ARGS)];
 
 /// The forward's arguments: the outputs q, k, v are f32 or bf16 pointers.
 const QKV_FWD_ARGS: &[Arg] = &[
@@ -82,8 +97,10 @@ const QKV_FWD_ARGS: &[Arg] = &[
     Arg::Ptr,
 ];
 
-/// The argument lists of [`QKV_BWD_MODULE`]'s kernels.
-pub const QKV_BWD_SIGNATURES: Signatures = &[QKV_BWD, QKV_BWD_BF16];
+/// The argument lists of the backward's kernels, a module each
+/// ([`QKV_BWD_MODULE`], [`QKV_BWD_BF16_MODULE`]).
+pub const QKV_BWD_SIGNATURES: Signatures = &[QKV_BWD];
+pub const QKV_BWD_BF16_SIGNATURES: Signatures = &[QKV_BWD_BF16];
 
 /// The f32 backward of the fused epilogue.
 const QKV_BWD: Signature = (
@@ -324,11 +341,11 @@ pub fn qkv_forward(
     expect_len(OP, "u", u.len(), &[rows, 2 * r])?;
     let ld = sh.width() as i64;
     let ints = sh.ints(gpu.faults())?;
-    let symbol = match out {
-        QkvOut::F32(..) => "rope_qkv_fwd_f32",
-        QkvOut::Bf16(..) => "rope_qkv_fwd_bf16",
+    let (module, symbol) = match out {
+        QkvOut::F32(..) => (QKV_FWD_MODULE, "rope_qkv_fwd_f32"),
+        QkvOut::Bf16(..) => (QKV_FWD_BF16_MODULE, "rope_qkv_fwd_bf16"),
     };
-    let f = gpu.function(QKV_FWD_MODULE, symbol)?;
+    let f = gpu.function(module, symbol)?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(y).arg(&ld).arg(bq).arg(bv).arg(bias).arg(&s);
     match out {
@@ -443,12 +460,12 @@ fn qkv_backward_into(
     expect_len(OP, "dy", dy.len(), &[rows, sh.width()])?;
     let ld = sh.width() as i64;
     let ints = sh.ints(gpu.faults())?;
-    let symbol = if dy16.is_some() {
-        QKV_BWD_BF16.0
+    let (module, symbol) = if dy16.is_some() {
+        (QKV_BWD_BF16_MODULE, QKV_BWD_BF16.0)
     } else {
-        QKV_BWD.0
+        (QKV_BWD_MODULE, QKV_BWD.0)
     };
-    let f = gpu.function(QKV_BWD_MODULE, symbol)?;
+    let f = gpu.function(module, symbol)?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(dqr).arg(dkr).arg(dv).arg(bq).arg(bv).arg(&s);
     l.arg(dy);
