@@ -191,4 +191,52 @@ mod tests {
             }
         }
     }
+
+    /// A step pre-warms the q/k/v epilogue's modules of its own compute
+    /// type only, and every kernel of it is in one of them.
+    #[test]
+    fn the_qkv_epilogue_modules_follow_the_compute_type() {
+        use crate::ops::rope;
+        let attn = (AttnKernels::TensorCores, AttnKernels::F32);
+        let config = &crate::model::PRESETS[0];
+        for base in [
+            BaseWeights::Fp32,
+            BaseWeights::Nf4,
+            BaseWeights::Bf16,
+            BaseWeights::Nf4Bf16,
+        ] {
+            let modules = modules_for(config, base, attn, false);
+            let bf16 = base.computes_in_bf16();
+            for (module, wanted) in [
+                (rope::QKV_FWD_MODULE, !bf16),
+                (rope::QKV_BWD_MODULE, !bf16),
+                (rope::QKV_FWD_BF16_MODULE, bf16),
+                (rope::QKV_BWD_BF16_MODULE, bf16),
+            ] {
+                assert_eq!(modules.contains(&module), wanted, "{base:?} {module}");
+            }
+        }
+        let symbols: Vec<&str> = [
+            rope::QKV_FWD_MODULE,
+            rope::QKV_BWD_MODULE,
+            rope::QKV_FWD_BF16_MODULE,
+            rope::QKV_BWD_BF16_MODULE,
+        ]
+        .iter()
+        .flat_map(|m| {
+            kernels::module(m)
+                .map_or(&[][..], |s| s.symbols)
+                .iter()
+                .copied()
+        })
+        .collect();
+        for kernel in [
+            "rope_qkv_fwd_f32",
+            "rope_qkv_fwd_bf16",
+            "rope_qkv_bwd_f32",
+            "rope_qkv_bwd_f32_bf16",
+        ] {
+            assert!(symbols.contains(&kernel), "{kernel}");
+        }
+    }
 }
