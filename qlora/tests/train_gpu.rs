@@ -2,7 +2,9 @@
 //! re-captures its graph for the new length and keeps computing what an
 //! eager trainer computes on the same batches; the device transpose the fast
 //! configuration keeps `W^T` with; the device's draws of seeded weights; the
-//! LoRA weight gradients of the TF32 backward against the FP32 one's.
+//! LoRA weight gradients of the TF32 backward against the FP32 one's; the
+//! RMSNorm weight gradients the step sums after its whole backward against
+//! those summed after each backward.
 //!
 //! Needs a GPU: run on the GPU machine with `train_gpu --ignored`.
 
@@ -170,5 +172,78 @@ fn device_draws_are_the_hosts_values_bit_for_bit() {
         check::<f32>(&mut gpu, draw, seed);
         check::<u16>(&mut gpu, draw, seed);
         check::<Bf16>(&mut gpu, draw, seed);
+    }
+}
+
+/// The RMSNorm backward with its dgamma left in slots of the workspace and
+/// summed by one launch afterwards gives each dgamma (and dx) bit for bit as
+/// the backward that sums it at once, for the warp-per-row build (hidden
+/// 896, the step's) and a row-group one (hidden 100 is not in packs).
+#[test]
+#[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
+fn norm_gradients_summed_later_are_those_summed_at_once() {
+    use qlora::gpu::table::address;
+    use qlora::gpu::TensorTable;
+    use qlora::ops::rmsnorm::{self, BackwardWorkspace, Dgamma, DxOut};
+    assert!(driver_present(), "no CUDA driver");
+    let mut gpu = GpuContext::new(GpuOptions::default()).unwrap();
+    for (rows, hidden) in [(1024, 896), (77, 100)] {
+        let slots = 3;
+        let value =
+            |i: usize, salt: usize| ((i * 7919 + salt * 104_729) % 1000) as f32 / 250.0 - 2.0;
+        let x: Vec<f32> = (0..rows * hidden).map(|i| value(i, 1)).collect();
+        let dys: Vec<Vec<f32>> = (0..slots)
+            .map(|n| (0..rows * hidden).map(|i| value(i, 2 + n)).collect())
+            .collect();
+        let gamma: Vec<f32> = (0..hidden).map(|i| 1.0 + value(i, 9) / 8.0).collect();
+        let (x, gamma) = (gpu.upload(&x).unwrap(), gpu.upload(&gamma).unwrap());
+        let dys: Vec<_> = dys.iter().map(|d| gpu.upload(d).unwrap()).collect();
+        let mut ws = BackwardWorkspace::with_slots(&gpu, rows, hidden, slots).unwrap();
+        let shape = (rows, hidden, 1e-6);
+        let mut at_once = Vec::new();
+        let later: Vec<_> = (0..slots)
+            .map(|_| gpu.zeros::<f32>(hidden).unwrap())
+            .collect();
+        let mut dx_later = Vec::new();
+        for (n, dy) in dys.iter().enumerate() {
+            for now in [true, false] {
+                let mut dx = gpu.zeros::<f32>(rows * hidden).unwrap();
+                let mut dgamma = gpu.zeros::<f32>(hidden).unwrap();
+                let mut dgamma_view = dgamma.as_view_mut();
+                let out = DxOut {
+                    dx: &mut dx.as_view_mut(),
+                    onto: false,
+                    dx16: None,
+                };
+                let how = if now {
+                    Dgamma::Now(&mut dgamma_view)
+                } else {
+                    Dgamma::Slot(n)
+                };
+                let inputs = (&x.as_view(), &gamma.as_view(), &dy.as_view());
+                rmsnorm::backward_to(&mut gpu, inputs, shape, out, how, &mut ws).unwrap();
+                let dx = gpu.download(&dx).unwrap();
+                if now {
+                    at_once.push((dx, gpu.download(&dgamma).unwrap()));
+                } else {
+                    dx_later.push(dx);
+                }
+            }
+        }
+        let ptrs = later.iter().map(|t| address(&gpu, t)).collect();
+        let table = TensorTable::new(&gpu, &[ptrs], &vec![hidden; slots]).unwrap();
+        ws.sum_slots(&mut gpu, &table).unwrap();
+        for n in 0..slots {
+            let dgamma = gpu.download(&later[n]).unwrap();
+            let (dx, expected) = &at_once[n];
+            assert_eq!(&dx_later[n], dx, "dx of slot {n}, hidden {hidden}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&dgamma),
+                bits(expected),
+                "dgamma of slot {n}, hidden {hidden}"
+            );
+            assert!(dgamma.iter().any(|&v| v != 0.0), "slot {n} summed nothing");
+        }
     }
 }

@@ -104,37 +104,61 @@ pub const MODULES: &[ModuleSource] = &[
         "rmsnorm_bwd_warp1",
         "rmsnorm",
         "#define RMS_PART 32\n#define RMS_WARP_PACKS 1",
-        ["rmsnorm_bwd_warp1_f32", "rmsnorm_bwd_dgamma_final_f32"]
+        [
+            "rmsnorm_bwd_warp1_f32",
+            "rmsnorm_bwd_dgamma_final_f32",
+            "rmsnorm_bwd_dgamma_table_f32"
+        ]
     ),
     module_with!(
         "rmsnorm_bwd_warp2",
         "rmsnorm",
         "#define RMS_PART 32\n#define RMS_WARP_PACKS 2",
-        ["rmsnorm_bwd_warp2_f32", "rmsnorm_bwd_dgamma_final_f32"]
+        [
+            "rmsnorm_bwd_warp2_f32",
+            "rmsnorm_bwd_dgamma_final_f32",
+            "rmsnorm_bwd_dgamma_table_f32"
+        ]
     ),
     module_with!(
         "rmsnorm_bwd_warp4",
         "rmsnorm",
         "#define RMS_PART 32\n#define RMS_WARP_PACKS 4",
-        ["rmsnorm_bwd_warp4_f32", "rmsnorm_bwd_dgamma_final_f32"]
+        [
+            "rmsnorm_bwd_warp4_f32",
+            "rmsnorm_bwd_dgamma_final_f32",
+            "rmsnorm_bwd_dgamma_table_f32"
+        ]
     ),
     module_with!(
         "rmsnorm_bwd_warp8",
         "rmsnorm",
         "#define RMS_PART 32\n#define RMS_WARP_PACKS 8",
-        ["rmsnorm_bwd_warp8_f32", "rmsnorm_bwd_dgamma_final_f32"]
+        [
+            "rmsnorm_bwd_warp8_f32",
+            "rmsnorm_bwd_dgamma_final_f32",
+            "rmsnorm_bwd_dgamma_table_f32"
+        ]
     ),
     module_with!(
         "rmsnorm_bwd_block",
         "rmsnorm",
         "#define RMS_PART 1",
-        ["rmsnorm_bwd_f32", "rmsnorm_bwd_dgamma_final_f32"]
+        [
+            "rmsnorm_bwd_f32",
+            "rmsnorm_bwd_dgamma_final_f32",
+            "rmsnorm_bwd_dgamma_table_f32"
+        ]
     ),
     module_with!(
         "rmsnorm_bwd_wide",
         "rmsnorm",
         "#define RMS_PART 8",
-        ["rmsnorm_bwd_wide_f32", "rmsnorm_bwd_dgamma_final_f32"]
+        [
+            "rmsnorm_bwd_wide_f32",
+            "rmsnorm_bwd_dgamma_final_f32",
+            "rmsnorm_bwd_dgamma_table_f32"
+        ]
     ),
     module!("rope", ["rope_fwd_f32", "rope_bwd_f32"]),
     // The training step's fused q/k/v epilogue (RoPE with the LoRA

@@ -15,7 +15,10 @@
 // dgamma is reduced deterministically, in a fixed order independent of
 // scheduling: the backward's block c handles a fixed chunk of rows in row
 // order and writes, for each column, its chunk's partial sum; a final kernel
-// sums the chunk partials in a fixed tree. No atomics.
+// sums the chunk partials in a fixed tree. No atomics. The training step
+// defers that final sum: each norm's backward writes its partials to a
+// region of its own, and one launch after the whole backward sums every
+// norm's (rmsnorm_bwd_dgamma_table_f32), in the same order.
 //
 // Rows up to 1024 columns wide take the warp-per-row backward instead: a
 // warp owns a row (lane l holds packs l + 32 k), so a row's two sums are
@@ -32,9 +35,10 @@
 //                                   only that);
 //   RMS_PART 32  rmsnorm_bwd_warpP  the warp-per-row backward with P packs a
 //                                   lane (RMS_WARP_PACKS: 1, 2, 4 or 8) and
-//                                   the dgamma final;
-//   RMS_PART 1   rmsnorm_bwd_block  the one-pack backward and the dgamma final;
-//   RMS_PART 8   rmsnorm_bwd_wide   the eight-pack backward and the dgamma final.
+//                                   the dgamma finals (one norm, or a table
+//                                   of them);
+//   RMS_PART 1   rmsnorm_bwd_block  the one-pack backward and the finals;
+//   RMS_PART 8   rmsnorm_bwd_wide   the eight-pack backward and the finals.
 
 #define RMS_PACKS 4
 
@@ -474,12 +478,9 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd_wide_f32(
 // adjacent columns: one line); then thread g = 0 adds the 32 group sums in
 // order. A fixed order: bit-for-bit reproducible.
 #define DGAMMA_GROUPS 32
-extern "C" __global__ void rmsnorm_bwd_dgamma_final_f32(const float* __restrict__ partials,
-                                                        float* __restrict__ dgamma,
-                                                        int hidden, int chunks, int n_write) {
-    // Launched as the backward's programmatic dependent: the partials are
-    // read only once the backward has finished and its writes are visible.
-    wait_for_predecessor();
+__device__ __forceinline__ void dgamma_sum(const float* __restrict__ partials,
+                                           float* __restrict__ dgamma, int hidden, int chunks,
+                                           int n_write) {
     __shared__ float group[DGAMMA_GROUPS][33];
     const int col = blockIdx.x * 32 + threadIdx.x;
     const int g = threadIdx.y;
@@ -502,6 +503,28 @@ extern "C" __global__ void rmsnorm_bwd_dgamma_final_f32(const float* __restrict_
     float total = 0.0f;
     for (int k = 0; k < DGAMMA_GROUPS; ++k) total += group[k][threadIdx.x];
     dgamma[col] = total;
+}
+
+extern "C" __global__ void rmsnorm_bwd_dgamma_final_f32(const float* __restrict__ partials,
+                                                        float* __restrict__ dgamma,
+                                                        int hidden, int chunks, int n_write) {
+    // Launched as the backward's programmatic dependent: the partials are
+    // read only once the backward has finished and its writes are visible.
+    wait_for_predecessor();
+    dgamma_sum(partials, dgamma, hidden, chunks, n_write);
+}
+
+// The same sum for several norms of one shape at once, the training step's
+// after its whole backward: norm n = blockIdx.y sums its partials, the
+// n-th [chunks, hidden] block of `partials`, into the tensor at address
+// dgammas[n]. Each norm's sum is the one rmsnorm_bwd_dgamma_final_f32
+// computes, in the same order.
+extern "C" __global__ void rmsnorm_bwd_dgamma_table_f32(const float* __restrict__ partials,
+                                                        const unsigned long long* __restrict__ dgammas,
+                                                        int hidden, int chunks) {
+    const int n = blockIdx.y;
+    float* dgamma = reinterpret_cast<float*>(dgammas[n]);
+    dgamma_sum(partials + (size_t)n * chunks * hidden, dgamma, hidden, chunks, hidden);
 }
 
 #endif  // RMS_PART

@@ -6,6 +6,7 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, LaunchConfig, 
 
 use super::launch::{expect_len, row_threads, DependentLaunch};
 use crate::error::{Error, Result};
+use crate::gpu::table::TensorTable;
 use crate::gpu::{launch_config_rows, to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signature, Signatures};
 use crate::ops::cast::Bf16;
@@ -129,12 +130,16 @@ pub fn bwd_module_for(hidden: usize) -> &'static str {
     aligned_rows_build(hidden).module
 }
 
-/// Backward build `i`'s module: its kernel and the dgamma final.
+/// Backward build `i`'s module: its kernel and the dgamma finals.
 macro_rules! bwd_signatures {
     ($i:literal) => {
         (
             BWD_BUILDS[$i].module,
-            &[(BWD_BUILDS[$i].symbol, BWD_ARGS), DGAMMA_FINAL],
+            &[
+                (BWD_BUILDS[$i].symbol, BWD_ARGS),
+                DGAMMA_FINAL,
+                DGAMMA_TABLE,
+            ],
         )
     };
 }
@@ -212,6 +217,10 @@ const BWD_ARGS: &[Arg] = &[
 const DGAMMA_FINAL: Signature = (
     "rmsnorm_bwd_dgamma_final_f32",
     &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::I32],
+);
+const DGAMMA_TABLE: Signature = (
+    "rmsnorm_bwd_dgamma_table_f32",
+    &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32],
 );
 
 /// Threads per block of the residual row kernel (at most; fewer for narrow rows).
@@ -466,12 +475,21 @@ pub fn forward_residual(
 /// Scratch of the backward: the per-chunk dgamma partials. Allocated once
 /// per shape, so the backward allocates nothing (and can be captured in a
 /// CUDA graph).
+///
+/// Its partials are `1 + slots` regions of `chunks x hidden` floats: region
+/// 0 for a backward whose dgamma is summed at once ([`Dgamma::Now`]) or
+/// not wanted, region `1 + n` for slot `n` ([`Dgamma::Slot`]), whose sum
+/// waits for [`BackwardWorkspace::sum_slots`].
 pub struct BackwardWorkspace {
     rows: usize,
     hidden: usize,
     rows_per_chunk: usize,
     chunks: usize,
+    slots: usize,
     partials: CudaSlice<f32>,
+    /// The module of the last backward into a slot: the one whose table
+    /// kernel sums the slots (every backward module holds it).
+    slot_module: Option<&'static str>,
 }
 
 impl BackwardWorkspace {
@@ -479,23 +497,110 @@ impl BackwardWorkspace {
     /// `MAX_CHUNKS` chunks of `rows_per_chunk` rows (a multiple of
     /// `WARPS_PER_BLOCK` for the warp-per-row builds).
     pub fn new(gpu: &GpuContext, rows: usize, hidden: usize) -> Result<Self> {
+        Self::with_slots(gpu, rows, hidden, 0)
+    }
+
+    /// The same, with `slots` more regions of partials for backwards whose
+    /// dgamma [`BackwardWorkspace::sum_slots`] sums later, all in one
+    /// launch.
+    pub fn with_slots(gpu: &GpuContext, rows: usize, hidden: usize, slots: usize) -> Result<Self> {
         check_dims(rows, hidden)?;
-        // The chunks of the build aligned rows take; the row-group builds,
-        // which take the others, run with any chunking.
-        let rows_per_chunk = match aligned_rows_build(hidden).layout {
-            RowLayout::Warp => WARPS_PER_BLOCK * rows.div_ceil(WARPS_PER_BLOCK * MAX_CHUNKS),
-            RowLayout::Group => rows.div_ceil(MAX_CHUNKS),
-        }
-        .max(1);
-        let chunks = rows.div_ceil(rows_per_chunk).max(1);
+        let (rows_per_chunk, chunks) = chunking(rows, hidden);
         Ok(BackwardWorkspace {
             rows,
             hidden,
             rows_per_chunk,
             chunks,
-            partials: gpu.zeros(chunks * hidden)?,
+            slots,
+            partials: gpu.zeros((1 + slots) * chunks * hidden)?,
+            slot_module: None,
         })
     }
+
+    /// Device bytes of [`BackwardWorkspace::with_slots`]'s scratch.
+    pub fn bytes_for(rows: usize, hidden: usize, slots: usize) -> usize {
+        4 * (1 + slots) * chunking(rows, hidden).1 * hidden
+    }
+
+    /// Device bytes of the scratch.
+    pub fn bytes(&self) -> usize {
+        4 * self.partials.len()
+    }
+
+    /// `dgamma_n[i] = sum_c partials_n[c, i]` for every slot `n`, into the
+    /// tensor at row `n` of `dgammas` (a table of `slots` tensors of
+    /// `hidden` floats, whose first column holds their addresses), each sum
+    /// in the order [`Dgamma::Now`] adds it. One launch for every slot.
+    pub fn sum_slots(&self, gpu: &mut GpuContext, dgammas: &TensorTable) -> Result<()> {
+        if dgammas.tensors != self.slots || dgammas.total != self.slots * self.hidden {
+            return Err(Error::ShapeMismatch {
+                op: "rmsnorm",
+                expected: format!(
+                    "a table of {} tensors of {} floats",
+                    self.slots, self.hidden
+                ),
+                got: format!("{} tensors, {} floats", dgammas.tensors, dgammas.total),
+            });
+        }
+        let Some(module) = self.slot_module else {
+            return Err(Error::InvalidArgument {
+                op: "rmsnorm",
+                message: "no backward has written a slot to sum".into(),
+            });
+        };
+        let (hidden_i, chunks_i) = (
+            to_i32("rmsnorm", "hidden", self.hidden)?,
+            to_i32("rmsnorm", "chunks", self.chunks)?,
+        );
+        let slots = u32::try_from(self.slots).map_err(|_| Error::InvalidArgument {
+            op: "rmsnorm",
+            message: format!("{} slots exceed a grid", self.slots),
+        })?;
+        let cfg = LaunchConfig {
+            grid_dim: (hidden_i.unsigned_abs().div_ceil(32), slots, 1),
+            block_dim: (32, FINAL_GROUPS, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = gpu.function(module, DGAMMA_TABLE.0)?;
+        let region = self.chunks * self.hidden;
+        let slot_partials = self.partials.slice(region..);
+        let mut l = gpu.stream().launch_builder(&f);
+        l.arg(&slot_partials)
+            .arg(&dgammas.ptrs)
+            .arg(&hidden_i)
+            .arg(&chunks_i);
+        // SAFETY: rmsnorm_bwd_dgamma_table_f32(const float* partials, const
+        // unsigned long long* dgammas, int hidden, int chunks): blockDim (32,
+        // 32) as its shared table needs; block row n < slots reads region n of
+        // slot_partials (slots x chunks x hidden floats, allocated so) and
+        // writes hidden floats at dgammas[n], the address of a live tensor of
+        // hidden floats (the table's shape is checked above; its owner keeps
+        // the tensors alive while the table exists).
+        unsafe { l.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+/// Rows per chunk of the backward over `[rows, hidden]`, and chunks: those
+/// of the build aligned rows take (the row-group builds, which take the
+/// others, run with any chunking).
+fn chunking(rows: usize, hidden: usize) -> (usize, usize) {
+    let rows_per_chunk = match aligned_rows_build(hidden).layout {
+        RowLayout::Warp => WARPS_PER_BLOCK * rows.div_ceil(WARPS_PER_BLOCK * MAX_CHUNKS),
+        RowLayout::Group => rows.div_ceil(MAX_CHUNKS),
+    }
+    .max(1);
+    (rows_per_chunk, rows.div_ceil(rows_per_chunk).max(1))
+}
+
+/// Where the backward puts its weight gradient.
+pub enum Dgamma<'a, 'b> {
+    /// Summed into this tensor right after the backward (a second launch).
+    Now(&'a mut CudaViewMut<'b, f32>),
+    /// Left as partials in slot `n`, for [`BackwardWorkspace::sum_slots`].
+    Slot(usize),
+    /// Not wanted (a frozen weight): the partials are never summed.
+    Discarded,
 }
 
 /// Gradients of RMSNorm: `dx` `[rows, hidden]` and `dgamma` `[hidden]`
@@ -520,6 +625,7 @@ pub fn backward(
         onto: false,
         dx16: None,
     };
+    let dgamma = Dgamma::Now(dgamma);
     backward_to(gpu, (x, gamma, dy), (rows, hidden, eps), out, dgamma, ws)
 }
 
@@ -534,13 +640,13 @@ pub struct DxOut<'a, 'b> {
 }
 
 /// [`backward`] of `(x, gamma, dy)` with shape `(rows, hidden, eps)`, its
-/// `dx` stored as `out` says; `dgamma` as [`backward`] writes it.
+/// `dx` stored as `out` says and its `dgamma` as `dgamma` says.
 pub fn backward_to(
     gpu: &mut GpuContext,
     (x, gamma, dy): (&CudaView<'_, f32>, &CudaView<'_, f32>, &CudaView<'_, f32>),
     (rows, hidden, eps): (usize, usize, f64),
     out: DxOut<'_, '_>,
-    dgamma: &mut CudaViewMut<'_, f32>,
+    dgamma: Dgamma<'_, '_>,
     ws: &mut BackwardWorkspace,
 ) -> Result<()> {
     check_dims(rows, hidden)?;
@@ -551,7 +657,9 @@ pub fn backward_to(
         expect_len("rmsnorm", "dx16", dx16.len(), &[rows, hidden])?;
     }
     expect_len("rmsnorm", "gamma", gamma.len(), &[hidden])?;
-    expect_len("rmsnorm", "dgamma", dgamma.len(), &[hidden])?;
+    if let Dgamma::Now(dgamma) = &dgamma {
+        expect_len("rmsnorm", "dgamma", dgamma.len(), &[hidden])?;
+    }
     if (ws.rows, ws.hidden) != (rows, hidden) {
         return Err(Error::ShapeMismatch {
             op: "rmsnorm",
@@ -570,16 +678,24 @@ pub fn backward_to(
         hidden,
         packed(gpu, hidden, [x, gamma, dy], dx, dx16.as_deref()),
     );
+    let region = ws.chunks * hidden;
+    let first = match dgamma {
+        Dgamma::Now(_) | Dgamma::Discarded => 0,
+        Dgamma::Slot(n) if n < ws.slots => region * (1 + n),
+        Dgamma::Slot(n) => {
+            return Err(Error::InvalidArgument {
+                op: "rmsnorm",
+                message: format!("slot {n} of a workspace of {} slots", ws.slots),
+            })
+        }
+    };
     let f = gpu.function(build.module, build.symbol)?;
     let cfg = bwd_config(gpu, build, ws.chunks, hidden)?;
     let onto_i = i32::from(onto);
     let no_dx16 = 0u64;
+    let mut partials = ws.partials.slice_mut(first..first + region);
     let mut l = gpu.stream().launch_builder(&f);
-    l.arg(x)
-        .arg(gamma)
-        .arg(dy)
-        .arg(&mut *dx)
-        .arg(&mut ws.partials);
+    l.arg(x).arg(gamma).arg(dy).arg(&mut *dx).arg(&mut partials);
     l.arg(&rows_i).arg(&hidden_i).arg(&eps_f);
     l.arg(&per_chunk_i).arg(&chunks_i).arg(&onto_i);
     match dx16 {
@@ -591,8 +707,8 @@ pub fn backward_to(
     // int hidden, float eps, int rows_per_chunk, int chunks, int onto, unsigned
     // short* dx16): x, dy, dx (and dx16 when given; a null pointer otherwise,
     // which the kernels test before every store) hold rows * hidden >= rows_i *
-    // hidden elements, gamma hidden, partials chunks * hidden (the workspace
-    // shape is checked above); dx and dx16 are mutable borrows aliasing no
+    // hidden elements, gamma hidden, partials chunks * hidden (one region of
+    // the workspace, whose shape is checked above); dx and dx16 are mutable borrows aliasing no
     // input, and each thread reads the elements of dx it writes before it
     // writes them; chunk c touches rows [c * rows_per_chunk, min(rows_i, (c +
     // 1) * rows_per_chunk)) and partials row c; hidden <= the build's
@@ -601,7 +717,14 @@ pub fn backward_to(
     // (hidden % 4 == 0, every buffer aligned as `packed` checks), and blockDim
     // is as bwd_config documents, within the kernel's launch bounds.
     unsafe { l.launch(cfg) }?;
-    dgamma_final(gpu, build, &ws.partials, chunks_i, hidden_i, dgamma)
+    match dgamma {
+        Dgamma::Now(dgamma) => dgamma_final(gpu, build, &ws.partials, chunks_i, hidden_i, dgamma),
+        Dgamma::Slot(_) => {
+            ws.slot_module = Some(build.module);
+            Ok(())
+        }
+        Dgamma::Discarded => Ok(()),
+    }
 }
 
 /// The backward's launch over `chunks` chunks of rows `hidden` wide:
@@ -719,7 +842,8 @@ mod tests {
             let kernels: Vec<&str> = listed
                 .map(|(_, k)| k.iter().map(|s| s.0).collect())
                 .unwrap_or_default();
-            assert_eq!(kernels, [build.symbol, DGAMMA_FINAL.0], "{}", build.module);
+            let expected = [build.symbol, DGAMMA_FINAL.0, DGAMMA_TABLE.0];
+            assert_eq!(kernels, expected, "{}", build.module);
         }
     }
 }

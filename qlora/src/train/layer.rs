@@ -76,6 +76,47 @@ impl<'a> LayerParams<'a> {
     }
 }
 
+/// The norm weights of a layer, in the order of their slots of the RMSNorm
+/// backward's workspace ([`norm_slot`]).
+const NORMS: [Slot; 2] = [Slot::AttnNorm, Slot::MlpNorm];
+
+/// Trainable norms of a model of `layers` layers: the slots of the RMSNorm
+/// backward's workspace, whose partials are summed after the whole backward.
+pub(super) fn norm_slots(layers: usize) -> usize {
+    NORMS.len() * layers
+}
+
+/// The slot of `layer`'s norm weight `slot`: [`Slot::AttnNorm`]'s, or
+/// [`Slot::MlpNorm`]'s for any other (the two of [`NORMS`], in order).
+fn norm_slot(layer: usize, slot: Slot) -> usize {
+    NORMS.len() * layer + usize::from(slot != Slot::AttnNorm)
+}
+
+/// The table [`rmsnorm::BackwardWorkspace::sum_slots`] sums into: row
+/// [`norm_slot`]`(l, s)` addresses the gradient of layer `l`'s norm `s` in
+/// `g` (the trainer's gradients, which outlive the table and never move).
+pub(super) fn norm_grad_table(
+    gpu: &GpuContext,
+    layers: usize,
+    g: &[CudaSlice<f32>],
+) -> Result<TensorTable> {
+    let mut ptrs = Vec::with_capacity(norm_slots(layers));
+    let mut lens = Vec::with_capacity(norm_slots(layers));
+    for layer in 0..layers {
+        for slot in NORMS {
+            let grad = g
+                .get(Trainable::index(layer, slot))
+                .ok_or(Error::InvalidArgument {
+                    op: "rmsnorm",
+                    message: format!("no gradient of layer {layer}'s {slot:?}"),
+                })?;
+            ptrs.push(address(gpu, grad));
+            lens.push(grad.len());
+        }
+    }
+    TensorTable::new(gpu, &[ptrs], &lens)
+}
+
 /// Where each LoRA A tensor lies in a layer's q/k/v stack `[Wq; Wk; Wv; Aq;
 /// Av]` (`[width, hidden]`, row-major): `Aq`'s elements, then `Av`'s.
 fn lora_a_rows(c: &ModelConfig) -> [(Slot, Range<usize>); 2] {
@@ -271,7 +312,9 @@ impl<'a> DecoderLayer<'a> {
     }
 
     /// Turns `grads.dx` from the gradient of `xs[l + 1]` into that of
-    /// `xs[l]`, writing the layer's trainable gradients into `g`.
+    /// `xs[l]`, writing the layer's LoRA gradients into `g` and its norm
+    /// weights' partial sums into their slots of `grads.norm` (summed into
+    /// `g` by the step once every layer's backward has run).
     pub(super) fn backward(
         &self,
         gpu: &mut GpuContext,
@@ -280,7 +323,7 @@ impl<'a> DecoderLayer<'a> {
         stack: StackRef,
         g: &mut [CudaSlice<f32>],
     ) -> Result<()> {
-        self.mlp.backward(gpu, ctx, ws, g)?;
+        self.mlp.backward(gpu, ctx, ws)?;
         self.attn.backward(gpu, ctx, ws, stack, g)
     }
 }
@@ -498,9 +541,9 @@ impl Attention<'_> {
         self.qkv_input_grad(gpu, ctx, ws, stack)?;
         let (a, d) = (&ws.layers[l], &mut ws.grads);
         self.lora_backward(gpu, ctx, a, d, g)?;
-        let norm = self.params.index(Slot::AttnNorm);
         let inputs = (&ws.xs[l], self.params.get(Slot::AttnNorm), &d.dn1);
-        let (dgamma, second) = (&mut g[norm], &mut ws.bf16_second_input);
+        let dgamma = rmsnorm::Dgamma::Slot(norm_slot(l, Slot::AttnNorm));
+        let second = &mut ws.bf16_second_input;
         norm_backward(
             gpu,
             c,
@@ -702,7 +745,8 @@ fn bf16_input_grad<C: GemmOut>(
 }
 
 /// `rmsnorm'(dn)` of input `x` and weight `gamma` into `dx` (added onto it
-/// when `onto`), its weight gradient into `dgamma`; with a bf16 base (which
+/// when `onto`), its weight gradient as `dgamma` says (a layer's into its
+/// slot of `ws`, summed after the whole backward); with a bf16 base (which
 /// has the second bf16 buffer `second`) also `dx`'s bf16 rounding into its
 /// front, for the next block's first [`input_grad`] ([`Bf16Dy::InSecond`]).
 /// The final norm writes the top layer's residual gradient this way
@@ -713,7 +757,7 @@ pub(super) fn norm_backward(
     c: &ModelConfig,
     (x, gamma, dn): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     (dx, onto, second): (&mut CudaSlice<f32>, bool, &mut Option<CudaSlice<Bf16>>),
-    dgamma: &mut CudaSlice<f32>,
+    dgamma: rmsnorm::Dgamma<'_, '_>,
     ws: &mut rmsnorm::BackwardWorkspace,
 ) -> Result<()> {
     let n = dx.len();
@@ -728,7 +772,7 @@ pub(super) fn norm_backward(
     };
     let inputs = (&x.as_view(), &gamma.as_view(), &dn.as_view());
     let shape = (c.tokens(), c.hidden, c.rms_eps);
-    rmsnorm::backward_to(gpu, inputs, shape, out, &mut dgamma.as_view_mut(), ws)
+    rmsnorm::backward_to(gpu, inputs, shape, out, dgamma, ws)
 }
 
 /// `y = x W^T + beta y` of the frozen `lin`'s forward (`W` `[out, in]`, `x`
@@ -1018,14 +1062,8 @@ impl Mlp<'_> {
 
     /// The backward of [`Mlp::forward`]: `dx` (the gradient of `x'`) through
     /// down, SwiGLU, gate and up into `dn2`, then `dx += rmsnorm'(dn2)`, with
-    /// the gradient of `g2`.
-    fn backward(
-        &self,
-        gpu: &mut GpuContext,
-        ctx: &LayerCtx,
-        ws: &mut Workspace,
-        g: &mut [CudaSlice<f32>],
-    ) -> Result<()> {
+    /// the partial sums of `g2`'s gradient in its slot of `grads.norm`.
+    fn backward(&self, gpu: &mut GpuContext, ctx: &LayerCtx, ws: &mut Workspace) -> Result<()> {
         let (c, bwd) = (&ctx.c, ctx.bwd);
         let a = &ws.layers[self.params.layer];
         let d = &mut ws.grads;
@@ -1065,9 +1103,9 @@ impl Mlp<'_> {
             }
             _ => return Err(gate_up_mismatch()),
         }
-        let norm = self.params.index(Slot::MlpNorm);
         let inputs = (&a.x2, self.params.get(Slot::MlpNorm), &d.dn2);
-        let (dgamma, second) = (&mut g[norm], &mut ws.bf16_second_input);
+        let dgamma = rmsnorm::Dgamma::Slot(norm_slot(self.params.layer, Slot::MlpNorm));
+        let second = &mut ws.bf16_second_input;
         norm_backward(
             gpu,
             c,
@@ -1119,6 +1157,18 @@ fn gate_up_mismatch() -> Error {
 mod tests {
     use super::*;
     use crate::train::workspace::qkv_width;
+
+    #[test]
+    fn every_norm_of_every_layer_has_a_slot_of_its_own() {
+        let layers = 24;
+        let mut seen: Vec<usize> = (0..layers)
+            .flat_map(|l| NORMS.map(|s| norm_slot(l, s)))
+            .collect();
+        assert_eq!(seen[..4], [0, 1, 2, 3]);
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, (0..norm_slots(layers)).collect::<Vec<_>>());
+    }
 
     #[test]
     fn the_lora_a_rows_are_the_last_rows_of_the_stack_q_first() {

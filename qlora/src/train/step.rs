@@ -41,7 +41,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::data_parallel::Rank;
 use super::kernels;
-use super::layer::{BfStack, DecoderLayer, LayerCtx, LoraARows, StackRef, Stacks};
+use super::layer::{norm_grad_table, BfStack, DecoderLayer, LayerCtx, LoraARows, StackRef, Stacks};
 use super::options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions};
 use super::weights::{BaseDevice, Params, Table, Values};
 use super::workspace::{CublasWorkspace, Workspace, CUBLAS_WORKSPACE_BYTES};
@@ -148,6 +148,11 @@ pub struct GpuTrainer {
     /// scale, for the one-launch AdamW. Built from `params` and `clip`, which
     /// live as long as it and are never reallocated.
     optimizer: TensorTable,
+    /// Every layer's norm weight gradients in `params`, in their slots'
+    /// order, into which the step sums the RMSNorm backward's partials once
+    /// every layer's backward has run. Built from `params`, which lives as
+    /// long as it and is never reallocated.
+    norm_grads: TensorTable,
     /// With a base that keeps its own q/k/v stacks (fp32, bf16): every
     /// layer's LoRA A tensors and the rows of its stacks they are copied and
     /// rounded into, for the forward's one launch ([`LoraARows`]). Built
@@ -388,6 +393,7 @@ impl GpuTrainer {
             })
             .collect::<Result<Vec<_>>>()?;
         let optimizer = optimizer_table(gpu, &params, &clip)?;
+        let norm_grads = norm_grad_table(gpu, cfg.layers, &params.g)?;
         let lora_a_rows = LoraARows::new(gpu, cfg, &base.own_stacks(), &params.p)?;
         let step_count = gpu.zeros(1)?;
         let cublas = CublasWorkspace::new(gpu)?;
@@ -401,6 +407,7 @@ impl GpuTrainer {
             _cublas: cublas,
             clip,
             optimizer,
+            norm_grads,
             lora_a_rows,
             step_count,
             corpus: Corpus::arithmetic(seed ^ CORPUS_SALT, corpus::DEFAULT_LEN),
@@ -834,7 +841,9 @@ impl GpuTrainer {
             );
             layer.backward(gpu, &ctx, ws, stack, g)?;
         }
-        Ok(())
+        // One launch for every norm weight's gradient, each summed as its
+        // own launch after its backward would (the same values).
+        ws.grads.norm.sum_slots(gpu, &self.norm_grads)
     }
 
     /// Global (or per-layer) norm clipping, entirely on the device: each

@@ -9,7 +9,7 @@ use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{sys, CudaSlice, CudaView, DevicePtrMut};
 
 use super::kernels::LoraGradsWorkspace;
-use super::layer::qkv_shape;
+use super::layer::{norm_slots, qkv_shape};
 use super::options::{BaseWeights, GpuTrainOptions};
 use super::weights::{Frozen, Linear};
 use crate::error::Result;
@@ -259,8 +259,8 @@ pub struct Grads {
     pub dqkv: CudaSlice<f32>,
     /// Attention's backward scratch (`dS` and per-head kv shares), shared by the layers.
     pub attn: CudaSlice<f32>,
-    /// The (discarded) gradient of the frozen final norm weight.
-    pub dfinal_gamma: CudaSlice<f32>,
+    /// The RMSNorm backward's partial sums of the norm weights' gradients,
+    /// a slot for each layer's two (summed after the whole backward).
     pub norm: BackwardWorkspace,
     /// The LoRA gradients' partial sums ([`super::kernels::lora_grads_tf32`]).
     pub lora: LoraGradsWorkspace,
@@ -423,8 +423,7 @@ impl Workspace {
                 dv: z(t * c.kv_dim())?,
                 dqkv: z(t * qkv_width(c))?,
                 attn: z(attention_scratch(c, options.base))?,
-                dfinal_gamma: z(c.hidden)?,
-                norm: BackwardWorkspace::new(gpu, t, c.hidden)?,
+                norm: BackwardWorkspace::with_slots(gpu, t, c.hidden, norm_slots(c.layers))?,
                 lora: LoraGradsWorkspace::new(gpu, &qkv_shape(c), c.hidden)?,
             },
             rope_table: gpu.upload(&crate::ops::rope::qkv_angle_table(
@@ -461,7 +460,9 @@ impl Workspace {
     /// the cuBLAS workspace, the 16-bit GEMM inputs
     /// ([`Workspace::half_input_len`], [`Workspace::bf16_input_len`],
     /// [`Workspace::bf16_second_input_len`], 2 bytes each) and the head's
-    /// logits and their gradient ([`Workspace::head_bytes`]).
+    /// logits and their gradient ([`Workspace::head_bytes`]), and the RMSNorm
+    /// backward's partial sums of every trainable norm's gradient
+    /// ([`BackwardWorkspace::bytes_for`]).
     /// Term by term: the residual stream (`layers + 1`), the final norm's
     /// output and four hidden-wide gradients; unless the base is bf16 (`f`
     /// = 1, else 0), SwiGLU's f32 product and input gradients; attention's
@@ -491,6 +492,7 @@ impl Workspace {
             + 2 * Self::bf16_input_len(c, options)
             + 2 * Self::bf16_second_input_len(c, options)
             + Self::head_bytes(c, options)
+            + BackwardWorkspace::bytes_for(t, c.hidden, norm_slots(c.layers))
     }
 
     /// Elements of [`Scratch::n2`]: `T x hidden` when the layers keep gate
@@ -594,6 +596,7 @@ impl Workspace {
                 &d.dnf, &d.dx, &d.dn1, &d.dn2, &d.datt, &d.dqr, &d.dkr, &d.dv, &d.dqkv, &d.attn,
             ])
             + d.dact.bytes()
+            + d.norm.bytes()
             + self.deq.iter().map(|b| 4 * b.len()).sum::<usize>()
             + self.stack.as_ref().map_or(0, |b| 4 * b.len())
             + self.deq_bf16.iter().map(|b| 2 * b.len()).sum::<usize>()

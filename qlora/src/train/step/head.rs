@@ -196,7 +196,9 @@ impl GpuTrainer {
         }
         let inputs = (&ws.xs[c.layers], &self.base.final_norm, &d.dnf);
         let out = (&mut d.dx, false, &mut ws.bf16_second_input);
-        norm_backward(gpu, &c, inputs, out, &mut d.dfinal_gamma, &mut d.norm)
+        // The final norm's weight is frozen: its gradient is not summed.
+        let dgamma = rmsnorm::Dgamma::Discarded;
+        norm_backward(gpu, &c, inputs, out, dgamma, &mut d.norm)
     }
 }
 

@@ -191,7 +191,8 @@ fn backward_onto_residual(
     };
     let inputs = (&d_x.as_view(), &d_gamma.as_view(), &d_dy.as_view());
     let mut dg = dgamma.as_view_mut();
-    backward_to(gpu, inputs, (rows, hidden, eps), out, &mut dg, &mut ws)?;
+    let dg = Dgamma::Now(&mut dg);
+    backward_to(gpu, inputs, (rows, hidden, eps), out, dg, &mut ws)?;
     let c_sum = compare(&gpu.download(&dres)?, &want_sum);
     let c_16 = compare_written(&gpu.download(&dres16)?, &want_sum);
     let c_dg = compare(&gpu.download(&dgamma)?, &want_dg);
