@@ -8,7 +8,7 @@
 use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
 use super::launch::expect_len;
-use super::launch::vec4_launch;
+use super::launch::{packed_launch, vec4_launch};
 use crate::error::{Error, Result};
 use crate::gpu::{to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
@@ -161,7 +161,8 @@ pub fn swiglu_forward_bf16(
 ) -> Result<()> {
     let (n, cols_i) = halves(gu.len(), cols)?;
     expect_len("swiglu", "y", y.len(), &[n])?;
-    let Some((n_i, cfg)) = vec4_launch(gpu, "swiglu", n)? else {
+    // Eight bf16 values a thread (the kernels' 16-byte way).
+    let Some((n_i, cfg)) = packed_launch(gpu, "swiglu", n, 8)? else {
         return Ok(());
     };
     let f = gpu.function(SWIGLU_MODULE, "swiglu_fwd_bf16")?;
@@ -188,7 +189,8 @@ pub fn swiglu_backward_bf16(
     let (n, cols_i) = halves(gu.len(), cols)?;
     expect_len("swiglu", "dy", dy.len(), &[n])?;
     expect_len("swiglu", "dgate | dup", dgu.len(), &[2 * n])?;
-    let Some((n_i, cfg)) = vec4_launch(gpu, "swiglu", n)? else {
+    // Eight bf16 values a thread (the kernels' 16-byte way).
+    let Some((n_i, cfg)) = packed_launch(gpu, "swiglu", n, 8)? else {
         return Ok(());
     };
     let f = gpu.function(SWIGLU_MODULE, "swiglu_bwd_bf16")?;

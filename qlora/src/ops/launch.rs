@@ -183,9 +183,22 @@ pub fn vec4_launch(
     op: &'static str,
     n: usize,
 ) -> Result<Option<(i32, LaunchConfig)>> {
+    packed_launch(gpu, op, n, 4)
+}
+
+/// [`vec4_launch`] for a kernel that takes `pack` elements a thread.
+pub fn packed_launch(
+    gpu: &GpuContext,
+    op: &'static str,
+    n: usize,
+    pack: usize,
+) -> Result<Option<(i32, LaunchConfig)>> {
     match gpu.faults().written(n) {
         0 => Ok(None),
-        w => Ok(Some((elements(op, w)?, gpu.launch_1d(w.div_ceil(4))))),
+        w => Ok(Some((
+            elements(op, w)?,
+            gpu.launch_1d(w.div_ceil(pack.max(1))),
+        ))),
     }
 }
 
