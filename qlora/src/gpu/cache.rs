@@ -709,14 +709,15 @@ pub fn accept_entry(
 }
 
 /// Reads or compiles each of `missing` (`wanted` holds their headers, in the
-/// same order) on [`compile_threads`] threads, the longest source first, and
-/// returns the results in `missing`'s order.
+/// same order) on [`compile_threads`] threads, the longest compilation
+/// first ([`kernels::COMPILE_COST_MS`]), and returns the results in
+/// `missing`'s order.
 ///
-/// Why a pool, and why that order: a cold pre-warm's wall is its slowest
-/// compilation, an attention module (theirs is the longest source by far),
-/// and concurrent NVRTC compilations slow each other down: a bounded pool
-/// that starts the longest sources first finishes the set sooner than a
-/// thread per module (measured in the book's pre-warm history).
+/// Why a pool, and why that order: concurrent NVRTC compilations slow each
+/// other down, so a bounded pool finishes the set sooner than a thread per
+/// module (measured in the book's pre-warm history); and a pool's wall is
+/// at least the start of its last long compilation plus its length, so the
+/// long ones start first and the short ones fill the gaps.
 fn fetch_all(
     missing: &[&'static ModuleSource],
     wanted: &[EntryHeader],
@@ -725,9 +726,8 @@ fn fetch_all(
     device: &str,
 ) -> Vec<Result<Fetched>> {
     let mut order: Vec<usize> = (0..missing.len()).collect();
-    // Stable: equal lengths (the attention modules share one source) keep
-    // the caller's order, which puts the forward first.
-    order.sort_by_key(|&i| std::cmp::Reverse(missing[i].source.len()));
+    // Stable: equal costs keep the caller's order.
+    order.sort_by_key(|&i| std::cmp::Reverse(kernels::compile_cost_ms(missing[i].name)));
     let next = AtomicUsize::new(0);
     let mut results: Vec<Option<Result<Fetched>>> = missing.iter().map(|_| None).collect();
     std::thread::scope(|scope| {

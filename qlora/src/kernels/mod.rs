@@ -412,6 +412,72 @@ pub fn module(name: &str) -> Option<&'static ModuleSource> {
     MODULES.iter().find(|m| m.name == name)
 }
 
+/// NVRTC's time to compile each module to a cubin, in milliseconds on one
+/// core of the CI machine, the best of three (`cargo run --release -p qlora
+/// --example compile_costs` measures them again and prints this table).
+/// Only their order is used: a cold pre-warm starts its longest
+/// compilations first (`gpu::cache`). A source's length, which it went by
+/// before, put some of the slower modules (`draw`, `swiglu`) among the
+/// last to start.
+pub const COMPILE_COST_MS: &[(&str, u32)] = &[
+    ("embedding", 33),
+    ("embedding_bwd", 59),
+    ("rmsnorm", 126),
+    ("rmsnorm_bf16", 229),
+    ("rmsnorm_bwd_warp1", 168),
+    ("rmsnorm_bwd_warp2", 174),
+    ("rmsnorm_bwd_warp4", 202),
+    ("rmsnorm_bwd_warp8", 260),
+    ("rmsnorm_bwd_block", 213),
+    ("rmsnorm_bwd_wide", 578),
+    ("rope", 139),
+    ("rope_qkv_fwd", 103),
+    ("rope_qkv_fwd_bf16", 104),
+    ("rope_qkv_bwd", 137),
+    ("rope_qkv_bwd_bf16", 150),
+    ("softmax", 63),
+    ("swiglu", 169),
+    ("silu", 88),
+    ("elementwise", 95),
+    ("cross_entropy", 156),
+    ("clip", 63),
+    ("clip_single", 77),
+    ("adamw", 82),
+    ("gemm", 39),
+    ("nf4", 161),
+    ("cast", 87),
+    ("draw", 217),
+    ("train", 151),
+    ("attention_fwd_d64", 283),
+    ("attention_dq_d64", 239),
+    ("attention_dkv_d64", 172),
+    ("attention_fwd_d128", 291),
+    ("attention_dq_d128", 255),
+    ("attention_dkv_d128", 239),
+    ("attention_tc_fwd_d64", 257),
+    ("attention_tc_dq_d64", 361),
+    ("attention_tc_dkv_d64", 351),
+    ("attention_tc_fwd_d128", 317),
+    ("attention_tc_dq_d128", 388),
+    ("attention_tc_dkv_d128", 396),
+    ("attention_flash_fwd_d64", 340),
+    ("attention_flash_dq_d64", 208),
+    ("attention_flash_dkv_d64", 703),
+    ("attention_flash_fwd_d128", 536),
+    ("attention_flash_dq_d128", 245),
+    ("attention_flash_dkv_d128", 1024),
+    ("faults", 40),
+];
+
+/// [`COMPILE_COST_MS`] of the module `name`; 0 for one it does not list
+/// (the unit tests hold it to every module).
+pub fn compile_cost_ms(name: &str) -> u32 {
+    COMPILE_COST_MS
+        .iter()
+        .find(|(m, _)| *m == name)
+        .map_or(0, |&(_, ms)| ms)
+}
+
 /// The value of `#define name` in a kernel source, for the launchers' tests
 /// that their constants are the kernels'.
 #[cfg(test)]
@@ -421,4 +487,21 @@ pub(crate) fn cu_define(source: &str, name: &str) -> Option<usize> {
         .lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))
         .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_module_has_one_compile_cost() {
+        for m in MODULES {
+            let listed = COMPILE_COST_MS.iter().filter(|(n, _)| *n == m.name).count();
+            assert_eq!(listed, 1, "{} in COMPILE_COST_MS", m.name);
+            assert!(compile_cost_ms(m.name) > 0, "{}", m.name);
+        }
+        for (name, _) in COMPILE_COST_MS {
+            assert!(module(name).is_some(), "{name} is no module");
+        }
+    }
 }
