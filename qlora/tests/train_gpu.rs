@@ -182,9 +182,7 @@ fn device_draws_are_the_hosts_values_bit_for_bit() {
 #[test]
 #[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
 fn norm_gradients_summed_later_are_those_summed_at_once() {
-    use qlora::gpu::table::address;
-    use qlora::gpu::TensorTable;
-    use qlora::ops::rmsnorm::{self, BackwardWorkspace, Dgamma, DxOut};
+    use qlora::ops::rmsnorm::{self, BackwardWorkspace, Dgamma, DgammaTargets, DxOut};
     assert!(driver_present(), "no CUDA driver");
     let mut gpu = GpuContext::new(GpuOptions::default()).unwrap();
     for (rows, hidden) in [(1024, 896), (77, 100)] {
@@ -230,9 +228,10 @@ fn norm_gradients_summed_later_are_those_summed_at_once() {
                 }
             }
         }
-        let ptrs = later.iter().map(|t| address(&gpu, t)).collect();
-        let table = TensorTable::new(&gpu, &[ptrs], &vec![hidden; slots]).unwrap();
-        ws.sum_slots(&mut gpu, &table).unwrap();
+        let targets = DgammaTargets::new(&gpu, &later.iter().collect::<Vec<_>>(), hidden).unwrap();
+        let short = gpu.zeros::<f32>(hidden - 1).unwrap();
+        assert!(DgammaTargets::new(&gpu, &[&later[0], &short], hidden).is_err());
+        ws.sum_slots(&mut gpu, &targets).unwrap();
         for n in 0..slots {
             let dgamma = gpu.download(&later[n]).unwrap();
             let (dx, expected) = &at_once[n];

@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, LaunchConfig, 
 
 use super::launch::{expect_len, row_threads, DependentLaunch};
 use crate::error::{Error, Result};
-use crate::gpu::table::TensorTable;
+use crate::gpu::table::address;
 use crate::gpu::{launch_config_rows, to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signature, Signatures};
 use crate::ops::cast::Bf16;
@@ -527,19 +527,15 @@ impl BackwardWorkspace {
         4 * self.partials.len()
     }
 
-    /// `dgamma_n[i] = sum_c partials_n[c, i]` for every slot `n`, into the
-    /// tensor at row `n` of `dgammas` (a table of `slots` tensors of
-    /// `hidden` floats, whose first column holds their addresses), each sum
-    /// in the order [`Dgamma::Now`] adds it. One launch for every slot.
-    pub fn sum_slots(&self, gpu: &mut GpuContext, dgammas: &TensorTable) -> Result<()> {
-        if dgammas.tensors != self.slots || dgammas.total != self.slots * self.hidden {
+    /// `dgamma_n[i] = sum_c partials_n[c, i]` for every slot `n`, into
+    /// target `n` of `dgammas`, each sum in the order [`Dgamma::Now`] adds
+    /// it. One launch for every slot.
+    pub fn sum_slots(&self, gpu: &mut GpuContext, dgammas: &DgammaTargets) -> Result<()> {
+        if (dgammas.slots, dgammas.hidden) != (self.slots, self.hidden) {
             return Err(Error::ShapeMismatch {
                 op: "rmsnorm",
-                expected: format!(
-                    "a table of {} tensors of {} floats",
-                    self.slots, self.hidden
-                ),
-                got: format!("{} tensors, {} floats", dgammas.tensors, dgammas.total),
+                expected: format!("{} targets of {} floats", self.slots, self.hidden),
+                got: format!("{} of {}", dgammas.slots, dgammas.hidden),
             });
         }
         let Some(module) = self.slot_module else {
@@ -573,11 +569,41 @@ impl BackwardWorkspace {
         // unsigned long long* dgammas, int hidden, int chunks): blockDim (32,
         // 32) as its shared table needs; block row n < slots reads region n of
         // slot_partials (slots x chunks x hidden floats, allocated so) and
-        // writes hidden floats at dgammas[n], the address of a live tensor of
-        // hidden floats (the table's shape is checked above; its owner keeps
-        // the tensors alive while the table exists).
+        // writes hidden floats at dgammas[n], the address of a tensor of
+        // hidden floats (DgammaTargets::new checked each; its owner keeps
+        // them alive and unmoved while the targets exist, and the shapes
+        // match, checked above).
         unsafe { l.launch(cfg) }?;
         Ok(())
+    }
+}
+
+/// The tensors [`BackwardWorkspace::sum_slots`] sums into, one a slot, by
+/// device address: their owner must keep them alive (and unmoved, as every
+/// device allocation is) while these exist.
+pub struct DgammaTargets {
+    ptrs: CudaSlice<u64>,
+    slots: usize,
+    hidden: usize,
+}
+
+impl DgammaTargets {
+    /// Targets of `hidden` floats each: every one of `targets` must be that
+    /// long.
+    pub fn new(gpu: &GpuContext, targets: &[&CudaSlice<f32>], hidden: usize) -> Result<Self> {
+        if let Some(t) = targets.iter().find(|t| t.len() != hidden) {
+            return Err(Error::ShapeMismatch {
+                op: "rmsnorm",
+                expected: format!("dgamma targets of {hidden} floats"),
+                got: format!("one of {}", t.len()),
+            });
+        }
+        let addresses: Vec<u64> = targets.iter().map(|t| address(gpu, t)).collect();
+        Ok(DgammaTargets {
+            ptrs: gpu.upload(&addresses)?,
+            slots: targets.len(),
+            hidden,
+        })
     }
 }
 

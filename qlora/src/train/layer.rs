@@ -92,17 +92,16 @@ fn norm_slot(layer: usize, slot: Slot) -> usize {
     NORMS.len() * layer + usize::from(slot != Slot::AttnNorm)
 }
 
-/// The table [`rmsnorm::BackwardWorkspace::sum_slots`] sums into: row
-/// [`norm_slot`]`(l, s)` addresses the gradient of layer `l`'s norm `s` in
-/// `g` (the trainer's gradients, which outlive the table and never move).
-pub(super) fn norm_grad_table(
+/// What [`rmsnorm::BackwardWorkspace::sum_slots`] sums into: target
+/// [`norm_slot`]`(l, s)` is the gradient of layer `l`'s norm `s` in `g` (the
+/// trainer's gradients, which outlive the targets and never move).
+pub(super) fn norm_grad_targets(
     gpu: &GpuContext,
-    layers: usize,
+    c: &ModelConfig,
     g: &[CudaSlice<f32>],
-) -> Result<TensorTable> {
-    let mut ptrs = Vec::with_capacity(norm_slots(layers));
-    let mut lens = Vec::with_capacity(norm_slots(layers));
-    for layer in 0..layers {
+) -> Result<rmsnorm::DgammaTargets> {
+    let mut targets = Vec::with_capacity(norm_slots(c.layers));
+    for layer in 0..c.layers {
         for slot in NORMS {
             let grad = g
                 .get(Trainable::index(layer, slot))
@@ -110,11 +109,10 @@ pub(super) fn norm_grad_table(
                     op: "rmsnorm",
                     message: format!("no gradient of layer {layer}'s {slot:?}"),
                 })?;
-            ptrs.push(address(gpu, grad));
-            lens.push(grad.len());
+            targets.push(grad);
         }
     }
-    TensorTable::new(gpu, &[ptrs], &lens)
+    rmsnorm::DgammaTargets::new(gpu, &targets, c.hidden)
 }
 
 /// Where each LoRA A tensor lies in a layer's q/k/v stack `[Wq; Wk; Wv; Aq;

@@ -41,7 +41,9 @@ use rand_chacha::ChaCha8Rng;
 
 use super::data_parallel::Rank;
 use super::kernels;
-use super::layer::{norm_grad_table, BfStack, DecoderLayer, LayerCtx, LoraARows, StackRef, Stacks};
+use super::layer::{
+    norm_grad_targets, BfStack, DecoderLayer, LayerCtx, LoraARows, StackRef, Stacks,
+};
 use super::options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions};
 use super::weights::{BaseDevice, Params, Table, Values};
 use super::workspace::{CublasWorkspace, Workspace, CUBLAS_WORKSPACE_BYTES};
@@ -152,7 +154,7 @@ pub struct GpuTrainer {
     /// order, into which the step sums the RMSNorm backward's partials once
     /// every layer's backward has run. Built from `params`, which lives as
     /// long as it and is never reallocated.
-    norm_grads: TensorTable,
+    norm_grads: rmsnorm::DgammaTargets,
     /// With a base that keeps its own q/k/v stacks (fp32, bf16): every
     /// layer's LoRA A tensors and the rows of its stacks they are copied and
     /// rounded into, for the forward's one launch ([`LoraARows`]). Built
@@ -393,7 +395,7 @@ impl GpuTrainer {
             })
             .collect::<Result<Vec<_>>>()?;
         let optimizer = optimizer_table(gpu, &params, &clip)?;
-        let norm_grads = norm_grad_table(gpu, cfg.layers, &params.g)?;
+        let norm_grads = norm_grad_targets(gpu, cfg, &params.g)?;
         let lora_a_rows = LoraARows::new(gpu, cfg, &base.own_stacks(), &params.p)?;
         let step_count = gpu.zeros(1)?;
         let cublas = CublasWorkspace::new(gpu)?;
