@@ -487,9 +487,6 @@ pub struct BackwardWorkspace {
     chunks: usize,
     slots: usize,
     partials: CudaSlice<f32>,
-    /// The module of the last backward into a slot: the one whose table
-    /// kernel sums the slots (every backward module holds it).
-    slot_module: Option<&'static str>,
 }
 
 impl BackwardWorkspace {
@@ -513,7 +510,6 @@ impl BackwardWorkspace {
             chunks,
             slots,
             partials: gpu.zeros((1 + slots) * chunks * hidden)?,
-            slot_module: None,
         })
     }
 
@@ -538,12 +534,9 @@ impl BackwardWorkspace {
                 got: format!("{} of {}", dgammas.slots, dgammas.hidden),
             });
         }
-        let Some(module) = self.slot_module else {
-            return Err(Error::InvalidArgument {
-                op: "rmsnorm",
-                message: "no backward has written a slot to sum".into(),
-            });
-        };
+        // Every backward module holds the table kernel: this one is the
+        // module of the build aligned rows take, the one a step pre-warms.
+        let module = bwd_module_for(self.hidden);
         let (hidden_i, chunks_i) = (
             to_i32("rmsnorm", "hidden", self.hidden)?,
             to_i32("rmsnorm", "chunks", self.chunks)?,
@@ -745,11 +738,7 @@ pub fn backward_to(
     unsafe { l.launch(cfg) }?;
     match dgamma {
         Dgamma::Now(dgamma) => dgamma_final(gpu, build, &ws.partials, chunks_i, hidden_i, dgamma),
-        Dgamma::Slot(_) => {
-            ws.slot_module = Some(build.module);
-            Ok(())
-        }
-        Dgamma::Discarded => Ok(()),
+        Dgamma::Slot(_) | Dgamma::Discarded => Ok(()),
     }
 }
 
