@@ -73,8 +73,12 @@ pub const SIGNATURES: Signatures = &[
 
 /// The argument lists of the forward's kernels, a module each
 /// ([`QKV_FWD_MODULE`], [`QKV_FWD_BF16_MODULE`]): the same for both.
-pub const QKV_FWD_SIGNATURES: Signatures = &[("rope_qkv_fwd_f32", QKV_FWD_ARGS)];
-pub const QKV_FWD_BF16_SIGNATURES: Signatures = &[("rope_qkv_fwd_bf16", QKV_FWD_ARGS)];
+pub const QKV_FWD_SIGNATURES: Signatures = &[QKV_FWD];
+pub const QKV_FWD_BF16_SIGNATURES: Signatures = &[QKV_FWD_BF16];
+
+/// The forward writing f32, and the one writing bf16.
+const QKV_FWD: Signature = ("rope_qkv_fwd_f32", QKV_FWD_ARGS);
+const QKV_FWD_BF16: Signature = ("rope_qkv_fwd_bf16", QKV_FWD_ARGS);
 
 /// The forward's arguments: the outputs q, k, v are f32 or bf16 pointers.
 const QKV_FWD_ARGS: &[Arg] = &[
@@ -342,8 +346,8 @@ pub fn qkv_forward(
     let ld = sh.width() as i64;
     let ints = sh.ints(gpu.faults())?;
     let (module, symbol) = match out {
-        QkvOut::F32(..) => (QKV_FWD_MODULE, "rope_qkv_fwd_f32"),
-        QkvOut::Bf16(..) => (QKV_FWD_BF16_MODULE, "rope_qkv_fwd_bf16"),
+        QkvOut::F32(..) => (QKV_FWD_MODULE, QKV_FWD.0),
+        QkvOut::Bf16(..) => (QKV_FWD_BF16_MODULE, QKV_FWD_BF16.0),
     };
     let f = gpu.function(module, symbol)?;
     let mut l = gpu.stream().launch_builder(&f);
