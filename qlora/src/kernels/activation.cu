@@ -165,6 +165,14 @@ __device__ __forceinline__ bool bf16x8_ok(int cols, const void* a, const void* b
     return cols % 8 == 0 && aligned16(a) && aligned16(b) && aligned16(c);
 }
 
+// Where pack k (values 8k .. 8k + 7 of an [n / cols, cols] output, cols % 8
+// == 0) has its gate in an [n / cols, 2 cols] gate | up matrix; its up is
+// cols further.
+__device__ __forceinline__ size_t gate_pack_at(int k, int cols) {
+    const int row = 8 * k / cols;
+    return (size_t)row * 2 * cols + (8 * k - row * cols);
+}
+
 // `gu` [n / cols, 2 cols]: gate | up in each row.
 extern "C" __global__ void swiglu_fwd_bf16(const unsigned short* __restrict__ gu,
                                            unsigned short* __restrict__ y, int n, int cols) {
@@ -173,8 +181,7 @@ extern "C" __global__ void swiglu_fwd_bf16(const unsigned short* __restrict__ gu
     const int stride = gridDim.x * blockDim.x;
     const int packs = bf16x8_ok(cols, gu, y, y) ? n / 8 : 0;
     for (int k = tid; k < packs; k += stride) {
-        const int row = 8 * k / cols;
-        const size_t at = (size_t)row * 2 * cols + (8 * k - row * cols);
+        const size_t at = gate_pack_at(k, cols);
         float g[8], u[8], r[8];
         bf16x8_get(gu + at, g);
         bf16x8_get(gu + at + cols, u);
@@ -197,8 +204,7 @@ extern "C" __global__ void swiglu_bwd_bf16(const unsigned short* __restrict__ gu
     const int stride = gridDim.x * blockDim.x;
     const int packs = bf16x8_ok(cols, gu, dy, dgu) ? n / 8 : 0;
     for (int k = tid; k < packs; k += stride) {
-        const int row = 8 * k / cols;
-        const size_t at = (size_t)row * 2 * cols + (8 * k - row * cols);
+        const size_t at = gate_pack_at(k, cols);
         float g[8], u[8], d[8], dg[8], du[8];
         bf16x8_get(gu + at, g);
         bf16x8_get(gu + at + cols, u);
