@@ -39,8 +39,12 @@
 //   attention_flash_{fwd,dq,dkv}_dXX (ATT_PART 6, 7, 8): bf16 q, k and v,
 //                          bf16 products, no probabilities saved (q, k, v
 //                          given as bf16 bits); see "bf16 flash kernels"
-//                          below. The flash dkv module holds kv_sum and the
-//                          row dots D too.
+//                          below; their build for rows in 16-byte pieces
+//                          only (the one a model's step takes).
+//   attention_flash_dots_dXX (ATT_PART 9): the flash backward's row dots D
+//                          and kv_sum.
+//   attention_flash_any_dXX (ATT_PART 10): the three flash kernels of the
+//                          build for any head_dim and alignment.
 //
 // Tiling. The tiled kernels run 256 threads on a tile of ATT_ROWS = 32 rows
 // (query rows for the forward and dq, key rows for dk/dv): thread (g, c), with
@@ -1476,6 +1480,21 @@ __device__ __forceinline__ void attention_tc_dkv(const float* __restrict__ q,
 #define FL_THREADS (32 * FL_WARPS)
 #define FL_ROWS (16 * FL_WARPS)
 
+// Two builds of the three flash kernels. The aligned one (FL_ALIGNED 1:
+// the modules attention_flash_{fwd,dq,dkv}_dXX, what a model's step takes)
+// is launched only where head_dim is a multiple of 8 and every tensor
+// starts 16-byte aligned (ops/attention.rs checks the addresses), so every
+// row moves in its widest pieces: each FL_WIDE condition below holds, and
+// the ways that move a row one value at a time are not compiled. NVRTC
+// compiles these modules, the slowest of a bf16 pre-warm, in about half the
+// time then. The other build (FL_ALIGNED 0: attention_flash_any_dXX, all
+// three kernels) tests each condition at run time, for any head_dim and
+// alignment. Both compute the same values in the same order.
+#ifndef FL_ALIGNED
+#define FL_ALIGNED 0
+#endif
+#define FL_WIDE(cond) (FL_ALIGNED || (cond))
+
 template <int D>
 struct FlShape {
     static constexpr int LD = D + 8;                 // bf16 per shared-memory row
@@ -1838,7 +1857,7 @@ __device__ void attention_flash_fwd(const unsigned short* __restrict__ q,
     // chunk's k and v rows are in flight while this chunk is multiplied, and
     // the q tile and the first chunk arrive together. Otherwise each chunk
     // is loaded and stored in turn.
-    const bool async16 = head_dim % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
+    const bool async16 = FL_WIDE(head_dim % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v));
     // Computed, not indexed from an array, which would live in local memory.
     const auto stage = [&](int i) { return fl_smem + i * S::STAGE; };
     const int keys = min(seq, i0 + FL_ROWS);
@@ -1931,8 +1950,8 @@ __device__ void attention_flash_fwd(const unsigned short* __restrict__ q,
 
     // Row starts are 8-byte aligned when head_dim is even and out is (4-byte
     // for out16).
-    const bool pairs = head_dim % 2 == 0 && aligned8(out);
-    const bool pairs16 = head_dim % 2 == 0 && ((unsigned long long)out16 & 3ull) == 0;
+    const bool pairs = FL_WIDE(head_dim % 2 == 0 && aligned8(out));
+    const bool pairs16 = FL_WIDE(head_dim % 2 == 0 && ((unsigned long long)out16 & 3ull) == 0);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -2024,7 +2043,7 @@ __device__ void attention_flash_dq(const unsigned short* __restrict__ dst,
     const size_t kv_stride = (size_t)kv_heads * head_dim;
     const unsigned short* kb = k + att_kv_at(b, 0, kvh, seq, kv_heads, head_dim);
     const unsigned short* dst_h = dst + ((size_t)b * heads + h) * seq * ds_stride;
-    const bool async16 = head_dim % 8 == 0 && aligned16(k);
+    const bool async16 = FL_WIDE(head_dim % 8 == 0 && aligned16(k));
     const int r0 = i0 + 16 * warp;
     float acc[S::DT][4];
 #pragma unroll
@@ -2078,7 +2097,7 @@ __device__ void attention_flash_dq(const unsigned short* __restrict__ dst,
         }
     }
     const int row[2] = {r0 + g, r0 + g + 8};
-    const bool pairs = head_dim % 2 == 0 && aligned8(dq);
+    const bool pairs = FL_WIDE(head_dim % 2 == 0 && aligned8(dq));
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (row[r] >= seq) continue;
@@ -2144,8 +2163,8 @@ __device__ void attention_flash_dkv(const unsigned short* __restrict__ q,
     const int kvh = h / (heads / kv_heads);
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     const size_t q_stride = (size_t)heads * head_dim, kv_stride = (size_t)kv_heads * head_dim;
-    const bool vec = head_dim % 4 == 0 && aligned8(q) && aligned8(k) && aligned8(v);
-    const bool dvec = head_dim % 4 == 0 && aligned16(dout);
+    const bool vec = FL_WIDE(head_dim % 4 == 0 && aligned8(q) && aligned8(k) && aligned8(v));
+    const bool dvec = FL_WIDE(head_dim % 4 == 0 && aligned16(dout));
     const float c = scale * 1.4426950408889634f;
     const size_t kv_first = att_kv_at(b, j0, kvh, seq, kv_heads, head_dim);
     const size_t stats = ((size_t)b * heads + h) * seq;
@@ -2232,7 +2251,7 @@ __device__ void attention_flash_dkv(const unsigned short* __restrict__ q,
         fl_accumulate<D>(dv, st, dos);   // dv += P^T dout
         fl_accumulate<D>(dk, dpt, qs);  // dk += dS^T q
     }
-    const bool pairs = head_dim % 2 == 0 && aligned8(pk) && aligned8(pv);
+    const bool pairs = FL_WIDE(head_dim % 2 == 0 && aligned8(pk) && aligned8(pv));
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (key[r] >= seq) continue;
@@ -2277,8 +2296,10 @@ __device__ void attention_flash_dkv(const unsigned short* __restrict__ q,
 
 // The module defines ATT_BUILD (64 or 128) and ATT_PART (kernels/mod.rs):
 // one kernel of one build per module, parts 0-2 the f32 kernels, 3-5 the
-// tensor-core ones and 6-8 the bf16 flash ones; each dkv module (parts 2, 5
-// and 8) also holds kv_sum.
+// tensor-core ones and 6-8 the bf16 flash ones (their aligned build, with
+// FL_ALIGNED 1); the f32 and tensor-core dkv modules (parts 2 and 5) also
+// hold kv_sum. Part 9 holds the flash backward's row dots and kv_sum, part
+// 10 the three flash kernels of the build for any alignment.
 #if ATT_BUILD != 64 && ATT_BUILD != 128
 #error "ATT_BUILD must be 64 or 128"
 #endif
@@ -2297,13 +2318,21 @@ ATT_INSTANTIATE(ATT_TC_DQ, ATT_BUILD)
 ATT_INSTANTIATE(ATT_FL_FWD, ATT_BUILD)
 #elif ATT_PART == 7
 ATT_INSTANTIATE(ATT_FL_DQ, ATT_BUILD)
-#elif ATT_PART == 2 || ATT_PART == 5 || ATT_PART == 8
+#elif ATT_PART == 8
+ATT_INSTANTIATE(ATT_FL_DKV, ATT_BUILD)
+#elif ATT_PART == 10
+#if FL_ALIGNED
+#error "the flash build for any alignment is compiled with FL_ALIGNED 0"
+#endif
+ATT_INSTANTIATE(ATT_FL_FWD, ATT_BUILD)
+ATT_INSTANTIATE(ATT_FL_DQ, ATT_BUILD)
+ATT_INSTANTIATE(ATT_FL_DKV, ATT_BUILD)
+#elif ATT_PART == 2 || ATT_PART == 5 || ATT_PART == 9
 #if ATT_PART == 2
 ATT_INSTANTIATE(ATT_DKV, ATT_BUILD)
 #elif ATT_PART == 5
 ATT_INSTANTIATE(ATT_TC_DKV, ATT_BUILD)
 #else
-ATT_INSTANTIATE(ATT_FL_DKV, ATT_BUILD)
 
 // Backward, part 1 of the flash kernels: D_i = <dout_i, out_i> into dd
 // ([batch, heads, seq]), two threads per row, each over half of head_dim,
@@ -2419,5 +2448,5 @@ extern "C" __global__ void attention_bwd_kv_sum_f32(const float* __restrict__ pk
     wait_for_predecessor();
 }
 #else
-#error "ATT_PART must be 0 to 8"
+#error "ATT_PART must be 0 to 10"
 #endif  // ATT_PART

@@ -29,7 +29,7 @@
 //! `dS` (bf16) and its dq kernel multiplies it, after a kernel of the row
 //! dots `D`.
 
-use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::gemm::{grid_dim, to_i64};
 use super::launch::{expect_len, DependentLaunch};
@@ -41,7 +41,7 @@ use crate::ops::cast::Bf16;
 use crate::ops::rope::QkvOut;
 
 /// One kernel: the module that holds it and its symbol.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Kernel {
     module: &'static str,
     symbol: &'static str,
@@ -114,6 +114,14 @@ impl Qkv<'_> {
             expect_len("attention", name, have[i], &[want])?;
         }
         Ok(())
+    }
+
+    /// The device addresses of q, k and v, for [`for_layout`].
+    fn addresses(&self, gpu: &GpuContext) -> [u64; 3] {
+        match self {
+            Qkv::F32(q, k, v) => [address(gpu, *q), address(gpu, *k), address(gpu, *v)],
+            Qkv::Bf16(q, k, v) => [address(gpu, *q), address(gpu, *k), address(gpu, *v)],
+        }
     }
 
     /// Pushes q, k and v, in that order.
@@ -228,9 +236,12 @@ struct Build {
     fwd: Kernel,
     dq: Kernel,
     dkv: Kernel,
-    /// The (not tiled) kernel that adds the group's dk/dv shares; the dkv
-    /// module holds it.
+    /// The (not tiled) kernel that adds the group's dk/dv shares: in the
+    /// dkv module, or the flash builds' dots module.
     kv_sum: Kernel,
+    /// The flash backward's row dots `D` (not tiled); `None` for the
+    /// probability-saving builds.
+    dots: Option<Kernel>,
 }
 
 const KV_SUM: &str = "attention_bwd_kv_sum_f32";
@@ -281,6 +292,7 @@ const F32_D64: Build = Build {
     dq: kernel("attention_dq_d64", "attention_bwd_dq_d64_f32"),
     dkv: kernel("attention_dkv_d64", "attention_bwd_dkv_d64_f32"),
     kv_sum: kernel("attention_dkv_d64", KV_SUM),
+    dots: None,
 };
 
 const F32_D128: Build = Build {
@@ -294,6 +306,7 @@ const F32_D128: Build = Build {
     dq: kernel("attention_dq_d128", "attention_bwd_dq_d128_f32"),
     dkv: kernel("attention_dkv_d128", "attention_bwd_dkv_d128_f32"),
     kv_sum: kernel("attention_dkv_d128", KV_SUM),
+    dots: None,
 };
 
 // Threads: 32 per row group and split part (`TcShape::THREADS`), one part
@@ -309,6 +322,7 @@ const TC_D64: Build = Build {
     dq: kernel("attention_tc_dq_d64", "attention_tc_bwd_dq_d64_f32"),
     dkv: kernel("attention_tc_dkv_d64", "attention_tc_bwd_dkv_d64_f32"),
     kv_sum: kernel("attention_tc_dkv_d64", KV_SUM),
+    dots: None,
 };
 
 const TC_D128: Build = Build {
@@ -322,6 +336,7 @@ const TC_D128: Build = Build {
     dq: kernel("attention_tc_dq_d128", "attention_tc_bwd_dq_d128_f32"),
     dkv: kernel("attention_tc_dkv_d128", "attention_tc_bwd_dkv_d128_f32"),
     kv_sum: kernel("attention_tc_dkv_d128", KV_SUM),
+    dots: None,
 };
 
 // The bf16 flash kernels: four warps of 16 rows (`FL_THREADS`, `FL_ROWS`),
@@ -339,7 +354,20 @@ const FLASH_D64: Build = Build {
         "attention_flash_dkv_d64",
         "attention_flash_bwd_dkv_d64_bf16",
     ),
-    kv_sum: kernel("attention_flash_dkv_d64", KV_SUM),
+    kv_sum: kernel("attention_flash_dots_d64", KV_SUM),
+    dots: Some(kernel("attention_flash_dots_d64", DOTS)),
+};
+
+/// [`FLASH_D64`] for any head_dim and alignment (its kernels test at run
+/// time how each row can move); the dots module is the same.
+const FLASH_ANY_D64: Build = Build {
+    fwd: kernel("attention_flash_any_d64", "attention_flash_fwd_d64_bf16"),
+    dq: kernel("attention_flash_any_d64", "attention_flash_bwd_dq_d64_bf16"),
+    dkv: kernel(
+        "attention_flash_any_d64",
+        "attention_flash_bwd_dkv_d64_bf16",
+    ),
+    ..FLASH_D64
 };
 
 const FLASH_D128: Build = Build {
@@ -358,10 +386,27 @@ const FLASH_D128: Build = Build {
         "attention_flash_dkv_d128",
         "attention_flash_bwd_dkv_d128_bf16",
     ),
-    kv_sum: kernel("attention_flash_dkv_d128", KV_SUM),
+    kv_sum: kernel("attention_flash_dots_d128", KV_SUM),
+    dots: Some(kernel("attention_flash_dots_d128", DOTS)),
 };
 
-/// The build of `kernels` for `head_dim` (validated <= [`MAX_HEAD_DIM`]).
+/// [`FLASH_D128`] for any head_dim and alignment.
+const FLASH_ANY_D128: Build = Build {
+    fwd: kernel("attention_flash_any_d128", "attention_flash_fwd_d128_bf16"),
+    dq: kernel(
+        "attention_flash_any_d128",
+        "attention_flash_bwd_dq_d128_bf16",
+    ),
+    dkv: kernel(
+        "attention_flash_any_d128",
+        "attention_flash_bwd_dkv_d128_bf16",
+    ),
+    ..FLASH_D128
+};
+
+/// The build of `kernels` for `head_dim` (validated <= [`MAX_HEAD_DIM`]);
+/// for the flash kernels, their aligned build ([`for_layout`] picks the
+/// one a call's tensors allow).
 fn build(head_dim: usize, kernels: AttnKernels) -> &'static Build {
     match (head_dim <= 64, kernels) {
         (true, AttnKernels::F32) => &F32_D64,
@@ -371,6 +416,34 @@ fn build(head_dim: usize, kernels: AttnKernels) -> &'static Build {
         (true, AttnKernels::Bf16) => &FLASH_D64,
         (false, AttnKernels::Bf16) => &FLASH_D128,
     }
+}
+
+/// Bytes every tensor of a flash call must start at a multiple of for the
+/// aligned build: a 16-byte piece of a row (and with head_dim a multiple
+/// of 8, every row of every tensor starts at one too).
+const FLASH_ALIGN: u64 = 16;
+
+/// `b`, or for a flash build whose aligned kernels the call cannot take
+/// (head_dim not a multiple of 8, or a tensor at `addresses` not
+/// [`FLASH_ALIGN`]-aligned) its build for any alignment. The step's tensors
+/// are whole allocations or views at multiples of 8 elements, so a step
+/// with head_dim a multiple of 8 takes the aligned build, as its pre-warm
+/// ([`modules_for`]) predicts.
+fn for_layout(b: &'static Build, head_dim: usize, addresses: &[u64]) -> &'static Build {
+    let aligned = head_dim.is_multiple_of(8) && addresses.iter().all(|a| a % FLASH_ALIGN == 0);
+    match (b.saves, aligned, head_dim <= 64) {
+        (Saves::RowLse, false, true) => &FLASH_ANY_D64,
+        (Saves::RowLse, false, false) => &FLASH_ANY_D128,
+        _ => b,
+    }
+}
+
+/// The device address of a buffer, for [`for_layout`].
+fn address<T>(gpu: &GpuContext, b: &impl DevicePtr<T>) -> u64 {
+    // Event tracking is off on the context's stream (gpu/context.rs), so
+    // the guard records nothing.
+    let (ptr, _sync) = b.device_ptr(gpu.stream());
+    ptr
 }
 
 /// The build whose forward runs `kernels` for `head_dim`: the tensor-core
@@ -400,11 +473,16 @@ pub struct AttnShape {
 }
 
 /// The kernel modules the launchers use for `head_dim` with `fwd` kernels
-/// in the forward and `bwd` kernels in the backward: the forward's module,
-/// then the backward's two (the dk/dv one holds kv_sum).
-pub fn modules_for(head_dim: usize, fwd: AttnKernels, bwd: AttnKernels) -> [&'static str; 3] {
-    let (f, b) = (fwd_build(head_dim, fwd), build(head_dim, bwd));
-    [f.fwd.module, b.dq.module, b.dkv.module]
+/// in the forward and `bwd` kernels in the backward, on tensors as a step
+/// lays them out (aligned: [`for_layout`]): the forward's module, then the
+/// backward's (dq, dk/dv with kv_sum, or for the flash kernels also the
+/// dots module with kv_sum), each once.
+pub fn modules_for(head_dim: usize, fwd: AttnKernels, bwd: AttnKernels) -> Vec<&'static str> {
+    let f = for_layout(fwd_build(head_dim, fwd), head_dim, &[]);
+    let b = for_layout(build(head_dim, bwd), head_dim, &[]);
+    let mut modules = vec![f.fwd.module, b.dq.module, b.dkv.module, b.kv_sum.module];
+    modules.dedup();
+    modules
 }
 
 /// Argument lists of the kernels, in the order the launchers push them.
@@ -531,14 +609,29 @@ const FLASH_DQ_ARGS: &[Arg] = &[
     Arg::F32,
 ];
 
-/// The modules of each build and the kernels each holds, with the argument
-/// lists of its forward, dq and dkv kernels.
+/// The modules of each build and the kernels each holds: a
+/// probability-saving build's three (kv_sum in its dkv module); a flash
+/// build's three, its build for any alignment (one module) and its dots
+/// module (the row dots and kv_sum).
 macro_rules! signatures {
-    ($($b:ident: $fa:ident, $qa:ident, $ka:ident $(, $extra:expr)?);*) => {
+    (probs: $($b:ident),*; flash: $($f:ident, $any:ident);*) => {
         &[$(
-            ($b.fwd.module, &[($b.fwd.symbol, $fa)]),
-            ($b.dq.module, &[($b.dq.symbol, $qa)]),
-            ($b.dkv.module, &[($b.dkv.symbol, $ka), (KV_SUM, KV_SUM_ARGS) $(, $extra)?]),
+            ($b.fwd.module, &[($b.fwd.symbol, FWD_ARGS)]),
+            ($b.dq.module, &[($b.dq.symbol, DQ_ARGS)]),
+            ($b.dkv.module, &[($b.dkv.symbol, DKV_ARGS), (KV_SUM, KV_SUM_ARGS)]),
+        )* $(
+            ($f.fwd.module, &[($f.fwd.symbol, FLASH_FWD_ARGS)]),
+            ($f.dq.module, &[($f.dq.symbol, FLASH_DQ_ARGS)]),
+            ($f.dkv.module, &[($f.dkv.symbol, FLASH_DKV_ARGS)]),
+            (
+                $any.dkv.module,
+                &[
+                    ($any.fwd.symbol, FLASH_FWD_ARGS),
+                    ($any.dq.symbol, FLASH_DQ_ARGS),
+                    ($any.dkv.symbol, FLASH_DKV_ARGS),
+                ],
+            ),
+            ($f.kv_sum.module, &[(DOTS, DOTS_ARGS), (KV_SUM, KV_SUM_ARGS)]),
         )*]
     };
 }
@@ -546,12 +639,8 @@ macro_rules! signatures {
 /// The kernels of each module, by module, checked against their PTX by a
 /// unit test.
 pub const SIGNATURES: &[(&str, Signatures)] = signatures!(
-    F32_D64: FWD_ARGS, DQ_ARGS, DKV_ARGS;
-    F32_D128: FWD_ARGS, DQ_ARGS, DKV_ARGS;
-    TC_D64: FWD_ARGS, DQ_ARGS, DKV_ARGS;
-    TC_D128: FWD_ARGS, DQ_ARGS, DKV_ARGS;
-    FLASH_D64: FLASH_FWD_ARGS, FLASH_DQ_ARGS, FLASH_DKV_ARGS, (DOTS, DOTS_ARGS);
-    FLASH_D128: FLASH_FWD_ARGS, FLASH_DQ_ARGS, FLASH_DKV_ARGS, (DOTS, DOTS_ARGS)
+    probs: F32_D64, F32_D128, TC_D64, TC_D128;
+    flash: FLASH_D64, FLASH_ANY_D64; FLASH_D128, FLASH_ANY_D128
 );
 
 /// The largest head_dim the kernels' builds take.
@@ -706,7 +795,12 @@ fn forward_into(
     }
     expect_len("attention", "saved", saved.len(), &[saved_len(sh, kernels)])?;
     let limit = to_i64("attention", gpu.faults().written(q_len))?;
-    let b = fwd_build(sh.head_dim, kernels);
+    let mut addresses = qkv.addresses(gpu).to_vec();
+    addresses.extend([address(gpu, &*out), address(gpu, &*saved)]);
+    if let Some(o16) = &out16 {
+        addresses.push(address(gpu, &**o16));
+    }
+    let b = for_layout(fwd_build(sh.head_dim, kernels), sh.head_dim, &addresses);
     let cfg = tile_config(sh, b, b.fwd_smem);
     let func = gpu.function(b.fwd.module, b.fwd.symbol)?;
     let mut launch = DependentLaunch::new(gpu, &func);
@@ -757,7 +851,8 @@ fn forward_into(
 /// Floats of the scratch [`backward`] on `kernels` needs: `dS` (the
 /// length of `probs`) for the probability-saving kernels, or for the flash
 /// ones `dS` in bf16, transposed, rows of `seq` rounded up to 8 (two to a
-/// float, rounded up), then the row dots `D` (`[batch, heads, seq]`); then
+/// float, rounded up), then the row dots `D` (`[batch, heads, seq]`,
+/// rounded up to four floats, so each part starts 16-byte aligned); then
 /// each query head's share of `dk` and `dv` (twice the length of `q`).
 pub fn backward_scratch_len(sh: &AttnShape, kernels: AttnKernels) -> usize {
     ds_floats(sh, kernels) + 2 * lens(sh).0
@@ -767,7 +862,7 @@ pub fn backward_scratch_len(sh: &AttnShape, kernels: AttnKernels) -> usize {
 /// after it ([`backward_scratch_len`]).
 fn ds_floats(sh: &AttnShape, kernels: AttnKernels) -> usize {
     match kernels {
-        AttnKernels::Bf16 => flash_ds_floats(sh) + saved_len(sh, kernels),
+        AttnKernels::Bf16 => flash_ds_floats(sh) + saved_len(sh, kernels).next_multiple_of(4),
         _ => lens(sh).2,
     }
 }
@@ -820,7 +915,11 @@ pub fn backward(
     // The first part of the scratch is dS (and the flash kernels' D), then the shares.
     let (mut first, mut shares) = scratch.split_at_mut(ds_floats(sh, kernels));
     let (mut pk, mut pv) = shares.split_at_mut(q_len);
-    let b = build(sh.head_dim, kernels);
+    let mut addresses = qkv.addresses(gpu).to_vec();
+    addresses.extend([address(gpu, out), address(gpu, saved), address(gpu, dout)]);
+    addresses.extend([address(gpu, &*dq), address(gpu, &*dk), address(gpu, &*dv)]);
+    addresses.extend([address(gpu, &first), address(gpu, &pk), address(gpu, &pv)]);
+    let b = for_layout(build(sh.head_dim, kernels), sh.head_dim, &addresses);
     let grads = (&mut *dq, &mut first, &mut pk, &mut pv);
     match (b.saves, qkv) {
         (Saves::Probs, Qkv::F32(q, k, v)) => {
@@ -954,14 +1053,18 @@ fn flash_backward(
     // for the kernel before it where it must; see the .cu file), so each
     // one's launch, the dkv kernel's loads of k, v, q and dout and the dq
     // kernel's of k overlap the tail of the kernel before it.
-    let func = gpu.function(f.dkv.module, DOTS)?;
+    let dots = f.dots.ok_or_else(|| Error::InvalidArgument {
+        op: "attention",
+        message: "a flash build without its row dots kernel".into(),
+    })?;
+    let func = gpu.function(dots.module, dots.symbol)?;
     let mut launch = DependentLaunch::new(gpu, &func);
     launch.buf(out).buf(dout).buf_mut(&mut dd);
     d.push(&mut launch);
     // SAFETY: arguments match `attention_flash_bwd_dots_f32(const float*
     // out, const float* dout, float* dd, int batch, int seq, int heads, int
     // kv_heads, int head_dim, float scale)` in order and type. out and dout
-    // hold q_len floats, dd (the scratch's part after dS) batch * heads *
+    // hold q_len floats, dd (the scratch's part after dS) at least batch * heads *
     // seq; the grid is (ceil(seq / 64), heads, batch) of 128 threads, two a
     // row, each block reading and writing only its rows < seq; it waits for
     // its predecessor (which may write dout) first.
@@ -1018,11 +1121,9 @@ fn flash_backward(
 mod tests {
     use super::*;
 
-    /// The shared memory the launch configs ask for: the sizes the doc
-    /// comments of the kernels state, all within the 48 KiB a launch gets
-    /// without opting in.
     /// The flash kernels' stored dS: rows padded to 8 bf16 (16 bytes), two
-    /// bf16 to a float of the scratch, rounded up.
+    /// bf16 to a float of the scratch, rounded up; the row dots after it
+    /// rounded up to four floats, so the shares start 16-byte aligned.
     #[test]
     fn flash_ds_rows_start_16_byte_aligned() {
         assert_eq!([ds_stride(1), ds_stride(13), ds_stride(256)], [8, 16, 256]);
@@ -1036,10 +1137,14 @@ mod tests {
         let q_len = 13 * 2 * 64;
         assert_eq!(
             backward_scratch_len(&sh, AttnKernels::Bf16),
-            2 * 13 * 16 / 2 + 2 * 13 + 2 * q_len
+            2 * 13 * 16 / 2 + 28 + 2 * q_len
         );
+        assert_eq!(ds_floats(&sh, AttnKernels::Bf16) % 4, 0);
     }
 
+    /// The shared memory the launch configs ask for: the sizes the doc
+    /// comments of the kernels state, all within the 48 KiB a launch gets
+    /// without opting in.
     #[test]
     fn launch_configs_fit_the_default_shared_memory() {
         let sh = |head_dim| AttnShape {
@@ -1084,15 +1189,22 @@ mod tests {
                 "attention_dkv_d128"
             ]
         );
-        // The flash kernels: one build per head_dim, whatever its multiple.
+        // The flash kernels: the aligned build for a head_dim that is a
+        // multiple of 8, the build for any alignment (one module) else; the
+        // row dots and kv_sum in a module of their own.
         let bf16 = AttnKernels::Bf16;
         assert_eq!(
-            modules_for(66, bf16, bf16),
+            modules_for(64, bf16, bf16),
             [
-                "attention_flash_fwd_d128",
-                "attention_flash_dq_d128",
-                "attention_flash_dkv_d128"
+                "attention_flash_fwd_d64",
+                "attention_flash_dq_d64",
+                "attention_flash_dkv_d64",
+                "attention_flash_dots_d64"
             ]
+        );
+        assert_eq!(
+            modules_for(66, bf16, bf16),
+            ["attention_flash_any_d128", "attention_flash_dots_d128"]
         );
         // FlShape::{FWD,DQ,DKV}_SMEM, asserted in the `.cu` file.
         let smem = |b: &Build| [b.fwd_smem, b.dq_smem, b.dkv_smem];
@@ -1115,6 +1227,51 @@ mod tests {
                 "attention_tc_dkv_d128"
             ]
         );
+    }
+
+    /// A flash call takes the aligned build only where head_dim is a
+    /// multiple of 8 and every tensor starts 16-byte aligned; the other
+    /// builds are taken as they are.
+    #[test]
+    fn the_flash_build_follows_the_tensors_alignment() {
+        let aligned = [0x7f00_0000_0000u64, 0x7f00_0000_0100, 0x7f00_0000_0210];
+        let flash = |hd| build(hd, AttnKernels::Bf16);
+        let module = |b: &Build| b.dkv.module;
+        assert_eq!(
+            module(for_layout(flash(64), 64, &aligned)),
+            "attention_flash_dkv_d64"
+        );
+        assert_eq!(
+            module(for_layout(flash(128), 128, &aligned)),
+            "attention_flash_dkv_d128"
+        );
+        assert_eq!(
+            module(for_layout(flash(64), 36, &aligned)),
+            "attention_flash_any_d64"
+        );
+        assert_eq!(
+            module(for_layout(flash(128), 120, &aligned)),
+            "attention_flash_dkv_d128"
+        );
+        let off_by_8 = [aligned[0], aligned[1] + 8];
+        assert_eq!(
+            module(for_layout(flash(64), 64, &off_by_8)),
+            "attention_flash_any_d64"
+        );
+        assert_eq!(
+            module(for_layout(flash(128), 128, &off_by_8)),
+            "attention_flash_any_d128"
+        );
+        // Both flash builds share the dots module and kv_sum.
+        let any = for_layout(flash(128), 128, &off_by_8);
+        assert_eq!(any.dots, flash(128).dots);
+        assert_eq!(any.kv_sum, flash(128).kv_sum);
+        let tc = build(64, AttnKernels::TensorCores);
+        assert_eq!(
+            module(for_layout(tc, 34, &off_by_8)),
+            "attention_tc_dkv_d64"
+        );
+        assert_eq!(tc.dots, None);
     }
 
     /// TF32 math takes the tensor cores unless the fault turns them off.
