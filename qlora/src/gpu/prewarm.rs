@@ -12,9 +12,9 @@ use crate::ops::attention::{self, AttnKernels};
 use crate::train::BaseWeights;
 
 /// The module [`crate::Faults::module_left_out_of_prewarm`] leaves out (and
-/// [`crate::Faults::module_evicted_after_prewarm`] evicts): one every
-/// configuration's forward pass uses.
-pub const LEFT_OUT_MODULE: &str = crate::ops::rmsnorm::MODULE;
+/// [`crate::Faults::module_evicted_after_prewarm`] evicts): the loss's, which
+/// every configuration's step runs, whatever its base.
+pub const LEFT_OUT_MODULE: &str = crate::ops::cross_entropy::MODULE;
 
 /// The module of the casts: a step with f16 or bf16 GEMM operands runs it on
 /// each such GEMM's input, and a base with q/k/v stacks of its own (fp32,
@@ -51,7 +51,6 @@ pub fn modules_for(
 ) -> Vec<&'static str> {
     let mut modules = vec![
         crate::ops::embedding::MODULE,
-        crate::ops::rmsnorm::MODULE,
         crate::ops::rmsnorm::bwd_module_for(config.hidden),
         crate::ops::activation::SWIGLU_MODULE,
         crate::ops::cross_entropy::MODULE,
@@ -65,9 +64,13 @@ pub fn modules_for(
     if base.is_nf4() {
         modules.push("nf4");
     }
-    if base.computes_in_bf16() {
-        modules.push(crate::ops::rmsnorm::BF16_MODULE);
-    }
+    // A base computing in bf16 writes every norm as a bf16 GEMM operand,
+    // with the bf16 module's kernels; the others write f32.
+    modules.push(if base.computes_in_bf16() {
+        crate::ops::rmsnorm::BF16_MODULE
+    } else {
+        crate::ops::rmsnorm::MODULE
+    });
     // NF4 computing in f32 keeps no stack of its own and rounds nothing.
     if f16_operands || base.computes_in_bf16() || !base.is_nf4() {
         modules.push(CAST_MODULE);
@@ -188,6 +191,30 @@ mod tests {
             assert!(!nf4.contains(&CAST_MODULE));
             for base in [BaseWeights::Bf16, BaseWeights::Nf4Bf16] {
                 assert!(modules_for(&config, base, (tc, f32k), false).contains(&CAST_MODULE));
+            }
+        }
+    }
+
+    /// The module the pre-warm mutants leave out or evict is one the step
+    /// of every base uses, so a load after pre-warm catches them on every
+    /// base, not a bound they happen to cross; and a base computing in
+    /// bf16 does not pre-warm the f32 norm it never runs.
+    #[test]
+    fn the_left_out_module_is_in_every_step() {
+        let (f32k, tc) = (AttnKernels::F32, AttnKernels::TensorCores);
+        for config in crate::model::PRESETS {
+            for base in [
+                BaseWeights::Fp32,
+                BaseWeights::Nf4,
+                BaseWeights::Bf16,
+                BaseWeights::Nf4Bf16,
+            ] {
+                for attn in [(f32k, f32k), (tc, f32k), (tc, tc)] {
+                    let modules = modules_for(&config, base, attn, false);
+                    assert!(modules.contains(&LEFT_OUT_MODULE), "{base:?}");
+                    let f32_norm = modules.contains(&crate::ops::rmsnorm::MODULE);
+                    assert_eq!(f32_norm, !base.computes_in_bf16(), "{base:?}");
+                }
             }
         }
     }
