@@ -843,7 +843,10 @@ fn forward_into(
     // of rows past seq read nothing (their source address is the tensor's
     // first row, which exists). The flash forward, launched as a
     // programmatic dependent, waits for its predecessor before it touches
-    // memory (its first statement); the others are launched in order.
+    // memory (its first statement); the others are launched in order. A
+    // flash kernel of the aligned build moves rows in 16-byte pieces
+    // unchecked: for_layout chose that build only for head_dim % 8 == 0 and
+    // every tensor 16-byte aligned.
     unsafe { b.saves.launch(&mut launch, cfg) }?;
     Ok(())
 }
@@ -1091,6 +1094,7 @@ fn flash_backward(
     // its 64 rows of k and v, writes its key rows < seq of pk and pv and, in
     // dst, only entries (key < seq, query < seq) of its head, and uses the
     // DKV_SMEM bytes of shared memory the config gives, with 128 threads.
+    // The aligned build's 16-byte pieces: as in the forward (for_layout).
     // Before it waits for the dots kernel it reads only k, v, q and dout,
     // which that kernel does not write; the kernel before the dots kernel,
     // which may write dout, is done by then (the dots kernel waits for it
@@ -1112,7 +1116,8 @@ fn flash_backward(
     // zero-filled from the head's first row), masks what it must not use,
     // reads rows < seq of k of its kv head, writes its rows < seq of dq, and
     // uses the DQ_SMEM bytes of shared memory the config gives, with 128
-    // threads. Before it waits for the dkv kernel it reads only k.
+    // threads. Before it waits for the dkv kernel it reads only k. The
+    // aligned build's 16-byte pieces: as in the forward (for_layout).
     unsafe { launch.launch(tile_config(sh, f, f.dq_smem)) }?;
     Ok(())
 }
