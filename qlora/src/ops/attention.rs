@@ -474,9 +474,9 @@ pub struct AttnShape {
 
 /// The kernel modules the launchers use for `head_dim` with `fwd` kernels
 /// in the forward and `bwd` kernels in the backward, on tensors as a step
-/// lays them out (aligned: [`for_layout`]): the forward's module, then the
-/// backward's (dq, dk/dv with kv_sum, or for the flash kernels also the
-/// dots module with kv_sum), each once.
+/// lays them out (aligned, as `for_layout` takes them): the forward's
+/// module, then the backward's (dq, dk/dv with kv_sum, or for the flash
+/// kernels also the dots module with kv_sum), each once.
 pub fn modules_for(head_dim: usize, fwd: AttnKernels, bwd: AttnKernels) -> Vec<&'static str> {
     let f = for_layout(fwd_build(head_dim, fwd), head_dim, &[]);
     let b = for_layout(build(head_dim, bwd), head_dim, &[]);
