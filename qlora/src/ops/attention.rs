@@ -1240,40 +1240,26 @@ mod tests {
     #[test]
     fn the_flash_build_follows_the_tensors_alignment() {
         let aligned = [0x7f00_0000_0000u64, 0x7f00_0000_0100, 0x7f00_0000_0210];
-        let flash = |hd| build(hd, AttnKernels::Bf16);
-        let module = |b: &Build| b.dkv.module;
-        assert_eq!(
-            module(for_layout(flash(64), 64, &aligned)),
-            "attention_flash_dkv_d64"
-        );
-        assert_eq!(
-            module(for_layout(flash(128), 128, &aligned)),
-            "attention_flash_dkv_d128"
-        );
-        assert_eq!(
-            module(for_layout(flash(64), 36, &aligned)),
-            "attention_flash_any_d64"
-        );
-        assert_eq!(
-            module(for_layout(flash(128), 120, &aligned)),
-            "attention_flash_dkv_d128"
-        );
         let off_by_8 = [aligned[0], aligned[1] + 8];
-        assert_eq!(
-            module(for_layout(flash(64), 64, &off_by_8)),
-            "attention_flash_any_d64"
-        );
-        assert_eq!(
-            module(for_layout(flash(128), 128, &off_by_8)),
-            "attention_flash_any_d128"
-        );
+        let flash = |hd| build(hd, AttnKernels::Bf16);
+        for (head_dim, addresses, module) in [
+            (64, &aligned[..], "attention_flash_dkv_d64"),
+            (128, &aligned[..], "attention_flash_dkv_d128"),
+            (120, &aligned[..], "attention_flash_dkv_d128"),
+            (36, &aligned[..], "attention_flash_any_d64"),
+            (64, &off_by_8[..], "attention_flash_any_d64"),
+            (128, &off_by_8[..], "attention_flash_any_d128"),
+        ] {
+            let b = for_layout(flash(head_dim), head_dim, addresses);
+            assert_eq!(b.dkv.module, module, "head_dim {head_dim}");
+        }
         // Both flash builds share the dots module and kv_sum.
         let any = for_layout(flash(128), 128, &off_by_8);
         assert_eq!(any.dots, flash(128).dots);
         assert_eq!(any.kv_sum, flash(128).kv_sum);
         let tc = build(64, AttnKernels::TensorCores);
         assert_eq!(
-            module(for_layout(tc, 34, &off_by_8)),
+            for_layout(tc, 34, &off_by_8).dkv.module,
             "attention_tc_dkv_d64"
         );
         assert_eq!(tc.dots, None);
