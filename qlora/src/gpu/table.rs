@@ -32,8 +32,10 @@ pub struct TensorTable {
     pub total: usize,
 }
 
-/// The device address of `t`.
-pub fn address<T>(gpu: &GpuContext, t: &CudaSlice<T>) -> u64 {
+/// The device address of `t` (an allocation or a view of one).
+pub fn address<T>(gpu: &GpuContext, t: &impl DevicePtr<T>) -> u64 {
+    // Event tracking is off on the context's stream (gpu/context.rs), so
+    // the guard records nothing.
     let (ptr, _sync) = t.device_ptr(gpu.stream());
     ptr
 }

@@ -29,12 +29,13 @@
 //! `dS` (bf16) and its dq kernel multiplies it, after a kernel of the row
 //! dots `D`.
 
-use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
 
 use super::gemm::{grid_dim, to_i64};
 use super::launch::{expect_len, DependentLaunch};
 use crate::error::{Error, Result};
 use crate::faults::Faults;
+use crate::gpu::table::address;
 use crate::gpu::{launch_config_1d, to_i32, GemmMath, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
 use crate::ops::cast::Bf16;
@@ -237,16 +238,14 @@ struct Build {
     dq: Kernel,
     dkv: Kernel,
     /// The (not tiled) kernel that adds the group's dk/dv shares: in the
-    /// dkv module, or the flash builds' dots module.
+    /// dkv module, or in the flash builds' dots module, beside the row dots
+    /// ([`DOTS`]).
     kv_sum: Kernel,
-    /// The flash backward's row dots `D` (not tiled); `None` for the
-    /// probability-saving builds.
-    dots: Option<Kernel>,
 }
 
 const KV_SUM: &str = "attention_bwd_kv_sum_f32";
-/// The flash kernels' row dots `D`, in their dk/dv module (not tiled: one
-/// kernel for both builds' modules).
+/// The flash kernels' row dots `D`, in the module of their kv_sum (not
+/// tiled: one kernel for both builds' modules).
 const DOTS: &str = "attention_flash_bwd_dots_f32";
 
 /// Rows of a tile of the f32 kernels (`ATT_ROWS`).
@@ -292,7 +291,6 @@ const F32_D64: Build = Build {
     dq: kernel("attention_dq_d64", "attention_bwd_dq_d64_f32"),
     dkv: kernel("attention_dkv_d64", "attention_bwd_dkv_d64_f32"),
     kv_sum: kernel("attention_dkv_d64", KV_SUM),
-    dots: None,
 };
 
 const F32_D128: Build = Build {
@@ -306,7 +304,6 @@ const F32_D128: Build = Build {
     dq: kernel("attention_dq_d128", "attention_bwd_dq_d128_f32"),
     dkv: kernel("attention_dkv_d128", "attention_bwd_dkv_d128_f32"),
     kv_sum: kernel("attention_dkv_d128", KV_SUM),
-    dots: None,
 };
 
 // Threads: 32 per row group and split part (`TcShape::THREADS`), one part
@@ -322,7 +319,6 @@ const TC_D64: Build = Build {
     dq: kernel("attention_tc_dq_d64", "attention_tc_bwd_dq_d64_f32"),
     dkv: kernel("attention_tc_dkv_d64", "attention_tc_bwd_dkv_d64_f32"),
     kv_sum: kernel("attention_tc_dkv_d64", KV_SUM),
-    dots: None,
 };
 
 const TC_D128: Build = Build {
@@ -336,7 +332,6 @@ const TC_D128: Build = Build {
     dq: kernel("attention_tc_dq_d128", "attention_tc_bwd_dq_d128_f32"),
     dkv: kernel("attention_tc_dkv_d128", "attention_tc_bwd_dkv_d128_f32"),
     kv_sum: kernel("attention_tc_dkv_d128", KV_SUM),
-    dots: None,
 };
 
 // The bf16 flash kernels: four warps of 16 rows (`FL_THREADS`, `FL_ROWS`),
@@ -355,7 +350,6 @@ const FLASH_D64: Build = Build {
         "attention_flash_bwd_dkv_d64_bf16",
     ),
     kv_sum: kernel("attention_flash_dots_d64", KV_SUM),
-    dots: Some(kernel("attention_flash_dots_d64", DOTS)),
 };
 
 /// [`FLASH_D64`] for any head_dim and alignment (its kernels test at run
@@ -387,7 +381,6 @@ const FLASH_D128: Build = Build {
         "attention_flash_bwd_dkv_d128_bf16",
     ),
     kv_sum: kernel("attention_flash_dots_d128", KV_SUM),
-    dots: Some(kernel("attention_flash_dots_d128", DOTS)),
 };
 
 /// [`FLASH_D128`] for any head_dim and alignment.
@@ -436,14 +429,6 @@ fn for_layout(b: &'static Build, head_dim: usize, addresses: &[u64]) -> &'static
         (Saves::RowLse, false, false) => &FLASH_ANY_D128,
         _ => b,
     }
-}
-
-/// The device address of a buffer, for [`for_layout`].
-fn address<T>(gpu: &GpuContext, b: &impl DevicePtr<T>) -> u64 {
-    // Event tracking is off on the context's stream (gpu/context.rs), so
-    // the guard records nothing.
-    let (ptr, _sync) = b.device_ptr(gpu.stream());
-    ptr
 }
 
 /// The build whose forward runs `kernels` for `head_dim`: the tensor-core
@@ -795,11 +780,10 @@ fn forward_into(
     }
     expect_len("attention", "saved", saved.len(), &[saved_len(sh, kernels)])?;
     let limit = to_i64("attention", gpu.faults().written(q_len))?;
-    let mut addresses = qkv.addresses(gpu).to_vec();
-    addresses.extend([address(gpu, &*out), address(gpu, &*saved)]);
-    if let Some(o16) = &out16 {
-        addresses.push(address(gpu, &**o16));
-    }
+    let [q, k, v] = qkv.addresses(gpu);
+    // No out16 is a null pointer, which any alignment allows.
+    let o16 = out16.as_ref().map_or(0, |o| address(gpu, &**o));
+    let addresses = [q, k, v, address(gpu, &*out), address(gpu, &*saved), o16];
     let b = for_layout(fwd_build(sh.head_dim, kernels), sh.head_dim, &addresses);
     let cfg = tile_config(sh, b, b.fwd_smem);
     let func = gpu.function(b.fwd.module, b.fwd.symbol)?;
@@ -918,10 +902,21 @@ pub fn backward(
     // The first part of the scratch is dS (and the flash kernels' D), then the shares.
     let (mut first, mut shares) = scratch.split_at_mut(ds_floats(sh, kernels));
     let (mut pk, mut pv) = shares.split_at_mut(q_len);
-    let mut addresses = qkv.addresses(gpu).to_vec();
-    addresses.extend([address(gpu, out), address(gpu, saved), address(gpu, dout)]);
-    addresses.extend([address(gpu, &*dq), address(gpu, &*dk), address(gpu, &*dv)]);
-    addresses.extend([address(gpu, &first), address(gpu, &pk), address(gpu, &pv)]);
+    let [q, k, v] = qkv.addresses(gpu);
+    let addresses = [
+        q,
+        k,
+        v,
+        address(gpu, out),
+        address(gpu, saved),
+        address(gpu, dout),
+        address(gpu, &*dq),
+        address(gpu, &*dk),
+        address(gpu, &*dv),
+        address(gpu, &first),
+        address(gpu, &pk),
+        address(gpu, &pv),
+    ];
     let b = for_layout(build(sh.head_dim, kernels), sh.head_dim, &addresses);
     let grads = (&mut *dq, &mut first, &mut pk, &mut pv);
     match (b.saves, qkv) {
@@ -1056,11 +1051,7 @@ fn flash_backward(
     // for the kernel before it where it must; see the .cu file), so each
     // one's launch, the dkv kernel's loads of k, v, q and dout and the dq
     // kernel's of k overlap the tail of the kernel before it.
-    let dots = f.dots.ok_or_else(|| Error::InvalidArgument {
-        op: "attention",
-        message: "a flash build without its row dots kernel".into(),
-    })?;
-    let func = gpu.function(dots.module, dots.symbol)?;
+    let func = gpu.function(f.kv_sum.module, DOTS)?;
     let mut launch = DependentLaunch::new(gpu, &func);
     launch.buf(out).buf(dout).buf_mut(&mut dd);
     d.push(&mut launch);
@@ -1253,16 +1244,14 @@ mod tests {
             let b = for_layout(flash(head_dim), head_dim, addresses);
             assert_eq!(b.dkv.module, module, "head_dim {head_dim}");
         }
-        // Both flash builds share the dots module and kv_sum.
+        // Both flash builds share the dots module with kv_sum.
         let any = for_layout(flash(128), 128, &off_by_8);
-        assert_eq!(any.dots, flash(128).dots);
         assert_eq!(any.kv_sum, flash(128).kv_sum);
         let tc = build(64, AttnKernels::TensorCores);
         assert_eq!(
             for_layout(tc, 34, &off_by_8).dkv.module,
             "attention_tc_dkv_d64"
         );
-        assert_eq!(tc.dots, None);
     }
 
     /// TF32 math takes the tensor cores unless the fault turns them off.

@@ -591,7 +591,7 @@ impl DgammaTargets {
                 got: format!("one of {}", t.len()),
             });
         }
-        let addresses: Vec<u64> = targets.iter().map(|t| address(gpu, t)).collect();
+        let addresses: Vec<u64> = targets.iter().map(|t| address(gpu, *t)).collect();
         Ok(DgammaTargets {
             ptrs: gpu.upload(&addresses)?,
             slots: targets.len(),
