@@ -16,7 +16,7 @@ use std::process::{Command, Output};
 use falsify_core::report::artifacts::{ArtifactTensor, ArtifactWriter};
 use falsify_core::report::compare::{Verdict, EXIT_INCOMPLETE, EXIT_NO_VERDICT, EXIT_REGRESSED};
 use falsify_core::report::markdown::{write_report, REPORT_MD};
-use falsify_core::report::meta::RunMeta;
+use falsify_core::report::meta::{GpuMeta, RunMeta};
 use falsify_core::report::{read_rows, write_rows_atomic, FalsificationRow, SpeedupRow, Status};
 
 fn fixture(name: &str) -> PathBuf {
@@ -465,6 +465,74 @@ fn a_gpu_run_is_compared_with_the_baseline_of_its_gpu_kind() {
     assert_eq!(out.status.code(), Some(EXIT_NO_VERDICT.into()));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no baseline for `a100`"));
     assert!(!current.join(REPORT_MD).exists());
+}
+
+/// A run on a host of several GPUs is its own kind (`h200x2`): its
+/// data-parallel trials run there and are skipped on one GPU, so only a
+/// baseline of the same host can judge them. Records from before the count
+/// was kept name the host by their folder.
+#[test]
+fn a_run_on_several_gpus_is_compared_with_the_baseline_of_that_host() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = baselines_by_kind(tmp.path());
+    let current = run_on(&tmp.path().join("two-h200-run"), "NVIDIA H200");
+    let mut meta = RunMeta::read_json(&fixture("planted_current"))
+        .unwrap()
+        .unwrap();
+    meta.run_id = rows_of(&current)[0].run_id.clone();
+    meta.selected.clear();
+    meta.gpu = Some(GpuMeta {
+        name: "NVIDIA H200".into(),
+        compute_capability: "9.0".into(),
+        cuda_driver_version: "13.0".into(),
+        nvidia_driver: "580.159.04".into(),
+        sm_count: 132,
+        total_memory_bytes: 1 << 30,
+        device_count: Some(2),
+    });
+    meta.write_json(&current).unwrap();
+
+    // Only one-GPU baselines: no verdict, and the host kind named.
+    let err = write_report(&root, &current).unwrap_err().to_string();
+    assert!(
+        err.contains("this run used 2x NVIDIA H200 (GPU kind `h200x2`), and there is no baseline for `h200x2` here (baselines: h100, h200)"),
+        "{err}"
+    );
+
+    // The host's own baseline, a record from before the count was kept:
+    // found by its folder, and named by it.
+    let two = copy_dir(&root.join("h200"), &root.join("h200x2"));
+    let outcome = write_report(&root, &current).unwrap();
+    assert_eq!(
+        outcome.baseline,
+        format!(
+            "Baseline `h200x2` (`{}`): the baseline of the GPU this run used, 2x NVIDIA H200.",
+            two.display()
+        )
+    );
+    let md = std::fs::read_to_string(&outcome.path).unwrap();
+    assert!(
+        section(&md, "## Runs")
+            .contains("| GPU | none used (or not recorded) | 2x NVIDIA H200, 132 SMs, 1.0 GiB |"),
+        "{}",
+        section(&md, "## Runs")
+    );
+    let given = write_report(&two, &current).unwrap();
+    assert!(
+        given.baseline.starts_with("Baseline `h200x2`"),
+        "{}",
+        given.baseline
+    );
+
+    // A one-GPU baseline named directly says that it is another host.
+    let one = write_report(&root.join("h200"), &current).unwrap();
+    assert!(
+        one.baseline.contains(
+            "It ran on NVIDIA H200 (kind `h200`) and this run on 2x NVIDIA H200 (kind `h200x2`)"
+        ),
+        "{}",
+        one.baseline
+    );
 }
 
 #[test]

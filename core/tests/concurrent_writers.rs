@@ -55,6 +55,7 @@ fn record(writer: usize) -> RunMeta {
         nvidia_driver: "580".into(),
         sm_count: 132,
         total_memory_bytes: 1 << 30,
+        device_count: Some(1),
     });
     meta
 }

@@ -58,6 +58,26 @@ pub fn gpu_kind(device: &str) -> String {
     }
 }
 
+/// The baseline kind of a host of `gpus` GPUs named `device`: the GPU's
+/// kind on one GPU (or an unknown count), `<kind>x<gpus>` on several
+/// (`h200x2`), since a host of several runs the data-parallel trials that
+/// one GPU skips.
+pub fn host_kind(device: &str, gpus: Option<u32>) -> String {
+    match gpus {
+        Some(n) if n > 1 => format!("{}x{n}", gpu_kind(device)),
+        _ => gpu_kind(device),
+    }
+}
+
+/// How a host of `gpus` GPUs named `device` reads in a sentence:
+/// `NVIDIA H200`, `2x NVIDIA H200`.
+pub fn host_description(device: &str, gpus: Option<u32>) -> String {
+    match gpus {
+        Some(n) if n > 1 => format!("{n}x {device}"),
+        _ => device.to_string(),
+    }
+}
+
 /// The baselines a run is compared with, and the run as compared.
 #[derive(Debug, Clone)]
 pub struct Selection {
@@ -83,12 +103,15 @@ pub fn select(root: &Path, current: &RunData) -> Result<Selection> {
         kind_dirs(root, subject)?
     };
     match current.used_gpu() {
-        Some(device) if single => one_baseline(root, &device, current, true),
+        Some(_) if single => one_baseline(root, current, true),
         Some(device) => {
-            let kind = gpu_kind(&device);
+            let kind = host_kind(&device, current.gpu_count());
             match kinds.iter().find(|(name, _)| *name == kind) {
-                Some((_, dir)) => one_baseline(dir, &device, current, false),
-                None => Err(no_baseline_for(root, &device, &kind, &kinds)),
+                Some((_, dir)) => one_baseline(dir, current, false),
+                None => {
+                    let host = host_description(&device, current.gpu_count());
+                    Err(no_baseline_for(root, &host, &kind, &kinds))
+                }
             }
         }
         None if single => cpu_only(&[(String::new(), root.to_path_buf())], current),
@@ -141,28 +164,30 @@ fn kind_dirs(root: &Path, subject: &str) -> Result<Vec<(String, PathBuf)>> {
 
 /// A GPU run against one baseline folder; `given` when `--baseline` named
 /// the folder itself rather than the folder of kinds.
-fn one_baseline(dir: &Path, device: &str, current: &RunData, given: bool) -> Result<Selection> {
+fn one_baseline(dir: &Path, current: &RunData, given: bool) -> Result<Selection> {
     let mut baseline = RunData::load(dir, Side::Baseline)?;
-    let kind = gpu_kind(device);
-    let baseline_gpu = baseline.used_gpu();
-    if let Some(gpu) = &baseline_gpu {
-        baseline.name = gpu_kind(gpu);
+    let host = current.used_host().unwrap_or_default();
+    let kind = current.used_host_kind().unwrap_or_default();
+    let baseline_host = baseline.used_host();
+    if let Some(baseline_kind) = baseline.used_host_kind() {
+        baseline.name = baseline_kind;
     }
     let why = if !given {
         format!(
-            "Baseline `{}` (`{}`): the baseline of the GPU this run used, {device}.",
+            "Baseline `{}` (`{}`): the baseline of the GPU this run used, {host}.",
             baseline.name,
             dir.display()
         )
     } else {
-        match baseline_gpu {
-            Some(gpu) if gpu_kind(&gpu) != kind => format!(
-                "Baseline `{}` (`{}`), as given. It ran on {gpu} and this run on {device} (kind `{kind}`): verdicts compare, timings belong to different GPUs.",
+        match baseline_host {
+            Some(other) if baseline.name != kind => format!(
+                "Baseline `{}` (`{}`), as given. It ran on {other} (kind `{}`) and this run on {host} (kind `{kind}`): verdicts compare, timings belong to different GPUs.",
                 baseline.name,
-                dir.display()
+                dir.display(),
+                baseline.name,
             ),
             _ => format!(
-                "Baseline `{}` (`{}`), as given; this run used {device}.",
+                "Baseline `{}` (`{}`), as given; this run used {host}.",
                 baseline.name,
                 dir.display()
             ),
@@ -290,6 +315,16 @@ fn not_found(path: &Path, message: String) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_of_several_gpus_is_a_kind_of_its_own() {
+        assert_eq!(host_kind("NVIDIA H200", Some(2)), "h200x2");
+        assert_eq!(host_kind("NVIDIA H100 80GB HBM3", Some(4)), "h100x4");
+        assert_eq!(host_kind("NVIDIA H200", Some(1)), "h200");
+        assert_eq!(host_kind("NVIDIA H200", None), "h200");
+        assert_eq!(host_description("NVIDIA H200", Some(2)), "2x NVIDIA H200");
+        assert_eq!(host_description("NVIDIA H200", None), "NVIDIA H200");
+    }
 
     #[test]
     fn gpu_kinds_are_model_numbers() {

@@ -18,6 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use super::baseline::{gpu_kind, host_description, host_kind};
 use super::evidence::{self, Account, Side};
 use super::{FalsificationRow, SpeedupRow, Status};
 use crate::error::Result;
@@ -84,6 +85,36 @@ impl RunData {
             .find(|d| !d.is_empty() && *d != "none")
             .map(str::to_string)
             .or_else(|| self.meta.as_ref()?.gpu.as_ref().map(|g| g.name.clone()))
+    }
+
+    /// How many GPUs the run's host had: its record's count, or for a
+    /// record from before the count was kept, the `x<N>` its folder's name
+    /// puts after the GPU kind (`h200x2`), the way baselines are filed.
+    pub fn gpu_count(&self) -> Option<u32> {
+        if let Some(n) = self
+            .meta
+            .as_ref()
+            .and_then(|m| m.gpu.as_ref()?.device_count)
+        {
+            return Some(n);
+        }
+        let kind = gpu_kind(&self.used_gpu()?);
+        let folder = self.dir.file_name()?.to_str()?;
+        folder
+            .strip_prefix(kind.as_str())?
+            .strip_prefix('x')?
+            .parse()
+            .ok()
+    }
+
+    /// The host the run used, as a sentence names it (`2x NVIDIA H200`).
+    pub fn used_host(&self) -> Option<String> {
+        Some(host_description(&self.used_gpu()?, self.gpu_count()))
+    }
+
+    /// The baseline kind of the host the run used (`h200`, `h200x2`).
+    pub fn used_host_kind(&self) -> Option<String> {
+        Some(host_kind(&self.used_gpu()?, self.gpu_count()))
     }
 
     /// This run with only the rows `keep` accepts, and the speedups of the

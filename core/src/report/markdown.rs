@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::artifacts::{ArtifactWriter, ARTIFACTS_DIR};
-use super::baseline::{refuse_output_inside, select, subject_of};
+use super::baseline::{host_description, refuse_output_inside, select, subject_of};
 use super::charts::{write_charts, Chart};
 use super::claim::short;
 use super::compare::{RunComparison, RunData, SpeedupDiff, TrialDiff, Verdict, RUN_TO_RUN_NOISE};
@@ -414,7 +414,7 @@ fn facts() -> [(&'static str, Fact); 12] {
             match r.meta.as_ref().and_then(|m| m.gpu.as_ref()) {
                 Some(g) => format!(
                     "{}, {} SMs, {:.1} GiB",
-                    g.name,
+                    host_description(&g.name, g.device_count),
                     g.sm_count,
                     g.total_memory_bytes as f64 / (1u64 << 30) as f64
                 ),

@@ -117,11 +117,17 @@ pub struct GpuMeta {
     pub nvidia_driver: String,
     pub sm_count: u32,
     pub total_memory_bytes: usize,
+    /// The CUDA devices the run could use (the driver's count, after
+    /// `CUDA_VISIBLE_DEVICES`): a host of several is a baseline kind of its
+    /// own (`h200x2`). `None` in records from before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_count: Option<u32>,
 }
 
 impl GpuMeta {
-    /// The record of an opened device; `nvidia_driver` is read from `nvidia-smi`.
-    pub fn from_facts(facts: &DeviceFacts) -> Self {
+    /// The record of an opened device on a host of `device_count` GPUs;
+    /// `nvidia_driver` is read from `nvidia-smi`.
+    pub fn from_facts(facts: &DeviceFacts, device_count: usize) -> Self {
         GpuMeta {
             name: facts.name.clone(),
             compute_capability: format!(
@@ -132,6 +138,7 @@ impl GpuMeta {
             nvidia_driver: nvidia_smi_query("driver_version"),
             sm_count: facts.sm_count,
             total_memory_bytes: facts.total_memory_bytes,
+            device_count: u32::try_from(device_count).ok(),
         }
     }
 }
@@ -449,6 +456,7 @@ mod tests {
             nvidia_driver: "580.159.04".into(),
             sm_count: 132,
             total_memory_bytes: 1 << 30,
+            device_count: Some(1),
         });
         meta.write_json(dir.path()).unwrap();
         assert_eq!(RunMeta::read_json(dir.path()).unwrap(), Some(meta));
@@ -469,6 +477,7 @@ mod tests {
             nvidia_driver: "580".into(),
             sm_count: 132,
             total_memory_bytes: 1 << 30,
+            device_count: Some(1),
         });
         first.clocks = "1980 MHz".into();
         let mut later = first.clone();

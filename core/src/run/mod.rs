@@ -988,7 +988,7 @@ impl<S: Subject> Engine<S> {
             _ => None,
         };
         if let Some(facts) = facts {
-            meta.gpu = Some(GpuMeta::from_facts(&facts));
+            meta.gpu = Some(GpuMeta::from_facts(&facts, device_count()));
             meta.clocks = read_clocks();
         } else {
             meta.clocks = "not read (no GPU was used)".into();
