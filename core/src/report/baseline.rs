@@ -220,8 +220,8 @@ fn cpu_only(dirs: &[(String, PathBuf)], current: &RunData) -> Result<Selection> 
         let mut baseline = RunData::load(dir, Side::Baseline)?;
         if !name.is_empty() {
             baseline.name = name.clone();
-        } else if let Some(gpu) = baseline.used_gpu() {
-            baseline.name = gpu_kind(&gpu);
+        } else if let Some(kind) = baseline.used_host_kind() {
+            baseline.name = kind;
         }
         baselines.push(baseline.filtered(|r| {
             r.backend == "cpu" || judged_cuda.contains(&(r.contract.clone(), r.test_id.clone()))
