@@ -284,18 +284,32 @@ ROPE_QKV_FWD(rope_qkv_fwd_bf16, StoreBf16)
 #if ROPE_QKV == 2  // the backward's module
 // acc[rr] += sum over this lane's c of g[rr][c] * B[c, j] (j = lane % r, c =
 // lane / r + 32/r * k, over the block's warps) for each of the QKV_ROWS rows
-// of g: lanes with consecutive j read consecutive floats of B.
+// of g: lanes with consecutive j read consecutive floats of B. The sums are
+// FMA chains in c order either way. UNROLLED (the bf16 module) takes every
+// row, the last block's zeros past nrows too, so the loop unrolled by 4 is a
+// plain run of loads and FMAs: measured, that made the bf16 step faster and
+// the f32 step slower, so the f32 module keeps the loop that tests its rows.
+template <bool UNROLLED>
 __device__ __forceinline__ void lora_grad_partial(const float* g, int g_ld, const float* __restrict__ bmat,
-                                                  int n, int r, float* acc) {
+                                                  int n, int r, int nrows, float* acc) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     const int step = 32 / r, j = lane % r;
-    #pragma unroll 4
-    for (int c = warp * step + lane / r; c < n; c += warps * step) {
-        const float b = bmat[(size_t)c * r + j];
-        // Every row, the last block's zeros past nrows too: without a test
-        // a row, the unrolled loop is a plain run of FMAs.
-        #pragma unroll
-        for (int rr = 0; rr < QKV_ROWS; ++rr) acc[rr] = fmaf(g[rr * g_ld + c], b, acc[rr]);
+    const int first = warp * step + lane / r, stride = warps * step;
+    if (UNROLLED) {
+        #pragma unroll 4
+        for (int c = first; c < n; c += stride) {
+            const float b = bmat[(size_t)c * r + j];
+            #pragma unroll
+            for (int rr = 0; rr < QKV_ROWS; ++rr) acc[rr] = fmaf(g[rr * g_ld + c], b, acc[rr]);
+        }
+    } else {
+        #pragma unroll 2
+        for (int c = first; c < n; c += stride) {
+            const float b = bmat[(size_t)c * r + j];
+            #pragma unroll
+            for (int rr = 0; rr < QKV_ROWS; ++rr)
+                if (rr < nrows) acc[rr] = fmaf(g[rr * g_ld + c], b, acc[rr]);
+        }
     }
     // Lanes with the same j (lane % r) hold parts of one sum.
     #pragma unroll
@@ -330,52 +344,39 @@ __device__ __forceinline__ void rope_qkv_bwd(const float* __restrict__ dqr, cons
         const int nrows = min(QKV_ROWS, rows - row0);
         __syncthreads();  // the previous rows' grad, angles and parts are no longer read
         qkv_angles(sn, cs, table, row0, rows, seq, half, -1.0f);
-        // The last block's rows past nrows hold zeros, so the LoRA sums
-        // below need no test of the row (their sums are never stored).
-        for (int t = nrows * g_ld + threadIdx.x; t < QKV_ROWS * g_ld; t += blockDim.x) grad[t] = 0.0f;
+        // The last block's rows past nrows hold zeros, so the unrolled LoRA
+        // sums below need no test of the row (their sums are never stored).
+        if (BF16)
+            for (int t = nrows * g_ld + threadIdx.x; t < QKV_ROWS * g_ld; t += blockDim.x)
+                grad[t] = 0.0f;
         __syncthreads();
-        // Each item's rows are loaded together before any is used: one
-        // wait on memory an item, not one a row.
         #pragma unroll 1
         for (int w = threadIdx.x; w < items; w += blockDim.x) {
-            float g1[QKV_ROWS], g2[QKV_ROWS];
-            if (w < q_pairs + k_pairs) {
-                const bool is_q = w < q_pairs;
-                const int p = is_q ? w : w - q_pairs;
-                const int i = p % half;
-                const int c1 = (p / half) * head_dim + i, c2 = c1 + half;
-                const float* in = is_q ? dqr : dkr;
-                const int in_ld = is_q ? qd : kvd;
-                #pragma unroll
-                for (int rr = 0; rr < QKV_ROWS; ++rr) {
-                    const size_t row = row0 + min(rr, nrows - 1);
-                    g1[rr] = in[row * in_ld + c1];
-                    g2[rr] = in[row * in_ld + c2];
-                }
-                const int col = is_q ? 0 : qd;
-                #pragma unroll
-                for (int rr = 0; rr < QKV_ROWS; ++rr) {
-                    if (rr >= nrows) break;
-                    const size_t at = (row0 + rr) * ld;
+            for (int rr = 0; rr < nrows; ++rr) {
+                const size_t row = row0 + rr;
+                const size_t at = row * ld;
+                float* gr = grad + rr * g_ld;
+                if (w < q_pairs + k_pairs) {
+                    const bool is_q = w < q_pairs;
+                    const int p = is_q ? w : w - q_pairs;
+                    const int i = p % half;
+                    const int c1 = (p / half) * head_dim + i, c2 = c1 + half;
+                    const float* in = is_q ? dqr + row * qd : dkr + row * kvd;
+                    const float g1 = in[c1], g2 = in[c2];
                     const float sf = sn[rr * half + i], cf = cs[rr * half + i];
-                    const float x1 = g1[rr] * cf - g2[rr] * sf, x2 = g1[rr] * sf + g2[rr] * cf;
+                    const float x1 = g1 * cf - g2 * sf, x2 = g1 * sf + g2 * cf;
+                    const int col = is_q ? 0 : qd;
                     put_grad<BF16>(dy, dy16, at + col + c1, x1);
                     put_grad<BF16>(dy, dy16, at + col + c2, x2);
                     if (is_q) {
-                        grad[rr * g_ld + c1] = x1;
-                        grad[rr * g_ld + c2] = x2;
+                        gr[c1] = x1;
+                        gr[c2] = x2;
                     }
-                }
-            } else {
-                const int c = w - q_pairs - k_pairs;
-                #pragma unroll
-                for (int rr = 0; rr < QKV_ROWS; ++rr)
-                    g1[rr] = dv[(size_t)(row0 + min(rr, nrows - 1)) * kvd + c];
-                #pragma unroll
-                for (int rr = 0; rr < QKV_ROWS; ++rr) {
-                    if (rr >= nrows) break;
-                    put_grad<BF16>(dy, dy16, (row0 + rr) * ld + qd + kvd + c, g1[rr]);
-                    grad[rr * g_ld + qd + c] = g1[rr];
+                } else {
+                    const int c = w - q_pairs - k_pairs;
+                    const float g = dv[row * kvd + c];
+                    put_grad<BF16>(dy, dy16, at + qd + kvd + c, g);
+                    gr[qd + c] = g;
                 }
             }
         }
@@ -383,8 +384,8 @@ __device__ __forceinline__ void rope_qkv_bwd(const float* __restrict__ dqr, cons
         // duq = dq Bq, duv = dv Bv for the block's rows: each warp sums its
         // share of the columns, then the warps' parts are added in warp order.
         float aq[QKV_ROWS] = {0.0f}, av[QKV_ROWS] = {0.0f};
-        lora_grad_partial(grad, g_ld, bq, qd, r, aq);
-        lora_grad_partial(grad + qd, g_ld, bv, kvd, r, av);
+        lora_grad_partial<BF16>(grad, g_ld, bq, qd, r, nrows, aq);
+        lora_grad_partial<BF16>(grad + qd, g_ld, bv, kvd, r, nrows, av);
         if (lane < r) {
             #pragma unroll
             for (int rr = 0; rr < QKV_ROWS; ++rr) {
