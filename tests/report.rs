@@ -16,7 +16,7 @@ use std::process::{Command, Output};
 use falsify_core::report::artifacts::{ArtifactTensor, ArtifactWriter};
 use falsify_core::report::compare::{Verdict, EXIT_INCOMPLETE, EXIT_NO_VERDICT, EXIT_REGRESSED};
 use falsify_core::report::markdown::{write_report, REPORT_MD};
-use falsify_core::report::meta::{GpuMeta, RunMeta};
+use falsify_core::report::meta::RunMeta;
 use falsify_core::report::{read_rows, write_rows_atomic, FalsificationRow, SpeedupRow, Status};
 
 fn fixture(name: &str) -> PathBuf {
@@ -481,15 +481,9 @@ fn a_run_on_several_gpus_is_compared_with_the_baseline_of_that_host() {
         .unwrap();
     meta.run_id = rows_of(&current)[0].run_id.clone();
     meta.selected.clear();
-    meta.gpu = Some(GpuMeta {
-        name: "NVIDIA H200".into(),
-        compute_capability: "9.0".into(),
-        cuda_driver_version: "13.0".into(),
-        nvidia_driver: "580.159.04".into(),
-        sm_count: 132,
-        total_memory_bytes: 1 << 30,
-        device_count: Some(2),
-    });
+    // The fixture's record is of one H200; this run had two.
+    let gpu = meta.gpu.as_mut().expect("planted_current records its GPU");
+    gpu.device_count = Some(2);
     meta.write_json(&current).unwrap();
 
     // Only one-GPU baselines: no verdict, and the host kind named.
@@ -513,7 +507,7 @@ fn a_run_on_several_gpus_is_compared_with_the_baseline_of_that_host() {
     let md = std::fs::read_to_string(&outcome.path).unwrap();
     assert!(
         section(&md, "## Runs")
-            .contains("| GPU | none used (or not recorded) | 2x NVIDIA H200, 132 SMs, 1.0 GiB |"),
+            .contains("| GPU | none used (or not recorded) | 2x NVIDIA H200, 132 SMs, 139.8 GiB |"),
         "{}",
         section(&md, "## Runs")
     );
