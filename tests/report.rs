@@ -624,6 +624,33 @@ fn the_committed_baselines_are_found_from_the_parent_folder() {
     assert!(speedups.contains("| >= 0.7 |"), "{speedups}");
 }
 
+/// The committed two-H200 baseline judges a two-H200 run: a copy of it,
+/// its record given the count a run records today, is found from the
+/// folder of all baselines and judged clean, its data-parallel rows against
+/// passed rows, not the one-GPU baseline's skipped ones.
+#[test]
+fn the_committed_two_gpu_baseline_judges_a_two_gpu_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("reports/baseline");
+    let current = copy_dir(&root.join("qlora/h200x2"), &tmp.path().join("again"));
+    let mut meta = RunMeta::read_json(&current).unwrap().unwrap();
+    meta.gpu.as_mut().expect("a GPU run").device_count = Some(2);
+    meta.write_json(&current).unwrap();
+    let outcome = write_report(&root, &current).unwrap();
+    assert_eq!(outcome.verdict, Verdict::Clean, "{:?}", outcome.regressions);
+    assert!(
+        outcome.baseline.starts_with("Baseline `h200x2`"),
+        "{}",
+        outcome.baseline
+    );
+    let md = std::fs::read_to_string(&outcome.path).unwrap();
+    assert!(
+        !md.contains("now passes"),
+        "{}",
+        section(&md, "## Verdicts by contract")
+    );
+}
+
 /// Baselines are the subject's: a run records its subject, and the folder
 /// of subjects is searched for that one's; a subject with no baseline is
 /// told so, never judged against another subject's.
