@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 
 use falsify_core::report::artifacts::{ArtifactTensor, ArtifactWriter};
 use falsify_core::report::compare::{Verdict, EXIT_INCOMPLETE, EXIT_NO_VERDICT, EXIT_REGRESSED};
-use falsify_core::report::markdown::{write_report, REPORT_MD};
+use falsify_core::report::markdown::{write_report, ReportOutcome, REPORT_MD};
 use falsify_core::report::meta::RunMeta;
 use falsify_core::report::{read_rows, write_rows_atomic, FalsificationRow, SpeedupRow, Status};
 
@@ -585,6 +585,16 @@ fn a_cpu_only_run_is_compared_with_the_cpu_rows_of_every_baseline() {
     assert!(!verdicts.contains("F-RMS-GPU-001"), "{verdicts}");
 }
 
+/// The report of `current` against the baselines under `root`: clean, and
+/// judged against the baseline named `kind`.
+fn judged_clean_against(root: &Path, current: &Path, kind: &str) -> ReportOutcome {
+    let outcome = write_report(root, current).unwrap();
+    assert_eq!(outcome.verdict, Verdict::Clean, "{:?}", outcome.regressions);
+    let named = format!("Baseline `{kind}`");
+    assert!(outcome.baseline.starts_with(&named), "{}", outcome.baseline);
+    outcome
+}
+
 #[test]
 fn the_committed_baselines_are_found_from_the_parent_folder() {
     let tmp = tempfile::tempdir().unwrap();
@@ -594,13 +604,7 @@ fn the_committed_baselines_are_found_from_the_parent_folder() {
     // The committed H200 run against itself, as a copy: the baseline of its
     // own GPU kind is found from the folder of all baselines, and judges it clean.
     let current = copy_dir(&h200, &tmp.path().join("again"));
-    let outcome = write_report(&root, &current).unwrap();
-    assert_eq!(outcome.verdict, Verdict::Clean, "{:?}", outcome.regressions);
-    assert!(
-        outcome.baseline.starts_with("Baseline `h200`"),
-        "{}",
-        outcome.baseline
-    );
+    let outcome = judged_clean_against(&root, &current, "h200");
     let md = std::fs::read_to_string(&outcome.path).unwrap();
     let runs = section(&md, "## Runs");
     // The baseline ran on the GPU machine from an archive; the report states
@@ -636,13 +640,7 @@ fn the_committed_two_gpu_baseline_judges_a_two_gpu_run() {
     let mut meta = RunMeta::read_json(&current).unwrap().unwrap();
     meta.gpu.as_mut().expect("a GPU run").device_count = Some(2);
     meta.write_json(&current).unwrap();
-    let outcome = write_report(&root, &current).unwrap();
-    assert_eq!(outcome.verdict, Verdict::Clean, "{:?}", outcome.regressions);
-    assert!(
-        outcome.baseline.starts_with("Baseline `h200x2`"),
-        "{}",
-        outcome.baseline
-    );
+    let outcome = judged_clean_against(&root, &current, "h200x2");
     let md = std::fs::read_to_string(&outcome.path).unwrap();
     assert!(
         !md.contains("now passes"),
@@ -672,13 +670,7 @@ fn a_run_is_judged_against_the_baselines_of_its_own_subject() {
         "{err}"
     );
     // The subject's own folder, or one baseline, may still be named directly.
-    let outcome = write_report(&root.join("qlora"), &current).unwrap();
-    assert_eq!(outcome.verdict, Verdict::Clean, "{:?}", outcome.regressions);
-    assert!(
-        outcome.baseline.starts_with("Baseline `h200`"),
-        "{}",
-        outcome.baseline
-    );
+    judged_clean_against(&root.join("qlora"), &current, "h200");
 }
 
 #[test]

@@ -91,20 +91,19 @@ impl RunData {
     /// record from before the count was kept, the `x<N>` its folder's name
     /// puts after the GPU kind (`h200x2`), the way baselines are filed.
     pub fn gpu_count(&self) -> Option<u32> {
-        if let Some(n) = self
+        let recorded = self
             .meta
             .as_ref()
-            .and_then(|m| m.gpu.as_ref()?.device_count)
-        {
-            return Some(n);
-        }
-        let kind = gpu_kind(&self.used_gpu()?);
-        let folder = self.dir.file_name()?.to_str()?;
-        folder
-            .strip_prefix(kind.as_str())?
-            .strip_prefix('x')?
-            .parse()
-            .ok()
+            .and_then(|m| m.gpu.as_ref()?.device_count);
+        recorded.or_else(|| {
+            let kind = gpu_kind(&self.used_gpu()?);
+            let folder = self.dir.file_name()?.to_str()?;
+            folder
+                .strip_prefix(kind.as_str())?
+                .strip_prefix('x')?
+                .parse()
+                .ok()
+        })
     }
 
     /// The host the run used, as a sentence names it (`2x NVIDIA H200`).
