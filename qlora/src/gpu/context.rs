@@ -1,5 +1,5 @@
-//! [`GpuContext`]: owns the CUDA context, the work stream, the cuBLAS handle,
-//! the kernel cache and the device facts every report row records.
+//! [`GpuContext`]: owns the CUDA context, the work stream and a side stream,
+//! the cuBLAS handle, the kernel cache and the device facts every report row records.
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -174,10 +174,18 @@ pub fn to_i32(op: &'static str, what: &str, v: usize) -> Result<i32> {
     })
 }
 
-/// One device: its context, one work stream, cuBLAS, the kernel cache and its facts.
+/// One device: its context, its work stream and a side stream, cuBLAS, the
+/// kernel cache and its facts.
 pub struct GpuContext {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// A second stream for work off the critical path
+    /// ([`GpuContext::on_side_stream`]); swapped with `stream` while it runs.
+    side: Arc<CudaStream>,
+    /// Whether launches went to the side stream since the work stream last
+    /// joined it: a stream being captured may wait only for work captured
+    /// with it, so a join with nothing new is left out.
+    side_pending: bool,
     /// Created on first use: loading cuBLAS and creating its handle is a
     /// large part of a short process's start, and many never run a GEMM.
     blas: OnceLock<CudaBlas>,
@@ -227,6 +235,7 @@ impl GpuContext {
         // on a single stream ourselves.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
+        let side = ctx.new_stream()?;
         let (major, minor) = ctx.compute_capability()?;
         let sm_count =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
@@ -243,6 +252,8 @@ impl GpuContext {
         Ok(GpuContext {
             ctx,
             stream,
+            side,
+            side_pending: false,
             blas: OnceLock::new(),
             cache: KernelCache::new(options.kernel_cache_dir.clone()).with_nvrtc_start(nvrtc_start),
             facts,
@@ -268,9 +279,38 @@ impl GpuContext {
         Ok(self.ctx.mem_get_info()?)
     }
 
-    /// The one work stream every launch, copy and GEMM is ordered on.
+    /// The stream launches go to: the work stream, which every copy and GEMM
+    /// is ordered on, or the side stream inside
+    /// [`GpuContext::on_side_stream`].
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// Runs `work`'s launches on the side stream, after everything queued on
+    /// the work stream so far: they run beside the work stream's later
+    /// launches until [`GpuContext::join_side_stream`]. Inside `work`,
+    /// [`GpuContext::stream`] is the side stream; cuBLAS stays bound to the
+    /// work stream, so `work` must not run GEMMs.
+    pub fn on_side_stream<T>(
+        &mut self,
+        work: impl FnOnce(&mut GpuContext) -> Result<T>,
+    ) -> Result<T> {
+        self.side.join(&self.stream)?;
+        std::mem::swap(&mut self.stream, &mut self.side);
+        let out = work(self);
+        std::mem::swap(&mut self.stream, &mut self.side);
+        self.side_pending = true;
+        out
+    }
+
+    /// Makes the work stream's later launches wait for everything queued on
+    /// the side stream so far. A captured graph must end joined.
+    pub fn join_side_stream(&mut self) -> Result<()> {
+        if self.side_pending {
+            self.stream.join(&self.side)?;
+            self.side_pending = false;
+        }
+        Ok(())
     }
 
     /// The cuBLAS handle, bound to the work stream; created on the first
@@ -455,8 +495,9 @@ impl GpuContext {
         }
     }
 
-    /// Waits until the work stream is idle.
+    /// Waits until both streams are idle.
     pub fn synchronize(&self) -> Result<()> {
+        self.side.synchronize()?;
         Ok(self.stream.synchronize()?)
     }
 }

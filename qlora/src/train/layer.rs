@@ -536,9 +536,8 @@ impl Attention<'_> {
             (&mut d.dqr, &mut d.dkr, &mut d.dv),
             &ctx.attn,
         )?;
-        self.qkv_input_grad(gpu, ctx, ws, stack)?;
-        let (a, d) = (&ws.layers[l], &mut ws.grads);
-        self.lora_backward(gpu, ctx, a, d, g)?;
+        self.qkv_input_grad(gpu, ctx, ws, stack, g)?;
+        let d = &mut ws.grads;
         let inputs = (&ws.xs[l], self.params.get(Slot::AttnNorm), &d.dn1);
         let dgamma = rmsnorm::Dgamma::Slot(norm_slot(l, Slot::AttnNorm));
         let second = &mut ws.bf16_second_input;
@@ -562,34 +561,41 @@ impl Attention<'_> {
         ctx: &LayerCtx,
         ws: &mut Workspace,
         stack: StackRef,
+        g: &mut [CudaSlice<f32>],
     ) -> Result<()> {
         let c = &ctx.c;
         let (rows, h, bwd) = (c.tokens(), c.hidden, ctx.bwd);
+        // The layer above's LoRA gradients (on the side stream) read `dqkv`,
+        // which the epilogue's backward below overwrites.
+        gpu.join_side_stream()?;
         let d = &mut ws.grads;
         let sh = qkv_shape(c);
         let pi = |slot: Slot| self.params.get(slot);
         let grads_in = (&d.dqr, &d.dkr, &d.dv);
         let lora = (pi(Slot::QB), pi(Slot::VB), ctx.lora_s_bwd);
         let dims = (rows, h, sh.width());
+        let l = self.params.layer;
         match stack {
             StackRef::Bf16(own) => {
-                let s = match own {
-                    Some(s) => s,
-                    None => &*self.dequantised_bf16_stack(gpu, c, &mut ws.stack_bf16)?,
-                };
                 // dy and its bf16 rounding, the stack GEMM's operand, in one pass.
                 let n = rows * sh.width();
                 let mut dy16 = front_mut(&mut ws.bf16_input, n)?;
                 let table = &ws.rope_table;
                 let dy = &mut d.dqkv;
                 rope::qkv_backward_with_bf16(gpu, &sh, grads_in, lora, table, dy, &mut dy16)?;
+                self.lora_backward(gpu, ctx, &ws.layers[l], &mut ws.grads, g)?;
+                let s = match own {
+                    Some(s) => s,
+                    None => &*self.dequantised_bf16_stack(gpu, c, &mut ws.stack_bf16)?,
+                };
                 let dy16 = front(&ws.bf16_input, n)?;
                 let spec = GemmSpec::linear_dx(rows, h, sh.width());
-                blas::gemm_half(gpu, spec, 1.0, &dy16, s, 0.0, &mut d.dn1)?;
+                blas::gemm_half(gpu, spec, 1.0, &dy16, s, 0.0, &mut ws.grads.dn1)?;
             }
             StackRef::F32(stack) => {
                 let table = &ws.rope_table;
                 rope::qkv_backward(gpu, &sh, grads_in, lora, table, &mut d.dqkv)?;
+                self.lora_backward(gpu, ctx, &ws.layers[l], &mut ws.grads, g)?;
                 let stack = match stack {
                     Some(s) => s,
                     None => self.dequantised_stack(gpu, c, &mut ws.stack)?,
@@ -627,7 +633,8 @@ impl Attention<'_> {
         let out = kernels::LoraGrads { dbq, dbv, daq, dav };
         let dims = (&qkv_shape(&ctx.c), ctx.c.hidden, ctx.lora_s_bwd);
         let inputs = (&a.u, &d.dqkv, &a.n1);
-        kernels::lora_grads_tf32(gpu, dims, inputs, &mut d.lora, out)
+        let scratch = &mut d.lora;
+        gpu.on_side_stream(|gpu| kernels::lora_grads_tf32(gpu, dims, inputs, scratch, out))
     }
 
     /// [`Attention::lora_backward`] as four cuBLAS GEMMs in `ctx.bwd` math.

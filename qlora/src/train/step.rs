@@ -845,7 +845,8 @@ impl GpuTrainer {
         }
         // One launch for every norm weight's gradient, each summed as its
         // own launch after its backward would (the same values).
-        ws.grads.norm.sum_slots(gpu, &self.norm_grads)
+        ws.grads.norm.sum_slots(gpu, &self.norm_grads)?;
+        gpu.join_side_stream()
     }
 
     /// Global (or per-layer) norm clipping, entirely on the device: each

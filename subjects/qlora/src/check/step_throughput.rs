@@ -164,10 +164,12 @@ impl Kind<crate::Qlora> for Params {
         true
     }
 
-    /// Every launch, copy and graph of the stack goes to its context's one
-    /// stream (`GpuContext::stream`).
+    /// A training step's LoRA weight gradients run on a second stream,
+    /// beside the rest of its backward (`GpuContext::on_side_stream`): one
+    /// hardware queue could serialise them, so the step is timed with
+    /// CUDA's default, as a user's process runs it.
     fn runs_on_one_stream(&self) -> bool {
-        true
+        false
     }
 }
 
