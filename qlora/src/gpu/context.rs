@@ -113,6 +113,9 @@ pub struct DeviceFacts {
     pub compute_capability: (u32, u32),
     pub sm_count: u32,
     pub total_memory_bytes: usize,
+    /// The most shared memory one block may use, dynamic shared memory
+    /// opted in to included (232,448 bytes on Hopper).
+    pub max_shared_per_block: usize,
     /// As the driver reports it, e.g. "13.0".
     pub driver_version: String,
 }
@@ -239,6 +242,9 @@ impl GpuContext {
         let (major, minor) = ctx.compute_capability()?;
         let sm_count =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let max_shared = ctx.attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?;
         let mut version = 0i32;
         // SAFETY: cuDriverGetVersion writes one int through a valid pointer.
         unsafe { sys::cuDriverGetVersion(&mut version) }.result()?;
@@ -247,6 +253,7 @@ impl GpuContext {
             compute_capability: (major as u32, minor as u32),
             sm_count: sm_count as u32,
             total_memory_bytes: ctx.total_mem()?,
+            max_shared_per_block: usize::try_from(max_shared).unwrap_or(0),
             driver_version: format!("{}.{}", version / 1000, (version % 1000) / 10),
         };
         Ok(GpuContext {

@@ -160,45 +160,120 @@ extern "C" __global__ void cross_entropy_bwd_f16(const float* __restrict__ logit
 // by thread 0 before the reductions, whose barriers order it before the
 // second pass. A row of the full vocabulary is 300 KB in bf16.
 //
+// The first pass keeps what it read on chip for the second: a thread's
+// first CE_REG_ITEMS 16-byte items in registers, the next `kept_items` in
+// shared memory (`kept_items * blockDim.x` items, the launcher's dynamic
+// shared memory), and the second pass reads again from memory only what
+// exceeds both: a launch's rows are all in flight at once, and 256 rows of
+// 300 KB are more than L2 holds, so a second read would come from DRAM.
+// The arithmetic is one exp2 a logit in each pass; the kernel is bound by
+// its bytes, not by a longer exp.
+//
 // The rows of one launch may be a chunk of the step's rows; grad_scale is
 // 1 / (the step's rows) all the same, the gradient of the step's mean loss.
 // No __restrict__ on x: it is read and written.
-__device__ __forceinline__ void online_add_bf16x2(float& m, float& s, unsigned int two) {
-    online_add(m, s, __uint_as_float(two << 16));
-    online_add(m, s, __uint_as_float(two & 0xffff0000u));
+#define CE_REG_ITEMS 8
+
+#define CE_LOG2E 1.4426950408889634f
+
+// The eight logits of item q (raw bf16 bits), in column order.
+__device__ __forceinline__ void unpack_item(uint4 q, float v[8]) {
+    const unsigned int w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = __uint_as_float(w[i] << 16);
+        v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
 }
 
-__device__ __forceinline__ unsigned int grad_pair(unsigned int two, int j, float2 ml,
-                                                  unsigned int t, float grad_scale, float bad) {
-    const float x0 = __uint_as_float(two << 16);
-    const float x1 = __uint_as_float(two & 0xffff0000u);
-    const float g0 = (expf((x0 - ml.x) - ml.y) - ((unsigned int)j == t ? 1.0f : 0.0f)) * grad_scale + bad;
-    const float g1 = (expf((x1 - ml.x) - ml.y) - ((unsigned int)(j + 1) == t ? 1.0f : 0.0f)) * grad_scale + bad;
-    return (unsigned int)f32_to_bf16_bits(g0) | ((unsigned int)f32_to_bf16_bits(g1) << 16);
+// Two floats rounded to bf16 and packed, lo in the low half: one
+// instruction from sm_80 on.
+__device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    unsigned int d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+#else
+    return (unsigned int)f32_to_bf16_bits(lo) | ((unsigned int)f32_to_bf16_bits(hi) << 16);
+#endif
 }
 
-extern "C" __global__ void cross_entropy_fused_bf16(unsigned short* x,
-                                                    const unsigned int* __restrict__ targets,
-                                                    float* __restrict__ losses, int rows,
-                                                    int vocab, float grad_scale) {
+// Adds the eight logits of item q to a thread's running (max m, sum s of
+// exp(. - m)): the max moves once an item, and each logit costs one exp2
+// (`exp2f`, within 2 ulp; `(x - m)` is exact for bf16 values). While m is
+// still -inf every logit so far is -inf or NaN: taken against 0 instead,
+// -inf adds 0 and a NaN poisons s, as it must.
+__device__ __forceinline__ void online_add_item(float& m, float& s, uint4 q) {
+    float v[8];
+    unpack_item(q, v);
+    float top = v[0];
+#pragma unroll
+    for (int k = 1; k < 8; ++k) top = fmaxf(top, v[k]);
+    if (top > m) {
+        s *= exp2f((m - top) * CE_LOG2E);
+        m = top;
+    }
+    const float base = m == __int_as_float(0xff800000) ? 0.0f : m;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) s += exp2f((v[k] - base) * CE_LOG2E);
+}
+
+// The gradients of the eight logits of item q, the first at column e:
+// (exp((x - m) - ln sum) - [j == t]) * grad_scale + bad, in bf16.
+__device__ __forceinline__ uint4 grad_item(uint4 q, int e, float2 ml, unsigned int t,
+                                           float grad_scale, float bad) {
+    float v[8];
+    unpack_item(q, v);
+    float g[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) g[k] = exp2f(((v[k] - ml.x) - ml.y) * CE_LOG2E);
+    if (t - (unsigned int)e < 8u) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            if ((unsigned int)(e + k) == t) g[k] -= 1.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) g[k] = g[k] * grad_scale + bad;
+    return make_uint4(pack_bf16x2(g[0], g[1]), pack_bf16x2(g[2], g[3]),
+                      pack_bf16x2(g[4], g[5]), pack_bf16x2(g[6], g[7]));
+}
+
+extern "C" __global__ void __launch_bounds__(1024, 1)
+    cross_entropy_fused_bf16(unsigned short* x, const unsigned int* __restrict__ targets,
+                             float* __restrict__ losses, int rows, int vocab, float grad_scale,
+                             int kept_items) {
+    extern __shared__ uint4 kept[];  // [kept_items][blockDim.x]
     const int row = blockIdx.x;
     if (row >= rows) return;  // uniform per block
     unsigned short* xr = x + (size_t)row * vocab;
     const unsigned int t = targets[row];
     const bool valid = t < (unsigned int)vocab;
     const float xt = (threadIdx.x == 0 && valid) ? bf16_bits_to_f32(xr[t]) : 0.0f;
-    // Eight logits (16 bytes) a load where the row is aligned for it.
+    // Eight logits (16 bytes) a load where the row is aligned for it; item
+    // k of a thread is x8[threadIdx.x + k * blockDim.x], in the order the
+    // online sums take them.
     const bool vec = aligned16(xr);
     const int v8 = vec ? vocab / 8 : 0;
     uint4* x8 = reinterpret_cast<uint4*>(xr);
+    const int step = blockDim.x;
+    const int first_kept = threadIdx.x + CE_REG_ITEMS * step;
     float m = __int_as_float(0xff800000);
     float s = 0.0f;
-    for (int j = threadIdx.x; j < v8; j += blockDim.x) {
+    // The register items' loads all go out before the first sum needs one.
+    uint4 reg[CE_REG_ITEMS];
+#pragma unroll
+    for (int k = 0; k < CE_REG_ITEMS; ++k) {
+        const int j = threadIdx.x + k * step;
+        if (j < v8) reg[k] = x8[j];
+    }
+#pragma unroll
+    for (int k = 0; k < CE_REG_ITEMS; ++k)
+        if (threadIdx.x + k * step < v8) online_add_item(m, s, reg[k]);
+#pragma unroll 4
+    for (int j = first_kept, k = 0; j < v8; j += step, ++k) {
         const uint4 q = x8[j];
-        online_add_bf16x2(m, s, q.x);
-        online_add_bf16x2(m, s, q.y);
-        online_add_bf16x2(m, s, q.z);
-        online_add_bf16x2(m, s, q.w);
+        online_add_item(m, s, q);
+        if (k < kept_items) kept[k * step + threadIdx.x] = q;
     }
     for (int j = 8 * v8 + threadIdx.x; j < vocab; j += blockDim.x)
         online_add(m, s, bf16_bits_to_f32(xr[j]));
@@ -208,13 +283,15 @@ extern "C" __global__ void cross_entropy_fused_bf16(unsigned short* x,
     if (threadIdx.x == 0)
         losses[row] = valid ? (ml.x - xt) + ml.y : __int_as_float(0x7fc00000);
     const float bad = valid ? 0.0f : __int_as_float(0x7fc00000);
-    for (int j = threadIdx.x; j < v8; j += blockDim.x) {
-        const uint4 q = x8[j];
-        const int e = 8 * j;
-        x8[j] = make_uint4(grad_pair(q.x, e, ml, t, grad_scale, bad),
-                           grad_pair(q.y, e + 2, ml, t, grad_scale, bad),
-                           grad_pair(q.z, e + 4, ml, t, grad_scale, bad),
-                           grad_pair(q.w, e + 6, ml, t, grad_scale, bad));
+#pragma unroll
+    for (int k = 0; k < CE_REG_ITEMS; ++k) {
+        const int j = threadIdx.x + k * step;
+        if (j < v8) x8[j] = grad_item(reg[k], 8 * j, ml, t, grad_scale, bad);
+    }
+#pragma unroll 4
+    for (int j = first_kept, k = 0; j < v8; j += step, ++k) {
+        const uint4 q = k < kept_items ? kept[k * step + threadIdx.x] : x8[j];
+        x8[j] = grad_item(q, 8 * j, ml, t, grad_scale, bad);
     }
     for (int j = 8 * v8 + threadIdx.x; j < vocab; j += blockDim.x) {
         const float g = (expf((bf16_bits_to_f32(xr[j]) - ml.x) - ml.y) -

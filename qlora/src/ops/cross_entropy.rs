@@ -4,7 +4,9 @@
 //! f32, or scaled in f16 for the LM head's f16 GEMM: [`GradElement`]); for
 //! the bf16 head, all of it from bf16 logits in one pass ([`fused_bf16`]).
 
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    sys, CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 
 use super::cast::Bf16;
 use super::launch::expect_len;
@@ -26,7 +28,15 @@ pub const SIGNATURES: Signatures = &[
     ("cross_entropy_bwd_f16", BWD_ARGS),
     (
         "cross_entropy_fused_bf16",
-        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::F32],
+        &[
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::Ptr,
+            Arg::I32,
+            Arg::I32,
+            Arg::F32,
+            Arg::I32,
+        ],
     ),
 ];
 
@@ -207,23 +217,55 @@ pub fn fused_bf16(
     // exponent range, so a wide vocabulary's smallest probabilities over the
     // rows stay representable with no scale (f16 would flush them to zero).
     let grad_scale = <f32 as GradElement>::grad_scale(total_rows);
+    let threads = row_threads(vocab, ROW_THREADS);
+    let kept = kept_items(vocab, threads, gpu.facts().max_shared_per_block);
+    let kept_i = to_i32("cross_entropy", "kept items", kept)?;
     let f = gpu.function(MODULE, "cross_entropy_fused_bf16")?;
-    let cfg = gpu.launch_rows(rows_w, row_threads(vocab, ROW_THREADS))?;
+    let mut cfg = gpu.launch_rows(rows_w, threads)?;
+    cfg.shared_mem_bytes = u32::try_from(kept * ITEM_BYTES * threads as usize).map_err(|_| {
+        Error::InvalidArgument {
+            op: "cross_entropy",
+            message: format!("{kept} kept items of {threads} threads"),
+        }
+    })?;
+    let opt_in = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    f.set_attribute(opt_in, cfg.shared_mem_bytes as i32)?;
     let mut l = gpu.stream().launch_builder(&f);
     l.arg(&mut *x)
         .arg(targets)
         .arg(&mut *losses)
         .arg(&rows_w_i)
         .arg(&vocab_i)
-        .arg(&grad_scale);
+        .arg(&grad_scale)
+        .arg(&kept_i);
     // SAFETY: cross_entropy_fused_bf16(unsigned short* x, const unsigned int*
-    // targets, float* losses, int rows, int vocab, float grad_scale): x holds
-    // rows * vocab 2-byte elements (Bf16 is the kernel's raw bf16 bits),
-    // targets and losses rows >= rows_w_i (checked above); x is read and
-    // written only by the block of its row, and aliases neither other
-    // buffer; a target is used as an index only when it is < vocab.
+    // targets, float* losses, int rows, int vocab, float grad_scale, int
+    // kept_items): x holds rows * vocab 2-byte elements (Bf16 is the
+    // kernel's raw bf16 bits), targets and losses rows >= rows_w_i (checked
+    // above); x is read and written only by the block of its row, and
+    // aliases neither other buffer; a target is used as an index only when
+    // it is < vocab. The launch gives each block kept_items * blockDim.x
+    // 16-byte items of dynamic shared memory, the most the kernel touches,
+    // within the device's limit (kept_items) and opted in to above.
     unsafe { l.launch(cfg) }?;
     Ok(())
+}
+
+/// Bytes of one item of [`fused_bf16`]'s kernel: eight bf16 logits.
+const ITEM_BYTES: usize = 16;
+
+/// Items a thread of [`fused_bf16`]'s kernel keeps in registers between
+/// its two passes over a row (`CE_REG_ITEMS` in cross_entropy.cu).
+const REG_ITEMS: usize = 8;
+
+/// Items a thread of [`fused_bf16`]'s kernel (`threads` to a row of
+/// `vocab` logits) keeps in shared memory between its passes: those its
+/// registers do not hold, as many as `max_shared` bytes a block take.
+fn kept_items(vocab: usize, threads: u32, max_shared: usize) -> usize {
+    let threads = threads.max(1) as usize;
+    let items = (vocab / 8).div_ceil(threads);
+    let fit = max_shared / (ITEM_BYTES * threads);
+    items.saturating_sub(REG_ITEMS).min(fit)
 }
 
 /// An element type the backward writes its gradient in, with its kernel
@@ -298,4 +340,33 @@ pub fn backward<T: GradElement>(
     // above); dlogits aliases no input.
     unsafe { l.launch(cfg) }?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hopper's opt-in limit of shared memory a block.
+    const HOPPER_SHARED: usize = 232_448;
+
+    #[test]
+    fn a_full_vocabulary_row_is_kept_on_chip_between_the_passes() {
+        // 151,936 logits: 18,992 items, 19 a thread of 1,024; 8 in
+        // registers, the other 11 (176 KiB a block) in shared memory.
+        assert_eq!(kept_items(151_936, 1024, HOPPER_SHARED), 11);
+        let bytes = 11 * ITEM_BYTES * 1024;
+        assert!(bytes <= HOPPER_SHARED);
+    }
+
+    #[test]
+    fn short_rows_keep_nothing_in_shared_memory_and_small_devices_keep_what_fits() {
+        assert_eq!(
+            kept_items(1000, row_threads(1000, ROW_THREADS), HOPPER_SHARED),
+            0
+        );
+        assert_eq!(kept_items(7, 32, HOPPER_SHARED), 0);
+        // 48 KiB: three items of 1,024 threads; the rest is read again.
+        assert_eq!(kept_items(151_936, 1024, 48 * 1024), 3);
+        assert_eq!(kept_items(151_936, 1024, 0), 0);
+    }
 }
