@@ -463,7 +463,7 @@ pub const COMPILE_COST_MS: &[(&str, u32)] = &[
     ("swiglu", 189),
     ("silu", 96),
     ("elementwise", 102),
-    ("cross_entropy", 173),
+    ("cross_entropy", 748),
     ("clip", 70),
     ("clip_single", 82),
     ("adamw", 86),
