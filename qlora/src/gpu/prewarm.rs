@@ -31,7 +31,8 @@ pub const CAST_MODULE: &str = crate::ops::cast::MODULE;
 /// (NF4 adds the quantise / NF4 GEMM kernels; a base computing in bf16 runs
 /// attention on the flash modules `attention_flash_*`,
 /// [`BaseWeights::attention_kernels`], and its q/k/v epilogue on the bf16
-/// ones, [`crate::ops::rope::qkv_modules`]),
+/// ones, [`crate::ops::rope::qkv_modules`], and its head's loss on
+/// [`crate::ops::cross_entropy::BF16_MODULE`]),
 /// the head dimension (the attention build: `attention_{fwd,dq,dkv}_d64` or
 /// `_d128`), the GEMM math of each direction (`attn`, the kernels it picks:
 /// TF32 runs attention on the tensor-core modules `attention_tc_*`, see
@@ -63,6 +64,11 @@ pub fn modules_for(
     modules.extend(attention::modules_for(config.head_dim, fwd, bwd));
     if base.is_nf4() {
         modules.push("nf4");
+    }
+    // A base computing in bf16 takes its head's loss with the fused bf16
+    // kernel (and the mean of the f32 module).
+    if base.computes_in_bf16() {
+        modules.push(crate::ops::cross_entropy::BF16_MODULE);
     }
     // A base computing in bf16 writes every norm as a bf16 GEMM operand,
     // with the bf16 module's kernels; the others write f32.

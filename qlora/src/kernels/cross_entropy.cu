@@ -16,6 +16,11 @@
 // Row kernels: one block per row (grid.x = rows to write), blockDim.x a
 // multiple of 32. The mean is one block summing the row losses in a fixed
 // order, so the loss is bit-for-bit reproducible.
+//
+// Two modules: `cross_entropy` (XENT_PART 0: the f32 and f16-gradient
+// kernels and the mean, which every step runs) and `cross_entropy_bf16`
+// (XENT_PART 1: the bf16 head's fused kernel, which a step computing in
+// f32 never runs and which takes NVRTC several times as long).
 
 
 
@@ -34,6 +39,7 @@ __device__ __forceinline__ void online_add(float& m, float& s, float x) {
     }
 }
 
+#if XENT_PART == 0
 // (m, ln sum_j exp(x_j - m)) of one row; every thread gets both.
 //
 // One pass over the row: each thread keeps its own running (m_t, s_t) with
@@ -150,6 +156,8 @@ extern "C" __global__ void cross_entropy_bwd_f16(const float* __restrict__ logit
                                                  int rows, int vocab, float grad_scale) {
     cross_entropy_bwd<StoreF16>(logits, targets, stats, dlogits, rows, vocab, grad_scale);
 }
+
+#else  // XENT_PART 1
 
 // The bf16 LM head's cross-entropy, forward and backward in one kernel, in
 // place: row r of x holds the row's logits in bf16 (raw bits) on entry and
@@ -299,3 +307,4 @@ extern "C" __global__ void __launch_bounds__(1024, 1)
         xr[j] = f32_to_bf16_bits(g);
     }
 }
+#endif

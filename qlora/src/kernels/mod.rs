@@ -215,15 +215,22 @@ pub const MODULES: &[ModuleSource] = &[
             "scale_bwd_f32"
         ]
     ),
-    module!(
+    module_with!(
         "cross_entropy",
+        "cross_entropy",
+        "#define XENT_PART 0",
         [
             "cross_entropy_fwd_f32",
             "cross_entropy_mean_f32",
             "cross_entropy_bwd_f32",
-            "cross_entropy_bwd_f16",
-            "cross_entropy_fused_bf16"
+            "cross_entropy_bwd_f16"
         ]
+    ),
+    module_with!(
+        "cross_entropy_bf16",
+        "cross_entropy",
+        "#define XENT_PART 1",
+        ["cross_entropy_fused_bf16"]
     ),
     module_with!(
         "clip",
@@ -463,7 +470,8 @@ pub const COMPILE_COST_MS: &[(&str, u32)] = &[
     ("swiglu", 189),
     ("silu", 96),
     ("elementwise", 102),
-    ("cross_entropy", 748),
+    ("cross_entropy", 185),
+    ("cross_entropy_bf16", 476),
     ("clip", 70),
     ("clip_single", 82),
     ("adamw", 86),

@@ -15,28 +15,43 @@ use crate::error::{Error, Result};
 use crate::gpu::{to_i32, GpuContext};
 use crate::kernels::abi::{Arg, Signatures};
 
+/// The f32 kernels and the mean, which every step runs.
 pub const MODULE: &str = "cross_entropy";
 
-/// Kernel argument lists, checked against the compiled PTX by a unit test.
-pub const SIGNATURES: Signatures = &[
+/// The bf16 head's fused kernel ([`fused_bf16`]), in a module of its own: a
+/// step computing in f32 never runs it, and NVRTC takes several times as
+/// long over it as over the rest.
+pub const BF16_MODULE: &str = "cross_entropy_bf16";
+
+/// Kernel argument lists by module, checked against the compiled PTX by a
+/// unit test.
+pub const SIGNATURES: &[(&str, Signatures)] = &[
     (
-        "cross_entropy_fwd_f32",
-        &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32],
-    ),
-    ("cross_entropy_mean_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
-    ("cross_entropy_bwd_f32", BWD_ARGS),
-    ("cross_entropy_bwd_f16", BWD_ARGS),
-    (
-        "cross_entropy_fused_bf16",
+        MODULE,
         &[
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::Ptr,
-            Arg::I32,
-            Arg::I32,
-            Arg::F32,
-            Arg::I32,
+            (
+                "cross_entropy_fwd_f32",
+                &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32],
+            ),
+            ("cross_entropy_mean_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
+            ("cross_entropy_bwd_f32", BWD_ARGS),
+            ("cross_entropy_bwd_f16", BWD_ARGS),
         ],
+    ),
+    (
+        BF16_MODULE,
+        &[(
+            "cross_entropy_fused_bf16",
+            &[
+                Arg::Ptr,
+                Arg::Ptr,
+                Arg::Ptr,
+                Arg::I32,
+                Arg::I32,
+                Arg::F32,
+                Arg::I32,
+            ],
+        )],
     ),
 ];
 
@@ -220,7 +235,7 @@ pub fn fused_bf16(
     let threads = row_threads(vocab, ROW_THREADS);
     let kept = kept_items(vocab, threads, gpu.facts().max_shared_per_block);
     let kept_i = to_i32("cross_entropy", "kept items", kept)?;
-    let f = gpu.function(MODULE, "cross_entropy_fused_bf16")?;
+    let f = gpu.function(BF16_MODULE, "cross_entropy_fused_bf16")?;
     let mut cfg = gpu.launch_rows(rows_w, threads)?;
     cfg.shared_mem_bytes = u32::try_from(kept * ITEM_BYTES * threads as usize).map_err(|_| {
         Error::InvalidArgument {
