@@ -13,6 +13,7 @@ use super::launch::expect_len;
 use super::launch::row_threads;
 use crate::error::{Error, Result};
 use crate::gpu::{to_i32, GpuContext};
+use crate::kernels::abi::Arg::{Ptr, F32, I32};
 use crate::kernels::abi::{Arg, Signatures};
 
 /// The f32 kernels and the mean, which every step runs.
@@ -29,43 +30,22 @@ pub const SIGNATURES: &[(&str, Signatures)] = &[
     (
         MODULE,
         &[
-            (
-                "cross_entropy_fwd_f32",
-                &[Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32],
-            ),
-            ("cross_entropy_mean_f32", &[Arg::Ptr, Arg::Ptr, Arg::I32]),
+            ("cross_entropy_fwd_f32", &[Ptr, Ptr, Ptr, Ptr, I32, I32]),
+            ("cross_entropy_mean_f32", &[Ptr, Ptr, I32]),
             ("cross_entropy_bwd_f32", BWD_ARGS),
             ("cross_entropy_bwd_f16", BWD_ARGS),
         ],
     ),
-    (
-        BF16_MODULE,
-        &[(
-            "cross_entropy_fused_bf16",
-            &[
-                Arg::Ptr,
-                Arg::Ptr,
-                Arg::Ptr,
-                Arg::I32,
-                Arg::I32,
-                Arg::F32,
-                Arg::I32,
-            ],
-        )],
-    ),
+    (BF16_MODULE, &[("cross_entropy_fused_bf16", FUSED_ARGS)]),
 ];
+
+/// The fused kernel's arguments: x, targets, losses, rows, vocab,
+/// grad_scale, kept_items.
+const FUSED_ARGS: &[Arg] = &[Ptr, Ptr, Ptr, I32, I32, F32, I32];
 
 /// The backward kernels' arguments: logits, targets, stats, dlogits, rows,
 /// vocab, grad_scale.
-const BWD_ARGS: &[Arg] = &[
-    Arg::Ptr,
-    Arg::Ptr,
-    Arg::Ptr,
-    Arg::Ptr,
-    Arg::I32,
-    Arg::I32,
-    Arg::F32,
-];
+const BWD_ARGS: &[Arg] = &[Ptr, Ptr, Ptr, Ptr, I32, I32, F32];
 
 /// What [`backward`] into f16 multiplies `softmax - onehot` by instead of
 /// `1 / rows`: `2^12`. The values lie in `[-1, 1]`; scaled, every
