@@ -598,8 +598,7 @@ fn judged_clean_against(root: &Path, current: &Path, kind: &str) -> ReportOutcom
 #[test]
 fn the_committed_baselines_are_found_from_the_parent_folder() {
     let tmp = tempfile::tempdir().unwrap();
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let root = manifest.join("reports/baseline");
+    let root = committed_baselines();
     let h200 = root.join("qlora/h200");
     // The committed H200 run against itself, as a copy: the baseline of its
     // own GPU kind is found from the folder of all baselines, and judges it clean.
@@ -628,6 +627,22 @@ fn the_committed_baselines_are_found_from_the_parent_folder() {
     assert!(speedups.contains("| >= 0.7 |"), "{speedups}");
 }
 
+/// The folder of the committed baselines, by subject and GPU kind.
+fn committed_baselines() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("reports/baseline")
+}
+
+/// A copy of the run folder `from` at `to`, its `run.json` changed by `edit`.
+fn edited_copy(from: &Path, to: &Path, edit: impl FnOnce(&mut RunMeta)) -> PathBuf {
+    let copy = copy_dir(from, to);
+    let mut meta = RunMeta::read_json(&copy)
+        .unwrap()
+        .expect("the run records itself");
+    edit(&mut meta);
+    meta.write_json(&copy).unwrap();
+    copy
+}
+
 /// The committed two-H200 baseline judges a two-H200 run: a copy of it,
 /// its record given the count a run records today, is found from the
 /// folder of all baselines and judged clean, its data-parallel rows against
@@ -635,11 +650,14 @@ fn the_committed_baselines_are_found_from_the_parent_folder() {
 #[test]
 fn the_committed_two_gpu_baseline_judges_a_two_gpu_run() {
     let tmp = tempfile::tempdir().unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("reports/baseline");
-    let current = copy_dir(&root.join("qlora/h200x2"), &tmp.path().join("again"));
-    let mut meta = RunMeta::read_json(&current).unwrap().unwrap();
-    meta.gpu.as_mut().expect("a GPU run").device_count = Some(2);
-    meta.write_json(&current).unwrap();
+    let root = committed_baselines();
+    let current = edited_copy(
+        &root.join("qlora/h200x2"),
+        &tmp.path().join("again"),
+        |meta| {
+            meta.gpu.as_mut().expect("a GPU run").device_count = Some(2);
+        },
+    );
     let outcome = judged_clean_against(&root, &current, "h200x2");
     let md = std::fs::read_to_string(&outcome.path).unwrap();
     assert!(
@@ -655,15 +673,18 @@ fn the_committed_two_gpu_baseline_judges_a_two_gpu_run() {
 #[test]
 fn a_run_is_judged_against_the_baselines_of_its_own_subject() {
     let tmp = tempfile::tempdir().unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("reports/baseline");
-    let current = copy_dir(&root.join("qlora/h200"), &tmp.path().join("toy-run"));
-    let mut meta = RunMeta::read_json(&current).unwrap().unwrap();
-    assert_eq!(
-        meta.subject, "qlora",
-        "a record from before subjects is qlora's"
+    let root = committed_baselines();
+    let current = edited_copy(
+        &root.join("qlora/h200"),
+        &tmp.path().join("toy-run"),
+        |meta| {
+            assert_eq!(
+                meta.subject, "qlora",
+                "a record from before subjects is qlora's"
+            );
+            meta.subject = "toy".into();
+        },
     );
-    meta.subject = "toy".into();
-    meta.write_json(&current).unwrap();
     let err = write_report(&root, &current).unwrap_err().to_string();
     assert!(
         err.contains("nor a toy/<gpu-kind>/falsification.csv for this run's subject `toy`"),
