@@ -349,8 +349,23 @@ mod tests {
         // 151,936 logits: 18,992 items, 19 a thread of 1,024; 8 in
         // registers, the other 11 (176 KiB a block) in shared memory.
         assert_eq!(kept_items(151_936, 1024, HOPPER_SHARED), 11);
-        let bytes = 11 * ITEM_BYTES * 1024;
-        assert!(bytes <= HOPPER_SHARED);
+    }
+
+    #[test]
+    fn the_kept_items_fit_the_limit_and_never_exceed_what_the_registers_leave() {
+        for vocab in [2, 33, 4096, 65_536, 151_936, 300_000] {
+            let threads = row_threads(vocab, ROW_THREADS);
+            let items = (vocab / 8).div_ceil(threads as usize);
+            for limit in [0, 48 * 1024, 100_000, HOPPER_SHARED] {
+                let kept = kept_items(vocab, threads, limit);
+                assert!(
+                    kept * ITEM_BYTES * threads as usize <= limit,
+                    "{vocab} {limit}"
+                );
+                // Shared memory holds only items the registers do not.
+                assert!(kept == 0 || REG_ITEMS + kept <= items, "{vocab}");
+            }
+        }
     }
 
     #[test]
