@@ -192,13 +192,14 @@ pub struct Scratch {
 }
 
 /// Rows of the logits a bf16 base's LM head holds at a time (its forward
-/// and backward run chunk by chunk: `train::step`'s head): a quarter of
-/// qwen2.5-0.5b's 1,024 training tokens, 78 MB of bf16 logits at its
-/// vocabulary of 151,936 instead of the whole batch's 311 MB. The chunk's
-/// `dnf` GEMM (256 x hidden over the vocabulary) has a quarter of the whole
-/// batch's tiles, which costs the step a little (see the book's step-time
-/// page); the memory is what the chunk is for.
-pub const HEAD_CHUNK_ROWS: usize = 256;
+/// and backward run chunk by chunk: `train::step`'s head): half of
+/// qwen2.5-0.5b's 1,024 training tokens, 156 MB of bf16 logits at its
+/// vocabulary of 151,936 instead of the whole batch's 311 MB. Chunks of 256
+/// rows held half that and made the step slower: their `dnf` GEMMs (256 x
+/// hidden over the vocabulary) have too few tiles to fill the GPU, and the
+/// whole batch at once was no faster than 512 (see the book's step-time
+/// page).
+pub const HEAD_CHUNK_ROWS: usize = 512;
 
 /// The rows of one chunk of a bf16 head over `tokens` rows.
 pub fn head_chunk_rows(tokens: usize) -> usize {
@@ -795,11 +796,8 @@ mod tests {
 
     #[test]
     fn head_chunks_cover_every_row_once_in_order() {
-        assert_eq!(
-            head_chunks(1024),
-            [(0, 256), (256, 256), (512, 256), (768, 256)]
-        );
-        assert_eq!(head_chunks(1000).last(), Some(&(768, 232)));
+        assert_eq!(head_chunks(1024), [(0, 512), (512, 512)]);
+        assert_eq!(head_chunks(1000).last(), Some(&(512, 488)));
         assert_eq!(head_chunks(5), [(0, 5)]);
         assert!(head_chunks(0).is_empty());
         for t in [1, 255, 256, 257, 513, 4096] {
