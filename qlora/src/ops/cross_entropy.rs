@@ -250,7 +250,8 @@ pub fn fused_bf16(
 const ITEM_BYTES: usize = 16;
 
 /// Items a thread of [`fused_bf16`]'s kernel keeps in registers between
-/// its two passes over a row (`CE_REG_ITEMS` in cross_entropy.cu).
+/// its two passes over a row (`CE_REG_ITEMS` in cross_entropy.cu; a test
+/// holds the two equal).
 const REG_ITEMS: usize = 8;
 
 /// Items a thread of [`fused_bf16`]'s kernel (`threads` to a row of
@@ -343,6 +344,17 @@ mod tests {
 
     /// Hopper's opt-in limit of shared memory a block.
     const HOPPER_SHARED: usize = 232_448;
+
+    /// The launcher sizes the kept items' shared memory by the kernel's own
+    /// count of items held in registers.
+    #[test]
+    fn the_register_items_are_the_kernels() {
+        let source = include_str!("../kernels/cross_entropy.cu");
+        assert_eq!(
+            crate::kernels::cu_define(source, "CE_REG_ITEMS"),
+            Some(REG_ITEMS)
+        );
+    }
 
     #[test]
     fn a_full_vocabulary_row_is_kept_on_chip_between_the_passes() {
