@@ -4,7 +4,7 @@
 //! configuration keeps `W^T` with; the device's draws of seeded weights; the
 //! LoRA weight gradients of the TF32 backward against the FP32 one's; the
 //! RMSNorm weight gradients the step sums after its whole backward against
-//! those summed after each backward.
+//! those summed after each backward; cuBLAS refused on the side stream.
 //!
 //! Needs a GPU: run on the GPU machine with `train_gpu --ignored`.
 
@@ -110,6 +110,21 @@ fn device_transpose_moves_every_element_exactly() {
             }
         }
     }
+}
+
+/// Work on the side stream runs no GEMMs: cuBLAS is bound to the work
+/// stream, so the context refuses its handle there, and gives it again
+/// once the work is back on the work stream.
+#[test]
+#[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
+fn cublas_is_refused_on_the_side_stream() {
+    assert!(driver_present(), "no CUDA driver");
+    let mut gpu = GpuContext::new(GpuOptions::default()).unwrap();
+    let inside = gpu.on_side_stream(|g| g.cublas().map(|_| ()));
+    let err = inside.expect_err("cuBLAS handed out on the side stream");
+    assert!(err.to_string().contains("on_side_stream"), "{err}");
+    gpu.join_side_stream().unwrap();
+    assert!(gpu.cublas().is_ok());
 }
 
 /// The device's draws of a seeded tensor are the host's, bit for bit, in

@@ -189,6 +189,9 @@ pub struct GpuContext {
     /// joined it: a stream being captured may wait only for work captured
     /// with it, so a join with nothing new is left out.
     side_pending: bool,
+    /// Whether [`GpuContext::on_side_stream`]'s work is running: cuBLAS
+    /// refuses then, since its handle is bound to the work stream.
+    on_side: bool,
     /// Created on first use: loading cuBLAS and creating its handle is a
     /// large part of a short process's start, and many never run a GEMM.
     blas: OnceLock<CudaBlas>,
@@ -261,6 +264,7 @@ impl GpuContext {
             stream,
             side,
             side_pending: false,
+            on_side: false,
             blas: OnceLock::new(),
             cache: KernelCache::new(options.kernel_cache_dir.clone()).with_nvrtc_start(nvrtc_start),
             facts,
@@ -297,14 +301,17 @@ impl GpuContext {
     /// the work stream so far: they run beside the work stream's later
     /// launches until [`GpuContext::join_side_stream`]. Inside `work`,
     /// [`GpuContext::stream`] is the side stream; cuBLAS stays bound to the
-    /// work stream, so `work` must not run GEMMs.
+    /// work stream, so `work` runs no GEMMs: [`GpuContext::cublas`] refuses
+    /// inside it.
     pub fn on_side_stream<T>(
         &mut self,
         work: impl FnOnce(&mut GpuContext) -> Result<T>,
     ) -> Result<T> {
         self.side.join(&self.stream)?;
         std::mem::swap(&mut self.stream, &mut self.side);
+        self.on_side = true;
         let out = work(self);
+        self.on_side = false;
         std::mem::swap(&mut self.stream, &mut self.side);
         self.side_pending = true;
         out
@@ -322,8 +329,17 @@ impl GpuContext {
 
     /// The cuBLAS handle, bound to the work stream; created on the first
     /// call. Creating it allocates device memory, which a stream capture
-    /// forbids: code that captures calls this before it begins.
+    /// forbids: code that captures calls this before it begins. Refused
+    /// inside [`GpuContext::on_side_stream`]: a GEMM there would be ordered
+    /// on the work stream, not beside it (and a handle created there would
+    /// be bound to the side stream).
     pub fn cublas(&self) -> Result<&CudaBlas> {
+        if self.on_side {
+            return Err(Error::InvalidArgument {
+                op: "cublas",
+                message: "a GEMM inside on_side_stream would run on the work stream".into(),
+            });
+        }
         if let Some(blas) = self.blas.get() {
             return Ok(blas);
         }
