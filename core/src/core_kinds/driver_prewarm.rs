@@ -9,53 +9,26 @@ use serde::Deserialize;
 
 use super::drive::observe;
 use super::evidence::{listed, marker_before};
-use super::train::{self, Training};
+use super::train::{self, Training, TrainingParams};
 use super::{CoreCheck, CoreTrial};
-use crate::check::params::Count;
 use crate::check::{Backend, Comparator, Measurement, ParamDoc, Validate};
 use crate::subject::{OwnCounts, Subject};
 use crate::{Error, Result};
 
+/// `driver_prewarm`'s parameters: the training it drives, nothing more.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Params {
-    pub model: String,
-    pub steps: Count,
-    #[serde(default = "train::one")]
-    pub batch: Count,
-    #[serde(default)]
-    pub seq_len: Option<Count>,
-    #[serde(default)]
-    pub graph: bool,
-}
+#[serde(transparent)]
+pub struct Params(pub TrainingParams);
 
 /// The parameters of `driver_prewarm`, for the generated reference.
-pub const PARAMS: &[ParamDoc] = &[
-    train::MODEL_DOC,
-    train::STEPS_DOC,
-    train::BATCH_DOC,
-    train::SEQ_LEN_DOC,
-    train::GRAPH_DOC,
-];
+pub const PARAMS: &[ParamDoc] = train::TRAINING_PARAMS;
 
 /// A minimal `driver_prewarm` check.
 pub const EXAMPLE: &[(&str, &str)] = &[("model", "tiny"), ("steps", "3")];
 
-impl Params {
-    fn training(&self) -> Training<'_> {
-        Training {
-            model: &self.model,
-            steps: self.steps,
-            batch: self.batch,
-            seq_len: self.seq_len,
-            graph: self.graph,
-        }
-    }
-}
-
 impl Validate for Params {
     fn validate(&self) -> std::result::Result<(), String> {
-        self.training().validate()
+        self.0.training().validate()
     }
 }
 
@@ -65,7 +38,7 @@ impl CoreCheck for Params {
         _backend: Backend,
         trial: CoreTrial<'_, '_, S>,
     ) -> Result<Measurement> {
-        let o = observe(trial, &self.training(), None)?;
+        let o = observe(trial, &self.0.training(), None)?;
         o.conclude(judge(
             &o.recording,
             o.own.as_ref(),
@@ -75,7 +48,7 @@ impl CoreCheck for Params {
     }
 
     fn driven_training(&self) -> Option<Training<'_>> {
-        Some(self.training())
+        Some(self.0.training())
     }
 }
 

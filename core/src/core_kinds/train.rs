@@ -2,6 +2,8 @@
 //! configuration of the subject's workload, how many steps, ...), its
 //! bounds and docs, and its check against the subject's workload.
 
+use serde::Deserialize;
+
 use crate::check::params::{at_most, Count};
 use crate::check::{ParamDefault, ParamDoc, Piece};
 use crate::subject::{Subject, TrainSetup};
@@ -52,6 +54,38 @@ pub const GRAPH_DOC: ParamDoc = ParamDoc {
 /// The default `batch`.
 pub fn one() -> Count {
     Count(1)
+}
+
+/// The parameters of a kind that takes nothing but the training it drives
+/// (`driver_target_parity`, `driver_prewarm`; each kind wraps them in a
+/// `serde(transparent)` type of its own).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingParams {
+    pub model: String,
+    pub steps: Count,
+    #[serde(default = "one")]
+    pub batch: Count,
+    #[serde(default)]
+    pub seq_len: Option<Count>,
+    #[serde(default)]
+    pub graph: bool,
+}
+
+/// [`TrainingParams`]' documentation, for the generated reference.
+pub const TRAINING_PARAMS: &[ParamDoc] = &[MODEL_DOC, STEPS_DOC, BATCH_DOC, SEQ_LEN_DOC, GRAPH_DOC];
+
+impl TrainingParams {
+    /// The training these parameters describe.
+    pub fn training(&self) -> Training<'_> {
+        Training {
+            model: &self.model,
+            steps: self.steps,
+            batch: self.batch,
+            seq_len: self.seq_len,
+            graph: self.graph,
+        }
+    }
 }
 
 /// The training a driver-observed check drives.
