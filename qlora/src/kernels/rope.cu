@@ -210,67 +210,81 @@ __device__ __forceinline__ void rope_qkv_fwd(const float* __restrict__ y, long l
     const int items = q_pairs + k_pairs + kvd;
     // One item a thread: blockIdx.y picks QKV_FWD_THREADS of them. A block
     // that looped over all of a row group's items left most of its threads
-    // idle in the last pass and waited on each pass's loads in turn.
+    // idle in the last pass and waited on each pass's loads in turn. The
+    // item is a rotated pair (c1, c1 + half) of q or k, or (pair false) a
+    // column c1 of v; col is its part's first column in y and the bias.
     const int w = blockIdx.y * QKV_FWD_THREADS + threadIdx.x;
+    const bool live = w < items, pair = w < q_pairs + k_pairs, is_q = w < q_pairs;
+    const int p = is_q ? w : pair ? w - q_pairs : w - q_pairs - k_pairs;
+    const int i = pair ? p % half : 0;
+    const int c1 = pair ? (p / half) * head_dim + i : p;
+    const int col = is_q ? 0 : pair ? qd : qd + kvd;
+    // The row stride is the fused output's width: far below 2^31 / QKV_ROWS.
+    const int ldi = (int)ld;
     for (int row0 = blockIdx.x * QKV_ROWS; row0 < rows; row0 += gridDim.x * QKV_ROWS) {
+        const int nrows = min(QKV_ROWS, rows - row0);
+        // The item's values of y and the bias are loaded first: nothing
+        // they feed waits on them before the block's u and angles arrive.
+        const float* yb = y + (size_t)row0 * ld;
+        float y1[QKV_ROWS], y2[QKV_ROWS];
+        #pragma unroll
+        for (int rr = 0; rr < QKV_ROWS; ++rr) {
+            y1[rr] = live && rr < nrows ? yb[rr * ldi + col + c1] : 0.0f;
+            y2[rr] = pair && rr < nrows ? yb[rr * ldi + col + c1 + half] : 0.0f;
+        }
+        const float b1 = live ? bias[col + c1] : 0.0f;
+        const float b2 = pair ? bias[col + c1 + half] : 0.0f;
         __syncthreads();  // the previous rows' u and angles are no longer read
         // The blocks of blockIdx.y 0 also copy the rows' u to u_out ([rows,
         // 2 r]): the LoRA gradients read it, not the rest of y.
         for (int t = threadIdx.x; t < QKV_ROWS * 2 * r; t += blockDim.x) {
             const int rr = t / (2 * r), j = t % (2 * r);
-            const bool in = row0 + rr < rows;
-            u[rr][j] = in ? y[(size_t)(row0 + rr) * ld + qd + 2 * kvd + j] : 0.0f;
+            const bool in = rr < nrows;
+            u[rr][j] = in ? yb[rr * ldi + qd + 2 * kvd + j] : 0.0f;
             if (in && blockIdx.y == 0) u_out[(size_t)(row0 + rr) * 2 * r + j] = u[rr][j];
         }
         qkv_angles(sn, cs, table, row0, rows, seq, half, 1.0f);
         __syncthreads();
-        const int nrows = min(QKV_ROWS, rows - row0);
-        if (w < items) {
-            if (w < q_pairs + k_pairs) {
-                const bool is_q = w < q_pairs;
-                const int p = is_q ? w : w - q_pairs;
-                const int i = p % half;
-                const int c1 = (p / half) * head_dim + i, c2 = c1 + half;
-                float l[2][QKV_ROWS] = {};
-                if (is_q) lora_up<2>(u, 0, bq, {c1, c2}, r, l);
-                const int col = is_q ? 0 : qd;
-                const float b1 = bias[col + c1], b2 = bias[col + c2];
-                #pragma unroll  // registers l, lv: indexed by constants only
-                for (int rr = 0; rr < QKV_ROWS; ++rr) {
-                    if (rr >= nrows) continue;
-                    const float* yr = y + (size_t)(row0 + rr) * ld;
-                    const float x1 = (yr[col + c1] + b1) + s * l[0][rr];
-                    const float x2 = (yr[col + c2] + b2) + s * l[1][rr];
-                    const float sf = sn[rr * half + i], cf = cs[rr * half + i];
-                    typename S::T* out =
-                        is_q ? qr + (size_t)(row0 + rr) * qd : kr + (size_t)(row0 + rr) * kvd;
-                    S::put(out, c1, x1 * cf - x2 * sf);
-                    S::put(out, c2, x1 * sf + x2 * cf);
-                }
-            } else {
-                const int c = w - q_pairs - k_pairs;
-                float lv[1][QKV_ROWS];
-                lora_up<1>(u, r, bv, {c}, r, lv);
-                const float b = bias[qd + kvd + c];
-                #pragma unroll  // registers l, lv: indexed by constants only
-                for (int rr = 0; rr < QKV_ROWS; ++rr) {
-                    if (rr >= nrows) continue;
-                    const float* yr = y + (size_t)(row0 + rr) * ld;
-                    S::put(v, (size_t)(row0 + rr) * kvd + c, (yr[qd + kvd + c] + b) + s * lv[0][rr]);
-                }
+        if (!live) continue;
+        if (pair) {
+            float l[2][QKV_ROWS] = {};
+            if (is_q) lora_up<2>(u, 0, bq, {c1, c1 + half}, r, l);
+            const int out_ld = is_q ? qd : kvd;
+            typename S::T* out = (is_q ? qr : kr) + (size_t)row0 * out_ld;
+            #pragma unroll  // registers l, y1, y2: indexed by constants only
+            for (int rr = 0; rr < QKV_ROWS; ++rr) {
+                if (rr >= nrows) continue;
+                const float x1 = (y1[rr] + b1) + s * l[0][rr];
+                const float x2 = (y2[rr] + b2) + s * l[1][rr];
+                const float sf = sn[rr * half + i], cf = cs[rr * half + i];
+                S::put(out + rr * out_ld, c1, x1 * cf - x2 * sf);
+                S::put(out + rr * out_ld, c1 + half, x1 * sf + x2 * cf);
+            }
+        } else {
+            float lv[1][QKV_ROWS];
+            lora_up<1>(u, r, bv, {c1}, r, lv);
+            typename S::T* out = v + (size_t)row0 * kvd;
+            #pragma unroll  // registers lv, y1: indexed by constants only
+            for (int rr = 0; rr < QKV_ROWS; ++rr) {
+                if (rr >= nrows) continue;
+                S::put(out + rr * kvd, c1, (y1[rr] + b1) + s * lv[0][rr]);
             }
         }
     }
 }
 
+// Ten blocks an SM hold the forward to 48 registers a thread. Left free, its
+// y values loaded ahead took it to 64, eight blocks an SM, and a second wave
+// of blocks at qwen2.5-0.5b's shape made it slower than before the loads
+// moved; bounded, it is faster.
+#define QKV_FWD_MIN_BLOCKS 10
 #define ROPE_QKV_FWD(NAME, S)                                                                  \
-    extern "C" __global__ void NAME(const float* __restrict__ y, long long ld,                \
-                                    const float* __restrict__ bq, const float* __restrict__ bv, \
-                                    const float* __restrict__ bias, float s,                  \
-                                    S::T* __restrict__ qr, S::T* __restrict__ kr,             \
-                                    S::T* __restrict__ v, float* __restrict__ u_out,          \
-                                    int rows, int seq, int heads, int kv_heads,               \
-                                    int head_dim, int r, const float* __restrict__ table) {   \
+    extern "C" __global__ void __launch_bounds__(QKV_FWD_THREADS, QKV_FWD_MIN_BLOCKS)          \
+        NAME(const float* __restrict__ y, long long ld, const float* __restrict__ bq,          \
+             const float* __restrict__ bv, const float* __restrict__ bias, float s,           \
+             S::T* __restrict__ qr, S::T* __restrict__ kr, S::T* __restrict__ v,              \
+             float* __restrict__ u_out, int rows, int seq, int heads, int kv_heads,           \
+             int head_dim, int r, const float* __restrict__ table) {                          \
         rope_qkv_fwd<S>(y, ld, bq, bv, bias, s, qr, kr, v, u_out, rows, seq, heads, kv_heads,  \
                         head_dim, r, table);                                                  \
     }
@@ -282,39 +296,80 @@ ROPE_QKV_FWD(rope_qkv_fwd_bf16, StoreBf16)
 #endif
 
 #if ROPE_QKV == 2  // the backward's module
-// acc[rr] += sum over this lane's c of g[rr][c] * B[c, j] (j = lane % r, c =
+// The block's rows of dq | dv in shared memory, column-major in groups of
+// the QKV_ROWS rows: grad[c * QKV_ROWS + rr] is row rr's value of column c,
+// so one 16-byte shared load gives a column's value in every row.
+static_assert(QKV_ROWS == 4, "lora_grad_partial reads a column's rows as one float4");
+
+// acc[rr] += sum over this lane's c of g[c][rr] * B[c, j] (j = lane % r, c =
 // lane / r + 32/r * k, over the block's warps) for each of the QKV_ROWS rows
-// of g: lanes with consecutive j read consecutive floats of B. The sums are
-// FMA chains in c order either way. UNROLLED (the bf16 module) takes every
-// row, the last block's zeros past nrows too, so the loop unrolled by 4 is a
-// plain run of loads and FMAs: measured, that made the bf16 step faster and
-// the f32 step slower, so the f32 module keeps the loop that tests its rows.
+// of g (g4[c] holds column c's rows): lanes with consecutive j read
+// consecutive floats of B. The sums are
+// FMA chains in c order. Rows past the block's last row hold zeros, so no
+// row is tested (their sums are never stored). Measured, unrolling by 4
+// made the bf16 step faster and the f32 step slower, so the f32 module
+// (UNROLLED false) unrolls by 2.
 template <bool UNROLLED>
-__device__ __forceinline__ void lora_grad_partial(const float* g, int g_ld, const float* __restrict__ bmat,
-                                                  int n, int r, int nrows, float* acc) {
+__device__ __forceinline__ void lora_grad_partial(const float4* g4, const float* __restrict__ bmat,
+                                                  int n, int r, float (&acc)[QKV_ROWS]) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     const int step = 32 / r, j = lane % r;
     const int first = warp * step + lane / r, stride = warps * step;
-    if (UNROLLED) {
-        #pragma unroll 4
-        for (int c = first; c < n; c += stride) {
-            const float b = bmat[(size_t)c * r + j];
-            #pragma unroll
-            for (int rr = 0; rr < QKV_ROWS; ++rr) acc[rr] = fmaf(g[rr * g_ld + c], b, acc[rr]);
-        }
-    } else {
-        #pragma unroll 2
-        for (int c = first; c < n; c += stride) {
-            const float b = bmat[(size_t)c * r + j];
-            #pragma unroll
-            for (int rr = 0; rr < QKV_ROWS; ++rr)
-                if (rr < nrows) acc[rr] = fmaf(g[rr * g_ld + c], b, acc[rr]);
-        }
+    #pragma unroll(UNROLLED ? 4 : 2)
+    for (int c = first; c < n; c += stride) {
+        const float b = bmat[(size_t)c * r + j];
+        const float4 gc = g4[c];
+        acc[0] = fmaf(gc.x, b, acc[0]);
+        acc[1] = fmaf(gc.y, b, acc[1]);
+        acc[2] = fmaf(gc.z, b, acc[2]);
+        acc[3] = fmaf(gc.w, b, acc[3]);
     }
     // Lanes with the same j (lane % r) hold parts of one sum.
     #pragma unroll
     for (int rr = 0; rr < QKV_ROWS; ++rr)
         for (int off = 16; off >= r; off /= 2) acc[rr] += __shfl_xor_sync(0xffffffffu, acc[rr], off);
+}
+
+// The same sums, with their FMA chains and the order they are added in, four
+// j a thread (r % 4 == 0): thread t of the 8 * warps taking this matrix
+// holds the chains of subset s = t / (r / 4) (the c of warp s / step's lane
+// group s % step above) for j = 4 (t % (r / 4)) .. + 3, one 16-byte load of
+// B and one of g feeding 16 FMAs. The butterfly over each warp's step
+// subsets is the one above (lane offset off becomes off / 4), and the first
+// subset's thread writes part[warp][rr][j_col + j].
+template <bool UNROLLED>
+__device__ __forceinline__ void lora_grad_part4(const float4* g4, const float* __restrict__ bmat,
+                                                int n, int r, int t,
+                                                float (*part)[QKV_ROWS][2 * QKV_MAX_RANK],
+                                                int j_col) {
+    const int warps = blockDim.x / 32, step = 32 / r, groups = r / 4;
+    const int sub = t / groups, j0 = 4 * (t % groups);
+    float acc[QKV_ROWS][4] = {};
+    #pragma unroll(UNROLLED ? 4 : 2)
+    for (int c = sub; c < n; c += warps * step) {
+        const float4 b = *reinterpret_cast<const float4*>(bmat + (size_t)c * r + j0);
+        const float4 gc = g4[c];
+        const float g[QKV_ROWS] = {gc.x, gc.y, gc.z, gc.w};
+        #pragma unroll
+        for (int rr = 0; rr < QKV_ROWS; ++rr) {
+            acc[rr][0] = fmaf(g[rr], b.x, acc[rr][0]);
+            acc[rr][1] = fmaf(g[rr], b.y, acc[rr][1]);
+            acc[rr][2] = fmaf(g[rr], b.z, acc[rr][2]);
+            acc[rr][3] = fmaf(g[rr], b.w, acc[rr][3]);
+        }
+    }
+    #pragma unroll
+    for (int rr = 0; rr < QKV_ROWS; ++rr)
+        #pragma unroll
+        for (int jj = 0; jj < 4; ++jj)
+            for (int off = 16; off >= r; off /= 2)
+                acc[rr][jj] += __shfl_xor_sync(0xffffffffu, acc[rr][jj], off / 4);
+    if (sub % step == 0) {
+        #pragma unroll
+        for (int rr = 0; rr < QKV_ROWS; ++rr)
+            #pragma unroll
+            for (int jj = 0; jj < 4; ++jj) part[sub / step][rr][j_col + j0 + jj] = acc[rr][jj];
+    }
 }
 
 // dy[i] = v, and with BF16 also dy16[i] = bf16(v) (the bf16 step's operand of
@@ -325,6 +380,41 @@ __device__ __forceinline__ void put_grad(float* dy, unsigned short* dy16, size_t
     if (BF16) dy16[i] = f32_to_bf16_bits(v);
 }
 
+// One item of the block's rows: a rotated pair (c1, c2 = c1 + half) of dq
+// or dk rotated back, or (pair false) a column c1 of dv copied. `in`, `dy`
+// and `dy16` point at the block's first row, so offsets within its rows are
+// 32-bit; every row's loads are issued before any is used. With g_col >= 0 the item's columns also go to the
+// shared grad at g_col + c, one 16-byte store a column, zeros past nrows.
+template <bool BF16>
+__device__ __forceinline__ void qkv_bwd_item(const float* __restrict__ in, int in_ld, bool pair,
+                                             int c1, int half, int i, const float* sn,
+                                             const float* cs, float* dy, unsigned short* dy16,
+                                             int ld, int dy_col, float4* grad4, int g_col,
+                                             int nrows) {
+    float x1[QKV_ROWS], x2[QKV_ROWS];
+    #pragma unroll
+    for (int rr = 0; rr < QKV_ROWS; ++rr) {
+        x1[rr] = rr < nrows ? in[rr * in_ld + c1] : 0.0f;
+        x2[rr] = pair && rr < nrows ? in[rr * in_ld + c1 + half] : 0.0f;
+    }
+    #pragma unroll
+    for (int rr = 0; rr < QKV_ROWS; ++rr) {
+        if (rr >= nrows) continue;
+        if (pair) {
+            const float g1 = x1[rr], g2 = x2[rr];
+            const float sf = sn[rr * half + i], cf = cs[rr * half + i];
+            x1[rr] = g1 * cf - g2 * sf;
+            x2[rr] = g1 * sf + g2 * cf;
+        }
+        put_grad<BF16>(dy, dy16, rr * ld + dy_col + c1, x1[rr]);
+        if (pair) put_grad<BF16>(dy, dy16, rr * ld + dy_col + c1 + half, x2[rr]);
+    }
+    if (g_col >= 0) {
+        grad4[g_col + c1] = make_float4(x1[0], x1[1], x1[2], x1[3]);
+        if (pair) grad4[g_col + c1 + half] = make_float4(x2[0], x2[1], x2[2], x2[3]);
+    }
+}
+
 template <bool BF16>
 __device__ __forceinline__ void rope_qkv_bwd(const float* __restrict__ dqr, const float* __restrict__ dkr,
                                              const float* __restrict__ dv, const float* __restrict__ bq,
@@ -332,65 +422,59 @@ __device__ __forceinline__ void rope_qkv_bwd(const float* __restrict__ dqr, cons
                                              unsigned short* __restrict__ dy16, long long ld, int rows,
                                              int seq, int heads, int kv_heads, int head_dim, int r,
                                              const float* __restrict__ table) {
-    extern __shared__ float grad[];  // [QKV_ROWS][qd + kvd]: the rows' dq | dv
+    extern __shared__ float4 grad4[];  // [qd + kvd][QKV_ROWS]: the rows' dq | dv
     __shared__ float sn[QKV_ROWS * QKV_MAX_HALF], cs[QKV_ROWS * QKV_MAX_HALF];
     __shared__ float part[QKV_THREADS / 32][QKV_ROWS][2 * QKV_MAX_RANK];
     const int half = head_dim / 2;
-    const int qd = heads * head_dim, kvd = kv_heads * head_dim, g_ld = qd + kvd;
+    const int qd = heads * head_dim, kvd = kv_heads * head_dim;
     const int q_pairs = heads * half, k_pairs = kv_heads * half;
     const int items = q_pairs + k_pairs + kvd;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    // The row stride is the fused output's width, which the launcher's
+    // shared-memory bound keeps far below 2^31 / QKV_ROWS.
+    const int ldi = (int)ld;
     for (int row0 = blockIdx.x * QKV_ROWS; row0 < rows; row0 += gridDim.x * QKV_ROWS) {
         const int nrows = min(QKV_ROWS, rows - row0);
         __syncthreads();  // the previous rows' grad, angles and parts are no longer read
         qkv_angles(sn, cs, table, row0, rows, seq, half, -1.0f);
-        // The last block's rows past nrows hold zeros, so the unrolled LoRA
-        // sums below need no test of the row (their sums are never stored).
-        if (BF16)
-            for (int t = nrows * g_ld + threadIdx.x; t < QKV_ROWS * g_ld; t += blockDim.x)
-                grad[t] = 0.0f;
         __syncthreads();
+        float* dyb = dy + (size_t)row0 * ld;
+        unsigned short* dy16b = BF16 ? dy16 + (size_t)row0 * ld : nullptr;
         #pragma unroll 1
         for (int w = threadIdx.x; w < items; w += blockDim.x) {
-            for (int rr = 0; rr < nrows; ++rr) {
-                const size_t row = row0 + rr;
-                const size_t at = row * ld;
-                float* gr = grad + rr * g_ld;
-                if (w < q_pairs + k_pairs) {
-                    const bool is_q = w < q_pairs;
-                    const int p = is_q ? w : w - q_pairs;
-                    const int i = p % half;
-                    const int c1 = (p / half) * head_dim + i, c2 = c1 + half;
-                    const float* in = is_q ? dqr + row * qd : dkr + row * kvd;
-                    const float g1 = in[c1], g2 = in[c2];
-                    const float sf = sn[rr * half + i], cf = cs[rr * half + i];
-                    const float x1 = g1 * cf - g2 * sf, x2 = g1 * sf + g2 * cf;
-                    const int col = is_q ? 0 : qd;
-                    put_grad<BF16>(dy, dy16, at + col + c1, x1);
-                    put_grad<BF16>(dy, dy16, at + col + c2, x2);
-                    if (is_q) {
-                        gr[c1] = x1;
-                        gr[c2] = x2;
-                    }
-                } else {
-                    const int c = w - q_pairs - k_pairs;
-                    const float g = dv[row * kvd + c];
-                    put_grad<BF16>(dy, dy16, at + qd + kvd + c, g);
-                    gr[qd + c] = g;
-                }
+            if (w < q_pairs) {
+                const int i = w % half, c1 = (w / half) * head_dim + i;
+                qkv_bwd_item<BF16>(dqr + (size_t)row0 * qd, qd, true, c1, half, i, sn, cs, dyb,
+                                   dy16b, ldi, 0, grad4, 0, nrows);
+            } else if (w < q_pairs + k_pairs) {
+                const int p = w - q_pairs, i = p % half, c1 = (p / half) * head_dim + i;
+                qkv_bwd_item<BF16>(dkr + (size_t)row0 * kvd, kvd, true, c1, half, i, sn, cs, dyb,
+                                   dy16b, ldi, qd, grad4, -1, nrows);
+            } else {
+                const int c = w - q_pairs - k_pairs;
+                qkv_bwd_item<BF16>(dv + (size_t)row0 * kvd, kvd, false, c, half, 0, sn, cs, dyb,
+                                   dy16b, ldi, qd + kvd, grad4, qd, nrows);
             }
         }
         __syncthreads();
         // duq = dq Bq, duv = dv Bv for the block's rows: each warp sums its
         // share of the columns, then the warps' parts are added in warp order.
-        float aq[QKV_ROWS] = {0.0f}, av[QKV_ROWS] = {0.0f};
-        lora_grad_partial<BF16>(grad, g_ld, bq, qd, r, nrows, aq);
-        lora_grad_partial<BF16>(grad + qd, g_ld, bv, kvd, r, nrows, av);
-        if (lane < r) {
-            #pragma unroll
-            for (int rr = 0; rr < QKV_ROWS; ++rr) {
-                part[warp][rr][lane] = aq[rr];
-                part[warp][rr][r + lane] = av[rr];
+        if (r % 4 == 0) {
+            const int chains = 8 * warps;  // threads a matrix's sums take
+            if (threadIdx.x < chains)
+                lora_grad_part4<BF16>(grad4, bq, qd, r, threadIdx.x, part, 0);
+            else if (threadIdx.x < 2 * chains)
+                lora_grad_part4<BF16>(grad4 + qd, bv, kvd, r, threadIdx.x - chains, part, r);
+        } else {
+            float aq[QKV_ROWS] = {0.0f}, av[QKV_ROWS] = {0.0f};
+            lora_grad_partial<BF16>(grad4, bq, qd, r, aq);
+            lora_grad_partial<BF16>(grad4 + qd, bv, kvd, r, av);
+            if (lane < r) {
+                #pragma unroll
+                for (int rr = 0; rr < QKV_ROWS; ++rr) {
+                    part[warp][rr][lane] = aq[rr];
+                    part[warp][rr][r + lane] = av[rr];
+                }
             }
         }
         __syncthreads();
