@@ -358,11 +358,11 @@ __device__ __forceinline__ void lora_grad_part4(const float4* g4, const float* _
             acc[rr][3] = fmaf(g[rr], b.w, acc[rr][3]);
         }
     }
-    #pragma unroll
-    for (int rr = 0; rr < QKV_ROWS; ++rr)
+    for (int off = 16; off >= r; off /= 2)
         #pragma unroll
-        for (int jj = 0; jj < 4; ++jj)
-            for (int off = 16; off >= r; off /= 2)
+        for (int rr = 0; rr < QKV_ROWS; ++rr)
+            #pragma unroll
+            for (int jj = 0; jj < 4; ++jj)
                 acc[rr][jj] += __shfl_xor_sync(0xffffffffu, acc[rr][jj], off / 4);
     if (sub % step == 0) {
         #pragma unroll
@@ -383,11 +383,13 @@ __device__ __forceinline__ void put_grad(float* dy, unsigned short* dy16, size_t
 // One item of the block's rows: a rotated pair (c1, c2 = c1 + half) of dq
 // or dk rotated back, or (pair false) a column c1 of dv copied. `in`, `dy`
 // and `dy16` point at the block's first row, so offsets within its rows are
-// 32-bit; every row's loads are issued before any is used. With g_col >= 0 the item's columns also go to the
-// shared grad at g_col + c, one 16-byte store a column, zeros past nrows.
-template <bool BF16>
-__device__ __forceinline__ void qkv_bwd_item(const float* __restrict__ in, int in_ld, bool pair,
-                                             int c1, int half, int i, const float* sn,
+// 32-bit; every row's loads are issued before any is used. With g_col >= 0
+// the item's columns also go to the shared grad at g_col + c, one 16-byte
+// store a column, zeros past nrows. Called from two places, for pairs and
+// for dv: a third copy for dk made NVRTC take twice as long over the module.
+template <bool BF16, bool pair>
+__device__ __forceinline__ void qkv_bwd_item(const float* __restrict__ in, int in_ld, int c1,
+                                             int half, int i, const float* sn,
                                              const float* cs, float* dy, unsigned short* dy16,
                                              int ld, int dy_col, float4* grad4, int g_col,
                                              int nrows) {
@@ -442,18 +444,19 @@ __device__ __forceinline__ void rope_qkv_bwd(const float* __restrict__ dqr, cons
         unsigned short* dy16b = BF16 ? dy16 + (size_t)row0 * ld : nullptr;
         #pragma unroll 1
         for (int w = threadIdx.x; w < items; w += blockDim.x) {
-            if (w < q_pairs) {
-                const int i = w % half, c1 = (w / half) * head_dim + i;
-                qkv_bwd_item<BF16>(dqr + (size_t)row0 * qd, qd, true, c1, half, i, sn, cs, dyb,
-                                   dy16b, ldi, 0, grad4, 0, nrows);
-            } else if (w < q_pairs + k_pairs) {
-                const int p = w - q_pairs, i = p % half, c1 = (p / half) * head_dim + i;
-                qkv_bwd_item<BF16>(dkr + (size_t)row0 * kvd, kvd, true, c1, half, i, sn, cs, dyb,
-                                   dy16b, ldi, qd, grad4, -1, nrows);
+            // A rotated pair of dq (its columns also to grad) or dk, or a
+            // column of dv (to grad after dq's): two calls, one for pairs.
+            if (w < q_pairs + k_pairs) {
+                const bool is_q = w < q_pairs;
+                const int p = is_q ? w : w - q_pairs, i = p % half;
+                const int in_ld = is_q ? qd : kvd;
+                qkv_bwd_item<BF16, true>((is_q ? dqr : dkr) + (size_t)row0 * in_ld, in_ld,
+                                         (p / half) * head_dim + i, half, i, sn, cs, dyb, dy16b,
+                                         ldi, is_q ? 0 : qd, grad4, is_q ? 0 : -1, nrows);
             } else {
-                const int c = w - q_pairs - k_pairs;
-                qkv_bwd_item<BF16>(dv + (size_t)row0 * kvd, kvd, false, c, half, 0, sn, cs, dyb,
-                                   dy16b, ldi, qd + kvd, grad4, qd, nrows);
+                qkv_bwd_item<BF16, false>(dv + (size_t)row0 * kvd, kvd, w - q_pairs - k_pairs,
+                                          half, 0, sn, cs, dyb, dy16b, ldi, qd + kvd, grad4, qd,
+                                          nrows);
             }
         }
         __syncthreads();
