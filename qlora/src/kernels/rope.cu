@@ -296,80 +296,39 @@ ROPE_QKV_FWD(rope_qkv_fwd_bf16, StoreBf16)
 #endif
 
 #if ROPE_QKV == 2  // the backward's module
-// The block's rows of dq | dv in shared memory, column-major in groups of
-// the QKV_ROWS rows: grad[c * QKV_ROWS + rr] is row rr's value of column c,
-// so one 16-byte shared load gives a column's value in every row.
-static_assert(QKV_ROWS == 4, "lora_grad_partial reads a column's rows as one float4");
-
-// acc[rr] += sum over this lane's c of g[c][rr] * B[c, j] (j = lane % r, c =
+// acc[rr] += sum over this lane's c of g[rr][c] * B[c, j] (j = lane % r, c =
 // lane / r + 32/r * k, over the block's warps) for each of the QKV_ROWS rows
-// of g (g4[c] holds column c's rows): lanes with consecutive j read
-// consecutive floats of B. The sums are
-// FMA chains in c order. Rows past the block's last row hold zeros, so no
-// row is tested (their sums are never stored). Measured, unrolling by 4
-// made the bf16 step faster and the f32 step slower, so the f32 module
-// (UNROLLED false) unrolls by 2.
+// of g: lanes with consecutive j read consecutive floats of B. The sums are
+// FMA chains in c order either way. UNROLLED (the bf16 module) takes every
+// row, the last block's zeros past nrows too, so the loop unrolled by 4 is a
+// plain run of loads and FMAs: measured, that made the bf16 step faster and
+// the f32 step slower, so the f32 module keeps the loop that tests its rows.
 template <bool UNROLLED>
-__device__ __forceinline__ void lora_grad_partial(const float4* g4, const float* __restrict__ bmat,
-                                                  int n, int r, float (&acc)[QKV_ROWS]) {
+__device__ __forceinline__ void lora_grad_partial(const float* g, int g_ld, const float* __restrict__ bmat,
+                                                  int n, int r, int nrows, float* acc) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     const int step = 32 / r, j = lane % r;
     const int first = warp * step + lane / r, stride = warps * step;
-    #pragma unroll(UNROLLED ? 4 : 2)
-    for (int c = first; c < n; c += stride) {
-        const float b = bmat[(size_t)c * r + j];
-        const float4 gc = g4[c];
-        acc[0] = fmaf(gc.x, b, acc[0]);
-        acc[1] = fmaf(gc.y, b, acc[1]);
-        acc[2] = fmaf(gc.z, b, acc[2]);
-        acc[3] = fmaf(gc.w, b, acc[3]);
+    if (UNROLLED) {
+        #pragma unroll 4
+        for (int c = first; c < n; c += stride) {
+            const float b = bmat[(size_t)c * r + j];
+            #pragma unroll
+            for (int rr = 0; rr < QKV_ROWS; ++rr) acc[rr] = fmaf(g[rr * g_ld + c], b, acc[rr]);
+        }
+    } else {
+        #pragma unroll 2
+        for (int c = first; c < n; c += stride) {
+            const float b = bmat[(size_t)c * r + j];
+            #pragma unroll
+            for (int rr = 0; rr < QKV_ROWS; ++rr)
+                if (rr < nrows) acc[rr] = fmaf(g[rr * g_ld + c], b, acc[rr]);
+        }
     }
     // Lanes with the same j (lane % r) hold parts of one sum.
     #pragma unroll
     for (int rr = 0; rr < QKV_ROWS; ++rr)
         for (int off = 16; off >= r; off /= 2) acc[rr] += __shfl_xor_sync(0xffffffffu, acc[rr], off);
-}
-
-// The same sums, with their FMA chains and the order they are added in, four
-// j a thread (r % 4 == 0): thread t of the 8 * warps taking this matrix
-// holds the chains of subset s = t / (r / 4) (the c of warp s / step's lane
-// group s % step above) for j = 4 (t % (r / 4)) .. + 3, one 16-byte load of
-// B and one of g feeding 16 FMAs. The butterfly over each warp's step
-// subsets is the one above (lane offset off becomes off / 4), and the first
-// subset's thread writes part[warp][rr][j_col + j].
-template <bool UNROLLED>
-__device__ __forceinline__ void lora_grad_part4(const float4* g4, const float* __restrict__ bmat,
-                                                int n, int r, int t,
-                                                float (*part)[QKV_ROWS][2 * QKV_MAX_RANK],
-                                                int j_col) {
-    const int warps = blockDim.x / 32, step = 32 / r, groups = r / 4;
-    const int sub = t / groups, j0 = 4 * (t % groups);
-    float acc[QKV_ROWS][4] = {};
-    #pragma unroll(UNROLLED ? 4 : 2)
-    for (int c = sub; c < n; c += warps * step) {
-        const float4 b = *reinterpret_cast<const float4*>(bmat + (size_t)c * r + j0);
-        const float4 gc = g4[c];
-        const float g[QKV_ROWS] = {gc.x, gc.y, gc.z, gc.w};
-        #pragma unroll
-        for (int rr = 0; rr < QKV_ROWS; ++rr) {
-            acc[rr][0] = fmaf(g[rr], b.x, acc[rr][0]);
-            acc[rr][1] = fmaf(g[rr], b.y, acc[rr][1]);
-            acc[rr][2] = fmaf(g[rr], b.z, acc[rr][2]);
-            acc[rr][3] = fmaf(g[rr], b.w, acc[rr][3]);
-        }
-    }
-    for (int off = 16; off >= r; off /= 2)
-        #pragma unroll
-        for (int rr = 0; rr < QKV_ROWS; ++rr)
-            #pragma unroll
-            for (int jj = 0; jj < 4; ++jj)
-                acc[rr][jj] += __shfl_xor_sync(0xffffffffu, acc[rr][jj], off / 4);
-    if (sub % step == 0) {
-        #pragma unroll
-        for (int rr = 0; rr < QKV_ROWS; ++rr)
-            #pragma unroll
-            for (int jj = 0; jj < 4; ++jj) part[sub / step][rr][j_col + j0 + jj] = acc[rr][jj];
-    }
 }
 
 // dy[i] = v, and with BF16 also dy16[i] = bf16(v) (the bf16 step's operand of
@@ -380,43 +339,6 @@ __device__ __forceinline__ void put_grad(float* dy, unsigned short* dy16, size_t
     if (BF16) dy16[i] = f32_to_bf16_bits(v);
 }
 
-// One item of the block's rows: a rotated pair (c1, c2 = c1 + half) of dq
-// or dk rotated back, or (pair false) a column c1 of dv copied. `in`, `dy`
-// and `dy16` point at the block's first row, so offsets within its rows are
-// 32-bit; every row's loads are issued before any is used. With g_col >= 0
-// the item's columns also go to the shared grad at g_col + c, one 16-byte
-// store a column, zeros past nrows. Called from two places, for pairs and
-// for dv: a third copy for dk made NVRTC take twice as long over the module.
-template <bool BF16, bool pair>
-__device__ __forceinline__ void qkv_bwd_item(const float* __restrict__ in, int in_ld, int c1,
-                                             int half, int i, const float* sn,
-                                             const float* cs, float* dy, unsigned short* dy16,
-                                             int ld, int dy_col, float4* grad4, int g_col,
-                                             int nrows) {
-    float x1[QKV_ROWS], x2[QKV_ROWS];
-    #pragma unroll
-    for (int rr = 0; rr < QKV_ROWS; ++rr) {
-        x1[rr] = rr < nrows ? in[rr * in_ld + c1] : 0.0f;
-        x2[rr] = pair && rr < nrows ? in[rr * in_ld + c1 + half] : 0.0f;
-    }
-    #pragma unroll
-    for (int rr = 0; rr < QKV_ROWS; ++rr) {
-        if (rr >= nrows) continue;
-        if (pair) {
-            const float g1 = x1[rr], g2 = x2[rr];
-            const float sf = sn[rr * half + i], cf = cs[rr * half + i];
-            x1[rr] = g1 * cf - g2 * sf;
-            x2[rr] = g1 * sf + g2 * cf;
-        }
-        put_grad<BF16>(dy, dy16, rr * ld + dy_col + c1, x1[rr]);
-        if (pair) put_grad<BF16>(dy, dy16, rr * ld + dy_col + c1 + half, x2[rr]);
-    }
-    if (g_col >= 0) {
-        grad4[g_col + c1] = make_float4(x1[0], x1[1], x1[2], x1[3]);
-        if (pair) grad4[g_col + c1 + half] = make_float4(x2[0], x2[1], x2[2], x2[3]);
-    }
-}
-
 template <bool BF16>
 __device__ __forceinline__ void rope_qkv_bwd(const float* __restrict__ dqr, const float* __restrict__ dkr,
                                              const float* __restrict__ dv, const float* __restrict__ bq,
@@ -424,60 +346,65 @@ __device__ __forceinline__ void rope_qkv_bwd(const float* __restrict__ dqr, cons
                                              unsigned short* __restrict__ dy16, long long ld, int rows,
                                              int seq, int heads, int kv_heads, int head_dim, int r,
                                              const float* __restrict__ table) {
-    extern __shared__ float4 grad4[];  // [qd + kvd][QKV_ROWS]: the rows' dq | dv
+    extern __shared__ float grad[];  // [QKV_ROWS][qd + kvd]: the rows' dq | dv
     __shared__ float sn[QKV_ROWS * QKV_MAX_HALF], cs[QKV_ROWS * QKV_MAX_HALF];
     __shared__ float part[QKV_THREADS / 32][QKV_ROWS][2 * QKV_MAX_RANK];
     const int half = head_dim / 2;
-    const int qd = heads * head_dim, kvd = kv_heads * head_dim;
+    const int qd = heads * head_dim, kvd = kv_heads * head_dim, g_ld = qd + kvd;
     const int q_pairs = heads * half, k_pairs = kv_heads * half;
     const int items = q_pairs + k_pairs + kvd;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    // The row stride is the fused output's width, which the launcher's
-    // shared-memory bound keeps far below 2^31 / QKV_ROWS.
-    const int ldi = (int)ld;
     for (int row0 = blockIdx.x * QKV_ROWS; row0 < rows; row0 += gridDim.x * QKV_ROWS) {
         const int nrows = min(QKV_ROWS, rows - row0);
         __syncthreads();  // the previous rows' grad, angles and parts are no longer read
         qkv_angles(sn, cs, table, row0, rows, seq, half, -1.0f);
+        // The last block's rows past nrows hold zeros, so the unrolled LoRA
+        // sums below need no test of the row (their sums are never stored).
+        if (BF16)
+            for (int t = nrows * g_ld + threadIdx.x; t < QKV_ROWS * g_ld; t += blockDim.x)
+                grad[t] = 0.0f;
         __syncthreads();
-        float* dyb = dy + (size_t)row0 * ld;
-        unsigned short* dy16b = BF16 ? dy16 + (size_t)row0 * ld : nullptr;
         #pragma unroll 1
         for (int w = threadIdx.x; w < items; w += blockDim.x) {
-            // A rotated pair of dq (its columns also to grad) or dk, or a
-            // column of dv (to grad after dq's): two calls, one for pairs.
-            if (w < q_pairs + k_pairs) {
-                const bool is_q = w < q_pairs;
-                const int p = is_q ? w : w - q_pairs, i = p % half;
-                const int in_ld = is_q ? qd : kvd;
-                qkv_bwd_item<BF16, true>((is_q ? dqr : dkr) + (size_t)row0 * in_ld, in_ld,
-                                         (p / half) * head_dim + i, half, i, sn, cs, dyb, dy16b,
-                                         ldi, is_q ? 0 : qd, grad4, is_q ? 0 : -1, nrows);
-            } else {
-                qkv_bwd_item<BF16, false>(dv + (size_t)row0 * kvd, kvd, w - q_pairs - k_pairs,
-                                          half, 0, sn, cs, dyb, dy16b, ldi, qd + kvd, grad4, qd,
-                                          nrows);
+            for (int rr = 0; rr < nrows; ++rr) {
+                const size_t row = row0 + rr;
+                const size_t at = row * ld;
+                float* gr = grad + rr * g_ld;
+                if (w < q_pairs + k_pairs) {
+                    const bool is_q = w < q_pairs;
+                    const int p = is_q ? w : w - q_pairs;
+                    const int i = p % half;
+                    const int c1 = (p / half) * head_dim + i, c2 = c1 + half;
+                    const float* in = is_q ? dqr + row * qd : dkr + row * kvd;
+                    const float g1 = in[c1], g2 = in[c2];
+                    const float sf = sn[rr * half + i], cf = cs[rr * half + i];
+                    const float x1 = g1 * cf - g2 * sf, x2 = g1 * sf + g2 * cf;
+                    const int col = is_q ? 0 : qd;
+                    put_grad<BF16>(dy, dy16, at + col + c1, x1);
+                    put_grad<BF16>(dy, dy16, at + col + c2, x2);
+                    if (is_q) {
+                        gr[c1] = x1;
+                        gr[c2] = x2;
+                    }
+                } else {
+                    const int c = w - q_pairs - k_pairs;
+                    const float g = dv[row * kvd + c];
+                    put_grad<BF16>(dy, dy16, at + qd + kvd + c, g);
+                    gr[qd + c] = g;
+                }
             }
         }
         __syncthreads();
         // duq = dq Bq, duv = dv Bv for the block's rows: each warp sums its
         // share of the columns, then the warps' parts are added in warp order.
-        if (r % 4 == 0) {
-            const int chains = 8 * warps;  // threads a matrix's sums take
-            if (threadIdx.x < chains)
-                lora_grad_part4<BF16>(grad4, bq, qd, r, threadIdx.x, part, 0);
-            else if (threadIdx.x < 2 * chains)
-                lora_grad_part4<BF16>(grad4 + qd, bv, kvd, r, threadIdx.x - chains, part, r);
-        } else {
-            float aq[QKV_ROWS] = {0.0f}, av[QKV_ROWS] = {0.0f};
-            lora_grad_partial<BF16>(grad4, bq, qd, r, aq);
-            lora_grad_partial<BF16>(grad4 + qd, bv, kvd, r, av);
-            if (lane < r) {
-                #pragma unroll
-                for (int rr = 0; rr < QKV_ROWS; ++rr) {
-                    part[warp][rr][lane] = aq[rr];
-                    part[warp][rr][r + lane] = av[rr];
-                }
+        float aq[QKV_ROWS] = {0.0f}, av[QKV_ROWS] = {0.0f};
+        lora_grad_partial<BF16>(grad, g_ld, bq, qd, r, nrows, aq);
+        lora_grad_partial<BF16>(grad + qd, g_ld, bv, kvd, r, nrows, av);
+        if (lane < r) {
+            #pragma unroll
+            for (int rr = 0; rr < QKV_ROWS; ++rr) {
+                part[warp][rr][lane] = aq[rr];
+                part[warp][rr][r + lane] = av[rr];
             }
         }
         __syncthreads();
