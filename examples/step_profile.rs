@@ -3,7 +3,7 @@
 //! "profile from start off" sees one whole step and nothing else:
 //!
 //! ```text
-//! cargo run --release --example step_profile -- qwen2.5-0.5b [--graph] [--nf4 | --bf16 | --nf4-bf16] [--tf32-backward] [--keep-mlp] [--transposed-weights] [--f16-lm-head] [--f16-projections] [--steps N]
+//! cargo run --release --example step_profile -- qwen2.5-0.5b [--graph] [--nf4 | --bf16 | --nf4-bf16] [--tf32-backward] [--keep-mlp] [--transposed-weights] [--f16-lm-head] [--f16-projections] [--steps N] [--batch B]
 //! ncu --profile-from-start off --metrics gpu__time_duration.sum --csv target/release/examples/step_profile qwen2.5-0.5b
 //! ```
 //!
@@ -34,6 +34,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let config = ModelConfig::preset(&preset).ok_or(format!("unknown preset {preset}"))?;
+    let config = match args.iter().position(|a| a == "--batch") {
+        Some(i) => config.with_batch(args.get(i + 1).ok_or("--batch needs a value")?.parse()?),
+        None => config,
+    };
     let options = GpuTrainOptions {
         graph: flag("--graph"),
         base: if flag("--nf4") {

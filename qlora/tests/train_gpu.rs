@@ -194,7 +194,8 @@ fn device_draws_are_the_hosts_values_bit_for_bit() {
 /// summed by one launch afterwards gives each dgamma (and dx) bit for bit as
 /// the backward that sums it at once, for the warp-per-row build (hidden
 /// 896, the step's) and a row-group one (hidden 98, not a whole number of
-/// four-column packs).
+/// four-column packs); eleven slots, so that the sum's launch takes one
+/// full group of norms and one part-filled.
 #[test]
 #[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
 fn norm_gradients_summed_later_are_those_summed_at_once() {
@@ -204,7 +205,7 @@ fn norm_gradients_summed_later_are_those_summed_at_once() {
     assert_eq!(rmsnorm::bwd_module_for(896), "rmsnorm_bwd_warp8");
     assert_eq!(rmsnorm::bwd_module_for(98), "rmsnorm_bwd_block");
     for (rows, hidden) in [(1024, 896), (77, 98)] {
-        let slots = 3;
+        let slots = 11;
         let value =
             |i: usize, salt: usize| ((i * 7919 + salt * 104_729) % 1000) as f32 / 250.0 - 2.0;
         let x: Vec<f32> = (0..rows * hidden).map(|i| value(i, 1)).collect();

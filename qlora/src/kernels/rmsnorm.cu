@@ -515,16 +515,52 @@ extern "C" __global__ void rmsnorm_bwd_dgamma_final_f32(const float* __restrict_
 }
 
 // The same sum for several norms of one shape at once, the training step's
-// after its whole backward: norm n = blockIdx.y sums its partials, the
-// n-th [chunks, hidden] block of `partials`, into the tensor at address
-// dgammas[n]. Each norm's sum is the one rmsnorm_bwd_dgamma_final_f32
-// computes, in the same order.
-extern "C" __global__ void rmsnorm_bwd_dgamma_table_f32(const float* __restrict__ partials,
-                                                        const unsigned long long* __restrict__ dgammas,
-                                                        int hidden, int chunks) {
-    const int n = blockIdx.y;
-    float* dgamma = reinterpret_cast<float*>(dgammas[n]);
-    dgamma_sum(partials + (size_t)n * chunks * hidden, dgamma, hidden, chunks, hidden);
+// after its whole backward: norm n's partials are the n-th [chunks, hidden]
+// block of `partials`, its sum goes to the tensor at address dgammas[n], and
+// block row y takes norms y * DGAMMA_NORMS + s for s < DGAMMA_NORMS (those
+// below `slots`), their loads in flight together. Each norm's sum is the one
+// rmsnorm_bwd_dgamma_final_f32 computes, in the same order: thread (col, g)
+// sums its chunks g, g + 32, ... in order, then warp s adds norm s's 32
+// group sums in order.
+#define DGAMMA_NORMS 8
+extern "C" __global__ void __launch_bounds__(32 * DGAMMA_GROUPS) rmsnorm_bwd_dgamma_table_f32(
+    const float* __restrict__ partials, const unsigned long long* __restrict__ dgammas,
+    int hidden, int chunks, int slots) {
+    __shared__ float group[DGAMMA_NORMS][DGAMMA_GROUPS][33];
+    const int col = blockIdx.x * 32 + threadIdx.x;
+    const int g = threadIdx.y;
+    const int first = blockIdx.y * DGAMMA_NORMS;
+    float acc[DGAMMA_NORMS];
+#pragma unroll
+    for (int s = 0; s < DGAMMA_NORMS; ++s) acc[s] = 0.0f;
+    if (col < hidden) {
+        // Four chunks a norm a trip (128 chunks, the step's, are one trip):
+        // the order of the sums is the same for any number.
+        for (int c0 = g; c0 < chunks; c0 += 4 * DGAMMA_GROUPS) {
+            float v[DGAMMA_NORMS][4];
+#pragma unroll
+            for (int s = 0; s < DGAMMA_NORMS; ++s)
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int c = c0 + u * DGAMMA_GROUPS;
+                    v[s][u] = first + s < slots && c < chunks
+                                  ? partials[((size_t)(first + s) * chunks + c) * hidden + col]
+                                  : 0.0f;
+                }
+#pragma unroll
+            for (int s = 0; s < DGAMMA_NORMS; ++s)
+#pragma unroll
+                for (int u = 0; u < 4; ++u) acc[s] += v[s][u];
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < DGAMMA_NORMS; ++s) group[s][g][threadIdx.x] = acc[s];
+    __syncthreads();
+    const int n = first + g;
+    if (g >= DGAMMA_NORMS || n >= slots || col >= hidden) return;
+    float total = 0.0f;
+    for (int k = 0; k < DGAMMA_GROUPS; ++k) total += group[g][k][threadIdx.x];
+    reinterpret_cast<float*>(dgammas[n])[col] = total;
 }
 
 #endif  // RMS_PART

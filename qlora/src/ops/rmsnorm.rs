@@ -220,7 +220,7 @@ const DGAMMA_FINAL: Signature = (
 );
 const DGAMMA_TABLE: Signature = (
     "rmsnorm_bwd_dgamma_table_f32",
-    &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32],
+    &[Arg::Ptr, Arg::Ptr, Arg::I32, Arg::I32, Arg::I32],
 );
 
 /// Threads per block of the residual row kernel (at most; fewer for narrow rows).
@@ -246,6 +246,9 @@ const ROWS_IN_PARALLEL: u32 = 4;
 /// Chunk groups of the dgamma final kernel (`DGAMMA_GROUPS`; its blockDim
 /// is `32 x 32`).
 const FINAL_GROUPS: u32 = 32;
+/// Norms one block row of the dgamma table kernel sums (`DGAMMA_NORMS`),
+/// their loads in flight together.
+const TABLE_NORMS: u32 = 8;
 
 /// The launch of a register-held row kernel over `units` (rows, or row
 /// chunks): one block per unit, threads enough for `hidden` columns at
@@ -546,10 +549,15 @@ impl BackwardWorkspace {
             message: format!("{} slots exceed a grid", self.slots),
         })?;
         let cfg = LaunchConfig {
-            grid_dim: (hidden_i.unsigned_abs().div_ceil(32), slots, 1),
+            grid_dim: (
+                hidden_i.unsigned_abs().div_ceil(32),
+                slots.div_ceil(TABLE_NORMS),
+                1,
+            ),
             block_dim: (32, FINAL_GROUPS, 1),
             shared_mem_bytes: 0,
         };
+        let slots_i = to_i32("rmsnorm", "slots", self.slots)?;
         let f = gpu.function(module, DGAMMA_TABLE.0)?;
         let region = self.chunks * self.hidden;
         let slot_partials = self.partials.slice(region..);
@@ -557,15 +565,16 @@ impl BackwardWorkspace {
         l.arg(&slot_partials)
             .arg(&dgammas.ptrs)
             .arg(&hidden_i)
-            .arg(&chunks_i);
+            .arg(&chunks_i)
+            .arg(&slots_i);
         // SAFETY: rmsnorm_bwd_dgamma_table_f32(const float* partials, const
-        // unsigned long long* dgammas, int hidden, int chunks): blockDim (32,
-        // 32) as its shared table needs; block row n < slots reads region n of
-        // slot_partials (slots x chunks x hidden floats, allocated so) and
-        // writes hidden floats at dgammas[n], the address of a tensor of
-        // hidden floats (DgammaTargets::new checked each; its owner keeps
-        // them alive and unmoved while the targets exist, and the shapes
-        // match, checked above).
+        // unsigned long long* dgammas, int hidden, int chunks, int slots):
+        // blockDim (32, 32) as its shared tables need; it reads region n <
+        // slots of slot_partials (slots x chunks x hidden floats, allocated
+        // so) and writes hidden floats at dgammas[n], the address of a
+        // tensor of hidden floats (DgammaTargets::new checked each; its
+        // owner keeps them alive and unmoved while the targets exist, and
+        // the shapes match, checked above).
         unsafe { l.launch(cfg) }?;
         Ok(())
     }
@@ -801,6 +810,13 @@ fn dgamma_final(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dgamma_constants_are_the_kernels() {
+        let define = |name| crate::kernels::cu_define(include_str!("../kernels/rmsnorm.cu"), name);
+        assert_eq!(define("DGAMMA_GROUPS"), Some(FINAL_GROUPS as usize));
+        assert_eq!(define("DGAMMA_NORMS"), Some(TABLE_NORMS as usize));
+    }
 
     #[test]
     fn shapes_the_kernels_cannot_take_are_refused() {
