@@ -7,16 +7,9 @@
 //!
 //! ```text
 //! ptrs     [columns * n]  u64: ptrs[c * n + i] = column c of tensor i (0 = absent)
-//! offsets  [n + 1 + b]    i64: offsets[i] = first index of tensor i in the
-//!                               concatenation, offsets[n] = total elements;
-//!                               then offsets[n + 1 + j] = the tensor that
-//!                               holds element j * TABLE_BUCKET
+//! offsets  [n + 1]        i64: offsets[i] = first index of tensor i in the
+//!                               concatenation, offsets[n] = total elements
 //! ```
-//!
-//! The bucket index after the offsets lets a kernel find an element's tensor
-//! with one load and a step or two forward (`table_find` in common.cuh)
-//! instead of a binary search over every tensor: a chain of dependent loads
-//! per element, which measured most of the multi-tensor kernels' time.
 //!
 //! A table holds raw device addresses: it is only valid while the tensors it
 //! was built from are alive and not reallocated. Its owner (the training step)
@@ -26,10 +19,6 @@ use cudarc::driver::{CudaSlice, DevicePtr};
 
 use super::GpuContext;
 use crate::error::{Error, Result};
-
-/// Elements per bucket of a table's bucket index (`TABLE_BUCKET_SHIFT` in
-/// common.cuh is its log2).
-pub const TABLE_BUCKET: usize = 1024;
 
 /// Tensors of equal lengths per row, `columns` pointers per tensor.
 pub struct TensorTable {
@@ -76,7 +65,6 @@ impl TensorTable {
                 message: format!("{total} elements exceed the i64 index"),
             })?);
         }
-        offsets.extend(bucket_index(&offsets, total)?);
         let flat: Vec<u64> = columns.iter().flatten().copied().collect();
         Ok(TensorTable {
             ptrs: gpu.upload(&flat)?,
@@ -85,49 +73,5 @@ impl TensorTable {
             columns: columns.len(),
             total,
         })
-    }
-}
-
-/// For each bucket `j` of [`TABLE_BUCKET`] elements of the concatenation,
-/// the tensor that holds element `j * TABLE_BUCKET`: the largest `i` with
-/// `offsets[i] <= j * TABLE_BUCKET` (`offsets` has `n + 1` entries, the last
-/// the total).
-fn bucket_index(offsets: &[i64], total: usize) -> Result<Vec<i64>> {
-    let n = offsets.len().saturating_sub(1);
-    let mut index = Vec::with_capacity(total.div_ceil(TABLE_BUCKET));
-    let mut i = 0usize;
-    for start in (0..total).step_by(TABLE_BUCKET) {
-        let start = i64::try_from(start).map_err(|_| Error::InvalidArgument {
-            op: "tensor_table",
-            message: format!("{total} elements exceed the i64 index"),
-        })?;
-        while i + 1 < n && offsets[i + 1] <= start {
-            i += 1;
-        }
-        index.push(i as i64);
-    }
-    Ok(index)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_bucket_names_the_tensor_of_its_first_element() {
-        // Tensors of 1,500, 0, 600 and 2,000 elements: buckets start at 0,
-        // 1,024 (tensor 0), 2,048 (tensor 2 ends at 2,100) and 3,072 (3).
-        let offsets = [0, 1500, 1500, 2100, 4100];
-        assert_eq!(bucket_index(&offsets, 4100).unwrap(), vec![0, 0, 2, 3, 3]);
-        // A bucket starting where an empty tensor sits takes the tensor after it.
-        let offsets = [0, 1024, 1024, 3000];
-        assert_eq!(bucket_index(&offsets, 3000).unwrap(), vec![0, 2, 2]);
-    }
-
-    #[test]
-    fn the_bucket_is_the_kernels() {
-        let source = include_str!("../kernels/common.cuh");
-        let shift = crate::kernels::cu_define(source, "TABLE_BUCKET_SHIFT");
-        assert_eq!(shift.map(|s| 1usize << s), Some(TABLE_BUCKET));
     }
 }

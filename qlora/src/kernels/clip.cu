@@ -89,8 +89,9 @@ extern "C" __global__ void squared_sum_partial_f32(const float* __restrict__ x,
 // The same over every tensor of a table (gpu/table.rs, one column: g_i), in
 // one launch: block b sums the elements b * blockDim + tid + j * stride of the
 // concatenation, in j order, then the fixed-shape tree. The grid is fixed by
-// the caller, so the order, and the sum, are the same on every run.
-#define SQ_TABLE_UNROLL 4
+// the caller, so the order, and the sum, are the same on every run. A
+// thread's elements ascend, so it finds each one's tensor by walking forward
+// from the last one's instead of searching the whole table.
 extern "C" __global__ void squared_sum_multi_partial_f32(const unsigned long long* __restrict__ ptrs,
                                                          const long long* __restrict__ offsets,
                                                          int n_tensors,
@@ -99,24 +100,13 @@ extern "C" __global__ void squared_sum_multi_partial_f32(const unsigned long lon
     const long long total = offsets[n_tensors];
     const long long stride = (long long)gridDim.x * blockDim.x;
     double acc = 0.0;
-    // SQ_TABLE_UNROLL elements a trip, each one's tensor found from the
-    // table's bucket index and every load issued before any is summed; the
-    // sums in k order, as a loop over k in steps of stride adds them.
-    for (long long k0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; k0 < total;
-         k0 += SQ_TABLE_UNROLL * stride) {
-        double v[SQ_TABLE_UNROLL];
-#pragma unroll
-        for (int u = 0; u < SQ_TABLE_UNROLL; ++u) {
-            const long long k = k0 + u * stride;
-            v[u] = 0.0;
-            if (k < total) {
-                const int i = table_find(offsets, n_tensors, k);
-                v[u] = (double)reinterpret_cast<const float*>(ptrs[i])[k - offsets[i]];
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < SQ_TABLE_UNROLL; ++u)
-            if (k0 + u * stride < total) acc += v[u] * v[u];
+    long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    int i = k < total ? table_find(offsets, n_tensors, k) : 0;
+    for (; k < total; k += stride) {
+        while (offsets[i + 1] <= k) ++i;
+        const float* g = reinterpret_cast<const float*>(ptrs[i]);
+        const double v = (double)g[k - offsets[i]];
+        acc += v * v;
     }
     acc = block_sum_d(acc);
     if (threadIdx.x == 0) partials[blockIdx.x] = acc;

@@ -41,16 +41,20 @@ static __device__ __forceinline__ float bf16_bits_to_f32(unsigned short h) {
 }
 
 // The tensor of element k of a tensor table's concatenation: the largest i
-// with offsets[i] <= k, for 0 <= k < offsets[n] (see gpu/table.rs). The
-// table's bucket index, after its n + 1 offsets, names the tensor of the
-// first element of k's bucket of 2^TABLE_BUCKET_SHIFT elements; from there
-// the tensors that begin inside the bucket are stepped over.
-#define TABLE_BUCKET_SHIFT 10
+// with offsets[i] <= k, for 0 <= k < offsets[n] (see gpu/table.rs).
 static __device__ __forceinline__ int table_find(const long long* __restrict__ offsets, int n,
                                                  long long k) {
-    int i = (int)offsets[n + 1 + (k >> TABLE_BUCKET_SHIFT)];
-    while (offsets[i + 1] <= k) ++i;
-    return i;
+    int lo = 0;
+    int hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (offsets[mid] <= k) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
 }
 
 // Programmatic dependent launch (Hopper and later; ops/launch.rs): a kernel

@@ -157,8 +157,8 @@ pub fn copy_round_multi<H: HalfFloat>(gpu: &mut GpuContext, table: &TensorTable)
         .arg(&n_write);
     // SAFETY: cast_multi_f32_{f16,bf16}(const unsigned long long* ptrs,
     // const long long* offsets, int n_tensors, long long n_write): the table
-    // holds 3 * n_tensors addresses, n_tensors + 1 offsets and a bucket
-    // index for every element (TensorTable::new); its builder's promise is that column 0 of tensor i
+    // holds 3 * n_tensors addresses and n_tensors + 1 offsets
+    // (TensorTable::new); its builder's promise is that column 0 of tensor i
     // addresses offsets[i + 1] - offsets[i] live f32 values and columns 1
     // and 2, where not 0, as many f32 and 16-bit ones, no destination
     // overlapping another or a source; the kernel touches element e of

@@ -224,11 +224,9 @@ pub fn squared_sum_table(
         .arg(&n)
         .arg(&mut ws.partials);
     // SAFETY: squared_sum_multi_partial_f32(const unsigned long long* ptrs,
-    // const long long* offsets, int n_tensors, double* partials): the table
-    // holds n_tensors addresses of live f32 tensors whose lengths are the
-    // offsets' differences (TensorTable's owner keeps them alive) and a
-    // bucket index for every element (TensorTable::new), so every read is in
-    // bounds; the
+    // const long long* offsets, int n_tensors, double* partials): the table holds n_tensors addresses of
+    // live f32 tensors whose lengths are the offsets' differences
+    // (TensorTable's owner keeps them alive), so every read is in bounds; the
     // grid is exactly TABLE_PARTIALS blocks, one partial each, in a workspace
     // of TABLE_PARTIALS; THREADS_1D is a multiple of 32 as the reduction
     // needs.

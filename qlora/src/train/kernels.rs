@@ -113,8 +113,7 @@ pub fn adamw_table(
     // float beta2, float eps, float weight_decay): the table has 5 columns
     // of n_tensors addresses of live f32 buffers (the trainer that built it
     // owns them and never reallocates them) whose lengths are the offsets'
-    // differences, or 0 in the scale column, and a bucket index for every
-    // element (TensorTable::new); p, m, v of one tensor are
+    // differences, or 0 in the scale column; p, m, v of one tensor are
     // distinct buffers, and no tensor appears twice; step holds one element.
     unsafe { l.launch(cfg) }?;
     Ok(())
