@@ -25,7 +25,10 @@ fn main() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let value = |name: &str, default: usize| -> Result<usize, BoxError> {
         match args.iter().position(|a| a == name) {
-            Some(i) => Ok(args.get(i + 1).ok_or("missing value")?.parse()?),
+            Some(i) => {
+                let text = args.get(i + 1).ok_or(format!("{name} needs a value"))?;
+                Ok(text.parse()?)
+            }
             None => Ok(default),
         }
     };
