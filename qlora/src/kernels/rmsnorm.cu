@@ -472,50 +472,37 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm_bwd_wide_f32(
 #error "RMS_PART must be 0, 1, 8 or 32"
 #endif
 
-// dgamma[i] = sum_{c < chunks} partials[c * hidden + i] for NORMS norms at
-// once, norm s's partials at partials + s * norm_stride (norms s < `norms`
-// only). Block of 32 x 32 threads over 32 columns: thread (col, g) sums
-// chunks g, g + 32, ... of each norm in order, four chunks a norm a trip,
-// every load of a trip issued before any is added (a warp reads 32 adjacent
-// columns: one line); then warp s adds norm s's 32 group sums in order and
-// returns the total (to threads g < norms, col < hidden; others get 0). A
-// fixed order, the same for any NORMS: bit-for-bit reproducible.
+// dgamma[i] = sum_{c < chunks} partials[c * hidden + i], for i < n_write.
+// Block of 32 x 32 threads over 32 columns: thread (col, g) sums chunks
+// g, g + 32, ... in order, its loads issued together (a warp reads 32
+// adjacent columns: one line); then thread g = 0 adds the 32 group sums in
+// order. A fixed order: bit-for-bit reproducible.
 #define DGAMMA_GROUPS 32
-template <int NORMS>
-__device__ __forceinline__ float dgamma_sums(const float* __restrict__ partials,
-                                             size_t norm_stride, int norms, int hidden,
-                                             int chunks) {
-    __shared__ float group[NORMS][DGAMMA_GROUPS][33];
+__device__ __forceinline__ void dgamma_sum(const float* __restrict__ partials,
+                                           float* __restrict__ dgamma, int hidden, int chunks,
+                                           int n_write) {
+    __shared__ float group[DGAMMA_GROUPS][33];
     const int col = blockIdx.x * 32 + threadIdx.x;
     const int g = threadIdx.y;
-    float acc[NORMS];
-#pragma unroll
-    for (int s = 0; s < NORMS; ++s) acc[s] = 0.0f;
+    float acc = 0.0f;
     if (col < hidden) {
-        for (int c0 = g; c0 < chunks; c0 += 4 * DGAMMA_GROUPS) {
-            float v[NORMS][4];
-#pragma unroll
-            for (int s = 0; s < NORMS; ++s)
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const int c = c0 + u * DGAMMA_GROUPS;
-                    v[s][u] = s < norms && c < chunks
-                                  ? partials[s * norm_stride + (size_t)c * hidden + col]
-                                  : 0.0f;
-                }
-#pragma unroll
-            for (int s = 0; s < NORMS; ++s)
-#pragma unroll
-                for (int u = 0; u < 4; ++u) acc[s] += v[s][u];
+        for (int c0 = g; c0 < chunks; c0 += 8 * DGAMMA_GROUPS) {
+            float v[8];
+            #pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const int c = c0 + u * DGAMMA_GROUPS;
+                v[u] = c < chunks ? partials[(size_t)c * hidden + col] : 0.0f;
+            }
+            #pragma unroll
+            for (int u = 0; u < 8; ++u) acc += v[u];
         }
     }
-#pragma unroll
-    for (int s = 0; s < NORMS; ++s) group[s][g][threadIdx.x] = acc[s];
+    group[g][threadIdx.x] = acc;
     __syncthreads();
+    if (g != 0 || col >= hidden || col >= n_write) return;
     float total = 0.0f;
-    if (g < NORMS && g < norms && col < hidden)
-        for (int k = 0; k < DGAMMA_GROUPS; ++k) total += group[g][k][threadIdx.x];
-    return total;
+    for (int k = 0; k < DGAMMA_GROUPS; ++k) total += group[k][threadIdx.x];
+    dgamma[col] = total;
 }
 
 extern "C" __global__ void rmsnorm_bwd_dgamma_final_f32(const float* __restrict__ partials,
@@ -524,9 +511,7 @@ extern "C" __global__ void rmsnorm_bwd_dgamma_final_f32(const float* __restrict_
     // Launched as the backward's programmatic dependent: the partials are
     // read only once the backward has finished and its writes are visible.
     wait_for_predecessor();
-    const float total = dgamma_sums<1>(partials, 0, 1, hidden, chunks);
-    const int col = blockIdx.x * 32 + threadIdx.x;
-    if (threadIdx.y == 0 && col < hidden && col < n_write) dgamma[col] = total;
+    dgamma_sum(partials, dgamma, hidden, chunks, n_write);
 }
 
 // The same sum for several norms of one shape at once, the training step's
@@ -534,18 +519,48 @@ extern "C" __global__ void rmsnorm_bwd_dgamma_final_f32(const float* __restrict_
 // block of `partials`, its sum goes to the tensor at address dgammas[n], and
 // block row y takes norms y * DGAMMA_NORMS + s for s < DGAMMA_NORMS (those
 // below `slots`), their loads in flight together. Each norm's sum is the one
-// rmsnorm_bwd_dgamma_final_f32 computes (dgamma_sums, in the same order).
+// rmsnorm_bwd_dgamma_final_f32 computes, in the same order: thread (col, g)
+// sums its chunks g, g + 32, ... in order, then warp s adds norm s's 32
+// group sums in order.
 #define DGAMMA_NORMS 8
 extern "C" __global__ void __launch_bounds__(32 * DGAMMA_GROUPS) rmsnorm_bwd_dgamma_table_f32(
     const float* __restrict__ partials, const unsigned long long* __restrict__ dgammas,
     int hidden, int chunks, int slots) {
+    __shared__ float group[DGAMMA_NORMS][DGAMMA_GROUPS][33];
+    const int col = blockIdx.x * 32 + threadIdx.x;
+    const int g = threadIdx.y;
     const int first = blockIdx.y * DGAMMA_NORMS;
-    const size_t region = (size_t)chunks * hidden;
-    const int norms = min(DGAMMA_NORMS, slots - first);
-    const float total =
-        dgamma_sums<DGAMMA_NORMS>(partials + first * region, region, norms, hidden, chunks);
-    const int col = blockIdx.x * 32 + threadIdx.x, g = threadIdx.y;
-    if (g < norms && col < hidden) reinterpret_cast<float*>(dgammas[first + g])[col] = total;
+    float acc[DGAMMA_NORMS];
+#pragma unroll
+    for (int s = 0; s < DGAMMA_NORMS; ++s) acc[s] = 0.0f;
+    if (col < hidden) {
+        // Four chunks a norm a trip (128 chunks, the step's, are one trip):
+        // the order of the sums is the same for any number.
+        for (int c0 = g; c0 < chunks; c0 += 4 * DGAMMA_GROUPS) {
+            float v[DGAMMA_NORMS][4];
+#pragma unroll
+            for (int s = 0; s < DGAMMA_NORMS; ++s)
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int c = c0 + u * DGAMMA_GROUPS;
+                    v[s][u] = first + s < slots && c < chunks
+                                  ? partials[((size_t)(first + s) * chunks + c) * hidden + col]
+                                  : 0.0f;
+                }
+#pragma unroll
+            for (int s = 0; s < DGAMMA_NORMS; ++s)
+#pragma unroll
+                for (int u = 0; u < 4; ++u) acc[s] += v[s][u];
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < DGAMMA_NORMS; ++s) group[s][g][threadIdx.x] = acc[s];
+    __syncthreads();
+    const int n = first + g;
+    if (g >= DGAMMA_NORMS || n >= slots || col >= hidden) return;
+    float total = 0.0f;
+    for (int k = 0; k < DGAMMA_GROUPS; ++k) total += group[g][k][threadIdx.x];
+    reinterpret_cast<float*>(dgammas[n])[col] = total;
 }
 
 #endif  // RMS_PART
