@@ -3,13 +3,14 @@
 //! "profile from start off" sees one whole step and nothing else:
 //!
 //! ```text
-//! cargo run --release --example step_profile -- qwen2.5-0.5b [--graph] [--nf4 | --bf16 | --nf4-bf16] [--tf32-backward] [--keep-mlp] [--transposed-weights] [--f16-lm-head] [--f16-projections] [--steps N] [--batch B]
+//! cargo run --release --example step_profile -- qwen2.5-0.5b [--graph] [--nf4 | --bf16 | --nf4-bf16] [--tf32-backward] [--keep-mlp] [--transposed-weights] [--f16-lm-head] [--f16-projections] [--steps N] [--batch B] [--cublas-pick]
 //! ncu --profile-from-start off --metrics gpu__time_duration.sum --csv target/release/examples/step_profile qwen2.5-0.5b
 //! ```
 //!
 //! It prints the median step time and tokens/s over `--steps` timed steps
 //! (CUDA events around each step, after two warm-up steps), then the loss of
-//! the profiled step.
+//! the profiled step. `--cublas-pick` runs every GEMM on cuBLAS's own pick,
+//! not the pinned configurations of `qlora::ops::gemm_tuned`.
 
 use falsify_core::check::stats::median;
 use qlora::gpu::{driver_present, GemmMath, GpuContext, GpuOptions};
@@ -58,7 +59,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..GpuTrainOptions::default()
     };
     let mode = options.mode_name();
-    let mut gpu = GpuContext::new(GpuOptions::default())?;
+    let mut gpu = GpuContext::new(GpuOptions {
+        tuned_gemms: !flag("--cublas-pick"),
+        ..GpuOptions::default()
+    })?;
     let mut trainer = GpuTrainer::new(&mut gpu, &config, options, 0)?;
     for _ in 0..2 {
         trainer.step(&mut gpu)?;
@@ -74,6 +78,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         times.push(f64::from(start.elapsed_ms(&end)?));
     }
     let median = median(&times);
+    if let Some(tuned) = gpu.tuned_gemms() {
+        let (pinned, refused) = (tuned.shapes().count(), tuned.refused().len());
+        println!("GEMM shapes on pinned cuBLASLt configurations: {pinned} ({refused} refused)");
+    }
     println!(
         "{preset} {mode} on {}: median step {median:.3} ms over {steps} steps, {:.0} tokens/s",
         gpu.facts().name,

@@ -102,14 +102,38 @@ fn buffers(stream: &Arc<CudaStream>, s: &Shape, sets: usize) -> Result<Buffers, 
         w: vec![],
         out: vec![],
     };
-    let ones = |len: usize| vec![0x3f80u16; len];
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut random = |len: usize| -> Vec<u16> {
+        (0..len)
+            .map(|_| {
+                // xorshift64; the top 24 bits as a value in [-1, 1), its bf16
+                // bits by truncation.
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let x = (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+                (x.to_bits() >> 16) as u16
+            })
+            .collect()
+    };
     for _ in 0..sets {
-        b.a.push(stream.clone_htod(&ones(ROWS * s.k))?);
-        b.w.push(stream.clone_htod(&ones(s.batch * s.n * s.k))?);
+        b.a.push(stream.clone_htod(&random(ROWS * s.k))?);
+        b.w.push(stream.clone_htod(&random(s.batch * s.n * s.k))?);
         b.out
             .push(stream.alloc_zeros::<u8>(s.batch * ROWS * s.n * 4)?);
     }
     Ok(b)
+}
+
+/// The first operand set's output of one `launch`, into zeros.
+fn output(
+    stream: &Arc<CudaStream>,
+    b: &mut Buffers,
+    launch: impl FnOnce(&mut Buffers) -> Result<(), AnyError>,
+) -> Result<Vec<u8>, AnyError> {
+    stream.memset_zeros(&mut b.out[0])?;
+    launch(b)?;
+    Ok(stream.clone_dtoh(&b.out[0])?)
 }
 
 fn out_type(s: &Shape) -> blas_sys::cudaDataType {
@@ -176,11 +200,24 @@ fn default_us(
     s: &Shape,
     b: &mut Buffers,
 ) -> Result<f64, AnyError> {
+    let sets = b.a.len();
+    time_us(stream, sets, REPS, |i| {
+        default_launch(stream, blas, s, b, i)
+    })
+}
+
+/// One launch of the cuBLAS default pick on operand set `i`.
+fn default_launch(
+    stream: &Arc<CudaStream>,
+    blas: &CudaBlas,
+    s: &Shape,
+    b: &mut Buffers,
+    i: usize,
+) -> Result<(), AnyError> {
     let p = s.problem();
     let (alpha, beta) = (1.0f32, if s.accumulate { 1.0f32 } else { 0.0 });
     let bf = blas_sys::cudaDataType::CUDA_R_16BF;
-    let sets = b.a.len();
-    time_us(stream, sets, REPS, |i| {
+    {
         let (a, _g1) = b.a[i].device_ptr(stream);
         let (w, _g2) = b.w[i].device_ptr(stream);
         let (c, _g3) = b.out[i].device_ptr_mut(stream);
@@ -244,29 +281,24 @@ fn default_us(
             }
         };
         Ok(())
-    })
+    }
 }
 
-/// Each algorithm cuBLASLt's heuristic offers (at most `wanted`, each
-/// needing at most `ws_limit` bytes of workspace): its time.
-#[allow(clippy::too_many_arguments)]
-fn lt_us(
-    stream: &Arc<CudaStream>,
-    handle: lt_sys::cublasLtHandle_t,
-    s: &Shape,
-    b: &mut Buffers,
-    workspace: &mut CudaSlice<u8>,
-    ws_limit: usize,
-    wanted: i32,
-) -> Result<Vec<f64>, AnyError> {
+/// A problem's cuBLASLt descriptors: the matmul, and the layouts of A
+/// (our weight), B (our input) and C = D (our output).
+struct Plan {
+    desc: lt_sys::cublasLtMatmulDesc_t,
+    a_l: lt_sys::cublasLtMatrixLayout_t,
+    b_l: lt_sys::cublasLtMatrixLayout_t,
+    c_l: lt_sys::cublasLtMatrixLayout_t,
+    alpha: f32,
+    beta: f32,
+}
+
+fn plan(s: &Shape) -> Result<Plan, AnyError> {
     let p = s.problem();
-    let (alpha, beta) = (1.0f32, if s.accumulate { 1.0f32 } else { 0.0 });
     let bf = lt_sys::cudaDataType::CUDA_R_16BF;
-    let ot = if s.bf16_out {
-        bf
-    } else {
-        lt_sys::cudaDataType::CUDA_R_32F
-    };
+    let ot = lt_out_type(s);
     let (ar, ac) = if p.trans_a { (p.k, p.m) } else { (p.m, p.k) };
     let a_l = lt::create_matrix_layout(bf, ar, ac, p.lda)?;
     let b_l = lt::create_matrix_layout(bf, p.k, p.n, p.ldb)?;
@@ -310,6 +342,102 @@ fn lt_us(
             4,
         )?
     };
+    let beta = if s.accumulate { 1.0 } else { 0.0 };
+    Ok(Plan {
+        desc,
+        a_l,
+        b_l,
+        c_l,
+        alpha: 1.0,
+        beta,
+    })
+}
+
+fn lt_out_type(s: &Shape) -> lt_sys::cudaDataType {
+    if s.bf16_out {
+        lt_sys::cudaDataType::CUDA_R_16BF
+    } else {
+        lt_sys::cudaDataType::CUDA_R_32F
+    }
+}
+
+/// The time of `algo` on `pl` (`ws` bytes of `workspace`), or NaN where
+/// cuBLASLt refuses it.
+#[allow(clippy::too_many_arguments)]
+fn time_algo(
+    stream: &Arc<CudaStream>,
+    handle: lt_sys::cublasLtHandle_t,
+    pl: &Plan,
+    algo: &lt_sys::cublasLtMatmulAlgo_t,
+    ws: usize,
+    b: &mut Buffers,
+    workspace: &mut CudaSlice<u8>,
+    reps: usize,
+) -> f64 {
+    let sets = b.a.len();
+    let t = time_us(stream, sets, reps, |i| {
+        lt_launch(stream, handle, pl, (algo, ws), b, workspace, i)
+    });
+    t.unwrap_or(f64::NAN)
+}
+
+/// One launch of `algo` (needing `ws` bytes of workspace) on operand set `i`.
+fn lt_launch(
+    stream: &Arc<CudaStream>,
+    handle: lt_sys::cublasLtHandle_t,
+    pl: &Plan,
+    (algo, ws): (&lt_sys::cublasLtMatmulAlgo_t, usize),
+    b: &mut Buffers,
+    workspace: &mut CudaSlice<u8>,
+    i: usize,
+) -> Result<(), AnyError> {
+    {
+        let (a, _g1) = b.a[i].device_ptr(stream);
+        let (w, _g2) = b.w[i].device_ptr(stream);
+        let (c, _g3) = b.out[i].device_ptr_mut(stream);
+        let (wsp, _g4) = workspace.device_ptr_mut(stream);
+        let (al, be) = (
+            (&pl.alpha as *const f32).cast(),
+            (&pl.beta as *const f32).cast(),
+        );
+        let (w, a) = (w as *const c_void, a as *const c_void);
+        // SAFETY: as for gemm_ex; the workspace holds what the algorithm
+        // asked for.
+        unsafe {
+            lt::matmul(
+                handle,
+                pl.desc,
+                al,
+                be,
+                w,
+                pl.a_l,
+                a,
+                pl.b_l,
+                c as *const c_void,
+                pl.c_l,
+                c as *mut c_void,
+                pl.c_l,
+                algo,
+                wsp as *mut c_void,
+                ws,
+                stream.cu_stream() as _,
+            )?
+        };
+        Ok(())
+    }
+}
+
+/// Each algorithm cuBLASLt's heuristic offers (at most `wanted`, each
+/// needing at most `ws_limit` bytes of workspace): its time.
+fn lt_us(
+    stream: &Arc<CudaStream>,
+    handle: lt_sys::cublasLtHandle_t,
+    s: &Shape,
+    b: &mut Buffers,
+    workspace: &mut CudaSlice<u8>,
+    (ws_limit, wanted): (usize, i32),
+) -> Result<Vec<f64>, AnyError> {
+    let pl = plan(s)?;
     let pref = lt::create_matmul_pref()?;
     // SAFETY: the attribute is a u64 byte count.
     unsafe {
@@ -328,11 +456,11 @@ fn lt_us(
     unsafe {
         lt_sys::cublasLtMatmulAlgoGetHeuristic(
             handle,
-            desc,
-            a_l,
-            b_l,
-            c_l,
-            c_l,
+            pl.desc,
+            pl.a_l,
+            pl.b_l,
+            pl.c_l,
+            pl.c_l,
             pref,
             wanted,
             results.as_mut_ptr(),
@@ -340,43 +468,77 @@ fn lt_us(
         )
         .result()?
     };
-    let sets = b.a.len();
-    let mut times = vec![];
-    for r in results.iter().take(found as usize) {
-        let t = time_us(stream, sets, REPS, |i| {
-            let (a, _g1) = b.a[i].device_ptr(stream);
-            let (w, _g2) = b.w[i].device_ptr(stream);
-            let (c, _g3) = b.out[i].device_ptr_mut(stream);
-            let (wsp, _g4) = workspace.device_ptr_mut(stream);
-            let (al, be) = ((&alpha as *const f32).cast(), (&beta as *const f32).cast());
-            let (w, a) = (w as *const c_void, a as *const c_void);
-            // SAFETY: as for gemm_ex; the workspace holds what the
-            // algorithm asked for.
-            unsafe {
-                lt::matmul(
-                    handle,
-                    desc,
-                    al,
-                    be,
-                    w,
-                    a_l,
-                    a,
-                    b_l,
-                    c as *const c_void,
-                    c_l,
-                    c as *mut c_void,
-                    c_l,
-                    &r.algo,
-                    wsp as *mut c_void,
-                    r.workspaceSize,
-                    stream.cu_stream() as _,
-                )?
-            };
-            Ok(())
-        });
-        times.push(t.unwrap_or(f64::NAN));
+    Ok(results
+        .iter()
+        .take(found as usize)
+        .map(|r| {
+            time_algo(
+                stream,
+                handle,
+                &pl,
+                &r.algo,
+                r.workspaceSize,
+                b,
+                workspace,
+                REPS,
+            )
+        })
+        .collect())
+}
+
+/// An array capability of `algo` (tile or stages ids), empty where it
+/// has none.
+fn cap_u32s(
+    algo: &lt_sys::cublasLtMatmulAlgo_t,
+    attr: lt_sys::cublasLtMatmulAlgoCapAttributes_t,
+) -> Vec<u32> {
+    let mut size = 0usize;
+    // SAFETY: a null buffer of size 0 asks for the size only.
+    let asked = unsafe {
+        lt_sys::cublasLtMatmulAlgoCapGetAttribute(algo, attr, std::ptr::null_mut(), 0, &mut size)
+    };
+    if asked.result().is_err() || size == 0 {
+        return vec![];
     }
-    Ok(times)
+    let mut v = vec![0u32; size / 4];
+    // SAFETY: `v` holds `size` bytes.
+    let got = unsafe {
+        lt_sys::cublasLtMatmulAlgoCapGetAttribute(
+            algo,
+            attr,
+            v.as_mut_ptr().cast(),
+            size,
+            &mut size,
+        )
+    };
+    if got.result().is_err() {
+        return vec![];
+    }
+    v
+}
+
+/// A scalar capability of `algo` (0 where it has none).
+fn cap_u32(
+    algo: &lt_sys::cublasLtMatmulAlgo_t,
+    attr: lt_sys::cublasLtMatmulAlgoCapAttributes_t,
+) -> u32 {
+    let mut v = 0u32;
+    let mut size = 0usize;
+    // SAFETY: `v` holds 4 bytes.
+    let got = unsafe {
+        lt_sys::cublasLtMatmulAlgoCapGetAttribute(
+            algo,
+            attr,
+            (&mut v as *mut u32).cast(),
+            4,
+            &mut size,
+        )
+    };
+    if got.result().is_err() {
+        0
+    } else {
+        v
+    }
 }
 
 const REPS: usize = 200;
@@ -393,7 +555,12 @@ fn best(times: &[f64]) -> (usize, f64) {
 }
 
 fn main() -> Result<(), AnyError> {
-    let wanted: i32 = std::env::args().nth(1).map_or(Ok(32), |a| a.parse())?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let searching = args.iter().any(|a| a == "--search");
+    let wanted: i32 = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .map_or(Ok(32), |a| a.parse())?;
     let ctx = CudaContext::new(0)?;
     // SAFETY: before any stream exists; one stream orders all the work.
     unsafe { ctx.disable_event_tracking() };
@@ -409,21 +576,17 @@ fn main() -> Result<(), AnyError> {
         unsafe { blas_sys::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut c_void, ws_bytes) }
             .result()?;
     }
+    if searching {
+        return search_all(&stream, &blas, handle, &mut workspace, ws_bytes, wanted);
+    }
     println!("graph-timed us: shape, cublasGemmEx default, cuBLASLt heuristic #0 without and with 32 MiB workspace, best of the heuristic's list");
     println!("shape                 default  lt0/ws0  lt0/ws32  best(idx/of)  gain  TFLOP/s");
     for s in shapes() {
         let mut b = buffers(&stream, &s, 8)?;
         let default = default_us(&stream, &blas, &s, &mut b)?;
-        let no_ws = lt_us(&stream, handle, &s, &mut b, &mut workspace, 0, 1)?;
-        let times = lt_us(
-            &stream,
-            handle,
-            &s,
-            &mut b,
-            &mut workspace,
-            ws_bytes,
-            wanted,
-        )?;
+        let no_ws = lt_us(&stream, handle, &s, &mut b, &mut workspace, (0, 1))?;
+        let limits = (ws_bytes, wanted);
+        let times = lt_us(&stream, handle, &s, &mut b, &mut workspace, limits)?;
         let (best_i, best_t) = best(&times);
         let flop = 2.0 * (s.batch * ROWS * s.n * s.k) as f64;
         println!(
@@ -441,4 +604,229 @@ fn main() -> Result<(), AnyError> {
         );
     }
     Ok(())
+}
+
+/// `--search`: per shape, `cublasGemmEx`'s pick and the best of the
+/// heuristic's `wanted`, then the three fastest [`neighbours`] of the
+/// heuristic's algorithms re-timed as those two are, each with whether its
+/// output has the bits of `cublasGemmEx`'s.
+fn search_all(
+    stream: &Arc<CudaStream>,
+    blas: &CudaBlas,
+    handle: lt_sys::cublasLtHandle_t,
+    workspace: &mut CudaSlice<u8>,
+    ws_bytes: usize,
+    wanted: i32,
+) -> Result<(), AnyError> {
+    println!("graph-timed us; operands random in [-1, 1); 'same bits': the output equals cublasGemmEx's bit for bit");
+    for s in shapes() {
+        let mut b = buffers(stream, &s, 8)?;
+        let default = default_us(stream, blas, &s, &mut b)?;
+        let reference = output(stream, &mut b, |b| default_launch(stream, blas, &s, b, 0))?;
+        let times = lt_us(stream, handle, &s, &mut b, workspace, (ws_bytes, wanted))?;
+        let (_, heuristic) = best(&times);
+        let near = neighbours(
+            stream,
+            handle,
+            &s,
+            &mut b,
+            workspace,
+            (ws_bytes, wanted, 20),
+        )?;
+        println!(
+            "{}: cublasGemmEx {default:.2}, best of the heuristic's list {heuristic:.2}; {} neighbours timed",
+            s.name,
+            near.len()
+        );
+        let pl = plan(&s)?;
+        for n in near.iter().take(3) {
+            let t = time_algo(
+                stream,
+                handle,
+                &pl,
+                &n.algo,
+                n.workspace,
+                &mut b,
+                workspace,
+                REPS,
+            );
+            let launch = |b: &mut Buffers| {
+                lt_launch(stream, handle, &pl, (&n.algo, n.workspace), b, workspace, 0)
+            };
+            let same = output(stream, &mut b, launch)? == reference;
+            println!(
+                "  {t:.2} (quick {:.2}, same bits {same})  {}",
+                n.quick_us, n.describe
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A configuration [`neighbours`] timed.
+struct Neighbour {
+    describe: String,
+    quick_us: f64,
+    algo: lt_sys::cublasLtMatmulAlgo_t,
+    workspace: usize,
+}
+
+/// Every configuration one attribute away from each of the heuristic's
+/// `wanted` algorithms: each tile its algorithm lists, each cluster shape,
+/// each custom option, each split of K (with the scheme it had or the
+/// first it supports). Timed as [`time_algo`] with `reps` launches a
+/// graph; sorted, fastest first, each with a description.
+fn neighbours(
+    stream: &Arc<CudaStream>,
+    handle: lt_sys::cublasLtHandle_t,
+    s: &Shape,
+    b: &mut Buffers,
+    workspace: &mut CudaSlice<u8>,
+    (ws_limit, wanted, reps): (usize, i32, usize),
+) -> Result<Vec<Neighbour>, AnyError> {
+    use lt_sys::cublasLtMatmulAlgoCapAttributes_t as C;
+    use lt_sys::cublasLtMatmulAlgoConfigAttributes_t as A;
+    let pl = plan(s)?;
+    let pref = lt::create_matmul_pref()?;
+    // SAFETY: the attribute is a u64 byte count.
+    unsafe {
+        lt::set_matmul_pref_attribute(
+            pref,
+            lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            (&(ws_limit as u64) as *const u64).cast(),
+            8,
+        )?
+    };
+    // SAFETY: plain C data, zero is a valid bit pattern.
+    let zero = unsafe { std::mem::zeroed::<lt_sys::cublasLtMatmulHeuristicResult_t>() };
+    let mut results = vec![zero; wanted as usize];
+    let mut found = 0;
+    // SAFETY: the descriptors are live, `results` has `wanted` entries.
+    unsafe {
+        lt_sys::cublasLtMatmulAlgoGetHeuristic(
+            handle,
+            pl.desc,
+            pl.a_l,
+            pl.b_l,
+            pl.c_l,
+            pl.c_l,
+            pref,
+            wanted,
+            results.as_mut_ptr(),
+            &mut found,
+        )
+        .result()?
+    };
+    let get = |algo: &lt_sys::cublasLtMatmulAlgo_t, a: A| {
+        let mut v = 0u32;
+        let mut size = 0usize;
+        let wide = !matches!(
+            a,
+            A::CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID | A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID
+        );
+        // SAFETY: `v` holds 4 bytes; the inner shape and cluster ids are
+        // u16 (read into its low bytes), the others 4 bytes wide.
+        let _ = unsafe {
+            lt_sys::cublasLtMatmulAlgoConfigGetAttribute(
+                algo,
+                a,
+                (&mut v as *mut u32).cast(),
+                if wide { 4 } else { 2 },
+                &mut size,
+            )
+        };
+        v
+    };
+    let describe = |algo: &lt_sys::cublasLtMatmulAlgo_t| {
+        format!(
+            "id {} tile {} stages {} split {} scheme {} swizzle {} custom {} inner {} cluster {}",
+            get(algo, A::CUBLASLT_ALGO_CONFIG_ID),
+            get(algo, A::CUBLASLT_ALGO_CONFIG_TILE_ID),
+            get(algo, A::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+            get(algo, A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+            get(algo, A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+            get(algo, A::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+            get(algo, A::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
+            get(algo, A::CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID),
+            get(algo, A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+        )
+    };
+    let mut timed: Vec<Neighbour> = vec![];
+    let mut seen = std::collections::HashSet::new();
+    let mut try_algo =
+        |algo: lt_sys::cublasLtMatmulAlgo_t, timed: &mut Vec<Neighbour>, b: &mut Buffers| {
+            let d = describe(&algo);
+            if !seen.insert(d.clone()) {
+                return;
+            }
+            // SAFETY: plain C data, zero is a valid bit pattern.
+            let mut r = unsafe { std::mem::zeroed::<lt_sys::cublasLtMatmulHeuristicResult_t>() };
+            // SAFETY: the descriptors and `algo` are live.
+            let ok = unsafe {
+                lt_sys::cublasLtMatmulAlgoCheck(
+                    handle, pl.desc, pl.a_l, pl.b_l, pl.c_l, pl.c_l, &algo, &mut r,
+                )
+            };
+            if ok.result().is_err() || r.workspaceSize > ws_limit {
+                return;
+            }
+            let t = time_algo(
+                stream,
+                handle,
+                &pl,
+                &algo,
+                r.workspaceSize,
+                b,
+                workspace,
+                reps,
+            );
+            if t.is_finite() {
+                timed.push(Neighbour {
+                    describe: d,
+                    quick_us: t,
+                    algo,
+                    workspace: r.workspaceSize,
+                });
+            }
+        };
+    let set = |algo: &mut lt_sys::cublasLtMatmulAlgo_t, a: A, v: u32, bytes: usize| {
+        // SAFETY: `v`'s first `bytes` bytes are the attribute's value
+        // (little-endian).
+        let _ = unsafe {
+            lt_sys::cublasLtMatmulAlgoConfigSetAttribute(algo, a, (&v as *const u32).cast(), bytes)
+        };
+    };
+    for r in results.iter().take(found as usize) {
+        let base = r.algo;
+        try_algo(base, &mut timed, b);
+        for tile in cap_u32s(&base, C::CUBLASLT_ALGO_CAP_TILE_IDS) {
+            let mut a = base;
+            set(&mut a, A::CUBLASLT_ALGO_CONFIG_TILE_ID, tile, 4);
+            try_algo(a, &mut timed, b);
+        }
+        for cluster in 0..=16u32 {
+            let mut a = base;
+            set(&mut a, A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cluster, 2);
+            try_algo(a, &mut timed, b);
+        }
+        for custom in 0..=cap_u32(&base, C::CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX) {
+            let mut a = base;
+            set(&mut a, A::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, custom, 4);
+            try_algo(a, &mut timed, b);
+        }
+        if cap_u32(&base, C::CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) != 0 {
+            let schemes = cap_u32(&base, C::CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
+            for split in [1u32, 2, 3, 4, 6, 8] {
+                for scheme in [1u32, 2, 4].into_iter().filter(|&x| schemes & x != 0) {
+                    let mut a = base;
+                    set(&mut a, A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM, split, 4);
+                    let scheme = if split == 1 { 0 } else { scheme };
+                    set(&mut a, A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, scheme, 4);
+                    try_algo(a, &mut timed, b);
+                }
+            }
+        }
+    }
+    timed.sort_by(|x, y| x.quick_us.total_cmp(&y.quick_us));
+    Ok(timed)
 }

@@ -70,6 +70,10 @@ pub enum Error {
     #[error(transparent)]
     Cublas(#[from] cudarc::cublas::result::CublasError),
 
+    /// A cuBLASLt call failed with this status.
+    #[error("cuBLASLt: {0}")]
+    CublasLt(String),
+
     /// A checkpoint file that cannot be read or is not what it should be
     /// (a bad `config.json`, with serde_json's line and column; a truncated
     /// safetensors file; an index naming a missing shard).

@@ -4,7 +4,8 @@
 //! configuration keeps `W^T` with; the device's draws of seeded weights; the
 //! LoRA weight gradients of the TF32 backward against the FP32 one's; the
 //! RMSNorm weight gradients the step sums after its whole backward against
-//! those summed after each backward; cuBLAS refused on the side stream.
+//! those summed after each backward; cuBLAS refused on the side stream; the
+//! bf16 GEMMs pinned to cuBLASLt configurations against cuBLAS's own pick.
 //!
 //! Needs a GPU: run on the GPU machine with `train_gpu --ignored`.
 
@@ -262,6 +263,90 @@ fn norm_gradients_summed_later_are_those_summed_at_once() {
                 "dgamma of slot {n}, hidden {hidden}"
             );
             assert!(dgamma.iter().any(|&v| v != 0.0), "slot {n} summed nothing");
+        }
+    }
+}
+
+/// The bf16 GEMMs pinned to cuBLASLt configurations for this device
+/// (`qlora::ops::gemm_tuned::TUNED`) take them, all of them (cuBLASLt
+/// refuses none), and write what cuBLAS's own pick writes, bit for bit:
+/// each shape with random operands, once writing C and once adding onto it.
+/// A device the table does not name makes no cuBLASLt handle at all.
+#[test]
+#[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
+fn pinned_gemms_write_what_cublas_writes() {
+    use qlora::ops::cast::Bf16;
+    use qlora::ops::gemm::GemmSpec;
+    use qlora::ops::gemm_tuned::TUNED;
+    use qlora::train::gemm_half;
+    assert!(driver_present(), "no CUDA driver");
+    let tuned = GpuContext::new(GpuOptions::default()).unwrap();
+    let plain = GpuContext::new(GpuOptions {
+        tuned_gemms: false,
+        ..GpuOptions::default()
+    })
+    .unwrap();
+    tuned.cublas().unwrap();
+    plain.cublas().unwrap();
+    assert!(plain.tuned_gemms().is_none());
+    let name = tuned.facts().name.clone();
+    let entries: Vec<_> = TUNED.iter().filter(|t| t.device == name).collect();
+    let Some(pinned) = tuned.tuned_gemms() else {
+        assert!(entries.is_empty(), "{name}: pinned shapes but no plans");
+        return;
+    };
+    assert!(
+        pinned.refused().is_empty(),
+        "refused: {:?}",
+        pinned.refused()
+    );
+    assert_eq!(pinned.shapes().count(), entries.len());
+    let value = |i: usize, salt: usize| {
+        Bf16::from_f32(((i * 7919 + salt * 104_729) % 2001) as f32 / 1000.0 - 1.0)
+    };
+    for t in entries {
+        let s = t.shape;
+        let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
+        // Forward y[n, m] = x[n, k] W^T; input gradient dx[n, m] = dy[n, k] W.
+        let spec = if s.trans_a {
+            GemmSpec::linear(n, k, m)
+        } else {
+            GemmSpec::linear_dx(n, m, k)
+        };
+        let a: Vec<Bf16> = (0..n * k).map(|i| value(i, 1)).collect();
+        let w: Vec<Bf16> = (0..m * k).map(|i| value(i, 2)).collect();
+        for beta in [0.0f32, 1.0] {
+            // The output's bits (bf16 widened).
+            let run = |gpu: &GpuContext| -> Vec<u32> {
+                let (a, w) = (gpu.upload(&a).unwrap(), gpu.upload(&w).unwrap());
+                if s.bf16_out {
+                    let c0: Vec<Bf16> = (0..n * m).map(|i| value(i, 3)).collect();
+                    let mut c = gpu.upload(&c0).unwrap();
+                    gemm_half(gpu, spec, 1.0, &a, &w, beta, &mut c).unwrap();
+                    gpu.download(&c)
+                        .unwrap()
+                        .iter()
+                        .map(|x| u32::from(x.0))
+                        .collect()
+                } else {
+                    let c0: Vec<f32> = (0..n * m).map(|i| value(i, 3).to_f32()).collect();
+                    let mut c = gpu.upload(&c0).unwrap();
+                    gemm_half(gpu, spec, 1.0, &a, &w, beta, &mut c).unwrap();
+                    gpu.download(&c)
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect()
+                }
+            };
+            let before = pinned.launches();
+            let ours = run(&tuned);
+            assert_eq!(
+                pinned.launches(),
+                before + 1,
+                "{s:?} did not take its pinned configuration"
+            );
+            assert!(ours == run(&plain), "{s:?}, beta {beta}: not cuBLAS's bits");
         }
     }
 }

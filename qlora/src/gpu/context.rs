@@ -14,6 +14,7 @@ use super::cache::{CacheStats, CompileRecord, KernelCache, Target, OLDER_ARCH};
 use super::disk::EntryHeader;
 use crate::error::{Error, Result};
 use crate::faults::Faults;
+use crate::ops::gemm_tuned::TunedGemms;
 
 /// Whether a CUDA driver library can be loaded on this machine. Never panics.
 pub fn driver_present() -> bool {
@@ -82,6 +83,11 @@ pub struct GpuOptions {
     /// Where compiled kernel modules are kept between processes (created
     /// when missing); `None` (the default) keeps them in memory only.
     pub kernel_cache_dir: Option<PathBuf>,
+    /// Run the bf16 GEMMs whose shape [`crate::ops::gemm_tuned::TUNED`]
+    /// names for this device on their pinned cuBLASLt configurations (the
+    /// same bits as cuBLAS's own pick, measured faster; the default); false
+    /// runs every GEMM on cuBLAS's pick.
+    pub tuned_gemms: bool,
 }
 
 impl GpuOptions {
@@ -101,6 +107,7 @@ impl Default for GpuOptions {
             forward_math: GemmMath::Tf32,
             backward_math: GemmMath::Fp32,
             kernel_cache_dir: None,
+            tuned_gemms: true,
         }
     }
 }
@@ -195,6 +202,9 @@ pub struct GpuContext {
     /// Created on first use: loading cuBLAS and creating its handle is a
     /// large part of a short process's start, and many never run a GEMM.
     blas: OnceLock<CudaBlas>,
+    /// The pinned cuBLASLt GEMMs of this device, made with `blas` when
+    /// [`GpuOptions::tuned_gemms`] asks for them (None: none for it).
+    tuned: OnceLock<Option<TunedGemms>>,
     cache: KernelCache,
     facts: DeviceFacts,
     options: GpuOptions,
@@ -266,6 +276,7 @@ impl GpuContext {
             side_pending: false,
             on_side: false,
             blas: OnceLock::new(),
+            tuned: OnceLock::new(),
             cache: KernelCache::new(options.kernel_cache_dir.clone()).with_nvrtc_start(nvrtc_start),
             facts,
             options,
@@ -347,7 +358,18 @@ impl GpuContext {
             return Err(Error::CudaUnavailable("no cuBLAS library".into()));
         }
         let blas = CudaBlas::new(self.stream.clone())?;
+        if self.options.tuned_gemms && self.tuned.get().is_none() {
+            let tuned = TunedGemms::new(&self.facts.name)?;
+            let _ = self.tuned.set(tuned);
+        }
         Ok(self.blas.get_or_init(|| blas))
+    }
+
+    /// The pinned cuBLASLt GEMMs ([`crate::ops::gemm_tuned`]) for this
+    /// device, made with the cuBLAS handle; None before it exists, when the
+    /// options turn them off or when none are pinned for this device.
+    pub fn tuned_gemms(&self) -> Option<&TunedGemms> {
+        self.tuned.get().and_then(Option::as_ref)
     }
 
     /// The kernel `symbol` of module `module`, loading the module on first

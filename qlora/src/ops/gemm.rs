@@ -448,6 +448,23 @@ pub(crate) fn gemm_ex_half<H: HalfFloat, C: GemmOut>(
     let (first_ptr, _first_sync) = first.device_ptr(stream);
     let (second_ptr, _second_sync) = second.device_ptr(stream);
     let (c_ptr, _c_sync) = c.device_ptr_mut(stream);
+    let tuned = gpu.tuned_gemms().filter(|_| {
+        H::CUDA_TYPE == cudaDataType_t::CUDA_R_16BF
+            && compute == cublasComputeType_t::CUBLAS_COMPUTE_32F
+    });
+    if let Some(tuned) = tuned {
+        let ptrs = (
+            first_ptr as *const _,
+            second_ptr as *const _,
+            c_ptr as *mut _,
+        );
+        // SAFETY: the pointers hold what cublasGemmEx below would read and
+        // write (see there); `run` takes the call only for the shape and
+        // types it pinned, on the same stream.
+        if unsafe { tuned.run(&cfg, ptrs, C::CUDA_TYPE, stream.cu_stream() as _) }? {
+            return Ok(());
+        }
+    }
     // SAFETY: the handle is bound to `stream`, on which the pointers are
     // recorded. Each caller checked `first`/`second` against the shapes of
     // `cfg` (`cublas_gemm`: the same element counts as its checked f32

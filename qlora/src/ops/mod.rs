@@ -12,6 +12,7 @@ pub mod elementwise;
 pub mod embedding;
 pub mod faults;
 pub mod gemm;
+pub mod gemm_tuned;
 pub mod launch;
 pub mod nf4;
 pub mod rmsnorm;

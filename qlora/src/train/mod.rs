@@ -10,6 +10,7 @@ pub mod step;
 pub mod weights;
 pub mod workspace;
 
+pub use blas::gemm_half;
 pub use data_parallel::Rank;
 pub use options::{AdamW, BaseWeights, ClipMode, GpuTrainOptions, Hyper};
 pub use step::{

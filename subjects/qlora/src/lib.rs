@@ -117,6 +117,7 @@ struct OptionsWire {
     forward_tf32: bool,
     backward_tf32: bool,
     kernel_cache_dir: Option<PathBuf>,
+    tuned_gemms: bool,
 }
 
 fn math(tf32: bool) -> GemmMath {
@@ -134,6 +135,7 @@ impl Serialize for Options {
             forward_tf32: self.0.forward_math == GemmMath::Tf32,
             backward_tf32: self.0.backward_math == GemmMath::Tf32,
             kernel_cache_dir: self.0.kernel_cache_dir.clone(),
+            tuned_gemms: self.0.tuned_gemms,
         }
         .serialize(s)
     }
@@ -147,6 +149,7 @@ impl<'de> Deserialize<'de> for Options {
             forward_math: math(w.forward_tf32),
             backward_math: math(w.backward_tf32),
             kernel_cache_dir: w.kernel_cache_dir,
+            tuned_gemms: w.tuned_gemms,
         }))
     }
 }
@@ -187,7 +190,7 @@ mod tests {
         assert_eq!(format!("{back:?}"), format!("{options:?}"));
         assert_eq!(
             format!("{options:?}"),
-            "GpuOptions { ordinal: 1, forward_math: Tf32, backward_math: Fp32, kernel_cache_dir: Some(\"target/cache\") }"
+            "GpuOptions { ordinal: 1, forward_math: Tf32, backward_math: Fp32, kernel_cache_dir: Some(\"target/cache\"), tuned_gemms: true }"
         );
     }
 
