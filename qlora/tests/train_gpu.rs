@@ -270,8 +270,10 @@ fn norm_gradients_summed_later_are_those_summed_at_once() {
 /// The bf16 GEMMs pinned to cuBLASLt configurations for this device
 /// (`qlora::ops::gemm_tuned::TUNED`) take them, all of them (cuBLASLt
 /// refuses none), and write what cuBLAS's own pick writes, bit for bit:
-/// each shape with random operands, once writing C and once adding onto it.
-/// A device the table does not name makes no cuBLASLt handle at all.
+/// each shape with random operands, once writing C and once adding onto it,
+/// captured into a graph and replayed as the graphed step's are (eager
+/// calls keep cuBLAS's pick). A device the table does not name makes no
+/// cuBLASLt handle at all.
 #[test]
 #[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
 fn pinned_gemms_write_what_cublas_writes() {
@@ -286,8 +288,9 @@ fn pinned_gemms_write_what_cublas_writes() {
         ..GpuOptions::default()
     })
     .unwrap();
-    tuned.cublas().unwrap();
-    plain.cublas().unwrap();
+    // The workspace the trainer lends cuBLAS for its captures.
+    let _tuned_ws = qlora::train::workspace::CublasWorkspace::new(&tuned).unwrap();
+    let _plain_ws = qlora::train::workspace::CublasWorkspace::new(&plain).unwrap();
     assert!(plain.tuned_gemms().is_none());
     let name = tuned.facts().name.clone();
     let entries: Vec<_> = TUNED.iter().filter(|t| t.device == name).collect();
@@ -322,7 +325,7 @@ fn pinned_gemms_write_what_cublas_writes() {
                 if s.bf16_out {
                     let c0: Vec<Bf16> = (0..n * m).map(|i| value(i, 3)).collect();
                     let mut c = gpu.upload(&c0).unwrap();
-                    gemm_half(gpu, spec, 1.0, &a, &w, beta, &mut c).unwrap();
+                    graphed(gpu, |g| gemm_half(g, spec, 1.0, &a, &w, beta, &mut c));
                     gpu.download(&c)
                         .unwrap()
                         .iter()
@@ -331,7 +334,7 @@ fn pinned_gemms_write_what_cublas_writes() {
                 } else {
                     let c0: Vec<f32> = (0..n * m).map(|i| value(i, 3).to_f32()).collect();
                     let mut c = gpu.upload(&c0).unwrap();
-                    gemm_half(gpu, spec, 1.0, &a, &w, beta, &mut c).unwrap();
+                    graphed(gpu, |g| gemm_half(g, spec, 1.0, &a, &w, beta, &mut c));
                     gpu.download(&c)
                         .unwrap()
                         .iter()
@@ -349,4 +352,18 @@ fn pinned_gemms_write_what_cublas_writes() {
             assert!(ours == run(&plain), "{s:?}, beta {beta}: not cuBLAS's bits");
         }
     }
+}
+
+/// `work` captured on the context's stream into a graph, launched once.
+fn graphed(gpu: &GpuContext, work: impl FnOnce(&GpuContext) -> qlora::Result<()>) {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let stream = gpu.stream();
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    let done = work(gpu);
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap();
+    done.unwrap();
+    graph.expect("a captured graph").launch().unwrap();
+    stream.synchronize().unwrap();
 }

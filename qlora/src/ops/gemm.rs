@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use cudarc::cublas::sys::{cublasComputeType_t, cublasMath_t, cublasOperation_t, cudaDataType_t};
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::cast::{Bf16, HalfFloat};
@@ -448,11 +449,22 @@ pub(crate) fn gemm_ex_half<H: HalfFloat, C: GemmOut>(
     let (first_ptr, _first_sync) = first.device_ptr(stream);
     let (second_ptr, _second_sync) = second.device_ptr(stream);
     let (c_ptr, _c_sync) = c.device_ptr_mut(stream);
+    // Only into a graph: there the host's time per call is paid once, at
+    // capture. Launched eagerly, a cuBLASLt call with its own plan costs
+    // the host more than cublasGemmEx does, and the eager step is bound by
+    // the host's launches (docs/src/performance/step-time.md). Either way
+    // writes the same bits.
     let tuned = gpu.tuned_gemms().filter(|_| {
         H::CUDA_TYPE == cudaDataType_t::CUDA_R_16BF
             && compute == cublasComputeType_t::CUBLAS_COMPUTE_32F
     });
-    if let Some(tuned) = tuned {
+    let capturing = match tuned {
+        Some(_) => {
+            stream.capture_status()? == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+        }
+        None => false,
+    };
+    if let Some(tuned) = tuned.filter(|_| capturing) {
         let ptrs = (
             first_ptr as *const _,
             second_ptr as *const _,

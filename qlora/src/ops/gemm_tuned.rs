@@ -8,9 +8,12 @@
 //! an H200 and write the same output bit for bit: each output element is
 //! the same chain of products in the same order, only the tiles over the
 //! output differ. `examples/gemm_algos.rs --search` finds them; [`TUNED`]
-//! pins what it found. A shape or GPU kind the table does not name, an
-//! entry cuBLASLt no longer accepts as it stands (another library), or one
-//! that would need a workspace, runs on `cublasGemmEx` as before.
+//! pins what it found. They are taken only by GEMMs captured into a CUDA
+//! graph (the graphed step): launched eagerly, a cuBLASLt call costs the
+//! host more than `cublasGemmEx`, and the eager step waits on the host. A
+//! shape or GPU kind the table does not name, an entry cuBLASLt no longer
+//! accepts as it stands (another library), or one that would need a
+//! workspace, runs on `cublasGemmEx` as before.
 //!
 //! Shapes are cuBLAS's column-major ones ([`super::gemm`]): `C[m, n] =
 //! op(A) B`, `A` our weight (`op(A) = A^T`, stored `[m, k]` transposed, in
@@ -156,8 +159,8 @@ impl TunedGemms {
         &self.refused
     }
 
-    /// How many GEMMs ran on a pinned configuration so far (launches
-    /// captured into a graph count once, at capture).
+    /// How many GEMMs were captured on a pinned configuration so far (a
+    /// graph replayed counts nothing more).
     pub fn launches(&self) -> usize {
         self.launches.load(Ordering::Relaxed)
     }
