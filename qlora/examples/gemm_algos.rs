@@ -6,7 +6,12 @@
 //!
 //! ```text
 //! cargo run --release -p qlora --example gemm_algos [-- <algos per shape>]
+//! cargo run --release -p qlora --example gemm_algos -- --search [<algos per shape>]
 //! ```
+//!
+//! `--search` also times every configuration one attribute away from each
+//! of the heuristic's algorithms and prints the three fastest with whether
+//! each writes `cublasGemmEx`'s bits: what `qlora::ops::gemm_tuned` pins.
 use std::ffi::c_void;
 use std::sync::Arc;
 

@@ -449,11 +449,10 @@ pub(crate) fn gemm_ex_half<H: HalfFloat, C: GemmOut>(
     let (first_ptr, _first_sync) = first.device_ptr(stream);
     let (second_ptr, _second_sync) = second.device_ptr(stream);
     let (c_ptr, _c_sync) = c.device_ptr_mut(stream);
-    // Only into a graph: there the host's time per call is paid once, at
-    // capture. Launched eagerly, a cuBLASLt call with its own plan costs
-    // the host more than cublasGemmEx does, and the eager step is bound by
-    // the host's launches (docs/src/performance/step-time.md). Either way
-    // writes the same bits.
+    // Only into a graph, where the host's part of a call is paid once, at
+    // capture: taken by eager calls too, the pinned configurations made the
+    // eager bf16 step slower (docs/src/performance/step-time.md). Either
+    // way writes the same bits.
     let tuned = gpu.tuned_gemms().filter(|_| {
         H::CUDA_TYPE == cudaDataType_t::CUDA_R_16BF
             && compute == cublasComputeType_t::CUBLAS_COMPUTE_32F

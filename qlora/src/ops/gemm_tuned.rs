@@ -9,8 +9,8 @@
 //! the same chain of products in the same order, only the tiles over the
 //! output differ. `examples/gemm_algos.rs --search` finds them; [`TUNED`]
 //! pins what it found. They are taken only by GEMMs captured into a CUDA
-//! graph (the graphed step): launched eagerly, a cuBLASLt call costs the
-//! host more than `cublasGemmEx`, and the eager step waits on the host. A
+//! graph (the graphed step): taken by eager calls too, they made the eager
+//! bf16 step slower, where the host's part of each call counts. A
 //! shape or GPU kind the table does not name, an entry cuBLASLt no longer
 //! accepts as it stands (another library), or one that would need a
 //! workspace, runs on `cublasGemmEx` as before.
@@ -45,7 +45,7 @@ pub struct TunedShape {
     pub bf16_out: bool,
 }
 
-/// A configuration of [`NVJET_ALGO`]: its tile id, custom option and
+/// A configuration of cuBLASLt's algorithm 66: its tile id, custom option and
 /// cluster shape id (cuBLASLt's enums).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TunedConfig {
@@ -378,8 +378,7 @@ fn out_type(bf16: bool) -> lt_sys::cudaDataType {
     }
 }
 
-/// cuBLASLt's status as the crate's cuBLAS error (the two enums share
-/// their values).
+/// cuBLASLt's failed status as the crate's error.
 fn lt_error(e: lt::CublasError) -> crate::error::Error {
     crate::error::Error::CublasLt(format!("{:?}", e.0))
 }

@@ -172,8 +172,9 @@ pub fn linear_dx(
     gemm(gpu, math, spec, alpha, dy, w, beta, dx)
 }
 
-/// [`gemm`] with 16-bit operands (raw bits of f16 or bf16) and a `C` of f32
-/// or bf16 ([`GemmOut`]), f32 accumulation. The products of f16 values are those of TF32's 11-bit
+/// `C = alpha op(A) op(B) + beta C` ([`GemmSpec`]) with 16-bit operands
+/// (raw bits of f16 or bf16) and a `C` of f32 or bf16 ([`GemmOut`]), f32
+/// accumulation. The products of f16 values are those of TF32's 11-bit
 /// significands; bf16 keeps 8 significant bits and f32's exponent range.
 /// Hopper's 16-bit tensor-core instructions run at twice TF32's rate and
 /// take either operand layout.
