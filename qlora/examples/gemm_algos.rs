@@ -432,17 +432,14 @@ fn lt_launch(
     }
 }
 
-/// Each algorithm cuBLASLt's heuristic offers (at most `wanted`, each
-/// needing at most `ws_limit` bytes of workspace): its time.
-fn lt_us(
-    stream: &Arc<CudaStream>,
+/// The heuristic's first `wanted` algorithms for `pl`, each needing at
+/// most `ws_limit` bytes of workspace.
+fn heuristic(
     handle: lt_sys::cublasLtHandle_t,
-    s: &Shape,
-    b: &mut Buffers,
-    workspace: &mut CudaSlice<u8>,
-    (ws_limit, wanted): (usize, i32),
-) -> Result<Vec<f64>, AnyError> {
-    let pl = plan(s)?;
+    pl: &Plan,
+    ws_limit: usize,
+    wanted: i32,
+) -> Result<Vec<lt_sys::cublasLtMatmulHeuristicResult_t>, AnyError> {
     let pref = lt::create_matmul_pref()?;
     // SAFETY: the attribute is a u64 byte count.
     unsafe {
@@ -473,9 +470,24 @@ fn lt_us(
         )
         .result()?
     };
+    results.truncate(found as usize);
+    Ok(results)
+}
+
+/// Each algorithm cuBLASLt's heuristic offers (at most `wanted`, each
+/// needing at most `ws_limit` bytes of workspace): its time.
+fn lt_us(
+    stream: &Arc<CudaStream>,
+    handle: lt_sys::cublasLtHandle_t,
+    s: &Shape,
+    b: &mut Buffers,
+    workspace: &mut CudaSlice<u8>,
+    (ws_limit, wanted): (usize, i32),
+) -> Result<Vec<f64>, AnyError> {
+    let pl = plan(s)?;
+    let results = heuristic(handle, &pl, ws_limit, wanted)?;
     Ok(results
         .iter()
-        .take(found as usize)
         .map(|r| {
             time_algo(
                 stream,
@@ -692,36 +704,7 @@ fn neighbours(
     use lt_sys::cublasLtMatmulAlgoCapAttributes_t as C;
     use lt_sys::cublasLtMatmulAlgoConfigAttributes_t as A;
     let pl = plan(s)?;
-    let pref = lt::create_matmul_pref()?;
-    // SAFETY: the attribute is a u64 byte count.
-    unsafe {
-        lt::set_matmul_pref_attribute(
-            pref,
-            lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-            (&(ws_limit as u64) as *const u64).cast(),
-            8,
-        )?
-    };
-    // SAFETY: plain C data, zero is a valid bit pattern.
-    let zero = unsafe { std::mem::zeroed::<lt_sys::cublasLtMatmulHeuristicResult_t>() };
-    let mut results = vec![zero; wanted as usize];
-    let mut found = 0;
-    // SAFETY: the descriptors are live, `results` has `wanted` entries.
-    unsafe {
-        lt_sys::cublasLtMatmulAlgoGetHeuristic(
-            handle,
-            pl.desc,
-            pl.a_l,
-            pl.b_l,
-            pl.c_l,
-            pl.c_l,
-            pref,
-            wanted,
-            results.as_mut_ptr(),
-            &mut found,
-        )
-        .result()?
-    };
+    let results = heuristic(handle, &pl, ws_limit, wanted)?;
     let get = |algo: &lt_sys::cublasLtMatmulAlgo_t, a: A| {
         let mut v = 0u32;
         let mut size = 0usize;
@@ -801,7 +784,7 @@ fn neighbours(
             lt_sys::cublasLtMatmulAlgoConfigSetAttribute(algo, a, (&v as *const u32).cast(), bytes)
         };
     };
-    for r in results.iter().take(found as usize) {
+    for r in &results {
         let base = r.algo;
         try_algo(base, &mut timed, b);
         for tile in cap_u32s(&base, C::CUBLASLT_ALGO_CAP_TILE_IDS) {
