@@ -224,12 +224,6 @@ impl TunedGemms {
         let f32t = lt_sys::cudaDataType::CUDA_R_32F;
         let compute = lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
         let (ar, ac) = if s.trans_a { (s.k, s.m) } else { (s.m, s.k) };
-        let layouts = [
-            lt::create_matrix_layout(bf, ar as u64, ac as u64, ar as i64),
-            lt::create_matrix_layout(bf, s.k as u64, s.n as u64, s.k as i64),
-            lt::create_matrix_layout(out, s.m as u64, s.n as u64, s.m as i64),
-        ];
-        let desc = lt::create_matmul_desc(compute, f32t);
         let mut plan = Plan {
             shape: s,
             desc: std::ptr::null_mut(),
@@ -237,18 +231,21 @@ impl TunedGemms {
             // SAFETY: plain C data; cublasLtMatmulAlgoInit overwrites it.
             algo: unsafe { std::mem::zeroed() },
         };
-        // Whatever was made is destroyed with `plan` if a step fails.
-        for (slot, made) in plan.layouts.iter_mut().zip(layouts) {
-            *slot = made.map_err(lt_error)?;
-        }
-        plan.desc = desc.map_err(lt_error)?;
+        // Made one by one into `plan`, which destroys what was made if a
+        // step fails.
+        let (m, n, k) = (s.m as u64, s.n as u64, s.k as u64);
+        plan.layouts[0] =
+            lt::create_matrix_layout(bf, ar as u64, ac as u64, ar as i64).map_err(lt_error)?;
+        plan.layouts[1] = lt::create_matrix_layout(bf, k, n, k as i64).map_err(lt_error)?;
+        plan.layouts[2] = lt::create_matrix_layout(out, m, n, m as i64).map_err(lt_error)?;
+        plan.desc = lt::create_matmul_desc(compute, f32t).map_err(lt_error)?;
         let trans: i32 = s.trans_a.into();
         use lt_sys::cublasLtMatmulAlgoConfigAttributes_t as A;
         let c = t.config;
         // SAFETY: each attribute is given a pointer to a value of the width
-        // cuBLASLt's documentation gives it (i32 for the transpose, the
-        // algorithm's id and its split; u32 for tile, stages, scheme,
-        // swizzle and custom option; u16 for the cluster shape).
+        // cuBLASLt's documentation gives it: 4 bytes for the transpose (an
+        // i32), tile, stages, split (an i32, here 1), scheme, swizzle and
+        // custom option; 2 for the cluster shape (a u16).
         let accepted = unsafe {
             lt::set_matmul_desc_attribute(
                 plan.desc,
