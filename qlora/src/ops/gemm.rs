@@ -19,7 +19,6 @@ use std::sync::Arc;
 
 use cudarc::cublas::sys::{cublasComputeType_t, cublasMath_t, cublasOperation_t, cudaDataType_t};
 use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::cast::{Bf16, HalfFloat};
@@ -449,30 +448,17 @@ pub(crate) fn gemm_ex_half<H: HalfFloat, C: GemmOut>(
     let (first_ptr, _first_sync) = first.device_ptr(stream);
     let (second_ptr, _second_sync) = second.device_ptr(stream);
     let (c_ptr, _c_sync) = c.device_ptr_mut(stream);
-    // Only into a graph, where the host's part of a call is paid once, at
-    // capture: taken by eager calls too, the pinned configurations made the
-    // eager bf16 step slower (docs/src/performance/step-time.md). Either
-    // way writes the same bits.
-    let tuned = gpu.tuned_gemms().filter(|_| {
-        H::CUDA_TYPE == cudaDataType_t::CUDA_R_16BF
-            && compute == cublasComputeType_t::CUBLAS_COMPUTE_32F
-    });
-    let capturing = match tuned {
-        Some(_) => {
-            stream.capture_status()? == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
-        }
-        None => false,
-    };
-    if let Some(tuned) = tuned.filter(|_| capturing) {
+    if let Some(tuned) = gpu.tuned_gemms() {
+        let types = (H::CUDA_TYPE, C::CUDA_TYPE);
         let ptrs = (
             first_ptr as *const _,
             second_ptr as *const _,
             c_ptr as *mut _,
         );
         // SAFETY: the pointers hold what cublasGemmEx below would read and
-        // write (see there); `run` takes the call only for the shape and
-        // types it pinned, on the same stream.
-        if unsafe { tuned.run(&cfg, ptrs, C::CUDA_TYPE, stream.cu_stream() as _) }? {
+        // write (see there), on the same stream; `run` takes the call only
+        // for the types and shape it pinned.
+        if unsafe { tuned.run(&cfg, types, compute, ptrs, stream) }? {
             return Ok(());
         }
     }

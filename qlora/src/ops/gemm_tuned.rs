@@ -22,10 +22,12 @@
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cudarc::cublas::sys::{cublasOperation_t, cudaDataType_t};
+use cudarc::cublas::sys::{cublasComputeType_t, cublasOperation_t, cudaDataType_t};
 use cudarc::cublas::GemmConfig;
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys as lt_sys;
+use cudarc::driver::sys::CUstreamCaptureStatus;
+use cudarc::driver::CudaStream;
 
 use crate::error::Result;
 
@@ -165,9 +167,11 @@ impl TunedGemms {
         self.launches.load(Ordering::Relaxed)
     }
 
-    /// Runs `cfg` (bf16 operands, f32 compute, `out` the type of `C`) on its
-    /// pinned configuration and returns true, or returns false where none
-    /// is pinned for it.
+    /// Runs `cfg` on its pinned configuration and returns true where one
+    /// is pinned for it (bf16 operands, `out` the type of `C`, f32 compute
+    /// on tensor cores, the shape and packing of an entry) and `stream` is
+    /// being captured into a graph (why: the module's doc); else returns
+    /// false and runs nothing. The capture is asked only of pinned shapes.
     ///
     /// # Safety
     ///
@@ -176,13 +180,18 @@ impl TunedGemms {
     pub unsafe fn run(
         &self,
         cfg: &GemmConfig<f32>,
+        (operands, out): (cudaDataType_t, cudaDataType_t),
+        compute: cublasComputeType_t,
         (a, b, c): (*const c_void, *const c_void, *mut c_void),
-        out: cudaDataType_t,
-        stream: lt_sys::cudaStream_t,
+        stream: &CudaStream,
     ) -> Result<bool> {
-        let Some(plan) = self.plans.iter().find(|p| matches(&p.shape, cfg, out)) else {
+        let call = (cfg, (operands, out), compute);
+        let Some(plan) = self.plans.iter().find(|p| matches(&p.shape, call)) else {
             return Ok(false);
         };
+        if stream.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+            return Ok(false);
+        }
         let [a_l, b_l, c_l] = plan.layouts;
         let (alpha, beta) = (&cfg.alpha as *const f32, &cfg.beta as *const f32);
         // SAFETY: the caller's pointers hold the matrices of `cfg`, which
@@ -207,7 +216,7 @@ impl TunedGemms {
                 &plan.algo,
                 std::ptr::null_mut(),
                 0,
-                stream,
+                stream.cu_stream() as _,
             )
         }
         .map_err(lt_error)?;
@@ -348,12 +357,23 @@ impl Drop for TunedGemms {
     }
 }
 
-/// Whether `cfg` with output type `out` is `shape`, every matrix packed.
-fn matches(shape: &TunedShape, cfg: &GemmConfig<f32>, out: cudaDataType_t) -> bool {
+/// Whether a call (`cfg`, its operand and output types, its compute type)
+/// is `shape`'s: bf16 operands, f32 compute on tensor cores (not the
+/// pedantic compute a fault asks for), every matrix packed.
+fn matches(
+    shape: &TunedShape,
+    (cfg, (operands, out), compute): (
+        &GemmConfig<f32>,
+        (cudaDataType_t, cudaDataType_t),
+        cublasComputeType_t,
+    ),
+) -> bool {
     let trans_a = cfg.transa == cublasOperation_t::CUBLAS_OP_T;
     let lda = if trans_a { cfg.k } else { cfg.m };
     let bf16_out = out == cudaDataType_t::CUDA_R_16BF;
-    (out == cudaDataType_t::CUDA_R_32F || bf16_out)
+    operands == cudaDataType_t::CUDA_R_16BF
+        && compute == cublasComputeType_t::CUBLAS_COMPUTE_32F
+        && (out == cudaDataType_t::CUDA_R_32F || bf16_out)
         && cfg.transb == cublasOperation_t::CUBLAS_OP_N
         && (cfg.transa == cublasOperation_t::CUBLAS_OP_N || trans_a)
         && *shape
@@ -403,22 +423,26 @@ mod tests {
         }
     }
 
-    /// A call matches its entry only with the entry's shape, output type
-    /// and packed leading dimensions.
+    /// A call matches its entry only with the entry's shape, bf16 operands,
+    /// its output type, f32 compute and packed leading dimensions.
     #[test]
     fn a_call_matches_only_its_own_shape() {
         let s = TUNED[2].shape;
         let f32t = cudaDataType_t::CUDA_R_32F;
         let bf = cudaDataType_t::CUDA_R_16BF;
-        let c = cfg(true, s.m, s.n, s.k);
-        assert!(matches(&s, &c, bf));
-        assert!(!matches(&s, &c, f32t));
-        assert!(!matches(&s, &cfg(false, s.m, s.n, s.k), bf));
-        assert!(!matches(&s, &cfg(true, s.m, 512, s.k), bf));
-        let strided = GemmConfig { ldc: s.m + 8, ..c };
-        assert!(!matches(&s, &strided, bf));
         let f16 = cudaDataType_t::CUDA_R_16F;
-        assert!(!matches(&s, &c, f16));
+        let fast = cublasComputeType_t::CUBLAS_COMPUTE_32F;
+        let c = cfg(true, s.m, s.n, s.k);
+        assert!(matches(&s, (&c, (bf, bf), fast)));
+        assert!(!matches(&s, (&c, (bf, f32t), fast)));
+        assert!(!matches(&s, (&c, (bf, f16), fast)));
+        assert!(!matches(&s, (&c, (f16, bf), fast)));
+        let pedantic = cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC;
+        assert!(!matches(&s, (&c, (bf, bf), pedantic)));
+        assert!(!matches(&s, (&cfg(false, s.m, s.n, s.k), (bf, bf), fast)));
+        assert!(!matches(&s, (&cfg(true, s.m, 512, s.k), (bf, bf), fast)));
+        let strided = GemmConfig { ldc: s.m + 8, ..c };
+        assert!(!matches(&s, (&strided, (bf, bf), fast)));
     }
 
     /// Every entry names its shape once per device.
