@@ -270,9 +270,9 @@ fn norm_gradients_summed_later_are_those_summed_at_once() {
 /// The bf16 GEMMs pinned to cuBLASLt configurations for this device
 /// (`qlora::ops::gemm_tuned::TUNED`) take them, all of them (cuBLASLt
 /// refuses none), and write what cuBLAS's own pick writes, bit for bit:
-/// each shape with random operands, once writing C and once adding onto it,
-/// captured into a graph and replayed as the graphed step's are (eager
-/// calls keep cuBLAS's pick). A device the table does not name makes no
+/// each shape with varied operands, once writing C and once adding onto it,
+/// captured into a graph and replayed as the graphed step's are. An eager
+/// call keeps cuBLAS's pick. A device the table does not name makes no
 /// cuBLASLt handle at all.
 #[test]
 #[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
@@ -318,6 +318,18 @@ fn pinned_gemms_write_what_cublas_writes() {
         };
         let a: Vec<Bf16> = (0..n * k).map(|i| value(i, 1)).collect();
         let w: Vec<Bf16> = (0..m * k).map(|i| value(i, 2)).collect();
+        {
+            let (a, w) = (tuned.upload(&a).unwrap(), tuned.upload(&w).unwrap());
+            let before = pinned.launches();
+            if s.bf16_out {
+                let mut c = tuned.zeros::<Bf16>(n * m).unwrap();
+                gemm_half(&tuned, spec, 1.0, &a, &w, 0.0, &mut c).unwrap();
+            } else {
+                let mut c = tuned.zeros::<f32>(n * m).unwrap();
+                gemm_half(&tuned, spec, 1.0, &a, &w, 0.0, &mut c).unwrap();
+            }
+            assert_eq!(pinned.launches(), before, "{s:?}: an eager call was pinned");
+        }
         for beta in [0.0f32, 1.0] {
             // The output's bits (bf16 widened).
             let run = |gpu: &GpuContext| -> Vec<u32> {
