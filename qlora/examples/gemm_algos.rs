@@ -7,7 +7,10 @@
 //! ```text
 //! cargo run --release -p qlora --example gemm_algos [-- <algos per shape>]
 //! cargo run --release -p qlora --example gemm_algos -- --search [<algos per shape>]
+//! cargo run --release -p qlora --example gemm_algos -- --search --only head
 //! ```
+//!
+//! `--only <text>` keeps the shapes whose name holds `<text>`.
 //!
 //! `--search` also times every configuration one attribute away from each
 //! of the heuristic's algorithms and prints the three fastest with whether
@@ -26,6 +29,7 @@ type AnyError = Box<dyn std::error::Error>;
 /// One GEMM of the step, row-major: `out[rows, n] (+)= a[rows, k] op(w)`.
 struct Shape {
     name: &'static str,
+    rows: usize,
     n: usize,
     k: usize,
     /// `w` stored `[n, k]` (a forward, `x W^T`) or `[k, n]` (an input
@@ -38,11 +42,17 @@ struct Shape {
     batch: usize,
 }
 
+/// The layers' rows: the step's tokens (batch 4, seq 256).
 const ROWS: usize = 1024;
+/// The bf16 head's rows: one chunk (`HEAD_CHUNK_ROWS` in the trainer).
+const HEAD_ROWS: usize = 512;
+/// qwen2.5-0.5b's vocabulary.
+const VOCAB: usize = 151_936;
 
 fn shapes() -> Vec<Shape> {
     let s = |name, n, k, forward, bf16_out, accumulate| Shape {
         name,
+        rows: ROWS,
         n,
         k,
         forward,
@@ -67,6 +77,14 @@ fn shapes() -> Vec<Shape> {
         s("bwd gate+up", 896, 9728, false, false, false),
         s("bwd o", 896, 896, false, false, false),
         s("bwd qkv", 896, 1152, false, false, false),
+        Shape {
+            rows: HEAD_ROWS,
+            ..s("head logits", VOCAB, 896, true, true, false)
+        },
+        Shape {
+            rows: HEAD_ROWS,
+            ..s("head bwd dnf", 896, VOCAB, false, false, false)
+        },
     ]
 }
 
@@ -86,7 +104,7 @@ impl Shape {
         let (m, k) = (self.n as u64, self.k as u64);
         Problem {
             m,
-            n: ROWS as u64,
+            n: self.rows as u64,
             k,
             trans_a: self.forward,
             lda: if self.forward { k as i64 } else { m as i64 },
@@ -122,10 +140,10 @@ fn buffers(stream: &Arc<CudaStream>, s: &Shape, sets: usize) -> Result<Buffers, 
             .collect()
     };
     for _ in 0..sets {
-        b.a.push(stream.clone_htod(&random(ROWS * s.k))?);
+        b.a.push(stream.clone_htod(&random(s.rows * s.k))?);
         b.w.push(stream.clone_htod(&random(s.batch * s.n * s.k))?);
         b.out
-            .push(stream.alloc_zeros::<u8>(s.batch * ROWS * s.n * 4)?);
+            .push(stream.alloc_zeros::<u8>(s.batch * s.rows * s.n * 4)?);
     }
     Ok(b)
 }
@@ -278,7 +296,7 @@ fn default_launch(
                     c,
                     out_type(s),
                     ldc,
-                    (ROWS * s.n) as i64,
+                    (s.rows * s.n) as i64,
                     s.batch as i32,
                     compute,
                     algo,
@@ -313,7 +331,7 @@ fn plan(s: &Shape) -> Result<Plan, AnyError> {
         let strides = [
             (a_l, (s.n * s.k) as i64),
             (b_l, 0i64),
-            (c_l, (ROWS * s.n) as i64),
+            (c_l, (s.rows * s.n) as i64),
         ];
         for (l, stride) in strides {
             // SAFETY: the attributes are an i32 and an i64.
@@ -574,10 +592,24 @@ fn best(times: &[f64]) -> (usize, f64) {
 fn main() -> Result<(), AnyError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let searching = args.iter().any(|a| a == "--search");
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .map(|i| {
+            args.get(i + 1)
+                .cloned()
+                .ok_or("--only takes a part of a shape's name")
+        })
+        .transpose()?;
     let wanted: i32 = args
         .iter()
-        .find(|a| !a.starts_with("--"))
-        .map_or(Ok(32), |a| a.parse())?;
+        .enumerate()
+        .find(|(i, a)| !a.starts_with("--") && (*i == 0 || args[i - 1] != "--only"))
+        .map_or(Ok(32), |(_, a)| a.parse())?;
+    let shapes: Vec<Shape> = shapes()
+        .into_iter()
+        .filter(|s| only.as_ref().is_none_or(|o| s.name.contains(o.as_str())))
+        .collect();
     let ctx = CudaContext::new(0)?;
     // SAFETY: before any stream exists; one stream orders all the work.
     unsafe { ctx.disable_event_tracking() };
@@ -594,18 +626,25 @@ fn main() -> Result<(), AnyError> {
             .result()?;
     }
     if searching {
-        return search_all(&stream, &blas, handle, &mut workspace, ws_bytes, wanted);
+        return search_all(
+            &stream,
+            &blas,
+            handle,
+            &mut workspace,
+            ws_bytes,
+            (&shapes, wanted),
+        );
     }
     println!("graph-timed us: shape, cublasGemmEx default, cuBLASLt heuristic #0 without and with 32 MiB workspace, best of the heuristic's list");
     println!("shape                 default  lt0/ws0  lt0/ws32  best(idx/of)  gain  TFLOP/s");
-    for s in shapes() {
-        let mut b = buffers(&stream, &s, 8)?;
-        let default = default_us(&stream, &blas, &s, &mut b)?;
-        let no_ws = lt_us(&stream, handle, &s, &mut b, &mut workspace, (0, 1))?;
+    for s in &shapes {
+        let mut b = buffers(&stream, s, 8)?;
+        let default = default_us(&stream, &blas, s, &mut b)?;
+        let no_ws = lt_us(&stream, handle, s, &mut b, &mut workspace, (0, 1))?;
         let limits = (ws_bytes, wanted);
-        let times = lt_us(&stream, handle, &s, &mut b, &mut workspace, limits)?;
+        let times = lt_us(&stream, handle, s, &mut b, &mut workspace, limits)?;
         let (best_i, best_t) = best(&times);
-        let flop = 2.0 * (s.batch * ROWS * s.n * s.k) as f64;
+        let flop = 2.0 * (s.batch * s.rows * s.n * s.k) as f64;
         println!(
             "{:<20} {:>8.2} {:>8.2} {:>9.2} {:>7.2} ({}/{}) {:>5.3}  {:.0} -> {:.0}",
             s.name,
@@ -633,29 +672,22 @@ fn search_all(
     handle: lt_sys::cublasLtHandle_t,
     workspace: &mut CudaSlice<u8>,
     ws_bytes: usize,
-    wanted: i32,
+    (shapes, wanted): (&[Shape], i32),
 ) -> Result<(), AnyError> {
     println!("graph-timed us; operands random in [-1, 1); 'same bits': the output equals cublasGemmEx's bit for bit");
-    for s in shapes() {
-        let mut b = buffers(stream, &s, 8)?;
-        let default = default_us(stream, blas, &s, &mut b)?;
-        let reference = output(stream, &mut b, |b| default_launch(stream, blas, &s, b, 0))?;
-        let times = lt_us(stream, handle, &s, &mut b, workspace, (ws_bytes, wanted))?;
+    for s in shapes {
+        let mut b = buffers(stream, s, 8)?;
+        let default = default_us(stream, blas, s, &mut b)?;
+        let reference = output(stream, &mut b, |b| default_launch(stream, blas, s, b, 0))?;
+        let times = lt_us(stream, handle, s, &mut b, workspace, (ws_bytes, wanted))?;
         let (_, heuristic) = best(&times);
-        let near = neighbours(
-            stream,
-            handle,
-            &s,
-            &mut b,
-            workspace,
-            (ws_bytes, wanted, 20),
-        )?;
+        let near = neighbours(stream, handle, s, &mut b, workspace, (ws_bytes, wanted, 20))?;
         println!(
             "{}: cublasGemmEx {default:.2}, best of the heuristic's list {heuristic:.2}; {} neighbours timed",
             s.name,
             near.len()
         );
-        let pl = plan(&s)?;
+        let pl = plan(s)?;
         for n in near.iter().take(3) {
             let t = time_algo(
                 stream,

@@ -282,8 +282,8 @@ fn pinned_gemms_write_what_cublas_writes() {
     use qlora::ops::gemm_tuned::TUNED;
     use qlora::train::gemm_half;
     assert!(driver_present(), "no CUDA driver");
-    let tuned = GpuContext::new(GpuOptions::default()).unwrap();
-    let plain = GpuContext::new(GpuOptions {
+    let mut tuned = GpuContext::new(GpuOptions::default()).unwrap();
+    let mut plain = GpuContext::new(GpuOptions {
         tuned_gemms: false,
         ..GpuOptions::default()
     })
@@ -304,6 +304,7 @@ fn pinned_gemms_write_what_cublas_writes() {
         pinned.refused()
     );
     assert_eq!(pinned.shapes().count(), entries.len());
+    let launches = |gpu: &GpuContext| gpu.tuned_gemms().map_or(0, |t| t.launches());
     let value = |i: usize, salt: usize| {
         Bf16::from_f32(((i * 7919 + salt * 104_729) % 2001) as f32 / 1000.0 - 1.0)
     };
@@ -320,7 +321,7 @@ fn pinned_gemms_write_what_cublas_writes() {
         let w: Vec<Bf16> = (0..m * k).map(|i| value(i, 2)).collect();
         {
             let (a, w) = (tuned.upload(&a).unwrap(), tuned.upload(&w).unwrap());
-            let before = pinned.launches();
+            let before = launches(&tuned);
             if s.bf16_out {
                 let mut c = tuned.zeros::<Bf16>(n * m).unwrap();
                 gemm_half(&tuned, spec, 1.0, &a, &w, 0.0, &mut c).unwrap();
@@ -328,11 +329,11 @@ fn pinned_gemms_write_what_cublas_writes() {
                 let mut c = tuned.zeros::<f32>(n * m).unwrap();
                 gemm_half(&tuned, spec, 1.0, &a, &w, 0.0, &mut c).unwrap();
             }
-            assert_eq!(pinned.launches(), before, "{s:?}: an eager call was pinned");
+            assert_eq!(launches(&tuned), before, "{s:?}: an eager call was pinned");
         }
         for beta in [0.0f32, 1.0] {
             // The output's bits (bf16 widened).
-            let run = |gpu: &GpuContext| -> Vec<u32> {
+            let run = |gpu: &mut GpuContext| -> Vec<u32> {
                 let (a, w) = (gpu.upload(&a).unwrap(), gpu.upload(&w).unwrap());
                 if s.bf16_out {
                     let c0: Vec<Bf16> = (0..n * m).map(|i| value(i, 3)).collect();
@@ -354,28 +355,24 @@ fn pinned_gemms_write_what_cublas_writes() {
                         .collect()
                 }
             };
-            let before = pinned.launches();
-            let ours = run(&tuned);
+            let before = launches(&tuned);
+            let ours = run(&mut tuned);
             assert_eq!(
-                pinned.launches(),
+                launches(&tuned),
                 before + 1,
                 "{s:?} did not take its pinned configuration"
             );
-            assert!(ours == run(&plain), "{s:?}, beta {beta}: not cuBLAS's bits");
+            assert!(
+                ours == run(&mut plain),
+                "{s:?}, beta {beta}: not cuBLAS's bits"
+            );
         }
     }
 }
 
 /// `work` captured on the context's stream into a graph, launched once.
-fn graphed(gpu: &GpuContext, work: impl FnOnce(&GpuContext) -> qlora::Result<()>) {
-    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-    let stream = gpu.stream();
-    stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .unwrap();
-    let done = work(gpu);
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap();
-    done.unwrap();
-    graph.expect("a captured graph").launch().unwrap();
-    stream.synchronize().unwrap();
+fn graphed(gpu: &mut GpuContext, work: impl FnOnce(&GpuContext) -> qlora::Result<()>) {
+    let ((), graph) = gpu.capture(|g| work(g)).unwrap();
+    graph.launch().unwrap();
+    gpu.stream().synchronize().unwrap();
 }

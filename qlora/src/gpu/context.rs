@@ -6,8 +6,8 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
-    ValidAsZeroBits,
+    sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    LaunchConfig, ValidAsZeroBits,
 };
 
 use super::cache::{CacheStats, CompileRecord, KernelCache, Target, OLDER_ARCH};
@@ -199,6 +199,10 @@ pub struct GpuContext {
     /// Whether [`GpuContext::on_side_stream`]'s work is running: cuBLAS
     /// refuses then, since its handle is bound to the work stream.
     on_side: bool,
+    /// Whether [`GpuContext::capture`]'s work is running: the work stream
+    /// is being captured into a graph. Set where the capture begins and
+    /// ends, so the pinned GEMMs need not ask the driver at every call.
+    capturing: bool,
     /// Created on first use: loading cuBLAS and creating its handle is a
     /// large part of a short process's start, and many never run a GEMM.
     blas: OnceLock<CudaBlas>,
@@ -275,6 +279,7 @@ impl GpuContext {
             side,
             side_pending: false,
             on_side: false,
+            capturing: false,
             blas: OnceLock::new(),
             tuned: OnceLock::new(),
             cache: KernelCache::new(options.kernel_cache_dir.clone()).with_nvrtc_start(nvrtc_start),
@@ -306,6 +311,36 @@ impl GpuContext {
     /// [`GpuContext::on_side_stream`].
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// Captures what `work` queues on the work stream into a CUDA graph
+    /// (thread-local capture mode) and returns `work`'s value with the
+    /// graph, instantiated and uploaded. The stream leaves capture also when
+    /// `work` fails; `work`'s error comes first. Creates the cuBLAS handle
+    /// before it begins, since creating it allocates, which capture forbids.
+    pub fn capture<T>(
+        &mut self,
+        work: impl FnOnce(&mut GpuContext) -> Result<T>,
+    ) -> Result<(T, CudaGraph)> {
+        self.cublas()?;
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        self.capturing = true;
+        let out = work(self);
+        self.capturing = false;
+        let ended = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        let out = out?;
+        let graph = ended?.ok_or_else(|| Error::InvalidArgument {
+            op: "capture",
+            message: "stream capture produced no graph".into(),
+        })?;
+        graph.upload()?;
+        Ok((out, graph))
+    }
+
+    /// Whether the work stream is being captured by [`GpuContext::capture`].
+    pub fn capturing(&self) -> bool {
+        self.capturing
     }
 
     /// Runs `work`'s launches on the side stream, after everything queued on

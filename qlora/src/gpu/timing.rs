@@ -5,7 +5,7 @@
 use cudarc::driver::{sys, CudaGraph};
 
 use super::context::GpuContext;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// A timing event (timing enabled) recorded on the work stream now.
 fn mark(gpu: &GpuContext) -> Result<cudarc::driver::CudaEvent> {
@@ -55,24 +55,7 @@ pub fn capture(
     mut body: impl FnMut(&mut GpuContext, usize) -> Result<()>,
 ) -> Result<CudaGraph> {
     gpu.synchronize()?;
-    // cuBLAS's handle is created outside the capture (it allocates).
-    gpu.cublas()?;
-    gpu.stream()
-        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let mut outcome = Ok(());
-    for i in 0..launches {
-        outcome = body(gpu, i);
-        if outcome.is_err() {
-            break;
-        }
-    }
-    let graph = gpu.stream().end_capture(sys::CUgraphInstantiate_flags(0));
-    outcome?;
-    let graph = graph?.ok_or_else(|| Error::InvalidArgument {
-        op: "timing",
-        message: "stream capture produced no graph".into(),
-    })?;
-    graph.upload()?;
+    let ((), graph) = gpu.capture(|gpu| (0..launches).try_for_each(|i| body(gpu, i)))?;
     Ok(graph)
 }
 

@@ -458,7 +458,8 @@ pub(crate) fn gemm_ex_half<H: HalfFloat, C: GemmOut>(
         // SAFETY: the pointers hold what cublasGemmEx below would read and
         // write (see there), on the same stream; `run` takes the call only
         // for the types and shape it pinned.
-        if unsafe { tuned.run(&cfg, types, compute, ptrs, stream) }? {
+        let on = (stream.as_ref(), gpu.capturing());
+        if unsafe { tuned.run(&cfg, types, compute, ptrs, on) }? {
             return Ok(());
         }
     }

@@ -9,8 +9,9 @@
 //! the same chain of products in the same order, only the tiles over the
 //! output differ. `examples/gemm_algos.rs --search` finds them; [`TUNED`]
 //! pins what it found. They are taken only by GEMMs captured into a CUDA
-//! graph (the graphed step): taken by eager calls too, they made the eager
-//! bf16 step slower, where the host's part of each call counts. A
+//! graph by [`crate::gpu::GpuContext::capture`] (the graphed step): taken
+//! by eager calls too, they made the eager bf16 step slower, where the
+//! host's part of each call counts. A
 //! shape or GPU kind the table does not name, an entry cuBLASLt no longer
 //! accepts as it stands (another library), or one that would need a
 //! workspace, runs on `cublasGemmEx` as before.
@@ -26,7 +27,6 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasOperation_t, cudaDataType_t
 use cudarc::cublas::GemmConfig;
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys as lt_sys;
-use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::CudaStream;
 
 use crate::error::Result;
@@ -167,11 +167,11 @@ impl TunedGemms {
         self.launches.load(Ordering::Relaxed)
     }
 
-    /// Runs `cfg` on its pinned configuration and returns true where one
-    /// is pinned for it (bf16 operands, `out` the type of `C`, f32 compute
-    /// on tensor cores, the shape and packing of an entry) and `stream` is
-    /// being captured into a graph (why: the module's doc); else returns
-    /// false and runs nothing. The capture is asked only of pinned shapes.
+    /// Runs `cfg` on `stream` on its pinned configuration and returns true
+    /// where one is pinned for it (bf16 operands, `out` the type of `C`, f32
+    /// compute on tensor cores, the shape and packing of an entry) and
+    /// `capturing`, the stream being captured into a graph (why: the
+    /// module's doc); else returns false and runs nothing.
     ///
     /// # Safety
     ///
@@ -183,15 +183,15 @@ impl TunedGemms {
         (operands, out): (cudaDataType_t, cudaDataType_t),
         compute: cublasComputeType_t,
         (a, b, c): (*const c_void, *const c_void, *mut c_void),
-        stream: &CudaStream,
+        (stream, capturing): (&CudaStream, bool),
     ) -> Result<bool> {
+        if !capturing {
+            return Ok(false);
+        }
         let call = (cfg, (operands, out), compute);
         let Some(plan) = self.plans.iter().find(|p| matches(&p.shape, call)) else {
             return Ok(false);
         };
-        if stream.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
-            return Ok(false);
-        }
         let [a_l, b_l, c_l] = plan.layouts;
         let (alpha, beta) = (&cfg.alpha as *const f32, &cfg.beta as *const f32);
         // SAFETY: the caller's pointers hold the matrices of `cfg`, which

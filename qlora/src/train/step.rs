@@ -34,7 +34,6 @@
 
 use std::time::Instant;
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaView, DeviceRepr};
 use rand_chacha::rand_core::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -651,30 +650,19 @@ impl GpuTrainer {
     /// Captures one whole step into a graph. A failed capture still leaves
     /// the stream out of capture mode.
     fn capture(&mut self, gpu: &mut GpuContext) -> Result<CudaGraph> {
-        // cuBLAS's handle is created outside the capture (it allocates).
-        gpu.cublas()?;
-        gpu.stream()
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
         self.sync.capturing = true;
-        let recorded = self.body(gpu).and_then(|()| {
+        let captured = gpu.capture(|gpu| {
+            self.body(gpu)?;
             if gpu.faults().host_sync_inside_capture {
                 // The fault: read the clip's squared norm on the host
                 // mid-step, as a host-side clipping decision would.
                 let sq = self.clip[0].sq.as_view();
-                self.sync.host_read(gpu, &sq).map(|_| ())
-            } else {
-                Ok(())
+                self.sync.host_read(gpu, &sq)?;
             }
+            Ok(())
         });
         self.sync.capturing = false;
-        let ended = gpu.stream().end_capture(CUgraphInstantiate_flags(0));
-        recorded?;
-        let graph = ended?.ok_or_else(|| Error::InvalidArgument {
-            op: "train",
-            message: "stream capture produced no graph".into(),
-        })?;
-        graph.upload()?;
-        Ok(graph)
+        Ok(captured?.1)
     }
 
     /// Forward, backward, the ranks' all-reduce, clip and AdamW, queued on
