@@ -272,8 +272,8 @@ fn norm_gradients_summed_later_are_those_summed_at_once() {
 /// refuses none), and write what cuBLAS's own pick writes, bit for bit:
 /// each shape with varied operands, once writing C and once adding onto it,
 /// captured into a graph and replayed as the graphed step's are. An eager
-/// call keeps cuBLAS's pick, and no plans exist before the first capture.
-/// A device the table does not name makes no cuBLASLt handle at all.
+/// call keeps cuBLAS's pick. A device the table does not name makes no
+/// cuBLASLt handle at all.
 #[test]
 #[ignore = "needs a CUDA device: run on the GPU machine with --ignored"]
 fn pinned_gemms_write_what_cublas_writes() {
@@ -291,23 +291,9 @@ fn pinned_gemms_write_what_cublas_writes() {
     // The workspace the trainer lends cuBLAS for its captures.
     let _tuned_ws = qlora::train::workspace::CublasWorkspace::new(&tuned).unwrap();
     let _plain_ws = qlora::train::workspace::CublasWorkspace::new(&plain).unwrap();
+    assert!(plain.tuned_gemms().is_none());
     let name = tuned.facts().name.clone();
     let entries: Vec<_> = TUNED.iter().filter(|t| t.device == name).collect();
-    let value = |i: usize, salt: usize| {
-        Bf16::from_f32(((i * 7919 + salt * 104_729) % 2001) as f32 / 1000.0 - 1.0)
-    };
-    // One eager GEMM of each pinned shape, then the first capture.
-    eager_calls(&tuned, &entries);
-    assert!(tuned.tuned_gemms().is_none(), "plans made before a capture");
-    let (x, wt) = (
-        tuned.zeros::<Bf16>(64 * 64).unwrap(),
-        tuned.zeros::<Bf16>(64 * 64).unwrap(),
-    );
-    let mut y = tuned.zeros::<f32>(64 * 64).unwrap();
-    let small = GemmSpec::linear(64, 64, 64);
-    graphed(&mut tuned, |g| {
-        gemm_half(g, small, 1.0, &x, &wt, 0.0, &mut y)
-    });
     let Some(pinned) = tuned.tuned_gemms() else {
         assert!(entries.is_empty(), "{name}: pinned shapes but no plans");
         return;
@@ -318,24 +304,33 @@ fn pinned_gemms_write_what_cublas_writes() {
         pinned.refused()
     );
     assert_eq!(pinned.shapes().count(), entries.len());
-    assert_eq!(
-        pinned.launches(),
-        0,
-        "the eager calls or the 64x64 GEMM were pinned"
-    );
-    eager_calls(&tuned, &entries);
-    assert_eq!(
-        pinned.launches(),
-        0,
-        "an eager call after a capture was pinned"
-    );
     let launches = |gpu: &GpuContext| gpu.tuned_gemms().map_or(0, |t| t.launches());
+    let value = |i: usize, salt: usize| {
+        Bf16::from_f32(((i * 7919 + salt * 104_729) % 2001) as f32 / 1000.0 - 1.0)
+    };
     for t in entries {
         let s = t.shape;
         let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
-        let spec = pinned_spec(s.trans_a, (m, n, k));
+        // Forward y[n, m] = x[n, k] W^T; input gradient dx[n, m] = dy[n, k] W.
+        let spec = if s.trans_a {
+            GemmSpec::linear(n, k, m)
+        } else {
+            GemmSpec::linear_dx(n, m, k)
+        };
         let a: Vec<Bf16> = (0..n * k).map(|i| value(i, 1)).collect();
         let w: Vec<Bf16> = (0..m * k).map(|i| value(i, 2)).collect();
+        {
+            let (a, w) = (tuned.upload(&a).unwrap(), tuned.upload(&w).unwrap());
+            let before = launches(&tuned);
+            if s.bf16_out {
+                let mut c = tuned.zeros::<Bf16>(n * m).unwrap();
+                gemm_half(&tuned, spec, 1.0, &a, &w, 0.0, &mut c).unwrap();
+            } else {
+                let mut c = tuned.zeros::<f32>(n * m).unwrap();
+                gemm_half(&tuned, spec, 1.0, &a, &w, 0.0, &mut c).unwrap();
+            }
+            assert_eq!(launches(&tuned), before, "{s:?}: an eager call was pinned");
+        }
         for beta in [0.0f32, 1.0] {
             // The output's bits (bf16 widened).
             let run = |gpu: &mut GpuContext| -> Vec<u32> {
@@ -372,44 +367,6 @@ fn pinned_gemms_write_what_cublas_writes() {
                 "{s:?}, beta {beta}: not cuBLAS's bits"
             );
         }
-    }
-    assert!(
-        plain.tuned_gemms().is_none(),
-        "plans made with tuned_gemms off"
-    );
-}
-
-/// One GEMM of each of `entries`' shapes, launched eagerly (zeros in).
-fn eager_calls(gpu: &GpuContext, entries: &[&qlora::ops::gemm_tuned::Tuned]) {
-    use qlora::ops::cast::Bf16;
-    for t in entries {
-        let s = t.shape;
-        let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
-        let (a, w) = (
-            gpu.zeros::<Bf16>(n * k).unwrap(),
-            gpu.zeros::<Bf16>(m * k).unwrap(),
-        );
-        let spec = pinned_spec(s.trans_a, (m, n, k));
-        if s.bf16_out {
-            let mut c = gpu.zeros::<Bf16>(n * m).unwrap();
-            qlora::train::gemm_half(gpu, spec, 1.0, &a, &w, 0.0, &mut c).unwrap();
-        } else {
-            let mut c = gpu.zeros::<f32>(n * m).unwrap();
-            qlora::train::gemm_half(gpu, spec, 1.0, &a, &w, 0.0, &mut c).unwrap();
-        }
-    }
-    gpu.synchronize().unwrap();
-}
-
-/// The GEMM of a pinned shape (cuBLAS's `m`, `n`, `k`): a forward
-/// y[n, m] = x[n, k] W^T where `A` is transposed, else an input gradient
-/// dx[n, m] = dy[n, k] W.
-fn pinned_spec(trans_a: bool, (m, n, k): (usize, usize, usize)) -> qlora::ops::gemm::GemmSpec {
-    use qlora::ops::gemm::GemmSpec;
-    if trans_a {
-        GemmSpec::linear(n, k, m)
-    } else {
-        GemmSpec::linear_dx(n, m, k)
     }
 }
 

@@ -317,14 +317,12 @@ impl GpuContext {
     /// (thread-local capture mode) and returns `work`'s value with the
     /// graph, instantiated and uploaded. The stream leaves capture also when
     /// `work` fails; `work`'s error comes first. Creates the cuBLAS handle
-    /// and the pinned GEMMs' plans before it begins, since creating them
-    /// allocates, which capture forbids.
+    /// before it begins, since creating it allocates, which capture forbids.
     pub fn capture<T>(
         &mut self,
         work: impl FnOnce(&mut GpuContext) -> Result<T>,
     ) -> Result<(T, CudaGraph)> {
         self.cublas()?;
-        self.make_tuned_gemms()?;
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
         self.capturing = true;
@@ -395,25 +393,18 @@ impl GpuContext {
             return Err(Error::CudaUnavailable("no cuBLAS library".into()));
         }
         let blas = CudaBlas::new(self.stream.clone())?;
-        Ok(self.blas.get_or_init(|| blas))
-    }
-
-    /// The pinned cuBLASLt GEMMs ([`crate::ops::gemm_tuned`]) for this
-    /// device, made at the first [`GpuContext::capture`] (only captured
-    /// GEMMs take them); None before, when the options turn them off or
-    /// when none are pinned for this device.
-    pub fn tuned_gemms(&self) -> Option<&TunedGemms> {
-        self.tuned.get().and_then(Option::as_ref)
-    }
-
-    /// Makes the pinned GEMMs' handle and plans once, when the options ask
-    /// for them. Making them allocates, which capture forbids.
-    fn make_tuned_gemms(&self) -> Result<()> {
         if self.options.tuned_gemms && self.tuned.get().is_none() {
             let tuned = TunedGemms::new(&self.facts.name)?;
             let _ = self.tuned.set(tuned);
         }
-        Ok(())
+        Ok(self.blas.get_or_init(|| blas))
+    }
+
+    /// The pinned cuBLASLt GEMMs ([`crate::ops::gemm_tuned`]) for this
+    /// device, made with the cuBLAS handle; None before it exists, when the
+    /// options turn them off or when none are pinned for this device.
+    pub fn tuned_gemms(&self) -> Option<&TunedGemms> {
+        self.tuned.get().and_then(Option::as_ref)
     }
 
     /// The kernel `symbol` of module `module`, loading the module on first
