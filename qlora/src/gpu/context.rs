@@ -393,6 +393,10 @@ impl GpuContext {
             return Err(Error::CudaUnavailable("no cuBLAS library".into()));
         }
         let blas = CudaBlas::new(self.stream.clone())?;
+        // The pinned GEMMs' plans are made here, not at the first capture
+        // that takes them: creating the cuBLASLt handle loads its kernels,
+        // which the trainer's pre-warm must do before the weights go up
+        // (C-PREWARM-004 saw them loaded mid-training when made later).
         if self.options.tuned_gemms && self.tuned.get().is_none() {
             let tuned = TunedGemms::new(&self.facts.name)?;
             let _ = self.tuned.set(tuned);
