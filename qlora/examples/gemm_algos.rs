@@ -376,6 +376,19 @@ fn plan(s: &Shape) -> Result<Plan, AnyError> {
     })
 }
 
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was made by `plan` and is destroyed once;
+        // no matmul uses it after the plan.
+        unsafe {
+            let _ = lt::destroy_matmul_desc(self.desc);
+            for l in [self.a_l, self.b_l, self.c_l] {
+                let _ = lt::destroy_matrix_layout(l);
+            }
+        }
+    }
+}
+
 fn lt_out_type(s: &Shape) -> lt_sys::cudaDataType {
     if s.bf16_out {
         lt_sys::cudaDataType::CUDA_R_16BF
@@ -497,20 +510,19 @@ fn heuristic(
 fn lt_us(
     stream: &Arc<CudaStream>,
     handle: lt_sys::cublasLtHandle_t,
-    s: &Shape,
+    pl: &Plan,
     b: &mut Buffers,
     workspace: &mut CudaSlice<u8>,
     (ws_limit, wanted): (usize, i32),
 ) -> Result<Vec<f64>, AnyError> {
-    let pl = plan(s)?;
-    let results = heuristic(handle, &pl, ws_limit, wanted)?;
+    let results = heuristic(handle, pl, ws_limit, wanted)?;
     Ok(results
         .iter()
         .map(|r| {
             time_algo(
                 stream,
                 handle,
-                &pl,
+                pl,
                 &r.algo,
                 r.workspaceSize,
                 b,
@@ -640,9 +652,10 @@ fn main() -> Result<(), AnyError> {
     for s in &shapes {
         let mut b = buffers(&stream, s, 8)?;
         let default = default_us(&stream, &blas, s, &mut b)?;
-        let no_ws = lt_us(&stream, handle, s, &mut b, &mut workspace, (0, 1))?;
+        let pl = plan(s)?;
+        let no_ws = lt_us(&stream, handle, &pl, &mut b, &mut workspace, (0, 1))?;
         let limits = (ws_bytes, wanted);
-        let times = lt_us(&stream, handle, s, &mut b, &mut workspace, limits)?;
+        let times = lt_us(&stream, handle, &pl, &mut b, &mut workspace, limits)?;
         let (best_i, best_t) = best(&times);
         let flop = 2.0 * (s.batch * s.rows * s.n * s.k) as f64;
         println!(
@@ -679,15 +692,22 @@ fn search_all(
         let mut b = buffers(stream, s, 8)?;
         let default = default_us(stream, blas, s, &mut b)?;
         let reference = output(stream, &mut b, |b| default_launch(stream, blas, s, b, 0))?;
-        let times = lt_us(stream, handle, s, &mut b, workspace, (ws_bytes, wanted))?;
+        let pl = plan(s)?;
+        let times = lt_us(stream, handle, &pl, &mut b, workspace, (ws_bytes, wanted))?;
         let (_, heuristic) = best(&times);
-        let near = neighbours(stream, handle, s, &mut b, workspace, (ws_bytes, wanted, 20))?;
+        let near = neighbours(
+            stream,
+            handle,
+            &pl,
+            &mut b,
+            workspace,
+            (ws_bytes, wanted, 20),
+        )?;
         println!(
             "{}: cublasGemmEx {default:.2}, best of the heuristic's list {heuristic:.2}; {} neighbours timed",
             s.name,
             near.len()
         );
-        let pl = plan(s)?;
         for n in near.iter().take(3) {
             let t = time_algo(
                 stream,
@@ -728,15 +748,14 @@ struct Neighbour {
 fn neighbours(
     stream: &Arc<CudaStream>,
     handle: lt_sys::cublasLtHandle_t,
-    s: &Shape,
+    pl: &Plan,
     b: &mut Buffers,
     workspace: &mut CudaSlice<u8>,
     (ws_limit, wanted, reps): (usize, i32, usize),
 ) -> Result<Vec<Neighbour>, AnyError> {
     use lt_sys::cublasLtMatmulAlgoCapAttributes_t as C;
     use lt_sys::cublasLtMatmulAlgoConfigAttributes_t as A;
-    let pl = plan(s)?;
-    let results = heuristic(handle, &pl, ws_limit, wanted)?;
+    let results = heuristic(handle, pl, ws_limit, wanted)?;
     let get = |algo: &lt_sys::cublasLtMatmulAlgo_t, a: A| {
         let mut v = 0u32;
         let mut size = 0usize;
@@ -793,7 +812,7 @@ fn neighbours(
             let t = time_algo(
                 stream,
                 handle,
-                &pl,
+                pl,
                 &algo,
                 r.workspaceSize,
                 b,
